@@ -1,0 +1,47 @@
+# qmm — the two commands of the quick start:
+#   make run    builds qmm and runs the main job (`qmm run` on the embedded real-model fixture)
+#   make test   builds everything and runs every test: unit + kernels + CLI + the MLX cross-check,
+#               the unit tests again under ASan+UBSan, and the fuzzers for a bounded time
+# Both install what is missing first (scripts/setup.sh). Other targets: build, install, clean.
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+FUZZ_SECONDS ?= 30
+CMAKE_FLAGS ?=
+
+.PHONY: all build run test test-asan test-fuzz install clean setup-build setup-test
+
+all: build
+
+setup-build:
+	@scripts/setup.sh build
+
+setup-test:
+	@scripts/setup.sh test
+
+build: setup-build
+	cmake -S . -B build $(CMAKE_FLAGS) >/dev/null
+	cmake --build build -j $(JOBS)
+
+run: build
+	./build/qmm run
+
+test: setup-test build
+	ctest --test-dir build --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory test-asan test-fuzz
+
+test-asan:
+	cmake -S . -B build-asan -DQMM_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+	cmake --build build-asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L 'unit|kernels|cli'
+
+test-fuzz:
+	CC=clang cmake -S . -B build-fuzz -DQMM_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug -DQMM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	cmake --build build-fuzz -j $(JOBS)
+	ctest --test-dir build-fuzz --output-on-failure -L fuzz
+
+install: build
+	cmake --install build --prefix $(PREFIX)
+
+clean:
+	rm -rf build build-asan build-fuzz

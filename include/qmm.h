@@ -1,0 +1,465 @@
+/*
+ * qmm.h — weight-only quantized matrix multiplication in the MLX "affine" format.
+ *
+ * The one public header of libqmm. Every function returns a qmm_status; on failure a thread-local
+ * message (qmm_last_error) names the bad value and the rule it broke. The library never prints,
+ * never aborts on bad input and never leaves a half-written file behind.
+ *
+ * The format (see docs/kernels.md and DESIGN.md §1): a matrix of R rows × C columns is cut along each
+ * row into groups of group_size ∈ {32, 64, 128} values; group g of row r has a scale s and a bias b
+ * (f32, f16 or bf16) and each value is an unsigned code q of bits ∈ {2, 3, 4, 5, 6, 8} bits, decoding
+ * as ŵ = s·q + b. Codes are packed into uint32 words: each row is one little-endian, LSB-first bit
+ * stream (code j occupies stream bits [j·bits, (j+1)·bits)), so a row has C·bits/32 words.
+ * Source: MLX mx.quantize / mx.dequantize / mx.quantized_matmul (mlx/backend/cpu/quantized.cpp).
+ */
+#ifndef QMM_H
+#define QMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QMM_VERSION_MAJOR 0
+#define QMM_VERSION_MINOR 1
+#define QMM_VERSION_PATCH 0
+
+/* ───────────────────────────── Status and errors ───────────────────────────── */
+
+typedef enum qmm_status {
+    QMM_OK = 0,
+    QMM_ERR_INVALID_ARGUMENT = 1, /* null pointer, bad enum, option out of range */
+    QMM_ERR_SHAPE = 2,            /* M/N/K zero, not a multiple of group_size, sizes disagree */
+    QMM_ERR_FORMAT = 3,           /* bits or group_size outside the supported sets */
+    QMM_ERR_OVERFLOW = 4,         /* a size computation (M·K, bytes) overflows */
+    QMM_ERR_OUT_OF_MEMORY = 5,
+    QMM_ERR_IO = 6,               /* open/read/write/rename/mmap failed */
+    QMM_ERR_CORRUPT = 7,          /* a file's contents break its format's rules */
+    QMM_ERR_UNSUPPORTED = 8,      /* valid input that qmm does not handle (a GGUF type, a backend) */
+    QMM_ERR_NOT_FOUND = 9,        /* a named tensor, layer or kernel does not exist */
+    QMM_ERR_NUMERIC = 10,         /* NaN/Inf where a finite value is required */
+    QMM_ERR_BACKEND = 11,         /* a device/runtime call failed (carries call, file, line) */
+} qmm_status;
+
+/* A short constant English name of a status ("invalid argument"). Never NULL; unknown values give
+ * "unknown status". Thread-safe. */
+const char *qmm_status_string(qmm_status status);
+
+/* The message set by the last failing qmm call on this thread, e.g.
+ * "K=576 is not a multiple of group_size=128". "" when no call has failed. The pointer stays valid
+ * until the next qmm call on this thread. */
+const char *qmm_last_error(void);
+
+/* ───────────────────────────── Data types ───────────────────────────── */
+
+/* Element types. F32/F16/BF16 are the activation/scale dtypes; the others appear in checkpoints
+ * (U32 holds packed codes). The numbering is stable. */
+typedef enum qmm_dtype {
+    QMM_F32 = 0,
+    QMM_F16 = 1,
+    QMM_BF16 = 2,
+    QMM_F64 = 3,
+    QMM_U8 = 4,
+    QMM_I8 = 5,
+    QMM_U16 = 6,
+    QMM_I16 = 7,
+    QMM_U32 = 8,
+    QMM_I32 = 9,
+    QMM_U64 = 10,
+    QMM_I64 = 11,
+    QMM_BOOL = 12,
+    QMM_DTYPE_COUNT = 13
+} qmm_dtype;
+
+/* Bytes per element (0 for an unknown value). */
+size_t qmm_dtype_size(qmm_dtype dtype);
+/* Lower-case name: "f32", "f16", "bf16", "f64", "u8", ... ; "?" for an unknown value. */
+const char *qmm_dtype_name(qmm_dtype dtype);
+/* Parses a name as printed by qmm_dtype_name (also "float32", "float16", "bfloat16").
+ * Errors: QMM_ERR_INVALID_ARGUMENT for null pointers or an unknown name. */
+qmm_status qmm_dtype_parse(const char *name, qmm_dtype *dtype);
+
+/* IEEE binary16 / bfloat16 <-> binary32. Narrowing rounds to nearest, ties to even; NaN stays NaN
+ * (quiet, sign kept); subnormals are produced and read exactly; overflow gives ±Inf. */
+uint16_t qmm_f32_to_f16(float value);
+float qmm_f16_to_f32(uint16_t bits);
+uint16_t qmm_f32_to_bf16(float value);
+float qmm_bf16_to_f32(uint16_t bits);
+
+/* Converts count elements between the float dtypes F32/F16/BF16 (any pair, same-type is a copy).
+ * Errors: QMM_ERR_INVALID_ARGUMENT for null pointers (with count > 0) or a non-float dtype. */
+qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtype dst_dtype, size_t count);
+
+/* ───────────────────────────── The affine format ───────────────────────────── */
+
+/* A quantized matrix in host memory, R rows × C columns (unpacked), quantized along each row.
+ *   w       uint32 [rows, cols·bits/32]   packed codes
+ *   scales  dtype  [rows, cols/group_size]
+ *   biases  dtype  [rows, cols/group_size]
+ * dtype is QMM_F32, QMM_F16 or QMM_BF16. For out = x·Ŵᵀ (qmm_t, a linear layer) rows = N and
+ * cols = K; for out = x·Ŵ (qmm_n) rows = K and cols = N. The struct borrows its arrays. */
+typedef struct qmm_qmatrix {
+    const uint32_t *w;
+    const void *scales;
+    const void *biases;
+    qmm_dtype dtype;
+    size_t rows;
+    size_t cols;
+    int bits;
+    int group_size;
+} qmm_qmatrix;
+
+/* Checks bits ∈ {2,3,4,5,6,8} and group_size ∈ {32,64,128}.
+ * Errors: QMM_ERR_FORMAT, message names the value and the allowed set. */
+qmm_status qmm_format_validate(int bits, int group_size);
+
+/* Validates a whole qmm_qmatrix: format, non-null arrays, rows ≥ 1, cols ≥ 1, cols a multiple of
+ * group_size, float dtype, byte sizes that fit in size_t. Errors: QMM_ERR_FORMAT, QMM_ERR_SHAPE,
+ * QMM_ERR_INVALID_ARGUMENT, QMM_ERR_OVERFLOW. */
+qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix);
+
+/* Words of packed codes per row: cols·bits/32 (cols must be a multiple of group_size, so exact). */
+size_t qmm_packed_words(size_t cols, int bits);
+/* Groups per row: cols / group_size. */
+size_t qmm_groups(size_t cols, int group_size);
+
+/* Packs codes[rows·cols] (each < 2^bits, one per byte) into w[rows, cols·bits/32] (LSB-first stream
+ * per row; 3/5/6-bit codes may straddle two words). Errors: QMM_ERR_FORMAT (bits), QMM_ERR_SHAPE
+ * (cols·bits not a multiple of 32), QMM_ERR_INVALID_ARGUMENT (null, a code ≥ 2^bits: nothing is written),
+ * QMM_ERR_OVERFLOW (rows·cols or the word count overflows size_t). */
+qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w);
+/* The inverse of qmm_pack. Same errors (without the code check). */
+qmm_status qmm_unpack(const uint32_t *w, size_t rows, size_t cols, int bits, uint8_t *codes);
+
+/* Which of MLX's two quantizers to reproduce bit for bit (DESIGN.md §1).
+ * CPU: min/max over the group, round = rint (ties to even) — mlx/backend/cpu/quantized.cpp.
+ * GPU: running max starts at 0 (an all-negative group uses [min, 0]; the min is not clamped, so an
+ *      all-positive group still uses [min, max]), round = half away from zero —
+ *      mlx/backend/metal/kernels/quantized.h (what mlx-community checkpoints were made with). */
+typedef enum qmm_convention { QMM_CONVENTION_CPU = 0, QMM_CONVENTION_GPU = 1 } qmm_convention;
+
+/* Quantizes a float matrix w[rows, cols] of dtype F32/F16/BF16 (MLX keeps scales and biases in the
+ * weight dtype, so scales/biases have this dtype too):
+ *   out_w       uint32 [rows, cols·bits/32]
+ *   out_scales  dtype  [rows, cols/group_size]
+ *   out_biases  dtype  [rows, cols/group_size]     (all allocated by the caller)
+ * All arithmetic is IEEE f32 as in MLX; scales and biases are rounded once to dtype.
+ * Errors: QMM_ERR_FORMAT, QMM_ERR_SHAPE (rows/cols 0, cols not a multiple of group_size),
+ * QMM_ERR_INVALID_ARGUMENT (null, non-float dtype, bad convention), QMM_ERR_OVERFLOW, QMM_ERR_NUMERIC (NaN or
+ * Inf in w: the message names row and column, and nothing is written; or a group whose max − min overflows
+ * f32, named by row and columns, after earlier groups were written). Source: mx.quantize(w, group_size, bits). */
+qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols, int bits, int group_size,
+                        qmm_convention convention, uint32_t *out_w, void *out_scales, void *out_biases);
+
+/* Dequantizes matrix into out[rows, cols] of out_dtype (F32/F16/BF16), bit for bit what
+ * mx.dequantize(...).astype(out_dtype) gives for the same arrays: in the scales' dtype T,
+ * ŵ = round_T(round_T(s·q) + b) — two roundings, never a fused multiply-add — then converted to out_dtype
+ * (exact when widening, one round-to-nearest-even when narrowing). See src/core/quantize.c.
+ * Errors: as qmm_qmatrix_validate, plus QMM_ERR_INVALID_ARGUMENT for out or a non-float out_dtype.
+ * Source: mx.dequantize (checked against mlx 0.32.4, CPU). */
+qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dtype);
+
+/* ───────────────────────────── The oracle (reference products) ───────────────────────────── */
+
+/* out[M, N] = x[M, K] · Ŵᵀ with matrix rows = N, cols = K (MLX quantized_matmul transpose=True).
+ * x and out have matrix->dtype. Accumulates in f32 with the per-group split
+ * acc += s·Σ(q·x) + b·Σx, one rounding to the output dtype at the end. Single-threaded, scalar:
+ * this is the reference every kernel is tested against.
+ * Errors: QMM_ERR_SHAPE (M = 0), QMM_ERR_OVERFLOW (M·K or M·N overflow), QMM_ERR_INVALID_ARGUMENT
+ * (x or out NULL), validation errors, QMM_ERR_OUT_OF_MEMORY (scratch of a few rows of x). */
+qmm_status qmm_ref_qmm_t(const qmm_qmatrix *matrix, const void *x, size_t M, void *out);
+/* out[M, N] = x[M, K] · Ŵ with matrix rows = K, cols = N (MLX quantized_matmul transpose=False).
+ * MLX CPU's arithmetic for this case (mlx/backend/cpu/quantized.cpp, _qmm): no split; for each output
+ * the f32 sum over k = 0, 1, ... in order of x[m, k]·ŵ with ŵ = s·q + b formed first, then one rounding
+ * to the output dtype at the end (MLX rounds every operation to the activation dtype; qmm accumulates
+ * in f32, so the two agree bit for bit for f32). Same errors. */
+qmm_status qmm_ref_qmm_n(const qmm_qmatrix *matrix, const void *x, size_t M, void *out);
+/* The f64 dense oracle used by tests and `qmm run`: dequantizes each ŵ in f64 (s·q is exact, + b
+ * rounds at most once, by 2^-53 relative) and accumulates Σ ŵ·x in f64 in increasing k; out_f64[M, N]
+ * is never rounded to a dtype. transpose = 1 for qmm_t, 0 for qmm_n (else QMM_ERR_INVALID_ARGUMENT).
+ * If abs_dot is not NULL it receives Σ|ŵ|·|x| style magnitudes (Σ_k (|s·q| + |b|)·|x_k|) per output,
+ * the input of the error bound qmm_error_bound. Same errors. */
+qmm_status qmm_ref_dense_f64(const qmm_qmatrix *matrix, const void *x, size_t M, int transpose,
+                             double *out_f64, double *abs_dot);
+
+/* The documented error bound for one output of a kernel that accumulates K products in f32 and rounds
+ * once to out_dtype (docs/kernels.md, "Tolerance"):
+ *     bound = (1 + u(out_dtype))·γ(K + 2)·abs_dot + u(out_dtype)·|exact| + tiny(out_dtype)
+ * with γ(n) = n·u32/(1 − n·u32), u32 = 2^-24, u(f32) = 2^-24, u(f16) = 2^-11, u(bf16) = 2^-8,
+ * tiny = the smallest subnormal of out_dtype. The factor (1 + u) is the final rounding acting on the
+ * accumulated error. slack multiplies the whole bound (1 for the oracle and exact-order kernels; a
+ * kernel table row may document a larger one with its reason). Returns NaN (so that every comparison
+ * fails) for a non-float out_dtype, slack ≤ 0 or NaN, or K·u32 ≥ 1. Thread-safe. */
+double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_dot, double slack);
+
+/* ───────────────────────────── Runtime: context, weights, buffers ───────────────────────────── */
+
+typedef enum qmm_backend {
+    QMM_BACKEND_REF = 0,  /* the scalar oracle kernels only */
+    QMM_BACKEND_CPU = 1,  /* CPU SIMD kernels (a later issue), then the reference rows */
+    QMM_BACKEND_CUDA = 2, /* CUDA kernels (a later issue) */
+} qmm_backend;
+
+/* "ref", "cpu", "cuda". */
+const char *qmm_backend_name(qmm_backend backend);
+
+typedef struct qmm_context qmm_context;
+typedef struct qmm_weights qmm_weights;
+typedef struct qmm_buffer qmm_buffer;
+typedef struct qmm_chain qmm_chain;
+
+/* Creates a context bound to one backend (for CUDA: device ordinal `device`; ignored otherwise).
+ * Errors: QMM_ERR_UNSUPPORTED when the backend is not built in or has no device, naming it;
+ * QMM_ERR_OUT_OF_MEMORY. A context is not thread-safe: use one per thread. */
+qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context);
+/* Frees the context. Weights, buffers and chains created from it must be destroyed first. NULL ok. */
+void qmm_context_destroy(qmm_context *context);
+qmm_backend qmm_context_backend(const qmm_context *context);
+
+/* Creates immutable device-resident weights from a host qmm_qmatrix (copied; the caller's arrays may
+ * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag).
+ * Errors: validation errors of qmm_qmatrix_validate, QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
+qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights);
+void qmm_weights_destroy(qmm_weights *weights);
+/* The format of the weights (pointers in the result are NULL: data lives on the device). */
+qmm_status qmm_weights_describe(const qmm_weights *weights, qmm_qmatrix *format);
+
+/* A device buffer of count elements of dtype (F32/F16/BF16). Contents start undefined.
+ * Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE (count 0), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_buffer_create(qmm_context *context, qmm_dtype dtype, size_t count, qmm_buffer **buffer);
+void qmm_buffer_destroy(qmm_buffer *buffer);
+size_t qmm_buffer_count(const qmm_buffer *buffer);
+qmm_dtype qmm_buffer_dtype(const qmm_buffer *buffer);
+/* Copies count elements from host memory (buffer's dtype) into the buffer starting at element 0.
+ * Errors: QMM_ERR_SHAPE when count exceeds the buffer. */
+qmm_status qmm_buffer_write(qmm_buffer *buffer, const void *host, size_t count);
+/* Copies count elements of the buffer to host memory, waiting for queued work. Same errors. */
+qmm_status qmm_buffer_read(const qmm_buffer *buffer, void *host, size_t count);
+/* Fills the buffer with NaN (used by tests to poison outputs). */
+qmm_status qmm_buffer_poison(qmm_buffer *buffer);
+
+/* The operations of the kernel table. */
+typedef enum qmm_op {
+    QMM_OP_QMM_T = 0, /* out = x·Ŵᵀ, weights rows = N, cols = K */
+    QMM_OP_QMM_N = 1, /* out = x·Ŵ,  weights rows = K, cols = N */
+} qmm_op;
+/* "qmm_t", "qmm_n". */
+const char *qmm_op_name(qmm_op op);
+
+/* Options of one matmul. Zero-initialised means: op qmm_t, selector's choice. */
+typedef struct qmm_matmul_options {
+    qmm_op op;
+    const char *kernel; /* NULL: the selector chooses; else a registered kernel name, forced */
+} qmm_matmul_options;
+
+/* What one table row is: name `<backend>.<op>.<family>.<tile>[.<isa>]` (docs/kernels.md), its op,
+ * family ("scalar", "gemv", "mma", ...), tile BM×BN×BK and threads per block (1 for CPU rows), the
+ * error-bound slack the harness applies, and a one-line description. */
+typedef struct qmm_kernel_info {
+    const char *name;
+    qmm_backend backend;
+    qmm_op op;
+    const char *family;
+    int bm, bn, bk, threads;
+    double tolerance_slack;
+    const char *description;
+} qmm_kernel_info;
+
+/* Enqueues out[M, N] = x[M, K]·Ŵᵀ (or x·Ŵ) on the context. x has M·K elements, out M·N elements, both
+ * of the weights' scale dtype. Blocking on the reference backend; asynchronous on devices (read the
+ * output with qmm_buffer_read). If info is not NULL it receives the kernel that ran.
+ * Errors: QMM_ERR_SHAPE (M = 0, a buffer too small, dtype mismatch — message gives the numbers),
+ * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND (a forced kernel name not registered),
+ * QMM_ERR_UNSUPPORTED (a forced kernel that does not support this call, with its reason),
+ * QMM_ERR_INVALID_ARGUMENT (a NULL argument, an op outside qmm_op, weights or buffers of another
+ * context, x and out the same buffer). */
+qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
+                      qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info);
+
+/* The selector's choice for a call of this shape, without running it. Same errors as qmm_matmul. */
+qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M,
+                      const qmm_matmul_options *options, qmm_kernel_info *info);
+
+/* The kernel table of the context's backend, in selector order (the reference rows last). */
+size_t qmm_kernel_count(const qmm_context *context);
+/* Errors: QMM_ERR_INVALID_ARGUMENT when index ≥ qmm_kernel_count. */
+qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_info *info);
+/* Whether the named kernel supports a call of this shape; when not, why_not (if not NULL) receives a
+ * one-line reason ("N=100 is not a multiple of BN=64"), valid until the next qmm call on this thread.
+ * Returns 1/0, or -1 with qmm_last_error set when the name is unknown or an argument is invalid (NULL,
+ * weights of another context, an op outside qmm_op). M = 0 or an M·K/M·N that overflows gives 0 with
+ * the reason. */
+int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_weights *weights, size_t M,
+                        qmm_op op, const char **why_not);
+
+/* ───────────────────────────── Chains ───────────────────────────── */
+
+/* A chain records matmuls and runs them as one submission (on CUDA: a captured graph), timing each
+ * step on the device. Buffers and weights must outlive the chain. */
+qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain);
+void qmm_chain_destroy(qmm_chain *chain);
+/* Records one matmul; arguments are validated now, with qmm_matmul's errors. */
+qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, const qmm_buffer *x, size_t M,
+                                qmm_buffer *out, const qmm_matmul_options *options);
+size_t qmm_chain_length(const qmm_chain *chain);
+/* Runs every step in order and waits for completion. */
+qmm_status qmm_chain_run(qmm_chain *chain);
+/* Device time of step `step` in the last run, in microseconds; info (optional) gets its kernel.
+ * Errors: QMM_ERR_INVALID_ARGUMENT when step ≥ length or the chain has not run since its last step
+ * was added. Host backends time each step with CLOCK_MONOTONIC around the kernel and a synchronize. */
+qmm_status qmm_chain_step(const qmm_chain *chain, size_t step, double *microseconds, qmm_kernel_info *info);
+
+/* ───────────────────────────── Checkpoints ───────────────────────────── */
+
+#define QMM_MAX_DIMS 8
+
+/* A tensor of a checkpoint: name, dtype, shape (row-major), and its bytes. Views returned by the
+ * library point into a mapping owned by the opened file and stay valid until it is closed. */
+typedef struct qmm_tensor {
+    const char *name;
+    qmm_dtype dtype;
+    int ndim;
+    int64_t shape[QMM_MAX_DIMS];
+    const void *data;
+    size_t nbytes;
+} qmm_tensor;
+
+/* ── safetensors (https://github.com/huggingface/safetensors, format: u64 LE header length N, N bytes
+ * of JSON {name: {dtype, shape, data_offsets:[begin,end]}, "__metadata__": {str: str}}, data). */
+typedef struct qmm_safetensors qmm_safetensors;
+
+/* Maps the file read-only and validates the header: length ≤ file size − 8 (and ≤ 100 MB), JSON
+ * object, known dtypes, shapes of non-negative dims, offsets inside the data area, end − begin equal
+ * to dtype size × product of shape (no overflow), no overlapping tensors, names valid UTF-8 and
+ * unique. Errors: QMM_ERR_IO, QMM_ERR_CORRUPT (the message names the tensor and the rule),
+ * QMM_ERR_UNSUPPORTED (an unknown dtype string), QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file);
+/* Parses an in-memory image (bytes, size); the caller keeps the bytes alive while it is open.
+ * Same validation and errors as qmm_safetensors_open. Used by the fuzzers. */
+qmm_status qmm_safetensors_open_memory(const void *bytes, size_t size, qmm_safetensors **file);
+void qmm_safetensors_close(qmm_safetensors *file);
+size_t qmm_safetensors_count(const qmm_safetensors *file);
+/* Tensors in file order of data offset. Errors: QMM_ERR_INVALID_ARGUMENT (index out of range). */
+qmm_status qmm_safetensors_get(const qmm_safetensors *file, size_t index, qmm_tensor *tensor);
+/* Errors: QMM_ERR_NOT_FOUND naming the tensor. */
+qmm_status qmm_safetensors_find(const qmm_safetensors *file, const char *name, qmm_tensor *tensor);
+/* The value of __metadata__[key], or NULL. */
+const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *key);
+
+/* Writes count tensors (data copied from each tensor's data/nbytes) and optional metadata pairs
+ * (metadata_keys[i] → metadata_values[i]) to path via a temporary file in the same directory and an
+ * atomic rename: on any error nothing is left at path or beside it. Names must be unique, non-empty
+ * valid UTF-8; nbytes must equal dtype size × shape product. Errors: QMM_ERR_INVALID_ARGUMENT,
+ * QMM_ERR_SHAPE, QMM_ERR_IO. */
+qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, size_t count,
+                                 const char *const *metadata_keys, const char *const *metadata_values,
+                                 size_t metadata_count);
+
+/* ── MLX checkpoint directories (mlx-lm / mlx-community): config.json + model.safetensors or
+ * model-0000i-of-0000n.safetensors shards (with or without model.safetensors.index.json).
+ * A layer P is quantized iff tensor "P.scales" exists; then "P.weight" is U32 and "P.biases" exists.
+ * config.json "quantization" (or "quantization_config"): {"group_size": G, "bits": B, and optional
+ * per-layer entries "P": {"group_size", "bits"} or "P": false}. */
+typedef struct qmm_checkpoint qmm_checkpoint;
+
+/* One quantized layer: its path P and its matrix (arrays point into the mapped shards). */
+typedef struct qmm_layer {
+    const char *name;
+    qmm_qmatrix matrix;
+} qmm_layer;
+
+/* Opens DIR, reads config.json and every shard, and checks each quantized layer: weight U32 2-D,
+ * scales/biases same float dtype and shape [rows, cols/group_size], weight words = cols·bits/32 with
+ * the layer's bits/group_size from the config (an override if present). Errors: QMM_ERR_IO,
+ * QMM_ERR_CORRUPT (naming the layer and the disagreement), QMM_ERR_FORMAT, QMM_ERR_NOT_FOUND
+ * (no config.json or no shard). */
+qmm_status qmm_checkpoint_open(const char *dir, qmm_checkpoint **checkpoint);
+void qmm_checkpoint_close(qmm_checkpoint *checkpoint);
+/* All tensors of all shards. */
+size_t qmm_checkpoint_tensor_count(const qmm_checkpoint *checkpoint);
+qmm_status qmm_checkpoint_tensor(const qmm_checkpoint *checkpoint, size_t index, qmm_tensor *tensor);
+qmm_status qmm_checkpoint_find_tensor(const qmm_checkpoint *checkpoint, const char *name, qmm_tensor *tensor);
+/* Quantized layers in name order. */
+size_t qmm_checkpoint_layer_count(const qmm_checkpoint *checkpoint);
+qmm_status qmm_checkpoint_layer(const qmm_checkpoint *checkpoint, size_t index, qmm_layer *layer);
+qmm_status qmm_checkpoint_find_layer(const qmm_checkpoint *checkpoint, const char *name, qmm_layer *layer);
+/* The default bits/group_size of config.json's "quantization" (0/0 when absent or false). */
+qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *bits, int *group_size);
+
+/* Parses config.json text (size bytes, not necessarily NUL-terminated) and returns its default
+ * quantization format; used by the fuzzers and by qmm_checkpoint_open. Errors: QMM_ERR_CORRUPT. */
+qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group_size);
+
+/* Writes an MLX checkpoint directory: dir/model.safetensors with every tensor and dir/config.json
+ * with "quantization" and "quantization_config" = {"group_size": G, "bits": B} plus one override per
+ * layer whose format differs (G/B = the most common format among layers; nothing when no layer is
+ * quantized). extra_config_json, if not NULL, is a JSON object whose members are copied into
+ * config.json first. Creates dir if missing; files are written via temp + rename, so a failure leaves
+ * no partial file. Errors: QMM_ERR_IO, QMM_ERR_INVALID_ARGUMENT, validation errors. */
+qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
+                                const qmm_layer *layers, size_t layer_count, const char *extra_config_json);
+
+/* ── GGUF v2/v3 import (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md). */
+typedef struct qmm_gguf qmm_gguf;
+
+/* GGUF tensor types qmm knows by name (the ggml_type numbering). */
+typedef enum qmm_gguf_type {
+    QMM_GGUF_F32 = 0,
+    QMM_GGUF_F16 = 1,
+    QMM_GGUF_Q4_0 = 2,
+    QMM_GGUF_Q4_1 = 3,
+    QMM_GGUF_Q8_0 = 8,
+    QMM_GGUF_BF16 = 30,
+} qmm_gguf_type;
+
+typedef struct qmm_gguf_tensor_info {
+    const char *name;
+    uint32_t type;         /* ggml_type value (may be one qmm cannot import) */
+    const char *type_name; /* "Q4_1", "Q6_K", ... or "type 99" */
+    int ndim;
+    int64_t shape[QMM_MAX_DIMS]; /* row-major (GGUF's ne[] reversed: shape[ndim-1] = ne[0]) */
+    size_t nbytes;
+    int importable; /* 1 for F32, F16, BF16, Q4_0, Q4_1, Q8_0 */
+} qmm_gguf_tensor_info;
+
+/* Maps and validates a GGUF v2/v3 file: magic, version, counts bounded by file size, strings and
+ * arrays inside the file, tensor data inside the file and aligned to general.alignment (default 32).
+ * Errors: QMM_ERR_IO, QMM_ERR_CORRUPT, QMM_ERR_UNSUPPORTED (version 1 or > 3), QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_gguf_open(const char *path, qmm_gguf **file);
+/* The same on an in-memory image the caller keeps alive (for the fuzzers). */
+qmm_status qmm_gguf_open_memory(const void *bytes, size_t size, qmm_gguf **file);
+void qmm_gguf_close(qmm_gguf *file);
+size_t qmm_gguf_tensor_count(const qmm_gguf *file);
+qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf_tensor_info *info);
+qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index);
+/* A string metadata value (e.g. "general.architecture"), or NULL. */
+const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);
+
+/* Imports one tensor exactly (DESIGN.md §1): F32/F16/BF16 → a float tensor (data in *float_data,
+ * malloc'd, caller frees; *is_quantized = 0); Q4_0 → 4-bit gs32 scale d, bias −8d; Q4_1 → 4-bit gs32
+ * scale d, bias m; Q8_0 → 8-bit gs32 scale d, bias −128d, q = int8 XOR 0x80 (*is_quantized = 1;
+ * matrix arrays malloc'd, caller frees w/scales/biases; scales and biases F16 as in MLX's loader).
+ * GGUF blocks store elements j and j+16 in one byte; MLX order is sequential and is restored.
+ * Errors: QMM_ERR_UNSUPPORTED naming the type (K-quants, IQ types, ...), QMM_ERR_SHAPE (a quantized
+ * tensor whose row length is not a multiple of 32), QMM_ERR_NUMERIC (−8d or −128d not finite in
+ * f16), QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
+                           qmm_tensor *float_tensor);
+/* Frees what qmm_gguf_import allocated (either output; NULL-safe fields). */
+void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor);
+
+/* Converts a whole GGUF file (or the tensors whose names start with one of the `count` prefixes, when
+ * count > 0) into an MLX checkpoint directory: quantized tensors "X.weight" become layer X
+ * (X.weight U32, X.scales, X.biases), float tensors are kept as they are; config.json records the
+ * formats and the GGUF general.architecture. Errors: those of qmm_gguf_import (an unsupported type
+ * stops the conversion, naming the tensor, and no directory contents are written) and
+ * qmm_checkpoint_write. */
+qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QMM_H */

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# setup.sh [build|test] — installs what `make run` (build) or `make test` (test) needs on a fresh Debian
+# machine, and nothing that is already there. Idempotent; safe to run on every make.
+#   build: a C compiler, CMake, pkg-config, cJSON (checkpoint I/O)
+#   test:  + clang with libFuzzer/ASan runtimes, python3-venv, the pinned Python venv (.venv) with MLX
+#          for the cross-check, and the real model file (.cache/) the cross-check and fixture use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-build}
+
+need=(gcc make cmake pkg-config libcjson-dev)
+if [ "$what" = test ]; then
+  need+=(clang libclang-rt-14-dev python3 python3-venv unzip)
+fi
+missing=()
+for p in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null; then
+    echo "setup: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ "$what" = test ]; then
+  if [ ! -x .venv/bin/python ] || ! cmp -s tests/mlx/requirements.txt .venv/requirements.txt; then
+    echo "setup: creating .venv (pinned MLX for the cross-check)" >&2
+    rm -rf .venv
+    python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r tests/mlx/requirements.txt >&2
+    cp tests/mlx/requirements.txt .venv/requirements.txt
+  fi
+  scripts/fetch_model.sh >/dev/null
+fi

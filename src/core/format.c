@@ -1,0 +1,169 @@
+/*
+ * format.c — the affine format: validation, sizes, and bit packing for every width (DESIGN.md §1).
+ *
+ * Each row of w is one little-endian, least-significant-bit-first bit stream: code j occupies stream
+ * bits [j·bits, (j+1)·bits) and word t holds stream bits [32t, 32t+32). For 2, 4 and 8 bits a word holds
+ * whole codes; for 3, 5 and 6 bits a code may straddle two words (never a group boundary, because
+ * group_size·bits is a multiple of 32). This is byte for byte what MLX writes: its CPU quantizer packs
+ * 3/5/6-bit codes LSB-first into 3- or 5-byte packs (mlx/backend/cpu/quantized.cpp, quantize()), which on
+ * a little-endian machine is the same stream.
+ *
+ * Packing and unpacking move through a row with a 64-bit bit buffer: codes are shifted in (or out) and a
+ * whole 32-bit word is written (or read) whenever 32 bits are ready, so no code is assembled from two
+ * separate reads and the loop costs a shift, an or and a mask per code.
+ */
+#include "internal.h"
+
+static const char allowed_bits[] = "{2, 3, 4, 5, 6, 8}";
+static const char allowed_group_sizes[] = "{32, 64, 128}";
+
+static bool bits_supported(int bits) {
+    return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+}
+
+static bool group_size_supported(int group_size) {
+    return group_size == 32 || group_size == 64 || group_size == 128;
+}
+
+qmm_status qmm_format_validate(int bits, int group_size) {
+    if (!bits_supported(bits))
+        return qmm_error(QMM_ERR_FORMAT, "bits=%d is not supported (allowed: %s)", bits, allowed_bits);
+    if (!group_size_supported(group_size))
+        return qmm_error(QMM_ERR_FORMAT, "group_size=%d is not supported (allowed: %s)", group_size,
+                         allowed_group_sizes);
+    return QMM_OK;
+}
+
+size_t qmm_packed_words(size_t cols, int bits) {
+    if (bits <= 0 || bits > 32) return 0;
+    /* cols = 32a + r  =>  cols·bits/32 = a·bits + r·bits/32, computed without forming cols·bits (which could
+     * overflow for a huge cols); exact whenever cols·bits is a multiple of 32. */
+    return (cols / 32) * (size_t)bits + ((cols % 32) * (size_t)bits) / 32;
+}
+
+size_t qmm_groups(size_t cols, int group_size) {
+    if (group_size <= 0) return 0;
+    return cols / (size_t)group_size;
+}
+
+qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
+    if (!matrix) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix_validate: matrix is NULL");
+    qmm_status status = qmm_format_validate(matrix->bits, matrix->group_size);
+    if (status != QMM_OK) return status;
+    if (!qmm_is_float_dtype(matrix->dtype))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                         "scales/biases dtype %s (%d) is not supported (allowed: f32, f16, bf16)",
+                         qmm_dtype_name(matrix->dtype), (int)matrix->dtype);
+    if (matrix->rows == 0 || matrix->cols == 0)
+        return qmm_error(QMM_ERR_SHAPE, "matrix is %zu x %zu; rows and cols must be at least 1", matrix->rows,
+                         matrix->cols);
+    if (matrix->cols % (size_t)matrix->group_size != 0)
+        return qmm_error(QMM_ERR_SHAPE, "cols=%zu (K of a linear layer) is not a multiple of group_size=%d",
+                         matrix->cols, matrix->group_size);
+
+    /* Byte sizes of the three arrays (and of the unpacked matrix, which dequantize and the oracles form)
+     * must fit in size_t. */
+    size_t words = qmm_packed_words(matrix->cols, matrix->bits);
+    size_t groups = qmm_groups(matrix->cols, matrix->group_size);
+    size_t count, bytes;
+    if (!qmm_mul_size(matrix->rows, matrix->cols, &count) || !qmm_mul_size(count, sizeof(float), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "rows=%zu x cols=%zu elements overflow size_t", matrix->rows,
+                         matrix->cols);
+    if (!qmm_mul_size(matrix->rows, words, &count) || !qmm_mul_size(count, sizeof(uint32_t), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "packed weights of rows=%zu x %zu words overflow size_t", matrix->rows,
+                         words);
+    if (!qmm_mul_size(matrix->rows, groups, &count) || !qmm_mul_size(count, qmm_dtype_size(matrix->dtype), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "scales of rows=%zu x %zu groups overflow size_t", matrix->rows, groups);
+
+    if (!matrix->w) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: w (packed codes) is NULL");
+    if (!matrix->scales) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: scales is NULL");
+    if (!matrix->biases) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: biases is NULL");
+    return QMM_OK;
+}
+
+/* The checks qmm_pack and qmm_unpack share. Sets *words_per_row. */
+static qmm_status check_pack_arguments(const char *function, const char *in_name, const void *in,
+                                       const char *out_name, const void *out, size_t rows, size_t cols, int bits,
+                                       size_t *words_per_row) {
+    if (!bits_supported(bits))
+        return qmm_error(QMM_ERR_FORMAT, "%s: bits=%d is not supported (allowed: %s)", function, bits, allowed_bits);
+    if (!in || !out)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, !in ? in_name : out_name);
+    /* A row must end on a word boundary: cols·bits a multiple of 32 (cols % 32 == 0 always suffices;
+     * 8-bit needs only cols % 4, 4-bit cols % 8, 2-bit cols % 16). */
+    if (((cols % 32) * (size_t)bits) % 32 != 0)
+        return qmm_error(QMM_ERR_SHAPE, "%s: cols=%zu x bits=%d is not a multiple of 32 (a row must fill whole words)",
+                         function, cols, bits);
+    size_t count;
+    if (!qmm_mul_size(rows, cols, &count))
+        return qmm_error(QMM_ERR_OVERFLOW, "%s: rows=%zu x cols=%zu overflows size_t", function, rows, cols);
+    *words_per_row = qmm_packed_words(cols, bits);
+    size_t words, bytes;
+    if (!qmm_mul_size(rows, *words_per_row, &words) || !qmm_mul_size(words, sizeof(uint32_t), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "%s: rows=%zu x %zu words overflows size_t", function, rows,
+                         *words_per_row);
+    return QMM_OK;
+}
+
+qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w) {
+    size_t words_per_row = 0;
+    qmm_status status = check_pack_arguments("qmm_pack", "codes", codes, "w", w, rows, cols, bits, &words_per_row);
+    if (status != QMM_OK) return status;
+
+    /* Every code must fit in `bits` bits; check all before writing anything, so a failed call leaves w
+     * untouched. OR-ing a row together finds a bad row cheaply; only then is the column searched. */
+    const unsigned limit = 1u << bits;
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = codes + r * cols;
+        unsigned any = 0;
+        for (size_t j = 0; j < cols; j++) any |= row[j];
+        if (any < limit) continue;
+        for (size_t j = 0; j < cols; j++)
+            if (row[j] >= limit)
+                return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                 "qmm_pack: code %u at row %zu, column %zu does not fit in bits=%d (must be < %u)",
+                                 row[j], r, j, bits, limit);
+    }
+
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = codes + r * cols;
+        uint32_t *out = w + r * words_per_row;
+        uint64_t buffer = 0; /* pending stream bits, LSB = the oldest */
+        unsigned filled = 0; /* how many bits of buffer are pending (< 32 between codes) */
+        for (size_t j = 0; j < cols; j++) {
+            buffer |= (uint64_t)row[j] << filled;
+            filled += (unsigned)bits;
+            if (filled >= 32) {
+                *out++ = (uint32_t)buffer;
+                buffer >>= 32;
+                filled -= 32;
+            }
+        }
+        /* cols·bits is a multiple of 32, so nothing is left over (filled == 0 here). */
+    }
+    return QMM_OK;
+}
+
+qmm_status qmm_unpack(const uint32_t *w, size_t rows, size_t cols, int bits, uint8_t *codes) {
+    size_t words_per_row = 0;
+    qmm_status status = check_pack_arguments("qmm_unpack", "w", w, "codes", codes, rows, cols, bits, &words_per_row);
+    if (status != QMM_OK) return status;
+
+    const uint64_t mask = ((uint64_t)1 << bits) - 1u;
+    for (size_t r = 0; r < rows; r++) {
+        const uint32_t *in = w + r * words_per_row;
+        uint8_t *row = codes + r * cols;
+        uint64_t buffer = 0;
+        unsigned available = 0; /* unread stream bits in buffer */
+        for (size_t j = 0; j < cols; j++) {
+            if (available < (unsigned)bits) { /* the code reaches into the next word: append it above */
+                buffer |= (uint64_t)(*in++) << available;
+                available += 32;
+            }
+            row[j] = (uint8_t)(buffer & mask);
+            buffer >>= bits;
+            available -= (unsigned)bits;
+        }
+    }
+    return QMM_OK;
+}

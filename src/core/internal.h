@@ -1,0 +1,69 @@
+/*
+ * internal.h — helpers shared by every part of libqmm (not installed).
+ *
+ * Errors: every failing path calls qmm_error(status, "fmt", ...), which formats the thread-local
+ * message read by qmm_last_error() and returns status, so a check reads
+ *     if (K % group_size != 0) return qmm_error(QMM_ERR_SHAPE, "K=%zu is not a multiple of group_size=%d", K, gs);
+ * Functions with resources use one `goto cleanup` (DESIGN.md §4).
+ */
+#ifndef QMM_INTERNAL_H
+#define QMM_INTERNAL_H
+
+#include "qmm.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define QMM_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define QMM_PRINTF(a, b)
+#endif
+
+/* Sets the thread-local message and returns status. */
+qmm_status qmm_error(qmm_status status, const char *format, ...) QMM_PRINTF(2, 3);
+/* Clears the thread-local message (called by nothing on success paths; tests use it). */
+void qmm_error_clear(void);
+
+/* Overflow-checked size arithmetic: return false on overflow (result unspecified then). */
+static inline bool qmm_mul_size(size_t a, size_t b, size_t *result) {
+    return !__builtin_mul_overflow(a, b, result);
+}
+static inline bool qmm_add_size(size_t a, size_t b, size_t *result) {
+    return !__builtin_add_overflow(a, b, result);
+}
+
+/* Whether dtype is one of the activation/scale dtypes F32, F16, BF16. */
+static inline bool qmm_is_float_dtype(qmm_dtype dtype) {
+    return dtype == QMM_F32 || dtype == QMM_F16 || dtype == QMM_BF16;
+}
+
+/* Element i of a float array of dtype (F32/F16/BF16) as f32, and the inverse (RNE). */
+static inline float qmm_load_f32(const void *array, qmm_dtype dtype, size_t i) {
+    switch (dtype) {
+    case QMM_F16: return qmm_f16_to_f32(((const uint16_t *)array)[i]);
+    case QMM_BF16: return qmm_bf16_to_f32(((const uint16_t *)array)[i]);
+    default: return ((const float *)array)[i];
+    }
+}
+static inline void qmm_store_f32(void *array, qmm_dtype dtype, size_t i, float value) {
+    switch (dtype) {
+    case QMM_F16: ((uint16_t *)array)[i] = qmm_f32_to_f16(value); break;
+    case QMM_BF16: ((uint16_t *)array)[i] = qmm_f32_to_bf16(value); break;
+    default: ((float *)array)[i] = value; break;
+    }
+}
+
+/* Code j of a packed row (LSB-first bit stream of `bits`-bit codes; 3/5/6-bit codes may straddle
+ * two words, so two words are read when the code crosses a word boundary). */
+static inline uint32_t qmm_code_at(const uint32_t *row, size_t j, int bits) {
+    size_t bit = j * (size_t)bits;
+    size_t word = bit >> 5;
+    unsigned shift = (unsigned)(bit & 31);
+    uint64_t pair = row[word];
+    if (shift + (unsigned)bits > 32) pair |= (uint64_t)row[word + 1] << 32;
+    return (uint32_t)(pair >> shift) & ((1u << bits) - 1u);
+}
+
+#endif /* QMM_INTERNAL_H */

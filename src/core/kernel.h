@@ -1,0 +1,82 @@
+/*
+ * kernel.h — the kernel table and the backend hooks (DESIGN.md §2). Not installed.
+ *
+ * A backend owns memory hooks and an ordered array of qmm_kernel rows. The context's table is the
+ * backend's rows followed by the reference rows (src/ref/kernels.c), so every valid call has an
+ * answer. The selector (src/select.c) walks the table in order and returns the first row whose op
+ * matches and whose supports() accepts the call; a caller may force a row by name. Adding a kernel
+ * is adding a row; adding a backend is adding one qmm_backend_hooks value (src/core/runtime.c).
+ */
+#ifndef QMM_KERNEL_H
+#define QMM_KERNEL_H
+
+#include "internal.h"
+
+/* One product as a kernel sees it. Pointers are backend memory (host pointers on ref/cpu).
+ *   x      dtype [M, K]
+ *   w      uint32 weights rows × cols·bits/32 (op qmm_t: rows = N, cols = K; qmm_n: rows = K, cols = N)
+ *   scales, biases dtype [rows, cols/group_size]
+ *   out    dtype [M, N]
+ * The runtime has validated everything before a kernel sees the call: M, N, K ≥ 1, the quantized
+ * dimension (K for qmm_t, N for qmm_n) a multiple of group_size, M·K, M·N and every byte size fit in
+ * size_t, x and out are distinct buffers of at least M·K and M·N elements. */
+typedef struct qmm_call {
+    qmm_op op;
+    qmm_dtype dtype;
+    int bits;
+    int group_size;
+    size_t M, N, K;
+    const void *x;
+    const uint32_t *w;
+    const void *scales;
+    const void *biases;
+    void *out;
+    void *backend_state; /* the backend's per-context state (CPU threads, CUDA stream), may be NULL */
+} qmm_call;
+
+typedef struct qmm_kernel {
+    qmm_kernel_info info;
+    /* Returns true when the row handles the call; otherwise writes a one-line reason into
+     * why_not[why_not_size] (e.g. "N=100 is not a multiple of BN=64"). Must not fail otherwise.
+     * The selector checks the op before calling it, but a row should still refuse a foreign op. */
+    bool (*supports)(const qmm_call *call, char *why_not, size_t why_not_size);
+    /* Computes the product. Only called after supports() accepted the call. */
+    qmm_status (*run)(const qmm_call *call);
+} qmm_kernel;
+
+/* The reference rows (always last in every table): ref.qmm_t.scalar.r1, ref.qmm_n.scalar.r1. They
+ * read and write the call's pointers directly, so they need host-addressable memory: a backend
+ * whose memory is not (CUDA without managed memory) must stage through the host before it can
+ * append them — that is the CUDA issue's job (see host_memory below). */
+extern const qmm_kernel qmm_ref_kernels[];
+extern const size_t qmm_ref_kernel_count;
+
+/* What a backend plugs into the runtime. Every hook returns a status with qmm_error() set on failure.
+ * `state` is what open() returned (NULL allowed). Memory hooks move bytes; the runtime has checked
+ * every size for overflow first. */
+typedef struct qmm_backend_hooks {
+    qmm_backend backend;
+    bool host_memory; /* allocations are plain host memory (ref, cpu): the ref rows can run on them */
+    const qmm_kernel *kernels; /* the backend's own rows in selector order (the ref rows come after) */
+    size_t kernel_count;
+    qmm_status (*open)(int device, void **state);
+    void (*close)(void *state);
+    qmm_status (*alloc)(void *state, size_t bytes, void **memory);
+    void (*release)(void *state, void *memory);
+    qmm_status (*upload)(void *state, void *device_dst, const void *host_src, size_t bytes);
+    qmm_status (*download)(void *state, void *host_dst, const void *device_src, size_t bytes);
+    /* Waits for all queued work (a no-op on blocking host backends). */
+    qmm_status (*synchronize)(void *state);
+} qmm_backend_hooks;
+
+/* Whether row handles call: the op must match (checked here, once for every caller), then the row's
+ * supports(). On false, why_not receives the reason. */
+bool qmm_kernel_accepts(const qmm_kernel *row, const qmm_call *call, char *why_not, size_t why_not_size);
+
+/* The selector: the first row of table[count] that accepts call (or the row named `forced`).
+ * Errors: QMM_ERR_NOT_FOUND (forced name unknown), QMM_ERR_UNSUPPORTED (forced row refuses, with its
+ * reason, or no row accepts the call — impossible while the reference rows are last). */
+qmm_status qmm_select_kernel(const qmm_kernel *const *table, size_t count, const qmm_call *call,
+                             const char *forced, const qmm_kernel **chosen);
+
+#endif /* QMM_KERNEL_H */

@@ -1,0 +1,257 @@
+/*
+ * quantize.c — affine quantization and dequantization, bit for bit as MLX does them (DESIGN.md §1).
+ *
+ * Quantize, per group of group_size values v (converted exactly to f32), all arithmetic in IEEE f32:
+ *     s0 = max((max − min) / (2^bits − 1), 1e-7)
+ *     if |min| > |max|: s = s0, e = min   else: s = −s0, e = max        (so scales are negative ~half the time)
+ *     q0 = round(e / s); if q0 ≠ 0: s = e / q0, b = e   else: b = 0     (the edge lands exactly on code q0)
+ *     q  = clamp(round((v − b) / s), 0, 2^bits − 1)                      (with the f32 s and b)
+ * and s, b are stored rounded once (round to nearest, ties to even) to the weight dtype.
+ * Two conventions (qmm_convention):
+ *   CPU — mlx/backend/cpu/quantized.cpp quantize(): min/max start at ±inf, round = rint (ties to even).
+ *   GPU — mlx/backend/metal/kernels/quantized.h affine_quantize: the running max starts at 0 and the running
+ *         min at the dtype's largest finite value (so an all-negative group uses [min, 0]; an all-positive
+ *         one still uses [min, max]), round = Metal round() (half away from zero), and the code is only
+ *         clamped from above — it cannot be negative, because (v − b) has the sign of s for every v in the
+ *         group, so the lower clamp below is a no-op there.
+ * The CPU convention was checked against mx.quantize of mlx 0.32.4 for f32/f16/bf16, every bits and
+ * group size. The GPU convention cannot run on Linux; it follows the Metal source line by line. MLX builds its
+ * Metal kernels with -fno-fast-math (mlx/backend/metal/kernels/CMakeLists.txt); we take Metal's precise
+ * division to be correctly rounded, i.e. the same as IEEE f32 division here.
+ *
+ * Dequantize, bit for bit as mx.dequantize on the CPU (mlx 0.32.4 computes it as two array ops, a multiply
+ * then an add, each rounded to the scales' dtype T):
+ *     ŵ = round_T( round_T(s · q) + b )
+ * For f32 this is two f32 roundings — never a fused multiply-add (which would round once and differ in
+ * about one element in twenty); for f16/bf16 s·q is exact in f32 (11 + 8 significant bits), rounded to T,
+ * then the sum is formed in f32 and rounded to T (f32's 24 bits are at least 2p + 2 for a p-bit T, so that
+ * double rounding equals a correctly rounded T addition). Checked against mx.dequantize for every dtype.
+ * The FP-contract pragmas below keep compilers from fusing s·q + b into an FMA under -march flags (GCC contracts
+ * across statements by default in GNU mode; clang only within one expression unless -ffp-contract=fast, which
+ * overrides any pragma — do not build this file with it).
+ */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* The largest group (group_size ≤ 128): per-group scratch lives on the stack. */
+enum { MAX_GROUP_SIZE = 128 };
+
+/* The largest finite value of each weight dtype, as f32 — the GPU convention's starting running min
+ * (Metal Limits<T>::max). bf16 0x7F7F = (2 − 2^-7)·2^127. */
+static float dtype_max_finite(qmm_dtype dtype) {
+    switch (dtype) {
+    case QMM_F16: return 65504.0f;
+    case QMM_BF16: return qmm_bf16_to_f32(0x7F7Fu);
+    default: return FLT_MAX;
+    }
+}
+
+/* Whether element i of a float array is NaN or ±Inf, from its bits (no FPU involvement). */
+static bool element_nonfinite(const void *array, qmm_dtype dtype, size_t i) {
+    switch (dtype) {
+    case QMM_F16: return (((const uint16_t *)array)[i] & 0x7C00u) == 0x7C00u;
+    case QMM_BF16: return (((const uint16_t *)array)[i] & 0x7F80u) == 0x7F80u;
+    default: {
+        uint32_t bits;
+        memcpy(&bits, (const float *)array + i, sizeof bits);
+        return (bits & 0x7F800000u) == 0x7F800000u;
+    }
+    }
+}
+
+/* Packs count codes (count·bits a multiple of 32) LSB-first into words. */
+static void pack_codes(const uint8_t *codes, size_t count, int bits, uint32_t *out) {
+    uint64_t buffer = 0;
+    unsigned filled = 0;
+    for (size_t j = 0; j < count; j++) {
+        buffer |= (uint64_t)codes[j] << filled;
+        filled += (unsigned)bits;
+        if (filled >= 32) {
+            *out++ = (uint32_t)buffer;
+            buffer >>= 32;
+            filled -= 32;
+        }
+    }
+}
+
+/* Unpacks count codes (count·bits a multiple of 32) from LSB-first words. */
+static void unpack_codes(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    const uint64_t mask = ((uint64_t)1 << bits) - 1u;
+    uint64_t buffer = 0;
+    unsigned available = 0;
+    for (size_t j = 0; j < count; j++) {
+        if (available < (unsigned)bits) {
+            buffer |= (uint64_t)(*in++) << available;
+            available += 32;
+        }
+        codes[j] = (uint8_t)(buffer & mask);
+        buffer >>= bits;
+        available -= (unsigned)bits;
+    }
+}
+
+/* One group: values[n] (f32) -> codes[n], *scale, *bias (f32, before rounding to the dtype). The comparisons
+ * mirror std::min/std::max (CPU) and Metal min/max (GPU); they agree on the finite inputs allowed here. */
+static void quantize_group(const float *values, int n, int bits, qmm_convention convention, float gpu_min_start,
+                           uint8_t *codes, float *scale_out, float *bias_out) {
+    const float n_bins = (float)((1 << bits) - 1);
+    const float eps = (float)1e-7; /* MLX: `float eps = 1e-7;` — the double literal converted to f32 */
+    const bool gpu = convention == QMM_CONVENTION_GPU;
+
+    float w_min = gpu ? gpu_min_start : INFINITY;
+    float w_max = gpu ? 0.0f : -INFINITY;
+    for (int i = 0; i < n; i++) {
+        float v = values[i];
+        if (w_max < v) w_max = v;
+        if (v < w_min) w_min = v;
+    }
+
+    float scale = (w_max - w_min) / n_bins;
+    if (scale < eps) scale = eps; /* a constant group would otherwise get scale 0 */
+    bool min_side = fabsf(w_min) > fabsf(w_max);
+    if (!min_side) scale = -scale;
+    float edge = min_side ? w_min : w_max;
+
+    /* CPU: std::rint under the default rounding mode (ties to even; qmm never changes the mode).
+     * GPU: Metal round(), half away from zero = C roundf. */
+    float q0 = gpu ? roundf(edge / scale) : rintf(edge / scale);
+    float bias = 0.0f;
+    if (q0 != 0.0f) {
+        scale = edge / q0;
+        bias = edge;
+    }
+
+    for (int i = 0; i < n; i++) {
+        float x = (values[i] - bias) / scale;
+        float q = gpu ? roundf(x) : rintf(x);
+        if (q < 0.0f) q = 0.0f;
+        if (q > n_bins) q = n_bins;
+        codes[i] = (uint8_t)q;
+    }
+    *scale_out = scale;
+    *bias_out = bias;
+}
+
+qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols, int bits, int group_size,
+                        qmm_convention convention, uint32_t *out_w, void *out_scales, void *out_biases) {
+    qmm_status status = qmm_format_validate(bits, group_size);
+    if (status != QMM_OK) return status;
+    if (!qmm_is_float_dtype(dtype))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: weight dtype %s (%d) is not supported (allowed: f32, f16, bf16)",
+                         qmm_dtype_name(dtype), (int)dtype);
+    if (convention != QMM_CONVENTION_CPU && convention != QMM_CONVENTION_GPU)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: convention=%d is not one of CPU (0), GPU (1)",
+                         (int)convention);
+    if (rows == 0 || cols == 0)
+        return qmm_error(QMM_ERR_SHAPE, "qmm_quantize: matrix is %zu x %zu; rows and cols must be at least 1", rows,
+                         cols);
+    if (cols % (size_t)group_size != 0)
+        return qmm_error(QMM_ERR_SHAPE, "qmm_quantize: cols=%zu (K of a linear layer) is not a multiple of group_size=%d", cols, group_size);
+    size_t count, bytes;
+    if (!qmm_mul_size(rows, cols, &count) || !qmm_mul_size(count, sizeof(float), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "qmm_quantize: rows=%zu x cols=%zu elements overflow size_t", rows, cols);
+    if (!w || !out_w || !out_scales || !out_biases)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: %s is NULL",
+                         !w ? "w" : !out_w ? "out_w" : !out_scales ? "out_scales" : "out_biases");
+
+    /* NaN/Inf anywhere is an error; checked before anything is written, so a failed call leaves the outputs
+     * untouched. MLX would silently produce NaN scales (or all-zero codes with an Inf scale). */
+    for (size_t i = 0; i < count; i++) {
+        if (element_nonfinite(w, dtype, i))
+            return qmm_error(QMM_ERR_NUMERIC, "qmm_quantize: w[row %zu, column %zu] = %g; quantization needs finite values",
+                             i / cols, i % cols, (double)qmm_load_f32(w, dtype, i));
+    }
+
+    const size_t words_per_row = qmm_packed_words(cols, bits);
+    const size_t groups_per_row = qmm_groups(cols, group_size);
+    const size_t words_per_group = qmm_packed_words((size_t)group_size, bits);
+    const float gpu_min_start = dtype_max_finite(dtype);
+    float values[MAX_GROUP_SIZE];
+    uint8_t codes[MAX_GROUP_SIZE];
+
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t g = 0; g < groups_per_row; g++) {
+            size_t first = r * cols + g * (size_t)group_size;
+            for (int i = 0; i < group_size; i++) values[i] = qmm_load_f32(w, dtype, first + (size_t)i);
+            float scale, bias;
+            quantize_group(values, group_size, bits, convention, gpu_min_start, codes, &scale, &bias);
+            /* Only a range max − min beyond FLT_MAX (f32 or bf16 weights near ±3.4e38) gets here; MLX would
+             * store an Inf scale and all-zero codes. Outputs of earlier groups are already written then. */
+            if (!isfinite(scale))
+                return qmm_error(QMM_ERR_NUMERIC,
+                                 "qmm_quantize: row %zu, columns %zu..%zu: max - min overflows f32, so the scale is not finite",
+                                 r, g * (size_t)group_size, (g + 1) * (size_t)group_size - 1);
+            pack_codes(codes, (size_t)group_size, bits, out_w + r * words_per_row + g * words_per_group);
+            qmm_store_f32(out_scales, dtype, r * groups_per_row + g, scale);
+            qmm_store_f32(out_biases, dtype, r * groups_per_row + g, bias);
+        }
+    }
+    return QMM_OK;
+}
+
+/* ŵ for code q with scale s and bias b of dtype (both given exactly as f32), as an f32 that is exactly a value
+ * of dtype: round_T(round_T(s·q) + b). */
+static float dequantize_value(float s, float b, unsigned q, qmm_dtype dtype) {
+    float product = s * (float)q;
+    switch (dtype) {
+    case QMM_F16: {
+        float p = qmm_f16_to_f32(qmm_f32_to_f16(product));
+        return qmm_f16_to_f32(qmm_f32_to_f16(p + b));
+    }
+    case QMM_BF16: {
+        float p = qmm_bf16_to_f32(qmm_f32_to_bf16(product));
+        return qmm_bf16_to_f32(qmm_f32_to_bf16(p + b));
+    }
+    default: return product + b; /* two f32 roundings; FP contraction is off in this file */
+    }
+}
+
+qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dtype) {
+    qmm_status status = qmm_qmatrix_validate(matrix);
+    if (status != QMM_OK) return status;
+    if (!qmm_is_float_dtype(out_dtype))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_dequantize: out dtype %s (%d) is not supported (allowed: f32, f16, bf16)",
+                         qmm_dtype_name(out_dtype), (int)out_dtype);
+    if (!out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_dequantize: out is NULL");
+
+    const qmm_dtype dtype = matrix->dtype;
+    const int bits = matrix->bits;
+    const int group_size = matrix->group_size;
+    const size_t cols = matrix->cols;
+    const size_t words_per_row = qmm_packed_words(cols, bits);
+    const size_t groups_per_row = qmm_groups(cols, group_size);
+    const size_t words_per_group = qmm_packed_words((size_t)group_size, bits);
+    const unsigned levels = 1u << bits;
+    /* When a group has at least as many values as there are codes, decode the 2^bits possible values once per
+     * group and look them up (the f16/bf16 roundings are the expensive part); otherwise decode each value. */
+    const bool use_table = levels <= (unsigned)group_size;
+    float table[256];
+    uint8_t codes[MAX_GROUP_SIZE];
+
+    for (size_t r = 0; r < matrix->rows; r++) {
+        for (size_t g = 0; g < groups_per_row; g++) {
+            size_t group_index = r * groups_per_row + g;
+            float s = qmm_load_f32(matrix->scales, dtype, group_index);
+            float b = qmm_load_f32(matrix->biases, dtype, group_index);
+            unpack_codes(matrix->w + r * words_per_row + g * words_per_group, (size_t)group_size, bits, codes);
+            size_t first = r * cols + g * (size_t)group_size;
+            if (use_table) {
+                for (unsigned q = 0; q < levels; q++) table[q] = dequantize_value(s, b, q, dtype);
+                for (int i = 0; i < group_size; i++) qmm_store_f32(out, out_dtype, first + (size_t)i, table[codes[i]]);
+            } else {
+                for (int i = 0; i < group_size; i++)
+                    qmm_store_f32(out, out_dtype, first + (size_t)i, dequantize_value(s, b, codes[i], dtype));
+            }
+        }
+    }
+    return QMM_OK;
+}

@@ -1,0 +1,565 @@
+/*
+ * runtime.c — context, weights, buffers, matmul, chains and the kernel listing (DESIGN.md §3).
+ *
+ * A context binds one backend: its hooks (memory, copies, synchronisation) and its kernel table, which
+ * is the backend's own rows followed by the reference rows. Weights are validated and copied once at
+ * create time and never change; buffers are dtype + count; every matmul is validated here (so kernels
+ * only see valid calls, src/core/kernel.h), then src/select.c picks the row. A chain is a recorded
+ * list of such calls, validated and planned (kernel chosen) when each step is added, run in order and
+ * timed per step. Only the reference backend exists yet; CPU and CUDA report "not built yet".
+ */
+#include "kernel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *qmm_backend_name(qmm_backend backend) {
+    switch (backend) {
+    case QMM_BACKEND_REF: return "ref";
+    case QMM_BACKEND_CPU: return "cpu";
+    case QMM_BACKEND_CUDA: return "cuda";
+    }
+    return "?";
+}
+
+const char *qmm_op_name(qmm_op op) {
+    switch (op) {
+    case QMM_OP_QMM_T: return "qmm_t";
+    case QMM_OP_QMM_N: return "qmm_n";
+    }
+    return "?";
+}
+
+/* ───────────────────────────── the host (reference) backend ───────────────────────────── */
+
+/* 64-byte alignment: one cache line, and the widest vector load (AVX-512) a CPU kernel will use on
+ * the same memory once the CPU backend shares these hooks. */
+#define HOST_ALIGNMENT 64
+
+static qmm_status host_open(int device, void **state) {
+    *state = NULL;
+    return QMM_OK;
+}
+
+static void host_close(void *state) {}
+
+static qmm_status host_alloc(void *state, size_t bytes, void **memory) {
+    size_t rounded;
+    if (!qmm_add_size(bytes, HOST_ALIGNMENT - 1, &rounded))
+        return qmm_error(QMM_ERR_OVERFLOW, "an allocation of %zu bytes overflows when rounded to %d", bytes,
+                         HOST_ALIGNMENT);
+    rounded -= rounded % HOST_ALIGNMENT;
+    *memory = aligned_alloc(HOST_ALIGNMENT, rounded ? rounded : HOST_ALIGNMENT);
+    if (!*memory) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "could not allocate %zu bytes of host memory", bytes);
+    return QMM_OK;
+}
+
+static void host_release(void *state, void *memory) { free(memory); }
+
+static qmm_status host_copy(void *state, void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+    return QMM_OK;
+}
+
+static qmm_status host_synchronize(void *state) { return QMM_OK; }
+
+static const qmm_backend_hooks ref_backend = {
+    .backend = QMM_BACKEND_REF,
+    .host_memory = true,
+    .kernels = NULL, /* the reference backend is the reference rows alone */
+    .kernel_count = 0,
+    .open = host_open,
+    .close = host_close,
+    .alloc = host_alloc,
+    .release = host_release,
+    .upload = host_copy,
+    .download = host_copy,
+    .synchronize = host_synchronize,
+};
+
+/* The hooks of a backend, or an error naming why there are none. A backend plugs in here: one case
+ * returning its qmm_backend_hooks, compiled in when its build option is on. */
+static qmm_status backend_hooks(qmm_backend backend, const qmm_backend_hooks **hooks) {
+    switch (backend) {
+    case QMM_BACKEND_REF: *hooks = &ref_backend; return QMM_OK;
+    case QMM_BACKEND_CPU:
+    case QMM_BACKEND_CUDA:
+        return qmm_error(QMM_ERR_UNSUPPORTED, "backend %s is not built yet", qmm_backend_name(backend));
+    }
+    return qmm_error(QMM_ERR_INVALID_ARGUMENT, "backend=%d is not a qmm_backend (ref=0, cpu=1, cuda=2)", (int)backend);
+}
+
+/* ───────────────────────────── objects ───────────────────────────── */
+
+struct qmm_context {
+    const qmm_backend_hooks *hooks;
+    void *state;
+    const qmm_kernel **table; /* backend rows, then the reference rows */
+    size_t table_count;
+};
+
+struct qmm_weights {
+    qmm_context *context;
+    qmm_qmatrix format; /* pointers NULL: the arrays below are backend memory */
+    uint32_t *w;
+    void *scales;
+    void *biases;
+};
+
+struct qmm_buffer {
+    qmm_context *context;
+    qmm_dtype dtype;
+    size_t count;
+    void *memory;
+};
+
+typedef struct chain_step {
+    qmm_call call;
+    const qmm_kernel *kernel;
+    double microseconds;
+} chain_step;
+
+struct qmm_chain {
+    qmm_context *context;
+    chain_step *steps;
+    size_t length;
+    size_t capacity;
+    bool ran; /* the last qmm_chain_run completed, and no step was added since */
+};
+
+/* ───────────────────────────── context ───────────────────────────── */
+
+qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context) {
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_create: context is NULL");
+    *context = NULL;
+    const qmm_backend_hooks *hooks;
+    qmm_status status = backend_hooks(backend, &hooks);
+    if (status != QMM_OK) return status;
+
+    qmm_context *created = calloc(1, sizeof *created);
+    bool opened = false;
+    if (!created) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_context_create: no memory for a context");
+        goto cleanup;
+    }
+    created->hooks = hooks;
+    /* The reference rows read the call's pointers directly, so they join a table only where the
+     * backend's memory is host memory (kernel.h); a device backend stages them in its own issue. */
+    const size_t ref_rows = hooks->host_memory ? qmm_ref_kernel_count : 0;
+    created->table_count = hooks->kernel_count + ref_rows;
+    created->table = calloc(created->table_count ? created->table_count : 1, sizeof *created->table);
+    if (!created->table) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_context_create: no memory for the kernel table");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < hooks->kernel_count; i++) created->table[i] = &hooks->kernels[i];
+    for (size_t i = 0; i < ref_rows; i++) created->table[hooks->kernel_count + i] = &qmm_ref_kernels[i];
+    status = hooks->open(device, &created->state);
+    if (status != QMM_OK) goto cleanup;
+    opened = true;
+    *context = created;
+    created = NULL;
+    status = QMM_OK;
+
+cleanup:
+    if (created) {
+        if (opened) hooks->close(created->state);
+        free(created->table);
+        free(created);
+    }
+    return status;
+}
+
+void qmm_context_destroy(qmm_context *context) {
+    if (!context) return;
+    context->hooks->close(context->state);
+    free(context->table);
+    free(context);
+}
+
+qmm_backend qmm_context_backend(const qmm_context *context) {
+    return context ? context->hooks->backend : QMM_BACKEND_REF;
+}
+
+/* ───────────────────────────── weights ───────────────────────────── */
+
+qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights) {
+    if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_create: weights is NULL");
+    *weights = NULL;
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_create: context is NULL");
+    if (!matrix) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_create: matrix is NULL");
+    qmm_status status = qmm_qmatrix_validate(matrix);
+    if (status != QMM_OK) return status;
+
+    const qmm_backend_hooks *hooks = context->hooks;
+    size_t w_bytes, group_bytes;
+    const size_t words = qmm_packed_words(matrix->cols, matrix->bits);
+    const size_t groups = qmm_groups(matrix->cols, matrix->group_size);
+    if (!qmm_mul_size(matrix->rows, words, &w_bytes) || !qmm_mul_size(w_bytes, sizeof(uint32_t), &w_bytes) ||
+        !qmm_mul_size(matrix->rows, groups, &group_bytes) ||
+        !qmm_mul_size(group_bytes, qmm_dtype_size(matrix->dtype), &group_bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "qmm_weights_create: the byte size of %zu×%zu weights overflows size_t",
+                         matrix->rows, matrix->cols);
+
+    qmm_weights *created = calloc(1, sizeof *created);
+    if (!created) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_weights_create: no memory for a weights object");
+        goto cleanup;
+    }
+    created->context = context;
+    created->format = *matrix;
+    created->format.w = NULL;
+    created->format.scales = NULL;
+    created->format.biases = NULL;
+    void *w_memory = NULL;
+    if ((status = hooks->alloc(context->state, w_bytes, &w_memory)) != QMM_OK) goto cleanup;
+    created->w = w_memory;
+    if ((status = hooks->alloc(context->state, group_bytes, &created->scales)) != QMM_OK) goto cleanup;
+    if ((status = hooks->alloc(context->state, group_bytes, &created->biases)) != QMM_OK) goto cleanup;
+    if ((status = hooks->upload(context->state, created->w, matrix->w, w_bytes)) != QMM_OK) goto cleanup;
+    if ((status = hooks->upload(context->state, created->scales, matrix->scales, group_bytes)) != QMM_OK) goto cleanup;
+    if ((status = hooks->upload(context->state, created->biases, matrix->biases, group_bytes)) != QMM_OK) goto cleanup;
+    /* The copies above may be asynchronous on a device; the caller may free its arrays on return. */
+    if ((status = hooks->synchronize(context->state)) != QMM_OK) goto cleanup;
+    *weights = created;
+    created = NULL;
+    status = QMM_OK;
+
+cleanup:
+    qmm_weights_destroy(created);
+    return status;
+}
+
+void qmm_weights_destroy(qmm_weights *weights) {
+    if (!weights) return;
+    const qmm_context *context = weights->context;
+    if (weights->w) context->hooks->release(context->state, weights->w);
+    if (weights->scales) context->hooks->release(context->state, weights->scales);
+    if (weights->biases) context->hooks->release(context->state, weights->biases);
+    free(weights);
+}
+
+qmm_status qmm_weights_describe(const qmm_weights *weights, qmm_qmatrix *format) {
+    if (!weights || !format) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_describe: null argument");
+    *format = weights->format;
+    return QMM_OK;
+}
+
+/* ───────────────────────────── buffers ───────────────────────────── */
+
+qmm_status qmm_buffer_create(qmm_context *context, qmm_dtype dtype, size_t count, qmm_buffer **buffer) {
+    if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_create: buffer is NULL");
+    *buffer = NULL;
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_create: context is NULL");
+    if (!qmm_is_float_dtype(dtype))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_create: dtype %s is not an activation dtype (f32, f16, bf16)",
+                         qmm_dtype_name(dtype));
+    if (count == 0) return qmm_error(QMM_ERR_SHAPE, "qmm_buffer_create: count=0, a buffer holds at least 1 element");
+    size_t bytes;
+    if (!qmm_mul_size(count, qmm_dtype_size(dtype), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "qmm_buffer_create: %zu elements of %s overflow a byte count", count,
+                         qmm_dtype_name(dtype));
+    qmm_status status;
+    qmm_buffer *created = calloc(1, sizeof *created);
+    if (!created) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_buffer_create: no memory for a buffer object");
+        goto cleanup;
+    }
+    created->context = context;
+    created->dtype = dtype;
+    created->count = count;
+    if ((status = context->hooks->alloc(context->state, bytes, &created->memory)) != QMM_OK) goto cleanup;
+    *buffer = created;
+    created = NULL;
+    status = QMM_OK;
+
+cleanup:
+    qmm_buffer_destroy(created);
+    return status;
+}
+
+void qmm_buffer_destroy(qmm_buffer *buffer) {
+    if (!buffer) return;
+    if (buffer->memory) buffer->context->hooks->release(buffer->context->state, buffer->memory);
+    free(buffer);
+}
+
+size_t qmm_buffer_count(const qmm_buffer *buffer) { return buffer ? buffer->count : 0; }
+
+qmm_dtype qmm_buffer_dtype(const qmm_buffer *buffer) { return buffer ? buffer->dtype : QMM_F32; }
+
+/* The checks shared by write and read; the byte count of `count` elements. */
+static qmm_status check_transfer(const char *function, const qmm_buffer *buffer, const void *host, size_t count,
+                                 size_t *bytes) {
+    if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", function);
+    if (!host && count > 0) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: host is NULL with count=%zu", function, count);
+    if (count > buffer->count)
+        return qmm_error(QMM_ERR_SHAPE, "%s: count=%zu exceeds the buffer's %zu elements", function, count,
+                         buffer->count);
+    *bytes = count * qmm_dtype_size(buffer->dtype); /* ≤ the buffer's byte size, checked at create */
+    return QMM_OK;
+}
+
+qmm_status qmm_buffer_write(qmm_buffer *buffer, const void *host, size_t count) {
+    size_t bytes = 0;
+    qmm_status status = check_transfer("qmm_buffer_write", buffer, host, count, &bytes);
+    if (status != QMM_OK || bytes == 0) return status;
+    const qmm_context *context = buffer->context;
+    return context->hooks->upload(context->state, buffer->memory, host, bytes);
+}
+
+qmm_status qmm_buffer_read(const qmm_buffer *buffer, void *host, size_t count) {
+    size_t bytes = 0;
+    qmm_status status = check_transfer("qmm_buffer_read", buffer, host, count, &bytes);
+    if (status != QMM_OK || bytes == 0) return status;
+    const qmm_context *context = buffer->context;
+    if ((status = context->hooks->synchronize(context->state)) != QMM_OK) return status;
+    return context->hooks->download(context->state, host, buffer->memory, bytes);
+}
+
+qmm_status qmm_buffer_poison(qmm_buffer *buffer) {
+    if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_poison: buffer is NULL");
+    /* Quiet NaN patterns of each dtype, uploaded from a host chunk so that device memory works too. */
+    enum { CHUNK = 4096 };
+    static _Thread_local union {
+        float f32[CHUNK];
+        uint16_t f16[CHUNK];
+    } nan_chunk;
+    const size_t size = qmm_dtype_size(buffer->dtype);
+    for (size_t i = 0; i < CHUNK; i++) {
+        switch (buffer->dtype) {
+        case QMM_F16: nan_chunk.f16[i] = 0x7E00; break;
+        case QMM_BF16: nan_chunk.f16[i] = 0x7FC0; break;
+        default: nan_chunk.f32[i] = __builtin_nanf(""); break;
+        }
+    }
+    const qmm_context *context = buffer->context;
+    for (size_t done = 0; done < buffer->count; done += CHUNK) {
+        size_t elements = buffer->count - done < CHUNK ? buffer->count - done : CHUNK;
+        qmm_status status = context->hooks->upload(context->state, (char *)buffer->memory + done * size, &nan_chunk,
+                                                   elements * size);
+        if (status != QMM_OK) return status;
+    }
+    return QMM_OK;
+}
+
+/* ───────────────────────────── matmul ───────────────────────────── */
+
+/* Validates everything about a product but the buffers and fills call (pointers but x/out set). */
+static qmm_status prepare_call(const char *function, const qmm_context *context, const qmm_weights *weights,
+                               size_t M, const qmm_matmul_options *options, qmm_call *call) {
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: context is NULL", function);
+    if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: weights is NULL", function);
+    if (weights->context != context)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: the weights belong to another context", function);
+    const qmm_op op = options ? options->op : QMM_OP_QMM_T;
+    if (op != QMM_OP_QMM_T && op != QMM_OP_QMM_N)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: op=%d is not a qmm_op (qmm_t=0, qmm_n=1)", function, (int)op);
+    const qmm_qmatrix *format = &weights->format;
+    memset(call, 0, sizeof *call);
+    call->op = op;
+    call->dtype = format->dtype;
+    call->bits = format->bits;
+    call->group_size = format->group_size;
+    call->M = M;
+    /* MLX's transpose flag: the same weights are N×K for x·Ŵᵀ and K×N for x·Ŵ. */
+    call->N = op == QMM_OP_QMM_T ? format->rows : format->cols;
+    call->K = op == QMM_OP_QMM_T ? format->cols : format->rows;
+    call->w = weights->w;
+    call->scales = weights->scales;
+    call->biases = weights->biases;
+    call->backend_state = context->state;
+    if (M == 0) return qmm_error(QMM_ERR_SHAPE, "%s: M=0, a matmul needs M >= 1 rows of x", function);
+    size_t elements;
+    if (!qmm_mul_size(M, call->K, &elements) || !qmm_mul_size(elements, qmm_dtype_size(call->dtype), &elements))
+        return qmm_error(QMM_ERR_OVERFLOW, "%s: x of M*K = %zu*%zu %s elements overflows size_t", function, M, call->K,
+                         qmm_dtype_name(call->dtype));
+    if (!qmm_mul_size(M, call->N, &elements) || !qmm_mul_size(elements, qmm_dtype_size(call->dtype), &elements))
+        return qmm_error(QMM_ERR_OVERFLOW, "%s: out of M*N = %zu*%zu %s elements overflows size_t", function, M,
+                         call->N, qmm_dtype_name(call->dtype));
+    return QMM_OK;
+}
+
+/* Checks one operand buffer: present, same context, the weights' scale dtype, at least `needed`. */
+static qmm_status check_operand(const char *function, const char *name, const qmm_context *context,
+                                const qmm_buffer *buffer, qmm_dtype dtype, size_t rows, size_t cols,
+                                const char *shape) {
+    if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, name);
+    if (buffer->context != context)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: buffer %s belongs to another context", function, name);
+    if (buffer->dtype != dtype)
+        return qmm_error(QMM_ERR_SHAPE, "%s: %s has dtype %s but the weights' scales are %s (x and out must match them)",
+                         function, name, qmm_dtype_name(buffer->dtype), qmm_dtype_name(dtype));
+    if (buffer->count < rows * cols) /* rows·cols checked by prepare_call */
+        return qmm_error(QMM_ERR_SHAPE, "%s: %s holds %zu elements but %s = %zu*%zu = %zu are needed", function, name,
+                         buffer->count, shape, rows, cols, rows * cols);
+    return QMM_OK;
+}
+
+/* A fully validated call: prepare_call plus the x and out buffers. */
+static qmm_status build_call(const char *function, const qmm_context *context, const qmm_weights *weights,
+                             const qmm_buffer *x, size_t M, qmm_buffer *out, const qmm_matmul_options *options,
+                             qmm_call *call) {
+    qmm_status status = prepare_call(function, context, weights, M, options, call);
+    if (status != QMM_OK) return status;
+    if ((status = check_operand(function, "x", context, x, call->dtype, M, call->K, "M*K")) != QMM_OK) return status;
+    if ((status = check_operand(function, "out", context, out, call->dtype, M, call->N, "M*N")) != QMM_OK)
+        return status;
+    if (x == out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: x and out are the same buffer", function);
+    call->x = x->memory;
+    call->out = out->memory;
+    return QMM_OK;
+}
+
+static qmm_status choose(const qmm_context *context, const qmm_call *call, const qmm_matmul_options *options,
+                         const qmm_kernel **chosen) {
+    return qmm_select_kernel(context->table, context->table_count, call, options ? options->kernel : NULL, chosen);
+}
+
+qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
+                      qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info) {
+    qmm_call call;
+    qmm_status status = build_call("qmm_matmul", context, weights, x, M, out, options, &call);
+    if (status != QMM_OK) return status;
+    const qmm_kernel *kernel;
+    if ((status = choose(context, &call, options, &kernel)) != QMM_OK) return status;
+    if ((status = kernel->run(&call)) != QMM_OK) return status;
+    if (info) *info = kernel->info;
+    return QMM_OK;
+}
+
+qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M, const qmm_matmul_options *options,
+                      qmm_kernel_info *info) {
+    qmm_call call;
+    qmm_status status = prepare_call("qmm_select", context, weights, M, options, &call);
+    if (status != QMM_OK) return status;
+    if (!info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select: info is NULL");
+    const qmm_kernel *kernel;
+    if ((status = choose(context, &call, options, &kernel)) != QMM_OK) return status;
+    *info = kernel->info;
+    return QMM_OK;
+}
+
+/* ───────────────────────────── kernel listing ───────────────────────────── */
+
+size_t qmm_kernel_count(const qmm_context *context) { return context ? context->table_count : 0; }
+
+qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_info *info) {
+    if (!context || !info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_get: null argument");
+    if (index >= context->table_count)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_get: index %zu is out of range: backend %s has %zu kernels",
+                         index, qmm_backend_name(context->hooks->backend), context->table_count);
+    *info = context->table[index]->info;
+    return QMM_OK;
+}
+
+int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_weights *weights, size_t M, qmm_op op,
+                        const char **why_not) {
+    static _Thread_local char reason[256];
+    reason[0] = '\0';
+    if (why_not) *why_not = reason;
+    if (!name) {
+        qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_supports: name is NULL");
+        return -1;
+    }
+    qmm_matmul_options options = {.op = op, .kernel = name};
+    qmm_call call;
+    qmm_status status = prepare_call("qmm_kernel_supports", context, weights, M, &options, &call);
+    if (status == QMM_ERR_INVALID_ARGUMENT) return -1;
+    const qmm_kernel *row = NULL;
+    for (size_t i = 0; i < context->table_count && !row; i++)
+        if (strcmp(context->table[i]->info.name, name) == 0) row = context->table[i];
+    if (!row) {
+        qmm_error(QMM_ERR_NOT_FOUND, "qmm_kernel_supports: kernel \"%s\" is not registered in backend %s", name,
+                  qmm_backend_name(context->hooks->backend));
+        return -1;
+    }
+    if (status != QMM_OK) { /* M = 0 or an overflow: no kernel supports that call */
+        snprintf(reason, sizeof reason, "%s", qmm_last_error());
+        return 0;
+    }
+    return qmm_kernel_accepts(row, &call, reason, sizeof reason) ? 1 : 0;
+}
+
+/* ───────────────────────────── chains ───────────────────────────── */
+
+qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain) {
+    if (!chain) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_create: chain is NULL");
+    *chain = NULL;
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_create: context is NULL");
+    qmm_chain *created = calloc(1, sizeof *created);
+    if (!created) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_chain_create: no memory for a chain");
+    created->context = context;
+    *chain = created;
+    return QMM_OK;
+}
+
+void qmm_chain_destroy(qmm_chain *chain) {
+    if (!chain) return;
+    free(chain->steps);
+    free(chain);
+}
+
+qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, const qmm_buffer *x, size_t M,
+                                qmm_buffer *out, const qmm_matmul_options *options) {
+    if (!chain) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_add_matmul: chain is NULL");
+    chain_step step = {0};
+    qmm_status status = build_call("qmm_chain_add_matmul", chain->context, weights, x, M, out, options, &step.call);
+    if (status != QMM_OK) return status;
+    /* Plan once, run many: the kernel is chosen now, not at every run. */
+    if ((status = choose(chain->context, &step.call, options, &step.kernel)) != QMM_OK) return status;
+    if (chain->length == chain->capacity) {
+        size_t capacity = chain->capacity ? chain->capacity * 2 : 8, bytes;
+        if (!qmm_mul_size(capacity, sizeof *chain->steps, &bytes))
+            return qmm_error(QMM_ERR_OVERFLOW, "qmm_chain_add_matmul: a chain of %zu steps overflows", capacity);
+        chain_step *grown = realloc(chain->steps, bytes);
+        if (!grown) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_chain_add_matmul: no memory for %zu steps", capacity);
+        chain->steps = grown;
+        chain->capacity = capacity;
+    }
+    chain->steps[chain->length++] = step;
+    chain->ran = false;
+    return QMM_OK;
+}
+
+size_t qmm_chain_length(const qmm_chain *chain) { return chain ? chain->length : 0; }
+
+static double monotonic_microseconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec * 1e6 + (double)now.tv_nsec * 1e-3;
+}
+
+qmm_status qmm_chain_run(qmm_chain *chain) {
+    if (!chain) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_run: chain is NULL");
+    const qmm_context *context = chain->context;
+    chain->ran = false;
+    /* Host backends: each step is timed with CLOCK_MONOTONIC around the kernel and a synchronize.
+     * A device backend (CUDA: one captured graph with events between steps) will supply its own
+     * hook for this loop. */
+    for (size_t i = 0; i < chain->length; i++) {
+        chain_step *step = &chain->steps[i];
+        const double start = monotonic_microseconds();
+        qmm_status status = step->kernel->run(&step->call);
+        if (status == QMM_OK) status = context->hooks->synchronize(context->state);
+        if (status != QMM_OK) return status;
+        step->microseconds = monotonic_microseconds() - start;
+    }
+    chain->ran = true;
+    return QMM_OK;
+}
+
+qmm_status qmm_chain_step(const qmm_chain *chain, size_t step, double *microseconds, qmm_kernel_info *info) {
+    if (!chain) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_step: chain is NULL");
+    if (step >= chain->length)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_step: step %zu is out of range: the chain has %zu steps",
+                         step, chain->length);
+    if (!chain->ran)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                         "qmm_chain_step: the chain has not run since its last step was added (call qmm_chain_run)");
+    if (microseconds) *microseconds = chain->steps[step].microseconds;
+    if (info) *info = chain->steps[step].kernel->info;
+    return QMM_OK;
+}

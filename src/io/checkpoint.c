@@ -1,0 +1,963 @@
+/*
+ * checkpoint.c — MLX checkpoint directories (mlx-lm / mlx-community layout): config.json with
+ * "quantization" (default group_size/bits plus per-layer overrides or false) and one or several
+ * safetensors shards. A layer P is quantized iff tensor "P.scales" exists; then "P.weight" holds the
+ * packed uint32 codes and "P.biases" the biases (DESIGN.md §1; mlx_lm.utils load/save, mlx.nn.quantize).
+ */
+#include "io_internal.h"
+
+#include <cjson/cJSON.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* config.json and the shard index are small text files; anything larger is not one of them. */
+#define CONFIG_MAX_BYTES ((size_t)64 << 20)
+
+/* ───────────────────────────── config.json ───────────────────────────── */
+
+typedef struct layer_format {
+    char *name;
+    bool quantized; /* false: config.json says "P": false */
+    int bits, group_size;
+} layer_format;
+
+typedef struct quant_config {
+    int bits, group_size; /* 0/0: no "quantization", or false */
+    size_t override_count;
+    layer_format *overrides; /* sorted by name */
+} quant_config;
+
+static void quant_config_free(quant_config *config) {
+    for (size_t i = 0; i < config->override_count; i++)
+        free(config->overrides[i].name);
+    free(config->overrides);
+    memset(config, 0, sizeof *config);
+}
+
+static const char *json_kind(const cJSON *item) {
+    if (!item) return "missing";
+    if (cJSON_IsObject(item)) return "an object";
+    if (cJSON_IsArray(item)) return "an array";
+    if (cJSON_IsString(item)) return "a string";
+    if (cJSON_IsNumber(item)) return "a number";
+    if (cJSON_IsBool(item)) return "a boolean";
+    if (cJSON_IsNull(item)) return "null";
+    return "invalid";
+}
+
+/* Parses text (size bytes, not necessarily NUL-terminated) into a cJSON tree; trailing whitespace only. */
+static qmm_status parse_json(const char *what, const char *json, size_t size, cJSON **root) {
+    *root = NULL;
+    size_t length;
+    if (!qmm_add_size(size, 1, &length)) return qmm_error(QMM_ERR_OVERFLOW, "%s: size %zu overflows", what, size);
+    char *text = malloc(length);
+    if (!text) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, length);
+    if (size) memcpy(text, json, size);
+    text[size] = '\0';
+    const char *end = NULL;
+    qmm_status status = QMM_OK;
+    cJSON *tree = cJSON_ParseWithLengthOpts(text, size, &end, 0);
+    if (!tree) {
+        size_t at = end && end >= text && end <= text + size ? (size_t)(end - text) : 0;
+        status = qmm_error(QMM_ERR_CORRUPT, "%s is not valid JSON (error near byte %zu of %zu)", what, at, size);
+        goto cleanup;
+    }
+    for (const char *p = end; p && p < text + size; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            status =
+                qmm_error(QMM_ERR_CORRUPT, "%s has data after its JSON value at byte %zu", what, (size_t)(p - text));
+            goto cleanup;
+        }
+    }
+    *root = tree;
+    tree = NULL;
+cleanup:
+    cJSON_Delete(tree);
+    free(text);
+    return status;
+}
+
+static bool format_bits_ok(double bits) {
+    return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+}
+static bool format_group_ok(double group_size) { return group_size == 32 || group_size == 64 || group_size == 128; }
+
+/* Reads "bits"/"group_size" of a quantization object; a missing member inherits *bits / *group_size
+ * when those are non-zero (an override that names only what differs). */
+static qmm_status parse_format(const cJSON *object, const char *where, int *bits, int *group_size) {
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_io_printable(where, strlen(where), printable, sizeof printable);
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(object, "mode");
+    if (mode) {
+        if (!cJSON_IsString(mode) || !mode->valuestring)
+            return qmm_error(QMM_ERR_CORRUPT, "config.json %s.mode is %s; it must be a string", printable,
+                             json_kind(mode));
+        if (strcmp(mode->valuestring, "affine") != 0) {
+            char mode_printable[QMM_IO_PRINTABLE_SIZE];
+            return qmm_error(
+                QMM_ERR_UNSUPPORTED, "config.json %s.mode=\"%s\": qmm reads only MLX \"affine\" quantization",
+                printable,
+                qmm_io_printable(mode->valuestring, strlen(mode->valuestring), mode_printable, sizeof mode_printable));
+        }
+    }
+    const char *names[2] = {"bits", "group_size"};
+    int *outputs[2] = {bits, group_size};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *item = cJSON_GetObjectItemCaseSensitive(object, names[k]);
+        if (!item) {
+            if (*outputs[k] != 0) continue;
+            return qmm_error(QMM_ERR_CORRUPT, "config.json %s has no \"%s\"", printable, names[k]);
+        }
+        if (!cJSON_IsNumber(item))
+            return qmm_error(QMM_ERR_CORRUPT, "config.json %s.%s is %s; it must be an integer", printable, names[k],
+                             json_kind(item));
+        double value = item->valuedouble;
+        bool ok = k == 0 ? format_bits_ok(value) : format_group_ok(value);
+        if (!ok)
+            return qmm_error(QMM_ERR_FORMAT, "config.json %s.%s=%.17g is not one of %s", printable, names[k], value,
+                             k == 0 ? "2, 3, 4, 5, 6, 8" : "32, 64, 128");
+        *outputs[k] = (int)value;
+    }
+    return QMM_OK;
+}
+
+static int compare_layer_formats(const void *a, const void *b) {
+    return strcmp(((const layer_format *)a)->name, ((const layer_format *)b)->name);
+}
+
+static int compare_strings(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static qmm_status parse_config(const char *json, size_t size, quant_config *config) {
+    memset(config, 0, sizeof *config);
+    cJSON *root = NULL;
+    const char **names = NULL;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_status status = parse_json("config.json", json, size, &root);
+    if (status != QMM_OK) return status;
+    if (!cJSON_IsObject(root)) {
+        status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", json_kind(root));
+        goto cleanup;
+    }
+    /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. */
+    const char *key = "quantization";
+    const cJSON *quantization = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!quantization) {
+        key = "quantization_config";
+        quantization = cJSON_GetObjectItemCaseSensitive(root, key);
+    }
+    if (!quantization || cJSON_IsFalse(quantization) || cJSON_IsNull(quantization)) goto cleanup;
+    if (!cJSON_IsObject(quantization)) {
+        status = qmm_error(QMM_ERR_CORRUPT, "config.json \"%s\" is %s; it must be an object or false", key,
+                           json_kind(quantization));
+        goto cleanup;
+    }
+    const cJSON *method = cJSON_GetObjectItemCaseSensitive(quantization, "quant_method");
+    if (method) {
+        const char *value = cJSON_IsString(method) && method->valuestring ? method->valuestring : "?";
+        status = qmm_error(QMM_ERR_UNSUPPORTED,
+                           "config.json %s.quant_method=\"%s\" is not MLX affine quantization (no quant_method)", key,
+                           qmm_io_printable(value, strlen(value), printable, sizeof printable));
+        goto cleanup;
+    }
+    if ((status = parse_format(quantization, key, &config->bits, &config->group_size)) != QMM_OK) goto cleanup;
+
+    size_t members = (size_t)cJSON_GetArraySize(quantization);
+    config->overrides = calloc(members ? members : 1, sizeof(layer_format));
+    if (!config->overrides) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu layer entries", members);
+        goto cleanup;
+    }
+    /* cJSON keeps duplicate keys (and finds only the first): every member name must be unique. */
+    names = calloc(members ? members : 1, sizeof(char *));
+    if (!names) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu names", members);
+        goto cleanup;
+    }
+    size_t name_count = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, quantization) names[name_count++] = item->string ? item->string : "";
+    qsort(names, name_count, sizeof(char *), compare_strings);
+    for (size_t i = 1; i < name_count; i++) {
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            status = qmm_error(QMM_ERR_CORRUPT, "config.json %s has the key \"%s\" twice", key,
+                               qmm_io_printable(names[i], strlen(names[i]), printable, sizeof printable));
+            goto cleanup;
+        }
+    }
+    cJSON_ArrayForEach(item, quantization) {
+        const char *name = item->string ? item->string : "";
+        if (!qmm_io_utf8_valid(name, strlen(name))) {
+            status = qmm_error(QMM_ERR_CORRUPT, "config.json %s key \"%s\" is not valid UTF-8", key,
+                               qmm_io_printable(name, strlen(name), printable, sizeof printable));
+            goto cleanup;
+        }
+        if (!cJSON_IsObject(item) && !cJSON_IsBool(item)) continue; /* bits, group_size, mode, other scalars */
+        layer_format *entry = &config->overrides[config->override_count];
+        entry->quantized = !cJSON_IsFalse(item);
+        entry->bits = config->bits;
+        entry->group_size = config->group_size;
+        if (cJSON_IsObject(item)) {
+            char where[QMM_IO_PRINTABLE_SIZE + 32];
+            snprintf(where, sizeof where, "%s[\"%s\"]", key, name);
+            if ((status = parse_format(item, where, &entry->bits, &entry->group_size)) != QMM_OK) goto cleanup;
+        } else if (entry->quantized && config->bits == 0) {
+            status = qmm_error(QMM_ERR_CORRUPT, "config.json %s[\"%s\"] is true but there is no default format", key,
+                               qmm_io_printable(name, strlen(name), printable, sizeof printable));
+            goto cleanup;
+        }
+        entry->name = strdup(name);
+        if (!entry->name) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a layer name");
+            goto cleanup;
+        }
+        config->override_count++;
+    }
+    qsort(config->overrides, config->override_count, sizeof(layer_format), compare_layer_formats);
+cleanup:
+    free(names);
+    cJSON_Delete(root);
+    if (status != QMM_OK) quant_config_free(config);
+    return status;
+}
+
+qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group_size) {
+    if ((!json && size > 0) || !bits || !group_size)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_config_parse: null argument");
+    *bits = 0;
+    *group_size = 0;
+    quant_config config;
+    qmm_status status = parse_config(json ? json : "", size, &config);
+    if (status != QMM_OK) return status;
+    *bits = config.bits;
+    *group_size = config.group_size;
+    quant_config_free(&config);
+    return QMM_OK;
+}
+
+/* ───────────────────────────── reading a directory ───────────────────────────── */
+
+typedef struct tensor_ref {
+    size_t shard, index;
+    const char *name;
+} tensor_ref;
+
+typedef struct checkpoint_layer {
+    char *name;
+    qmm_qmatrix matrix;
+    void *owned[3]; /* aligned copies of misaligned arrays (see build_layer) */
+} checkpoint_layer;
+
+struct qmm_checkpoint {
+    size_t shard_count;
+    char **shard_names;
+    qmm_safetensors **shards;
+    size_t tensor_count;
+    tensor_ref *tensors; /* shard order, then data offset */
+    tensor_ref *by_name;
+    quant_config config;
+    size_t layer_count;
+    checkpoint_layer *layers; /* sorted by name */
+};
+
+void qmm_checkpoint_close(qmm_checkpoint *checkpoint) {
+    if (!checkpoint) return;
+    for (size_t i = 0; i < checkpoint->shard_count; i++) {
+        qmm_safetensors_close(checkpoint->shards ? checkpoint->shards[i] : NULL);
+        free(checkpoint->shard_names ? checkpoint->shard_names[i] : NULL);
+    }
+    free(checkpoint->shards);
+    free(checkpoint->shard_names);
+    free(checkpoint->tensors);
+    free(checkpoint->by_name);
+    for (size_t i = 0; i < checkpoint->layer_count; i++) {
+        free(checkpoint->layers[i].name);
+        for (int k = 0; k < 3; k++)
+            free(checkpoint->layers[i].owned[k]);
+    }
+    free(checkpoint->layers);
+    quant_config_free(&checkpoint->config);
+    free(checkpoint);
+}
+
+static int compare_refs(const void *a, const void *b) {
+    return strcmp(((const tensor_ref *)a)->name, ((const tensor_ref *)b)->name);
+}
+static int compare_layers(const void *a, const void *b) {
+    return strcmp(((const checkpoint_layer *)a)->name, ((const checkpoint_layer *)b)->name);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+/* A shard file name from model.safetensors.index.json must name a file in the directory itself. */
+static bool plain_file_name(const char *name) {
+    return name[0] != '\0' && name[0] != '.' && !strchr(name, '/') && qmm_io_utf8_valid(name, strlen(name));
+}
+
+static qmm_status add_name(char ***names, size_t *count, size_t *capacity, const char *name) {
+    for (size_t i = 0; i < *count; i++)
+        if (strcmp((*names)[i], name) == 0) return QMM_OK;
+    if (*count == *capacity) {
+        size_t grown = *capacity ? 2 * *capacity : 8;
+        char **bigger = realloc(*names, grown * sizeof(char *));
+        if (!bigger) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot grow the shard list");
+        *names = bigger;
+        *capacity = grown;
+    }
+    (*names)[*count] = strdup(name);
+    if (!(*names)[*count]) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a shard name");
+    (*count)++;
+    return QMM_OK;
+}
+
+/* Shards: those named by model.safetensors.index.json when it exists, else every model*.safetensors
+ * in the directory (what mlx_lm.utils.load_model globs), sorted by name. */
+static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJSON **index) {
+    qmm_status status = QMM_OK;
+    char *index_path = qmm_io_join(dir, "model.safetensors.index.json");
+    char *text = NULL;
+    size_t size = 0, capacity = 0;
+    DIR *listing = NULL;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    if (!index_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
+    status = qmm_io_read_file(index_path, CONFIG_MAX_BYTES, &text, &size);
+    if (status == QMM_OK) {
+        if ((status = parse_json(index_path, text, size, index)) != QMM_OK) goto cleanup;
+        const cJSON *map = cJSON_GetObjectItemCaseSensitive(*index, "weight_map");
+        if (!cJSON_IsObject(map)) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s: \"weight_map\" is %s; it must be an object", index_path,
+                               json_kind(map));
+            goto cleanup;
+        }
+        const cJSON *item;
+        cJSON_ArrayForEach(item, map) {
+            if (!cJSON_IsString(item) || !item->valuestring || !plain_file_name(item->valuestring)) {
+                const char *name = item->string ? item->string : "";
+                status = qmm_error(QMM_ERR_CORRUPT,
+                                   "%s: weight_map[\"%s\"] must be the file name of a shard in the same directory",
+                                   index_path, qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                goto cleanup;
+            }
+            if ((status = add_name(names, count, &capacity, item->valuestring)) != QMM_OK) goto cleanup;
+        }
+    } else if (status == QMM_ERR_NOT_FOUND) {
+        status = QMM_OK;
+        listing = opendir(dir);
+        if (!listing) {
+            status = qmm_error(QMM_ERR_IO, "cannot list \"%s\": %s", dir, strerror(errno));
+            goto cleanup;
+        }
+        struct dirent *entry;
+        while ((entry = readdir(listing)) != NULL) {
+            if (strncmp(entry->d_name, "model", 5) != 0 || !ends_with(entry->d_name, ".safetensors")) continue;
+            if ((status = add_name(names, count, &capacity, entry->d_name)) != QMM_OK) goto cleanup;
+        }
+    } else {
+        goto cleanup;
+    }
+    if (*count == 0) {
+        status = qmm_error(QMM_ERR_NOT_FOUND, "\"%s\" has no model*.safetensors shard", dir);
+        goto cleanup;
+    }
+    qsort(*names, *count, sizeof(char *), compare_strings);
+cleanup:
+    if (listing) closedir(listing);
+    free(text);
+    free(index_path);
+    return status;
+}
+
+static const tensor_ref *find_ref(const qmm_checkpoint *checkpoint, const char *name) {
+    size_t lo = 0, hi = checkpoint->tensor_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(checkpoint->by_name[mid].name, name);
+        if (order == 0) return &checkpoint->by_name[mid];
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static bool find_view(const qmm_checkpoint *checkpoint, const char *name, qmm_tensor *tensor) {
+    const tensor_ref *ref = find_ref(checkpoint, name);
+    if (!ref) return false;
+    return qmm_safetensors_get(checkpoint->shards[ref->shard], ref->index, tensor) == QMM_OK;
+}
+
+static const layer_format *find_override(const quant_config *config, const char *name) {
+    size_t lo = 0, hi = config->override_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(config->overrides[mid].name, name);
+        if (order == 0) return &config->overrides[mid];
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* Returns data itself when it is aligned for its element size, else an aligned heap copy (stored in
+ * *owned). mlx.core.save_safetensors does not pad its header, so arrays in MLX-written files are often
+ * at odd offsets, and kernels read uint32/f16 arrays with aligned loads. */
+static qmm_status aligned_view(const qmm_tensor *tensor, const void **data, void **owned) {
+    size_t element = qmm_dtype_size(tensor->dtype);
+    *data = tensor->data;
+    if (((uintptr_t)tensor->data % element) == 0) return QMM_OK;
+    void *copy = malloc(tensor->nbytes ? tensor->nbytes : 1);
+    if (!copy)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to align %s", tensor->nbytes, tensor->name);
+    memcpy(copy, tensor->data, tensor->nbytes);
+    *owned = copy;
+    *data = copy;
+    return QMM_OK;
+}
+
+static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_name, checkpoint_layer *layer) {
+    qmm_status status = QMM_OK;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    size_t prefix_length = strlen(scales_name) - strlen(".scales");
+    char *name = malloc(prefix_length + sizeof ".weight");
+    char *tensor_name = malloc(prefix_length + sizeof ".weight");
+    if (!name || !tensor_name) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a layer name");
+        goto cleanup;
+    }
+    memcpy(name, scales_name, prefix_length);
+    name[prefix_length] = '\0';
+    qmm_io_printable(name, prefix_length, printable, sizeof printable);
+
+    qmm_tensor weight, scales, biases;
+    find_view(checkpoint, scales_name, &scales);
+    snprintf(tensor_name, prefix_length + sizeof ".weight", "%s.weight", name);
+    if (!find_view(checkpoint, tensor_name, &weight)) {
+        status =
+            qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" has %s.scales but no %s.weight", printable, printable, printable);
+        goto cleanup;
+    }
+    snprintf(tensor_name, prefix_length + sizeof ".weight", "%s.biases", name);
+    if (!find_view(checkpoint, tensor_name, &biases)) {
+        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" has %s.scales but no %s.biases (MLX affine needs both)",
+                           printable, printable, printable);
+        goto cleanup;
+    }
+
+    int bits = checkpoint->config.bits, group_size = checkpoint->config.group_size;
+    const layer_format *format = find_override(&checkpoint->config, name);
+    if (format && !format->quantized) {
+        status =
+            qmm_error(QMM_ERR_CORRUPT, "config.json says layer \"%s\" is not quantized (false), but %s.scales exists",
+                      printable, printable);
+        goto cleanup;
+    }
+    if (format) {
+        bits = format->bits;
+        group_size = format->group_size;
+    }
+    if (bits == 0) {
+        status =
+            qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" has %s.scales but config.json gives no quantization format for it",
+                      printable, printable);
+        goto cleanup;
+    }
+
+    if (weight.dtype != QMM_U32) {
+        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has dtype %s; a quantized weight must be u32",
+                           printable, printable, qmm_dtype_name(weight.dtype));
+        goto cleanup;
+    }
+    if (weight.ndim < 2) {
+        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has %d dimensions; it must have at least 2",
+                           printable, printable, weight.ndim);
+        goto cleanup;
+    }
+    if (!qmm_is_float_dtype(scales.dtype) || biases.dtype != scales.dtype) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "layer \"%s\": scales (%s) and biases (%s) must have the same dtype, one of f32, f16, bf16",
+                           printable, qmm_dtype_name(scales.dtype), qmm_dtype_name(biases.dtype));
+        goto cleanup;
+    }
+    bool same_shape = scales.ndim == weight.ndim && biases.ndim == weight.ndim;
+    for (int d = 0; same_shape && d < weight.ndim; d++) {
+        if (scales.shape[d] != biases.shape[d]) same_shape = false;
+        if (d < weight.ndim - 1 && scales.shape[d] != weight.shape[d]) same_shape = false;
+    }
+    if (!same_shape) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "layer \"%s\": scales and biases must have the weight's leading dimensions and one shape "
+                           "(weight %d-D, scales %d-D, biases %d-D)",
+                           printable, weight.ndim, scales.ndim, biases.ndim);
+        goto cleanup;
+    }
+    size_t rows = 1;
+    for (int d = 0; d < weight.ndim - 1; d++)
+        rows *= (size_t)weight.shape[d]; /* bounded by nbytes */
+    size_t words = (size_t)weight.shape[weight.ndim - 1];
+    size_t groups = (size_t)scales.shape[scales.ndim - 1];
+    size_t stream_bits = words * 32; /* words ≤ 2^53 (validated header), so no overflow */
+    if (stream_bits % (size_t)bits != 0) {
+        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %zu words per row is not a whole number of %d-bit codes",
+                           printable, words, bits);
+        goto cleanup;
+    }
+    size_t cols = stream_bits / (size_t)bits;
+    if (rows == 0 || cols == 0) {
+        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" is empty (%zu rows, %zu columns)", printable, rows, cols);
+        goto cleanup;
+    }
+    if (cols % (size_t)group_size != 0) {
+        status =
+            qmm_error(QMM_ERR_CORRUPT,
+                      "layer \"%s\": %zu words per row at bits=%d give %zu columns, not a multiple of group_size=%d",
+                      printable, words, bits, cols, group_size);
+        goto cleanup;
+    }
+    if (cols / (size_t)group_size != groups) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "layer \"%s\": scales have %zu groups per row but %zu columns at group_size=%d need %zu "
+                           "(bits=%d from config.json)",
+                           printable, groups, cols, group_size, cols / (size_t)group_size, bits);
+        goto cleanup;
+    }
+    const void *w = NULL, *s = NULL, *b = NULL;
+    if ((status = aligned_view(&weight, &w, &layer->owned[0])) != QMM_OK) goto cleanup;
+    if ((status = aligned_view(&scales, &s, &layer->owned[1])) != QMM_OK) goto cleanup;
+    if ((status = aligned_view(&biases, &b, &layer->owned[2])) != QMM_OK) goto cleanup;
+    layer->matrix.w = w;
+    layer->matrix.scales = s;
+    layer->matrix.biases = b;
+    layer->matrix.dtype = scales.dtype;
+    layer->matrix.rows = rows;
+    layer->matrix.cols = cols;
+    layer->matrix.bits = bits;
+    layer->matrix.group_size = group_size;
+    layer->name = name;
+    name = NULL;
+cleanup:
+    free(name);
+    free(tensor_name);
+    return status;
+}
+
+static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
+    qmm_status status = QMM_OK;
+    char *config_path = qmm_io_join(dir, "config.json");
+    char *text = NULL, *shard_path = NULL;
+    size_t size = 0;
+    cJSON *index = NULL;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    if (!config_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
+
+    struct stat info;
+    if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode)) {
+        status = qmm_error(QMM_ERR_IO, "\"%s\" is not a readable directory: %s", dir,
+                           errno ? strerror(errno) : "not a directory");
+        goto cleanup;
+    }
+    status = qmm_io_read_file(config_path, CONFIG_MAX_BYTES, &text, &size);
+    if (status == QMM_ERR_NOT_FOUND) {
+        status = qmm_error(QMM_ERR_NOT_FOUND, "\"%s\" has no config.json", dir);
+        goto cleanup;
+    }
+    if (status != QMM_OK) goto cleanup;
+    if ((status = parse_config(text, size, &checkpoint->config)) != QMM_OK) {
+        char message[512];
+        snprintf(message, sizeof message, "%s", qmm_last_error());
+        qmm_error(status, "%s: %s", config_path, message);
+        goto cleanup;
+    }
+
+    if ((status = find_shards(dir, &checkpoint->shard_names, &checkpoint->shard_count, &index)) != QMM_OK) goto cleanup;
+    checkpoint->shards = calloc(checkpoint->shard_count, sizeof(qmm_safetensors *));
+    if (!checkpoint->shards) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu shards", checkpoint->shard_count);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < checkpoint->shard_count; i++) {
+        free(shard_path);
+        shard_path = qmm_io_join(dir, checkpoint->shard_names[i]);
+        if (!shard_path) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
+            goto cleanup;
+        }
+        if (access(shard_path, F_OK) != 0) {
+            status = qmm_error(QMM_ERR_NOT_FOUND, "shard \"%s\" (named by model.safetensors.index.json) does not exist",
+                               shard_path);
+            goto cleanup;
+        }
+        if ((status = qmm_safetensors_open(shard_path, &checkpoint->shards[i])) != QMM_OK) goto cleanup;
+        checkpoint->tensor_count += qmm_safetensors_count(checkpoint->shards[i]);
+    }
+
+    size_t total = checkpoint->tensor_count;
+    checkpoint->tensors = calloc(total ? total : 1, sizeof(tensor_ref));
+    checkpoint->by_name = calloc(total ? total : 1, sizeof(tensor_ref));
+    checkpoint->layers = calloc(total ? total : 1, sizeof(checkpoint_layer));
+    if (!checkpoint->tensors || !checkpoint->by_name || !checkpoint->layers) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the index of %zu tensors", total);
+        goto cleanup;
+    }
+    size_t at = 0;
+    for (size_t s = 0; s < checkpoint->shard_count; s++) {
+        for (size_t i = 0; i < qmm_safetensors_count(checkpoint->shards[s]); i++, at++) {
+            qmm_tensor view;
+            qmm_safetensors_get(checkpoint->shards[s], i, &view);
+            checkpoint->tensors[at] = (tensor_ref){s, i, view.name};
+        }
+    }
+    memcpy(checkpoint->by_name, checkpoint->tensors, total * sizeof(tensor_ref));
+    qsort(checkpoint->by_name, total, sizeof(tensor_ref), compare_refs);
+    for (size_t i = 1; i < total; i++) {
+        const tensor_ref *a = &checkpoint->by_name[i - 1], *b = &checkpoint->by_name[i];
+        if (strcmp(a->name, b->name) == 0) {
+            status = qmm_error(QMM_ERR_CORRUPT, "tensor \"%s\" appears in two shards, %s and %s",
+                               qmm_io_printable(a->name, strlen(a->name), printable, sizeof printable),
+                               checkpoint->shard_names[a->shard], checkpoint->shard_names[b->shard]);
+            goto cleanup;
+        }
+    }
+    if (index) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(index, "weight_map")) {
+            const char *name = item->string ? item->string : "";
+            const tensor_ref *ref = find_ref(checkpoint, name);
+            if (!ref || strcmp(checkpoint->shard_names[ref->shard], item->valuestring) != 0) {
+                status = qmm_error(QMM_ERR_CORRUPT, "model.safetensors.index.json puts \"%s\" in %s, but %s",
+                                   qmm_io_printable(name, strlen(name), printable, sizeof printable), item->valuestring,
+                                   ref ? "it is in another shard" : "no shard has it");
+                goto cleanup;
+            }
+        }
+    }
+
+    for (size_t i = 0; i < total; i++) {
+        const char *name = checkpoint->tensors[i].name;
+        if (!ends_with(name, ".scales")) continue;
+        status = build_layer(checkpoint, name, &checkpoint->layers[checkpoint->layer_count]);
+        if (status != QMM_OK) goto cleanup;
+        checkpoint->layer_count++;
+    }
+    qsort(checkpoint->layers, checkpoint->layer_count, sizeof(checkpoint_layer), compare_layers);
+cleanup:
+    cJSON_Delete(index);
+    free(shard_path);
+    free(text);
+    free(config_path);
+    return status;
+}
+
+qmm_status qmm_checkpoint_open(const char *dir, qmm_checkpoint **checkpoint) {
+    if (!checkpoint) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_open: checkpoint is NULL");
+    *checkpoint = NULL;
+    if (!dir || !dir[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_open: dir is empty");
+    qmm_checkpoint *result = calloc(1, sizeof *result);
+    if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a checkpoint handle");
+    errno = 0;
+    qmm_status status = open_directory(dir, result);
+    if (status != QMM_OK) {
+        qmm_checkpoint_close(result);
+        return status;
+    }
+    *checkpoint = result;
+    return QMM_OK;
+}
+
+size_t qmm_checkpoint_tensor_count(const qmm_checkpoint *checkpoint) {
+    return checkpoint ? checkpoint->tensor_count : 0;
+}
+
+qmm_status qmm_checkpoint_tensor(const qmm_checkpoint *checkpoint, size_t index, qmm_tensor *tensor) {
+    if (!checkpoint || !tensor) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_tensor: null argument");
+    if (index >= checkpoint->tensor_count)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor index %zu is out of range (the checkpoint has %zu tensors)",
+                         index, checkpoint->tensor_count);
+    const tensor_ref *ref = &checkpoint->tensors[index];
+    return qmm_safetensors_get(checkpoint->shards[ref->shard], ref->index, tensor);
+}
+
+qmm_status qmm_checkpoint_find_tensor(const qmm_checkpoint *checkpoint, const char *name, qmm_tensor *tensor) {
+    if (!checkpoint || !name || !tensor)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_find_tensor: null argument");
+    if (find_view(checkpoint, name, tensor)) return QMM_OK;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    return qmm_error(QMM_ERR_NOT_FOUND, "the checkpoint has no tensor named \"%s\"",
+                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+}
+
+size_t qmm_checkpoint_layer_count(const qmm_checkpoint *checkpoint) { return checkpoint ? checkpoint->layer_count : 0; }
+
+qmm_status qmm_checkpoint_layer(const qmm_checkpoint *checkpoint, size_t index, qmm_layer *layer) {
+    if (!checkpoint || !layer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_layer: null argument");
+    if (index >= checkpoint->layer_count)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "layer index %zu is out of range (the checkpoint has %zu layers)",
+                         index, checkpoint->layer_count);
+    layer->name = checkpoint->layers[index].name;
+    layer->matrix = checkpoint->layers[index].matrix;
+    return QMM_OK;
+}
+
+qmm_status qmm_checkpoint_find_layer(const qmm_checkpoint *checkpoint, const char *name, qmm_layer *layer) {
+    if (!checkpoint || !name || !layer)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_find_layer: null argument");
+    size_t lo = 0, hi = checkpoint->layer_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(checkpoint->layers[mid].name, name);
+        if (order == 0) return qmm_checkpoint_layer(checkpoint, mid, layer);
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    return qmm_error(QMM_ERR_NOT_FOUND, "the checkpoint has no quantized layer named \"%s\"",
+                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+}
+
+qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *bits, int *group_size) {
+    if (!checkpoint || !bits || !group_size)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_default_format: null argument");
+    *bits = checkpoint->config.bits;
+    *group_size = checkpoint->config.group_size;
+    return QMM_OK;
+}
+
+/* ───────────────────────────── writing a directory ───────────────────────────── */
+
+/* A stale index or numbered shard would be picked up by a later open together with the new file. */
+static qmm_status check_no_stale_shards(const char *dir) {
+    DIR *listing = opendir(dir);
+    if (!listing) return qmm_error(QMM_ERR_IO, "cannot list \"%s\": %s", dir, strerror(errno));
+    qmm_status status = QMM_OK;
+    struct dirent *entry;
+    while ((entry = readdir(listing)) != NULL) {
+        const char *name = entry->d_name;
+        bool stale = strcmp(name, "model.safetensors.index.json") == 0 ||
+                     (strncmp(name, "model", 5) == 0 && ends_with(name, ".safetensors") &&
+                      strcmp(name, "model.safetensors") != 0);
+        if (stale) {
+            char printable[QMM_IO_PRINTABLE_SIZE];
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                               "\"%s\" already holds \"%s\", which a reader would mix with the new model.safetensors; "
+                               "write into an empty or new directory",
+                               dir, qmm_io_printable(name, strlen(name), printable, sizeof printable));
+            break;
+        }
+    }
+    closedir(listing);
+    return status;
+}
+
+static cJSON *format_object(int bits, int group_size) {
+    cJSON *object = cJSON_CreateObject();
+    if (!object) return NULL;
+    if (!cJSON_AddNumberToObject(object, "group_size", group_size) || !cJSON_AddNumberToObject(object, "bits", bits)) {
+        cJSON_Delete(object);
+        return NULL;
+    }
+    return object;
+}
+
+/* config.json text: extra members first, then "quantization" and "quantization_config". */
+static qmm_status build_config(const qmm_layer *layers, size_t layer_count, const char *extra_config_json,
+                               char **text) {
+    qmm_status status = QMM_OK;
+    cJSON *root = NULL, *quantization = NULL;
+    size_t *counts = NULL;
+    *text = NULL;
+    if (extra_config_json) {
+        status = parse_json("extra_config_json", extra_config_json, strlen(extra_config_json), &root);
+        if (status != QMM_OK) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "extra_config_json: %s", qmm_last_error());
+            goto cleanup;
+        }
+        if (!cJSON_IsObject(root)) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "extra_config_json is %s; it must be a JSON object",
+                               json_kind(root));
+            goto cleanup;
+        }
+    } else {
+        root = cJSON_CreateObject();
+        if (!root) goto out_of_memory;
+    }
+    if (layer_count > 0) {
+        /* The default is the most common (bits, group_size); ties go to the one seen first. */
+        counts = calloc(layer_count, sizeof(size_t));
+        if (!counts) goto out_of_memory;
+        size_t best = 0;
+        for (size_t i = 0; i < layer_count; i++) {
+            for (size_t j = 0; j <= i; j++) {
+                if (layers[j].matrix.bits == layers[i].matrix.bits &&
+                    layers[j].matrix.group_size == layers[i].matrix.group_size) {
+                    counts[j]++;
+                    break;
+                }
+            }
+        }
+        for (size_t i = 1; i < layer_count; i++)
+            if (counts[i] > counts[best]) best = i;
+        int bits = layers[best].matrix.bits, group_size = layers[best].matrix.group_size;
+        quantization = format_object(bits, group_size);
+        if (!quantization) goto out_of_memory;
+        for (size_t i = 0; i < layer_count; i++) {
+            if (layers[i].matrix.bits == bits && layers[i].matrix.group_size == group_size) continue;
+            cJSON *override = format_object(layers[i].matrix.bits, layers[i].matrix.group_size);
+            if (!override || !cJSON_AddItemToObject(quantization, layers[i].name, override)) {
+                cJSON_Delete(override);
+                goto out_of_memory;
+            }
+        }
+        while (cJSON_GetObjectItemCaseSensitive(root, "quantization"))
+            cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization");
+        while (cJSON_GetObjectItemCaseSensitive(root, "quantization_config"))
+            cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization_config");
+        cJSON *copy = cJSON_Duplicate(quantization, 1);
+        if (!copy) goto out_of_memory;
+        if (!cJSON_AddItemToObject(root, "quantization", quantization)) {
+            cJSON_Delete(copy);
+            goto out_of_memory;
+        }
+        quantization = NULL;
+        if (!cJSON_AddItemToObject(root, "quantization_config", copy)) {
+            cJSON_Delete(copy);
+            goto out_of_memory;
+        }
+    }
+    *text = cJSON_Print(root);
+    if (!*text) goto out_of_memory;
+    goto cleanup;
+out_of_memory:
+    status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build config.json");
+cleanup:
+    free(counts);
+    cJSON_Delete(quantization);
+    cJSON_Delete(root);
+    return status;
+}
+
+qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
+                                const qmm_layer *layers, size_t layer_count, const char *extra_config_json) {
+    if (!dir || !dir[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_write: dir is empty");
+    if ((tensor_count > 0 && !tensors) || (layer_count > 0 && !layers))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_write: tensors or layers is NULL");
+    qmm_status status = QMM_OK;
+    qmm_tensor *all = NULL;
+    char **names = NULL;
+    char *config_text = NULL, *model_path = NULL, *config_path = NULL;
+    bool created_dir = false, model_renamed = false;
+    qmm_atomic_file model_file = {-1, NULL, NULL}, config_file = {-1, NULL, NULL};
+    char printable[QMM_IO_PRINTABLE_SIZE];
+
+    size_t total = 0, name_count = 0;
+    if (!qmm_mul_size(layer_count, 3, &total) || !qmm_add_size(total, tensor_count, &total))
+        return qmm_error(QMM_ERR_OVERFLOW, "%zu tensors and %zu layers overflow size_t", tensor_count, layer_count);
+    all = calloc(total ? total : 1, sizeof(qmm_tensor));
+    names = calloc(layer_count * 3 + 1, sizeof(char *));
+    if (!all || !names) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu tensor entries", total);
+        goto cleanup;
+    }
+    if (tensor_count) memcpy(all, tensors, tensor_count * sizeof(qmm_tensor));
+    for (size_t i = 0; i < layer_count; i++) {
+        const qmm_layer *layer = &layers[i];
+        if (!layer->name || !layer->name[0]) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "layer %zu has no name", i);
+            goto cleanup;
+        }
+        qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
+        if ((status = qmm_qmatrix_validate(&layer->matrix)) != QMM_OK) {
+            char message[512];
+            snprintf(message, sizeof message, "%s", qmm_last_error());
+            status = qmm_error(status, "layer \"%s\": %s", printable, message);
+            goto cleanup;
+        }
+        const qmm_qmatrix *m = &layer->matrix;
+        size_t words = m->cols / 32 * (size_t)m->bits; /* cols is a multiple of group_size, so of 32 */
+        size_t groups = m->cols / (size_t)m->group_size;
+        size_t element = qmm_dtype_size(m->dtype);
+        size_t w_bytes, s_bytes;
+        if (!qmm_mul_size(m->rows, words, &w_bytes) || !qmm_mul_size(w_bytes, 4, &w_bytes) ||
+            !qmm_mul_size(m->rows, groups, &s_bytes) || !qmm_mul_size(s_bytes, element, &s_bytes)) {
+            status = qmm_error(QMM_ERR_OVERFLOW, "layer \"%s\": byte sizes overflow size_t", printable);
+            goto cleanup;
+        }
+        const char *suffixes[3] = {".weight", ".scales", ".biases"};
+        const void *arrays[3] = {m->w, m->scales, m->biases};
+        for (int k = 0; k < 3; k++) {
+            size_t length = strlen(layer->name) + strlen(suffixes[k]) + 1;
+            char *name = malloc(length);
+            if (!name) {
+                status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a tensor name");
+                goto cleanup;
+            }
+            snprintf(name, length, "%s%s", layer->name, suffixes[k]);
+            names[name_count++] = name;
+            qmm_tensor *t = &all[tensor_count + 3 * i + (size_t)k];
+            t->name = name;
+            t->dtype = k == 0 ? QMM_U32 : m->dtype;
+            t->ndim = 2;
+            t->shape[0] = (int64_t)m->rows;
+            t->shape[1] = (int64_t)(k == 0 ? words : groups);
+            t->data = arrays[k];
+            t->nbytes = k == 0 ? w_bytes : s_bytes;
+        }
+    }
+    if ((status = build_config(layers, layer_count, extra_config_json, &config_text)) != QMM_OK) goto cleanup;
+
+    struct stat info;
+    if (stat(dir, &info) == 0) {
+        if (!S_ISDIR(info.st_mode)) {
+            status = qmm_error(QMM_ERR_IO, "\"%s\" exists and is not a directory", dir);
+            goto cleanup;
+        }
+    } else if (mkdir(dir, 0777) == 0) {
+        created_dir = true;
+    } else {
+        status = qmm_error(QMM_ERR_IO, "cannot create directory \"%s\": %s", dir, strerror(errno));
+        goto cleanup;
+    }
+    if (!created_dir && (status = check_no_stale_shards(dir)) != QMM_OK) goto cleanup;
+    model_path = qmm_io_join(dir, "model.safetensors");
+    config_path = qmm_io_join(dir, "config.json");
+    if (!model_path || !config_path) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
+        goto cleanup;
+    }
+    if ((status = qmm_atomic_begin(&model_file, model_path)) != QMM_OK) goto cleanup;
+    if ((status = qmm_safetensors_write_to(&model_file, all, total, NULL, NULL, 0)) != QMM_OK) goto cleanup;
+    if ((status = qmm_atomic_finish(&model_file)) != QMM_OK) goto cleanup;
+    if ((status = qmm_atomic_begin(&config_file, config_path)) != QMM_OK) goto cleanup;
+    if ((status = qmm_atomic_write(&config_file, config_text, strlen(config_text))) != QMM_OK) goto cleanup;
+    if ((status = qmm_atomic_write(&config_file, "\n", 1)) != QMM_OK) goto cleanup;
+    if ((status = qmm_atomic_finish(&config_file)) != QMM_OK) goto cleanup;
+    /* Both files are complete under temporary names; only the two renames remain. */
+    if ((status = qmm_atomic_rename(&model_file)) != QMM_OK) goto cleanup;
+    model_renamed = true;
+    status = qmm_atomic_rename(&config_file);
+cleanup:
+    if (status != QMM_OK && model_renamed) unlink(model_path); /* never leave weights without their config */
+    qmm_atomic_abort(&model_file);
+    qmm_atomic_abort(&config_file);
+    if (status != QMM_OK && created_dir) rmdir(dir);
+    for (size_t i = 0; i < name_count; i++)
+        free(names[i]);
+    free(names);
+    free(all);
+    cJSON_free(config_text);
+    free(model_path);
+    free(config_path);
+    return status;
+}

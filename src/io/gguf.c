@@ -1,0 +1,797 @@
+/*
+ * gguf.c — GGUF v2/v3 reading (mmap + a fully bounds-checked header walk) and exact import of F32,
+ * F16, BF16, Q4_0, Q4_1 and Q8_0 tensors into the MLX affine format (DESIGN.md §1).
+ *
+ * File layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md), all little-endian:
+ *   "GGUF" | u32 version | u64 tensor_count | u64 metadata_kv_count
+ *   kv:     string key | u32 value_type | value        (string = u64 length + bytes, no NUL)
+ *   tensor: string name | u32 n_dims | u64 ne[n_dims] | u32 ggml_type | u64 offset
+ *   padding to general.alignment (default 32), then the data area; offsets are relative to it.
+ * ne[0] is the fastest-moving dimension (a row); qmm's row-major shape is ne reversed.
+ *
+ * Block formats imported (ggml-common.h block_q4_0 / block_q4_1 / block_q8_0), 32 weights per block:
+ *   Q4_0: f16 d | 16 bytes      w = d·(q − 8)
+ *   Q4_1: f16 d | f16 m | 16 B  w = d·q + m
+ *   Q8_0: f16 d | 32 × int8     w = d·i
+ * In the 4-bit blocks byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
+ * MLX affine w = s·q + b with q unsigned, so Q4_0 → s = d, b = −8d; Q8_0 → q = i + 128 (= byte XOR
+ * 0x80), s = d, b = −128d; Q4_1 → s = d, b = m — each exact (same as mlx/io/gguf_quants.cpp, whose
+ * f16 scales/biases qmm reproduces bit for bit).
+ */
+#include "io_internal.h"
+
+#include <cjson/cJSON.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GGUF_MAGIC             0x46554747u /* "GGUF" read as a little-endian u32 */
+#define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_DIMS          4 /* GGML_MAX_DIMS */
+#define GGUF_MAX_ARRAY_NESTING 8 /* arrays of arrays: bounded so hostile files cannot exhaust the stack */
+
+enum gguf_value_type {
+    GGUF_VALUE_U8 = 0,
+    GGUF_VALUE_I8 = 1,
+    GGUF_VALUE_U16 = 2,
+    GGUF_VALUE_I16 = 3,
+    GGUF_VALUE_U32 = 4,
+    GGUF_VALUE_I32 = 5,
+    GGUF_VALUE_F32 = 6,
+    GGUF_VALUE_BOOL = 7,
+    GGUF_VALUE_STRING = 8,
+    GGUF_VALUE_ARRAY = 9,
+    GGUF_VALUE_U64 = 10,
+    GGUF_VALUE_I64 = 11,
+    GGUF_VALUE_F64 = 12,
+};
+
+/* Fixed element sizes of the scalar value types (0: not a fixed-size type). */
+static size_t value_size(uint32_t type) {
+    switch (type) {
+    case GGUF_VALUE_U8:
+    case GGUF_VALUE_I8:
+    case GGUF_VALUE_BOOL: return 1;
+    case GGUF_VALUE_U16:
+    case GGUF_VALUE_I16: return 2;
+    case GGUF_VALUE_U32:
+    case GGUF_VALUE_I32:
+    case GGUF_VALUE_F32: return 4;
+    case GGUF_VALUE_U64:
+    case GGUF_VALUE_I64:
+    case GGUF_VALUE_F64: return 8;
+    default: return 0;
+    }
+}
+
+/* ggml_type → name, weights per block, bytes per block (ggml.c type_traits). Holes are removed types. */
+typedef struct ggml_type_traits {
+    const char *name;
+    uint32_t block, bytes;
+} ggml_type_traits;
+static const ggml_type_traits ggml_types[] = {
+    [0] = {"F32", 1, 4},         [1] = {"F16", 1, 2},         [2] = {"Q4_0", 32, 18},      [3] = {"Q4_1", 32, 20},
+    [6] = {"Q5_0", 32, 22},      [7] = {"Q5_1", 32, 24},      [8] = {"Q8_0", 32, 34},      [9] = {"Q8_1", 32, 36},
+    [10] = {"Q2_K", 256, 84},    [11] = {"Q3_K", 256, 110},   [12] = {"Q4_K", 256, 144},   [13] = {"Q5_K", 256, 176},
+    [14] = {"Q6_K", 256, 210},   [15] = {"Q8_K", 256, 292},   [16] = {"IQ2_XXS", 256, 66}, [17] = {"IQ2_XS", 256, 74},
+    [18] = {"IQ3_XXS", 256, 98}, [19] = {"IQ1_S", 256, 50},   [20] = {"IQ4_NL", 32, 18},   [21] = {"IQ3_S", 256, 110},
+    [22] = {"IQ2_S", 256, 82},   [23] = {"IQ4_XS", 256, 136}, [24] = {"I8", 1, 1},         [25] = {"I16", 1, 2},
+    [26] = {"I32", 1, 4},        [27] = {"I64", 1, 8},        [28] = {"F64", 1, 8},        [29] = {"IQ1_M", 256, 56},
+    [30] = {"BF16", 1, 2},       [34] = {"TQ1_0", 256, 54},   [35] = {"TQ2_0", 256, 66},   [39] = {"MXFP4", 32, 17},
+    [40] = {"NVFP4", 64, 36},    [41] = {"Q1_0", 128, 18},
+};
+#define GGML_TYPE_TABLE_SIZE (sizeof ggml_types / sizeof ggml_types[0])
+
+static const ggml_type_traits *type_traits(uint32_t type) {
+    if (type >= GGML_TYPE_TABLE_SIZE || !ggml_types[type].name) return NULL;
+    return &ggml_types[type];
+}
+
+static bool importable_type(uint32_t type) {
+    return type == QMM_GGUF_F32 || type == QMM_GGUF_F16 || type == QMM_GGUF_BF16 || type == QMM_GGUF_Q4_0 ||
+           type == QMM_GGUF_Q4_1 || type == QMM_GGUF_Q8_0;
+}
+
+typedef struct gguf_kv {
+    char *key;
+    uint32_t type;
+    char *string; /* the value when type is STRING */
+} gguf_kv;
+
+typedef struct gguf_tensor {
+    char *name;
+    uint32_t type;
+    char type_name[16]; /* "Q4_1" or "type 99" */
+    int ndim;
+    int64_t shape[QMM_MAX_DIMS]; /* row-major */
+    size_t elements;
+    size_t offset; /* from the start of the data area */
+    size_t nbytes; /* 0 when the type is unknown (its block size is unknown) */
+} gguf_tensor;
+
+struct qmm_gguf {
+    qmm_mapping mapping; /* owned when opened from a path */
+    const uint8_t *bytes;
+    size_t size;
+    uint32_t version;
+    size_t alignment;
+    size_t data_start;
+    size_t kv_count;
+    gguf_kv *kvs; /* sorted by key */
+    size_t tensor_count;
+    gguf_tensor *tensors; /* file order */
+    size_t *by_name;
+};
+
+/* ───────────────────────────── bounded reader ───────────────────────────── */
+
+typedef struct cursor {
+    const uint8_t *bytes;
+    size_t size, at;
+} cursor;
+
+static size_t remaining(const cursor *c) { return c->size - c->at; }
+
+static qmm_status need(const cursor *c, size_t n, const char *what) {
+    if (remaining(c) < n)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF truncated: %s needs %zu bytes at offset %zu but the file has %zu bytes",
+                         what, n, c->at, c->size);
+    return QMM_OK;
+}
+
+static qmm_status read_u32(cursor *c, uint32_t *value, const char *what) {
+    qmm_status status = need(c, 4, what);
+    if (status != QMM_OK) return status;
+    *value = qmm_le32(c->bytes + c->at);
+    c->at += 4;
+    return QMM_OK;
+}
+
+static qmm_status read_u64(cursor *c, uint64_t *value, const char *what) {
+    qmm_status status = need(c, 8, what);
+    if (status != QMM_OK) return status;
+    *value = qmm_le64(c->bytes + c->at);
+    c->at += 8;
+    return QMM_OK;
+}
+
+/* A GGUF string: u64 length + bytes (no NUL). Returns a view into the file. */
+static qmm_status read_string(cursor *c, const char **text, size_t *length, const char *what) {
+    uint64_t n;
+    qmm_status status = read_u64(c, &n, what);
+    if (status != QMM_OK) return status;
+    if (n > remaining(c))
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "GGUF %s: string length %llu at offset %zu runs past the end of the file (%zu bytes)", what,
+                         (unsigned long long)n, c->at - 8, c->size);
+    *text = (const char *)c->bytes + c->at;
+    *length = (size_t)n;
+    c->at += (size_t)n;
+    return QMM_OK;
+}
+
+static char *copy_string(const char *text, size_t length) {
+    char *copy = malloc(length + 1);
+    if (!copy) return NULL;
+    memcpy(copy, text, length);
+    copy[length] = '\0';
+    return copy;
+}
+
+/* Skips one value of `type`, checking every length against the bytes left. */
+static qmm_status skip_value(cursor *c, uint32_t type, int depth, const char *key) {
+    qmm_status status;
+    size_t size = value_size(type);
+    if (size) {
+        if ((status = need(c, size, key)) != QMM_OK) return status;
+        c->at += size;
+        return QMM_OK;
+    }
+    if (type == GGUF_VALUE_STRING) {
+        const char *text;
+        size_t length;
+        return read_string(c, &text, &length, key);
+    }
+    if (type != GGUF_VALUE_ARRAY)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata \"%s\" has unknown value type %u", key, type);
+    if (depth >= GGUF_MAX_ARRAY_NESTING)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata \"%s\" nests arrays deeper than %d", key,
+                         GGUF_MAX_ARRAY_NESTING);
+    uint32_t element_type;
+    uint64_t count;
+    if ((status = read_u32(c, &element_type, key)) != QMM_OK) return status;
+    if ((status = read_u64(c, &count, key)) != QMM_OK) return status;
+    size_t element_size = value_size(element_type);
+    /* The smallest encoding of one element bounds how many the rest of the file can hold. */
+    size_t minimum = element_size                        ? element_size
+                     : element_type == GGUF_VALUE_STRING ? 8
+                     : element_type == GGUF_VALUE_ARRAY  ? 12
+                                                         : 0;
+    if (minimum == 0)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata \"%s\" is an array of unknown value type %u", key,
+                         element_type);
+    if (count > remaining(c) / minimum)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "GGUF metadata \"%s\": array of %llu elements cannot fit in the %zu bytes left in the file",
+                         key, (unsigned long long)count, remaining(c));
+    if (element_size) {
+        c->at += (size_t)count * element_size;
+        return QMM_OK;
+    }
+    for (uint64_t i = 0; i < count; i++)
+        if ((status = skip_value(c, element_type, depth + 1, key)) != QMM_OK) return status;
+    return QMM_OK;
+}
+
+/* ───────────────────────────── open ───────────────────────────── */
+
+static int compare_kvs(const void *a, const void *b) {
+    return strcmp(((const gguf_kv *)a)->key, ((const gguf_kv *)b)->key);
+}
+
+static _Thread_local const gguf_tensor *names_base;
+static int compare_tensor_names(const void *a, const void *b) {
+    return strcmp(names_base[*(const size_t *)a].name, names_base[*(const size_t *)b].name);
+}
+static int compare_tensor_offsets(const void *a, const void *b) {
+    const gguf_tensor *x = &names_base[*(const size_t *)a], *y = &names_base[*(const size_t *)b];
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : (x->nbytes > y->nbytes ? 1 : 0);
+}
+
+void qmm_gguf_close(qmm_gguf *file) {
+    if (!file) return;
+    for (size_t i = 0; i < file->kv_count; i++) {
+        free(file->kvs[i].key);
+        free(file->kvs[i].string);
+    }
+    free(file->kvs);
+    for (size_t i = 0; i < file->tensor_count; i++)
+        free(file->tensors[i].name);
+    free(file->tensors);
+    free(file->by_name);
+    qmm_io_unmap(&file->mapping);
+    free(file);
+}
+
+static qmm_status parse_metadata(qmm_gguf *file, cursor *c, uint64_t kv_count) {
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_status status;
+    file->kvs = calloc(kv_count ? (size_t)kv_count : 1, sizeof(gguf_kv));
+    if (!file->kvs)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %llu metadata entries", (unsigned long long)kv_count);
+    for (uint64_t i = 0; i < kv_count; i++) {
+        const char *key;
+        size_t key_length;
+        if ((status = read_string(c, &key, &key_length, "metadata key")) != QMM_OK) return status;
+        if (!qmm_io_utf8_valid(key, key_length))
+            return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata key \"%s\" is not valid UTF-8",
+                             qmm_io_printable(key, key_length, printable, sizeof printable));
+        gguf_kv *kv = &file->kvs[file->kv_count];
+        kv->key = copy_string(key, key_length);
+        if (!kv->key) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a metadata key");
+        file->kv_count++;
+        qmm_io_printable(key, key_length, printable, sizeof printable);
+        if ((status = read_u32(c, &kv->type, printable)) != QMM_OK) return status;
+        size_t value_at = c->at;
+        if (kv->type == GGUF_VALUE_STRING) {
+            const char *text;
+            size_t length;
+            if ((status = read_string(c, &text, &length, printable)) != QMM_OK) return status;
+            /* Only strings that are valid C strings are offered by qmm_gguf_metadata_string. */
+            if (qmm_io_utf8_valid(text, length)) {
+                kv->string = copy_string(text, length);
+                if (!kv->string) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy metadata \"%s\"", printable);
+            }
+        } else if ((status = skip_value(c, kv->type, 0, printable)) != QMM_OK) {
+            return status;
+        }
+        if (strcmp(kv->key, "general.alignment") == 0) {
+            if (kv->type != GGUF_VALUE_U32)
+                return qmm_error(QMM_ERR_CORRUPT, "GGUF general.alignment has value type %u; the spec requires uint32",
+                                 kv->type);
+            uint32_t alignment = qmm_le32(c->bytes + value_at);
+            if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+                return qmm_error(QMM_ERR_CORRUPT, "GGUF general.alignment=%u is not a power of two", alignment);
+            file->alignment = alignment;
+        }
+    }
+    qsort(file->kvs, file->kv_count, sizeof(gguf_kv), compare_kvs);
+    for (size_t i = 1; i < file->kv_count; i++)
+        if (strcmp(file->kvs[i - 1].key, file->kvs[i].key) == 0)
+            return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata key \"%s\" appears twice",
+                             qmm_io_printable(file->kvs[i].key, strlen(file->kvs[i].key), printable, sizeof printable));
+    return QMM_OK;
+}
+
+static qmm_status parse_tensor_info(qmm_gguf *file, cursor *c, gguf_tensor *tensor) {
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_status status;
+    const char *name;
+    size_t name_length;
+    if ((status = read_string(c, &name, &name_length, "tensor name")) != QMM_OK) return status;
+    qmm_io_printable(name, name_length, printable, sizeof printable);
+    if (name_length == 0 || !qmm_io_utf8_valid(name, name_length))
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor name \"%s\" is empty or not valid UTF-8", printable);
+    tensor->name = copy_string(name, name_length);
+    if (!tensor->name) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a tensor name");
+    uint32_t ndim;
+    if ((status = read_u32(c, &ndim, printable)) != QMM_OK) return status;
+    if (ndim > GGUF_MAX_DIMS)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor \"%s\" has n_dims=%u; GGUF allows at most %d", printable, ndim,
+                         GGUF_MAX_DIMS);
+    tensor->ndim = (int)ndim;
+    uint64_t ne[GGUF_MAX_DIMS] = {0};
+    size_t elements = 1;
+    bool overflow = false;
+    for (uint32_t d = 0; d < ndim; d++) {
+        if ((status = read_u64(c, &ne[d], printable)) != QMM_OK) return status;
+        if (ne[d] > (uint64_t)INT64_MAX)
+            return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor \"%s\": ne[%u]=%lld is negative", printable, d,
+                             (long long)ne[d]);
+        tensor->shape[ndim - 1 - d] = (int64_t)ne[d];
+#if SIZE_MAX < UINT64_MAX
+        if (ne[d] > SIZE_MAX) overflow = true;
+#endif
+        if (!qmm_mul_size(elements, (size_t)ne[d], &elements)) overflow = true;
+    }
+    if (overflow)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor \"%s\": the element count of its shape overflows size_t",
+                         printable);
+    tensor->elements = elements;
+    uint64_t offset;
+    if ((status = read_u32(c, &tensor->type, printable)) != QMM_OK) return status;
+    if ((status = read_u64(c, &offset, printable)) != QMM_OK) return status;
+    const ggml_type_traits *traits = type_traits(tensor->type);
+    if (traits)
+        snprintf(tensor->type_name, sizeof tensor->type_name, "%s", traits->name);
+    else
+        snprintf(tensor->type_name, sizeof tensor->type_name, "type %u", tensor->type);
+    if (offset % file->alignment != 0)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "GGUF tensor \"%s\": data offset %llu is not a multiple of general.alignment=%zu", printable,
+                         (unsigned long long)offset, file->alignment);
+#if SIZE_MAX < UINT64_MAX
+    if (offset > SIZE_MAX)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor \"%s\": data offset %llu is past the end of the file", printable,
+                         (unsigned long long)offset);
+#endif
+    tensor->offset = (size_t)offset;
+    if (traits) {
+        /* Rows whose length is not a whole number of blocks are kept (nbytes rounds the row up) so that
+         * import can report the shape error; ggml itself never writes such a tensor. */
+        size_t row = ndim > 0 ? (size_t)ne[0] : 1;
+        size_t rows = row ? elements / row : 0;
+        size_t blocks = row / traits->block + (row % traits->block != 0);
+        size_t nbytes;
+        if (!qmm_mul_size(blocks, traits->bytes, &nbytes) || !qmm_mul_size(nbytes, rows, &nbytes))
+            return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor \"%s\": its byte size overflows size_t", printable);
+        tensor->nbytes = nbytes;
+    }
+    return QMM_OK;
+}
+
+static qmm_status parse_file(qmm_gguf *file) {
+    qmm_status status;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    cursor c = {file->bytes, file->size, 0};
+    uint32_t magic;
+    if ((status = read_u32(&c, &magic, "magic")) != QMM_OK) return status;
+    if (magic != GGUF_MAGIC)
+        return qmm_error(QMM_ERR_CORRUPT, "bad GGUF magic 0x%08x (want 0x%08x, \"GGUF\")", magic, GGUF_MAGIC);
+    if ((status = read_u32(&c, &file->version, "version")) != QMM_OK) return status;
+    if (file->version != 2 && file->version != 3)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "GGUF version %u is not supported (qmm reads versions 2 and 3)",
+                         file->version);
+    uint64_t tensor_count, kv_count;
+    if ((status = read_u64(&c, &tensor_count, "tensor count")) != QMM_OK) return status;
+    if ((status = read_u64(&c, &kv_count, "metadata count")) != QMM_OK) return status;
+    /* Smallest encodings: a kv is a key length (8), a type (4) and a 1-byte value; a tensor info is a
+     * name length (8), n_dims (4), a type (4) and an offset (8). */
+    if (kv_count > remaining(&c) / 13)
+        return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata count %llu cannot fit in the file's %zu remaining bytes",
+                         (unsigned long long)kv_count, remaining(&c));
+    if (tensor_count > remaining(&c) / 24 || tensor_count * 24 + kv_count * 13 > remaining(&c))
+        return qmm_error(
+            QMM_ERR_CORRUPT,
+            "GGUF tensor count %llu (with %llu metadata entries) cannot fit in the file's %zu remaining bytes",
+            (unsigned long long)tensor_count, (unsigned long long)kv_count, remaining(&c));
+    file->alignment = GGUF_DEFAULT_ALIGNMENT;
+    if ((status = parse_metadata(file, &c, kv_count)) != QMM_OK) return status;
+
+    file->tensors = calloc(tensor_count ? (size_t)tensor_count : 1, sizeof(gguf_tensor));
+    file->by_name = calloc(tensor_count ? (size_t)tensor_count : 1, sizeof(size_t));
+    if (!file->tensors || !file->by_name)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %llu tensor entries",
+                         (unsigned long long)tensor_count);
+    for (uint64_t i = 0; i < tensor_count; i++) {
+        status = parse_tensor_info(file, &c, &file->tensors[file->tensor_count]);
+        file->tensor_count++; /* counted even on failure so close frees the name */
+        if (status != QMM_OK) return status;
+    }
+    size_t data_start = (c.at + file->alignment - 1) / file->alignment * file->alignment; /* c.at ≤ size: no overflow */
+    file->data_start = data_start;
+    size_t data_size = data_start <= file->size ? file->size - data_start : 0;
+    for (size_t i = 0; i < file->tensor_count; i++) {
+        const gguf_tensor *t = &file->tensors[i];
+        size_t end;
+        if (data_start > file->size || !qmm_add_size(t->offset, t->nbytes, &end) || end > data_size)
+            return qmm_error(
+                QMM_ERR_CORRUPT,
+                "GGUF tensor \"%s\" (%s): data [%zu, +%zu) runs past the end of the file (data area of %zu "
+                "bytes starting at %zu)",
+                qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable), t->type_name, t->offset,
+                t->nbytes, data_size, data_start);
+    }
+
+    for (size_t i = 0; i < file->tensor_count; i++)
+        file->by_name[i] = i;
+    names_base = file->tensors;
+    /* Overlap check over tensors sorted by offset (reusing by_name as scratch), then the name sort. */
+    qsort(file->by_name, file->tensor_count, sizeof(size_t), compare_tensor_offsets);
+    size_t furthest_end = 0, furthest = 0;
+    bool have = false;
+    for (size_t k = 0; k < file->tensor_count; k++) {
+        const gguf_tensor *t = &file->tensors[file->by_name[k]];
+        if (t->nbytes == 0) continue;
+        if (have && t->offset < furthest_end) {
+            char other[QMM_IO_PRINTABLE_SIZE];
+            const gguf_tensor *previous = &file->tensors[furthest];
+            return qmm_error(QMM_ERR_CORRUPT, "GGUF tensors \"%s\" and \"%s\" overlap in the data area",
+                             qmm_io_printable(previous->name, strlen(previous->name), other, sizeof other),
+                             qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable));
+        }
+        if (!have || t->offset + t->nbytes > furthest_end) {
+            furthest_end = t->offset + t->nbytes;
+            furthest = file->by_name[k];
+            have = true;
+        }
+    }
+    qsort(file->by_name, file->tensor_count, sizeof(size_t), compare_tensor_names);
+    for (size_t k = 1; k < file->tensor_count; k++) {
+        const char *name = file->tensors[file->by_name[k]].name;
+        if (strcmp(file->tensors[file->by_name[k - 1]].name, name) == 0)
+            return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor name \"%s\" appears twice",
+                             qmm_io_printable(name, strlen(name), printable, sizeof printable));
+    }
+    return QMM_OK;
+}
+
+qmm_status qmm_gguf_open_memory(const void *bytes, size_t size, qmm_gguf **file) {
+    if (!file) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_open_memory: file is NULL");
+    *file = NULL;
+    if (!bytes && size > 0) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_open_memory: bytes is NULL");
+    qmm_gguf *result = calloc(1, sizeof *result);
+    if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a GGUF handle");
+    result->bytes = bytes;
+    result->size = size;
+    qmm_status status = parse_file(result);
+    if (status != QMM_OK) {
+        qmm_gguf_close(result);
+        return status;
+    }
+    *file = result;
+    return QMM_OK;
+}
+
+qmm_status qmm_gguf_open(const char *path, qmm_gguf **file) {
+    if (!file) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_open: file is NULL");
+    *file = NULL;
+    if (!path) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_open: path is NULL");
+    qmm_gguf *result = calloc(1, sizeof *result);
+    if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a GGUF handle");
+    qmm_status status = qmm_io_map_file(path, &result->mapping);
+    if (status == QMM_ERR_NOT_FOUND) status = QMM_ERR_IO;
+    if (status == QMM_OK) {
+        result->bytes = result->mapping.base;
+        result->size = result->mapping.size;
+        status = parse_file(result);
+        if (status != QMM_OK) {
+            char message[512];
+            snprintf(message, sizeof message, "%s", qmm_last_error());
+            qmm_error(status, "%s: %s", path, message);
+        }
+    }
+    if (status != QMM_OK) {
+        qmm_gguf_close(result);
+        return status;
+    }
+    *file = result;
+    return QMM_OK;
+}
+
+size_t qmm_gguf_tensor_count(const qmm_gguf *file) { return file ? file->tensor_count : 0; }
+
+qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf_tensor_info *info) {
+    if (!file || !info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_tensor_info_get: null argument");
+    if (index >= file->tensor_count)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor index %zu is out of range (the file has %zu tensors)", index,
+                         file->tensor_count);
+    const gguf_tensor *t = &file->tensors[index];
+    memset(info, 0, sizeof *info);
+    info->name = t->name;
+    info->type = t->type;
+    info->type_name = t->type_name;
+    info->ndim = t->ndim;
+    for (int d = 0; d < t->ndim; d++)
+        info->shape[d] = t->shape[d];
+    info->nbytes = t->nbytes;
+    info->importable = importable_type(t->type);
+    return QMM_OK;
+}
+
+qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index) {
+    if (!file || !name || !index) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_find: null argument");
+    size_t lo = 0, hi = file->tensor_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(file->tensors[file->by_name[mid]].name, name);
+        if (order == 0) {
+            *index = file->by_name[mid];
+            return QMM_OK;
+        }
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    return qmm_error(QMM_ERR_NOT_FOUND, "the GGUF file has no tensor named \"%s\"",
+                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+}
+
+const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key) {
+    if (!file || !key) return NULL;
+    size_t lo = 0, hi = file->kv_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(file->kvs[mid].key, key);
+        if (order == 0) return file->kvs[mid].string;
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* ───────────────────────────── import ───────────────────────────── */
+
+void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor) {
+    if (matrix) {
+        free((void *)matrix->w);
+        free((void *)matrix->scales);
+        free((void *)matrix->biases);
+        matrix->w = NULL;
+        matrix->scales = NULL;
+        matrix->biases = NULL;
+    }
+    if (float_tensor) {
+        free((void *)float_tensor->data);
+        float_tensor->data = NULL;
+    }
+}
+
+/* One 32-weight block → 4 (bits 4) or 8 (bits 8) packed words, with its f16 scale and bias. The
+ * packed words are MLX's LSB-first stream: word t holds codes [32t/bits, 32(t+1)/bits). */
+static void import_block(uint32_t type, const uint8_t *block, uint32_t *words, uint16_t *scale, uint16_t *bias) {
+    uint8_t codes[32];
+    uint16_t d = qmm_le16(block);
+    *scale = d;
+    if (type == QMM_GGUF_Q8_0) {
+        /* int8 i ∈ [−128, 127] → unsigned q = i + 128, which is the byte with its top bit flipped. */
+        for (int j = 0; j < 32; j++)
+            codes[j] = block[2 + j] ^ 0x80;
+        for (int t = 0; t < 8; t++)
+            words[t] = (uint32_t)codes[4 * t] | ((uint32_t)codes[4 * t + 1] << 8) | ((uint32_t)codes[4 * t + 2] << 16) |
+                       ((uint32_t)codes[4 * t + 3] << 24);
+        /* −128·d is exact in f32 and rounds to f16 exactly unless it overflows (checked by the caller). */
+        *bias = qmm_f32_to_f16(-128.0f * qmm_f16_to_f32(d));
+        return;
+    }
+    const uint8_t *nibbles = block + (type == QMM_GGUF_Q4_1 ? 4 : 2);
+    for (int j = 0; j < 16; j++) {
+        codes[j] = nibbles[j] & 0x0F;    /* element j: low nibble */
+        codes[j + 16] = nibbles[j] >> 4; /* element j + 16: high nibble of the same byte */
+    }
+    for (int t = 0; t < 4; t++) {
+        uint32_t word = 0;
+        for (int i = 0; i < 8; i++)
+            word |= (uint32_t)codes[8 * t + i] << (4 * i);
+        words[t] = word;
+    }
+    *bias = type == QMM_GGUF_Q4_1 ? qmm_le16(block + 2) : qmm_f32_to_f16(-8.0f * qmm_f16_to_f32(d));
+}
+
+static bool f16_finite(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
+
+qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
+                           qmm_tensor *float_tensor) {
+    if (!file || !is_quantized || !matrix || !float_tensor)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_import: null argument");
+    memset(matrix, 0, sizeof *matrix);
+    memset(float_tensor, 0, sizeof *float_tensor);
+    *is_quantized = 0;
+    if (index >= file->tensor_count)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor index %zu is out of range (the file has %zu tensors)", index,
+                         file->tensor_count);
+    const gguf_tensor *t = &file->tensors[index];
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable);
+    const uint8_t *data = file->bytes + file->data_start + t->offset;
+
+    if (t->type == QMM_GGUF_F32 || t->type == QMM_GGUF_F16 || t->type == QMM_GGUF_BF16) {
+        void *copy = malloc(t->nbytes ? t->nbytes : 1);
+        if (!copy)
+            return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for tensor \"%s\"", t->nbytes,
+                             printable);
+        memcpy(copy, data, t->nbytes);
+        float_tensor->name = t->name;
+        float_tensor->dtype = t->type == QMM_GGUF_F32 ? QMM_F32 : t->type == QMM_GGUF_F16 ? QMM_F16 : QMM_BF16;
+        float_tensor->ndim = t->ndim;
+        for (int d = 0; d < t->ndim; d++)
+            float_tensor->shape[d] = t->shape[d];
+        float_tensor->data = copy;
+        float_tensor->nbytes = t->nbytes;
+        return QMM_OK;
+    }
+    if (t->type != QMM_GGUF_Q4_0 && t->type != QMM_GGUF_Q4_1 && t->type != QMM_GGUF_Q8_0)
+        return qmm_error(QMM_ERR_UNSUPPORTED,
+                         "GGUF tensor \"%s\" has type %s, which qmm cannot import (importable: F32, F16, BF16, Q4_0, "
+                         "Q4_1, Q8_0)",
+                         printable, t->type_name);
+
+    size_t cols = t->ndim > 0 ? (size_t)t->shape[t->ndim - 1] : 1;
+    if (cols % 32 != 0 || cols == 0)
+        return qmm_error(QMM_ERR_SHAPE, "GGUF tensor \"%s\" (%s): row length %zu is not a positive multiple of 32",
+                         printable, t->type_name, cols);
+    size_t rows = t->elements / cols;
+    if (rows == 0) return qmm_error(QMM_ERR_SHAPE, "GGUF tensor \"%s\" (%s) has no rows", printable, t->type_name);
+    int bits = t->type == QMM_GGUF_Q8_0 ? 8 : 4;
+    size_t block_bytes = type_traits(t->type)->bytes;
+    size_t blocks = rows * (cols / 32);    /* = elements / 32, no overflow */
+    size_t words_per_block = (size_t)bits; /* 32 codes × bits / 32 */
+    size_t w_bytes, s_bytes;
+    if (!qmm_mul_size(blocks, words_per_block * 4, &w_bytes) || !qmm_mul_size(blocks, 2, &s_bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "GGUF tensor \"%s\": imported sizes overflow size_t", printable);
+    uint32_t *w = malloc(w_bytes);
+    uint16_t *scales = malloc(s_bytes);
+    uint16_t *biases = malloc(s_bytes);
+    qmm_status status = QMM_OK;
+    if (!w || !scales || !biases) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to import \"%s\"", w_bytes + 2 * s_bytes,
+                           printable);
+        goto cleanup;
+    }
+    for (size_t b = 0; b < blocks; b++) {
+        import_block(t->type, data + b * block_bytes, w + b * words_per_block, &scales[b], &biases[b]);
+        if (t->type != QMM_GGUF_Q4_1 && !f16_finite(biases[b])) {
+            size_t per_row = cols / 32;
+            status =
+                qmm_error(QMM_ERR_NUMERIC,
+                          "GGUF tensor \"%s\" (%s): row %zu block %zu has d=%g, so the bias −%d·d is not finite in f16",
+                          printable, t->type_name, b / per_row, b % per_row, (double)qmm_f16_to_f32(scales[b]),
+                          bits == 8 ? 128 : 8);
+            goto cleanup;
+        }
+    }
+    matrix->w = w;
+    matrix->scales = scales;
+    matrix->biases = biases;
+    matrix->dtype = QMM_F16;
+    matrix->rows = rows;
+    matrix->cols = cols;
+    matrix->bits = bits;
+    matrix->group_size = 32;
+    *is_quantized = 1;
+    w = NULL;
+    scales = NULL;
+    biases = NULL;
+cleanup:
+    free(w);
+    free(scales);
+    free(biases);
+    return status;
+}
+
+/* ───────────────────────────── convert ───────────────────────────── */
+
+static bool selected(const char *name, const char *const *prefixes, size_t count) {
+    if (count == 0) return true;
+    for (size_t i = 0; i < count; i++)
+        if (prefixes[i] && strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) return true;
+    return false;
+}
+
+qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count) {
+    if (!gguf_path || !out_dir || (count > 0 && !prefixes))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert: null argument");
+    qmm_gguf *file = NULL;
+    qmm_tensor *tensors = NULL;
+    qmm_layer *layers = NULL;
+    char **layer_names = NULL;
+    size_t tensor_count = 0, layer_count = 0;
+    cJSON *extra = NULL;
+    char *extra_text = NULL;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_status status = qmm_gguf_open(gguf_path, &file);
+    if (status != QMM_OK) return status;
+
+    /* Every selected tensor must be importable before anything is converted or written. */
+    size_t chosen = 0;
+    for (size_t i = 0; i < file->tensor_count; i++) {
+        const gguf_tensor *t = &file->tensors[i];
+        if (!selected(t->name, prefixes, count)) continue;
+        chosen++;
+        if (!importable_type(t->type)) {
+            status = qmm_error(QMM_ERR_UNSUPPORTED,
+                               "%s: tensor \"%s\" has type %s, which qmm cannot import (importable: F32, F16, BF16, "
+                               "Q4_0, Q4_1, Q8_0); nothing was written",
+                               gguf_path, qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable),
+                               t->type_name);
+            goto cleanup;
+        }
+    }
+    if (chosen == 0) {
+        status = qmm_error(QMM_ERR_NOT_FOUND, "%s: no tensor matches the %zu given prefixes", gguf_path, count);
+        goto cleanup;
+    }
+    tensors = calloc(chosen, sizeof(qmm_tensor));
+    layers = calloc(chosen, sizeof(qmm_layer));
+    layer_names = calloc(chosen, sizeof(char *));
+    if (!tensors || !layers || !layer_names) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu conversion entries", chosen);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < file->tensor_count; i++) {
+        const gguf_tensor *t = &file->tensors[i];
+        if (!selected(t->name, prefixes, count)) continue;
+        int quantized = 0;
+        qmm_qmatrix matrix;
+        qmm_tensor float_tensor;
+        if ((status = qmm_gguf_import(file, i, &quantized, &matrix, &float_tensor)) != QMM_OK) goto cleanup;
+        if (!quantized) {
+            tensors[tensor_count++] = float_tensor;
+            continue;
+        }
+        /* "blk.0.attn_q.weight" → layer "blk.0.attn_q" (tensors blk.0.attn_q.weight/.scales/.biases). */
+        size_t length = strlen(t->name);
+        if (length > 7 && strcmp(t->name + length - 7, ".weight") == 0) length -= 7;
+        layer_names[layer_count] = copy_string(t->name, length);
+        layers[layer_count].matrix = matrix;
+        layers[layer_count].name = layer_names[layer_count];
+        layer_count++;
+        if (!layer_names[layer_count - 1]) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a layer name");
+            goto cleanup;
+        }
+    }
+    extra = cJSON_CreateObject();
+    const char *architecture = qmm_gguf_metadata_string(file, "general.architecture");
+    if (!extra || (architecture && (!cJSON_AddStringToObject(extra, "model_type", architecture) ||
+                                    !cJSON_AddStringToObject(extra, "gguf_architecture", architecture)))) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build config.json");
+        goto cleanup;
+    }
+    extra_text = cJSON_PrintUnformatted(extra);
+    if (!extra_text) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build config.json");
+        goto cleanup;
+    }
+    status = qmm_checkpoint_write(out_dir, tensors, tensor_count, layers, layer_count, extra_text);
+cleanup:
+    for (size_t i = 0; i < tensor_count; i++)
+        qmm_gguf_import_free(NULL, &tensors[i]);
+    for (size_t i = 0; i < layer_count; i++) {
+        qmm_gguf_import_free(&layers[i].matrix, NULL);
+        free(layer_names[i]);
+    }
+    free(tensors);
+    free(layers);
+    free(layer_names);
+    cJSON_free(extra_text);
+    cJSON_Delete(extra);
+    qmm_gguf_close(file);
+    return status;
+}

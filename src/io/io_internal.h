@@ -1,0 +1,77 @@
+/*
+ * io_internal.h — helpers shared by the checkpoint readers and writers in src/io/ (not installed).
+ *
+ * Defined in safetensors.c: read-only file mappings, whole-file reads, UTF-8 validation, printable
+ * copies of untrusted names for error messages, and atomic file writes (temporary file in the same
+ * directory + rename, so a failure never leaves a partial file at the destination, DESIGN.md §4).
+ */
+#ifndef QMM_IO_INTERNAL_H
+#define QMM_IO_INTERNAL_H
+
+#include "internal.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A whole file mapped read-only (base is NULL for an empty file). */
+typedef struct qmm_mapping {
+    void *base;
+    size_t size;
+} qmm_mapping;
+
+/* Maps path read-only. Errors: QMM_ERR_IO naming the path and the system error
+ * (QMM_ERR_NOT_FOUND when the file does not exist). */
+qmm_status qmm_io_map_file(const char *path, qmm_mapping *mapping);
+void qmm_io_unmap(qmm_mapping *mapping);
+
+/* Reads a whole (small) file into a NUL-terminated heap buffer. Files larger than max_size are
+ * refused with QMM_ERR_CORRUPT. Errors: QMM_ERR_NOT_FOUND (no such file), QMM_ERR_IO. */
+qmm_status qmm_io_read_file(const char *path, size_t max_size, char **text, size_t *size);
+
+/* "dir/name" in a heap buffer, or NULL when out of memory. */
+char *qmm_io_join(const char *dir, const char *name);
+
+/* Whether bytes[0, size) is well-formed UTF-8 (no overlongs, no surrogates, ≤ U+10FFFF). Embedded NUL
+ * bytes are rejected too: every name qmm hands out is a C string. */
+bool qmm_io_utf8_valid(const char *bytes, size_t size);
+
+/* A printable, truncated copy of untrusted bytes for an error message: bytes outside printable ASCII
+ * become \xNN and long names end in "...". Returns buffer. */
+const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size);
+#define QMM_IO_PRINTABLE_SIZE 96
+
+/* An output file written under a temporary name beside its destination and renamed into place. */
+typedef struct qmm_atomic_file {
+    int fd;
+    char *temp_path;
+    const char *path;
+} qmm_atomic_file;
+
+/* Creates "path.qmm-tmp-XXXXXX" beside path. Errors: QMM_ERR_IO. */
+qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path);
+qmm_status qmm_atomic_write(qmm_atomic_file *file, const void *bytes, size_t size);
+/* Flushes to disk and closes the temporary file (still under its temporary name). */
+qmm_status qmm_atomic_finish(qmm_atomic_file *file);
+/* Renames the finished temporary file onto path; on failure the temporary file is removed. */
+qmm_status qmm_atomic_rename(qmm_atomic_file *file);
+/* Closes and removes the temporary file if it still exists; frees the state. Safe to call twice. */
+void qmm_atomic_abort(qmm_atomic_file *file);
+
+/* The safetensors dtype string of a qmm dtype ("F32", "BF16", "U32", ...). */
+const char *qmm_safetensors_dtype_string(qmm_dtype dtype);
+
+/* Validates tensors/metadata as qmm_safetensors_write does and streams the whole file into an
+ * already begun atomic file (the caller finishes and renames it). */
+qmm_status qmm_safetensors_write_to(qmm_atomic_file *file, const qmm_tensor *tensors, size_t count,
+                                    const char *const *metadata_keys, const char *const *metadata_values,
+                                    size_t metadata_count);
+
+/* Load/store little-endian integers from untrusted, possibly unaligned bytes. */
+static inline uint16_t qmm_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t qmm_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t qmm_le64(const uint8_t *p) { return (uint64_t)qmm_le32(p) | ((uint64_t)qmm_le32(p + 4) << 32); }
+
+#endif /* QMM_IO_INTERNAL_H */

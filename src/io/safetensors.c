@@ -1,0 +1,897 @@
+/*
+ * safetensors.c — read (mmap + a fully validated header) and write (temp file + rename) safetensors
+ * files, plus the small file helpers the rest of src/io shares (io_internal.h).
+ *
+ * Format (https://github.com/huggingface/safetensors): u64 little-endian header length N, N bytes of
+ * JSON {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {str: str}}
+ * (padded with spaces), then the data area; offsets are relative to the data area. The header comes
+ * from an untrusted file, so every field's type and every size is checked before it is used.
+ */
+#include "io_internal.h"
+
+#include <cjson/cJSON.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The reference implementation refuses headers over 100 MB (safetensors MAX_HEADER_SIZE). */
+#define SAFETENSORS_MAX_HEADER 100000000ull
+/* JSON numbers are doubles in cJSON: integers are exact only up to 2^53. */
+#define JSON_MAX_EXACT_INTEGER 9007199254740992.0
+
+/* ───────────────────────────── shared file helpers ───────────────────────────── */
+
+qmm_status qmm_io_map_file(const char *path, qmm_mapping *mapping) {
+    mapping->base = NULL;
+    mapping->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", path, strerror(err));
+    }
+    qmm_status status = QMM_OK;
+    struct stat info;
+    if (fstat(fd, &info) != 0) {
+        status = qmm_error(QMM_ERR_IO, "cannot stat \"%s\": %s", path, strerror(errno));
+        goto cleanup;
+    }
+    if (!S_ISREG(info.st_mode)) {
+        status = qmm_error(QMM_ERR_IO, "\"%s\" is not a regular file", path);
+        goto cleanup;
+    }
+    if ((uint64_t)info.st_size > SIZE_MAX) {
+        status = qmm_error(QMM_ERR_IO, "\"%s\" is too large to map (%lld bytes)", path, (long long)info.st_size);
+        goto cleanup;
+    }
+    if (info.st_size > 0) {
+        void *base = mmap(NULL, (size_t)info.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (base == MAP_FAILED) {
+            status = qmm_error(QMM_ERR_IO, "cannot mmap \"%s\" (%lld bytes): %s", path, (long long)info.st_size,
+                               strerror(errno));
+            goto cleanup;
+        }
+        mapping->base = base;
+        mapping->size = (size_t)info.st_size;
+    }
+cleanup:
+    close(fd);
+    return status;
+}
+
+void qmm_io_unmap(qmm_mapping *mapping) {
+    if (mapping && mapping->base) munmap(mapping->base, mapping->size);
+    if (mapping) {
+        mapping->base = NULL;
+        mapping->size = 0;
+    }
+}
+
+qmm_status qmm_io_read_file(const char *path, size_t max_size, char **text, size_t *size) {
+    *text = NULL;
+    *size = 0;
+    qmm_status status = QMM_OK;
+    char *buffer = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", path, strerror(err));
+    }
+    struct stat info;
+    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+        status = qmm_error(QMM_ERR_IO, "\"%s\" is not a readable regular file", path);
+        goto cleanup;
+    }
+    if ((uint64_t)info.st_size > max_size) {
+        status = qmm_error(QMM_ERR_CORRUPT, "\"%s\" is %lld bytes, over the %zu-byte limit for this file", path,
+                           (long long)info.st_size, max_size);
+        goto cleanup;
+    }
+    size_t length = (size_t)info.st_size;
+    buffer = malloc(length + 1);
+    if (!buffer) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for \"%s\"", length + 1, path);
+        goto cleanup;
+    }
+    size_t done = 0;
+    while (done < length) {
+        ssize_t got = read(fd, buffer + done, length - done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            status = qmm_error(QMM_ERR_IO, "cannot read \"%s\": %s", path, got < 0 ? strerror(errno) : "file shrank");
+            goto cleanup;
+        }
+        done += (size_t)got;
+    }
+    buffer[length] = '\0';
+    *text = buffer;
+    *size = length;
+    buffer = NULL;
+cleanup:
+    free(buffer);
+    close(fd);
+    return status;
+}
+
+char *qmm_io_join(const char *dir, const char *name) {
+    size_t dir_length = strlen(dir), name_length = strlen(name);
+    char *path = malloc(dir_length + name_length + 2);
+    if (!path) return NULL;
+    memcpy(path, dir, dir_length);
+    size_t at = dir_length;
+    if (at == 0 || path[at - 1] != '/') path[at++] = '/';
+    memcpy(path + at, name, name_length + 1);
+    return path;
+}
+
+bool qmm_io_utf8_valid(const char *bytes, size_t size) {
+    const uint8_t *s = (const uint8_t *)bytes;
+    size_t i = 0;
+    while (i < size) {
+        uint8_t c = s[i];
+        if (c == 0) return false;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t extra;
+        uint32_t code, minimum;
+        if ((c & 0xE0) == 0xC0) {
+            extra = 1, code = c & 0x1F, minimum = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            extra = 2, code = c & 0x0F, minimum = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            extra = 3, code = c & 0x07, minimum = 0x10000;
+        } else {
+            return false;
+        }
+        if (size - i - 1 < extra) return false;
+        for (size_t k = 1; k <= extra; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return false;
+            code = (code << 6) | (s[i + k] & 0x3F);
+        }
+        if (code < minimum || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+        i += extra + 1;
+    }
+    return true;
+}
+
+const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size) {
+    static const char hex[] = "0123456789abcdef";
+    size_t out = 0;
+    if (buffer_size < 8) {
+        if (buffer_size) buffer[0] = '\0';
+        return buffer;
+    }
+    for (size_t i = 0; i < size; i++) {
+        uint8_t c = (uint8_t)bytes[i];
+        size_t need = (c >= 0x20 && c < 0x7F && c != '\\') ? 1 : (c == '\\' ? 2 : 4);
+        if (out + need + 4 > buffer_size) {
+            memcpy(buffer + out, "...", 3);
+            out += 3;
+            break;
+        }
+        if (need == 1) {
+            buffer[out++] = (char)c;
+        } else if (need == 2) {
+            buffer[out++] = '\\';
+            buffer[out++] = '\\';
+        } else {
+            buffer[out++] = '\\';
+            buffer[out++] = 'x';
+            buffer[out++] = hex[c >> 4];
+            buffer[out++] = hex[c & 15];
+        }
+    }
+    buffer[out] = '\0';
+    return buffer;
+}
+
+qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
+    file->fd = -1;
+    file->path = path;
+    file->temp_path = NULL;
+    static const char suffix[] = ".qmm-tmp-XXXXXX";
+    size_t length = strlen(path);
+    file->temp_path = malloc(length + sizeof suffix);
+    if (!file->temp_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a temporary name for \"%s\"", path);
+    memcpy(file->temp_path, path, length);
+    memcpy(file->temp_path + length, suffix, sizeof suffix);
+    file->fd = mkstemp(file->temp_path);
+    if (file->fd < 0) {
+        int err = errno;
+        free(file->temp_path);
+        file->temp_path = NULL;
+        return qmm_error(QMM_ERR_IO, "cannot create a temporary file beside \"%s\": %s", path, strerror(err));
+    }
+    /* mkstemp creates the file 0600; a checkpoint is an ordinary shareable file. */
+    (void)fchmod(file->fd, 0644);
+    return QMM_OK;
+}
+
+qmm_status qmm_atomic_write(qmm_atomic_file *file, const void *bytes, size_t size) {
+    const char *p = bytes;
+    while (size > 0) {
+        size_t chunk = size > ((size_t)1 << 30) ? ((size_t)1 << 30) : size;
+        ssize_t written = write(file->fd, p, chunk);
+        if (written < 0 && errno == EINTR) continue;
+        if (written <= 0)
+            return qmm_error(QMM_ERR_IO, "cannot write \"%s\": %s", file->temp_path,
+                             written < 0 ? strerror(errno) : "no progress");
+        p += written;
+        size -= (size_t)written;
+    }
+    return QMM_OK;
+}
+
+qmm_status qmm_atomic_finish(qmm_atomic_file *file) {
+    /* fsync before rename: otherwise a crash could leave the new name pointing at unwritten blocks. */
+    if (fsync(file->fd) != 0) return qmm_error(QMM_ERR_IO, "cannot fsync \"%s\": %s", file->temp_path, strerror(errno));
+    int fd = file->fd;
+    file->fd = -1;
+    if (close(fd) != 0) return qmm_error(QMM_ERR_IO, "cannot close \"%s\": %s", file->temp_path, strerror(errno));
+    return QMM_OK;
+}
+
+qmm_status qmm_atomic_rename(qmm_atomic_file *file) {
+    if (rename(file->temp_path, file->path) != 0) {
+        int err = errno;
+        unlink(file->temp_path);
+        free(file->temp_path);
+        file->temp_path = NULL;
+        return qmm_error(QMM_ERR_IO, "cannot rename the temporary file onto \"%s\": %s", file->path, strerror(err));
+    }
+    free(file->temp_path);
+    file->temp_path = NULL;
+    return QMM_OK;
+}
+
+void qmm_atomic_abort(qmm_atomic_file *file) {
+    if (file->fd >= 0) close(file->fd);
+    file->fd = -1;
+    if (file->temp_path) {
+        unlink(file->temp_path);
+        free(file->temp_path);
+        file->temp_path = NULL;
+    }
+}
+
+/* ───────────────────────────── dtypes ───────────────────────────── */
+
+static const struct {
+    const char *name;
+    qmm_dtype dtype;
+} dtype_strings[] = {
+    {"F32", QMM_F32}, {"F16", QMM_F16}, {"BF16", QMM_BF16}, {"F64", QMM_F64}, {"U8", QMM_U8},
+    {"I8", QMM_I8},   {"U16", QMM_U16}, {"I16", QMM_I16},   {"U32", QMM_U32}, {"I32", QMM_I32},
+    {"U64", QMM_U64}, {"I64", QMM_I64}, {"BOOL", QMM_BOOL},
+};
+#define DTYPE_STRING_COUNT (sizeof dtype_strings / sizeof dtype_strings[0])
+
+const char *qmm_safetensors_dtype_string(qmm_dtype dtype) {
+    for (size_t i = 0; i < DTYPE_STRING_COUNT; i++)
+        if (dtype_strings[i].dtype == dtype) return dtype_strings[i].name;
+    return NULL;
+}
+
+/* ───────────────────────────── reader ───────────────────────────── */
+
+typedef struct st_entry {
+    char *name;
+    qmm_dtype dtype;
+    int ndim;
+    int64_t shape[QMM_MAX_DIMS];
+    size_t begin, end;
+} st_entry;
+
+struct qmm_safetensors {
+    qmm_mapping mapping; /* owned when opened from a path */
+    const uint8_t *data; /* the data area */
+    size_t data_size;
+    size_t count;
+    st_entry *entries; /* sorted by data offset */
+    size_t *by_name;   /* entry indices sorted by name */
+    size_t metadata_count;
+    char **metadata_keys;         /* sorted; each block is "key\0value" */
+    const char **metadata_values; /* point into the key blocks */
+};
+
+/* A JSON number that is an integer in [0, 2^53] (exact in a double), or false. */
+static bool json_exact_count(const cJSON *item, double *value) {
+    if (!cJSON_IsNumber(item)) return false;
+    double v = item->valuedouble;
+    *value = v;
+    return v >= 0.0 && v <= JSON_MAX_EXACT_INTEGER && floor(v) == v;
+}
+
+static const char *json_type_name(const cJSON *item) {
+    if (!item) return "missing";
+    if (cJSON_IsObject(item)) return "an object";
+    if (cJSON_IsArray(item)) return "an array";
+    if (cJSON_IsString(item)) return "a string";
+    if (cJSON_IsNumber(item)) return "a number";
+    if (cJSON_IsBool(item)) return "a boolean";
+    if (cJSON_IsNull(item)) return "null";
+    return "an invalid value";
+}
+
+static int compare_entry_offsets(const void *a, const void *b) {
+    const st_entry *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* qsort has no context argument in C11; the open path is the only user and runs before the object is
+ * shared, but a thread-local keeps concurrent opens independent. */
+static _Thread_local const st_entry *names_base;
+static int compare_index_names(const void *a, const void *b) {
+    return strcmp(names_base[*(const size_t *)a].name, names_base[*(const size_t *)b].name);
+}
+static int compare_strings(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void qmm_safetensors_close(qmm_safetensors *file) {
+    if (!file) return;
+    for (size_t i = 0; i < file->count; i++)
+        free(file->entries[i].name);
+    free(file->entries);
+    free(file->by_name);
+    for (size_t i = 0; i < file->metadata_count; i++)
+        free(file->metadata_keys[i]);
+    free(file->metadata_keys);
+    free(file->metadata_values);
+    qmm_io_unmap(&file->mapping);
+    free(file);
+}
+
+static qmm_status parse_metadata(qmm_safetensors *file, const cJSON *metadata) {
+    if (!cJSON_IsObject(metadata))
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors \"__metadata__\" is %s; it must be an object of strings",
+                         json_type_name(metadata));
+    size_t count = (size_t)cJSON_GetArraySize(metadata);
+    file->metadata_keys = calloc(count ? count : 1, sizeof(char *));
+    file->metadata_values = calloc(count ? count : 1, sizeof(char *));
+    if (!file->metadata_keys || !file->metadata_values)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu metadata entries", count);
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    /* Each key and its value share one block "key\0value", so sorting the keys moves the values. */
+    const cJSON *item;
+    cJSON_ArrayForEach(item, metadata) {
+        const char *key = item->string;
+        if (!key || !qmm_io_utf8_valid(key, strlen(key)))
+            return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__ key \"%s\" is not valid UTF-8",
+                             qmm_io_printable(key ? key : "", key ? strlen(key) : 0, printable, sizeof printable));
+        if (!cJSON_IsString(item) || !item->valuestring)
+            return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__[\"%s\"] is %s; values must be strings",
+                             qmm_io_printable(key, strlen(key), printable, sizeof printable), json_type_name(item));
+        if (!qmm_io_utf8_valid(item->valuestring, strlen(item->valuestring)))
+            return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__[\"%s\"] is not valid UTF-8",
+                             qmm_io_printable(key, strlen(key), printable, sizeof printable));
+        size_t i = file->metadata_count;
+        size_t key_length = strlen(key), value_length = strlen(item->valuestring);
+        char *pair = malloc(key_length + value_length + 2);
+        if (!pair) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a metadata entry");
+        memcpy(pair, key, key_length + 1);
+        memcpy(pair + key_length + 1, item->valuestring, value_length + 1);
+        file->metadata_keys[i] = pair;
+        file->metadata_count++;
+    }
+    qsort(file->metadata_keys, file->metadata_count, sizeof(char *), compare_strings);
+    for (size_t i = 0; i < file->metadata_count; i++) {
+        const char *pair = file->metadata_keys[i];
+        if (i > 0 && strcmp(file->metadata_keys[i - 1], pair) == 0)
+            return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__ key \"%s\" appears twice",
+                             qmm_io_printable(pair, strlen(pair), printable, sizeof printable));
+        file->metadata_values[i] = pair + strlen(pair) + 1; /* points into the pair block */
+    }
+    return QMM_OK;
+}
+
+static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJSON *item, st_entry *entry) {
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_io_printable(name, strlen(name), printable, sizeof printable);
+    if (!cJSON_IsObject(item))
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\" is %s; it must be an object", printable,
+                         json_type_name(item));
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+    if (!cJSON_IsString(dtype) || !dtype->valuestring)
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": \"dtype\" is %s; it must be a string", printable,
+                         json_type_name(dtype));
+    bool known = false;
+    for (size_t i = 0; i < DTYPE_STRING_COUNT; i++) {
+        if (strcmp(dtype->valuestring, dtype_strings[i].name) == 0) {
+            entry->dtype = dtype_strings[i].dtype;
+            known = true;
+        }
+    }
+    if (!known) {
+        char dtype_printable[QMM_IO_PRINTABLE_SIZE];
+        return qmm_error(
+            QMM_ERR_UNSUPPORTED,
+            "safetensors tensor \"%s\": dtype \"%s\" is not supported (known: F32, F16, BF16, F64, U8, "
+            "I8, U16, I16, U32, I32, U64, I64, BOOL)",
+            printable,
+            qmm_io_printable(dtype->valuestring, strlen(dtype->valuestring), dtype_printable, sizeof dtype_printable));
+    }
+    if (!cJSON_IsArray(shape))
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": \"shape\" is %s; it must be an array", printable,
+                         json_type_name(shape));
+    int ndim = cJSON_GetArraySize(shape);
+    if (ndim > QMM_MAX_DIMS)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "safetensors tensor \"%s\" has %d dimensions; qmm handles at most %d",
+                         printable, ndim, QMM_MAX_DIMS);
+    entry->ndim = ndim;
+    size_t elements = 1;
+    bool overflow = false;
+    int d = 0;
+    const cJSON *dim;
+    cJSON_ArrayForEach(dim, shape) {
+        double value;
+        if (!json_exact_count(dim, &value)) {
+            if (cJSON_IsNumber(dim) && dim->valuedouble < 0)
+                return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": shape[%d]=%.17g is negative", printable,
+                                 d, dim->valuedouble);
+            if (cJSON_IsNumber(dim))
+                return qmm_error(QMM_ERR_CORRUPT,
+                                 "safetensors tensor \"%s\": shape[%d]=%.17g is not an integer in [0, 2^53]", printable,
+                                 d, dim->valuedouble);
+            return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": shape[%d] is %s; it must be an integer",
+                             printable, d, json_type_name(dim));
+        }
+        entry->shape[d] = (int64_t)value;
+        if (!qmm_mul_size(elements, (size_t)value, &elements)) overflow = true;
+        d++;
+    }
+    size_t nbytes = 0;
+    if (overflow || !qmm_mul_size(elements, qmm_dtype_size(entry->dtype), &nbytes))
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": the byte size of its shape overflows size_t",
+                         printable);
+    if (!cJSON_IsArray(offsets))
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": \"data_offsets\" is %s; it must be [begin, end]",
+                         printable, json_type_name(offsets));
+    if (cJSON_GetArraySize(offsets) != 2)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "safetensors tensor \"%s\": \"data_offsets\" has %d elements; it must be [begin, end]",
+                         printable, cJSON_GetArraySize(offsets));
+    double begin, end;
+    const cJSON *begin_item = cJSON_GetArrayItem(offsets, 0), *end_item = cJSON_GetArrayItem(offsets, 1);
+    if (!json_exact_count(begin_item, &begin) || !json_exact_count(end_item, &end)) {
+        if (cJSON_IsNumber(begin_item) && cJSON_IsNumber(end_item))
+            return qmm_error(QMM_ERR_CORRUPT,
+                             "safetensors tensor \"%s\": data_offsets [%.17g, %.17g] must be integers in [0, 2^53]",
+                             printable, begin_item->valuedouble, end_item->valuedouble);
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "safetensors tensor \"%s\": data_offsets holds %s and %s; they must be integers", printable,
+                         json_type_name(begin_item), json_type_name(end_item));
+    }
+    if (begin > end)
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": data_offsets [%.0f, %.0f] has begin > end",
+                         printable, begin, end);
+    if (end > (double)file->data_size)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "safetensors tensor \"%s\": data_offsets end %.0f is past the data area of %zu bytes "
+                         "(file truncated?)",
+                         printable, end, file->data_size);
+    entry->begin = (size_t)begin;
+    entry->end = (size_t)end;
+    if (entry->end - entry->begin != nbytes)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "safetensors tensor \"%s\": data_offsets span %zu bytes but dtype %s × shape needs %zu",
+                         printable, entry->end - entry->begin, dtype->valuestring, nbytes);
+    return QMM_OK;
+}
+
+static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size_t size) {
+    qmm_status status = QMM_OK;
+    char *text = NULL;
+    cJSON *root = NULL;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+
+    if (size < 8)
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors file is %zu bytes, shorter than its 8-byte header length", size);
+    uint64_t header_length = qmm_le64(bytes);
+    if (header_length > size - 8)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "safetensors header length %llu is past the end of the file (%zu bytes after the length)",
+                         (unsigned long long)header_length, size - 8);
+    if (header_length > SAFETENSORS_MAX_HEADER)
+        return qmm_error(QMM_ERR_CORRUPT, "safetensors header length %llu exceeds the 100 MB limit",
+                         (unsigned long long)header_length);
+    size_t length = (size_t)header_length;
+    file->data = bytes + 8 + length;
+    file->data_size = size - 8 - length;
+
+    /* The header is not NUL-terminated in the file; cJSON gets the length, and a terminated private
+     * copy as well so no parser path can read past the mapping. */
+    text = malloc(length + 1);
+    if (!text) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for the header", length + 1);
+    memcpy(text, bytes + 8, length);
+    text[length] = '\0';
+    const char *parse_end = NULL;
+    root = cJSON_ParseWithLengthOpts(text, length, &parse_end, 0);
+    if (!root) {
+        size_t at = parse_end && parse_end >= text && parse_end <= text + length ? (size_t)(parse_end - text) : 0;
+        status =
+            qmm_error(QMM_ERR_CORRUPT, "safetensors header is not valid JSON (error near byte %zu of %zu)", at, length);
+        goto cleanup;
+    }
+    /* Writers pad the header with spaces; anything else after the object is corruption. */
+    for (const char *p = parse_end; p && p < text + length; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            status = qmm_error(QMM_ERR_CORRUPT, "safetensors header has data after its JSON object at byte %zu",
+                               (size_t)(p - text));
+            goto cleanup;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        status = qmm_error(QMM_ERR_CORRUPT, "safetensors header is %s; it must be a JSON object", json_type_name(root));
+        goto cleanup;
+    }
+
+    size_t members = (size_t)cJSON_GetArraySize(root);
+    file->entries = calloc(members ? members : 1, sizeof(st_entry));
+    file->by_name = calloc(members ? members : 1, sizeof(size_t));
+    if (!file->entries || !file->by_name) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu tensor entries", members);
+        goto cleanup;
+    }
+    bool have_metadata = false;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, root) {
+        const char *name = item->string ? item->string : "";
+        size_t name_length = strlen(name);
+        if (strcmp(name, "__metadata__") == 0) {
+            if (have_metadata) {
+                status = qmm_error(QMM_ERR_CORRUPT, "safetensors header has \"__metadata__\" twice");
+                goto cleanup;
+            }
+            have_metadata = true;
+            if (cJSON_IsNull(item)) continue; /* mlx.core.save_safetensors writes null when there is none */
+            status = parse_metadata(file, item);
+            if (status != QMM_OK) goto cleanup;
+            continue;
+        }
+        if (!qmm_io_utf8_valid(name, name_length)) {
+            status = qmm_error(QMM_ERR_CORRUPT, "safetensors tensor name \"%s\" is not valid UTF-8",
+                               qmm_io_printable(name, name_length, printable, sizeof printable));
+            goto cleanup;
+        }
+        st_entry *entry = &file->entries[file->count];
+        status = parse_tensor(file, name, item, entry);
+        if (status != QMM_OK) goto cleanup;
+        entry->name = strdup(name);
+        if (!entry->name) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a tensor name");
+            goto cleanup;
+        }
+        file->count++;
+    }
+
+    qsort(file->entries, file->count, sizeof(st_entry), compare_entry_offsets);
+    /* Overlap: with entries sorted by begin, a tensor overlaps an earlier one iff it starts before the
+     * furthest end seen so far. Empty tensors occupy no bytes and overlap nothing. */
+    size_t furthest_end = 0, furthest = 0;
+    bool have_furthest = false;
+    for (size_t i = 0; i < file->count; i++) {
+        const st_entry *entry = &file->entries[i];
+        if (entry->begin == entry->end) continue;
+        if (have_furthest && entry->begin < furthest_end) {
+            char other[QMM_IO_PRINTABLE_SIZE];
+            const st_entry *previous = &file->entries[furthest];
+            status = qmm_error(QMM_ERR_CORRUPT, "safetensors tensors \"%s\" [%zu, %zu) and \"%s\" [%zu, %zu) overlap",
+                               qmm_io_printable(previous->name, strlen(previous->name), other, sizeof other),
+                               previous->begin, previous->end,
+                               qmm_io_printable(entry->name, strlen(entry->name), printable, sizeof printable),
+                               entry->begin, entry->end);
+            goto cleanup;
+        }
+        if (!have_furthest || entry->end > furthest_end) {
+            furthest_end = entry->end;
+            furthest = i;
+            have_furthest = true;
+        }
+    }
+    for (size_t i = 0; i < file->count; i++)
+        file->by_name[i] = i;
+    names_base = file->entries;
+    qsort(file->by_name, file->count, sizeof(size_t), compare_index_names);
+    for (size_t i = 1; i < file->count; i++) {
+        const char *name = file->entries[file->by_name[i]].name;
+        if (strcmp(file->entries[file->by_name[i - 1]].name, name) == 0) {
+            status = qmm_error(QMM_ERR_CORRUPT, "safetensors tensor name \"%s\" appears twice",
+                               qmm_io_printable(name, strlen(name), printable, sizeof printable));
+            goto cleanup;
+        }
+    }
+cleanup:
+    cJSON_Delete(root);
+    free(text);
+    return status;
+}
+
+qmm_status qmm_safetensors_open_memory(const void *bytes, size_t size, qmm_safetensors **file) {
+    if (!file) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_open_memory: file is NULL");
+    *file = NULL;
+    if (!bytes && size > 0) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_open_memory: bytes is NULL");
+    qmm_safetensors *result = calloc(1, sizeof *result);
+    if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a safetensors handle");
+    qmm_status status = parse_header(result, bytes, size);
+    if (status != QMM_OK) {
+        qmm_safetensors_close(result);
+        return status;
+    }
+    *file = result;
+    return QMM_OK;
+}
+
+qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file) {
+    if (!file) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_open: file is NULL");
+    *file = NULL;
+    if (!path) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_open: path is NULL");
+    qmm_safetensors *result = calloc(1, sizeof *result);
+    if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a safetensors handle");
+    qmm_status status = qmm_io_map_file(path, &result->mapping);
+    if (status == QMM_ERR_NOT_FOUND) status = QMM_ERR_IO; /* the contract: a missing file is an I/O error */
+    if (status == QMM_OK) {
+        status = parse_header(result, result->mapping.base, result->mapping.size);
+        if (status != QMM_OK) {
+            /* Prefix the file so a checkpoint with many shards says which one is bad. */
+            char message[512];
+            snprintf(message, sizeof message, "%s", qmm_last_error());
+            qmm_error(status, "%s: %s", path, message);
+        }
+    }
+    if (status != QMM_OK) {
+        qmm_safetensors_close(result);
+        return status;
+    }
+    *file = result;
+    return QMM_OK;
+}
+
+size_t qmm_safetensors_count(const qmm_safetensors *file) { return file ? file->count : 0; }
+
+static void fill_tensor(const qmm_safetensors *file, const st_entry *entry, qmm_tensor *tensor) {
+    memset(tensor, 0, sizeof *tensor);
+    tensor->name = entry->name;
+    tensor->dtype = entry->dtype;
+    tensor->ndim = entry->ndim;
+    for (int d = 0; d < entry->ndim; d++)
+        tensor->shape[d] = entry->shape[d];
+    tensor->data = file->data + entry->begin;
+    tensor->nbytes = entry->end - entry->begin;
+}
+
+qmm_status qmm_safetensors_get(const qmm_safetensors *file, size_t index, qmm_tensor *tensor) {
+    if (!file || !tensor) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_get: null argument");
+    if (index >= file->count)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor index %zu is out of range (the file has %zu tensors)", index,
+                         file->count);
+    fill_tensor(file, &file->entries[index], tensor);
+    return QMM_OK;
+}
+
+qmm_status qmm_safetensors_find(const qmm_safetensors *file, const char *name, qmm_tensor *tensor) {
+    if (!file || !name || !tensor) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_find: null argument");
+    size_t lo = 0, hi = file->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(file->entries[file->by_name[mid]].name, name);
+        if (order == 0) {
+            fill_tensor(file, &file->entries[file->by_name[mid]], tensor);
+            return QMM_OK;
+        }
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    return qmm_error(QMM_ERR_NOT_FOUND, "no tensor named \"%s\" in the safetensors file",
+                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+}
+
+const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *key) {
+    if (!file || !key) return NULL;
+    size_t lo = 0, hi = file->metadata_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(file->metadata_keys[mid], key);
+        if (order == 0) return file->metadata_values[mid];
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* ───────────────────────────── writer ───────────────────────────── */
+
+static _Thread_local const qmm_tensor *write_base;
+/* Larger elements first (stable by caller order): every offset is then a multiple of its element
+ * size, since all sizes are powers of two and the data area starts 8-aligned (the header is padded). */
+static int compare_write_order(const void *a, const void *b) {
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    size_t si = qmm_dtype_size(write_base[i].dtype), sj = qmm_dtype_size(write_base[j].dtype);
+    if (si != sj) return si > sj ? -1 : 1;
+    return i < j ? -1 : (i > j ? 1 : 0);
+}
+static int compare_name_pointers(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static qmm_status validate_write(const qmm_tensor *tensors, size_t count, const char *const *metadata_keys,
+                                 const char *const *metadata_values, size_t metadata_count) {
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    if (count > 0 && !tensors) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_write: tensors is NULL");
+    if (metadata_count > 0 && (!metadata_keys || !metadata_values))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_write: metadata arrays are NULL");
+    for (size_t i = 0; i < count; i++) {
+        const qmm_tensor *t = &tensors[i];
+        if (!t->name || !t->name[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor %zu has no name", i);
+        qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable);
+        if (!qmm_io_utf8_valid(t->name, strlen(t->name)))
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor name \"%s\" is not valid UTF-8", printable);
+        if (strcmp(t->name, "__metadata__") == 0)
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor name \"__metadata__\" is reserved by safetensors");
+        if (!qmm_safetensors_dtype_string(t->dtype))
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor \"%s\" has unknown dtype %d", printable, (int)t->dtype);
+        if (t->ndim < 0 || t->ndim > QMM_MAX_DIMS)
+            return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\" has ndim=%d; it must be in [0, %d]", printable, t->ndim,
+                             QMM_MAX_DIMS);
+        size_t bytes = qmm_dtype_size(t->dtype);
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->shape[d] < 0 || (double)t->shape[d] > JSON_MAX_EXACT_INTEGER)
+                return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\": shape[%d]=%lld is outside [0, 2^53]", printable, d,
+                                 (long long)t->shape[d]);
+            if (!qmm_mul_size(bytes, (size_t)t->shape[d], &bytes))
+                return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\": the byte size of its shape overflows size_t",
+                                 printable);
+        }
+        if (bytes != t->nbytes)
+            return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\": nbytes=%zu but dtype %s × shape needs %zu bytes", printable,
+                             t->nbytes, qmm_dtype_name(t->dtype), bytes);
+        if (bytes > 0 && !t->data) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor \"%s\" has no data", printable);
+    }
+    for (size_t i = 0; i < metadata_count; i++) {
+        if (!metadata_keys[i] || !metadata_values[i])
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "metadata entry %zu has a NULL key or value", i);
+        if (!qmm_io_utf8_valid(metadata_keys[i], strlen(metadata_keys[i])) ||
+            !qmm_io_utf8_valid(metadata_values[i], strlen(metadata_values[i])))
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "metadata entry \"%s\" is not valid UTF-8",
+                             qmm_io_printable(metadata_keys[i], strlen(metadata_keys[i]), printable, sizeof printable));
+    }
+    return QMM_OK;
+}
+
+/* Sorts a copy of count names and reports the first duplicate. */
+static qmm_status check_unique(const char **names, size_t count, const char *what) {
+    qsort(names, count, sizeof(char *), compare_name_pointers);
+    for (size_t i = 1; i < count; i++) {
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            char printable[QMM_IO_PRINTABLE_SIZE];
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s \"%s\" appears twice", what,
+                             qmm_io_printable(names[i], strlen(names[i]), printable, sizeof printable));
+        }
+    }
+    return QMM_OK;
+}
+
+qmm_status qmm_safetensors_write_to(qmm_atomic_file *out, const qmm_tensor *tensors, size_t count,
+                                    const char *const *metadata_keys, const char *const *metadata_values,
+                                    size_t metadata_count) {
+    qmm_status status = validate_write(tensors, count, metadata_keys, metadata_values, metadata_count);
+    if (status != QMM_OK) return status;
+    size_t *order = NULL;
+    const char **names = NULL;
+    cJSON *root = NULL;
+    char *json = NULL;
+    uint8_t *header = NULL;
+
+    size_t name_slots = count > metadata_count ? count : metadata_count;
+    order = malloc((count ? count : 1) * sizeof(size_t));
+    names = malloc((name_slots ? name_slots : 1) * sizeof(char *));
+    if (!order || !names) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the write order of %zu tensors", count);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < count; i++)
+        names[i] = tensors[i].name;
+    if ((status = check_unique(names, count, "tensor name")) != QMM_OK) goto cleanup;
+    for (size_t i = 0; i < metadata_count; i++)
+        names[i] = metadata_keys[i];
+    if ((status = check_unique(names, metadata_count, "metadata key")) != QMM_OK) goto cleanup;
+
+    for (size_t i = 0; i < count; i++)
+        order[i] = i;
+    write_base = tensors;
+    qsort(order, count, sizeof(size_t), compare_write_order);
+
+    root = cJSON_CreateObject();
+    if (!root) goto out_of_memory;
+    if (metadata_count > 0) {
+        cJSON *metadata = cJSON_AddObjectToObject(root, "__metadata__");
+        if (!metadata) goto out_of_memory;
+        for (size_t i = 0; i < metadata_count; i++)
+            if (!cJSON_AddStringToObject(metadata, metadata_keys[i], metadata_values[i])) goto out_of_memory;
+    }
+    size_t offset = 0;
+    for (size_t k = 0; k < count; k++) {
+        const qmm_tensor *t = &tensors[order[k]];
+        size_t end;
+        if (!qmm_add_size(offset, t->nbytes, &end) || (double)end > JSON_MAX_EXACT_INTEGER) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "the tensors' total size exceeds 2^53 bytes");
+            goto cleanup;
+        }
+        cJSON *entry = cJSON_AddObjectToObject(root, t->name);
+        if (!entry || !cJSON_AddStringToObject(entry, "dtype", qmm_safetensors_dtype_string(t->dtype)))
+            goto out_of_memory;
+        cJSON *shape = cJSON_AddArrayToObject(entry, "shape");
+        if (!shape) goto out_of_memory;
+        for (int d = 0; d < t->ndim; d++) {
+            cJSON *dim = cJSON_CreateNumber((double)t->shape[d]);
+            if (!dim || !cJSON_AddItemToArray(shape, dim)) {
+                cJSON_Delete(dim);
+                goto out_of_memory;
+            }
+        }
+        const double span[2] = {(double)offset, (double)end};
+        cJSON *offsets = cJSON_CreateDoubleArray(span, 2);
+        if (!offsets || !cJSON_AddItemToObject(entry, "data_offsets", offsets)) {
+            cJSON_Delete(offsets);
+            goto out_of_memory;
+        }
+        offset = end;
+    }
+    json = cJSON_PrintUnformatted(root);
+    if (!json) goto out_of_memory;
+    size_t json_length = strlen(json);
+    /* Pad with spaces to a multiple of 8 so the data area is 8-byte aligned in a mapping. */
+    size_t padded = (json_length + 7) & ~(size_t)7;
+    header = malloc(8 + padded);
+    if (!header) goto out_of_memory;
+    for (int b = 0; b < 8; b++)
+        header[b] = (uint8_t)((uint64_t)padded >> (8 * b));
+    memcpy(header + 8, json, json_length);
+    memset(header + 8 + json_length, ' ', padded - json_length);
+    if ((status = qmm_atomic_write(out, header, 8 + padded)) != QMM_OK) goto cleanup;
+    for (size_t k = 0; k < count; k++) {
+        const qmm_tensor *t = &tensors[order[k]];
+        if (t->nbytes && (status = qmm_atomic_write(out, t->data, t->nbytes)) != QMM_OK) goto cleanup;
+    }
+    goto cleanup;
+out_of_memory:
+    status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build the safetensors header");
+cleanup:
+    free(header);
+    cJSON_free(json);
+    cJSON_Delete(root);
+    free(names);
+    free(order);
+    return status;
+}
+
+qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, size_t count,
+                                 const char *const *metadata_keys, const char *const *metadata_values,
+                                 size_t metadata_count) {
+    if (!path || !path[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_write: path is empty");
+    /* Validate before creating anything, so bad arguments leave the directory untouched. */
+    qmm_status status = validate_write(tensors, count, metadata_keys, metadata_values, metadata_count);
+    if (status != QMM_OK) return status;
+    qmm_atomic_file out;
+    if ((status = qmm_atomic_begin(&out, path)) != QMM_OK) return status;
+    status = qmm_safetensors_write_to(&out, tensors, count, metadata_keys, metadata_values, metadata_count);
+    if (status == QMM_OK) status = qmm_atomic_finish(&out);
+    if (status == QMM_OK) status = qmm_atomic_rename(&out);
+    qmm_atomic_abort(&out);
+    return status;
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# errors.sh — bad command-line input never crashes: unknown commands and flags, missing values, bad
+# numbers and dtypes are usage errors (exit 2); bad formats, nonexistent or broken files, unknown
+# layers and kernels are library errors (exit 1, "qmm CMD: STATUS: message"). Also help and usage.
+SUITE=cli_errors
+source "$(dirname "$0")/lib.sh"
+
+L=blk.0.attn_q
+printf 'not a model at all, just some text bytes\n' >"$WORK/garbage.bin"
+printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' >"$WORK/huge-header.safetensors"
+make_safetensors "$WORK/float.safetensors" "a.weight:F32:2,64"
+
+# help and usage
+expect_ok "qmm help" help
+check "help lists run" out_matches "^  run +"
+check "help lists every command" bash -c 'for c in info convert quantize matmul run; do grep -q "^  $c " <<<"$0" || exit 1; done' "$OUT"
+expect_ok "qmm --help" --help
+for cmd in info convert quantize matmul run; do
+  expect_ok "qmm $cmd --help" $cmd --help
+  check "$cmd --help prints its usage" out_has "usage: qmm $cmd"
+  expect_ok "qmm help $cmd" help $cmd
+  check "help $cmd prints its usage" out_has "usage: qmm $cmd"
+done
+q run --help
+check "run usage documents the test hook" out_has "QMM_RUN_INJECT_FAULT"
+q
+check "no command: exit 2" rc_is 2
+check "no command: overview on stderr" err_has "usage: qmm COMMAND"
+expect_usage_error "" "unknown command 'frobnicate'" frobnicate
+expect_usage_error help "unknown command 'nope'" help nope
+
+# unknown flags, missing values, extra arguments
+expect_usage_error run "unknown option '--bogus'" run --bogus
+expect_usage_error matmul "unknown option '--lay'" matmul "$FIXTURE" --lay $L -m 1
+expect_usage_error matmul "unknown option '-m5'" matmul "$FIXTURE" --layer $L -m5
+expect_usage_error matmul "--layer needs a value" matmul "$FIXTURE" -m 1 --layer
+expect_usage_error matmul "-m needs a value" matmul "$FIXTURE" --layer $L -m
+expect_usage_error matmul "--layer NAME is required" matmul "$FIXTURE" -m 1
+expect_usage_error matmul "-m M is required" matmul "$FIXTURE" --layer $L
+expect_usage_error matmul "expected one checkpoint DIR" matmul --layer $L -m 1
+expect_usage_error matmul "-m given twice" matmul "$FIXTURE" --layer $L -m 1 -m 2
+expect_usage_error run "unexpected argument 'extra'" run "$FIXTURE" extra
+expect_usage_error info "expected one FILE or DIR" info
+expect_usage_error convert "expected IN.gguf and OUTDIR" convert "$WORK/x.gguf"
+expect_usage_error convert "--only needs a value" convert "$WORK/x.gguf" "$WORK/out" --only
+expect_usage_error quantize "--bits is required" quantize "$WORK/float.safetensors" "$WORK/q" --group-size 32
+expect_usage_error quantize "--group-size is required" quantize "$WORK/float.safetensors" "$WORK/q" --bits 4
+
+# bad numbers and names
+for m in 0 abc -1 1.5 "" 65537 99999999999999999999999; do
+  expect_usage_error matmul "-m '$m'" matmul "$FIXTURE" --layer $L -m "$m"
+done
+expect_usage_error matmul "--dtype 'f64'" matmul "$FIXTURE" --layer $L -m 1 --dtype f64
+expect_usage_error matmul "--dtype 'int4'" matmul "$FIXTURE" --layer $L -m 1 --dtype int4
+expect_usage_error matmul "--seed 'x'" matmul "$FIXTURE" --layer $L -m 1 --seed x
+expect_usage_error matmul "--backend 'tpu'" matmul "$FIXTURE" --layer $L -m 1 --backend tpu
+expect_usage_error run "--backend 'tpu'" run --backend tpu
+expect_usage_error quantize "--bits 'four'" quantize "$WORK/float.safetensors" "$WORK/q" --bits four --group-size 32
+expect_usage_error quantize "--convention 'fpga'" quantize "$WORK/float.safetensors" "$WORK/q" --bits 4 \
+  --group-size 32 --convention fpga
+QMM_RUN_INJECT_FAULT=abc expect_usage_error run "QMM_RUN_INJECT_FAULT='abc'" run
+
+# formats the library rejects
+expect_library_error quantize "unsupported format" "bits=7" quantize "$WORK/float.safetensors" "$WORK/q" --bits 7 --group-size 32
+expect_library_error quantize "unsupported format" "group_size=48" quantize "$WORK/float.safetensors" "$WORK/q" --bits 4 --group-size 48
+expect_library_error quantize "unsupported format" "bits=0" quantize "$WORK/float.safetensors" "$WORK/q" --bits 0 --group-size 32
+check "nothing written on a format error" [ ! -e "$WORK/q" ]
+
+# nonexistent and broken paths
+expect_library_error info "I/O error" "$WORK/nonexistent" info "$WORK/nonexistent"
+expect_library_error run "" "" run "$WORK/nonexistent"
+expect_library_error matmul "" "" matmul "$WORK/nonexistent" --layer $L -m 1
+expect_library_error convert "" "" convert "$WORK/nonexistent.gguf" "$WORK/out"
+check "convert of a nonexistent file writes nothing" [ ! -e "$WORK/out/model.safetensors" ]
+expect_library_error quantize "" "" quantize "$WORK/nonexistent.safetensors" "$WORK/q" --bits 4 --group-size 32
+expect_library_error info "" "" info "$WORK/garbage.bin"
+expect_library_error info "" "" info "$WORK/huge-header.safetensors"
+expect_library_error convert "" "" convert "$WORK/garbage.bin" "$WORK/out2"
+expect_library_error convert "" "" convert "$FIXTURE/model.safetensors" "$WORK/out3"
+expect_library_error run "" "" run "$WORK"  # a directory that is not a checkpoint
+expect_library_error matmul "" "" matmul "$FIXTURE" --layer $L -m 1 --x "$WORK/garbage.bin"
+
+# names the checkpoint does not have
+expect_library_error matmul "not found" "blk.0.nope" matmul "$FIXTURE" --layer blk.0.nope -m 1
+expect_library_error matmul "not found" "no.such.kernel" matmul "$FIXTURE" --layer $L -m 1 --kernel no.such.kernel
+expect_library_error matmul "" "" matmul "$FIXTURE" --layer $L -m 1 --kernel ref.qmm_n.scalar.r1
+make_safetensors "$WORK/wrongk.safetensors" "x:F32:3,100"
+expect_library_error matmul "bad shape" "K=576" matmul "$FIXTURE" --layer $L --x "$WORK/wrongk.safetensors"
+finish

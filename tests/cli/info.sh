@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# info.sh — `qmm info` on the fixture directory, its model.safetensors and activations file, and on a
+# small hand-made GGUF (whose importable tensors `qmm convert` then turns into a runnable checkpoint).
+SUITE=cli_info
+source "$(dirname "$0")/lib.sh"
+
+expect_ok "info DIR" info "$FIXTURE"
+check "dir: checkpoint summary" out_matches "MLX checkpoint, [0-9]+ tensors, 7 quantized layers"
+check "dir: config default format" out_has "config default: 4-bit gs32"
+check "dir: attn_q layer with N, K and format" out_matches "blk\.0\.attn_q +N=576 +K=576 +4-bit gs32 f16"
+check "dir: ffn_down K=1536" out_matches "blk\.0\.ffn_down +N=576 +K=1536 +4-bit gs32 f16"
+check "dir: 7 layer rows" [ "$(out_lines_matching '4-bit gs32 f16$')" = 7 ]
+check "dir: packed weight tensor" out_matches "blk\.0\.attn_q\.weight +u32 +\[576, 72\]"
+check "dir: scales tensor" out_matches "blk\.0\.attn_q\.scales +f16 +\[576, 18\]"
+check "dir: norm weight" out_matches "blk\.0\.attn_norm\.weight +f32 +\[576\]"
+
+expect_ok "info model.safetensors" info "$FIXTURE/model.safetensors"
+check "file: safetensors summary" out_matches "safetensors, [0-9]+ tensors"
+check "file: formats from config.json" out_has "formats from config.json"
+check "file: ffn_up format" out_matches "blk\.0\.ffn_up +N=1536 +K=576 +4-bit gs32 f16"
+check "file: biases tensor" out_matches "blk\.0\.ffn_up\.biases +f16 +\[1536, 18\]"
+
+expect_ok "info activations.safetensors" info "$FIXTURE/activations.safetensors"
+check "activations: attn_q [16, 576] f32" out_matches "blk\.0\.attn_q +f32 +\[16, 576\]"
+check "activations: ffn_down [16, 1536] f32" out_matches "blk\.0\.ffn_down +f32 +\[16, 1536\]"
+
+# A lone quantized safetensors file (no config.json beside it): bits×group_size from the shapes.
+mkdir -p "$WORK/lone"
+cp "$FIXTURE/model.safetensors" "$WORK/lone/"
+expect_ok "info lone model.safetensors" info "$WORK/lone/model.safetensors"
+check "lone: bits×group_size product" out_matches "blk\.0\.attn_q +N=576 +bits×group_size=128"
+
+make_tiny_gguf "$WORK/tiny.gguf"
+expect_ok "info tiny.gguf" info "$WORK/tiny.gguf"
+check "gguf: summary and architecture" out_has "GGUF, 3 tensors, architecture test"
+check "gguf: Q4_1 importable" out_matches "w\.weight +Q4_1 +\[2, 32\] +yes: 4-bit gs32 f16"
+check "gguf: F32 importable" out_matches "n\.weight +F32 +\[32\] +yes"
+check "gguf: Q6_K not importable" out_matches "k\.weight +Q6_K +\[1, 256\] +no"
+check "gguf: count" out_has "2 of 3 tensors importable"
+
+# convert: an unsupported tensor stops the conversion (and names it); --only skips it.
+expect_library_error convert unsupported "k.weight" convert "$WORK/tiny.gguf" "$WORK/tinyall"
+expect_ok "convert --only" convert "$WORK/tiny.gguf" "$WORK/tiny" --only w. --only n.
+check "convert: summary" out_has "1 quantized layers"
+expect_ok "run on the converted GGUF" run "$WORK/tiny"
+check "converted: 1 layer within bound" out_has "1 layers, all within bound"
+check "converted: random x" out_matches "^w +16×2×32 +4-bit gs32 f16 .* random x$"
+
+finish

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# matmul.sh — `qmm matmul` on fixture layers at M=1 and M=5 in f32, f16 and bf16 (scales converted when
+# the dtype differs from the checkpoint's f16), a forced kernel, and x from the activations file.
+SUITE=cli_matmul
+source "$(dirname "$0")/lib.sh"
+
+for layer in blk.0.attn_q blk.0.ffn_down; do
+  for m in 1 5; do
+    for dtype in f32 f16 bf16; do
+      name="matmul $layer -m $m --dtype $dtype"
+      expect_ok "$name" matmul "$FIXTURE" --layer $layer -m $m --dtype $dtype --seed $((RANDOM + 1))
+      check "$name: within bound" out_matches "^verdict +all [0-9]+ outputs within bound"
+      check "$name: error line" out_matches "^max \|error\| +[0-9.e+-]+"
+      check "$name: rel error line" out_matches "^max rel error +[0-9.e+-]+"
+      check "$name: ratio line" out_matches "^worst error/bound +[0-9.e+-]+"
+      check "$name: time line" out_matches "^time +[0-9.]+ µs"
+      check "$name: bandwidth line" out_matches "^bandwidth +[0-9.]+ GB/s"
+      check "$name: kernel line" out_matches "^kernel +[a-z]+\.qmm_t\."
+      check "$name: x line says M=$m" out_matches "^x +random .*M=$m, $dtype"
+      if [ $dtype = f16 ]; then
+        check "$name: no conversion note" bash -c '! grep -q "^note" <<<"$0"' "$OUT"
+      else
+        check "$name: conversion note" out_has "scales/biases converted f16 -> $dtype"
+      fi
+    done
+  done
+done
+check "ffn_down K" out_has "(N=576, K=1536)"
+
+# The reference kernel forced by name.
+expect_ok "forced kernel" matmul "$FIXTURE" --layer blk.0.attn_v -m 3 --kernel ref.qmm_t.scalar.r1
+check "forced kernel reported" out_has "ref.qmm_t.scalar.r1 (forced)"
+check "forced kernel: within bound" out_has "within bound"
+
+# x from the activations file: all 16 rows, or the first M.
+expect_ok "--x all rows" matmul "$FIXTURE" --layer blk.0.ffn_down --x "$FIXTURE/activations.safetensors"
+check "--x: M=16" out_matches "^x +.*activations\.safetensors, M=16"
+expect_ok "--x -m 4" matmul "$FIXTURE" --layer blk.0.attn_q -m 4 --x "$FIXTURE/activations.safetensors"
+check "--x -m 4: M=4" out_matches "^x +.*M=4"
+expect_library_error matmul "bad shape" "T=16" matmul "$FIXTURE" --layer blk.0.attn_q -m 17 \
+  --x "$FIXTURE/activations.safetensors"
+
+finish

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# quantize.sh — `qmm quantize` of a small float safetensors made here with printf (f32, f16 and bf16
+# weights, a 1-D tensor and a weight whose K is not a multiple of the group size, both copied), then
+# `qmm info`, `qmm run` and `qmm matmul` on the result.
+SUITE=cli_quantize
+source "$(dirname "$0")/lib.sh"
+
+make_safetensors "$WORK/float.safetensors" \
+  "proj.weight:F32:8,128" "half.weight:F16:4,64" "brain.weight:BF16:3,256" "norm.weight:F32:64" \
+  "odd.weight:F32:2,48" "proj.bias:F32:8"
+expect_ok "info on the made file" info "$WORK/float.safetensors"
+check "made file has 6 tensors" out_has "safetensors, 6 tensors"
+
+for spec in "4 32 cpu" "3 64 gpu" "8 32 cpu" "2 64 gpu" "6 32 cpu" "5 64 cpu"; do
+  read -r bits gs conv <<<"$spec"
+  dir="$WORK/q$bits-$gs"
+  expect_ok "quantize --bits $bits --group-size $gs --convention $conv" quantize "$WORK/float.safetensors" "$dir" \
+    --bits $bits --group-size $gs --convention $conv
+  check "$bits/$gs: 3 quantized layers" out_has "3 quantized layers ($bits-bit gs$gs, $conv convention)"
+  expect_ok "info on the quantized dir ($bits/$gs)" info "$dir"
+  check "$bits/$gs: proj layer f32" out_matches "proj +N=8 +K=128 +$bits-bit gs$gs f32"
+  check "$bits/$gs: half layer f16" out_matches "half +N=4 +K=64 +$bits-bit gs$gs f16"
+  check "$bits/$gs: brain layer bf16" out_matches "brain +N=3 +K=256 +$bits-bit gs$gs bf16"
+  check "$bits/$gs: 1-D tensor copied" out_matches "norm\.weight +f32 +\[64\]"
+  check "$bits/$gs: odd K copied as float" out_matches "odd\.weight +f32 +\[2, 48\]"
+  check "$bits/$gs: bias copied" out_matches "proj\.bias +f32 +\[8\]"
+  expect_ok "run on the quantized dir ($bits/$gs)" run "$dir"
+  check "$bits/$gs: verdict" out_has "3 layers, all within bound"
+  check "$bits/$gs: random x rows" [ "$(out_lines_matching ' random x$')" = 3 ]
+  expect_ok "matmul on the quantized dir ($bits/$gs)" matmul "$dir" --layer brain -m 2
+  check "$bits/$gs: matmul within bound" out_has "within bound"
+done
+
+finish

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# run.sh — `qmm run`, the main job, on the embedded SmolLM2 fixture: 7 layers on real activations
+# within bound; the verdict can fail (QMM_RUN_INJECT_FAULT); absent activations fall back to random x.
+SUITE=cli_run
+source "$(dirname "$0")/lib.sh"
+
+layers="blk.0.attn_k blk.0.attn_output blk.0.attn_q blk.0.attn_v blk.0.ffn_down blk.0.ffn_gate blk.0.ffn_up"
+
+# The default DIR is the embedded fixture.
+expect_ok "qmm run (default fixture)" run
+check "verdict line" out_has "7 layers, all within bound"
+check "one row per layer on real x" [ "$(out_lines_matching ' real x$')" = 7 ]
+for layer in $layers; do check "row for $layer" out_matches "^$layer "; done
+check "attn_q shape M×N×K" out_matches "^blk\.0\.attn_q +16×576×576 +4-bit gs32 f16 "
+check "attn_k shape" out_matches "^blk\.0\.attn_k +16×192×576 "
+check "ffn_down shape (K=1536)" out_matches "^blk\.0\.ffn_down +16×576×1536 +4-bit gs32 f16 "
+check "ffn_gate shape" out_matches "^blk\.0\.ffn_gate +16×1536×576 "
+check "a kernel name on every row" [ "$(out_lines_matching '^blk\.0\.[a-z_]+ +[0-9]+×[0-9]+×[0-9]+ +4-bit gs32 f16 +[a-z]+\.qmm_t\.')" = 7 ]
+check "no FAIL" bash -c '! grep -q FAIL <<<"$0"' "$OUT"
+check "progress on stderr" err_has "qmm run:"
+
+# An explicit DIR and an explicit backend give the same verdict.
+expect_ok "qmm run DIR --backend ref" run "$FIXTURE" --backend ref
+check "verdict (explicit DIR)" out_has "7 layers, all within bound"
+check "ref kernel" out_has "ref.qmm_t."
+
+# The verdict can fail: the test hook corrupts one output of the first n layers.
+QMM_RUN_INJECT_FAULT=1 q run
+check "one injected fault: exit 1" rc_is 1
+check "one injected fault: verdict" out_has "FAIL: 1 of 7 layers outside bound"
+check "one injected fault: the row says FAIL" [ "$(out_lines_matching ' FAIL ')" = 1 ]
+QMM_RUN_INJECT_FAULT=2 q run "$FIXTURE"
+check "two injected faults: exit 1" rc_is 1
+check "two injected faults: verdict" out_has "FAIL: 2 of 7 layers outside bound"
+QMM_RUN_INJECT_FAULT=0 q run
+check "QMM_RUN_INJECT_FAULT=0 injects nothing" rc_is 0
+
+# Without activations.safetensors every layer runs on seeded random x, and says so.
+cp -r "$FIXTURE" "$WORK/noact"
+rm "$WORK/noact/activations.safetensors"
+expect_ok "qmm run without activations" run "$WORK/noact" --seed 7
+check "random x on every row" [ "$(out_lines_matching ' random x$')" = 7 ]
+check "verdict (random x)" out_has "7 layers, all within bound"
+
+finish

@@ -1,0 +1,490 @@
+/*
+ * test_checkpoint.c — MLX checkpoint directories: qmm_checkpoint_write → qmm_checkpoint_open round trip
+ * with random layers of mixed formats, a hand-made 2-shard checkpoint (with and without
+ * model.safetensors.index.json, per-layer overrides and false), qmm_config_parse, and the errors:
+ * missing/bad config.json, formats outside the sets, layers that disagree with the config, and
+ * failed writes that must leave nothing behind.
+ */
+#include "check.h"
+#include "internal.h"
+#include "io_test_util.h"
+
+#include <cjson/cJSON.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static bool message_has(const char *needle) { return strstr(qmm_last_error(), needle) != NULL; }
+
+static size_t matrix_bytes(const qmm_qmatrix *m, int which) {
+    size_t rows = m->rows;
+    if (which == 0) return rows * (m->cols * (size_t)m->bits / 32) * 4;
+    return rows * (m->cols / (size_t)m->group_size) * qmm_dtype_size(m->dtype);
+}
+
+static bool same_matrix(const qmm_qmatrix *a, const qmm_qmatrix *b) {
+    return a->rows == b->rows && a->cols == b->cols && a->bits == b->bits && a->group_size == b->group_size &&
+           a->dtype == b->dtype && memcmp(a->w, b->w, matrix_bytes(a, 0)) == 0 &&
+           memcmp(a->scales, b->scales, matrix_bytes(a, 1)) == 0 &&
+           memcmp(a->biases, b->biases, matrix_bytes(a, 1)) == 0;
+}
+
+/* ── write → open round trip ── */
+
+static void test_round_trip(const char *root) {
+    check_rng rng = check_rng_make(11);
+    const struct {
+        const char *name;
+        size_t rows, cols;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } specs[] = {
+        {"model.layers.1.mlp.down_proj", 6, 128, 4, 64, QMM_F16},
+        {"model.layers.0.self_attn.q_proj", 5, 256, 4, 64, QMM_F16},
+        {"model.embed_tokens", 7, 64, 8, 32, QMM_F16},
+        {"model.layers.0.mlp.up_proj", 3, 192, 3, 64, QMM_BF16},
+        {"lm_head", 2, 128, 4, 64, QMM_F32},
+        {"model.layers.0.self_attn.k_proj", 4, 384, 6, 128, QMM_F16},
+    };
+    enum { LAYERS = sizeof specs / sizeof specs[0] };
+    check_qmatrix q[LAYERS];
+    qmm_layer layers[LAYERS];
+    for (int i = 0; i < LAYERS; i++) {
+        CHECK(check_qmatrix_random(&rng, specs[i].rows, specs[i].cols, specs[i].bits, specs[i].group_size,
+                                   specs[i].dtype, &q[i]),
+              "random matrix %d", i);
+        layers[i].name = specs[i].name;
+        layers[i].matrix = q[i].m;
+    }
+    float norm[10];
+    check_fill_uniform(&rng, norm, QMM_F32, 10, -1, 1);
+    qmm_tensor floats[1] = {
+        {.name = "model.norm.weight", .dtype = QMM_F32, .ndim = 1, .shape = {10}, .data = norm, .nbytes = sizeof norm}};
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "round");
+    CHECK_OK(qmm_checkpoint_write(dir, floats, 1, layers, LAYERS,
+                                  "{\"model_type\": \"llama\", \"hidden_size\": 64, \"quantization\": {\"bits\": 2}}"));
+    CHECK(io_count_entries(dir) == 2, "the directory has %d entries, want 2 (config.json, model.safetensors)",
+          io_count_entries(dir));
+
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        int bits = -1, group_size = -1;
+        CHECK_OK(qmm_checkpoint_default_format(ck, &bits, &group_size));
+        CHECK(bits == 4 && group_size == 64, "default format %d/%d, want the most common 4/64", bits, group_size);
+        CHECK(qmm_checkpoint_layer_count(ck) == LAYERS, "layer count %zu", qmm_checkpoint_layer_count(ck));
+        CHECK(qmm_checkpoint_tensor_count(ck) == 1 + 3 * LAYERS, "tensor count %zu", qmm_checkpoint_tensor_count(ck));
+        for (int i = 0; i < LAYERS; i++) {
+            qmm_layer got;
+            CHECK_OK(qmm_checkpoint_find_layer(ck, specs[i].name, &got));
+            CHECK(same_matrix(&got.matrix, &q[i].m), "layer %s differs after the round trip", specs[i].name);
+            CHECK((uintptr_t)got.matrix.w % 4 == 0, "layer %s: w misaligned", specs[i].name);
+        }
+        const char *previous = "";
+        for (size_t i = 0; i < qmm_checkpoint_layer_count(ck); i++) {
+            qmm_layer got;
+            CHECK_OK(qmm_checkpoint_layer(ck, i, &got));
+            CHECK(strcmp(previous, got.name) < 0, "layers not in name order: %s then %s", previous, got.name);
+            previous = got.name;
+        }
+        qmm_tensor t;
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "model.norm.weight", &t));
+        CHECK(t.dtype == QMM_F32 && t.nbytes == sizeof norm && memcmp(t.data, norm, sizeof norm) == 0, "norm differs");
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "model.embed_tokens.scales", &t));
+        CHECK(t.ndim == 2 && t.shape[0] == 7 && t.shape[1] == 2 && t.dtype == QMM_F16, "embed scales shape");
+        CHECK_STATUS(qmm_checkpoint_find_tensor(ck, "nothing.here", &t), QMM_ERR_NOT_FOUND);
+        CHECK(message_has("nothing.here"), "message: %s", qmm_last_error());
+        qmm_layer missing;
+        CHECK_STATUS(qmm_checkpoint_find_layer(ck, "model.norm", &missing), QMM_ERR_NOT_FOUND);
+        CHECK_STATUS(qmm_checkpoint_layer(ck, LAYERS, &missing), QMM_ERR_INVALID_ARGUMENT);
+        qmm_checkpoint_close(ck);
+    }
+
+    /* config.json: the extra members are kept, the stale "quantization" replaced, overrides per layer. */
+    char *text = io_read_file(io_path(dir, "config.json"), NULL);
+    cJSON *config = text ? cJSON_Parse(text) : NULL;
+    CHECK(config != NULL, "config.json does not parse");
+    if (config) {
+        cJSON *type = cJSON_GetObjectItem(config, "model_type");
+        CHECK(cJSON_IsString(type) && strcmp(type->valuestring, "llama") == 0, "model_type lost");
+        const char *keys[2] = {"quantization", "quantization_config"};
+        for (int k = 0; k < 2; k++) {
+            cJSON *quantization = cJSON_GetObjectItem(config, keys[k]);
+            cJSON *gs = cJSON_GetObjectItem(quantization, "group_size");
+            CHECK(cJSON_IsNumber(gs) && gs->valueint == 64, "%s.group_size", keys[k]);
+            cJSON *embed = cJSON_GetObjectItem(quantization, "model.embed_tokens");
+            CHECK(embed && cJSON_GetObjectItem(embed, "bits")->valueint == 8, "%s: no 8-bit override for embed",
+                  keys[k]);
+            CHECK(cJSON_GetObjectItem(quantization, "lm_head") == NULL, "%s: lm_head has the default format", keys[k]);
+            CHECK(cJSON_GetArraySize(quantization) == 2 + 3, "%s has %d members, want 5", keys[k],
+                  cJSON_GetArraySize(quantization));
+        }
+        cJSON_Delete(config);
+    }
+    free(text);
+    for (int i = 0; i < LAYERS; i++)
+        check_qmatrix_free(&q[i]);
+}
+
+/* ── a 2-shard checkpoint made by hand ── */
+
+static qmm_tensor tensor_2d(const char *name, qmm_dtype dtype, int64_t rows, int64_t cols, const void *data) {
+    qmm_tensor t = {.name = name, .dtype = dtype, .ndim = 2, .shape = {rows, cols}, .data = data};
+    t.nbytes = (size_t)(rows * cols) * qmm_dtype_size(dtype);
+    return t;
+}
+
+static void test_two_shards(const char *root) {
+    check_rng rng = check_rng_make(12);
+    check_qmatrix a, b;
+    CHECK(check_qmatrix_random(&rng, 4, 128, 4, 64, QMM_F16, &a), "matrix a");
+    CHECK(check_qmatrix_random(&rng, 3, 64, 8, 32, QMM_F16, &b), "matrix b");
+    uint16_t head[6 * 8];
+    check_fill_uniform(&rng, head, QMM_F16, 6 * 8, -1, 1);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "sharded");
+    mkdir(dir, 0755);
+    qmm_tensor shard1[3] = {tensor_2d("layers.0.q.weight", QMM_U32, 4, 16, a.w),
+                            tensor_2d("layers.0.q.scales", QMM_F16, 4, 2, a.scales),
+                            tensor_2d("layers.0.q.biases", QMM_F16, 4, 2, a.biases)};
+    qmm_tensor shard2[4] = {
+        tensor_2d("layers.1.o.weight", QMM_U32, 3, 16, b.w), tensor_2d("layers.1.o.scales", QMM_F16, 3, 2, b.scales),
+        tensor_2d("layers.1.o.biases", QMM_F16, 3, 2, b.biases), tensor_2d("lm_head.weight", QMM_F16, 6, 8, head)};
+    CHECK_OK(qmm_safetensors_write(io_path(dir, "model-00001-of-00002.safetensors"), shard1, 3, NULL, NULL, 0));
+    CHECK_OK(qmm_safetensors_write(io_path(dir, "model-00002-of-00002.safetensors"), shard2, 4, NULL, NULL, 0));
+    const char *config = "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"mode\": \"affine\","
+                         " \"layers.1.o\": {\"group_size\": 32, \"bits\": 8}, \"lm_head\": false}}";
+    CHECK(io_write_file(io_path(dir, "config.json"), config, strlen(config)), "write config");
+
+    for (int with_index = 0; with_index < 2; with_index++) {
+        if (with_index) {
+            const char *index = "{\"metadata\": {}, \"weight_map\": {"
+                                "\"layers.0.q.weight\": \"model-00001-of-00002.safetensors\","
+                                "\"layers.1.o.scales\": \"model-00002-of-00002.safetensors\","
+                                "\"lm_head.weight\": \"model-00002-of-00002.safetensors\"}}";
+            CHECK(io_write_file(io_path(dir, "model.safetensors.index.json"), index, strlen(index)), "write index");
+        }
+        qmm_checkpoint *ck = NULL;
+        CHECK_OK(qmm_checkpoint_open(dir, &ck));
+        if (!ck) continue;
+        CHECK(qmm_checkpoint_tensor_count(ck) == 7, "tensor count %zu, want 7", qmm_checkpoint_tensor_count(ck));
+        CHECK(qmm_checkpoint_layer_count(ck) == 2, "layer count %zu, want 2", qmm_checkpoint_layer_count(ck));
+        qmm_layer layer;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "layers.0.q", &layer));
+        CHECK(same_matrix(&layer.matrix, &a.m), "layers.0.q differs (index %d)", with_index);
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "layers.1.o", &layer));
+        CHECK(layer.matrix.bits == 8 && layer.matrix.group_size == 32, "override: %d/%d", layer.matrix.bits,
+              layer.matrix.group_size);
+        CHECK(same_matrix(&layer.matrix, &b.m), "layers.1.o differs (index %d)", with_index);
+        qmm_tensor t;
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "lm_head.weight", &t));
+        CHECK(t.nbytes == sizeof head && memcmp(t.data, head, sizeof head) == 0, "lm_head differs");
+        qmm_checkpoint_close(ck);
+    }
+
+    /* An index that puts a tensor in the wrong shard, or names a missing shard. */
+    const char *wrong = "{\"weight_map\": {\"layers.0.q.weight\": \"model-00002-of-00002.safetensors\","
+                        "\"lm_head.weight\": \"model-00002-of-00002.safetensors\"}}";
+    CHECK(io_write_file(io_path(dir, "model.safetensors.index.json"), wrong, strlen(wrong)), "write index");
+    qmm_checkpoint *ck = (qmm_checkpoint *)&rng;
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("layers.0.q.weight"), "message: %s", qmm_last_error());
+    CHECK(ck == NULL, "handle not reset on failure");
+    const char *missing = "{\"weight_map\": {\"x\": \"model-00003-of-00003.safetensors\"}}";
+    CHECK(io_write_file(io_path(dir, "model.safetensors.index.json"), missing, strlen(missing)), "write index");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_NOT_FOUND);
+    CHECK(message_has("model-00003-of-00003"), "message: %s", qmm_last_error());
+    const char *escape = "{\"weight_map\": {\"x\": \"../elsewhere.safetensors\"}}";
+    CHECK(io_write_file(io_path(dir, "model.safetensors.index.json"), escape, strlen(escape)), "write index");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    remove(io_path(dir, "model.safetensors.index.json"));
+
+    /* The same tensor in two shards. */
+    qmm_tensor dup[1] = {tensor_2d("lm_head.weight", QMM_F16, 6, 8, head)};
+    CHECK_OK(qmm_safetensors_write(io_path(dir, "model-extra.safetensors"), dup, 1, NULL, NULL, 0));
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("lm_head.weight") && message_has("two shards"), "message: %s", qmm_last_error());
+    remove(io_path(dir, "model-extra.safetensors"));
+
+    /* The config says lm_head is not quantized, but it has scales. */
+    qmm_tensor scaled[3] = {tensor_2d("lm_head.weight", QMM_U32, 4, 16, a.w),
+                            tensor_2d("lm_head.scales", QMM_F16, 4, 2, a.scales),
+                            tensor_2d("lm_head.biases", QMM_F16, 4, 2, a.biases)};
+    CHECK_OK(qmm_safetensors_write(io_path(dir, "model-00002-of-00002.safetensors"), scaled, 3, NULL, NULL, 0));
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("lm_head") && message_has("false"), "message: %s", qmm_last_error());
+
+    check_qmatrix_free(&a);
+    check_qmatrix_free(&b);
+}
+
+/* ── layers that disagree with config.json ── */
+
+static void write_single(const char *dir, const qmm_tensor *tensors, size_t count, const char *config) {
+    mkdir(dir, 0755);
+    CHECK_OK(qmm_safetensors_write(io_path(dir, "model.safetensors"), tensors, count, NULL, NULL, 0));
+    CHECK(io_write_file(io_path(dir, "config.json"), config, strlen(config)), "write config");
+}
+
+static void test_inconsistent_layers(const char *root) {
+    check_rng rng = check_rng_make(13);
+    check_qmatrix a;
+    CHECK(check_qmatrix_random(&rng, 4, 128, 4, 64, QMM_F16, &a), "matrix");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "bad-layers");
+    const char *config = "{\"quantization\": {\"group_size\": 64, \"bits\": 4}}";
+    qmm_checkpoint *ck = NULL;
+
+    qmm_tensor good[3] = {tensor_2d("p.weight", QMM_U32, 4, 16, a.w), tensor_2d("p.scales", QMM_F16, 4, 2, a.scales),
+                          tensor_2d("p.biases", QMM_F16, 4, 2, a.biases)};
+    write_single(dir, good, 3, config);
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    qmm_checkpoint_close(ck);
+
+    /* group_size 32 in the config: 128 columns need 4 groups, the scales have 2. */
+    write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 32, \"bits\": 4}}");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("\"p\"") && message_has("groups"), "message: %s", qmm_last_error());
+    /* bits 3: 16 words = 512 bits per row is not a whole number of 3-bit codes. */
+    write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 64, \"bits\": 3}}");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    /* No quantization in the config at all, but scales exist. */
+    write_single(dir, good, 3, "{\"model_type\": \"llama\"}");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("no quantization format"), "message: %s", qmm_last_error());
+
+    qmm_tensor f16_weight[3] = {tensor_2d("p.weight", QMM_F16, 4, 32, a.w), good[1], good[2]};
+    write_single(dir, f16_weight, 3, config);
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("u32"), "message: %s", qmm_last_error());
+    qmm_tensor no_biases[2] = {good[0], good[1]};
+    write_single(dir, no_biases, 2, config);
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("p.biases"), "message: %s", qmm_last_error());
+    qmm_tensor mixed[3] = {good[0], good[1], tensor_2d("p.biases", QMM_BF16, 4, 2, a.biases)};
+    write_single(dir, mixed, 3, config);
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    qmm_tensor rows[3] = {good[0], tensor_2d("p.scales", QMM_F16, 2, 4, a.scales), good[2]};
+    write_single(dir, rows, 3, config);
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+
+    /* A stacked (MoE SwitchLinear) layer: weight [E, N, words], scales [E, N, groups] → E·N rows. */
+    qmm_tensor stacked[3] = {good[0], good[1], good[2]};
+    for (int k = 0; k < 3; k++) {
+        stacked[k].ndim = 3;
+        stacked[k].shape[2] = stacked[k].shape[1];
+        stacked[k].shape[0] = 2;
+        stacked[k].shape[1] = 2;
+    }
+    write_single(dir, stacked, 3, config);
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        qmm_layer layer;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &layer));
+        CHECK(layer.matrix.rows == 4 && layer.matrix.cols == 128 && same_matrix(&layer.matrix, &a.m),
+              "stacked layer: %zu x %zu", layer.matrix.rows, layer.matrix.cols);
+        qmm_checkpoint_close(ck);
+    }
+    stacked[1].shape[0] = 4;
+    stacked[1].shape[1] = 1;
+    write_single(dir, stacked, 3, config);
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+
+    /* An MLX-written shard: unpadded header, so every array sits at an odd address. The layer must
+     * still come out aligned (copied) and equal. */
+    char header[512];
+    snprintf(header, sizeof header, "%s",
+             "{\"p.biases\":{\"data_offsets\":[1,17],\"dtype\":\"F16\",\"shape\":[4,2]},"
+             "\"p.scales\":{\"data_offsets\":[17,33],\"dtype\":\"F16\",\"shape\":[4,2]},"
+             "\"p.weight\":{\"data_offsets\":[33,289],\"dtype\":\"U32\",\"shape\":[4,16]},"
+             "\"pad\":{\"data_offsets\":[0,1],\"dtype\":\"U8\",\"shape\":[1]}}");
+    /* Data area 4-aligned in the page-aligned mapping: then offsets 1, 17, 33 are all misaligned. */
+    while ((8 + strlen(header)) % 4 != 0)
+        strcat(header, " ");
+    uint8_t data[289] = {7};
+    memcpy(data + 1, a.biases, 16);
+    memcpy(data + 17, a.scales, 16);
+    memcpy(data + 33, a.w, 256);
+    io_buf image = io_safetensors_image(header, data, sizeof data);
+    CHECK(io_write_file(io_path(dir, "model.safetensors"), image.data, image.size), "write mlx shard");
+    io_buf_free(&image);
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        qmm_tensor raw;
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "p.weight", &raw));
+        CHECK((uintptr_t)raw.data % 4 != 0, "test setup: p.weight should sit at a misaligned address");
+        qmm_layer layer;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &layer));
+        CHECK((uintptr_t)layer.matrix.w % 4 == 0 && (uintptr_t)layer.matrix.scales % 2 == 0 &&
+                  (uintptr_t)layer.matrix.biases % 2 == 0,
+              "layer arrays are not aligned");
+        CHECK(same_matrix(&layer.matrix, &a.m), "the misaligned layer differs");
+        qmm_checkpoint_close(ck);
+    }
+    io_remove_tree(dir);
+    check_qmatrix_free(&a);
+}
+
+/* ── config.json ── */
+
+static void test_config(const char *root) {
+    int bits = -1, group_size = -1;
+    const char *plain = "{\"quantization\": {\"group_size\": 128, \"bits\": 6}}";
+    CHECK_OK(qmm_config_parse(plain, strlen(plain), &bits, &group_size));
+    CHECK(bits == 6 && group_size == 128, "parsed %d/%d", bits, group_size);
+    const char *fallback = "{\"quantization_config\": {\"group_size\": 32, \"bits\": 2}}";
+    CHECK_OK(qmm_config_parse(fallback, strlen(fallback), &bits, &group_size));
+    CHECK(bits == 2 && group_size == 32, "quantization_config: %d/%d", bits, group_size);
+    const char *none = "{\"model_type\": \"qwen3\"}";
+    CHECK_OK(qmm_config_parse(none, strlen(none), &bits, &group_size));
+    CHECK(bits == 0 && group_size == 0, "no quantization: %d/%d", bits, group_size);
+    const char *off = "{\"quantization\": false}";
+    CHECK_OK(qmm_config_parse(off, strlen(off), &bits, &group_size));
+    CHECK(bits == 0 && group_size == 0, "quantization false: %d/%d", bits, group_size);
+    /* The buffer is not NUL-terminated where size ends: only the first 2 bytes are the JSON. */
+    const char *prefix = "{}garbage that must not be read";
+    CHECK_OK(qmm_config_parse(prefix, 2, &bits, &group_size));
+
+    static const struct {
+        const char *json;
+        qmm_status status;
+        const char *needle;
+    } bad[] = {
+        {"[1]", QMM_ERR_CORRUPT, "object"},
+        {"{\"quantization\": ", QMM_ERR_CORRUPT, "JSON"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 7}}", QMM_ERR_FORMAT, "bits=7"},
+        {"{\"quantization\": {\"group_size\": 48, \"bits\": 4}}", QMM_ERR_FORMAT, "group_size=48"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": \"4\"}}", QMM_ERR_CORRUPT, "bits"},
+        {"{\"quantization\": {\"group_size\": 64}}", QMM_ERR_CORRUPT, "bits"},
+        {"{\"quantization\": \"yes\"}", QMM_ERR_CORRUPT, "quantization"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"mode\": \"mxfp4\"}}", QMM_ERR_UNSUPPORTED, "mxfp4"},
+        {"{\"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128}}",
+         QMM_ERR_UNSUPPORTED, "awq"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"bits\": 8}}", QMM_ERR_CORRUPT, "twice"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a.b\": {\"bits\": 5, \"group_size\": 16}}}",
+         QMM_ERR_FORMAT, "a.b"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}} trailing", QMM_ERR_CORRUPT, "after"},
+        {"", QMM_ERR_CORRUPT, "JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        qmm_error_clear();
+        qmm_status status = qmm_config_parse(bad[i].json, strlen(bad[i].json), &bits, &group_size);
+        CHECK(status == bad[i].status && qmm_last_error()[0], "config %zu (%s): %s (want %s) \"%s\"", i, bad[i].json,
+              qmm_status_string(status), qmm_status_string(bad[i].status), qmm_last_error());
+        CHECK(message_has(bad[i].needle), "config %zu: message \"%s\" lacks \"%s\"", i, qmm_last_error(),
+              bad[i].needle);
+    }
+
+    /* Through qmm_checkpoint_open: missing config, bad config, no shard, no directory. */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "configs");
+    mkdir(dir, 0755);
+    qmm_checkpoint *ck = NULL;
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_NOT_FOUND);
+    CHECK(message_has("config.json"), "message: %s", qmm_last_error());
+    CHECK(io_write_file(io_path(dir, "config.json"), "[]", 2), "write");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    const char *seven = "{\"quantization\": {\"group_size\": 64, \"bits\": 7}}";
+    CHECK(io_write_file(io_path(dir, "config.json"), seven, strlen(seven)), "write");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_FORMAT);
+    CHECK(message_has("bits=7"), "message: %s", qmm_last_error());
+    const char *g48 = "{\"quantization\": {\"group_size\": 48, \"bits\": 4}}";
+    CHECK(io_write_file(io_path(dir, "config.json"), g48, strlen(g48)), "write");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_FORMAT);
+    CHECK(io_write_file(io_path(dir, "config.json"), plain, strlen(plain)), "write");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_NOT_FOUND);
+    CHECK(message_has("shard"), "message: %s", qmm_last_error());
+    CHECK_STATUS(qmm_checkpoint_open(io_path(root, "does-not-exist"), &ck), QMM_ERR_IO);
+    CHECK(ck == NULL, "handle not NULL");
+}
+
+/* ── failed writes leave nothing ── */
+
+static void test_write_failures(const char *root) {
+    check_rng rng = check_rng_make(14);
+    check_qmatrix a;
+    CHECK(check_qmatrix_random(&rng, 2, 64, 4, 32, QMM_F16, &a), "matrix");
+    qmm_layer layer = {"p", a.m};
+
+    /* The rename of model.safetensors fails (a non-empty directory is in its way). */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "blocked");
+    mkdir(dir, 0755);
+    mkdir(io_path(dir, "model.safetensors"), 0755);
+    CHECK(io_write_file(io_path(dir, "model.safetensors/keep"), "x", 1), "fill blocker");
+    CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, &layer, 1, NULL), QMM_ERR_IO);
+    CHECK(io_count_entries(dir) == 1, "after a failed rename the directory has %d entries, want 1",
+          io_count_entries(dir));
+    CHECK(!io_exists(io_path(dir, "config.json")), "config.json was left behind");
+    io_remove_tree(dir);
+
+    /* config.json's rename fails after model.safetensors was renamed: that one is removed again. */
+    mkdir(dir, 0755);
+    mkdir(io_path(dir, "config.json"), 0755);
+    CHECK(io_write_file(io_path(dir, "config.json/keep"), "x", 1), "fill blocker");
+    CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, &layer, 1, NULL), QMM_ERR_IO);
+    CHECK(io_count_entries(dir) == 1, "the directory has %d entries, want 1", io_count_entries(dir));
+    io_remove_tree(dir);
+
+    /* An invalid layer: the directory the call would have created does not exist afterwards. */
+    char fresh[1024];
+    snprintf(fresh, sizeof fresh, "%s/%s", root, "fresh");
+    qmm_layer bad = layer;
+    bad.matrix.bits = 7;
+    CHECK_STATUS(qmm_checkpoint_write(fresh, NULL, 0, &bad, 1, NULL), QMM_ERR_FORMAT);
+    CHECK(message_has("\"p\""), "message does not name the layer: %s", qmm_last_error());
+    CHECK(!io_exists(fresh), "a failed write left the directory");
+    /* Names that collide (a float tensor named like the layer's weight). */
+    qmm_tensor clash = tensor_2d("p.weight", QMM_U32, 2, 8, a.w);
+    CHECK_STATUS(qmm_checkpoint_write(fresh, &clash, 1, &layer, 1, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(!io_exists(fresh), "a failed write left the directory");
+    CHECK_STATUS(qmm_checkpoint_write(fresh, NULL, 0, &layer, 1, "[1, 2]"), QMM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(qmm_checkpoint_write(fresh, NULL, 0, &layer, 1, "{\"a\": "), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(!io_exists(fresh), "a failed write left the directory");
+    /* The parent does not exist. */
+    CHECK_STATUS(qmm_checkpoint_write(io_path(root, "no/such/parent"), NULL, 0, &layer, 1, NULL), QMM_ERR_IO);
+    /* A directory with stale shards of another checkpoint. */
+    char stale[1024];
+    snprintf(stale, sizeof stale, "%s/%s", root, "stale");
+    mkdir(stale, 0755);
+    CHECK(io_write_file(io_path(stale, "model-00001-of-00002.safetensors"), "x", 1), "stale shard");
+    CHECK_STATUS(qmm_checkpoint_write(stale, NULL, 0, &layer, 1, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(message_has("model-00001-of-00002"), "message: %s", qmm_last_error());
+    CHECK(io_count_entries(stale) == 1, "the stale directory has %d entries", io_count_entries(stale));
+    io_remove_tree(stale);
+
+    /* No quantized layers: config.json has no "quantization", and the checkpoint opens with 0/0. */
+    uint16_t values[4] = {1, 2, 3, 4};
+    qmm_tensor plain = {.name = "w", .dtype = QMM_F16, .ndim = 1, .shape = {4}, .data = values, .nbytes = 8};
+    char floats[1024];
+    snprintf(floats, sizeof floats, "%s/%s", root, "floats");
+    CHECK_OK(qmm_checkpoint_write(floats, &plain, 1, NULL, 0, NULL));
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(floats, &ck));
+    int bits = -1, group_size = -1;
+    if (ck) {
+        CHECK_OK(qmm_checkpoint_default_format(ck, &bits, &group_size));
+        CHECK(bits == 0 && group_size == 0 && qmm_checkpoint_layer_count(ck) == 0, "float-only checkpoint: %d/%d", bits,
+              group_size);
+        qmm_checkpoint_close(ck);
+    }
+    check_qmatrix_free(&a);
+}
+
+int main(void) {
+    char *root = io_temp_dir("checkpoint");
+    CHECK(root != NULL, "mkdtemp failed");
+    if (root) {
+        test_round_trip(root);
+        test_two_shards(root);
+        test_inconsistent_layers(root);
+        test_config(root);
+        test_write_failures(root);
+        io_remove_tree(root);
+        free(root);
+    }
+    return check_finish("io-checkpoint");
+}

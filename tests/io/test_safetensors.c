@@ -1,0 +1,327 @@
+/*
+ * test_safetensors.c — safetensors read/write: a random round trip (every dtype, odd sizes, scalars,
+ * empty tensors, metadata), the reader's validation of every header rule on hand-built bad files, and
+ * the writer's "nothing left behind" guarantee when it fails.
+ */
+#include "check.h"
+#include "internal.h"
+#include "io_test_util.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static bool message_has(const char *needle) { return strstr(qmm_last_error(), needle) != NULL; }
+
+/* ── a random round trip ── */
+
+typedef struct sample {
+    const char *name;
+    qmm_dtype dtype;
+    int ndim;
+    int64_t shape[3];
+} sample;
+
+static void test_round_trip(const char *dir) {
+    check_rng rng = check_rng_make(1);
+    const sample samples[] = {
+        {"model.layers.0.weight", QMM_U32, 2, {3, 5}},
+        {"odd.bytes", QMM_U8, 1, {3}},
+        {"norm.weight", QMM_F32, 1, {7}},
+        {"emb", QMM_F16, 2, {4, 3}},
+        {"bf", QMM_BF16, 3, {2, 3, 2}},
+        {"scalar", QMM_I64, 0, {0}},
+        {"empty", QMM_F32, 2, {0, 4}},
+        {"flags", QMM_BOOL, 1, {5}},
+        {"wide", QMM_F64, 1, {2}},
+        {"ünïcode.名前", QMM_I16, 1, {3}},
+    };
+    enum { COUNT = sizeof samples / sizeof samples[0] };
+    qmm_tensor tensors[COUNT];
+    uint8_t *buffers[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        memset(&tensors[i], 0, sizeof tensors[i]);
+        tensors[i].name = samples[i].name;
+        tensors[i].dtype = samples[i].dtype;
+        tensors[i].ndim = samples[i].ndim;
+        size_t elements = 1;
+        for (int d = 0; d < samples[i].ndim; d++) {
+            tensors[i].shape[d] = samples[i].shape[d];
+            elements *= (size_t)samples[i].shape[d];
+        }
+        tensors[i].nbytes = elements * qmm_dtype_size(samples[i].dtype);
+        buffers[i] = malloc(tensors[i].nbytes + 1);
+        for (size_t b = 0; b < tensors[i].nbytes; b++)
+            buffers[i][b] = (uint8_t)check_rng_next(&rng);
+        tensors[i].data = buffers[i];
+    }
+    const char *keys[] = {"format", "note"};
+    const char *values[] = {"mlx", "round trip ✓"};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, "round.safetensors");
+    CHECK_OK(qmm_safetensors_write(path, tensors, COUNT, keys, values, 2));
+    CHECK(io_count_entries(dir) == 1, "the write left %d entries in the directory, want 1", io_count_entries(dir));
+
+    qmm_safetensors *file = NULL;
+    CHECK_OK(qmm_safetensors_open(path, &file));
+    if (file) {
+        CHECK(qmm_safetensors_count(file) == COUNT, "count %zu, want %d", qmm_safetensors_count(file), COUNT);
+        for (int i = 0; i < COUNT; i++) {
+            qmm_tensor got;
+            CHECK_OK(qmm_safetensors_find(file, samples[i].name, &got));
+            CHECK(strcmp(got.name, samples[i].name) == 0, "name %s", got.name);
+            CHECK(got.dtype == samples[i].dtype, "%s: dtype %d", samples[i].name, got.dtype);
+            CHECK(got.ndim == samples[i].ndim, "%s: ndim %d", samples[i].name, got.ndim);
+            for (int d = 0; d < got.ndim; d++)
+                CHECK(got.shape[d] == samples[i].shape[d], "%s: shape[%d]=%lld", samples[i].name, d,
+                      (long long)got.shape[d]);
+            CHECK(got.nbytes == tensors[i].nbytes, "%s: nbytes %zu", samples[i].name, got.nbytes);
+            CHECK(got.nbytes == 0 || memcmp(got.data, buffers[i], got.nbytes) == 0, "%s: bytes differ",
+                  samples[i].name);
+            /* The writer orders by element size and pads the header, so each array is aligned. */
+            CHECK((uintptr_t)got.data % qmm_dtype_size(got.dtype) == 0, "%s: data misaligned", samples[i].name);
+        }
+        /* get() walks tensors in data-offset order. */
+        const uint8_t *previous = NULL;
+        for (size_t i = 0; i < qmm_safetensors_count(file); i++) {
+            qmm_tensor got;
+            CHECK_OK(qmm_safetensors_get(file, i, &got));
+            CHECK(previous == NULL || (const uint8_t *)got.data >= previous, "tensor %zu is out of offset order", i);
+            previous = got.data;
+        }
+        const char *format = qmm_safetensors_metadata(file, "format");
+        const char *note = qmm_safetensors_metadata(file, "note");
+        CHECK(format && strcmp(format, "mlx") == 0, "metadata format = %s", format ? format : "(null)");
+        CHECK(note && strcmp(note, values[1]) == 0, "metadata note = %s", note ? note : "(null)");
+        CHECK(qmm_safetensors_metadata(file, "absent") == NULL, "absent metadata key found");
+        qmm_tensor missing;
+        CHECK_STATUS(qmm_safetensors_find(file, "no.such.tensor", &missing), QMM_ERR_NOT_FOUND);
+        CHECK(message_has("no.such.tensor"), "message does not name the tensor: %s", qmm_last_error());
+        CHECK_STATUS(qmm_safetensors_get(file, COUNT, &missing), QMM_ERR_INVALID_ARGUMENT);
+        qmm_safetensors_close(file);
+    }
+
+    /* The same bytes through open_memory. */
+    size_t size = 0;
+    char *bytes = io_read_file(path, &size);
+    CHECK(bytes != NULL, "cannot read back %s", path);
+    if (bytes) {
+        CHECK_OK(qmm_safetensors_open_memory(bytes, size, &file));
+        CHECK(file && qmm_safetensors_count(file) == COUNT, "open_memory count");
+        qmm_safetensors_close(file);
+        free(bytes);
+    }
+    for (int i = 0; i < COUNT; i++)
+        free(buffers[i]);
+    remove(path);
+}
+
+/* A file as mlx.core.save_safetensors writes it: unpadded header, tensors at odd offsets. */
+static void test_mlx_layout(void) {
+    const char *header = "{\"__metadata__\":{\"format\":\"mlx\"},\"a\":{\"data_offsets\":[17,23],\"dtype\":\"F16\","
+                         "\"shape\":[3]},\"b\":{\"data_offsets\":[1,17],\"dtype\":\"F32\",\"shape\":[2,2]},"
+                         "\"c\":{\"data_offsets\":[0,1],\"dtype\":\"U8\",\"shape\":[1]}}";
+    uint8_t data[23];
+    for (int i = 0; i < 23; i++)
+        data[i] = (uint8_t)(i * 7 + 1);
+    io_buf image = io_safetensors_image(header, data, sizeof data);
+    qmm_safetensors *file = NULL;
+    CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
+    if (file) {
+        qmm_tensor t;
+        CHECK_OK(qmm_safetensors_get(file, 0, &t));
+        CHECK(strcmp(t.name, "c") == 0, "first by offset is %s, want c", t.name);
+        CHECK_OK(qmm_safetensors_find(file, "b", &t));
+        CHECK(t.nbytes == 16 && memcmp(t.data, data + 1, 16) == 0, "b's bytes differ");
+        CHECK(t.ndim == 2 && t.shape[0] == 2 && t.shape[1] == 2, "b's shape");
+        qmm_safetensors_close(file);
+    }
+    io_buf_free(&image);
+
+    /* mlx.core.save_safetensors writes "__metadata__": null when there is no metadata. */
+    image = io_safetensors_image(
+        "{\"__metadata__\":null,\"c\":{\"data_offsets\":[0,1],\"dtype\":\"U8\",\"shape\":[1]}}", data, 1);
+    CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
+    CHECK(file && qmm_safetensors_count(file) == 1 && qmm_safetensors_metadata(file, "format") == NULL,
+          "null metadata");
+    qmm_safetensors_close(file);
+    io_buf_free(&image);
+}
+
+/* ── bad headers: each must fail with the exact status and a message naming the value ── */
+
+typedef struct bad_case {
+    const char *header;
+    size_t data_size;
+    qmm_status status;
+    const char *needle; /* must appear in the message */
+} bad_case;
+
+static void test_bad_headers(void) {
+    static const bad_case cases[] = {
+        {"[1, 2]", 0, QMM_ERR_CORRUPT, "object"},
+        {"{\"a\": ", 0, QMM_ERR_CORRUPT, "JSON"},
+        {"{} x", 0, QMM_ERR_CORRUPT, "after"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, QMM_ERR_CORRUPT, "\"w\""},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         16, QMM_ERR_CORRUPT, "overlap"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "needs 12"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2147483648,2147483648,2147483648],\"data_offsets\":[0,8]}}", 8,
+         QMM_ERR_CORRUPT, "overflow"},
+        {"{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, QMM_ERR_UNSUPPORTED, "F8_E4M3"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+         16, QMM_ERR_CORRUPT, "twice"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "negative"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "2^53"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "shape[0]"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "shape[0]"},
+        {"{\"w\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "dtype"},
+        {"{\"w\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "dtype"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "shape"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 9, QMM_ERR_CORRUPT, "data_offsets"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, QMM_ERR_CORRUPT, "begin > end"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-1,7]}}", 8, QMM_ERR_CORRUPT, "data_offsets"},
+        {"{\"w\":[1,2]}", 0, QMM_ERR_CORRUPT, "\"w\""},
+        {"{\"__metadata__\":{\"k\":3}}", 0, QMM_ERR_CORRUPT, "\"k\""},
+        {"{\"__metadata__\":[]}", 0, QMM_ERR_CORRUPT, "__metadata__"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, QMM_ERR_UNSUPPORTED,
+         "9 dimensions"},
+        {"{\"\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, QMM_ERR_CORRUPT, "\\xff\\xfe"},
+        {"{\"a\xc0\xaf\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, QMM_ERR_CORRUPT, "UTF-8"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 0, QMM_ERR_CORRUPT, "truncated"},
+    };
+    uint8_t data[64] = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        io_buf image = io_safetensors_image(cases[i].header, data, cases[i].data_size);
+        qmm_safetensors *file = (qmm_safetensors *)&image; /* must be reset to NULL on failure */
+        qmm_error_clear();
+        qmm_status status = qmm_safetensors_open_memory(image.data, image.size, &file);
+        CHECK(status == cases[i].status && qmm_last_error()[0] != '\0',
+              "case %zu (%s): status %s (want %s), message \"%s\"", i, cases[i].header, qmm_status_string(status),
+              qmm_status_string(cases[i].status), qmm_last_error());
+        CHECK(message_has(cases[i].needle), "case %zu: message \"%s\" lacks \"%s\"", i, qmm_last_error(),
+              cases[i].needle);
+        CHECK(file == NULL, "case %zu: handle not NULL after failure", i);
+        if (getenv("QMM_TEST_VERBOSE")) printf("case %zu: %s\n", i, qmm_last_error());
+        io_buf_free(&image);
+    }
+}
+
+static void test_bad_lengths(const char *dir) {
+    qmm_safetensors *file = NULL;
+    uint8_t tiny[5] = {1, 0, 0, 0, 0};
+    CHECK_STATUS(qmm_safetensors_open_memory(tiny, sizeof tiny, &file), QMM_ERR_CORRUPT);
+    CHECK(message_has("5 bytes"), "message: %s", qmm_last_error());
+    CHECK_STATUS(qmm_safetensors_open_memory(tiny, 0, &file), QMM_ERR_CORRUPT);
+
+    /* Header length 2^63, and one byte more than the file holds. */
+    io_buf image = io_safetensors_image("{}", NULL, 0);
+    for (int b = 0; b < 8; b++)
+        image.data[b] = b == 7 ? 0x80 : 0;
+    CHECK_STATUS(qmm_safetensors_open_memory(image.data, image.size, &file), QMM_ERR_CORRUPT);
+    CHECK(message_has("9223372036854775808"), "message does not name the length: %s", qmm_last_error());
+    image.data[7] = 0;
+    image.data[0] = 3;
+    CHECK_STATUS(qmm_safetensors_open_memory(image.data, image.size, &file), QMM_ERR_CORRUPT);
+    image.data[0] = 2;
+    CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
+    CHECK(file && qmm_safetensors_count(file) == 0, "empty header: count");
+    qmm_safetensors_close(file);
+    io_buf_free(&image);
+
+    /* A header over the 100 MB limit, inside a sparse file that really is that large. */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, "huge.safetensors");
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    CHECK(fd >= 0, "cannot create %s", path);
+    if (fd >= 0) {
+        uint64_t length = 100000001;
+        uint8_t prefix[9];
+        for (int b = 0; b < 8; b++)
+            prefix[b] = (uint8_t)(length >> (8 * b));
+        prefix[8] = '{';
+        CHECK(write(fd, prefix, 9) == 9 && ftruncate(fd, (off_t)(length + 8)) == 0, "cannot size %s", path);
+        close(fd);
+        CHECK_STATUS(qmm_safetensors_open(path, &file), QMM_ERR_CORRUPT);
+        CHECK(message_has("100 MB"), "message: %s", qmm_last_error());
+        remove(path);
+    }
+    CHECK_STATUS(qmm_safetensors_open(io_path(dir, "absent.safetensors"), &file), QMM_ERR_IO);
+    CHECK(message_has("absent.safetensors"), "message does not name the file: %s", qmm_last_error());
+}
+
+/* ── the writer refuses bad tensors and never leaves files behind ── */
+
+static void test_write_errors(const char *dir) {
+    float values[4] = {1, 2, 3, 4};
+    qmm_tensor t = {.name = "w", .dtype = QMM_F32, .ndim = 1, .shape = {4}, .data = values, .nbytes = 16};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, "out.safetensors");
+
+    qmm_tensor wrong = t;
+    wrong.nbytes = 12;
+    CHECK_STATUS(qmm_safetensors_write(path, &wrong, 1, NULL, NULL, 0), QMM_ERR_SHAPE);
+    CHECK(message_has("nbytes=12"), "message: %s", qmm_last_error());
+    wrong = t;
+    wrong.shape[0] = -4;
+    CHECK_STATUS(qmm_safetensors_write(path, &wrong, 1, NULL, NULL, 0), QMM_ERR_SHAPE);
+    wrong = t;
+    wrong.name = "bad\xff";
+    CHECK_STATUS(qmm_safetensors_write(path, &wrong, 1, NULL, NULL, 0), QMM_ERR_INVALID_ARGUMENT);
+    wrong.name = "__metadata__";
+    CHECK_STATUS(qmm_safetensors_write(path, &wrong, 1, NULL, NULL, 0), QMM_ERR_INVALID_ARGUMENT);
+    qmm_tensor twice[2] = {t, t};
+    CHECK_STATUS(qmm_safetensors_write(path, twice, 2, NULL, NULL, 0), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(message_has("twice"), "message: %s", qmm_last_error());
+    const char *keys[2] = {"k", "k"}, *values_md[2] = {"1", "2"};
+    CHECK_STATUS(qmm_safetensors_write(path, &t, 1, keys, values_md, 2), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(io_count_entries(dir) == 0, "failed writes left %d entries", io_count_entries(dir));
+
+    /* The rename fails when the destination is a non-empty directory: no temp file may remain. */
+    char blocker[1024];
+    snprintf(blocker, sizeof blocker, "%s/%s", dir, "blocked.safetensors");
+    CHECK(mkdir(blocker, 0755) == 0, "mkdir %s", blocker);
+    CHECK(io_write_file(io_path(blocker, "inside"), "x", 1), "cannot fill %s", blocker);
+    CHECK_STATUS(qmm_safetensors_write(blocker, &t, 1, NULL, NULL, 0), QMM_ERR_IO);
+    CHECK(message_has("rename"), "message: %s", qmm_last_error());
+    CHECK(io_count_entries(dir) == 1, "after the failed rename the directory has %d entries, want 1",
+          io_count_entries(dir));
+    io_remove_tree(blocker);
+
+    /* A directory that does not exist. */
+    CHECK_STATUS(qmm_safetensors_write(io_path(dir, "no/such/dir/x.safetensors"), &t, 1, NULL, NULL, 0), QMM_ERR_IO);
+    CHECK(io_count_entries(dir) == 0, "the directory has %d entries, want 0", io_count_entries(dir));
+
+    /* A valid write over an existing file replaces it. */
+    CHECK_OK(qmm_safetensors_write(path, &t, 1, NULL, NULL, 0));
+    values[0] = 9;
+    CHECK_OK(qmm_safetensors_write(path, &t, 1, NULL, NULL, 0));
+    qmm_safetensors *file = NULL;
+    CHECK_OK(qmm_safetensors_open(path, &file));
+    qmm_tensor got;
+    if (file && qmm_safetensors_find(file, "w", &got) == QMM_OK)
+        CHECK(memcmp(got.data, values, 16) == 0, "the second write did not replace the first");
+    qmm_safetensors_close(file);
+    CHECK(io_count_entries(dir) == 1, "the directory has %d entries, want 1", io_count_entries(dir));
+    remove(path);
+}
+
+int main(void) {
+    char *dir = io_temp_dir("safetensors");
+    CHECK(dir != NULL, "mkdtemp failed");
+    if (dir) {
+        test_round_trip(dir);
+        test_mlx_layout();
+        test_bad_headers();
+        test_bad_lengths(dir);
+        test_write_errors(dir);
+        io_remove_tree(dir);
+        free(dir);
+    }
+    return check_finish("io-safetensors");
+}

@@ -1,0 +1,217 @@
+/*
+ * test_kernels.c — the kernel harness (DESIGN.md §5, docs/kernels.md "Harness").
+ *
+ * For every backend that can be created here (the others print "SKIPPED: <reason>") and every row of
+ * its kernel table, a grid of cases derived from the row's own tile runs through the public API with
+ * the row forced by name:
+ *   M               {1, BM−1, BM, BM+1, 2·BM+1}                             (deduplicated, ≥ 1)
+ *   free dimension  {1, 7, T−1, T, T+1, 2·T+1}     T = BN for qmm_t (N), BK for qmm_n (K)
+ *   quantized dim   {gs, L−gs, L, L+gs, 2·L+gs} ∪ {576 or 640}, L = lcm(tile, gs), a multiple of gs
+ *                   (K for qmm_t, N for qmm_n; 576 = 9·64 is SmolLM2's hidden size, 640 = 5·128)
+ *   × every bits {2,3,4,5,6,8} × group_size {32,64,128} × dtype {f32,f16,bf16}
+ * Inputs are fresh random each run (the seed is printed on failure). The output buffer is M·N plus a
+ * guard of GUARD elements, poisoned with NaN before each run: an unwritten output fails the oracle
+ * check, a write past M·N fails the guard check. Each output is compared with qmm_ref_dense_f64
+ * within qmm_error_bound × the row's tolerance_slack. A row that runs zero cases fails.
+ */
+#include "check.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GUARD 16
+#define MAX_VALUES 12
+
+typedef struct value_set {
+    size_t values[MAX_VALUES];
+    size_t count;
+} value_set;
+
+static void set_add(value_set *set, size_t value, size_t multiple_of) {
+    if (value == 0 || value % multiple_of != 0 || set->count == MAX_VALUES) return;
+    for (size_t i = 0; i < set->count; i++)
+        if (set->values[i] == value) return;
+    set->values[set->count++] = value;
+}
+
+static size_t gcd(size_t a, size_t b) {
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The tile of a row along a dimension; 0 or negative means "no tile" and counts as 1. */
+static size_t tile_of(int tile) { return tile > 0 ? (size_t)tile : 1; }
+
+static value_set m_values(const qmm_kernel_info *info) {
+    const size_t bm = tile_of(info->bm);
+    value_set set = {{0}, 0};
+    set_add(&set, 1, 1);
+    set_add(&set, bm - 1, 1);
+    set_add(&set, bm, 1);
+    set_add(&set, bm + 1, 1);
+    set_add(&set, 2 * bm + 1, 1);
+    return set;
+}
+
+static value_set free_values(size_t tile) {
+    value_set set = {{0}, 0};
+    set_add(&set, 1, 1);
+    set_add(&set, 7, 1);
+    set_add(&set, tile - 1, 1);
+    set_add(&set, tile, 1);
+    set_add(&set, tile + 1, 1);
+    set_add(&set, 2 * tile + 1, 1);
+    return set;
+}
+
+static value_set quantized_values(size_t tile, size_t group_size) {
+    const size_t lcm = tile / gcd(tile, group_size) * group_size;
+    value_set set = {{0}, 0};
+    set_add(&set, group_size, group_size);
+    set_add(&set, lcm - group_size, group_size);
+    set_add(&set, lcm, group_size);
+    set_add(&set, lcm + group_size, group_size);
+    set_add(&set, 2 * lcm + group_size, group_size);
+    set_add(&set, 576, group_size); /* not a power of two, and a real model's K (SmolLM2-135M) */
+    set_add(&set, 640, group_size); /* the same for group_size 128, where 576 is not a multiple */
+    return set;
+}
+
+typedef struct kernel_tally {
+    size_t ran;
+    size_t not_supported;
+    size_t failed;
+    double worst;
+    char first_refusal[200];
+} kernel_tally;
+
+/* One weight matrix (rows × cols, format) against every M of the grid. */
+static void run_matrix(qmm_context *context, const qmm_kernel_info *info, check_rng *rng, size_t N, size_t K,
+                       int bits, int group_size, qmm_dtype dtype, const value_set *ms, kernel_tally *tally) {
+    const bool transpose = info->op == QMM_OP_QMM_T;
+    check_qmatrix q;
+    if (!check_qmatrix_random(rng, transpose ? N : K, transpose ? K : N, bits, group_size, dtype, &q)) {
+        CHECK(false, "out of memory for a %zu×%zu matrix", N, K);
+        return;
+    }
+    qmm_weights *weights = NULL;
+    CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+    const size_t size = qmm_dtype_size(dtype);
+    for (size_t mi = 0; weights && mi < ms->count; mi++) {
+        const size_t M = ms->values[mi];
+        char label[192];
+        snprintf(label, sizeof label, "%s %s %d-bit gs%d M=%zu N=%zu K=%zu", info->name, qmm_dtype_name(dtype), bits,
+                 group_size, M, N, K);
+        const char *why_not = NULL;
+        int supported = qmm_kernel_supports(context, info->name, weights, M, info->op, &why_not);
+        CHECK(supported >= 0, "%s: qmm_kernel_supports failed: %s", label, qmm_last_error());
+        if (supported != 1) {
+            if (tally->not_supported++ == 0 && why_not)
+                snprintf(tally->first_refusal, sizeof tally->first_refusal, "%s: %s", label, why_not);
+            continue;
+        }
+        void *x = malloc(M * K * size), *out = malloc((M * N + GUARD) * size);
+        double *exact = malloc(M * N * sizeof(double)), *abs_dot = malloc(M * N * sizeof(double));
+        qmm_buffer *xb = NULL, *ob = NULL;
+        if (!x || !out || !exact || !abs_dot) {
+            CHECK(false, "%s: out of memory", label);
+            goto next;
+        }
+        check_fill_uniform(rng, x, dtype, M * K, -1.0f, 1.0f);
+        CHECK_OK(qmm_buffer_create(context, dtype, M * K, &xb));
+        CHECK_OK(qmm_buffer_create(context, dtype, M * N + GUARD, &ob));
+        if (!xb || !ob) goto next;
+        CHECK_OK(qmm_buffer_write(xb, x, M * K));
+        CHECK_OK(qmm_buffer_poison(ob));
+        qmm_matmul_options options = {.op = info->op, .kernel = info->name};
+        qmm_kernel_info ran = {0};
+        qmm_status status = qmm_matmul(context, weights, xb, M, ob, &options, &ran);
+        CHECK(status == QMM_OK, "%s: matmul -> %s: %s", label, qmm_status_string(status), qmm_last_error());
+        if (status != QMM_OK) {
+            tally->failed++;
+            goto next;
+        }
+        CHECK(ran.name && strcmp(ran.name, info->name) == 0, "%s: ran %s instead", label, ran.name ? ran.name : "?");
+        CHECK_OK(qmm_buffer_read(ob, out, M * N + GUARD));
+        CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, transpose ? 1 : 0, exact, abs_dot));
+        double worst = 0.0;
+        size_t bad = check_against_oracle(label, out, dtype, exact, abs_dot, M * N, K, info->tolerance_slack, &worst);
+        size_t guard_written = 0;
+        for (size_t i = M * N; i < M * N + GUARD; i++) guard_written += !isnan(qmm_load_f32(out, dtype, i));
+        CHECK(bad == 0, "%s: %zu of %zu outputs outside the bound (worst error/bound %.3g)", label, bad, M * N, worst);
+        CHECK(guard_written == 0, "%s: %zu elements written past M·N", label, guard_written);
+        if (bad || guard_written) tally->failed++;
+        if (worst > tally->worst) tally->worst = worst;
+        tally->ran++;
+    next:
+        qmm_buffer_destroy(xb);
+        qmm_buffer_destroy(ob);
+        free(x);
+        free(out);
+        free(exact);
+        free(abs_dot);
+    }
+    qmm_weights_destroy(weights);
+    check_qmatrix_free(&q);
+}
+
+static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_rng *rng) {
+    static const int all_bits[] = {2, 3, 4, 5, 6, 8};
+    static const int all_group_sizes[] = {32, 64, 128};
+    static const qmm_dtype all_dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    const bool transpose = info->op == QMM_OP_QMM_T;
+    /* qmm_t: N is free (tile BN), K is quantized (tile BK); qmm_n: the other way round. */
+    const size_t free_tile = tile_of(transpose ? info->bn : info->bk);
+    const size_t quantized_tile = tile_of(transpose ? info->bk : info->bn);
+    const value_set ms = m_values(info), frees = free_values(free_tile);
+    kernel_tally tally = {0};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t b = 0; b < 6; b++)
+            for (size_t g = 0; g < 3; g++) {
+                const value_set quantized = quantized_values(quantized_tile, (size_t)all_group_sizes[g]);
+                for (size_t qi = 0; qi < quantized.count; qi++)
+                    for (size_t fi = 0; fi < frees.count; fi++) {
+                        const size_t N = transpose ? frees.values[fi] : quantized.values[qi];
+                        const size_t K = transpose ? quantized.values[qi] : frees.values[fi];
+                        run_matrix(context, info, rng, N, K, all_bits[b], all_group_sizes[g], all_dtypes[d], &ms,
+                                   &tally);
+                    }
+            }
+    printf("  %-28s %6zu cases ran, %zu not supported, %zu failed, worst error/bound %.3f\n", info->name, tally.ran,
+           tally.not_supported, tally.failed, tally.worst);
+    if (tally.not_supported) printf("    first refusal: %s\n", tally.first_refusal);
+    CHECK(tally.ran > 0, "%s: zero cases ran — a kernel that is never exercised is not tested", info->name);
+}
+
+int main(void) {
+    const qmm_backend backends[] = {QMM_BACKEND_REF, QMM_BACKEND_CPU, QMM_BACKEND_CUDA};
+    size_t kernels_run = 0;
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        qmm_context *context = NULL;
+        qmm_status status = qmm_context_create(backends[i], 0, &context);
+        if (status != QMM_OK) {
+            printf("backend %s: SKIPPED: %s\n", qmm_backend_name(backends[i]), qmm_last_error());
+            /* "not built" or "no device" is a skip; anything else is a failure of the backend. */
+            CHECK(status == QMM_ERR_UNSUPPORTED, "backend %s: context_create -> %s: %s", qmm_backend_name(backends[i]),
+                  qmm_status_string(status), qmm_last_error());
+            continue;
+        }
+        printf("backend %s: %zu kernels\n", qmm_backend_name(backends[i]), qmm_kernel_count(context));
+        check_rng rng = check_rng_make(100 + i);
+        for (size_t k = 0; k < qmm_kernel_count(context); k++) {
+            qmm_kernel_info info;
+            CHECK_OK(qmm_kernel_get(context, k, &info));
+            run_kernel(context, &info, &rng);
+            kernels_run++;
+        }
+        qmm_context_destroy(context);
+    }
+    CHECK(kernels_run > 0, "no kernel of any backend ran");
+    return check_finish("test_kernels");
+}

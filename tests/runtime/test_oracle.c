@@ -1,0 +1,237 @@
+/*
+ * test_oracle.c — the reference products and the error bound (src/ref/oracle.c).
+ *
+ *   - qmm_error_bound on hand-computed cases (values worked out with exact fractions, see comments)
+ *   - the oracle's exact answers on hand-built matrices (including a 3-bit code straddling two words)
+ *   - qmm_ref_qmm_t / qmm_ref_qmm_n against qmm_ref_dense_f64 on fresh random cases, every format
+ *   - qmm_ref_qmm_t against a naive split loop written here (same order: equal on targets that do not
+ *     contract a·b + c into an FMA, within the bound everywhere)
+ *   - every bad input of the oracle entry points, with its exact status and a message
+ */
+#include "check.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const int all_bits[] = {2, 3, 4, 5, 6, 8};
+static const int all_group_sizes[] = {32, 64, 128};
+static const qmm_dtype all_dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+
+static bool close_relative(double got, double want, double tolerance) {
+    return fabs(got - want) <= tolerance * fabs(want);
+}
+
+static void test_error_bound(void) {
+    /* bound = slack·((1 + u_out)·γ(K+2)·abs_dot + u_out·|exact| + tiny), γ(n) = n·2^-24/(1 − n·2^-24).
+     * K=62, f32, exact 2, abs_dot 4: γ(64) = 2^-18/(1 − 2^-18) = 3.81471...e-6;
+     * (1 + 2^-24)·4·γ + 2·2^-24 + 2^-149 = 1.5378057469...e-5. */
+    double b = qmm_error_bound(62, QMM_F32, 2.0, 4.0, 1.0);
+    CHECK(close_relative(b, 1.537805746943191e-05, 1e-13), "bound(K=62, f32) = %.17g", b);
+    /* K=30, f16, exact −3, abs_dot 10: γ(32) = 2^-19/(1 − 2^-19);
+     * (1 + 2^-11)·10·γ + 3·2^-11 + 2^-24 = 1.4839861905...e-3 (the u_out·|exact| term dominates). */
+    b = qmm_error_bound(30, QMM_F16, -3.0, 10.0, 1.0);
+    CHECK(close_relative(b, 0.0014839861905962676, 1e-13), "bound(K=30, f16) = %.17g", b);
+    /* K=126, bf16, exact 100, abs_dot 1000: γ(128) = 2^-17/(1 − 2^-17);
+     * (1 + 2^-8)·1000·γ + 100·2^-8 + 2^-133 = 0.39828425528... */
+    b = qmm_error_bound(126, QMM_BF16, 100.0, 1000.0, 1.0);
+    CHECK(close_relative(b, 0.3982842552891181, 1e-13), "bound(K=126, bf16) = %.17g", b);
+    /* A zero product leaves only the smallest bf16 subnormal, 2^-133. */
+    b = qmm_error_bound(5120, QMM_BF16, 0.0, 0.0, 1.0);
+    CHECK(b == 0x1.0p-133, "bound(exact 0, abs_dot 0, bf16) = %.17g, want 2^-133", b);
+    /* Slack multiplies everything: K=5120, f16, exact 0.5, abs_dot 20, slack 2 = 0.012709894034... */
+    b = qmm_error_bound(5120, QMM_F16, 0.5, 20.0, 2.0);
+    CHECK(close_relative(b, 0.012709894034420957, 1e-13), "bound(K=5120, f16, slack 2) = %.17g", b);
+    CHECK(qmm_error_bound(64, QMM_F32, -7.0, 9.0, 3.0) == 3.0 * qmm_error_bound(64, QMM_F32, 7.0, 9.0, 1.0),
+          "slack must scale the whole bound and the sign of exact must not matter");
+    /* Refusals are NaN, so that every comparison against them fails. */
+    CHECK(isnan(qmm_error_bound(64, QMM_U8, 1.0, 1.0, 1.0)), "bound for u8 must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, 0.0)), "bound with slack 0 must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, NAN)), "bound with slack NaN must be NaN");
+    CHECK(isnan(qmm_error_bound((size_t)1 << 24, QMM_F32, 1.0, 1.0, 1.0)), "bound with K·u ≥ 1 must be NaN");
+    CHECK(qmm_error_bound(64, QMM_F16, 1.0, 1.0, 1.0) > qmm_error_bound(64, QMM_F32, 1.0, 1.0, 1.0),
+          "an f16 output must get a looser bound than an f32 output");
+}
+
+/* Exact answers: every value below is a small dyadic number, so every f32 operation is exact and
+ * the oracle must hit the value on the nose. */
+static void test_exact_cases(void) {
+    /* qmm_t, 1×2 out, K = 32, 4-bit gs32: row 0 all codes 1 (s 0.5, b 0.25), row 1 codes j % 16
+     * (s −0.125, b 1); x = 1 everywhere. out[0] = 32·0.75 = 24; out[1] = −0.125·2·120 + 32 = 2. */
+    uint8_t codes[64];
+    for (int j = 0; j < 32; j++) codes[j] = 1, codes[32 + j] = (uint8_t)(j % 16);
+    uint32_t w[8];
+    CHECK_OK(qmm_pack(codes, 2, 32, 4, w));
+    float scales[2] = {0.5f, -0.125f}, biases[2] = {0.25f, 1.0f}, x[32], out[2] = {NAN, NAN};
+    for (int k = 0; k < 32; k++) x[k] = 1.0f;
+    qmm_qmatrix m = {w, scales, biases, QMM_F32, 2, 32, 4, 32};
+    CHECK_OK(qmm_ref_qmm_t(&m, x, 1, out));
+    CHECK(out[0] == 24.0f && out[1] == 2.0f, "qmm_t exact case: got %g, %g; want 24, 2", out[0], out[1]);
+    double exact[2], abs_dot[2];
+    CHECK_OK(qmm_ref_dense_f64(&m, x, 1, 1, exact, abs_dot));
+    CHECK(exact[0] == 24.0 && exact[1] == 2.0, "dense f64 qmm_t: got %g, %g", exact[0], exact[1]);
+    /* abs_dot[1] = Σ (|−0.125·q| + 1) = 0.125·240 + 32 = 62. */
+    CHECK(abs_dot[0] == 24.0 && abs_dot[1] == 62.0, "abs_dot: got %g, %g; want 24, 62", abs_dot[0], abs_dot[1]);
+
+    /* qmm_n with the same weights as K = 2 rows × N = 32 cols: out[n] = x0·ŵ[0, n] + x1·ŵ[1, n]
+     * with x = (2, −1): out[n] = 2·0.75 − (−0.125·(n % 16) + 1) = 0.5 + 0.125·(n % 16). */
+    float xn[2] = {2.0f, -1.0f}, outn[32];
+    for (int n = 0; n < 32; n++) outn[n] = NAN;
+    CHECK_OK(qmm_ref_qmm_n(&m, xn, 1, outn));
+    int wrong = 0;
+    for (int n = 0; n < 32; n++) wrong += outn[n] != 0.5f + 0.125f * (float)(n % 16);
+    CHECK(wrong == 0, "qmm_n exact case: %d of 32 outputs wrong (out[1] = %g, want 0.625)", wrong, outn[1]);
+
+    /* A 3-bit code straddling two words: code 10 of a row occupies stream bits [30, 33), i.e. bits
+     * 30–31 of word 0 and bit 0 of word 1. Put code 5 (0b101) there and zero elsewhere, s = 1, b = 0:
+     * x = e_10 gives exactly 5, any other unit vector gives 0. */
+    uint8_t codes3[32] = {0};
+    codes3[10] = 5;
+    uint32_t w3[3];
+    CHECK_OK(qmm_pack(codes3, 1, 32, 3, w3));
+    CHECK(w3[0] == (1u << 30) && w3[1] == 1u, "3-bit straddle packing: words %08x %08x", w3[0], w3[1]);
+    float one = 1.0f, zero = 0.0f, x3[2 * 32] = {0}, out3[2];
+    x3[10] = 1.0f;      /* row 0 of x: e_10 */
+    x3[32 + 11] = 1.0f; /* row 1 of x: e_11 */
+    qmm_qmatrix m3 = {w3, &one, &zero, QMM_F32, 1, 32, 3, 32};
+    CHECK_OK(qmm_ref_qmm_t(&m3, x3, 2, out3));
+    CHECK(out3[0] == 5.0f && out3[1] == 0.0f, "3-bit straddle product: got %g, %g; want 5, 0", out3[0], out3[1]);
+}
+
+/* The seed's split written plainly, one output at a time, as an independent check of the blocked
+ * oracle's order. */
+static void naive_split(const qmm_qmatrix *m, const float *x, size_t M, float *out) {
+    size_t N = m->rows, K = m->cols, gs = (size_t)m->group_size, groups = K / gs;
+    size_t words = K * (size_t)m->bits / 32;
+    for (size_t i = 0; i < M; i++)
+        for (size_t n = 0; n < N; n++) {
+            float acc = 0.0f;
+            for (size_t g = 0; g < groups; g++) {
+                float qdot = 0.0f, xsum = 0.0f;
+                for (size_t k = g * gs; k < (g + 1) * gs; k++) {
+                    qdot += (float)qmm_code_at(m->w + n * words, k, m->bits) * x[i * K + k];
+                }
+                for (size_t k = g * gs; k < (g + 1) * gs; k++) xsum += x[i * K + k];
+                acc += ((const float *)m->scales)[n * groups + g] * qdot +
+                       ((const float *)m->biases)[n * groups + g] * xsum;
+            }
+            out[i * N + n] = acc;
+        }
+}
+
+static void test_random_against_dense(void) {
+    check_rng rng = check_rng_make(11);
+    /* M past one lane block (8) and one row block (32) of the oracle; N and K not powers of two. */
+    const size_t shapes[][3] = {{1, 1, 1}, {3, 5, 9}, {8, 7, 3}, {9, 17, 2}, {33, 3, 5}, {2, 40, 18}};
+    size_t cases = 0, bad_total = 0;
+    double worst_seen = 0.0;
+    for (size_t d = 0; d < 3; d++)
+        for (size_t b = 0; b < 6; b++)
+            for (size_t gi = 0; gi < 3; gi++)
+                for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                    for (int transpose = 0; transpose <= 1; transpose++) {
+                        const qmm_dtype dtype = all_dtypes[d];
+                        const int bits = all_bits[b], gs = all_group_sizes[gi];
+                        const size_t M = shapes[s][0];
+                        /* the quantized dimension is a count of groups, the other one is free */
+                        const size_t quantized = shapes[s][2] * (size_t)gs, free_dim = shapes[s][1];
+                        const size_t N = transpose ? free_dim : quantized, K = transpose ? quantized : free_dim;
+                        check_qmatrix q;
+                        if (!check_qmatrix_random(&rng, transpose ? N : K, transpose ? K : N, bits, gs, dtype, &q)) {
+                            CHECK(false, "out of memory");
+                            return;
+                        }
+                        const size_t size = qmm_dtype_size(dtype);
+                        void *x = malloc(M * K * size), *out = malloc(M * N * size);
+                        double *exact = malloc(M * N * sizeof(double)), *abs_dot = malloc(M * N * sizeof(double));
+                        check_fill_uniform(&rng, x, dtype, M * K, -1.0f, 1.0f);
+                        memset(out, 0xFF, M * N * size); /* NaN in every dtype */
+                        qmm_status st = transpose ? qmm_ref_qmm_t(&q.m, x, M, out) : qmm_ref_qmm_n(&q.m, x, M, out);
+                        CHECK(st == QMM_OK, "oracle failed: %s", qmm_last_error());
+                        CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, transpose, exact, abs_dot));
+                        char label[128];
+                        snprintf(label, sizeof label, "%s %s %d-bit gs%d M=%zu N=%zu K=%zu",
+                                 transpose ? "qmm_t" : "qmm_n", qmm_dtype_name(dtype), bits, gs, M, N, K);
+                        double worst;
+                        size_t bad = check_against_oracle(label, out, dtype, exact, abs_dot, M * N, K, 1.0, &worst);
+                        CHECK(bad == 0, "%s: %zu outputs outside the bound (worst error/bound %.3g)", label, bad, worst);
+                        bad_total += bad;
+                        if (worst > worst_seen) worst_seen = worst;
+                        if (transpose && dtype == QMM_F32) {
+                            float *naive = malloc(M * N * sizeof(float));
+                            naive_split(&q.m, x, M, naive);
+#if defined(__x86_64__) && !defined(__FMA__)
+                            /* No FMA contraction on this target: the same order must give the same bits. */
+                            CHECK(memcmp(naive, out, M * N * sizeof(float)) == 0,
+                                  "%s: the blocked oracle differs from the plain split loop", label);
+#endif
+                            size_t naive_bad = check_against_oracle("naive split", naive, QMM_F32, exact, abs_dot,
+                                                                    M * N, K, 1.0, NULL);
+                            CHECK(naive_bad == 0, "%s: the plain split loop is outside the bound", label);
+                            free(naive);
+                        }
+                        cases++;
+                        free(x);
+                        free(out);
+                        free(exact);
+                        free(abs_dot);
+                        check_qmatrix_free(&q);
+                    }
+    printf("oracle vs f64 dense: %zu random cases, %zu outputs outside the bound, worst error/bound %.3f\n", cases,
+           bad_total, worst_seen);
+}
+
+static void test_bad_input(void) {
+    check_rng rng = check_rng_make(12);
+    check_qmatrix q;
+    if (!check_qmatrix_random(&rng, 4, 64, 4, 32, QMM_F32, &q)) {
+        CHECK(false, "out of memory");
+        return;
+    }
+    float x[2 * 64] = {0}, out[2 * 64];
+    double out64[2 * 64];
+
+    CHECK_STATUS(qmm_ref_qmm_t(NULL, x, 1, out), QMM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(qmm_ref_qmm_t(&q.m, NULL, 1, out), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strcmp(qmm_last_error(), "qmm_ref_qmm_t: x is NULL") == 0, "message: %s", qmm_last_error());
+    CHECK_STATUS(qmm_ref_qmm_n(&q.m, x, 1, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strcmp(qmm_last_error(), "qmm_ref_qmm_n: out is NULL") == 0, "message: %s", qmm_last_error());
+    CHECK_STATUS(qmm_ref_dense_f64(&q.m, x, 1, 2, out64, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strcmp(qmm_last_error(), "qmm_ref_dense_f64: transpose=2 must be 1 (qmm_t) or 0 (qmm_n)") == 0,
+          "message: %s", qmm_last_error());
+
+    CHECK_STATUS(qmm_ref_qmm_t(&q.m, x, 0, out), QMM_ERR_SHAPE);
+    CHECK(strcmp(qmm_last_error(), "qmm_ref_qmm_t: M=0, a product needs M >= 1 rows of x") == 0, "message: %s",
+          qmm_last_error());
+    /* M·K overflows size_t: K = 64, M = SIZE_MAX/32. */
+    CHECK_STATUS(qmm_ref_qmm_t(&q.m, x, SIZE_MAX / 32, out), QMM_ERR_OVERFLOW);
+    CHECK(strstr(qmm_last_error(), "M*K") != NULL, "message names M*K: %s", qmm_last_error());
+    /* qmm_n of the same matrix: K = 4, N = 64, so M = SIZE_MAX/16 keeps M·K but not M·N. */
+    CHECK_STATUS(qmm_ref_qmm_n(&q.m, x, SIZE_MAX / 16, out), QMM_ERR_OVERFLOW);
+    CHECK(strstr(qmm_last_error(), "M*N") != NULL, "message names M*N: %s", qmm_last_error());
+    CHECK_STATUS(qmm_ref_dense_f64(&q.m, x, SIZE_MAX / 32, 1, out64, NULL), QMM_ERR_OVERFLOW);
+
+    /* The matrix itself goes through qmm_qmatrix_validate. */
+    qmm_qmatrix bad = q.m;
+    bad.bits = 7;
+    CHECK_STATUS(qmm_ref_qmm_t(&bad, x, 1, out), QMM_ERR_FORMAT);
+    bad = q.m;
+    bad.cols = 48;
+    CHECK_STATUS(qmm_ref_qmm_n(&bad, x, 1, out), QMM_ERR_SHAPE);
+    bad = q.m;
+    bad.scales = NULL;
+    CHECK_STATUS(qmm_ref_dense_f64(&bad, x, 1, 0, out64, NULL), QMM_ERR_INVALID_ARGUMENT);
+    bad = q.m;
+    bad.dtype = QMM_U8;
+    CHECK_STATUS(qmm_ref_qmm_t(&bad, x, 1, out), QMM_ERR_INVALID_ARGUMENT);
+    check_qmatrix_free(&q);
+}
+
+int main(void) {
+    test_error_bound();
+    test_exact_cases();
+    test_random_against_dense();
+    test_bad_input();
+    return check_finish("test_oracle");
+}
