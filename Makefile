@@ -40,8 +40,11 @@ test-fuzz:
 	cmake --build build-fuzz -j $(JOBS)
 	ctest --test-dir build-fuzz --output-on-failure -L fuzz
 
-install: build
-	cmake --install build --prefix $(PREFIX)
+# The prefix is given at configure time too, so that the installed qmm.pc and the fixture path are right.
+install: setup-build
+	cmake -S . -B build -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+	cmake --build build -j $(JOBS)
+	cmake --install build
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-build}
 
-need=(gcc make cmake pkg-config libcjson-dev)
+need=(gcc libc6-dev make cmake pkg-config libcjson-dev) # libc6-dev: only Recommended by gcc
 if [ "$what" = test ]; then
   need+=(clang libclang-rt-14-dev python3 python3-venv unzip)
 fi
@@ -23,8 +23,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   echo "setup: installing ${missing[*]}" >&2
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  mkdir -p .cache
+  log=.cache/setup-apt.log
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+         $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    echo "setup: apt-get failed (full log: $log)" >&2
+    exit 1
+  fi
 fi
 
 if [ "$what" = test ]; then
