@@ -105,6 +105,36 @@ static qmm_status check_pack_arguments(const char *function, const char *in_name
     return QMM_OK;
 }
 
+void qmm_pack_stream(const uint8_t *codes, size_t count, int bits, uint32_t *out) {
+    uint64_t buffer = 0; /* pending stream bits, LSB = the oldest */
+    unsigned filled = 0; /* how many bits of buffer are pending (< 32 between codes) */
+    for (size_t j = 0; j < count; j++) {
+        buffer |= (uint64_t)codes[j] << filled;
+        filled += (unsigned)bits;
+        if (filled >= 32) {
+            *out++ = (uint32_t)buffer;
+            buffer >>= 32;
+            filled -= 32;
+        }
+    }
+    /* count·bits is a multiple of 32, so nothing is left over (filled == 0 here). */
+}
+
+void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    const uint64_t mask = ((uint64_t)1 << bits) - 1u;
+    uint64_t buffer = 0;
+    unsigned available = 0; /* unread stream bits in buffer */
+    for (size_t j = 0; j < count; j++) {
+        if (available < (unsigned)bits) { /* the code reaches into the next word: append it above */
+            buffer |= (uint64_t)(*in++) << available;
+            available += 32;
+        }
+        codes[j] = (uint8_t)(buffer & mask);
+        buffer >>= bits;
+        available -= (unsigned)bits;
+    }
+}
+
 qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w) {
     size_t words_per_row = 0;
     qmm_status status = check_pack_arguments("qmm_pack", "codes", codes, "w", w, rows, cols, bits, &words_per_row);
@@ -125,22 +155,7 @@ qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, ui
                                  row[j], r, j, bits, limit);
     }
 
-    for (size_t r = 0; r < rows; r++) {
-        const uint8_t *row = codes + r * cols;
-        uint32_t *out = w + r * words_per_row;
-        uint64_t buffer = 0; /* pending stream bits, LSB = the oldest */
-        unsigned filled = 0; /* how many bits of buffer are pending (< 32 between codes) */
-        for (size_t j = 0; j < cols; j++) {
-            buffer |= (uint64_t)row[j] << filled;
-            filled += (unsigned)bits;
-            if (filled >= 32) {
-                *out++ = (uint32_t)buffer;
-                buffer >>= 32;
-                filled -= 32;
-            }
-        }
-        /* cols·bits is a multiple of 32, so nothing is left over (filled == 0 here). */
-    }
+    for (size_t r = 0; r < rows; r++) qmm_pack_stream(codes + r * cols, cols, bits, w + r * words_per_row);
     return QMM_OK;
 }
 
@@ -149,21 +164,6 @@ qmm_status qmm_unpack(const uint32_t *w, size_t rows, size_t cols, int bits, uin
     qmm_status status = check_pack_arguments("qmm_unpack", "w", w, "codes", codes, rows, cols, bits, &words_per_row);
     if (status != QMM_OK) return status;
 
-    const uint64_t mask = ((uint64_t)1 << bits) - 1u;
-    for (size_t r = 0; r < rows; r++) {
-        const uint32_t *in = w + r * words_per_row;
-        uint8_t *row = codes + r * cols;
-        uint64_t buffer = 0;
-        unsigned available = 0; /* unread stream bits in buffer */
-        for (size_t j = 0; j < cols; j++) {
-            if (available < (unsigned)bits) { /* the code reaches into the next word: append it above */
-                buffer |= (uint64_t)(*in++) << available;
-                available += 32;
-            }
-            row[j] = (uint8_t)(buffer & mask);
-            buffer >>= bits;
-            available -= (unsigned)bits;
-        }
-    }
+    for (size_t r = 0; r < rows; r++) qmm_unpack_stream(w + r * words_per_row, cols, bits, codes + r * cols);
     return QMM_OK;
 }

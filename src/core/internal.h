@@ -66,4 +66,9 @@ static inline uint32_t qmm_code_at(const uint32_t *row, size_t j, int bits) {
     return (uint32_t)(pair >> shift) & ((1u << bits) - 1u);
 }
 
+/* The LSB-first bit stream of one row (or one group): packs count codes (each < 2^bits, count·bits a
+ * multiple of 32) into count·bits/32 words, and the inverse. No checks: qmm_pack/qmm_unpack validate. */
+void qmm_pack_stream(const uint8_t *codes, size_t count, int bits, uint32_t *out);
+void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *codes);
+
 #endif /* QMM_INTERNAL_H */

@@ -68,37 +68,6 @@ static bool element_nonfinite(const void *array, qmm_dtype dtype, size_t i) {
     }
 }
 
-/* Packs count codes (count·bits a multiple of 32) LSB-first into words. */
-static void pack_codes(const uint8_t *codes, size_t count, int bits, uint32_t *out) {
-    uint64_t buffer = 0;
-    unsigned filled = 0;
-    for (size_t j = 0; j < count; j++) {
-        buffer |= (uint64_t)codes[j] << filled;
-        filled += (unsigned)bits;
-        if (filled >= 32) {
-            *out++ = (uint32_t)buffer;
-            buffer >>= 32;
-            filled -= 32;
-        }
-    }
-}
-
-/* Unpacks count codes (count·bits a multiple of 32) from LSB-first words. */
-static void unpack_codes(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
-    const uint64_t mask = ((uint64_t)1 << bits) - 1u;
-    uint64_t buffer = 0;
-    unsigned available = 0;
-    for (size_t j = 0; j < count; j++) {
-        if (available < (unsigned)bits) {
-            buffer |= (uint64_t)(*in++) << available;
-            available += 32;
-        }
-        codes[j] = (uint8_t)(buffer & mask);
-        buffer >>= bits;
-        available -= (unsigned)bits;
-    }
-}
-
 /* One group: values[n] (f32) -> codes[n], *scale, *bias (f32, before rounding to the dtype). The comparisons
  * mirror std::min/std::max (CPU) and Metal min/max (GPU); they agree on the finite inputs allowed here. */
 static void quantize_group(const float *values, int n, int bits, qmm_convention convention, float gpu_min_start,
@@ -190,7 +159,7 @@ qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols
                 return qmm_error(QMM_ERR_NUMERIC,
                                  "qmm_quantize: row %zu, columns %zu..%zu: max - min overflows f32, so the scale is not finite",
                                  r, g * (size_t)group_size, (g + 1) * (size_t)group_size - 1);
-            pack_codes(codes, (size_t)group_size, bits, out_w + r * words_per_row + g * words_per_group);
+            qmm_pack_stream(codes, (size_t)group_size, bits, out_w + r * words_per_row + g * words_per_group);
             qmm_store_f32(out_scales, dtype, r * groups_per_row + g, scale);
             qmm_store_f32(out_biases, dtype, r * groups_per_row + g, bias);
         }
@@ -242,7 +211,7 @@ qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dt
             size_t group_index = r * groups_per_row + g;
             float s = qmm_load_f32(matrix->scales, dtype, group_index);
             float b = qmm_load_f32(matrix->biases, dtype, group_index);
-            unpack_codes(matrix->w + r * words_per_row + g * words_per_group, (size_t)group_size, bits, codes);
+            qmm_unpack_stream(matrix->w + r * words_per_row + g * words_per_group, (size_t)group_size, bits, codes);
             size_t first = r * cols + g * (size_t)group_size;
             if (use_table) {
                 for (unsigned q = 0; q < levels; q++) table[q] = dequantize_value(s, b, q, dtype);

@@ -41,17 +41,6 @@ static void quant_config_free(quant_config *config) {
     memset(config, 0, sizeof *config);
 }
 
-static const char *json_kind(const cJSON *item) {
-    if (!item) return "missing";
-    if (cJSON_IsObject(item)) return "an object";
-    if (cJSON_IsArray(item)) return "an array";
-    if (cJSON_IsString(item)) return "a string";
-    if (cJSON_IsNumber(item)) return "a number";
-    if (cJSON_IsBool(item)) return "a boolean";
-    if (cJSON_IsNull(item)) return "null";
-    return "invalid";
-}
-
 /* Parses text (size bytes, not necessarily NUL-terminated) into a cJSON tree; trailing whitespace only. */
 static qmm_status parse_json(const char *what, const char *json, size_t size, cJSON **root) {
     *root = NULL;
@@ -98,7 +87,7 @@ static qmm_status parse_format(const cJSON *object, const char *where, int *bits
     if (mode) {
         if (!cJSON_IsString(mode) || !mode->valuestring)
             return qmm_error(QMM_ERR_CORRUPT, "config.json %s.mode is %s; it must be a string", printable,
-                             json_kind(mode));
+                             qmm_io_json_kind(mode));
         if (strcmp(mode->valuestring, "affine") != 0) {
             char mode_printable[QMM_IO_PRINTABLE_SIZE];
             return qmm_error(
@@ -117,7 +106,7 @@ static qmm_status parse_format(const cJSON *object, const char *where, int *bits
         }
         if (!cJSON_IsNumber(item))
             return qmm_error(QMM_ERR_CORRUPT, "config.json %s.%s is %s; it must be an integer", printable, names[k],
-                             json_kind(item));
+                             qmm_io_json_kind(item));
         double value = item->valuedouble;
         bool ok = k == 0 ? format_bits_ok(value) : format_group_ok(value);
         if (!ok)
@@ -142,7 +131,7 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
     qmm_status status = parse_json("config.json", json, size, &root);
     if (status != QMM_OK) return status;
     if (!cJSON_IsObject(root)) {
-        status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", json_kind(root));
+        status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", qmm_io_json_kind(root));
         goto cleanup;
     }
     /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. */
@@ -155,7 +144,7 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
     if (!quantization || cJSON_IsFalse(quantization) || cJSON_IsNull(quantization)) goto cleanup;
     if (!cJSON_IsObject(quantization)) {
         status = qmm_error(QMM_ERR_CORRUPT, "config.json \"%s\" is %s; it must be an object or false", key,
-                           json_kind(quantization));
+                           qmm_io_json_kind(quantization));
         goto cleanup;
     }
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(quantization, "quant_method");
@@ -335,7 +324,7 @@ static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJS
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(*index, "weight_map");
         if (!cJSON_IsObject(map)) {
             status = qmm_error(QMM_ERR_CORRUPT, "%s: \"weight_map\" is %s; it must be an object", index_path,
-                               json_kind(map));
+                               qmm_io_json_kind(map));
             goto cleanup;
         }
         const cJSON *item;
@@ -376,18 +365,13 @@ cleanup:
     return status;
 }
 
+static const char *ref_name_at(const void *context, size_t i) {
+    return ((const qmm_checkpoint *)context)->by_name[i].name;
+}
+
 static const tensor_ref *find_ref(const qmm_checkpoint *checkpoint, const char *name) {
-    size_t lo = 0, hi = checkpoint->tensor_count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int order = strcmp(checkpoint->by_name[mid].name, name);
-        if (order == 0) return &checkpoint->by_name[mid];
-        if (order < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    size_t position = qmm_io_find_sorted(checkpoint, checkpoint->tensor_count, ref_name_at, name);
+    return position == QMM_IO_NOT_FOUND ? NULL : &checkpoint->by_name[position];
 }
 
 static bool find_view(const qmm_checkpoint *checkpoint, const char *name, qmm_tensor *tensor) {
@@ -396,18 +380,13 @@ static bool find_view(const qmm_checkpoint *checkpoint, const char *name, qmm_te
     return qmm_safetensors_get(checkpoint->shards[ref->shard], ref->index, tensor) == QMM_OK;
 }
 
+static const char *override_name_at(const void *context, size_t i) {
+    return ((const quant_config *)context)->overrides[i].name;
+}
+
 static const layer_format *find_override(const quant_config *config, const char *name) {
-    size_t lo = 0, hi = config->override_count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int order = strcmp(config->overrides[mid].name, name);
-        if (order == 0) return &config->overrides[mid];
-        if (order < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    size_t position = qmm_io_find_sorted(config, config->override_count, override_name_at, name);
+    return position == QMM_IO_NOT_FOUND ? NULL : &config->overrides[position];
 }
 
 /* Returns data itself when it is aligned for its element size, else an aligned heap copy (stored in
@@ -709,19 +688,15 @@ qmm_status qmm_checkpoint_layer(const qmm_checkpoint *checkpoint, size_t index, 
     return QMM_OK;
 }
 
+static const char *layer_name_at(const void *context, size_t i) {
+    return ((const qmm_checkpoint *)context)->layers[i].name;
+}
+
 qmm_status qmm_checkpoint_find_layer(const qmm_checkpoint *checkpoint, const char *name, qmm_layer *layer) {
     if (!checkpoint || !name || !layer)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_find_layer: null argument");
-    size_t lo = 0, hi = checkpoint->layer_count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int order = strcmp(checkpoint->layers[mid].name, name);
-        if (order == 0) return qmm_checkpoint_layer(checkpoint, mid, layer);
-        if (order < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t position = qmm_io_find_sorted(checkpoint, checkpoint->layer_count, layer_name_at, name);
+    if (position != QMM_IO_NOT_FOUND) return qmm_checkpoint_layer(checkpoint, position, layer);
     char printable[QMM_IO_PRINTABLE_SIZE];
     return qmm_error(QMM_ERR_NOT_FOUND, "the checkpoint has no quantized layer named \"%s\"",
                      qmm_io_printable(name, strlen(name), printable, sizeof printable));
@@ -786,7 +761,7 @@ static qmm_status build_config(const qmm_layer *layers, size_t layer_count, cons
         }
         if (!cJSON_IsObject(root)) {
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "extra_config_json is %s; it must be a JSON object",
-                               json_kind(root));
+                               qmm_io_json_kind(root));
             goto cleanup;
         }
     } else {

@@ -521,20 +521,19 @@ qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf
     return QMM_OK;
 }
 
+static const char *tensor_name_by_name(const void *context, size_t i) {
+    const qmm_gguf *file = context;
+    return file->tensors[file->by_name[i]].name;
+}
+
+static const char *kv_key_at(const void *context, size_t i) { return ((const qmm_gguf *)context)->kvs[i].key; }
+
 qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index) {
     if (!file || !name || !index) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_find: null argument");
-    size_t lo = 0, hi = file->tensor_count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int order = strcmp(file->tensors[file->by_name[mid]].name, name);
-        if (order == 0) {
-            *index = file->by_name[mid];
-            return QMM_OK;
-        }
-        if (order < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
+    size_t position = qmm_io_find_sorted(file, file->tensor_count, tensor_name_by_name, name);
+    if (position != QMM_IO_NOT_FOUND) {
+        *index = file->by_name[position];
+        return QMM_OK;
     }
     char printable[QMM_IO_PRINTABLE_SIZE];
     return qmm_error(QMM_ERR_NOT_FOUND, "the GGUF file has no tensor named \"%s\"",
@@ -543,17 +542,8 @@ qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index) 
 
 const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key) {
     if (!file || !key) return NULL;
-    size_t lo = 0, hi = file->kv_count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int order = strcmp(file->kvs[mid].key, key);
-        if (order == 0) return file->kvs[mid].string;
-        if (order < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    size_t position = qmm_io_find_sorted(file, file->kv_count, kv_key_at, key);
+    return position == QMM_IO_NOT_FOUND ? NULL : file->kvs[position].string;
 }
 
 /* ───────────────────────────── import ───────────────────────────── */

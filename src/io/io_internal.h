@@ -58,6 +58,16 @@ qmm_status qmm_atomic_rename(qmm_atomic_file *file);
 /* Closes and removes the temporary file if it still exists; frees the state. Safe to call twice. */
 void qmm_atomic_abort(qmm_atomic_file *file);
 
+/* Binary search of name among count items sorted by strcmp of their names; name_at(context, i) is
+ * the name of item i. Returns the position, or QMM_IO_NOT_FOUND. */
+#define QMM_IO_NOT_FOUND ((size_t)-1)
+size_t qmm_io_find_sorted(const void *context, size_t count, const char *(*name_at)(const void *context, size_t i),
+                          const char *name);
+
+/* "an object", "a string", "missing", ... for messages about a JSON value of the wrong kind. */
+struct cJSON;
+const char *qmm_io_json_kind(const struct cJSON *item);
+
 /* The safetensors dtype string of a qmm dtype ("F32", "BF16", "U32", ...). */
 const char *qmm_safetensors_dtype_string(qmm_dtype dtype);
 

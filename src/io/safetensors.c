@@ -310,7 +310,22 @@ static bool json_exact_count(const cJSON *item, double *value) {
     return v >= 0.0 && v <= JSON_MAX_EXACT_INTEGER && floor(v) == v;
 }
 
-static const char *json_type_name(const cJSON *item) {
+size_t qmm_io_find_sorted(const void *context, size_t count, const char *(*name_at)(const void *context, size_t i),
+                          const char *name) {
+    size_t lo = 0, hi = count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int order = strcmp(name_at(context, mid), name);
+        if (order == 0) return mid;
+        if (order < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return QMM_IO_NOT_FOUND;
+}
+
+const char *qmm_io_json_kind(const cJSON *item) {
     if (!item) return "missing";
     if (cJSON_IsObject(item)) return "an object";
     if (cJSON_IsArray(item)) return "an array";
@@ -353,7 +368,7 @@ void qmm_safetensors_close(qmm_safetensors *file) {
 static qmm_status parse_metadata(qmm_safetensors *file, const cJSON *metadata) {
     if (!cJSON_IsObject(metadata))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors \"__metadata__\" is %s; it must be an object of strings",
-                         json_type_name(metadata));
+                         qmm_io_json_kind(metadata));
     size_t count = (size_t)cJSON_GetArraySize(metadata);
     file->metadata_keys = calloc(count ? count : 1, sizeof(char *));
     file->metadata_values = calloc(count ? count : 1, sizeof(char *));
@@ -369,7 +384,7 @@ static qmm_status parse_metadata(qmm_safetensors *file, const cJSON *metadata) {
                              qmm_io_printable(key ? key : "", key ? strlen(key) : 0, printable, sizeof printable));
         if (!cJSON_IsString(item) || !item->valuestring)
             return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__[\"%s\"] is %s; values must be strings",
-                             qmm_io_printable(key, strlen(key), printable, sizeof printable), json_type_name(item));
+                             qmm_io_printable(key, strlen(key), printable, sizeof printable), qmm_io_json_kind(item));
         if (!qmm_io_utf8_valid(item->valuestring, strlen(item->valuestring)))
             return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__[\"%s\"] is not valid UTF-8",
                              qmm_io_printable(key, strlen(key), printable, sizeof printable));
@@ -398,13 +413,13 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
     qmm_io_printable(name, strlen(name), printable, sizeof printable);
     if (!cJSON_IsObject(item))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\" is %s; it must be an object", printable,
-                         json_type_name(item));
+                         qmm_io_json_kind(item));
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsString(dtype) || !dtype->valuestring)
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": \"dtype\" is %s; it must be a string", printable,
-                         json_type_name(dtype));
+                         qmm_io_json_kind(dtype));
     bool known = false;
     for (size_t i = 0; i < DTYPE_STRING_COUNT; i++) {
         if (strcmp(dtype->valuestring, dtype_strings[i].name) == 0) {
@@ -423,7 +438,7 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
     }
     if (!cJSON_IsArray(shape))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": \"shape\" is %s; it must be an array", printable,
-                         json_type_name(shape));
+                         qmm_io_json_kind(shape));
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > QMM_MAX_DIMS)
         return qmm_error(QMM_ERR_UNSUPPORTED, "safetensors tensor \"%s\" has %d dimensions; qmm handles at most %d",
@@ -444,7 +459,7 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
                                  "safetensors tensor \"%s\": shape[%d]=%.17g is not an integer in [0, 2^53]", printable,
                                  d, dim->valuedouble);
             return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": shape[%d] is %s; it must be an integer",
-                             printable, d, json_type_name(dim));
+                             printable, d, qmm_io_json_kind(dim));
         }
         entry->shape[d] = (int64_t)value;
         if (!qmm_mul_size(elements, (size_t)value, &elements)) overflow = true;
@@ -456,7 +471,7 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
                          printable);
     if (!cJSON_IsArray(offsets))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": \"data_offsets\" is %s; it must be [begin, end]",
-                         printable, json_type_name(offsets));
+                         printable, qmm_io_json_kind(offsets));
     if (cJSON_GetArraySize(offsets) != 2)
         return qmm_error(QMM_ERR_CORRUPT,
                          "safetensors tensor \"%s\": \"data_offsets\" has %d elements; it must be [begin, end]",
@@ -470,7 +485,7 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
                              printable, begin_item->valuedouble, end_item->valuedouble);
         return qmm_error(QMM_ERR_CORRUPT,
                          "safetensors tensor \"%s\": data_offsets holds %s and %s; they must be integers", printable,
-                         json_type_name(begin_item), json_type_name(end_item));
+                         qmm_io_json_kind(begin_item), qmm_io_json_kind(end_item));
     }
     if (begin > end)
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": data_offsets [%.0f, %.0f] has begin > end",
@@ -532,7 +547,7 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
         }
     }
     if (!cJSON_IsObject(root)) {
-        status = qmm_error(QMM_ERR_CORRUPT, "safetensors header is %s; it must be a JSON object", json_type_name(root));
+        status = qmm_error(QMM_ERR_CORRUPT, "safetensors header is %s; it must be a JSON object", qmm_io_json_kind(root));
         goto cleanup;
     }
 
@@ -679,20 +694,21 @@ qmm_status qmm_safetensors_get(const qmm_safetensors *file, size_t index, qmm_te
     return QMM_OK;
 }
 
+static const char *entry_name_by_name(const void *context, size_t i) {
+    const qmm_safetensors *file = context;
+    return file->entries[file->by_name[i]].name;
+}
+
+static const char *metadata_key_at(const void *context, size_t i) {
+    return ((const qmm_safetensors *)context)->metadata_keys[i];
+}
+
 qmm_status qmm_safetensors_find(const qmm_safetensors *file, const char *name, qmm_tensor *tensor) {
     if (!file || !name || !tensor) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_find: null argument");
-    size_t lo = 0, hi = file->count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int order = strcmp(file->entries[file->by_name[mid]].name, name);
-        if (order == 0) {
-            fill_tensor(file, &file->entries[file->by_name[mid]], tensor);
-            return QMM_OK;
-        }
-        if (order < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
+    size_t position = qmm_io_find_sorted(file, file->count, entry_name_by_name, name);
+    if (position != QMM_IO_NOT_FOUND) {
+        fill_tensor(file, &file->entries[file->by_name[position]], tensor);
+        return QMM_OK;
     }
     char printable[QMM_IO_PRINTABLE_SIZE];
     return qmm_error(QMM_ERR_NOT_FOUND, "no tensor named \"%s\" in the safetensors file",
@@ -701,17 +717,8 @@ qmm_status qmm_safetensors_find(const qmm_safetensors *file, const char *name, q
 
 const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *key) {
     if (!file || !key) return NULL;
-    size_t lo = 0, hi = file->metadata_count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int order = strcmp(file->metadata_keys[mid], key);
-        if (order == 0) return file->metadata_values[mid];
-        if (order < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    size_t position = qmm_io_find_sorted(file, file->metadata_count, metadata_key_at, key);
+    return position == QMM_IO_NOT_FOUND ? NULL : file->metadata_values[position];
 }
 
 /* ───────────────────────────── writer ───────────────────────────── */
