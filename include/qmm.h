@@ -5,7 +5,7 @@
  * message (qmm_last_error) names the bad value and the rule it broke. The library never prints,
  * never aborts on bad input and never leaves a half-written file behind.
  *
- * The format (see docs/kernels.md and DESIGN.md §1): a matrix of R rows × C columns is cut along each
+ * The format (see docs/kernels.md): a matrix of R rows × C columns is cut along each
  * row into groups of group_size ∈ {32, 64, 128} values; group g of row r has a scale s and a bias b
  * (f32, f16 or bf16) and each value is an unsigned code q of bits ∈ {2, 3, 4, 5, 6, 8} bits, decoding
  * as ŵ = s·q + b. Codes are packed into uint32 words: each row is one little-endian, LSB-first bit
@@ -133,7 +133,7 @@ qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, ui
 /* The inverse of qmm_pack. Same errors (without the code check). */
 qmm_status qmm_unpack(const uint32_t *w, size_t rows, size_t cols, int bits, uint8_t *codes);
 
-/* Which of MLX's two quantizers to reproduce bit for bit (DESIGN.md §1).
+/* Which of MLX's two quantizers to reproduce bit for bit.
  * CPU: min/max over the group, round = rint (ties to even) — mlx/backend/cpu/quantized.cpp.
  * GPU: running max starts at 0 (an all-negative group uses [min, 0]; the min is not clamped, so an
  *      all-positive group still uses [min, max]), round = half away from zero —
@@ -437,10 +437,12 @@ qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index);
 /* A string metadata value (e.g. "general.architecture"), or NULL. */
 const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);
 
-/* Imports one tensor exactly (DESIGN.md §1): F32/F16/BF16 → a float tensor (data in *float_data,
- * malloc'd, caller frees; *is_quantized = 0); Q4_0 → 4-bit gs32 scale d, bias −8d; Q4_1 → 4-bit gs32
- * scale d, bias m; Q8_0 → 8-bit gs32 scale d, bias −128d, q = int8 XOR 0x80 (*is_quantized = 1;
- * matrix arrays malloc'd, caller frees w/scales/biases; scales and biases F16 as in MLX's loader).
+/* Imports tensor `index` exactly (the conversions are MLX's GGUF loader's, mlx/io/gguf_quants.cpp):
+ *   F32/F16/BF16 → *float_tensor of the same dtype and row-major shape (*is_quantized = 0);
+ *   Q4_0 → 4-bit gs32, scale d, bias −8d;  Q4_1 → 4-bit gs32, scale d, bias m;
+ *   Q8_0 → 8-bit gs32, scale d, bias −128d, q = int8 XOR 0x80   (→ *matrix, *is_quantized = 1;
+ *   rows = product of the leading dims, cols = the last; scales and biases F16 as in MLX's loader).
+ * The arrays are heap copies owned by the caller: release them with qmm_gguf_import_free.
  * GGUF blocks store elements j and j+16 in one byte; MLX order is sequential and is restored.
  * Errors: QMM_ERR_UNSUPPORTED naming the type (K-quants, IQ types, ...), QMM_ERR_SHAPE (a quantized
  * tensor whose row length is not a multiple of 32), QMM_ERR_NUMERIC (−8d or −128d not finite in
