@@ -294,6 +294,17 @@ static qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix,
     if (inject_fault) got[0] += 1.0f + fabsf(got[0]); /* test hook: an error far outside any bound */
 
     if ((status = qmm_ref_dense_f64(matrix, x, M, 1, exact, abs_dot)) != QMM_OK) goto cleanup;
+    /* The f64 sum of finite f32/f16/bf16 products cannot overflow, so a non-finite exact value means a NaN
+     * or Inf in the input; comparing against it would blame the kernel ("outside bound") for bad input. */
+    for (size_t i = 0; i < count_out; i++) {
+        if (!isfinite(exact[i])) {
+            status = qmm_error(QMM_ERR_NUMERIC,
+                               "the exact output at row %zu, column %zu is %g: x (rounded to %s) or the weights' "
+                               "scales/biases hold NaN or Inf; the product is checked only for finite inputs",
+                               i / N, i % N, exact[i], qmm_dtype_name(matrix->dtype));
+            goto cleanup;
+        }
+    }
     double slack = result->kernel.tolerance_slack > 0 ? result->kernel.tolerance_slack : 1.0;
     for (size_t i = 0; i < count_out; i++) {
         double error = fabs((double)got[i] - exact[i]);
@@ -364,6 +375,9 @@ static qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype 
         return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has shape %s, want [T, K=%zu] with T >= 1",
                          tensor->name, shape, K);
     }
+    if (M == 0 && T > MAX_M) /* -m is capped at MAX_M; all T rows must not bypass the cap */
+        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has T=%lld rows, more than the %d one product may use "
+                         "(qmm matmul -m M takes the first M)", tensor->name, (long long)T, MAX_M);
     if (M == 0) M = (size_t)T;
     if (M > (size_t)T)
         return qmm_error(QMM_ERR_SHAPE, "-m %zu asks for more rows than activation tensor '%s' has (T=%lld)", M,
@@ -561,6 +575,9 @@ static int cmd_info(const command *c, int argc, char **argv) {
     if (stat(path, &st) != 0)
         return library_error(c, qmm_error(QMM_ERR_IO, "cannot open '%s': %s", path, strerror(errno)));
     if (S_ISDIR(st.st_mode)) return info_checkpoint(c, path);
+    /* Reading a FIFO or a device below could block forever; the readers accept only regular files. */
+    if (!S_ISREG(st.st_mode))
+        return library_error(c, qmm_error(QMM_ERR_IO, "'%s' is neither a regular file nor a directory", path));
     /* The GGUF magic decides, not the extension. */
     unsigned char magic[4] = {0};
     FILE *f = fopen(path, "rb");
@@ -856,6 +873,8 @@ static int cmd_run(const command *c, int argc, char **argv) {
     void *x = NULL;
     size_t failed = 0, count = 0;
     qmm_status status = QMM_OK;
+    if (npositional == 1 && strlen(positional[0]) >= sizeof dir) /* snprintf would cut it to another path */
+        return usage_error(c, "DIR is %zu bytes long; the limit is %zu", strlen(positional[0]), sizeof dir - 1);
     if (npositional == 1) snprintf(dir, sizeof dir, "%s", positional[0]);
     else if ((status = find_fixture(dir, sizeof dir)) != QMM_OK) goto cleanup;
 
@@ -958,10 +977,10 @@ static const command commands[] = {
      "                  [--seed S] [--backend auto|cuda|cpu|ref]\n"
      "  out[M, N] = x[M, K] · Ŵᵀ for layer NAME of checkpoint DIR. x is uniform random in [-1, 1) (seed S,\n"
      "  default 42) or read from FILE (the tensor named NAME, else its only tensor; shape [T, K], first M\n"
-     "  rows, all T rows when -m is omitted). --dtype other than the layer's scale dtype converts scales and\n"
-     "  biases (rounded once). Prints max |error| and max relative error (÷ max |exact|) against\n"
-     "  qmm_ref_dense_f64, the worst error/bound ratio (qmm_error_bound), the median µs of chain runs, GB/s\n"
-     "  (weights + scales + biases + x + out bytes / time) and the kernel used. Exit 1 when an output is\n"
+     "  rows, all T rows (at most 65536) when -m is omitted). --dtype other than the layer's scale dtype\n"
+     "  converts scales and biases (rounded once). Prints max |error| and max relative error (÷ max |exact|)\n"
+     "  against qmm_ref_dense_f64, the worst error/bound ratio (qmm_error_bound), the median µs of chain runs,\n"
+     "  GB/s (weights + scales + biases + x + out bytes / time) and the kernel used. Exit 1 when an output is\n"
      "  outside its bound. M: 1 to 65536. --backend auto: the first of cuda, cpu, ref that is available.\n",
      cmd_matmul},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__GNUC__)
 #define QMM_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -39,19 +40,34 @@ static inline bool qmm_is_float_dtype(qmm_dtype dtype) {
     return dtype == QMM_F32 || dtype == QMM_F16 || dtype == QMM_BF16;
 }
 
-/* Element i of a float array of dtype (F32/F16/BF16) as f32, and the inverse (RNE). */
+/* Element i of a float array of dtype (F32/F16/BF16) as f32, and the inverse (RNE). The array may be
+ * at any address: float arrays reach the library as views into safetensors files, which put tensors
+ * at any byte offset (mlx.core.save_safetensors does not pad its header), so elements are moved with
+ * memcpy — a plain load or store wherever the target allows unaligned access. */
 static inline float qmm_load_f32(const void *array, qmm_dtype dtype, size_t i) {
     switch (dtype) {
-    case QMM_F16: return qmm_f16_to_f32(((const uint16_t *)array)[i]);
-    case QMM_BF16: return qmm_bf16_to_f32(((const uint16_t *)array)[i]);
-    default: return ((const float *)array)[i];
+    case QMM_F16:
+    case QMM_BF16: {
+        uint16_t bits;
+        memcpy(&bits, (const unsigned char *)array + i * sizeof bits, sizeof bits);
+        return dtype == QMM_F16 ? qmm_f16_to_f32(bits) : qmm_bf16_to_f32(bits);
+    }
+    default: {
+        float value;
+        memcpy(&value, (const unsigned char *)array + i * sizeof value, sizeof value);
+        return value;
+    }
     }
 }
 static inline void qmm_store_f32(void *array, qmm_dtype dtype, size_t i, float value) {
     switch (dtype) {
-    case QMM_F16: ((uint16_t *)array)[i] = qmm_f32_to_f16(value); break;
-    case QMM_BF16: ((uint16_t *)array)[i] = qmm_f32_to_bf16(value); break;
-    default: ((float *)array)[i] = value; break;
+    case QMM_F16:
+    case QMM_BF16: {
+        uint16_t bits = dtype == QMM_F16 ? qmm_f32_to_f16(value) : qmm_f32_to_bf16(value);
+        memcpy((unsigned char *)array + i * sizeof bits, &bits, sizeof bits);
+        break;
+    }
+    default: memcpy((unsigned char *)array + i * sizeof value, &value, sizeof value); break;
     }
 }
 

@@ -58,11 +58,15 @@ static float dtype_max_finite(qmm_dtype dtype) {
 /* Whether element i of a float array is NaN or ±Inf, from its bits (no FPU involvement). */
 static bool element_nonfinite(const void *array, qmm_dtype dtype, size_t i) {
     switch (dtype) {
-    case QMM_F16: return (((const uint16_t *)array)[i] & 0x7C00u) == 0x7C00u;
-    case QMM_BF16: return (((const uint16_t *)array)[i] & 0x7F80u) == 0x7F80u;
+    case QMM_F16:
+    case QMM_BF16: {
+        uint16_t bits; /* memcpy: the array may be misaligned (a safetensors view, see qmm_load_f32) */
+        memcpy(&bits, (const unsigned char *)array + i * sizeof bits, sizeof bits);
+        return (bits & (dtype == QMM_F16 ? 0x7C00u : 0x7F80u)) == (dtype == QMM_F16 ? 0x7C00u : 0x7F80u);
+    }
     default: {
         uint32_t bits;
-        memcpy(&bits, (const float *)array + i, sizeof bits);
+        memcpy(&bits, (const unsigned char *)array + i * sizeof bits, sizeof bits);
         return (bits & 0x7F800000u) == 0x7F800000u;
     }
     }
@@ -102,7 +106,11 @@ static void quantize_group(const float *values, int n, int bits, qmm_convention 
     for (int i = 0; i < n; i++) {
         float x = (values[i] - bias) / scale;
         float q = gpu ? roundf(x) : rintf(x);
-        if (q < 0.0f) q = 0.0f;
+        /* !(q >= 0) also catches NaN: a constant group whose |value| is beyond FLT_MAX·1e-7 (f32 or bf16
+         * weights above ~3.4e31) has edge/s0 overflow to ±Inf, so q0 = ±Inf, s = edge/q0 = ±0 and
+         * x = 0/0. MLX's (uint8_t) cast of that NaN is undefined behaviour that gives 0 on x86; code 0 is
+         * also the exact answer (ŵ = 0·q + b = b = the group's value), so it is stored without the cast. */
+        if (!(q >= 0.0f)) q = 0.0f;
         if (q > n_bins) q = n_bins;
         codes[i] = (uint8_t)q;
     }

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[512];
 
@@ -29,9 +30,13 @@ const char *qmm_last_error(void) { return last_error; }
 void qmm_error_clear(void) { last_error[0] = '\0'; }
 
 qmm_status qmm_error(qmm_status status, const char *format, ...) {
+    /* Formatted into a local buffer first: an argument may be qmm_last_error() itself (re-wrapping a
+     * message), and vsnprintf must not read the buffer it is writing. */
+    char message[sizeof last_error];
     va_list args;
     va_start(args, format);
-    vsnprintf(last_error, sizeof last_error, format, args);
+    vsnprintf(message, sizeof message, format, args);
     va_end(args);
+    memcpy(last_error, message, sizeof message);
     return status;
 }

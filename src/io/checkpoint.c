@@ -756,7 +756,7 @@ static qmm_status build_config(const qmm_layer *layers, size_t layer_count, cons
     if (extra_config_json) {
         status = parse_json("extra_config_json", extra_config_json, strlen(extra_config_json), &root);
         if (status != QMM_OK) {
-            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "extra_config_json: %s", qmm_last_error());
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s", qmm_last_error()); /* names extra_config_json */
             goto cleanup;
         }
         if (!cJSON_IsObject(root)) {

@@ -724,7 +724,8 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
         }
     }
     if (chosen == 0) {
-        status = qmm_error(QMM_ERR_NOT_FOUND, "%s: no tensor matches the %zu given prefixes", gguf_path, count);
+        if (count == 0) status = qmm_error(QMM_ERR_NOT_FOUND, "%s: the GGUF file has no tensors", gguf_path);
+        else status = qmm_error(QMM_ERR_NOT_FOUND, "%s: no tensor matches the %zu given prefixes", gguf_path, count);
         goto cleanup;
     }
     tensors = calloc(chosen, sizeof(qmm_tensor));

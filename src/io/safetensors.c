@@ -31,7 +31,9 @@
 qmm_status qmm_io_map_file(const char *path, qmm_mapping *mapping) {
     mapping->base = NULL;
     mapping->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait forever for a writer; the fstat
+     * below refuses everything that is not a regular file (where O_NONBLOCK changes nothing). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int err = errno;
         return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", path, strerror(err));
@@ -78,7 +80,7 @@ qmm_status qmm_io_read_file(const char *path, size_t max_size, char **text, size
     *size = 0;
     qmm_status status = QMM_OK;
     char *buffer = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block (qmm_io_map_file) */
     if (fd < 0) {
         int err = errno;
         return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", path, strerror(err));

@@ -40,6 +40,7 @@ expect_usage_error matmul "-m M is required" matmul "$FIXTURE" --layer $L
 expect_usage_error matmul "expected one checkpoint DIR" matmul --layer $L -m 1
 expect_usage_error matmul "-m given twice" matmul "$FIXTURE" --layer $L -m 1 -m 2
 expect_usage_error run "unexpected argument 'extra'" run "$FIXTURE" extra
+expect_usage_error run "bytes long" run "$FIXTURE$(printf '/%.0s' {1..4100})nonexistent" # never cut to a prefix
 expect_usage_error info "expected one FILE or DIR" info
 expect_usage_error convert "expected IN.gguf and OUTDIR" convert "$WORK/x.gguf"
 expect_usage_error convert "--only needs a value" convert "$WORK/x.gguf" "$WORK/out" --only
@@ -79,6 +80,48 @@ expect_library_error convert "" "" convert "$WORK/garbage.bin" "$WORK/out2"
 expect_library_error convert "" "" convert "$FIXTURE/model.safetensors" "$WORK/out3"
 expect_library_error run "" "" run "$WORK"  # a directory that is not a checkpoint
 expect_library_error matmul "" "" matmul "$FIXTURE" --layer $L -m 1 --x "$WORK/garbage.bin"
+
+# FIFOs: opening one for reading waits for a writer, so every reader must refuse it without opening it
+# for a blocking read (QMM_TIMEOUT turns a regression into a failed check instead of a hung test)
+mkfifo "$WORK/fifo" "$WORK/fifo.gguf"
+mkdir -p "$WORK/fifo-config" "$WORK/fifo-shard"
+cp "$FIXTURE/model.safetensors" "$WORK/fifo-config/"
+mkfifo "$WORK/fifo-config/config.json"
+cp "$FIXTURE/config.json" "$WORK/fifo-shard/"
+mkfifo "$WORK/fifo-shard/model.safetensors"
+QMM_TIMEOUT=60 expect_library_error info "I/O error" "neither a regular file nor a directory" info "$WORK/fifo"
+QMM_TIMEOUT=60 expect_library_error convert "I/O error" "not a regular file" convert "$WORK/fifo.gguf" "$WORK/out4"
+QMM_TIMEOUT=60 expect_library_error quantize "I/O error" "not a regular file" quantize "$WORK/fifo" "$WORK/q" --bits 4 \
+  --group-size 32
+QMM_TIMEOUT=60 expect_library_error matmul "I/O error" "not a regular file" matmul "$FIXTURE" --layer $L -m 1 \
+  --x "$WORK/fifo"
+QMM_TIMEOUT=60 expect_library_error run "I/O error" "config.json" run "$WORK/fifo-config"
+QMM_TIMEOUT=60 expect_library_error run "I/O error" "model.safetensors" run "$WORK/fifo-shard"
+check "nothing written from a FIFO" [ ! -e "$WORK/q" ] && [ ! -e "$WORK/out4" ]
+expect_library_error info "I/O error" "neither a regular file nor a directory" info /dev/null
+
+# x holding NaN (or a value that overflows the layer's f16 when rounded): a numeric error naming the
+# output, not a "FAIL ... outside bound" verdict that blames the kernel for bad input
+nan_header='{"x":{"dtype":"F32","shape":[2,576],"data_offsets":[0,4608]}}'
+while [ $((${#nan_header} % 8)) != 0 ]; do nan_header+=" "; done
+{
+  printf '%b' "$(le64 ${#nan_header})"; printf '%s' "$nan_header"
+  for ((i = 0; i < 576; i++)); do printf '\x00\x00\x80\x3f'; done # row 0: 1.0
+  printf '\x00\x00\xc0\x7f'                                      # row 1, column 0: NaN
+  for ((i = 1; i < 576; i++)); do printf '\x00\x00\x80\x3f'; done
+} >"$WORK/nan-x.safetensors"
+expect_library_error matmul "non-finite value" "row 1, column 0 is nan" matmul "$FIXTURE" --layer $L \
+  --x "$WORK/nan-x.safetensors"
+check "no verdict for a NaN x" bash -c '! grep -q "^verdict" <<<"$0"' "$OUT"
+
+# x with more rows than -m allows (65536): all T rows are not taken past the cap (a sparse file of zeros)
+tall_header='{"x":{"dtype":"F32","shape":[65537,576],"data_offsets":[0,150997248]}}'
+while [ $((${#tall_header} % 8)) != 0 ]; do tall_header+=" "; done
+{ printf '%b' "$(le64 ${#tall_header})"; printf '%s' "$tall_header"; } >"$WORK/tall-x.safetensors"
+truncate -s $((8 + ${#tall_header} + 150997248)) "$WORK/tall-x.safetensors"
+expect_library_error matmul "bad shape" "T=65537 rows" matmul "$FIXTURE" --layer $L --x "$WORK/tall-x.safetensors"
+expect_ok "the first rows of a tall x" matmul "$FIXTURE" --layer $L -m 2 --x "$WORK/tall-x.safetensors"
+rm -f "$WORK/tall-x.safetensors"
 
 # names the checkpoint does not have
 expect_library_error matmul "not found" "blk.0.nope" matmul "$FIXTURE" --layer blk.0.nope -m 1

@@ -16,9 +16,10 @@ if [ "${QMM_IO_ENABLED:-ON}" = OFF ]; then
 fi
 
 # q ARGS...: runs qmm; stdout in $OUT, stderr in $ERR, exit code in $RC, the command line in $CMD.
+# QMM_TIMEOUT=seconds (optional) kills a command that runs longer (exit 124), so a hang fails a check.
 q() {
   CMD="qmm $*"
-  "$QMM" "$@" >"$WORK/stdout" 2>"$WORK/stderr"
+  ${QMM_TIMEOUT:+timeout "$QMM_TIMEOUT"} "$QMM" "$@" >"$WORK/stdout" 2>"$WORK/stderr"
   RC=$?
   OUT=$(cat "$WORK/stdout")
   ERR=$(cat "$WORK/stderr")
@@ -108,7 +109,9 @@ random_floats() {
   printf '%s' "$s"
 }
 
-# make_safetensors PATH "name:DTYPE:d0,d1" ...: a safetensors file of random finite float tensors.
+# make_safetensors PATH "name:DTYPE:d0,d1" ...: a safetensors file of random finite float tensors. The header
+# is padded with spaces to a multiple of 8 bytes; ST_HEADER_MOD8=r pads it to 8k + r instead, so that with
+# r odd every tensor sits at an odd file offset (as in files written by mlx.core.save_safetensors).
 make_safetensors() {
   local path=$1
   shift
@@ -125,7 +128,7 @@ make_safetensors() {
     data+=$(random_floats "$dtype" "$count")
   done
   header+="}"
-  while [ $((${#header} % 8)) != 0 ]; do header+=" "; done
+  while [ $((${#header} % 8)) != "${ST_HEADER_MOD8:-0}" ]; do header+=" "; done
   printf '%b' "$(le64 ${#header})" >"$path"
   printf '%s' "$header" >>"$path"
   printf '%b' "$data" >>"$path"

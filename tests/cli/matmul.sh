@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # matmul.sh — `qmm matmul` on fixture layers at M=1 and M=5 in f32, f16 and bf16 (scales converted when
-# the dtype differs from the checkpoint's f16), a forced kernel, and x from the activations file.
+# the dtype differs from the checkpoint's f16), a forced kernel, and x from the activations file or from
+# files whose tensors sit at odd offsets.
 SUITE=cli_matmul
 source "$(dirname "$0")/lib.sh"
 
@@ -39,5 +40,12 @@ expect_ok "--x -m 4" matmul "$FIXTURE" --layer blk.0.attn_q -m 4 --x "$FIXTURE/a
 check "--x -m 4: M=4" out_matches "^x +.*M=4"
 expect_library_error matmul "bad shape" "T=16" matmul "$FIXTURE" --layer blk.0.attn_q -m 17 \
   --x "$FIXTURE/activations.safetensors"
+
+# x at an odd file offset (an unpadded header, as mlx.core.save_safetensors writes): read wherever it is.
+for dtype in F32 F16 BF16; do
+  ST_HEADER_MOD8=1 make_safetensors "$WORK/x-odd-$dtype.safetensors" "blk.0.attn_q:$dtype:3,576"
+  expect_ok "--x at an odd offset ($dtype)" matmul "$FIXTURE" --layer blk.0.attn_q --x "$WORK/x-odd-$dtype.safetensors"
+  check "--x at an odd offset ($dtype): within bound" out_matches "^verdict +all 1728 outputs within bound"
+done
 
 finish

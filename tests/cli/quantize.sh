@@ -31,4 +31,14 @@ for spec in "4 32 cpu" "3 64 gpu" "8 32 cpu" "2 64 gpu" "6 32 cpu" "5 64 cpu"; d
   check "$bits/$gs: matmul within bound" out_has "within bound"
 done
 
+# Tensors at odd file offsets (mlx.core.save_safetensors does not pad its header): the library reads the
+# float arrays wherever they are (a misaligned load was undefined behaviour, an abort under UBSan).
+ST_HEADER_MOD8=1 make_safetensors "$WORK/odd-offsets.safetensors" "a.weight:F32:2,64" "h.weight:F16:3,32" \
+  "b.weight:BF16:2,128"
+expect_ok "quantize tensors at odd offsets" quantize "$WORK/odd-offsets.safetensors" "$WORK/q-odd" --bits 4 \
+  --group-size 32
+check "odd offsets: 3 quantized layers" out_has "3 quantized layers"
+expect_ok "run on the quantized odd-offset file" run "$WORK/q-odd"
+check "odd offsets: verdict" out_has "3 layers, all within bound"
+
 finish

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static bool message_has(const char *needle) { return strstr(qmm_last_error(), needle) != NULL; }
 
@@ -399,6 +400,22 @@ static void test_config(const char *root) {
     CHECK(message_has("shard"), "message: %s", qmm_last_error());
     CHECK_STATUS(qmm_checkpoint_open(io_path(root, "does-not-exist"), &ck), QMM_ERR_IO);
     CHECK(ck == NULL, "handle not NULL");
+
+    /* config.json, the index or a shard that is a FIFO: refused, never waited on (opening a FIFO for
+     * reading used to block until a writer came; the alarm turns a regression into a failure). */
+    alarm(30);
+    const char *fifo_names[] = {"config.json", "model.safetensors.index.json", "model.safetensors"};
+    for (int k = 0; k < 3; k++) {
+        char fifo_dir[1024];
+        snprintf(fifo_dir, sizeof fifo_dir, "%s/fifo-%d", root, k);
+        mkdir(fifo_dir, 0755);
+        if (k > 0) CHECK(io_write_file(io_path(fifo_dir, "config.json"), plain, strlen(plain)), "write");
+        CHECK(mkfifo(io_path(fifo_dir, fifo_names[k]), 0644) == 0, "mkfifo %s", fifo_names[k]);
+        CHECK_STATUS(qmm_checkpoint_open(fifo_dir, &ck), QMM_ERR_IO);
+        CHECK(message_has(fifo_names[k]) && message_has("regular file"), "message: %s", qmm_last_error());
+        io_remove_tree(fifo_dir);
+    }
+    alarm(0);
 }
 
 /* ── failed writes leave nothing ── */
@@ -443,6 +460,9 @@ static void test_write_failures(const char *root) {
     CHECK(!io_exists(fresh), "a failed write left the directory");
     CHECK_STATUS(qmm_checkpoint_write(fresh, NULL, 0, &layer, 1, "[1, 2]"), QMM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(qmm_checkpoint_write(fresh, NULL, 0, &layer, 1, "{\"a\": "), QMM_ERR_INVALID_ARGUMENT);
+    /* The message re-wraps the JSON parser's own (it used to be formatted over itself, garbled). */
+    CHECK(strcmp(qmm_last_error(), "extra_config_json is not valid JSON (error near byte 5 of 6)") == 0,
+          "message: %s", qmm_last_error());
     CHECK(!io_exists(fresh), "a failed write left the directory");
     /* The parent does not exist. */
     CHECK_STATUS(qmm_checkpoint_write(io_path(root, "no/such/parent"), NULL, 0, &layer, 1, NULL), QMM_ERR_IO);

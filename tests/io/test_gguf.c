@@ -578,6 +578,17 @@ static void test_convert(const char *root) {
     snprintf(none, sizeof none, "%s/none", root);
     CHECK_STATUS(qmm_gguf_convert(gguf_path, none, nothing, 1), QMM_ERR_NOT_FOUND);
     CHECK(!io_exists(none), "a failed convert created its directory");
+    /* A file without tensors: the message says so (it used to speak of "the 0 given prefixes"). */
+    gguf_builder empty = builder_make();
+    io_buf empty_image = gguf_finish(&empty);
+    char empty_path[1024];
+    snprintf(empty_path, sizeof empty_path, "%s/empty.gguf", root);
+    CHECK(io_write_file(empty_path, empty_image.data, empty_image.size), "write %s", empty_path);
+    CHECK_STATUS(qmm_gguf_convert(empty_path, none, NULL, 0), QMM_ERR_NOT_FOUND);
+    CHECK(message_has("has no tensors"), "message: %s", qmm_last_error());
+    CHECK(!io_exists(none), "a failed convert created its directory");
+    io_buf_free(&empty_image);
+    builder_free(&empty);
 
     /* An unsupported tensor stops the conversion before anything is written. */
     uint8_t q6k[210] = {0};

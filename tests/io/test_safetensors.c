@@ -253,6 +253,18 @@ static void test_bad_lengths(const char *dir) {
     }
     CHECK_STATUS(qmm_safetensors_open(io_path(dir, "absent.safetensors"), &file), QMM_ERR_IO);
     CHECK(message_has("absent.safetensors"), "message does not name the file: %s", qmm_last_error());
+
+    /* A FIFO: opening it for reading used to wait forever for a writer. The alarm turns a regression into
+     * a failure (SIGALRM ends the test) instead of a hang. Directories are refused the same way. */
+    snprintf(path, sizeof path, "%s/%s", dir, "fifo.safetensors");
+    CHECK(mkfifo(path, 0644) == 0, "mkfifo %s", path);
+    alarm(30);
+    CHECK_STATUS(qmm_safetensors_open(path, &file), QMM_ERR_IO);
+    CHECK(message_has("fifo.safetensors") && message_has("not a regular file"), "message: %s", qmm_last_error());
+    alarm(0);
+    remove(path);
+    CHECK_STATUS(qmm_safetensors_open(dir, &file), QMM_ERR_IO);
+    CHECK(message_has("not a regular file"), "message: %s", qmm_last_error());
 }
 
 /* ── the writer refuses bad tensors and never leaves files behind ── */

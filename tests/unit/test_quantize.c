@@ -8,7 +8,8 @@
  *  - hand-worked groups for both conventions (exact ramp, ties, all-negative, constant, zero, clipping);
  *  - qmm_dequantize against the formula ŵ = round_T(round_T(s·q) + b) for every dtype and out dtype, and a
  *    case where a fused multiply-add would give a different answer;
- *  - NaN/Inf and every bad argument, with the exact status and a message.
+ *  - NaN/Inf and every bad argument, with the exact status and a message;
+ *  - a constant group too large for the 1e-7 scale floor (0/0 inside the quantizer), and arrays at odd addresses.
  * The hand-worked CPU cases were confirmed with mx.quantize / mx.dequantize (mlx 0.32.4) during development;
  * this file needs no Python.
  */
@@ -529,6 +530,85 @@ static void test_bad_arguments(void) {
     CHECK(out[0] == 0.0f && out[127] == 0.0f, "zeros dequantize to zeros");
 }
 
+/* A constant group beyond FLT_MAX·1e-7 (~3.4e31): the scale is the 1e-7 floor, edge/scale overflows to
+ * ±Inf, q0 = ±Inf and s = edge/q0 = ±0, so (v − b)/s is 0/0. The code must come out 0 (what MLX gets on
+ * x86) without converting that NaN to an integer (undefined behaviour, caught by the float-cast-overflow
+ * sanitizer), and ŵ = 0·q + b must give the value back exactly. f32 and bf16 reach such values; f16 cannot. */
+static void test_huge_constant_group(void) {
+    const float magnitudes[] = {1e35f, -1e35f, 3.3e38f, -3.3e38f, 3.5e31f};
+    for (size_t v = 0; v < sizeof magnitudes / sizeof magnitudes[0]; v++) {
+        for (int d = 0; d < 3; d += 2) { /* f32, bf16 */
+            const qmm_dtype dtype = all_dtypes[d];
+            for (int c = 0; c < 2; c++) {
+                uint16_t w16[64];
+                float w32[64], scales[2], biases[2], out[64];
+                uint32_t packed[64 * 8 / 32];
+                uint8_t codes[64];
+                for (int i = 0; i < 64; i++) {
+                    w32[i] = magnitudes[v];
+                    w16[i] = qmm_f32_to_bf16(magnitudes[v]);
+                }
+                const void *w = dtype == QMM_F32 ? (const void *)w32 : (const void *)w16;
+                uint16_t scales16[2], biases16[2];
+                void *s = dtype == QMM_F32 ? (void *)scales : (void *)scales16;
+                void *b = dtype == QMM_F32 ? (void *)biases : (void *)biases16;
+                CHECK_OK(qmm_quantize(w, dtype, 1, 64, 8, 32, all_conventions[c], packed, s, b));
+                CHECK_OK(qmm_unpack(packed, 1, 64, 8, codes));
+                bool zeros = true;
+                for (int i = 0; i < 64; i++) zeros = zeros && codes[i] == 0;
+                CHECK(zeros, "constant group of %g (%s, %s): every code must be 0", (double)magnitudes[v],
+                      qmm_dtype_name(dtype), convention_name(all_conventions[c]));
+                qmm_qmatrix m = {packed, s, b, dtype, 1, 64, 8, 32};
+                CHECK_OK(qmm_dequantize(&m, out, QMM_F32));
+                const float expected = dtype == QMM_F32 ? magnitudes[v] : qmm_bf16_to_f32(w16[0]);
+                CHECK(out[0] == expected && out[63] == expected,
+                      "constant group of %g (%s, %s) must dequantize exactly, got %g and %g", (double)expected,
+                      qmm_dtype_name(dtype), convention_name(all_conventions[c]), (double)out[0], (double)out[63]);
+            }
+        }
+    }
+}
+
+/* Float arrays at any address: safetensors views put tensors at any byte offset (MLX does not pad its
+ * header), and `qmm quantize` / `qmm matmul --x` hand such views to the library. Quantizing from, and
+ * dequantizing into, arrays one byte off alignment gives the same bytes as the aligned arrays (and no
+ * misaligned load, which UBSan reports). */
+static void test_misaligned_arrays(void) {
+    enum { ROWS = 2, COLS = 64 };
+    check_rng rng = check_rng_make(91);
+    for (int d = 0; d < 3; d++) {
+        const qmm_dtype dtype = all_dtypes[d];
+        const size_t element = qmm_dtype_size(dtype);
+        unsigned char *w = malloc(ROWS * COLS * element + 1), *s = malloc(ROWS * 2 * element + 1);
+        unsigned char *b = malloc(ROWS * 2 * element + 1), *out = malloc(ROWS * COLS * 4 + 1);
+        void *w_aligned = malloc(ROWS * COLS * element), *s_aligned = malloc(ROWS * 2 * element);
+        void *b_aligned = malloc(ROWS * 2 * element);
+        float *out_aligned = malloc(ROWS * COLS * 4);
+        uint32_t packed[ROWS * COLS * 8 / 32], packed_aligned[ROWS * COLS * 8 / 32];
+        if (!w || !s || !b || !out || !w_aligned || !s_aligned || !b_aligned || !out_aligned) {
+            CHECK(false, "out of memory");
+            goto cleanup;
+        }
+        check_fill_uniform(&rng, w_aligned, dtype, ROWS * COLS, -1.0f, 1.0f);
+        memcpy(w + 1, w_aligned, ROWS * COLS * element);
+        CHECK_OK(qmm_quantize(w_aligned, dtype, ROWS, COLS, 8, 32, QMM_CONVENTION_CPU, packed_aligned, s_aligned,
+                              b_aligned));
+        CHECK_OK(qmm_quantize(w + 1, dtype, ROWS, COLS, 8, 32, QMM_CONVENTION_CPU, packed, s + 1, b + 1));
+        CHECK(memcmp(packed, packed_aligned, sizeof packed) == 0 && memcmp(s + 1, s_aligned, ROWS * 2 * element) == 0 &&
+                  memcmp(b + 1, b_aligned, ROWS * 2 * element) == 0,
+              "%s: quantizing a misaligned array must give the aligned result", qmm_dtype_name(dtype));
+        qmm_qmatrix m = {packed, s + 1, b + 1, dtype, ROWS, COLS, 8, 32};
+        qmm_qmatrix m_aligned = {packed_aligned, s_aligned, b_aligned, dtype, ROWS, COLS, 8, 32};
+        CHECK_OK(qmm_dequantize(&m, out + 1, QMM_F32));
+        CHECK_OK(qmm_dequantize(&m_aligned, out_aligned, QMM_F32));
+        CHECK(memcmp(out + 1, out_aligned, ROWS * COLS * 4) == 0,
+              "%s: dequantizing misaligned scales into a misaligned output must give the aligned result",
+              qmm_dtype_name(dtype));
+    cleanup:
+        free(w), free(s), free(b), free(out), free(w_aligned), free(s_aligned), free(b_aligned), free(out_aligned);
+    }
+}
+
 int main(void) {
     test_random_round_trip();
     test_negative_scale_fraction();
@@ -536,5 +616,7 @@ int main(void) {
     test_dequantize_formula();
     test_numeric_errors();
     test_bad_arguments();
+    test_huge_constant_group();
+    test_misaligned_arrays();
     return check_finish("test_quantize");
 }
