@@ -65,7 +65,8 @@ static int library_error(const command *c, qmm_status status) {
 /* ───────────────────────────── argument parsing ───────────────────────────── */
 
 /* One flag of a command. Single-valued flags store their text in *value (given twice is a usage
- * error); repeatable flags (values != NULL) append to values[*count]. Values are parsed afterwards. */
+ * error); repeatable flags (values != NULL) append to values[*count]; switches (switched != NULL) take
+ * no value and set *switched = 1. Values are parsed afterwards. */
 typedef struct flag_spec {
     const char *name;  /* "--bits" */
     const char *alias; /* "-m", or NULL */
@@ -73,6 +74,7 @@ typedef struct flag_spec {
     const char **values;
     size_t *count;
     size_t capacity;
+    int *switched;
 } flag_spec;
 
 /* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. Returns 0, or the
@@ -99,16 +101,20 @@ static int parse_args(const command *c, int argc, char **argv, const flag_spec *
                 if (strncmp(arg, names[n], length) != 0) continue;
                 if (arg[length] == '=') {
                     match = &flags[f];
+                    if (match->switched) return usage_error(c, "%s takes no value", names[n]);
                     value = arg + length + 1;
                 } else if (arg[length] == '\0') {
                     match = &flags[f];
+                    if (match->switched) break;
                     if (i + 1 >= argc) return usage_error(c, "%s needs a value", names[n]);
                     value = argv[++i];
                 }
             }
         }
         if (!match) return usage_error(c, "unknown option '%s'", arg);
-        if (match->values) {
+        if (match->switched) {
+            *match->switched = 1;
+        } else if (match->values) {
             if (*match->count == match->capacity)
                 return usage_error(c, "%s given more than %zu times", match->name, match->capacity);
             match->values[(*match->count)++] = value;
@@ -590,15 +596,36 @@ static int cmd_info(const command *c, int argc, char **argv) {
 
 /* ───────────────────────────── qmm convert ───────────────────────────── */
 
+/* convert and quantize replace a checkpoint already in OUTDIR only when asked (--force): a slip of the
+ * OUTDIR argument would otherwise overwrite, say, the fixture. Returns 0 or the exit code. */
+static int refuse_existing_checkpoint(const command *c, const char *dir, int force) {
+    static const char *const names[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    if (force) return 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[PATH_MAX];
+        struct stat info;
+        if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) >= (int)sizeof path)
+            return usage_error(c, "OUTDIR is longer than %d bytes", PATH_MAX - 32);
+        if (lstat(path, &info) == 0)
+            return library_error(c, qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                              "OUTDIR '%s' already holds a checkpoint (%s); pass --force to replace it",
+                                              dir, names[i]));
+    }
+    return 0;
+}
+
 static int cmd_convert(const command *c, int argc, char **argv) {
     const char *prefixes[64];
     size_t prefix_count = 0;
-    flag_spec flags[] = {{"--only", NULL, NULL, prefixes, &prefix_count, 64}};
+    int force = 0;
+    flag_spec flags[] = {{"--only", NULL, NULL, prefixes, &prefix_count, 64, NULL},
+                         {"--force", NULL, NULL, NULL, NULL, 0, &force}};
     const char *positional[2];
     size_t npositional;
-    int rc = parse_args(c, argc, argv, flags, 1, positional, 2, &npositional);
+    int rc = parse_args(c, argc, argv, flags, 2, positional, 2, &npositional);
     if (rc) return rc;
     if (npositional != 2) return usage_error(c, "expected IN.gguf and OUTDIR");
+    if ((rc = refuse_existing_checkpoint(c, positional[1], force))) return rc;
     for (size_t i = 0; i < prefix_count; i++)
         if (!prefixes[i][0]) return usage_error(c, "--only needs a non-empty PREFIX");
     fprintf(stderr, "qmm convert: %s -> %s\n", positional[0], positional[1]);
@@ -616,12 +643,14 @@ static int cmd_convert(const command *c, int argc, char **argv) {
 
 static int cmd_quantize(const command *c, int argc, char **argv) {
     const char *bits_text = NULL, *group_text = NULL, *convention_text = NULL;
-    flag_spec flags[] = {{"--bits", NULL, &bits_text, NULL, NULL, 0},
-                         {"--group-size", NULL, &group_text, NULL, NULL, 0},
-                         {"--convention", NULL, &convention_text, NULL, NULL, 0}};
+    int force = 0;
+    flag_spec flags[] = {{"--bits", NULL, &bits_text, NULL, NULL, 0, NULL},
+                         {"--group-size", NULL, &group_text, NULL, NULL, 0, NULL},
+                         {"--convention", NULL, &convention_text, NULL, NULL, 0, NULL},
+                         {"--force", NULL, NULL, NULL, NULL, 0, &force}};
     const char *positional[2];
     size_t npositional;
-    int rc = parse_args(c, argc, argv, flags, 3, positional, 2, &npositional);
+    int rc = parse_args(c, argc, argv, flags, 4, positional, 2, &npositional);
     if (rc) return rc;
     if (npositional != 2) return usage_error(c, "expected IN.safetensors and OUTDIR");
     int bits = 0, group_size = 0;
@@ -636,6 +665,7 @@ static int cmd_quantize(const command *c, int argc, char **argv) {
         else if (strcmp(convention_text, "cpu") != 0)
             return usage_error(c, "--convention '%s' is not cpu or gpu", convention_text);
     }
+    if ((rc = refuse_existing_checkpoint(c, positional[1], force))) return rc;
     qmm_status status = qmm_format_validate(bits, group_size);
     if (status != QMM_OK) return library_error(c, status);
 
@@ -714,10 +744,10 @@ cleanup:
 static int cmd_matmul(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *m_text = NULL, *dtype_text = NULL, *kernel = NULL, *x_path = NULL,
                *seed_text = NULL, *backend = NULL;
-    flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0}, {"-m", NULL, &m_text, NULL, NULL, 0},
-                         {"--dtype", NULL, &dtype_text, NULL, NULL, 0}, {"--kernel", NULL, &kernel, NULL, NULL, 0},
-                         {"--x", NULL, &x_path, NULL, NULL, 0},         {"--seed", NULL, &seed_text, NULL, NULL, 0},
-                         {"--backend", NULL, &backend, NULL, NULL, 0}};
+    flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0, NULL}, {"-m", NULL, &m_text, NULL, NULL, 0, NULL},
+                         {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL}, {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},
+                         {"--x", NULL, &x_path, NULL, NULL, 0, NULL},         {"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
+                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
     const char *positional[1];
     size_t npositional;
     int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
@@ -853,7 +883,7 @@ static qmm_status find_fixture(char *out, size_t size) {
 
 static int cmd_run(const command *c, int argc, char **argv) {
     const char *seed_text = NULL, *backend = NULL;
-    flag_spec flags[] = {{"--seed", NULL, &seed_text, NULL, NULL, 0}, {"--backend", NULL, &backend, NULL, NULL, 0}};
+    flag_spec flags[] = {{"--seed", NULL, &seed_text, NULL, NULL, 0, NULL}, {"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
     const char *positional[1];
     size_t npositional;
     int rc = parse_args(c, argc, argv, flags, 2, positional, 1, &npositional);
@@ -929,7 +959,7 @@ static int cmd_run(const command *c, int argc, char **argv) {
         snprintf(shape, sizeof shape, "%zu×%zu×%zu", rows, m->rows, m->cols);
         format_format(format, sizeof format, m);
         snprintf(error, sizeof error, "%.3e", result.max_abs_error);
-        snprintf(ratio, sizeof ratio, "%.3g%s", result.worst_ratio, result.outside ? " FAIL" : "");
+        snprintf(ratio, sizeof ratio, "%.3f%s", result.worst_ratio, result.outside ? " FAIL" : "");
         snprintf(time, sizeof time, "%.1f", result.microseconds);
         const char *cells[] = {layer.name, shape, format, result.kernel.name, error, ratio, time};
         for (int k = 0; k < 7; k++) print_cell(cells[k], widths[k]);
@@ -960,13 +990,14 @@ static const command commands[] = {
      "  DIR               an MLX checkpoint: tensors and every quantized layer's bits, group_size and scale dtype\n",
      cmd_info},
     {"convert", "convert a GGUF file into an MLX checkpoint directory",
-     "usage: qmm convert IN.gguf OUTDIR [--only PREFIX]...\n"
+     "usage: qmm convert IN.gguf OUTDIR [--only PREFIX]... [--force]\n"
      "  Imports F32/F16/BF16 tensors as they are and Q4_0/Q4_1/Q8_0 exactly as 4/8-bit gs32 layers with f16\n"
      "  scales (X.weight -> layer X). --only keeps the tensors whose names start with PREFIX (repeatable).\n"
-     "  An unsupported tensor type stops the conversion and leaves OUTDIR without new files.\n",
+     "  An unsupported tensor type stops the conversion and leaves OUTDIR without new files. An OUTDIR that\n"
+     "  already holds a checkpoint is refused unless --force is given.\n",
      cmd_convert},
     {"quantize", "quantize the float weights of a safetensors file into an MLX checkpoint",
-     "usage: qmm quantize IN.safetensors OUTDIR --bits B --group-size G [--convention cpu|gpu]\n"
+     "usage: qmm quantize IN.safetensors OUTDIR --bits B --group-size G [--convention cpu|gpu] [--force]\n"
      "  Every 2-D f32/f16/bf16 tensor named *.weight whose last dim is a multiple of G becomes a quantized\n"
      "  layer (weight U32, scales, biases in the weight's dtype); every other tensor is copied.\n"
      "  B: 2, 3, 4, 5, 6 or 8. G: 32, 64 or 128. --convention: MLX's CPU quantizer (default) or its GPU\n"

@@ -123,6 +123,19 @@ expect_library_error matmul "bad shape" "T=65537 rows" matmul "$FIXTURE" --layer
 expect_ok "the first rows of a tall x" matmul "$FIXTURE" --layer $L -m 2 --x "$WORK/tall-x.safetensors"
 rm -f "$WORK/tall-x.safetensors"
 
+# an OUTDIR that already holds a checkpoint is replaced only with --force
+mkdir -p "$WORK/existing"
+cp "$FIXTURE/config.json" "$FIXTURE/model.safetensors" "$WORK/existing/"
+before=$(sha256sum "$WORK/existing/model.safetensors")
+expect_library_error quantize "invalid argument" "already holds a checkpoint (config.json); pass --force" \
+  quantize "$WORK/float.safetensors" "$WORK/existing" --bits 4 --group-size 32
+expect_library_error convert "invalid argument" "already holds a checkpoint" convert "$WORK/x.gguf" "$WORK/existing"
+check "a refused OUTDIR keeps its checkpoint" [ "$(sha256sum "$WORK/existing/model.safetensors")" = "$before" ]
+expect_usage_error quantize "--force takes no value" quantize "$WORK/float.safetensors" "$WORK/existing" --force=yes \
+  --bits 4 --group-size 32
+expect_ok "quantize --force replaces it" quantize "$WORK/float.safetensors" "$WORK/existing" --bits 4 --group-size 32 --force
+check "the replaced checkpoint differs" [ "$(sha256sum "$WORK/existing/model.safetensors")" != "$before" ]
+
 # names the checkpoint does not have
 expect_library_error matmul "not found" "blk.0.nope" matmul "$FIXTURE" --layer blk.0.nope -m 1
 expect_library_error matmul "not found" "no.such.kernel" matmul "$FIXTURE" --layer $L -m 1 --kernel no.such.kernel
