@@ -89,7 +89,8 @@ uint16_t qmm_f32_to_bf16(float value);
 float qmm_bf16_to_f32(uint16_t bits);
 
 /* Converts count elements between the float dtypes F32/F16/BF16 (any pair, same-type is a copy).
- * Errors: QMM_ERR_INVALID_ARGUMENT for null pointers (with count > 0) or a non-float dtype. */
+ * Errors: QMM_ERR_INVALID_ARGUMENT for null pointers (with count > 0) or a non-float dtype,
+ * QMM_ERR_OVERFLOW when count elements overflow a byte count. */
 qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtype dst_dtype, size_t count);
 
 /* ───────────────────────────── The affine format ───────────────────────────── */
@@ -99,7 +100,8 @@ qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtyp
  *   scales  dtype  [rows, cols/group_size]
  *   biases  dtype  [rows, cols/group_size]
  * dtype is QMM_F32, QMM_F16 or QMM_BF16. For out = x·Ŵᵀ (qmm_t, a linear layer) rows = N and
- * cols = K; for out = x·Ŵ (qmm_n) rows = K and cols = N. The struct borrows its arrays. */
+ * cols = K; for out = x·Ŵ (qmm_n) rows = K and cols = N. The struct borrows its arrays; w must be
+ * 4-byte aligned (scales and biases may be at any address). */
 typedef struct qmm_qmatrix {
     const uint32_t *w;
     const void *scales;
@@ -216,6 +218,7 @@ typedef struct qmm_chain qmm_chain;
 qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context);
 /* Frees the context. Weights, buffers and chains created from it must be destroyed first. NULL ok. */
 void qmm_context_destroy(qmm_context *context);
+/* The backend the context was created with (QMM_BACKEND_REF for NULL). */
 qmm_backend qmm_context_backend(const qmm_context *context);
 
 /* Creates immutable device-resident weights from a host qmm_qmatrix (copied; the caller's arrays may
@@ -223,21 +226,25 @@ qmm_backend qmm_context_backend(const qmm_context *context);
  * Errors: validation errors of qmm_qmatrix_validate, QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights);
 void qmm_weights_destroy(qmm_weights *weights);
-/* The format of the weights (pointers in the result are NULL: data lives on the device). */
+/* The format of the weights (pointers in the result are NULL: data lives on the device).
+ * Errors: QMM_ERR_INVALID_ARGUMENT for a NULL argument. */
 qmm_status qmm_weights_describe(const qmm_weights *weights, qmm_qmatrix *format);
 
 /* A device buffer of count elements of dtype (F32/F16/BF16). Contents start undefined.
  * Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE (count 0), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_buffer_create(qmm_context *context, qmm_dtype dtype, size_t count, qmm_buffer **buffer);
 void qmm_buffer_destroy(qmm_buffer *buffer);
+/* Elements and dtype of a buffer (0 and QMM_F32 for NULL). */
 size_t qmm_buffer_count(const qmm_buffer *buffer);
 qmm_dtype qmm_buffer_dtype(const qmm_buffer *buffer);
 /* Copies count elements from host memory (buffer's dtype) into the buffer starting at element 0.
- * Errors: QMM_ERR_SHAPE when count exceeds the buffer. */
+ * Errors: QMM_ERR_INVALID_ARGUMENT (NULL buffer, or NULL host with count > 0), QMM_ERR_SHAPE when
+ * count exceeds the buffer, QMM_ERR_BACKEND. */
 qmm_status qmm_buffer_write(qmm_buffer *buffer, const void *host, size_t count);
 /* Copies count elements of the buffer to host memory, waiting for queued work. Same errors. */
 qmm_status qmm_buffer_read(const qmm_buffer *buffer, void *host, size_t count);
-/* Fills the buffer with NaN (used by tests to poison outputs). */
+/* Fills the buffer with NaN (used by tests to poison outputs). Errors: QMM_ERR_INVALID_ARGUMENT (NULL),
+ * QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_buffer_poison(qmm_buffer *buffer);
 
 /* The operations of the kernel table. */
@@ -374,10 +381,12 @@ typedef struct qmm_layer {
  * scales/biases same float dtype and shape [rows, cols/group_size], weight words = cols·bits/32 with
  * the layer's bits/group_size from the config (an override if present). Errors: QMM_ERR_IO,
  * QMM_ERR_CORRUPT (naming the layer and the disagreement), QMM_ERR_FORMAT, QMM_ERR_NOT_FOUND
- * (no config.json or no shard). */
+ * (no config.json or no shard), QMM_ERR_UNSUPPORTED (a quantization mode other than "affine", an
+ * unknown tensor dtype), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_checkpoint_open(const char *dir, qmm_checkpoint **checkpoint);
 void qmm_checkpoint_close(qmm_checkpoint *checkpoint);
-/* All tensors of all shards. */
+/* All tensors of all shards. The getters fail with QMM_ERR_INVALID_ARGUMENT (NULL, index out of range)
+ * and the finders with QMM_ERR_NOT_FOUND naming the missing name. */
 size_t qmm_checkpoint_tensor_count(const qmm_checkpoint *checkpoint);
 qmm_status qmm_checkpoint_tensor(const qmm_checkpoint *checkpoint, size_t index, qmm_tensor *tensor);
 qmm_status qmm_checkpoint_find_tensor(const qmm_checkpoint *checkpoint, const char *name, qmm_tensor *tensor);
@@ -389,7 +398,10 @@ qmm_status qmm_checkpoint_find_layer(const qmm_checkpoint *checkpoint, const cha
 qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *bits, int *group_size);
 
 /* Parses config.json text (size bytes, not necessarily NUL-terminated) and returns its default
- * quantization format; used by the fuzzers and by qmm_checkpoint_open. Errors: QMM_ERR_CORRUPT. */
+ * quantization format; used by the fuzzers and by qmm_checkpoint_open. Errors: QMM_ERR_CORRUPT (not
+ * JSON, not an object, a field of the wrong kind), QMM_ERR_FORMAT (bits or group_size outside the sets),
+ * QMM_ERR_UNSUPPORTED (a mode other than "affine", a Hugging Face quant_method), QMM_ERR_OVERFLOW,
+ * QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group_size);
 
 /* Writes an MLX checkpoint directory: dir/model.safetensors with every tensor and dir/config.json
@@ -432,7 +444,9 @@ qmm_status qmm_gguf_open(const char *path, qmm_gguf **file);
 qmm_status qmm_gguf_open_memory(const void *bytes, size_t size, qmm_gguf **file);
 void qmm_gguf_close(qmm_gguf *file);
 size_t qmm_gguf_tensor_count(const qmm_gguf *file);
+/* Tensor `index` in file order. Errors: QMM_ERR_INVALID_ARGUMENT (NULL, index out of range). */
 qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf_tensor_info *info);
+/* The file-order index of the tensor named name. Errors: QMM_ERR_NOT_FOUND naming it. */
 qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index);
 /* A string metadata value (e.g. "general.architecture"), or NULL. */
 const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);

@@ -114,8 +114,12 @@ qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtyp
                          qmm_dtype_name(src_dtype), qmm_dtype_name(dst_dtype));
     if (count == 0) return QMM_OK;
     if (!src || !dst) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_convert: null %s", src ? "dst" : "src");
+    size_t bytes;
+    if (!qmm_mul_size(count, qmm_dtype_size(dst_dtype), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "qmm_convert: count=%zu elements of %s overflow a byte count", count,
+                         qmm_dtype_name(dst_dtype));
     if (src_dtype == dst_dtype) {
-        memmove(dst, src, count * qmm_dtype_size(src_dtype));
+        memmove(dst, src, bytes);
         return QMM_OK;
     }
     for (size_t i = 0; i < count; i++) qmm_store_f32(dst, dst_dtype, i, qmm_load_f32(src, src_dtype, i));

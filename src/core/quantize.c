@@ -26,15 +26,9 @@
  * about one element in twenty); for f16/bf16 s·q is exact in f32 (11 + 8 significant bits), rounded to T,
  * then the sum is formed in f32 and rounded to T (f32's 24 bits are at least 2p + 2 for a p-bit T, so that
  * double rounding equals a correctly rounded T addition). Checked against mx.dequantize for every dtype.
- * The FP-contract pragmas below keep compilers from fusing s·q + b into an FMA under -march flags (GCC contracts
- * across statements by default in GNU mode; clang only within one expression unless -ffp-contract=fast, which
- * overrides any pragma — do not build this file with it).
+ * CMakeLists.txt builds this file with -ffp-contract=off, so no compiler fuses s·q + b into an FMA (GCC
+ * contracts across statements by default in GNU mode, and on aarch64 or under -march flags with FMA it would).
  */
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
 
 #include "internal.h"
 

@@ -7,7 +7,9 @@
  *                      magnitudes Σ(|s·q| + |b|)·|x| that feed the error bound
  *   qmm_error_bound    the one tolerance formula (derivation: docs/kernels.md, "Tolerance")
  *
- * Every sum is formed in one fixed order, so the results do not depend on the blocking below: rows of
+ * CMakeLists.txt builds this file with -ffp-contract=off: every operation below rounds on its own, on
+ * every target (a fused multiply-add would change the f32 results, and qmm_ref_qmm_n's agreement with
+ * MLX bit for bit). Every sum is formed in one fixed order, so the results do not depend on the blocking below: rows of
  * x are processed LANES at a time only so that the compiler can keep LANES independent accumulators
  * in one vector register (each lane is its own sequential sum, bit for bit the scalar loop).
  */
