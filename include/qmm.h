@@ -122,6 +122,12 @@ qmm_status qmm_format_validate(int bits, int group_size);
  * QMM_ERR_INVALID_ARGUMENT, QMM_ERR_OVERFLOW. */
 qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix);
 
+/* Byte sizes of a matrix's arrays: *w_bytes of w (rows·cols·bits/32 uint32), *group_bytes of scales
+ * and of biases each (rows·cols/group_size elements of dtype); either output may be NULL. The array
+ * pointers are not looked at, so this sizes the outputs of qmm_quantize. Errors: those of
+ * qmm_qmatrix_validate other than the NULL-array ones. */
+qmm_status qmm_qmatrix_bytes(const qmm_qmatrix *matrix, size_t *w_bytes, size_t *group_bytes);
+
 /* Words of packed codes per row: cols·bits/32 (cols must be a multiple of group_size, so exact). */
 size_t qmm_packed_words(size_t cols, int bits);
 /* Groups per row: cols / group_size. */

@@ -701,12 +701,8 @@ static int cmd_quantize(const command *c, int argc, char **argv) {
         }
         size_t rows = (size_t)t.shape[0], cols = (size_t)t.shape[1];
         size_t w_bytes, s_bytes;
-        if (!qmm_mul_size(rows, qmm_packed_words(cols, bits), &w_bytes) || !qmm_mul_size(w_bytes, 4, &w_bytes) ||
-            !qmm_mul_size(rows, qmm_groups(cols, group_size), &s_bytes) ||
-            !qmm_mul_size(s_bytes, qmm_dtype_size(t.dtype), &s_bytes)) {
-            status = qmm_error(QMM_ERR_OVERFLOW, "tensor '%s' [%zu, %zu] is too large", t.name, rows, cols);
-            goto cleanup;
-        }
+        const qmm_qmatrix format = {NULL, NULL, NULL, t.dtype, rows, cols, bits, group_size};
+        if ((status = qmm_qmatrix_bytes(&format, &w_bytes, &s_bytes)) != QMM_OK) goto cleanup;
         size_t length = strlen(t.name) - strlen(".weight");
         char *layer_name = names[layer_count] = malloc(length + 1);
         uint32_t *w = malloc(w_bytes);

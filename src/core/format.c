@@ -46,8 +46,8 @@ size_t qmm_groups(size_t cols, int group_size) {
     return cols / (size_t)group_size;
 }
 
-qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
-    if (!matrix) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix_validate: matrix is NULL");
+qmm_status qmm_qmatrix_bytes(const qmm_qmatrix *matrix, size_t *w_bytes, size_t *group_bytes) {
+    if (!matrix) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: matrix is NULL");
     qmm_status status = qmm_format_validate(matrix->bits, matrix->group_size);
     if (status != QMM_OK) return status;
     if (!qmm_is_float_dtype(matrix->dtype))
@@ -65,16 +65,24 @@ qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
      * must fit in size_t. */
     size_t words = qmm_packed_words(matrix->cols, matrix->bits);
     size_t groups = qmm_groups(matrix->cols, matrix->group_size);
-    size_t count, bytes;
+    size_t count, bytes, packed_bytes, scale_bytes;
     if (!qmm_mul_size(matrix->rows, matrix->cols, &count) || !qmm_mul_size(count, sizeof(float), &bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "rows=%zu x cols=%zu elements overflow size_t", matrix->rows,
                          matrix->cols);
-    if (!qmm_mul_size(matrix->rows, words, &count) || !qmm_mul_size(count, sizeof(uint32_t), &bytes))
+    if (!qmm_mul_size(matrix->rows, words, &count) || !qmm_mul_size(count, sizeof(uint32_t), &packed_bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "packed weights of rows=%zu x %zu words overflow size_t", matrix->rows,
                          words);
-    if (!qmm_mul_size(matrix->rows, groups, &count) || !qmm_mul_size(count, qmm_dtype_size(matrix->dtype), &bytes))
+    if (!qmm_mul_size(matrix->rows, groups, &count) ||
+        !qmm_mul_size(count, qmm_dtype_size(matrix->dtype), &scale_bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "scales of rows=%zu x %zu groups overflow size_t", matrix->rows, groups);
+    if (w_bytes) *w_bytes = packed_bytes;
+    if (group_bytes) *group_bytes = scale_bytes;
+    return QMM_OK;
+}
 
+qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
+    qmm_status status = qmm_qmatrix_bytes(matrix, NULL, NULL);
+    if (status != QMM_OK) return status;
     if (!matrix->w) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: w (packed codes) is NULL");
     if (!matrix->scales) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: scales is NULL");
     if (!matrix->biases) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: biases is NULL");

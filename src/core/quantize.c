@@ -114,25 +114,18 @@ static void quantize_group(const float *values, int n, int bits, qmm_convention 
 
 qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols, int bits, int group_size,
                         qmm_convention convention, uint32_t *out_w, void *out_scales, void *out_biases) {
-    qmm_status status = qmm_format_validate(bits, group_size);
+    /* The outputs form a qmm_qmatrix in the weight dtype: its sizing is the shape, format, dtype and
+     * overflow check of this call too (it also covers rows·cols of the input). */
+    const qmm_qmatrix out = {out_w, out_scales, out_biases, dtype, rows, cols, bits, group_size};
+    qmm_status status = qmm_qmatrix_bytes(&out, NULL, NULL);
     if (status != QMM_OK) return status;
-    if (!qmm_is_float_dtype(dtype))
-        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: weight dtype %s (%d) is not supported (allowed: f32, f16, bf16)",
-                         qmm_dtype_name(dtype), (int)dtype);
     if (convention != QMM_CONVENTION_CPU && convention != QMM_CONVENTION_GPU)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: convention=%d is not one of CPU (0), GPU (1)",
                          (int)convention);
-    if (rows == 0 || cols == 0)
-        return qmm_error(QMM_ERR_SHAPE, "qmm_quantize: matrix is %zu x %zu; rows and cols must be at least 1", rows,
-                         cols);
-    if (cols % (size_t)group_size != 0)
-        return qmm_error(QMM_ERR_SHAPE, "qmm_quantize: cols=%zu (K of a linear layer) is not a multiple of group_size=%d", cols, group_size);
-    size_t count, bytes;
-    if (!qmm_mul_size(rows, cols, &count) || !qmm_mul_size(count, sizeof(float), &bytes))
-        return qmm_error(QMM_ERR_OVERFLOW, "qmm_quantize: rows=%zu x cols=%zu elements overflow size_t", rows, cols);
     if (!w || !out_w || !out_scales || !out_biases)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: %s is NULL",
                          !w ? "w" : !out_w ? "out_w" : !out_scales ? "out_scales" : "out_biases");
+    const size_t count = rows * cols; /* fits: checked by the validation */
 
     /* NaN/Inf anywhere is an error; checked before anything is written, so a failed call leaves the outputs
      * untouched. MLX would silently produce NaN scales (or all-zero codes with an Inf scale). */

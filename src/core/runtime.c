@@ -195,13 +195,7 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
 
     const qmm_backend_hooks *hooks = context->hooks;
     size_t w_bytes, group_bytes;
-    const size_t words = qmm_packed_words(matrix->cols, matrix->bits);
-    const size_t groups = qmm_groups(matrix->cols, matrix->group_size);
-    if (!qmm_mul_size(matrix->rows, words, &w_bytes) || !qmm_mul_size(w_bytes, sizeof(uint32_t), &w_bytes) ||
-        !qmm_mul_size(matrix->rows, groups, &group_bytes) ||
-        !qmm_mul_size(group_bytes, qmm_dtype_size(matrix->dtype), &group_bytes))
-        return qmm_error(QMM_ERR_OVERFLOW, "qmm_weights_create: the byte size of %zu×%zu weights overflows size_t",
-                         matrix->rows, matrix->cols);
+    if ((status = qmm_qmatrix_bytes(matrix, &w_bytes, &group_bytes)) != QMM_OK) return status;
 
     qmm_weights *created = calloc(1, sizeof *created);
     if (!created) {

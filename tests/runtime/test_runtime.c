@@ -283,7 +283,10 @@ static void test_matmul_errors(qmm_context *context, check_rng *rng) {
     check_qmatrix_free(&q);
 }
 
-/* One product through the runtime must be the oracle's, bit for bit (the ref rows are the oracle). */
+/* Plumbing: one product through the runtime (weights copied, buffers written and read, the op and
+ * the N/K roles passed through, the selector's row run) must be the oracle's, bit for bit — the ref
+ * rows call the oracle, so this catches wiring mistakes, not numeric ones. The numbers themselves are
+ * checked against the f64 oracle and MLX by test_oracle, test_kernels, test_seed and mlx_crosscheck. */
 static void check_product(qmm_context *context, const check_qmatrix *q, qmm_op op, size_t M, check_rng *rng) {
     const size_t N = op == QMM_OP_QMM_T ? q->m.rows : q->m.cols, K = op == QMM_OP_QMM_T ? q->m.cols : q->m.rows;
     const qmm_dtype dtype = q->m.dtype;
