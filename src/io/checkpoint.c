@@ -41,38 +41,6 @@ static void quant_config_free(quant_config *config) {
     memset(config, 0, sizeof *config);
 }
 
-/* Parses text (size bytes, not necessarily NUL-terminated) into a cJSON tree; trailing whitespace only. */
-static qmm_status parse_json(const char *what, const char *json, size_t size, cJSON **root) {
-    *root = NULL;
-    size_t length;
-    if (!qmm_add_size(size, 1, &length)) return qmm_error(QMM_ERR_OVERFLOW, "%s: size %zu overflows", what, size);
-    char *text = malloc(length);
-    if (!text) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, length);
-    if (size) memcpy(text, json, size);
-    text[size] = '\0';
-    const char *end = NULL;
-    qmm_status status = QMM_OK;
-    cJSON *tree = cJSON_ParseWithLengthOpts(text, size, &end, 0);
-    if (!tree) {
-        size_t at = end && end >= text && end <= text + size ? (size_t)(end - text) : 0;
-        status = qmm_error(QMM_ERR_CORRUPT, "%s is not valid JSON (error near byte %zu of %zu)", what, at, size);
-        goto cleanup;
-    }
-    for (const char *p = end; p && p < text + size; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            status =
-                qmm_error(QMM_ERR_CORRUPT, "%s has data after its JSON value at byte %zu", what, (size_t)(p - text));
-            goto cleanup;
-        }
-    }
-    *root = tree;
-    tree = NULL;
-cleanup:
-    cJSON_Delete(tree);
-    free(text);
-    return status;
-}
-
 static bool format_bits_ok(double bits) {
     return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
 }
@@ -121,14 +89,12 @@ static int compare_layer_formats(const void *a, const void *b) {
     return strcmp(((const layer_format *)a)->name, ((const layer_format *)b)->name);
 }
 
-static int compare_strings(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 static qmm_status parse_config(const char *json, size_t size, quant_config *config) {
     memset(config, 0, sizeof *config);
     cJSON *root = NULL;
-    const char **names = NULL;
+    qmm_io_name *names = NULL;
     char printable[QMM_IO_PRINTABLE_SIZE];
-    qmm_status status = parse_json("config.json", json, size, &root);
+    qmm_status status = qmm_io_parse_json("config.json", json, size, &root);
     if (status != QMM_OK) return status;
     if (!cJSON_IsObject(root)) {
         status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", qmm_io_json_kind(root));
@@ -164,22 +130,20 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
         goto cleanup;
     }
     /* cJSON keeps duplicate keys (and finds only the first): every member name must be unique. */
-    names = calloc(members ? members : 1, sizeof(char *));
+    names = calloc(members ? members : 1, sizeof(qmm_io_name));
     if (!names) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu names", members);
         goto cleanup;
     }
     size_t name_count = 0;
     const cJSON *item;
-    cJSON_ArrayForEach(item, quantization) names[name_count++] = item->string ? item->string : "";
-    qsort(names, name_count, sizeof(char *), compare_strings);
-    for (size_t i = 1; i < name_count; i++) {
-        if (strcmp(names[i - 1], names[i]) == 0) {
-            status = qmm_error(QMM_ERR_CORRUPT, "config.json %s has the key \"%s\" twice", key,
-                               qmm_io_printable(names[i], strlen(names[i]), printable, sizeof printable));
-            goto cleanup;
-        }
+    cJSON_ArrayForEach(item, quantization) {
+        names[name_count] = (qmm_io_name){item->string ? item->string : "", name_count};
+        name_count++;
     }
+    char what[64];
+    snprintf(what, sizeof what, "config.json %s key", key);
+    if ((status = qmm_io_sort_unique(names, name_count, QMM_ERR_CORRUPT, what)) != QMM_OK) goto cleanup;
     cJSON_ArrayForEach(item, quantization) {
         const char *name = item->string ? item->string : "";
         if (!qmm_io_utf8_valid(name, strlen(name))) {
@@ -320,7 +284,7 @@ static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJS
     if (!index_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
     status = qmm_io_read_file(index_path, CONFIG_MAX_BYTES, &text, &size);
     if (status == QMM_OK) {
-        if ((status = parse_json(index_path, text, size, index)) != QMM_OK) goto cleanup;
+        if ((status = qmm_io_parse_json(index_path, text, size, index)) != QMM_OK) goto cleanup;
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(*index, "weight_map");
         if (!cJSON_IsObject(map)) {
             status = qmm_error(QMM_ERR_CORRUPT, "%s: \"weight_map\" is %s; it must be an object", index_path,
@@ -357,7 +321,7 @@ static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJS
         status = qmm_error(QMM_ERR_NOT_FOUND, "\"%s\" has no model*.safetensors shard", dir);
         goto cleanup;
     }
-    qsort(*names, *count, sizeof(char *), compare_strings);
+    qsort(*names, *count, sizeof(char *), qmm_io_compare_strings);
 cleanup:
     if (listing) closedir(listing);
     free(text);
@@ -553,9 +517,7 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
     }
     if (status != QMM_OK) goto cleanup;
     if ((status = parse_config(text, size, &checkpoint->config)) != QMM_OK) {
-        char message[512];
-        snprintf(message, sizeof message, "%s", qmm_last_error());
-        qmm_error(status, "%s: %s", config_path, message);
+        qmm_error(status, "%s: %s", config_path, qmm_last_error()); /* qmm_error formats before it copies */
         goto cleanup;
     }
 
@@ -754,7 +716,7 @@ static qmm_status build_config(const qmm_layer *layers, size_t layer_count, cons
     size_t *counts = NULL;
     *text = NULL;
     if (extra_config_json) {
-        status = parse_json("extra_config_json", extra_config_json, strlen(extra_config_json), &root);
+        status = qmm_io_parse_json("extra_config_json", extra_config_json, strlen(extra_config_json), &root);
         if (status != QMM_OK) {
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s", qmm_last_error()); /* names extra_config_json */
             goto cleanup;
@@ -823,6 +785,71 @@ cleanup:
     return status;
 }
 
+/* An existing file that a write replaces, kept under a temporary name beside it until the write has
+ * succeeded, so that a failure after it was replaced can put it back. */
+typedef struct kept_file {
+    char *path; /* the temporary name; NULL when there was nothing to keep */
+    bool moved; /* renamed aside (the file system refused a hard link): its own name is free meanwhile */
+} kept_file;
+
+/* Keeps the file at path, if there is one, as "path.qmm-old-XXXXXX": a hard link where the file
+ * system allows one (path stays in place for readers), else a rename. A directory at path is not
+ * kept: renaming a file onto it fails, so it is never replaced. Errors: QMM_ERR_IO. */
+static qmm_status keep_existing(const char *path, kept_file *kept) {
+    kept->path = NULL;
+    kept->moved = false;
+    struct stat info;
+    if (lstat(path, &info) != 0) {
+        if (errno == ENOENT) return QMM_OK;
+        return qmm_error(QMM_ERR_IO, "cannot stat \"%s\": %s", path, strerror(errno));
+    }
+    if (S_ISDIR(info.st_mode)) return QMM_OK;
+    static const char suffix[] = ".qmm-old-XXXXXX";
+    size_t length = strlen(path);
+    char *keep = malloc(length + sizeof suffix);
+    if (!keep) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a temporary name for \"%s\"", path);
+    memcpy(keep, path, length);
+    memcpy(keep + length, suffix, sizeof suffix);
+    /* mkstemp reserves a fresh name; link() cannot replace it, so the placeholder goes first. */
+    int fd = mkstemp(keep);
+    if (fd < 0) {
+        int err = errno;
+        free(keep);
+        return qmm_error(QMM_ERR_IO, "cannot create a temporary file beside \"%s\": %s", path, strerror(err));
+    }
+    close(fd);
+    unlink(keep);
+    if (link(path, keep) != 0) {
+        if (rename(path, keep) != 0) {
+            int err = errno;
+            free(keep);
+            return qmm_error(QMM_ERR_IO, "cannot keep the existing \"%s\" aside while it is replaced: %s", path,
+                             strerror(err));
+        }
+        kept->moved = true;
+    }
+    kept->path = keep;
+    return QMM_OK;
+}
+
+/* After the write: on success the kept file is removed; on failure it goes back to path (replacing
+ * whatever the write put there) when it had left it, else the kept name alone is removed. */
+static qmm_status release_kept(const char *path, kept_file *kept, bool replaced, qmm_status status) {
+    if (!kept->path) return status;
+    if (status != QMM_OK && (replaced || kept->moved)) {
+        if (rename(kept->path, path) != 0) {
+            /* Nothing is lost: say where the old file is rather than remove it. */
+            status = qmm_error(status, "%s (and the previous \"%s\" could not be put back: it is \"%s\")",
+                               qmm_last_error(), path, kept->path);
+        }
+    } else {
+        unlink(kept->path);
+    }
+    free(kept->path);
+    kept->path = NULL;
+    return status;
+}
+
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
                                 const qmm_layer *layers, size_t layer_count, const char *extra_config_json) {
     if (!dir || !dir[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_write: dir is empty");
@@ -834,6 +861,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     char *config_text = NULL, *model_path = NULL, *config_path = NULL;
     bool created_dir = false, model_renamed = false;
     qmm_atomic_file model_file = {-1, NULL, NULL}, config_file = {-1, NULL, NULL};
+    kept_file old_model = {NULL, false};
     char printable[QMM_IO_PRINTABLE_SIZE];
 
     size_t total = 0, name_count = 0;
@@ -854,9 +882,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
         }
         qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
         if ((status = qmm_qmatrix_validate(&layer->matrix)) != QMM_OK) {
-            char message[512];
-            snprintf(message, sizeof message, "%s", qmm_last_error());
-            status = qmm_error(status, "layer \"%s\": %s", printable, message);
+            qmm_error(status, "layer \"%s\": %s", printable, qmm_last_error());
             goto cleanup;
         }
         const qmm_qmatrix *m = &layer->matrix;
@@ -918,12 +944,19 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     if ((status = qmm_atomic_write(&config_file, config_text, strlen(config_text))) != QMM_OK) goto cleanup;
     if ((status = qmm_atomic_write(&config_file, "\n", 1)) != QMM_OK) goto cleanup;
     if ((status = qmm_atomic_finish(&config_file)) != QMM_OK) goto cleanup;
-    /* Both files are complete under temporary names; only the two renames remain. */
+    /* Both files are complete under temporary names; only the two renames remain. If config.json's
+     * rename fails, the old config.json is untouched (rename is atomic), so only the old
+     * model.safetensors must be kept aside to go back beside it: never leave a config.json with weights
+     * that are not its own, nor weights without a config. */
+    if ((status = keep_existing(model_path, &old_model)) != QMM_OK) goto cleanup;
     if ((status = qmm_atomic_rename(&model_file)) != QMM_OK) goto cleanup;
     model_renamed = true;
     status = qmm_atomic_rename(&config_file);
 cleanup:
-    if (status != QMM_OK && model_renamed) unlink(model_path); /* never leave weights without their config */
+    if (old_model.path)
+        status = release_kept(model_path, &old_model, model_renamed, status);
+    else if (status != QMM_OK && model_renamed)
+        unlink(model_path);
     qmm_atomic_abort(&model_file);
     qmm_atomic_abort(&config_file);
     if (status != QMM_OK && created_dir) rmdir(dir);

@@ -121,7 +121,7 @@ struct qmm_gguf {
     gguf_kv *kvs; /* sorted by key */
     size_t tensor_count;
     gguf_tensor *tensors; /* file order */
-    size_t *by_name;
+    qmm_io_name *by_name; /* tensor names and indices, sorted by name */
 };
 
 /* ───────────────────────────── bounded reader ───────────────────────────── */
@@ -228,16 +228,6 @@ static qmm_status skip_value(cursor *c, uint32_t type, int depth, const char *ke
 
 static int compare_kvs(const void *a, const void *b) {
     return strcmp(((const gguf_kv *)a)->key, ((const gguf_kv *)b)->key);
-}
-
-static _Thread_local const gguf_tensor *names_base;
-static int compare_tensor_names(const void *a, const void *b) {
-    return strcmp(names_base[*(const size_t *)a].name, names_base[*(const size_t *)b].name);
-}
-static int compare_tensor_offsets(const void *a, const void *b) {
-    const gguf_tensor *x = &names_base[*(const size_t *)a], *y = &names_base[*(const size_t *)b];
-    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
-    return x->nbytes < y->nbytes ? -1 : (x->nbytes > y->nbytes ? 1 : 0);
 }
 
 void qmm_gguf_close(qmm_gguf *file) {
@@ -401,7 +391,7 @@ static qmm_status parse_file(qmm_gguf *file) {
     if ((status = parse_metadata(file, &c, kv_count)) != QMM_OK) return status;
 
     file->tensors = calloc(tensor_count ? (size_t)tensor_count : 1, sizeof(gguf_tensor));
-    file->by_name = calloc(tensor_count ? (size_t)tensor_count : 1, sizeof(size_t));
+    file->by_name = calloc(tensor_count ? (size_t)tensor_count : 1, sizeof(qmm_io_name));
     if (!file->tensors || !file->by_name)
         return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %llu tensor entries",
                          (unsigned long long)tensor_count);
@@ -425,37 +415,18 @@ static qmm_status parse_file(qmm_gguf *file) {
                 t->nbytes, data_size, data_start);
     }
 
-    for (size_t i = 0; i < file->tensor_count; i++)
-        file->by_name[i] = i;
-    names_base = file->tensors;
-    /* Overlap check over tensors sorted by offset (reusing by_name as scratch), then the name sort. */
-    qsort(file->by_name, file->tensor_count, sizeof(size_t), compare_tensor_offsets);
-    size_t furthest_end = 0, furthest = 0;
-    bool have = false;
-    for (size_t k = 0; k < file->tensor_count; k++) {
-        const gguf_tensor *t = &file->tensors[file->by_name[k]];
-        if (t->nbytes == 0) continue;
-        if (have && t->offset < furthest_end) {
-            char other[QMM_IO_PRINTABLE_SIZE];
-            const gguf_tensor *previous = &file->tensors[furthest];
-            return qmm_error(QMM_ERR_CORRUPT, "GGUF tensors \"%s\" and \"%s\" overlap in the data area",
-                             qmm_io_printable(previous->name, strlen(previous->name), other, sizeof other),
-                             qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable));
-        }
-        if (!have || t->offset + t->nbytes > furthest_end) {
-            furthest_end = t->offset + t->nbytes;
-            furthest = file->by_name[k];
-            have = true;
-        }
+    /* Spans are relative to the data area; every end was checked above, so none overflows. */
+    qmm_io_span *spans = malloc((file->tensor_count ? file->tensor_count : 1) * sizeof(qmm_io_span));
+    if (!spans) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the spans of %zu tensors", file->tensor_count);
+    for (size_t i = 0; i < file->tensor_count; i++) {
+        const gguf_tensor *t = &file->tensors[i];
+        spans[i] = (qmm_io_span){t->offset, t->offset + t->nbytes, t->name};
+        file->by_name[i] = (qmm_io_name){t->name, i};
     }
-    qsort(file->by_name, file->tensor_count, sizeof(size_t), compare_tensor_names);
-    for (size_t k = 1; k < file->tensor_count; k++) {
-        const char *name = file->tensors[file->by_name[k]].name;
-        if (strcmp(file->tensors[file->by_name[k - 1]].name, name) == 0)
-            return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor name \"%s\" appears twice",
-                             qmm_io_printable(name, strlen(name), printable, sizeof printable));
-    }
-    return QMM_OK;
+    status = qmm_io_check_spans(spans, file->tensor_count, "GGUF tensors");
+    free(spans);
+    if (status != QMM_OK) return status;
+    return qmm_io_sort_unique(file->by_name, file->tensor_count, QMM_ERR_CORRUPT, "GGUF tensor name");
 }
 
 qmm_status qmm_gguf_open_memory(const void *bytes, size_t size, qmm_gguf **file) {
@@ -487,11 +458,8 @@ qmm_status qmm_gguf_open(const char *path, qmm_gguf **file) {
         result->bytes = result->mapping.base;
         result->size = result->mapping.size;
         status = parse_file(result);
-        if (status != QMM_OK) {
-            char message[512];
-            snprintf(message, sizeof message, "%s", qmm_last_error());
-            qmm_error(status, "%s: %s", path, message);
-        }
+        /* qmm_error formats into a local buffer first, so the last error may be one of its arguments. */
+        if (status != QMM_OK) qmm_error(status, "%s: %s", path, qmm_last_error());
     }
     if (status != QMM_OK) {
         qmm_gguf_close(result);
@@ -523,7 +491,7 @@ qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf
 
 static const char *tensor_name_by_name(const void *context, size_t i) {
     const qmm_gguf *file = context;
-    return file->tensors[file->by_name[i]].name;
+    return file->by_name[i].name;
 }
 
 static const char *kv_key_at(const void *context, size_t i) { return ((const qmm_gguf *)context)->kvs[i].key; }
@@ -532,7 +500,7 @@ qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index) 
     if (!file || !name || !index) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_find: null argument");
     size_t position = qmm_io_find_sorted(file, file->tensor_count, tensor_name_by_name, name);
     if (position != QMM_IO_NOT_FOUND) {
-        *index = file->by_name[position];
+        *index = file->by_name[position].index;
         return QMM_OK;
     }
     char printable[QMM_IO_PRINTABLE_SIZE];

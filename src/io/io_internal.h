@@ -2,8 +2,9 @@
  * io_internal.h — helpers shared by the checkpoint readers and writers in src/io/ (not installed).
  *
  * Defined in safetensors.c: read-only file mappings, whole-file reads, UTF-8 validation, printable
- * copies of untrusted names for error messages, and atomic file writes (temporary file in the same
- * directory + rename, so a failure never leaves a partial file at the destination, DESIGN.md §4).
+ * copies of untrusted names for error messages, JSON parsing, the duplicate-name and overlapping-span
+ * checks of the readers, and atomic file writes (temporary file in the same directory + rename, so a
+ * failure never leaves a partial file at the destination, DESIGN.md §4).
  */
 #ifndef QMM_IO_INTERNAL_H
 #define QMM_IO_INTERNAL_H
@@ -64,9 +65,39 @@ void qmm_atomic_abort(qmm_atomic_file *file);
 size_t qmm_io_find_sorted(const void *context, size_t count, const char *(*name_at)(const void *context, size_t i),
                           const char *name);
 
+/* qsort comparator for an array of C strings (char *), by strcmp. */
+int qmm_io_compare_strings(const void *a, const void *b);
+
+/* A name and the position of its item, for sorting items by name without a qsort context. */
+typedef struct qmm_io_name {
+    const char *name;
+    size_t index;
+} qmm_io_name;
+
+/* Sorts names by strcmp (equal names by index) and refuses the first name that appears twice:
+ * returns status with the message "<what> \"name\" appears twice". The sorted array can then serve
+ * qmm_io_find_sorted. */
+qmm_status qmm_io_sort_unique(qmm_io_name *names, size_t count, qmm_status status, const char *what);
+
+/* The bytes [begin, end) of the data area that a named item occupies. */
+typedef struct qmm_io_span {
+    size_t begin, end;
+    const char *name;
+} qmm_io_span;
+
+/* Sorts spans by (begin, end, name) and refuses the first two that share a byte (empty spans occupy
+ * nothing): QMM_ERR_CORRUPT "<what> \"a\" [b, e) and \"c\" [b, e) overlap in the data area". */
+qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what);
+
 /* "an object", "a string", "missing", ... for messages about a JSON value of the wrong kind. */
 struct cJSON;
 const char *qmm_io_json_kind(const struct cJSON *item);
+
+/* Parses size bytes of JSON (not necessarily NUL-terminated; a terminated private copy is parsed, so
+ * no parser path reads past them) into *root; only whitespace may follow the value. Messages start
+ * with what. Errors: QMM_ERR_CORRUPT ("is not valid JSON", "has data after its JSON value"),
+ * QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. The caller frees *root with cJSON_Delete. */
+qmm_status qmm_io_parse_json(const char *what, const char *json, size_t size, struct cJSON **root);
 
 /* The safetensors dtype string of a qmm dtype ("F32", "BF16", "U32", ...). */
 const char *qmm_safetensors_dtype_string(qmm_dtype dtype);

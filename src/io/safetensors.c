@@ -298,7 +298,7 @@ struct qmm_safetensors {
     size_t data_size;
     size_t count;
     st_entry *entries; /* sorted by data offset */
-    size_t *by_name;   /* entry indices sorted by name */
+    qmm_io_name *by_name; /* entry names and indices, sorted by name */
     size_t metadata_count;
     char **metadata_keys;         /* sorted; each block is "key\0value" */
     const char **metadata_values; /* point into the key blocks */
@@ -338,20 +338,94 @@ const char *qmm_io_json_kind(const cJSON *item) {
     return "an invalid value";
 }
 
+qmm_status qmm_io_parse_json(const char *what, const char *json, size_t size, cJSON **root) {
+    *root = NULL;
+    size_t length;
+    if (!qmm_add_size(size, 1, &length)) return qmm_error(QMM_ERR_OVERFLOW, "%s: size %zu overflows", what, size);
+    char *text = malloc(length);
+    if (!text) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, length);
+    if (size) memcpy(text, json, size);
+    text[size] = '\0';
+    const char *end = NULL;
+    qmm_status status = QMM_OK;
+    cJSON *tree = cJSON_ParseWithLengthOpts(text, size, &end, 0);
+    if (!tree) {
+        size_t at = end && end >= text && end <= text + size ? (size_t)(end - text) : 0;
+        status = qmm_error(QMM_ERR_CORRUPT, "%s is not valid JSON (error near byte %zu of %zu)", what, at, size);
+        goto cleanup;
+    }
+    /* Writers may pad with whitespace (safetensors pads its header with spaces); anything else after
+     * the value is corruption. */
+    for (const char *p = end; p && p < text + size; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            status =
+                qmm_error(QMM_ERR_CORRUPT, "%s has data after its JSON value at byte %zu", what, (size_t)(p - text));
+            goto cleanup;
+        }
+    }
+    *root = tree;
+    tree = NULL;
+cleanup:
+    cJSON_Delete(tree);
+    free(text);
+    return status;
+}
+
+int qmm_io_compare_strings(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int compare_names(const void *a, const void *b) {
+    const qmm_io_name *x = a, *y = b;
+    int order = strcmp(x->name, y->name);
+    if (order != 0) return order;
+    return x->index < y->index ? -1 : (x->index > y->index ? 1 : 0);
+}
+
+qmm_status qmm_io_sort_unique(qmm_io_name *names, size_t count, qmm_status status, const char *what) {
+    if (count > 1) qsort(names, count, sizeof(qmm_io_name), compare_names);
+    for (size_t i = 1; i < count; i++) {
+        if (strcmp(names[i - 1].name, names[i].name) == 0) {
+            char printable[QMM_IO_PRINTABLE_SIZE];
+            return qmm_error(status, "%s \"%s\" appears twice", what,
+                             qmm_io_printable(names[i].name, strlen(names[i].name), printable, sizeof printable));
+        }
+    }
+    return QMM_OK;
+}
+
+static int compare_spans(const void *a, const void *b) {
+    const qmm_io_span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what) {
+    if (count > 1) qsort(spans, count, sizeof(qmm_io_span), compare_spans);
+    /* With spans sorted by begin, one overlaps an earlier one iff it starts before the furthest end
+     * seen so far. Empty spans occupy no bytes and overlap nothing. */
+    const qmm_io_span *furthest = NULL;
+    for (size_t i = 0; i < count; i++) {
+        const qmm_io_span *span = &spans[i];
+        if (span->begin == span->end) continue;
+        if (furthest && span->begin < furthest->end) {
+            char first[QMM_IO_PRINTABLE_SIZE], second[QMM_IO_PRINTABLE_SIZE];
+            return qmm_error(QMM_ERR_CORRUPT, "%s \"%s\" [%zu, %zu) and \"%s\" [%zu, %zu) overlap in the data area",
+                             what, qmm_io_printable(furthest->name, strlen(furthest->name), first, sizeof first),
+                             furthest->begin, furthest->end,
+                             qmm_io_printable(span->name, strlen(span->name), second, sizeof second), span->begin,
+                             span->end);
+        }
+        if (!furthest || span->end > furthest->end) furthest = span;
+    }
+    return QMM_OK;
+}
+
 static int compare_entry_offsets(const void *a, const void *b) {
     const st_entry *x = a, *y = b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
     if (x->end != y->end) return x->end < y->end ? -1 : 1;
     return strcmp(x->name, y->name);
 }
-
-/* qsort has no context argument in C11; the open path is the only user and runs before the object is
- * shared, but a thread-local keeps concurrent opens independent. */
-static _Thread_local const st_entry *names_base;
-static int compare_index_names(const void *a, const void *b) {
-    return strcmp(names_base[*(const size_t *)a].name, names_base[*(const size_t *)b].name);
-}
-static int compare_strings(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 void qmm_safetensors_close(qmm_safetensors *file) {
     if (!file) return;
@@ -399,7 +473,7 @@ static qmm_status parse_metadata(qmm_safetensors *file, const cJSON *metadata) {
         file->metadata_keys[i] = pair;
         file->metadata_count++;
     }
-    qsort(file->metadata_keys, file->metadata_count, sizeof(char *), compare_strings);
+    qsort(file->metadata_keys, file->metadata_count, sizeof(char *), qmm_io_compare_strings);
     for (size_t i = 0; i < file->metadata_count; i++) {
         const char *pair = file->metadata_keys[i];
         if (i > 0 && strcmp(file->metadata_keys[i - 1], pair) == 0)
@@ -508,8 +582,8 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
 
 static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size_t size) {
     qmm_status status = QMM_OK;
-    char *text = NULL;
     cJSON *root = NULL;
+    qmm_io_span *spans = NULL;
     char printable[QMM_IO_PRINTABLE_SIZE];
 
     if (size < 8)
@@ -526,28 +600,9 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
     file->data = bytes + 8 + length;
     file->data_size = size - 8 - length;
 
-    /* The header is not NUL-terminated in the file; cJSON gets the length, and a terminated private
-     * copy as well so no parser path can read past the mapping. */
-    text = malloc(length + 1);
-    if (!text) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for the header", length + 1);
-    memcpy(text, bytes + 8, length);
-    text[length] = '\0';
-    const char *parse_end = NULL;
-    root = cJSON_ParseWithLengthOpts(text, length, &parse_end, 0);
-    if (!root) {
-        size_t at = parse_end && parse_end >= text && parse_end <= text + length ? (size_t)(parse_end - text) : 0;
-        status =
-            qmm_error(QMM_ERR_CORRUPT, "safetensors header is not valid JSON (error near byte %zu of %zu)", at, length);
+    /* The header is not NUL-terminated in the file; the parser works on a terminated private copy. */
+    if ((status = qmm_io_parse_json("safetensors header", (const char *)bytes + 8, length, &root)) != QMM_OK)
         goto cleanup;
-    }
-    /* Writers pad the header with spaces; anything else after the object is corruption. */
-    for (const char *p = parse_end; p && p < text + length; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            status = qmm_error(QMM_ERR_CORRUPT, "safetensors header has data after its JSON object at byte %zu",
-                               (size_t)(p - text));
-            goto cleanup;
-        }
-    }
     if (!cJSON_IsObject(root)) {
         status = qmm_error(QMM_ERR_CORRUPT, "safetensors header is %s; it must be a JSON object", qmm_io_json_kind(root));
         goto cleanup;
@@ -555,7 +610,7 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
 
     size_t members = (size_t)cJSON_GetArraySize(root);
     file->entries = calloc(members ? members : 1, sizeof(st_entry));
-    file->by_name = calloc(members ? members : 1, sizeof(size_t));
+    file->by_name = calloc(members ? members : 1, sizeof(qmm_io_name));
     if (!file->entries || !file->by_name) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu tensor entries", members);
         goto cleanup;
@@ -593,44 +648,21 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
     }
 
     qsort(file->entries, file->count, sizeof(st_entry), compare_entry_offsets);
-    /* Overlap: with entries sorted by begin, a tensor overlaps an earlier one iff it starts before the
-     * furthest end seen so far. Empty tensors occupy no bytes and overlap nothing. */
-    size_t furthest_end = 0, furthest = 0;
-    bool have_furthest = false;
+    spans = malloc((file->count ? file->count : 1) * sizeof(qmm_io_span));
+    if (!spans) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the spans of %zu tensors", file->count);
+        goto cleanup;
+    }
     for (size_t i = 0; i < file->count; i++) {
         const st_entry *entry = &file->entries[i];
-        if (entry->begin == entry->end) continue;
-        if (have_furthest && entry->begin < furthest_end) {
-            char other[QMM_IO_PRINTABLE_SIZE];
-            const st_entry *previous = &file->entries[furthest];
-            status = qmm_error(QMM_ERR_CORRUPT, "safetensors tensors \"%s\" [%zu, %zu) and \"%s\" [%zu, %zu) overlap",
-                               qmm_io_printable(previous->name, strlen(previous->name), other, sizeof other),
-                               previous->begin, previous->end,
-                               qmm_io_printable(entry->name, strlen(entry->name), printable, sizeof printable),
-                               entry->begin, entry->end);
-            goto cleanup;
-        }
-        if (!have_furthest || entry->end > furthest_end) {
-            furthest_end = entry->end;
-            furthest = i;
-            have_furthest = true;
-        }
+        spans[i] = (qmm_io_span){entry->begin, entry->end, entry->name};
+        file->by_name[i] = (qmm_io_name){entry->name, i};
     }
-    for (size_t i = 0; i < file->count; i++)
-        file->by_name[i] = i;
-    names_base = file->entries;
-    qsort(file->by_name, file->count, sizeof(size_t), compare_index_names);
-    for (size_t i = 1; i < file->count; i++) {
-        const char *name = file->entries[file->by_name[i]].name;
-        if (strcmp(file->entries[file->by_name[i - 1]].name, name) == 0) {
-            status = qmm_error(QMM_ERR_CORRUPT, "safetensors tensor name \"%s\" appears twice",
-                               qmm_io_printable(name, strlen(name), printable, sizeof printable));
-            goto cleanup;
-        }
-    }
+    if ((status = qmm_io_check_spans(spans, file->count, "safetensors tensors")) != QMM_OK) goto cleanup;
+    status = qmm_io_sort_unique(file->by_name, file->count, QMM_ERR_CORRUPT, "safetensors tensor name");
 cleanup:
+    free(spans);
     cJSON_Delete(root);
-    free(text);
     return status;
 }
 
@@ -659,12 +691,9 @@ qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file) {
     if (status == QMM_ERR_NOT_FOUND) status = QMM_ERR_IO; /* the contract: a missing file is an I/O error */
     if (status == QMM_OK) {
         status = parse_header(result, result->mapping.base, result->mapping.size);
-        if (status != QMM_OK) {
-            /* Prefix the file so a checkpoint with many shards says which one is bad. */
-            char message[512];
-            snprintf(message, sizeof message, "%s", qmm_last_error());
-            qmm_error(status, "%s: %s", path, message);
-        }
+        /* Prefix the file so a checkpoint with many shards says which one is bad (qmm_error formats
+         * into a local buffer first, so the last error may be one of its arguments). */
+        if (status != QMM_OK) qmm_error(status, "%s: %s", path, qmm_last_error());
     }
     if (status != QMM_OK) {
         qmm_safetensors_close(result);
@@ -698,7 +727,7 @@ qmm_status qmm_safetensors_get(const qmm_safetensors *file, size_t index, qmm_te
 
 static const char *entry_name_by_name(const void *context, size_t i) {
     const qmm_safetensors *file = context;
-    return file->entries[file->by_name[i]].name;
+    return file->by_name[i].name;
 }
 
 static const char *metadata_key_at(const void *context, size_t i) {
@@ -709,7 +738,7 @@ qmm_status qmm_safetensors_find(const qmm_safetensors *file, const char *name, q
     if (!file || !name || !tensor) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_find: null argument");
     size_t position = qmm_io_find_sorted(file, file->count, entry_name_by_name, name);
     if (position != QMM_IO_NOT_FOUND) {
-        fill_tensor(file, &file->entries[file->by_name[position]], tensor);
+        fill_tensor(file, &file->entries[file->by_name[position].index], tensor);
         return QMM_OK;
     }
     char printable[QMM_IO_PRINTABLE_SIZE];
@@ -725,17 +754,16 @@ const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *ke
 
 /* ───────────────────────────── writer ───────────────────────────── */
 
-static _Thread_local const qmm_tensor *write_base;
-/* Larger elements first (stable by caller order): every offset is then a multiple of its element
- * size, since all sizes are powers of two and the data area starts 8-aligned (the header is padded). */
+/* A tensor's place in the data area: larger elements first (stable by caller order), so every offset
+ * is a multiple of its element size, since all sizes are powers of two and the data area starts
+ * 8-aligned (the header is padded). */
+typedef struct write_slot {
+    size_t element_size, index;
+} write_slot;
 static int compare_write_order(const void *a, const void *b) {
-    size_t i = *(const size_t *)a, j = *(const size_t *)b;
-    size_t si = qmm_dtype_size(write_base[i].dtype), sj = qmm_dtype_size(write_base[j].dtype);
-    if (si != sj) return si > sj ? -1 : 1;
-    return i < j ? -1 : (i > j ? 1 : 0);
-}
-static int compare_name_pointers(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
+    const write_slot *x = a, *y = b;
+    if (x->element_size != y->element_size) return x->element_size > y->element_size ? -1 : 1;
+    return x->index < y->index ? -1 : (x->index > y->index ? 1 : 0);
 }
 
 static qmm_status validate_write(const qmm_tensor *tensors, size_t count, const char *const *metadata_keys,
@@ -782,48 +810,35 @@ static qmm_status validate_write(const qmm_tensor *tensors, size_t count, const 
     return QMM_OK;
 }
 
-/* Sorts a copy of count names and reports the first duplicate. */
-static qmm_status check_unique(const char **names, size_t count, const char *what) {
-    qsort(names, count, sizeof(char *), compare_name_pointers);
-    for (size_t i = 1; i < count; i++) {
-        if (strcmp(names[i - 1], names[i]) == 0) {
-            char printable[QMM_IO_PRINTABLE_SIZE];
-            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s \"%s\" appears twice", what,
-                             qmm_io_printable(names[i], strlen(names[i]), printable, sizeof printable));
-        }
-    }
-    return QMM_OK;
-}
-
-qmm_status qmm_safetensors_write_to(qmm_atomic_file *out, const qmm_tensor *tensors, size_t count,
-                                    const char *const *metadata_keys, const char *const *metadata_values,
-                                    size_t metadata_count) {
-    qmm_status status = validate_write(tensors, count, metadata_keys, metadata_values, metadata_count);
-    if (status != QMM_OK) return status;
-    size_t *order = NULL;
-    const char **names = NULL;
+/* Streams the file for arguments that validate_write accepted. */
+static qmm_status write_validated(qmm_atomic_file *out, const qmm_tensor *tensors, size_t count,
+                                  const char *const *metadata_keys, const char *const *metadata_values,
+                                  size_t metadata_count) {
+    qmm_status status = QMM_OK;
+    write_slot *order = NULL;
+    qmm_io_name *names = NULL;
     cJSON *root = NULL;
     char *json = NULL;
     uint8_t *header = NULL;
 
     size_t name_slots = count > metadata_count ? count : metadata_count;
-    order = malloc((count ? count : 1) * sizeof(size_t));
-    names = malloc((name_slots ? name_slots : 1) * sizeof(char *));
+    order = malloc((count ? count : 1) * sizeof(write_slot));
+    names = malloc((name_slots ? name_slots : 1) * sizeof(qmm_io_name));
     if (!order || !names) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the write order of %zu tensors", count);
         goto cleanup;
     }
     for (size_t i = 0; i < count; i++)
-        names[i] = tensors[i].name;
-    if ((status = check_unique(names, count, "tensor name")) != QMM_OK) goto cleanup;
+        names[i] = (qmm_io_name){tensors[i].name, i};
+    if ((status = qmm_io_sort_unique(names, count, QMM_ERR_INVALID_ARGUMENT, "tensor name")) != QMM_OK) goto cleanup;
     for (size_t i = 0; i < metadata_count; i++)
-        names[i] = metadata_keys[i];
-    if ((status = check_unique(names, metadata_count, "metadata key")) != QMM_OK) goto cleanup;
+        names[i] = (qmm_io_name){metadata_keys[i], i};
+    if ((status = qmm_io_sort_unique(names, metadata_count, QMM_ERR_INVALID_ARGUMENT, "metadata key")) != QMM_OK)
+        goto cleanup;
 
     for (size_t i = 0; i < count; i++)
-        order[i] = i;
-    write_base = tensors;
-    qsort(order, count, sizeof(size_t), compare_write_order);
+        order[i] = (write_slot){qmm_dtype_size(tensors[i].dtype), i};
+    qsort(order, count, sizeof(write_slot), compare_write_order);
 
     root = cJSON_CreateObject();
     if (!root) goto out_of_memory;
@@ -835,7 +850,7 @@ qmm_status qmm_safetensors_write_to(qmm_atomic_file *out, const qmm_tensor *tens
     }
     size_t offset = 0;
     for (size_t k = 0; k < count; k++) {
-        const qmm_tensor *t = &tensors[order[k]];
+        const qmm_tensor *t = &tensors[order[k].index];
         size_t end;
         if (!qmm_add_size(offset, t->nbytes, &end) || (double)end > JSON_MAX_EXACT_INTEGER) {
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "the tensors' total size exceeds 2^53 bytes");
@@ -874,7 +889,7 @@ qmm_status qmm_safetensors_write_to(qmm_atomic_file *out, const qmm_tensor *tens
     memset(header + 8 + json_length, ' ', padded - json_length);
     if ((status = qmm_atomic_write(out, header, 8 + padded)) != QMM_OK) goto cleanup;
     for (size_t k = 0; k < count; k++) {
-        const qmm_tensor *t = &tensors[order[k]];
+        const qmm_tensor *t = &tensors[order[k].index];
         if (t->nbytes && (status = qmm_atomic_write(out, t->data, t->nbytes)) != QMM_OK) goto cleanup;
     }
     goto cleanup;
@@ -889,6 +904,14 @@ cleanup:
     return status;
 }
 
+qmm_status qmm_safetensors_write_to(qmm_atomic_file *out, const qmm_tensor *tensors, size_t count,
+                                    const char *const *metadata_keys, const char *const *metadata_values,
+                                    size_t metadata_count) {
+    qmm_status status = validate_write(tensors, count, metadata_keys, metadata_values, metadata_count);
+    if (status != QMM_OK) return status;
+    return write_validated(out, tensors, count, metadata_keys, metadata_values, metadata_count);
+}
+
 qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, size_t count,
                                  const char *const *metadata_keys, const char *const *metadata_values,
                                  size_t metadata_count) {
@@ -898,7 +921,7 @@ qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, si
     if (status != QMM_OK) return status;
     qmm_atomic_file out;
     if ((status = qmm_atomic_begin(&out, path)) != QMM_OK) return status;
-    status = qmm_safetensors_write_to(&out, tensors, count, metadata_keys, metadata_values, metadata_count);
+    status = write_validated(&out, tensors, count, metadata_keys, metadata_values, metadata_count);
     if (status == QMM_OK) status = qmm_atomic_finish(&out);
     if (status == QMM_OK) status = qmm_atomic_rename(&out);
     qmm_atomic_abort(&out);

@@ -2,8 +2,9 @@
  * test_checkpoint.c — MLX checkpoint directories: qmm_checkpoint_write → qmm_checkpoint_open round trip
  * with random layers of mixed formats, a hand-made 2-shard checkpoint (with and without
  * model.safetensors.index.json, per-layer overrides and false), qmm_config_parse, and the errors:
- * missing/bad config.json, formats outside the sets, layers that disagree with the config, and
- * failed writes that must leave nothing behind.
+ * missing/bad config.json, formats outside the sets, layers that disagree with the config,
+ * failed writes that must leave nothing behind, and a failed write over an existing checkpoint that
+ * must leave the old one intact.
  */
 #include "check.h"
 #include "internal.h"
@@ -494,6 +495,66 @@ static void test_write_failures(const char *root) {
     check_qmatrix_free(&a);
 }
 
+/* ── replacing an existing checkpoint ── */
+
+static void test_replace_existing(const char *root) {
+    check_rng rng = check_rng_make(15);
+    check_qmatrix a, b;
+    CHECK(check_qmatrix_random(&rng, 2, 64, 4, 32, QMM_F16, &a), "matrix a");
+    CHECK(check_qmatrix_random(&rng, 3, 64, 8, 32, QMM_F16, &b), "matrix b");
+    qmm_layer old_layer = {"p", a.m}, new_layer = {"p", b.m};
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "replace");
+    CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &old_layer, 1, NULL));
+    size_t model_size = 0, config_size = 0;
+    char *old_model = io_read_file(io_path(dir, "model.safetensors"), &model_size);
+    char *old_config = io_read_file(io_path(dir, "config.json"), &config_size);
+    CHECK(old_model && old_config, "cannot read the first checkpoint");
+
+    /* config.json's rename fails (a non-empty directory is in its way) after the new model.safetensors
+     * was renamed over the old one: the old weights must come back, byte for byte. */
+    CHECK(unlink(io_path(dir, "config.json")) == 0, "remove config.json");
+    mkdir(io_path(dir, "config.json"), 0755);
+    CHECK(io_write_file(io_path(dir, "config.json/keep"), "x", 1), "fill blocker");
+    CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, &new_layer, 1, NULL), QMM_ERR_IO);
+    CHECK(message_has("config.json"), "message: %s", qmm_last_error());
+    CHECK(io_count_entries(dir) == 2, "the directory has %d entries, want 2 (no temporary or kept file)",
+          io_count_entries(dir));
+    size_t size = 0;
+    char *model = io_read_file(io_path(dir, "model.safetensors"), &size);
+    CHECK(model && old_model && size == model_size && memcmp(model, old_model, size) == 0,
+          "model.safetensors is not the old one after the failed write (%zu bytes, want %zu)", size, model_size);
+    free(model);
+    /* With the old config.json back in place the old checkpoint opens with its original layer. */
+    io_remove_tree(io_path(dir, "config.json"));
+    CHECK(old_config && io_write_file(io_path(dir, "config.json"), old_config, config_size), "restore config.json");
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        qmm_layer got;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &got));
+        CHECK(same_matrix(&got.matrix, &a.m), "the old layer differs after the failed write");
+        qmm_checkpoint_close(ck);
+    }
+
+    /* A successful write replaces both files and leaves nothing else behind. */
+    CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &new_layer, 1, NULL));
+    CHECK(io_count_entries(dir) == 2, "the directory has %d entries, want 2", io_count_entries(dir));
+    ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        qmm_layer got;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &got));
+        CHECK(same_matrix(&got.matrix, &b.m), "the new layer differs after the replacing write");
+        qmm_checkpoint_close(ck);
+    }
+    io_remove_tree(dir);
+    free(old_model);
+    free(old_config);
+    check_qmatrix_free(&a);
+    check_qmatrix_free(&b);
+}
+
 int main(void) {
     char *root = io_temp_dir("checkpoint");
     CHECK(root != NULL, "mkdtemp failed");
@@ -503,6 +564,7 @@ int main(void) {
         test_inconsistent_layers(root);
         test_config(root);
         test_write_failures(root);
+        test_replace_existing(root);
         io_remove_tree(root);
         free(root);
     }
