@@ -980,6 +980,40 @@ cleanup:
 
 /* ───────────────────────────── main ───────────────────────────── */
 
+/* ───────────────────────────── qmm kernels ───────────────────────────── */
+
+/* Every backend's kernel table in selector order, or why the backend is not available here. */
+static int cmd_kernels(const command *c, int argc, char **argv) {
+    static const qmm_backend backends[] = {QMM_BACKEND_CUDA, QMM_BACKEND_CPU, QMM_BACKEND_REF};
+    const char *positional[1];
+    size_t npositional;
+    int rc = parse_args(c, argc, argv, NULL, 0, positional, 0, &npositional);
+    if (rc) return rc;
+    for (size_t b = 0; b < sizeof backends / sizeof backends[0]; b++) {
+        qmm_context *context = NULL;
+        if (qmm_context_create(backends[b], 0, &context) != QMM_OK) {
+            printf("backend %s: not available (%s)\n", qmm_backend_name(backends[b]), qmm_last_error());
+            continue;
+        }
+        size_t count = qmm_kernel_count(context);
+        printf("backend %s: %zu kernels, in the order the selector tries them\n", qmm_backend_name(backends[b]), count);
+        for (size_t i = 0; i < count; i++) {
+            qmm_kernel_info info;
+            qmm_status status = qmm_kernel_get(context, i, &info);
+            if (status != QMM_OK) {
+                qmm_context_destroy(context);
+                return library_error(c, status);
+            }
+            char tile[64];
+            snprintf(tile, sizeof tile, "%dx%dx%d", info.bm, info.bn, info.bk);
+            printf("  %-28s %-6s %-8s tile %-10s threads %-4d slack %-4g %s\n", info.name, qmm_op_name(info.op),
+                   info.family, tile, info.threads, info.tolerance_slack, info.description);
+        }
+        qmm_context_destroy(context);
+    }
+    return 0;
+}
+
 static int cmd_help(const command *c, int argc, char **argv);
 
 static const command commands[] = {
@@ -1026,6 +1060,12 @@ static const command commands[] = {
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element of each of the first n layers\n"
      "  before the comparison, to prove the verdict can fail.\n",
      cmd_run},
+    {"kernels", "list every backend's kernel table in selector order (or why a backend is unavailable)",
+     "usage: qmm kernels\n"
+     "  For each backend (cuda, cpu, ref): its rows in the order the selector tries them, with op, family,\n"
+     "  tile BMxBNxBK, threads per block, the harness's tolerance slack and a description. Names follow\n"
+     "  <backend>.<op>.<family>.<tile>[.<isa>] (docs/kernels.md).\n",
+     cmd_kernels},
     {"help", "print this list, or a command's usage", "usage: qmm help [COMMAND]\n", cmd_help},
 };
 static const size_t command_count = sizeof commands / sizeof commands[0];

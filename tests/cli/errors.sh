@@ -13,9 +13,9 @@ make_safetensors "$WORK/float.safetensors" "a.weight:F32:2,64"
 # help and usage
 expect_ok "qmm help" help
 check "help lists run" out_matches "^  run +"
-check "help lists every command" bash -c 'for c in info convert quantize matmul run; do grep -q "^  $c " <<<"$0" || exit 1; done' "$OUT"
+check "help lists every command" bash -c 'for c in info convert quantize matmul run kernels; do grep -q "^  $c " <<<"$0" || exit 1; done' "$OUT"
 expect_ok "qmm --help" --help
-for cmd in info convert quantize matmul run; do
+for cmd in info convert quantize matmul run kernels; do
   expect_ok "qmm $cmd --help" $cmd --help
   check "$cmd --help prints its usage" out_has "usage: qmm $cmd"
   expect_ok "qmm help $cmd" help $cmd

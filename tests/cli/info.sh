@@ -46,4 +46,12 @@ expect_ok "run on the converted GGUF" run "$WORK/tiny"
 check "converted: 1 layer within bound" out_has "1 layers, all within bound"
 check "converted: random x" out_matches "^w +16×2×32 +4-bit gs32 f16 .* random x$"
 
+# the kernel listing: every backend, its rows in selector order, the reference rows last
+expect_ok "qmm kernels" kernels
+check "kernels: the ref backend's two rows" out_matches "^backend ref: 2 kernels"
+check "kernels: ref.qmm_t row with its tile" out_matches "^  ref\.qmm_t\.scalar\.r1 +qmm_t +scalar +tile 1x1x1"
+check "kernels: ref.qmm_n row" out_matches "^  ref\.qmm_n\.scalar\.r1 +qmm_n"
+check "kernels: an absent backend says why" out_matches "^backend cuda: (not available \(.+\)|[0-9]+ kernels)"
+expect_usage_error kernels "unexpected argument 'x'" kernels x
+
 finish
