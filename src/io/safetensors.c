@@ -392,11 +392,18 @@ qmm_status qmm_io_sort_unique(qmm_io_name *names, size_t count, qmm_status statu
     return QMM_OK;
 }
 
+/* The order of data spans: by begin, then end, then name (a total order, so sorts are deterministic).
+ * Tensor entries are kept in this order too (qmm_safetensors_get returns them by data offset). */
+static int compare_ranges(size_t begin_a, size_t end_a, const char *name_a, size_t begin_b, size_t end_b,
+                          const char *name_b) {
+    if (begin_a != begin_b) return begin_a < begin_b ? -1 : 1;
+    if (end_a != end_b) return end_a < end_b ? -1 : 1;
+    return strcmp(name_a, name_b);
+}
+
 static int compare_spans(const void *a, const void *b) {
     const qmm_io_span *x = a, *y = b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return strcmp(x->name, y->name);
+    return compare_ranges(x->begin, x->end, x->name, y->begin, y->end, y->name);
 }
 
 qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what) {
@@ -422,9 +429,7 @@ qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what
 
 static int compare_entry_offsets(const void *a, const void *b) {
     const st_entry *x = a, *y = b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return strcmp(x->name, y->name);
+    return compare_ranges(x->begin, x->end, x->name, y->begin, y->end, y->name);
 }
 
 void qmm_safetensors_close(qmm_safetensors *file) {

@@ -497,6 +497,17 @@ static void test_write_failures(const char *root) {
 
 /* ── replacing an existing checkpoint ── */
 
+/* The checkpoint in dir opens and its layer "p" equals want. */
+static void check_layer_p(const char *dir, const qmm_qmatrix *want, const char *what) {
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (!ck) return;
+    qmm_layer got;
+    CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &got));
+    CHECK(same_matrix(&got.matrix, want), "%s", what);
+    qmm_checkpoint_close(ck);
+}
+
 static void test_replace_existing(const char *root) {
     check_rng rng = check_rng_make(15);
     check_qmatrix a, b;
@@ -528,26 +539,12 @@ static void test_replace_existing(const char *root) {
     /* With the old config.json back in place the old checkpoint opens with its original layer. */
     io_remove_tree(io_path(dir, "config.json"));
     CHECK(old_config && io_write_file(io_path(dir, "config.json"), old_config, config_size), "restore config.json");
-    qmm_checkpoint *ck = NULL;
-    CHECK_OK(qmm_checkpoint_open(dir, &ck));
-    if (ck) {
-        qmm_layer got;
-        CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &got));
-        CHECK(same_matrix(&got.matrix, &a.m), "the old layer differs after the failed write");
-        qmm_checkpoint_close(ck);
-    }
+    check_layer_p(dir, &a.m, "the old layer differs after the failed write");
 
     /* A successful write replaces both files and leaves nothing else behind. */
     CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &new_layer, 1, NULL));
     CHECK(io_count_entries(dir) == 2, "the directory has %d entries, want 2", io_count_entries(dir));
-    ck = NULL;
-    CHECK_OK(qmm_checkpoint_open(dir, &ck));
-    if (ck) {
-        qmm_layer got;
-        CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &got));
-        CHECK(same_matrix(&got.matrix, &b.m), "the new layer differs after the replacing write");
-        qmm_checkpoint_close(ck);
-    }
+    check_layer_p(dir, &b.m, "the new layer differs after the replacing write");
     io_remove_tree(dir);
     free(old_model);
     free(old_config);
