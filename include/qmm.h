@@ -319,6 +319,11 @@ qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, co
 size_t qmm_chain_length(const qmm_chain *chain);
 /* Runs every step in order and waits for completion. */
 qmm_status qmm_chain_run(qmm_chain *chain);
+/* Time of the whole last run in microseconds: on CUDA the device time from before the first step to
+ * after the last, launch gaps inside the graph included (what `qmm bench` divides by the steps); on
+ * host backends the sum of the steps. Errors: QMM_ERR_INVALID_ARGUMENT (NULL, or not run since the last
+ * step was added). */
+qmm_status qmm_chain_elapsed(const qmm_chain *chain, double *microseconds);
 /* Device time of step `step` in the last run, in microseconds; info (optional) gets its kernel.
  * Errors: QMM_ERR_INVALID_ARGUMENT when step ≥ length or the chain has not run since its last step
  * was added. Host backends time each step with CLOCK_MONOTONIC around the kernel and a synchronize. */

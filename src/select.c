@@ -6,9 +6,12 @@
  *      row has the name, QMM_ERR_UNSUPPORTED with the row's own reason when it refuses the call.
  *      Forcing never falls back to another row: a benchmark or test that asked for a kernel must
  *      not silently measure a different one.
- *   2. Otherwise the table is walked in order and the first row that accepts the call wins. Tables
- *      are ordered fastest-first by their backend (specialised tiles before general ones) and end
- *      with the reference rows, which accept every valid call, so there is always an answer.
+ *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
+ *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`) and rows whose
+ *      prefer_max_m is below M (a row may handle a larger M than it is fastest at; the thresholds and
+ *      their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by
+ *      their backend and end with rows that accept every valid call (the reference rows, or on CUDA
+ *      the generic kernels), so there is always an answer.
  * A measured tuning table (a later issue) will slot in between 1 and 2; until then the order is all.
  */
 #include "kernel.h"
@@ -53,6 +56,7 @@ qmm_status qmm_select_kernel(const qmm_kernel *const *table, size_t count, const
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {
+        if (table[i]->tune_only || (table[i]->prefer_max_m && call->M > table[i]->prefer_max_m)) continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not)) {
             *chosen = table[i];
             return QMM_OK;

@@ -32,6 +32,7 @@ typedef struct qmm_call {
     const void *biases;
     void *out;
     void *backend_state; /* the backend's per-context state (CPU threads, CUDA stream), may be NULL */
+    const void *weights_extra; /* what the backend's weights_prepare hook made (a repacked copy), may be NULL */
 } qmm_call;
 
 typedef struct qmm_kernel {
@@ -42,6 +43,10 @@ typedef struct qmm_kernel {
     bool (*supports)(const qmm_call *call, char *why_not, size_t why_not_size);
     /* Computes the product. Only called after supports() accepted the call. */
     qmm_status (*run)(const qmm_call *call);
+    /* Selector hints (src/select.c), never capabilities: unforced, the selector takes this row only for
+     * M ≤ prefer_max_m (0 = no limit), and never when tune_only is set (rows kept for forcing and tuning). */
+    size_t prefer_max_m;
+    bool tune_only;
 } qmm_kernel;
 
 /* The reference rows (always last in every table): ref.qmm_t.scalar.r1, ref.qmm_n.scalar.r1. They
@@ -67,6 +72,17 @@ typedef struct qmm_backend_hooks {
     qmm_status (*download)(void *state, void *host_dst, const void *device_src, size_t bytes);
     /* Waits for all queued work (a no-op on blocking host backends). */
     qmm_status (*synchronize)(void *state);
+    /* Optional (NULL on host backends). weights_prepare runs once at qmm_weights_create, after the upload,
+     * with the caller's host matrix: it may build a repacked copy the backend's kernels read best, returned
+     * in *extra (NULL allowed) and passed to kernels as qmm_call.weights_extra; weights_release frees it. */
+    qmm_status (*weights_prepare)(void *state, const qmm_qmatrix *host_matrix, void **extra);
+    void (*weights_release)(void *state, void *extra);
+    /* Optional: runs a chain's `count` steps as one submission. launch(argument, i) enqueues step i.
+     * *graph is the backend's cached submission for this chain (NULL the first time; the runtime drops
+     * it with chain_release when steps change). Writes each step's device time and the whole run's. */
+    qmm_status (*chain_run)(void *state, void **graph, size_t count, qmm_status (*launch)(void *argument, size_t i),
+                            void *argument, double *microseconds, double *total_microseconds);
+    void (*chain_release)(void *state, void *graph);
 } qmm_backend_hooks;
 
 /* Whether row handles call: the op must match (checked here, once for every caller), then the row's

@@ -9,6 +9,9 @@
  * timed per step. Only the reference backend exists yet; CPU and CUDA report "not built yet".
  */
 #include "kernel.h"
+#ifdef QMM_HAVE_CUDA
+#include "cuda_backend.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,8 +87,14 @@ static const qmm_backend_hooks ref_backend = {
 static qmm_status backend_hooks(qmm_backend backend, const qmm_backend_hooks **hooks) {
     switch (backend) {
     case QMM_BACKEND_REF: *hooks = &ref_backend; return QMM_OK;
-    case QMM_BACKEND_CPU:
     case QMM_BACKEND_CUDA:
+#ifdef QMM_HAVE_CUDA
+        *hooks = qmm_cuda_backend_hooks();
+        return QMM_OK;
+#else
+        return qmm_error(QMM_ERR_UNSUPPORTED, "backend cuda is not built (no nvcc when this library was configured)");
+#endif
+    case QMM_BACKEND_CPU:
         return qmm_error(QMM_ERR_UNSUPPORTED, "backend %s is not built yet", qmm_backend_name(backend));
     }
     return qmm_error(QMM_ERR_INVALID_ARGUMENT, "backend=%d is not a qmm_backend (ref=0, cpu=1, cuda=2)", (int)backend);
@@ -106,6 +115,7 @@ struct qmm_weights {
     uint32_t *w;
     void *scales;
     void *biases;
+    void *extra; /* the backend's repacked copy (weights_prepare), or NULL */
 };
 
 struct qmm_buffer {
@@ -127,6 +137,8 @@ struct qmm_chain {
     size_t length;
     size_t capacity;
     bool ran; /* the last qmm_chain_run completed, and no step was added since */
+    double total_microseconds; /* device time of the whole last run */
+    void *graph;               /* the backend's cached submission (chain_run hook), or NULL */
 };
 
 /* ───────────────────────────── context ───────────────────────────── */
@@ -134,7 +146,7 @@ struct qmm_chain {
 qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context) {
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_create: context is NULL");
     *context = NULL;
-    const qmm_backend_hooks *hooks;
+    const qmm_backend_hooks *hooks = NULL;
     qmm_status status = backend_hooks(backend, &hooks);
     if (status != QMM_OK) return status;
 
@@ -215,6 +227,9 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
     if ((status = hooks->upload(context->state, created->w, matrix->w, w_bytes)) != QMM_OK) goto cleanup;
     if ((status = hooks->upload(context->state, created->scales, matrix->scales, group_bytes)) != QMM_OK) goto cleanup;
     if ((status = hooks->upload(context->state, created->biases, matrix->biases, group_bytes)) != QMM_OK) goto cleanup;
+    if (hooks->weights_prepare &&
+        (status = hooks->weights_prepare(context->state, matrix, &created->extra)) != QMM_OK)
+        goto cleanup;
     /* The copies above may be asynchronous on a device; the caller may free its arrays on return. */
     if ((status = hooks->synchronize(context->state)) != QMM_OK) goto cleanup;
     *weights = created;
@@ -232,6 +247,7 @@ void qmm_weights_destroy(qmm_weights *weights) {
     if (weights->w) context->hooks->release(context->state, weights->w);
     if (weights->scales) context->hooks->release(context->state, weights->scales);
     if (weights->biases) context->hooks->release(context->state, weights->biases);
+    if (weights->extra && context->hooks->weights_release) context->hooks->weights_release(context->state, weights->extra);
     free(weights);
 }
 
@@ -365,6 +381,7 @@ static qmm_status prepare_call(const char *function, const qmm_context *context,
     call->scales = weights->scales;
     call->biases = weights->biases;
     call->backend_state = context->state;
+    call->weights_extra = weights->extra;
     if (M == 0) return qmm_error(QMM_ERR_SHAPE, "%s: M=0, a matmul needs M >= 1 rows of x", function);
     size_t elements;
     if (!qmm_mul_size(M, call->K, &elements) || !qmm_mul_size(elements, qmm_dtype_size(call->dtype), &elements))
@@ -490,8 +507,16 @@ qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain) {
     return QMM_OK;
 }
 
+/* Drops the backend's cached submission (the steps changed, or the chain goes). */
+static void chain_drop_graph(qmm_chain *chain) {
+    if (chain->graph && chain->context->hooks->chain_release)
+        chain->context->hooks->chain_release(chain->context->state, chain->graph);
+    chain->graph = NULL;
+}
+
 void qmm_chain_destroy(qmm_chain *chain) {
     if (!chain) return;
+    chain_drop_graph(chain);
     free(chain->steps);
     free(chain);
 }
@@ -515,6 +540,7 @@ qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, co
     }
     chain->steps[chain->length++] = step;
     chain->ran = false;
+    chain_drop_graph(chain);
     return QMM_OK;
 }
 
@@ -526,10 +552,30 @@ static double monotonic_microseconds(void) {
     return (double)now.tv_sec * 1e6 + (double)now.tv_nsec * 1e-3;
 }
 
+/* Enqueues step i (the chain_run hook's launch callback). */
+static qmm_status launch_step(void *argument, size_t i) {
+    const chain_step *step = &((const qmm_chain *)argument)->steps[i];
+    return step->kernel->run(&step->call);
+}
+
 qmm_status qmm_chain_run(qmm_chain *chain) {
     if (!chain) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_run: chain is NULL");
     const qmm_context *context = chain->context;
     chain->ran = false;
+    if (context->hooks->chain_run && chain->length > 0) {
+        /* A device backend: one submission (CUDA: a captured graph, replayed), timed on the device. */
+        double *times = malloc(chain->length * sizeof *times);
+        if (!times) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_chain_run: no memory for %zu step times", chain->length);
+        qmm_status status = context->hooks->chain_run(context->state, &chain->graph, chain->length, launch_step, chain,
+                                                      times, &chain->total_microseconds);
+        if (status == QMM_OK)
+            for (size_t i = 0; i < chain->length; i++) chain->steps[i].microseconds = times[i];
+        free(times);
+        if (status != QMM_OK) return status;
+        chain->ran = true;
+        return QMM_OK;
+    }
+    double total = 0.0;
     /* Host backends: each step is timed with CLOCK_MONOTONIC around the kernel and a synchronize.
      * A device backend (CUDA: one captured graph with events between steps) will supply its own
      * hook for this loop. */
@@ -540,7 +586,9 @@ qmm_status qmm_chain_run(qmm_chain *chain) {
         if (status == QMM_OK) status = context->hooks->synchronize(context->state);
         if (status != QMM_OK) return status;
         step->microseconds = monotonic_microseconds() - start;
+        total += step->microseconds;
     }
+    chain->total_microseconds = total;
     chain->ran = true;
     return QMM_OK;
 }
@@ -555,5 +603,14 @@ qmm_status qmm_chain_step(const qmm_chain *chain, size_t step, double *microseco
                          "qmm_chain_step: the chain has not run since its last step was added (call qmm_chain_run)");
     if (microseconds) *microseconds = chain->steps[step].microseconds;
     if (info) *info = chain->steps[step].kernel->info;
+    return QMM_OK;
+}
+
+qmm_status qmm_chain_elapsed(const qmm_chain *chain, double *microseconds) {
+    if (!chain || !microseconds) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_elapsed: null argument");
+    if (!chain->ran)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                         "qmm_chain_elapsed: the chain has not run since its last step was added (call qmm_chain_run)");
+    *microseconds = chain->total_microseconds;
     return QMM_OK;
 }

@@ -19,8 +19,15 @@ static void test_context(void) {
     CHECK_STATUS(qmm_context_create(QMM_BACKEND_CPU, 0, &context), QMM_ERR_UNSUPPORTED);
     EXPECT_MESSAGE("backend cpu is not built yet");
     CHECK(context == NULL, "a failed create must leave *context NULL");
-    CHECK_STATUS(qmm_context_create(QMM_BACKEND_CUDA, 0, &context), QMM_ERR_UNSUPPORTED);
-    EXPECT_MESSAGE("backend cuda is not built yet");
+    /* CUDA: not built (no nvcc at configure time) or no device here; a GPU machine creates it. */
+    if (qmm_context_create(QMM_BACKEND_CUDA, 0, &context) == QMM_OK) {
+        qmm_context_destroy(context);
+        context = NULL;
+    } else {
+        CHECK(strncmp(qmm_last_error(), "backend cuda is not built", 25) == 0 ||
+                  strncmp(qmm_last_error(), "no CUDA device", 14) == 0,
+              "cuda context message \"%s\"", qmm_last_error());
+    }
     CHECK_STATUS(qmm_context_create((qmm_backend)7, 0, &context), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("backend=7 is not a qmm_backend (ref=0, cpu=1, cuda=2)");
 

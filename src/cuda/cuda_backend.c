@@ -1,0 +1,447 @@
+/*
+ * cuda_backend.c — the CUDA backend's host side (DESIGN.md §2–3): device, stream, memory, the repacked
+ * weights, chains captured as CUDA graphs and timed with events, and the kernel table. C11 on the CUDA
+ * runtime API; the kernels are in kernels.cu behind extern "C" launchers.
+ *
+ * Every CUDA call goes through CUDA_TRY, which turns a failure into QMM_ERR_BACKEND with the call, the
+ * CUDA error string, the file and the line. Nothing here exits or prints.
+ *
+ * Memory: plain cudaMalloc (no managed memory). Copies are cudaMemcpyAsync on the context's stream
+ * followed by a stream synchronize, so the caller's host arrays may be reused as soon as a call returns.
+ */
+#include "cuda_backend.h"
+#include "cuda_internal.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CUDA_TRY(call)                                                                                          \
+    do {                                                                                                        \
+        cudaError_t cuda_try_error = (call);                                                                    \
+        if (cuda_try_error != cudaSuccess)                                                                      \
+            return qmm_error(QMM_ERR_BACKEND, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(cuda_try_error), \
+                             __FILE__, __LINE__);                                                               \
+    } while (0)
+
+/* The status of a launcher's cudaError_t, naming the kernel. */
+static qmm_status launch_status(int error, const char *kernel, const char *file, int line) {
+    if (error == cudaSuccess) return QMM_OK;
+    return qmm_error(QMM_ERR_BACKEND, "launch of %s failed: %s (%s:%d)", kernel, cudaGetErrorString((cudaError_t)error),
+                     file, line);
+}
+
+typedef struct cuda_state {
+    int device;
+    int major, minor; /* compute capability */
+    int multiprocessors;
+    cudaStream_t stream;
+} cuda_state;
+
+/* The repacked arrays of one weights object (device pointers), or all NULL when its format has no
+ * repacked kernel. */
+typedef struct cuda_weights_extra {
+    uint32_t *packed; /* [N, qmm_cuda_packed_words_per_row(K, bits)] */
+    void *sb;         /* [N, K/group_size] (scale, bias) pairs of the scale dtype */
+} cuda_weights_extra;
+
+/* ───────────────────────────── hooks ───────────────────────────── */
+
+static qmm_status cuda_open(int device, void **state) {
+    *state = NULL;
+    int count = 0;
+    cudaError_t error = cudaGetDeviceCount(&count);
+    if (error != cudaSuccess)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "no CUDA device: cudaGetDeviceCount failed: %s", cudaGetErrorString(error));
+    if (count == 0) return qmm_error(QMM_ERR_UNSUPPORTED, "no CUDA device: the driver reports 0 devices");
+    if (device < 0 || device >= count)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "CUDA device=%d does not exist: %d device(s), ordinals 0..%d", device,
+                         count, count - 1);
+    CUDA_TRY(cudaSetDevice(device));
+    struct cudaDeviceProp properties;
+    CUDA_TRY(cudaGetDeviceProperties(&properties, device));
+    if (properties.major < 8)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "CUDA device %d (%s) has compute capability %d.%d; qmm needs 8.0 or newer",
+                         device, properties.name, properties.major, properties.minor);
+    cuda_state *created = calloc(1, sizeof *created);
+    if (!created) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "no memory for the CUDA backend state");
+    created->device = device;
+    created->major = properties.major;
+    created->minor = properties.minor;
+    created->multiprocessors = properties.multiProcessorCount;
+    error = cudaStreamCreateWithFlags(&created->stream, cudaStreamNonBlocking);
+    if (error != cudaSuccess) {
+        free(created);
+        return qmm_error(QMM_ERR_BACKEND, "cudaStreamCreateWithFlags failed: %s (%s:%d)", cudaGetErrorString(error),
+                         __FILE__, __LINE__);
+    }
+    *state = created;
+    return QMM_OK;
+}
+
+static void cuda_close(void *state) {
+    cuda_state *s = state;
+    if (!s) return;
+    cudaSetDevice(s->device);
+    cudaStreamSynchronize(s->stream);
+    cudaStreamDestroy(s->stream);
+    free(s);
+}
+
+static qmm_status cuda_alloc(void *state, size_t bytes, void **memory) {
+    cuda_state *s = state;
+    *memory = NULL;
+    CUDA_TRY(cudaSetDevice(s->device));
+    cudaError_t error = cudaMalloc(memory, bytes ? bytes : 1);
+    if (error == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); /* clear the sticky-free error so later calls are not blamed for it */
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cudaMalloc of %zu bytes failed: out of device memory", bytes);
+    }
+    if (error != cudaSuccess)
+        return qmm_error(QMM_ERR_BACKEND, "cudaMalloc(%zu bytes) failed: %s (%s:%d)", bytes, cudaGetErrorString(error),
+                         __FILE__, __LINE__);
+    return QMM_OK;
+}
+
+static void cuda_release(void *state, void *memory) {
+    cuda_state *s = state;
+    if (!memory) return;
+    cudaSetDevice(s->device);
+    cudaStreamSynchronize(s->stream); /* queued work may still read it */
+    cudaFree(memory);
+}
+
+static qmm_status cuda_upload(void *state, void *device_dst, const void *host_src, size_t bytes) {
+    cuda_state *s = state;
+    if (!bytes) return QMM_OK;
+    CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, s->stream));
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    return QMM_OK;
+}
+
+static qmm_status cuda_download(void *state, void *host_dst, const void *device_src, size_t bytes) {
+    cuda_state *s = state;
+    if (!bytes) return QMM_OK;
+    CUDA_TRY(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    return QMM_OK;
+}
+
+static qmm_status cuda_synchronize(void *state) {
+    cuda_state *s = state;
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    return QMM_OK;
+}
+
+/* Whether the mma_gemv family can read a matrix of this format (and so whether to repack it). */
+static bool mma_format(const qmm_qmatrix *format) {
+    return (format->bits == 4 || format->bits == 8) && (format->dtype == QMM_F16 || format->dtype == QMM_BF16) &&
+           format->cols <= 0x7fffffff && format->rows <= 0x7fffffff;
+}
+
+static void cuda_weights_release(void *state, void *extra) {
+    cuda_weights_extra *e = extra;
+    if (!e) return;
+    cuda_release(state, e->packed);
+    cuda_release(state, e->sb);
+    free(e);
+}
+
+/* Repacks the matrix for the mma_gemv family (docs/kernels.md §8) and uploads it; formats the family
+ * does not read get no extra arrays (*extra = NULL). The packed copy costs the weights' bytes once more
+ * on the device (rounded up to 64 bytes per row); the MLX-layout arrays stay for the other kernels. */
+static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, void **extra) {
+    *extra = NULL;
+    if (!mma_format(matrix)) return QMM_OK;
+    const size_t N = matrix->rows, K = matrix->cols, groups = K / (size_t)matrix->group_size;
+    const size_t words = qmm_cuda_packed_words_per_row(K, matrix->bits);
+    size_t packed_bytes, pairs;
+    if (!qmm_mul_size(N, words, &packed_bytes) || !qmm_mul_size(packed_bytes, 4, &packed_bytes) ||
+        !qmm_mul_size(N, groups, &pairs))
+        return qmm_error(QMM_ERR_OVERFLOW, "the repacked weights of a %zu×%zu matrix overflow size_t", N, K);
+    qmm_status status = QMM_OK;
+    uint32_t *host_packed = malloc(packed_bytes);
+    uint16_t *host_sb = malloc(pairs * 4);
+    cuda_weights_extra *created = calloc(1, sizeof *created);
+    if (!host_packed || !host_sb || !created) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "no host memory to repack a %zu×%zu matrix", N, K);
+        goto cleanup;
+    }
+    qmm_cuda_repack(matrix->w, N, K, matrix->bits, host_packed);
+    for (size_t i = 0; i < pairs; i++) { /* scales and biases may sit at any byte offset (safetensors views) */
+        memcpy(&host_sb[2 * i], (const unsigned char *)matrix->scales + 2 * i, 2);
+        memcpy(&host_sb[2 * i + 1], (const unsigned char *)matrix->biases + 2 * i, 2);
+    }
+    if ((status = cuda_alloc(state, packed_bytes, (void **)&created->packed)) != QMM_OK) goto cleanup;
+    if ((status = cuda_alloc(state, pairs * 4, &created->sb)) != QMM_OK) goto cleanup;
+    if ((status = cuda_upload(state, created->packed, host_packed, packed_bytes)) != QMM_OK) goto cleanup;
+    if ((status = cuda_upload(state, created->sb, host_sb, pairs * 4)) != QMM_OK) goto cleanup;
+    *extra = created;
+    created = NULL;
+
+cleanup:
+    if (created) cuda_weights_release(state, created);
+    free(host_packed);
+    free(host_sb);
+    return status;
+}
+
+/* A chain's captured graph: one event before the first step and one after each. */
+typedef struct cuda_graph {
+    cudaGraphExec_t exec;
+    cudaEvent_t *events; /* count + 1 */
+    size_t count;
+} cuda_graph;
+
+static void cuda_chain_release(void *state, void *graph) {
+    cuda_graph *g = graph;
+    if (!g) return;
+    cuda_state *s = state;
+    cudaSetDevice(s->device);
+    cudaStreamSynchronize(s->stream);
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    for (size_t i = 0; g->events && i <= g->count; i++)
+        if (g->events[i]) cudaEventDestroy(g->events[i]);
+    free(g->events);
+    free(g);
+}
+
+/* Captures the chain's launches into one graph (stream capture, thread-local mode). */
+static qmm_status capture(cuda_state *s, size_t count, qmm_status (*launch)(void *, size_t), void *argument,
+                          cuda_graph **out) {
+    qmm_status status = QMM_OK;
+    cudaGraph_t graph = NULL;
+    bool capturing = false;
+    cuda_graph *created = calloc(1, sizeof *created);
+    if (!created || !(created->events = calloc(count + 1, sizeof *created->events))) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "no memory for a chain of %zu steps", count);
+        goto cleanup;
+    }
+    created->count = count;
+    for (size_t i = 0; i <= count; i++) {
+        cudaError_t error = cudaEventCreate(&created->events[i]);
+        if (error != cudaSuccess) {
+            status = qmm_error(QMM_ERR_BACKEND, "cudaEventCreate failed: %s (%s:%d)", cudaGetErrorString(error), __FILE__,
+                               __LINE__);
+            goto cleanup;
+        }
+    }
+    cudaError_t error = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+    if (error != cudaSuccess) {
+        status = qmm_error(QMM_ERR_BACKEND, "cudaStreamBeginCapture failed: %s (%s:%d)", cudaGetErrorString(error),
+                           __FILE__, __LINE__);
+        goto cleanup;
+    }
+    capturing = true;
+    for (size_t i = 0; i <= count && status == QMM_OK; i++) {
+        error = cudaEventRecord(created->events[i], s->stream);
+        if (error != cudaSuccess)
+            status = qmm_error(QMM_ERR_BACKEND, "cudaEventRecord failed during capture: %s (%s:%d)",
+                               cudaGetErrorString(error), __FILE__, __LINE__);
+        else if (i < count)
+            status = launch(argument, i);
+    }
+    capturing = false;
+    error = cudaStreamEndCapture(s->stream, &graph);
+    if (status != QMM_OK) goto cleanup;
+    if (error != cudaSuccess) {
+        status = qmm_error(QMM_ERR_BACKEND, "cudaStreamEndCapture failed: %s (%s:%d)", cudaGetErrorString(error),
+                           __FILE__, __LINE__);
+        goto cleanup;
+    }
+    error = cudaGraphInstantiate(&created->exec, graph, 0);
+    if (error != cudaSuccess) {
+        status = qmm_error(QMM_ERR_BACKEND, "cudaGraphInstantiate failed: %s (%s:%d)", cudaGetErrorString(error),
+                           __FILE__, __LINE__);
+        goto cleanup;
+    }
+    *out = created;
+    created = NULL;
+
+cleanup:
+    if (capturing) {
+        cudaGraph_t discarded = NULL;
+        cudaStreamEndCapture(s->stream, &discarded);
+        if (discarded) cudaGraphDestroy(discarded);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError(); /* a failed capture leaves an error behind: clear it */
+    if (created) cuda_chain_release(s, created);
+    return status;
+}
+
+static qmm_status cuda_chain_run(void *state, void **graph, size_t count, qmm_status (*launch)(void *, size_t),
+                                 void *argument, double *microseconds, double *total_microseconds) {
+    cuda_state *s = state;
+    CUDA_TRY(cudaSetDevice(s->device));
+    if (!*graph) {
+        cuda_graph *created = NULL;
+        qmm_status status = capture(s, count, launch, argument, &created);
+        if (status != QMM_OK) return status;
+        *graph = created;
+    }
+    cuda_graph *g = *graph;
+    CUDA_TRY(cudaGraphLaunch(g->exec, s->stream));
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    for (size_t i = 0; i < count; i++) {
+        float ms = 0.0f;
+        CUDA_TRY(cudaEventElapsedTime(&ms, g->events[i], g->events[i + 1]));
+        microseconds[i] = 1000.0 * ms;
+    }
+    float ms = 0.0f;
+    CUDA_TRY(cudaEventElapsedTime(&ms, g->events[0], g->events[count]));
+    *total_microseconds = 1000.0 * ms;
+    return QMM_OK;
+}
+
+/* ───────────────────────────── kernel rows ───────────────────────────── */
+
+static qmm_cuda_launch launch_of(const qmm_call *call) {
+    const cuda_state *s = call->backend_state;
+    const cuda_weights_extra *e = call->weights_extra;
+    qmm_cuda_launch launch = {
+        .dtype = (int)call->dtype,
+        .bits = call->bits,
+        .group_size = call->group_size,
+        .M = call->M,
+        .N = call->N,
+        .K = call->K,
+        .x = call->x,
+        .w = call->w,
+        .scales = call->scales,
+        .biases = call->biases,
+        .packed = e ? e->packed : NULL,
+        .sb = e ? e->sb : NULL,
+        .out = call->out,
+        .stream = s->stream,
+    };
+    return launch;
+}
+
+/* Grid limits of the generic kernels: 65535 blocks along y (rows of x, 8 per block, looped beyond) and
+ * 2^31 − 1 along x (N/8 or N/256 blocks). */
+static bool generic_supports(const qmm_call *call, char *why_not, size_t size) {
+    if (call->N / 8 >= 0x7fffffffu) {
+        snprintf(why_not, size, "N=%zu exceeds the grid of the generic kernel (2^31 - 1 blocks of 8)", call->N);
+        return false;
+    }
+    return true;
+}
+
+static qmm_status generic_t_run(const qmm_call *call) {
+    qmm_cuda_launch launch = launch_of(call);
+    return launch_status(qmm_cuda_generic_qmm_t(&launch), "cuda.qmm_t.generic.m8n8", __FILE__, __LINE__);
+}
+
+static qmm_status generic_n_run(const qmm_call *call) {
+    qmm_cuda_launch launch = launch_of(call);
+    return launch_status(qmm_cuda_generic_qmm_n(&launch), "cuda.qmm_n.generic.m8n256", __FILE__, __LINE__);
+}
+
+/* mma_gemv rows: row_tiles × 16 weight rows per warp, token_tiles × 8 rows of x. */
+static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size_t size) {
+    const cuda_state *s = call->backend_state;
+    if (call->bits != 4 && call->bits != 8) {
+        snprintf(why_not, size, "bits=%d: the mma_gemv family decodes 4- and 8-bit codes only", call->bits);
+        return false;
+    }
+    if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
+        snprintf(why_not, size, "dtype %s: the mma_gemv family multiplies f16 or bf16 on the tensor cores (f32 runs on "
+                 "the generic kernel at f32 accuracy)", qmm_dtype_name(call->dtype));
+        return false;
+    }
+    if (call->M > max_m) {
+        snprintf(why_not, size, "M=%zu exceeds this tile's %zu rows of x", call->M, max_m);
+        return false;
+    }
+    if (!call->weights_extra) {
+        snprintf(why_not, size, "the weights were not repacked for the mma family (N or K above 2^31 - 1)");
+        return false;
+    }
+    if (s->major < 8) {
+        snprintf(why_not, size, "mma.sync m16n8k16 needs compute capability 8.0, the device has %d.%d", s->major, s->minor);
+        return false;
+    }
+    return true;
+}
+
+#define MMA_ROW(NAME, RT, TT)                                                                                     \
+    static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
+        return mma_supports(call, 8 * (TT), why_not, size);                                                       \
+    }                                                                                                             \
+    static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        qmm_cuda_launch launch = launch_of(call);                                                                 \
+        return launch_status(qmm_cuda_mma_gemv_qmm_t(&launch, RT, TT), #NAME, __FILE__, __LINE__);               \
+    }
+
+MMA_ROW(mma_m8n16, 1, 1)
+MMA_ROW(mma_m8n32, 2, 1)
+MMA_ROW(mma_m8n64, 4, 1)
+MMA_ROW(mma_m16n16, 1, 2)
+MMA_ROW(mma_m16n32, 2, 2)
+
+#define MMA_INFO(NAME, BM, BN, TEXT)                                                                             \
+    {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
+     .bk = 128, .threads = 256, .tolerance_slack = 2.0, .description = TEXT}
+
+/* Selector order (src/select.c walks it; prefer_max_m bounds where the selector takes a row unforced):
+ *   M ≤ 4:   mma_gemv m8n16  — one token tile, 16 rows per warp: the most blocks, so the most loads in
+ *            flight for a bandwidth-bound product; x is re-read per 16 rows but M is small.
+ *   M 5–8:   mma_gemv m8n32  — 32 rows per warp halve the x re-reads (L2 traffic grows with M).
+ *   M 9–16:  mma_gemv m16n32 — two token tiles.
+ *   m8n64 and m16n16 are there for `qmm tune` and forcing.
+ *   Then the generic rows, which take every call.
+ * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
+ * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §8). */
+static const qmm_kernel cuda_kernels[] = {
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 4},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = (size_t)-1, .tune_only = true},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n16", 16, 16, "tensor-core GEMV, 16 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m16n16_supports, .run = mma_m16n16_run, .prefer_max_m = (size_t)-1, .tune_only = true},
+    {.info = {.name = "cuda.qmm_t.generic.m8n8", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
+              .bm = 8, .bn = 8, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
+              .description = "every format: a warp per output feature, lanes over groups, f32 split per group"},
+     .supports = generic_supports, .run = generic_t_run},
+    {.info = {.name = "cuda.qmm_n.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_N, .family = "generic",
+              .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
+              .description = "every format: a thread per output column, x·(s·q + b) summed over k in f32"},
+     .supports = generic_supports, .run = generic_n_run},
+};
+
+static const qmm_backend_hooks cuda_hooks = {
+    .backend = QMM_BACKEND_CUDA,
+    .host_memory = false,
+    .kernels = cuda_kernels,
+    .kernel_count = sizeof cuda_kernels / sizeof cuda_kernels[0],
+    .open = cuda_open,
+    .close = cuda_close,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .synchronize = cuda_synchronize,
+    .weights_prepare = cuda_weights_prepare,
+    .weights_release = cuda_weights_release,
+    .chain_run = cuda_chain_run,
+    .chain_release = cuda_chain_release,
+};
+
+const qmm_backend_hooks *qmm_cuda_backend_hooks(void) { return &cuda_hooks; }
+
+qmm_status qmm_cuda_device_info(const qmm_context *context, char *name, size_t name_size, int *multiprocessors) {
+    (void)context;
+    int device = 0;
+    CUDA_TRY(cudaGetDevice(&device));
+    struct cudaDeviceProp properties;
+    CUDA_TRY(cudaGetDeviceProperties(&properties, device));
+    if (name && name_size) snprintf(name, name_size, "%s", properties.name);
+    if (multiprocessors) *multiprocessors = properties.multiProcessorCount;
+    return QMM_OK;
+}

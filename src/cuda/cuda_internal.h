@@ -1,0 +1,56 @@
+/*
+ * cuda_internal.h — what the CUDA backend's host code (cuda_backend.c, C) and its kernels (kernels.cu,
+ * CUDA C++) share. Not installed. Plain C types only, so both compilers read it.
+ */
+#ifndef QMM_CUDA_INTERNAL_H
+#define QMM_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One product as the launchers see it. dtype: 0 f32, 1 f16, 2 bf16 (qmm_dtype numbering).
+ *   x        dtype [M, K]                 (device)
+ *   w        uint32 [rows, cols·bits/32]  MLX layout (device)
+ *   scales, biases dtype [rows, cols/group_size] (device)
+ *   packed   the repacked weights of the mma family, or NULL (docs/kernels.md §8)
+ *   sb       (scale, bias) pairs [N, K/group_size] of dtype, interleaved, or NULL
+ *   out      dtype [M, N] (device)
+ *   stream   cudaStream_t */
+typedef struct qmm_cuda_launch {
+    int dtype;
+    int bits;
+    int group_size;
+    size_t M, N, K;
+    const void *x;
+    const uint32_t *w;
+    const void *scales;
+    const void *biases;
+    const uint32_t *packed;
+    const void *sb;
+    void *out;
+    void *stream;
+    int warps; /* warps per block for the mma family (0: the launcher chooses) */
+} qmm_cuda_launch;
+
+/* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */
+int qmm_cuda_generic_qmm_t(const qmm_cuda_launch *launch);
+int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
+/* The mma GEMV family: tokens (rows of x) on the MMA's N side, 8·tokens_tiles of them; 16·row_tiles
+ * weight rows per warp. Needs bits 4 or 8, dtype f16 or bf16, packed and sb, sm_80 or newer. */
+int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
+
+/* The repacked layout of the mma family (docs/kernels.md §8): words per row and the repack itself,
+ * host side. packed_words(K, bits) = ceil(K / S)·16 with S = 512/bits codes per 64-byte super-block. */
+size_t qmm_cuda_packed_words_per_row(size_t K, int bits);
+/* Repacks w [N, K·bits/32] (MLX layout) into out [N, packed_words_per_row] (zero-filled tail). */
+void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QMM_CUDA_INTERNAL_H */

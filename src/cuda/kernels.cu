@@ -1,0 +1,503 @@
+/*
+ * kernels.cu — the CUDA kernels of qmm (DESIGN.md §2, docs/kernels.md §8) and their extern "C" launchers.
+ *
+ * Two families:
+ *   generic   every format the oracle handles (bits 2–8, group 32/64/128, f32/f16/bf16, any M, N, K),
+ *             plain CUDA-core f32 arithmetic, so that no valid call ever leaves the GPU.
+ *   mma_gemv  decode and small M (M ≤ 16) for 4- and 8-bit weights with f16/bf16 activations:
+ *             the codes are decoded in registers into exact f16/bf16 integers and multiplied by x on the
+ *             tensor cores (mma.sync m16n8k16, f32 accumulate), weights on the MMA's M side and the
+ *             tokens on its N side (8 or 16 of them). Per group the f32 result is scaled:
+ *             acc += s·Σq·x + b·Σx, where Σx comes from a second MMA with an all-ones A operand.
+ *
+ * Exactness (docs/kernels.md §2): q (≤ 255) and x are exact in f16/bf16, so every product q·x is exact
+ * and the tensor core accumulates it in f32; s·Σq·x, b·Σx and the running sum are f32 FMAs. No value is
+ * ever rounded to f16/bf16 before the final store. A group whose split result is not finite is
+ * recomputed in the direct form Σ(s·q + b)·x (the oracle's rule for non-finite and near-overflow inputs).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "cuda_internal.h"
+
+/* ───────────────────────────── dtype helpers ───────────────────────────── */
+
+__device__ __forceinline__ float load_f32(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load_f32(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float load_f32(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
+/* One rounding to the output dtype, to nearest even; overflow gives ±inf, NaN stays NaN. */
+__device__ __forceinline__ void store_f32(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f32(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ __forceinline__ void store_f32(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* Code j of a packed row (LSB-first bit stream; 3/5/6-bit codes may straddle two words). */
+__device__ __forceinline__ uint32_t code_at(const uint32_t *row, size_t j, int bits) {
+    const size_t bit = j * (size_t)bits;
+    const size_t word = bit >> 5;
+    const unsigned shift = (unsigned)(bit & 31);
+    uint64_t pair = row[word];
+    if (shift + (unsigned)bits > 32) pair |= (uint64_t)row[word + 1] << 32;
+    return (uint32_t)(pair >> shift) & ((1u << bits) - 1u);
+}
+
+/* The direct form of one group segment for one output: Σ_k (s·q_k + b)·x_k over k ∈ [k_begin, k_end),
+ * in f32, in increasing k. The fallback for a segment whose split result s·Σq·x + b·Σx is not finite. */
+template <typename T>
+__device__ __noinline__ float direct_segment(const T *x_row, const uint32_t *w_row, int bits, size_t k_begin,
+                                             size_t k_end, float s, float b) {
+    float sum = 0.0f;
+    for (size_t k = k_begin; k < k_end; k++) sum += (s * (float)code_at(w_row, k, bits) + b) * load_f32(x_row, k);
+    return sum;
+}
+
+/* ───────────────────────────── generic family ───────────────────────────── */
+
+/* Rows of x per warp in the generic kernels: 8 independent f32 accumulators per lane. */
+#define GENERIC_M 8
+#define GENERIC_WARPS 8
+
+/* out = x·Ŵᵀ. One warp per output feature n and 8 rows of x; lane l takes groups l, l+32, ... of row n,
+ * forms each group's s·Σq·x + b·Σx (direct form if that is not finite), sums its groups in order, and the
+ * warp adds the 32 lane sums with a fixed butterfly. Reads are not coalesced across lanes: this kernel is
+ * for coverage, the mma family is for speed. */
+template <typename T>
+__global__ void __launch_bounds__(GENERIC_WARPS * 32)
+    generic_qmm_t_kernel(const T *__restrict__ x, const uint32_t *__restrict__ w, const T *__restrict__ scales,
+                         const T *__restrict__ biases, T *__restrict__ out, size_t M, size_t N, size_t K, int bits,
+                         int group_size) {
+    const int lane = threadIdx.x & 31;
+    const size_t n = (size_t)blockIdx.x * GENERIC_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const size_t words_per_row = K * (size_t)bits / 32, groups = K / (size_t)group_size;
+    const uint32_t *row = w + n * words_per_row;
+    const size_t m_blocks = (M + GENERIC_M - 1) / GENERIC_M;
+    for (size_t mb = blockIdx.y; mb < m_blocks; mb += gridDim.y) {
+        const size_t m0 = mb * GENERIC_M;
+        const int rows = (int)(M - m0 < GENERIC_M ? M - m0 : GENERIC_M);
+        float part[GENERIC_M];
+#pragma unroll
+        for (int r = 0; r < GENERIC_M; r++) part[r] = 0.0f;
+        for (size_t g = (size_t)lane; g < groups; g += 32) {
+            const float s = load_f32(scales, n * groups + g), b = load_f32(biases, n * groups + g);
+            float qx[GENERIC_M], xs[GENERIC_M];
+#pragma unroll
+            for (int r = 0; r < GENERIC_M; r++) qx[r] = xs[r] = 0.0f;
+            const size_t k0 = g * (size_t)group_size;
+            for (int i = 0; i < group_size; i++) {
+                const float q = (float)code_at(row, k0 + i, bits);
+#pragma unroll
+                for (int r = 0; r < GENERIC_M; r++) {
+                    if (r < rows) {
+                        const float xv = load_f32(x, (m0 + r) * K + k0 + i);
+                        qx[r] += q * xv;
+                        xs[r] += xv;
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < GENERIC_M; r++) {
+                if (r < rows) {
+                    float v = s * qx[r] + b * xs[r];
+                    if (!isfinite(v)) v = direct_segment(x + (m0 + r) * K, row, bits, k0, k0 + group_size, s, b);
+                    part[r] += v;
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < GENERIC_M; r++) {
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) part[r] += __shfl_xor_sync(0xffffffffu, part[r], offset);
+            if (lane == 0 && r < rows) store_f32(out, (m0 + r) * N + n, part[r]);
+        }
+    }
+}
+
+/* out = x·Ŵ with Ŵ [K, N] quantized along N. One thread per output column n and 8 rows of x; for
+ * k = 0, 1, ... it forms ŵ = s·q + b and adds x[m, k]·ŵ (MLX CPU's order, the oracle's). Threads of a
+ * warp read neighbouring codes of the same row: the weight reads coalesce. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    generic_qmm_n_kernel(const T *__restrict__ x, const uint32_t *__restrict__ w, const T *__restrict__ scales,
+                         const T *__restrict__ biases, T *__restrict__ out, size_t M, size_t N, size_t K, int bits,
+                         int group_size) {
+    const size_t n = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const size_t words_per_row = N * (size_t)bits / 32, groups = N / (size_t)group_size, g = n / (size_t)group_size;
+    const size_t m_blocks = (M + GENERIC_M - 1) / GENERIC_M;
+    for (size_t mb = blockIdx.y; mb < m_blocks; mb += gridDim.y) {
+        const size_t m0 = mb * GENERIC_M;
+        const int rows = (int)(M - m0 < GENERIC_M ? M - m0 : GENERIC_M);
+        float acc[GENERIC_M];
+#pragma unroll
+        for (int r = 0; r < GENERIC_M; r++) acc[r] = 0.0f;
+        for (size_t k = 0; k < K; k++) {
+            const float s = load_f32(scales, k * groups + g), b = load_f32(biases, k * groups + g);
+            const float wv = s * (float)code_at(w + k * words_per_row, n, bits) + b;
+#pragma unroll
+            for (int r = 0; r < GENERIC_M; r++)
+                if (r < rows) acc[r] += load_f32(x, (m0 + r) * K + k) * wv;
+        }
+#pragma unroll
+        for (int r = 0; r < GENERIC_M; r++)
+            if (r < rows) store_f32(out, (m0 + r) * N + n, acc[r]);
+    }
+}
+
+/* ───────────────────────────── mma_gemv family ───────────────────────────── */
+
+/*
+ * The repacked weights (built once at weights-create time by qmm_cuda_repack, docs/kernels.md §8).
+ * A row of K codes is cut into 64-byte super-blocks of S = 512/bits codes (4-bit: 128 codes = 4 blocks
+ * of 32; 8-bit: 64 codes = 2 blocks). Lane t (0..3) of a 4-lane quad loads the super-block's 16-byte
+ * quarter t with one 128-bit load; quarter t holds "its" 8 codes (codes 8t..8t+7) of every block:
+ *
+ *   4-bit, original words of one super-block:  b0w0 b0w1 b0w2 b0w3 | b1w0 .. b1w3 | b2w0 .. | b3w0 .. b3w3
+ *          repacked:                            b0w0 b1w0 b2w0 b3w0 | b0w1 b1w1 b2w1 b3w1 | ...  (quarter t = bjwt)
+ *   8-bit, original: b0w0..b0w7 | b1w0..b1w7;  repacked quarter t = b0w(2t) b0w(2t+1) b1w(2t) b1w(2t+1)
+ *
+ * In the MMA (m16n8k16, A row-major 16×16 = 16 weight rows × 16 k), lane (g = lane/4, t = lane%4) supplies
+ * k slots {2t, 2t+1, 2t+8, 2t+9} of rows g and g+8. A dot product does not care which physical k sits in
+ * which slot as long as A and B agree, so lane t feeds its own 8 codes of a block (two MMAs of k16 per
+ * block) and loads the 8 matching x values with one 128-bit load: the pairing below is what the lop3
+ * decoding produces — (c0,c4) (c1,c5) (c2,c6) (c3,c7) for 4-bit, (c0,c2) (c1,c3) (c4,c6) (c5,c7) for 8-bit.
+ * A block (32 codes) never crosses a group, so each MMA's 16 k lie in one group.
+ */
+
+template <typename T> struct mma_traits;
+template <> struct mma_traits<__half> {
+    static constexpr uint32_t magic = 0x64006400u; /* 1024.0 in both halves */
+    static constexpr uint32_t ones = 0x3C003C00u;  /* 1.0 */
+};
+template <> struct mma_traits<__nv_bfloat16> {
+    static constexpr uint32_t magic = 0x43004300u; /* 128.0 */
+    static constexpr uint32_t ones = 0x3F803F80u;  /* 1.0 */
+};
+
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t r;
+    /* (a & mask) | magic in one LOP3: LUT = (0xF0 & 0xCC) | 0xAA = 0xEA */
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+    return r;
+}
+
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, __half) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, __nv_bfloat16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Pairs (2 codes) as exact f16/bf16 integers. */
+__device__ __forceinline__ uint32_t sub_magic(uint32_t p, __half) {
+    __half2 r = __hsub2(*reinterpret_cast<__half2 *>(&p), __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+__device__ __forceinline__ uint32_t sub_magic(uint32_t p, __nv_bfloat16) {
+    __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&p),
+                               __halves2bfloat162(__ushort_as_bfloat16(0x4300), __ushort_as_bfloat16(0x4300)));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+/* (magic + 16·c)/16 − magic/16 = c, exact (one rounding of an exact integer). */
+__device__ __forceinline__ uint32_t scale_sub_magic(uint32_t p, __half) {
+    __half2 r = __hfma2(*reinterpret_cast<__half2 *>(&p), __float2half2_rn(1.0f / 16.0f), __float2half2_rn(-64.0f));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+__device__ __forceinline__ uint32_t scale_sub_magic(uint32_t p, __nv_bfloat16) {
+    __nv_bfloat162 r =
+        __hfma2(*reinterpret_cast<__nv_bfloat162 *>(&p), __float2bfloat162_rn(1.0f / 16.0f), __float2bfloat162_rn(-8.0f));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* Decodes one lane's 8 codes of a block into the A-operand pairs q[0..3] (see the pairing above). */
+template <int BITS, typename T> struct decode;
+template <typename T> struct decode<4, T> {
+    /* w: the lane's word of the block (codes c0..c7, 4 bits each). */
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        const uint32_t magic = mma_traits<T>::magic, hi = w[0] >> 8;
+        q[0] = sub_magic(and_or(w[0], 0x000F000Fu, magic), T());       /* c0, c4 */
+        q[1] = scale_sub_magic(and_or(w[0], 0x00F000F0u, magic), T()); /* c1, c5 */
+        q[2] = sub_magic(and_or(hi, 0x000F000Fu, magic), T());         /* c2, c6 */
+        q[3] = scale_sub_magic(and_or(hi, 0x00F000F0u, magic), T());   /* c3, c7 */
+    }
+};
+template <> struct decode<8, __half> {
+    /* w[0..1]: codes c0..c3 and c4..c7, 8 bits each; 1024 + c < 2048 is exact in f16. */
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        const uint32_t magic = 0x64006400u;
+        q[0] = sub_magic(and_or(w[0], 0x00FF00FFu, magic), __half());      /* c0, c2 */
+        q[1] = sub_magic(and_or(w[0] >> 8, 0x00FF00FFu, magic), __half()); /* c1, c3 */
+        q[2] = sub_magic(and_or(w[1], 0x00FF00FFu, magic), __half());      /* c4, c6 */
+        q[3] = sub_magic(and_or(w[1] >> 8, 0x00FF00FFu, magic), __half()); /* c5, c7 */
+    }
+};
+template <> struct decode<8, __nv_bfloat16> {
+    /* bf16 has 8 significant bits: 128 + c is not exact for c ≥ 128, so go through f32 (2^23 + c, exact)
+     * and pack two exact integers into bf16x2 (exact: c ≤ 255 has at most 8 significant bits). */
+    static __device__ __forceinline__ uint32_t pair(uint32_t word, int lo_byte, int hi_byte) {
+        const float lo = __uint_as_float(0x4B000000u | ((word >> (8 * lo_byte)) & 0xFFu)) - 8388608.0f;
+        const float hi = __uint_as_float(0x4B000000u | ((word >> (8 * hi_byte)) & 0xFFu)) - 8388608.0f;
+        __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&r);
+    }
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        q[0] = pair(w[0], 0, 2);
+        q[1] = pair(w[0], 1, 3);
+        q[2] = pair(w[1], 0, 2);
+        q[3] = pair(w[1], 1, 3);
+    }
+};
+
+/* The lane's 8 x values (one 128-bit load, halves h0..h7) as the B-operand pairs matching decode<>. */
+template <int BITS> __device__ __forceinline__ void x_pairs(uint4 v, uint32_t b[4]) {
+    if (BITS == 4) { /* (h0,h4) (h1,h5) (h2,h6) (h3,h7) */
+        b[0] = __byte_perm(v.x, v.z, 0x5410);
+        b[1] = __byte_perm(v.x, v.z, 0x7632);
+        b[2] = __byte_perm(v.y, v.w, 0x5410);
+        b[3] = __byte_perm(v.y, v.w, 0x7632);
+    } else { /* (h0,h2) (h1,h3) (h4,h6) (h5,h7) */
+        b[0] = __byte_perm(v.x, v.y, 0x5410);
+        b[1] = __byte_perm(v.x, v.y, 0x7632);
+        b[2] = __byte_perm(v.z, v.w, 0x5410);
+        b[3] = __byte_perm(v.z, v.w, 0x7632);
+    }
+}
+
+__device__ __forceinline__ float2 scale_bias(const uint32_t *sb, size_t i, __half) {
+    const __half2 v = *reinterpret_cast<const __half2 *>(sb + i);
+    return __half22float2(v);
+}
+__device__ __forceinline__ float2 scale_bias(const uint32_t *sb, size_t i, __nv_bfloat16) {
+    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(sb + i);
+    return __bfloat1622float2(v);
+}
+
+/*
+ * One block: 16·RT weight rows (n) × 8·TT tokens (m), NW warps splitting the super-blocks of K
+ * (warp w takes super-blocks w, w+NW, ...), then a fixed-order sum of the NW partial results through
+ * shared memory (deterministic; the order does not depend on M).
+ */
+template <int BITS, typename T, int RT, int TT>
+__global__ void __launch_bounds__(256)
+    mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
+                    const uint32_t *__restrict__ w_orig, T *__restrict__ out, int M, int N, int K, int group_size) {
+    constexpr int BPS = BITS == 4 ? 4 : 2; /* 32-code blocks per 64-byte super-block */
+    constexpr int WPB = BITS / 4;          /* words per lane per block */
+    extern __shared__ float partial[];     /* [NW][RT][TT][4][32] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_base = blockIdx.x * 16 * RT;
+    const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS;
+    const int blocks_per_group = group_size / 32, groups = K / group_size;
+    const size_t row_quads = (size_t)super_blocks * 4; /* uint4 per packed row */
+    const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
+
+    float acc[RT][TT][4];
+#pragma unroll
+    for (int r = 0; r < RT; r++)
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[r][tt][e] = 0.0f;
+
+    for (int sbk = warp; sbk < super_blocks; sbk += NW) {
+        /* All loads of the super-block first: 2·RT weight quarters and up to BPS·TT x vectors. */
+        uint4 wq[RT][2];
+#pragma unroll
+        for (int r = 0; r < RT; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int n = n_base + 16 * r + 8 * h + g;
+                wq[r][h] = n < N ? packed[(size_t)n * row_quads + (size_t)sbk * 4 + t] : make_uint4(0, 0, 0, 0);
+            }
+        uint4 xv[BPS][TT];
+#pragma unroll
+        for (int j = 0; j < BPS; j++)
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++) {
+                const int m = tt * 8 + g, blk = sbk * BPS + j;
+                xv[j][tt] = (m < M && blk < blocks)
+                                ? *reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32 + 8 * t)
+                                : make_uint4(0, 0, 0, 0);
+            }
+
+        float cq[RT][TT][4], cx[TT][4];
+        int segment_begin = sbk * BPS; /* first block of the running segment (group ∩ super-block) */
+#pragma unroll
+        for (int j = 0; j < BPS; j++) {
+            const int blk = sbk * BPS + j;
+            if (blk >= blocks) break; /* the zero-filled tail of the last super-block */
+            if (j == 0 || blk % blocks_per_group == 0) {
+                segment_begin = blk;
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        cx[tt][e] = 0.0f;
+#pragma unroll
+                        for (int r = 0; r < RT; r++) cq[r][tt][e] = 0.0f;
+                    }
+            }
+            uint32_t b[TT][4];
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++) x_pairs<BITS>(xv[j][tt], b[tt]);
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++) {
+                mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
+                mma_16816(cx[tt], ones, b[tt][2], b[tt][3], T());
+            }
+#pragma unroll
+            for (int r = 0; r < RT; r++) {
+                uint32_t qa[4], qb[4];
+                const uint32_t *wa = reinterpret_cast<const uint32_t *>(&wq[r][0]) + j * WPB;
+                const uint32_t *wb = reinterpret_cast<const uint32_t *>(&wq[r][1]) + j * WPB;
+                decode<BITS, T>::run(wa, qa);
+                decode<BITS, T>::run(wb, qb);
+                /* A fragment: a0 = row g k{2t,2t+1}, a1 = row g+8 same k, a2 = row g k{2t+8,2t+9}, a3 = row g+8. */
+                const uint32_t a_first[4] = {qa[0], qb[0], qa[1], qb[1]};
+                const uint32_t a_second[4] = {qa[2], qb[2], qa[3], qb[3]};
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++) {
+                    mma_16816(cq[r][tt], a_first, b[tt][0], b[tt][1], T());
+                    mma_16816(cq[r][tt], a_second, b[tt][2], b[tt][3], T());
+                }
+            }
+            const bool segment_ends = (blk + 1) % blocks_per_group == 0 || j == BPS - 1 || blk + 1 == blocks;
+            if (segment_ends) {
+                const int group = blk / blocks_per_group;
+#pragma unroll
+                for (int r = 0; r < RT; r++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int n = n_base + 16 * r + 8 * h + g;
+                        const float2 s_b = n < N ? scale_bias(sb, (size_t)n * groups + group, T()) : make_float2(0.f, 0.f);
+#pragma unroll
+                        for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++) {
+                                float v = s_b.x * cq[r][tt][2 * h + e] + s_b.y * cx[tt][e];
+                                const int m = tt * 8 + 2 * t + e;
+                                if (!isfinite(v) && n < N && m < M)
+                                    v = direct_segment(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), BITS,
+                                                       (size_t)segment_begin * 32, (size_t)(blk + 1) * 32, s_b.x, s_b.y);
+                                acc[r][tt][2 * h + e] += v;
+                            }
+                    }
+            }
+        }
+    }
+
+    /* Fixed-order reduction over the NW warps. */
+    constexpr int per_warp = RT * TT * 4 * 32;
+#pragma unroll
+    for (int r = 0; r < RT; r++)
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) partial[warp * per_warp + ((r * TT + tt) * 4 + e) * 32 + lane] = acc[r][tt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < per_warp; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int v = 0; v < NW; v++) sum += partial[v * per_warp + i];
+        const int l = i & 31, e = (i >> 5) & 3, rt = i >> 7;
+        const int r = rt / TT, tt = rt % TT;
+        const int n = n_base + 16 * r + 8 * (e >> 1) + (l >> 2);
+        const int m = tt * 8 + 2 * (l & 3) + (e & 1);
+        if (n < N && m < M) store_f32(out, (size_t)m * N + n, sum);
+    }
+}
+
+/* ───────────────────────────── launchers ───────────────────────────── */
+
+template <typename T> static int launch_generic_t(const qmm_cuda_launch *c) {
+    const size_t m_blocks = (c->M + GENERIC_M - 1) / GENERIC_M;
+    dim3 grid((unsigned)((c->N + GENERIC_WARPS - 1) / GENERIC_WARPS), (unsigned)(m_blocks < 65535 ? m_blocks : 65535));
+    generic_qmm_t_kernel<T><<<grid, GENERIC_WARPS * 32, 0, (cudaStream_t)c->stream>>>(
+        (const T *)c->x, c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->M, c->N, c->K, c->bits,
+        c->group_size);
+    return (int)cudaGetLastError();
+}
+
+template <typename T> static int launch_generic_n(const qmm_cuda_launch *c) {
+    const size_t m_blocks = (c->M + GENERIC_M - 1) / GENERIC_M;
+    dim3 grid((unsigned)((c->N + 255) / 256), (unsigned)(m_blocks < 65535 ? m_blocks : 65535));
+    generic_qmm_n_kernel<T><<<grid, 256, 0, (cudaStream_t)c->stream>>>((const T *)c->x, c->w, (const T *)c->scales,
+                                                                       (const T *)c->biases, (T *)c->out, c->M, c->N,
+                                                                       c->K, c->bits, c->group_size);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int qmm_cuda_generic_qmm_t(const qmm_cuda_launch *c) {
+    switch (c->dtype) {
+    case 0: return launch_generic_t<float>(c);
+    case 1: return launch_generic_t<__half>(c);
+    default: return launch_generic_t<__nv_bfloat16>(c);
+    }
+}
+
+extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
+    switch (c->dtype) {
+    case 0: return launch_generic_n<float>(c);
+    case 1: return launch_generic_n<__half>(c);
+    default: return launch_generic_n<__nv_bfloat16>(c);
+    }
+}
+
+template <int BITS, typename T, int RT, int TT> static int launch_mma_gemv(const qmm_cuda_launch *c) {
+    const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
+    int warps = c->warps;
+    if (warps <= 0) { /* enough warps to keep loads in flight, never more than super-blocks to share */
+        warps = super_blocks < 8 ? super_blocks : 8;
+        if (warps < 1) warps = 1;
+    }
+    const size_t shared = (size_t)warps * RT * TT * 4 * 32 * sizeof(float);
+    const unsigned blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
+    mma_gemv_kernel<BITS, T, RT, TT><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
+        (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (T *)c->out, (int)c->M, (int)c->N,
+        (int)c->K, c->group_size);
+    return (int)cudaGetLastError();
+}
+
+template <int RT, int TT> static int dispatch_mma_gemv(const qmm_cuda_launch *c) {
+    if (c->bits == 4) return c->dtype == 1 ? launch_mma_gemv<4, __half, RT, TT>(c) : launch_mma_gemv<4, __nv_bfloat16, RT, TT>(c);
+    return c->dtype == 1 ? launch_mma_gemv<8, __half, RT, TT>(c) : launch_mma_gemv<8, __nv_bfloat16, RT, TT>(c);
+}
+
+extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, int token_tiles) {
+    if (token_tiles == 1) {
+        if (row_tiles == 1) return dispatch_mma_gemv<1, 1>(c);
+        if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
+        return dispatch_mma_gemv<4, 1>(c);
+    }
+    if (row_tiles == 1) return dispatch_mma_gemv<1, 2>(c);
+    return dispatch_mma_gemv<2, 2>(c);
+}
+
+/* ───────────────────────────── host-side repack ───────────────────────────── */
+
+extern "C" size_t qmm_cuda_packed_words_per_row(size_t K, int bits) {
+    const size_t codes_per_super_block = 512 / (size_t)bits; /* 64 bytes */
+    return (K + codes_per_super_block - 1) / codes_per_super_block * 16;
+}
+
+extern "C" void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *out) {
+    const size_t words = K * (size_t)bits / 32, packed = qmm_cuda_packed_words_per_row(K, bits);
+    const size_t blocks_per_super = bits == 4 ? 4 : 2, words_per_lane = (size_t)bits / 4;
+    for (size_t n = 0; n < N; n++) {
+        const uint32_t *src = w + n * words;
+        uint32_t *dst = out + n * packed;
+        for (size_t i = 0; i < packed; i++) dst[i] = 0;
+        for (size_t block = 0; block < K / 32; block++) {
+            const size_t super = block / blocks_per_super, j = block % blocks_per_super;
+            for (size_t t = 0; t < 4; t++)
+                for (size_t e = 0; e < words_per_lane; e++)
+                    dst[super * 16 + 4 * t + j * words_per_lane + e] = src[block * (size_t)bits + t * words_per_lane + e];
+        }
+    }
+}
