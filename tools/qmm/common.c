@@ -5,6 +5,7 @@
  */
 #include "common.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int usage_error(const command *c, const char *format, ...) {
     va_list args;
@@ -21,7 +23,7 @@ int usage_error(const command *c, const char *format, ...) {
     vfprintf(stderr, format, args);
     va_end(args);
     fprintf(stderr, "\nTry 'qmm %s --help'.\n", c->name);
-    return 2;
+    return QMM_EXIT_USAGE;
 }
 
 /* A failing library call (or a CLI-level check that set the message with qmm_error). */
@@ -29,16 +31,54 @@ int library_error(const command *c, qmm_status status) {
     const char *message = qmm_last_error();
     fprintf(stderr, "qmm %s: %s: %s\n", c->name, qmm_status_string(status),
             message && message[0] ? message : "(no message)");
-    return 1;
+    return QMM_EXIT_ERROR;
 }
 
 /* ───────────────────────────── argument parsing ───────────────────────────── */
 
-/* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. Returns 0, or the
- * usage-error exit code (2) after printing the reason. */
+/* The flag that arg names ("--bits", "--bits=4" or the alias), or NULL; *name receives the spelling used
+ * and *length its length (arg[*length] is '\0' or '='). */
+static const flag_spec *find_flag(const flag_spec *flags, size_t flag_count, const char *arg, const char **name,
+                                  size_t *length) {
+    for (size_t f = 0; f < flag_count; f++) {
+        const char *names[2] = {flags[f].name, flags[f].alias};
+        for (int n = 0; n < 2; n++) {
+            if (!names[n]) continue;
+            size_t l = strlen(names[n]);
+            if (strncmp(arg, names[n], l) == 0 && (arg[l] == '=' || arg[l] == '\0')) {
+                *name = names[n];
+                *length = l;
+                return &flags[f];
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Whether --help or -h stands where a flag may stand: the value of a flag that takes one ("--layer -h")
+ * is a value, not a request for help. Unknown options are stepped over, so that help wins over them. */
+static int asks_for_help(int argc, char **argv, const flag_spec *flags, size_t flag_count) {
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i], *name;
+        size_t length;
+        if (arg[0] != '-' || arg[1] == '\0') continue;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return 1;
+        const flag_spec *match = find_flag(flags, flag_count, arg, &name, &length);
+        if (match && !match->switched && arg[length] == '\0') i++; /* its value follows */
+    }
+    return 0;
+}
+
+/* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. Returns 0, the
+ * usage-error exit code (2) after printing the reason, or QMM_HELP_SHOWN after printing the command's
+ * usage to stdout (--help or -h where a flag may stand). */
 int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, size_t flag_count,
                const char **positional, size_t max_positional, size_t *positional_count) {
     *positional_count = 0;
+    if (asks_for_help(argc, argv, flags, flag_count)) {
+        fputs(c->usage, stdout);
+        return QMM_HELP_SHOWN;
+    }
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (arg[0] != '-' || arg[1] == '\0') {
@@ -48,27 +88,17 @@ int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, 
             positional[(*positional_count)++] = arg;
             continue;
         }
-        const flag_spec *match = NULL;
-        const char *value = NULL;
-        for (size_t f = 0; f < flag_count && !match; f++) {
-            const char *names[2] = {flags[f].name, flags[f].alias};
-            for (int n = 0; n < 2 && !match; n++) {
-                if (!names[n]) continue;
-                size_t length = strlen(names[n]);
-                if (strncmp(arg, names[n], length) != 0) continue;
-                if (arg[length] == '=') {
-                    match = &flags[f];
-                    if (match->switched) return usage_error(c, "%s takes no value", names[n]);
-                    value = arg + length + 1;
-                } else if (arg[length] == '\0') {
-                    match = &flags[f];
-                    if (match->switched) break;
-                    if (i + 1 >= argc) return usage_error(c, "%s needs a value", names[n]);
-                    value = argv[++i];
-                }
-            }
-        }
+        const char *value = NULL, *name = NULL;
+        size_t length = 0;
+        const flag_spec *match = find_flag(flags, flag_count, arg, &name, &length);
         if (!match) return usage_error(c, "unknown option '%s'", arg);
+        if (arg[length] == '=') {
+            if (match->switched) return usage_error(c, "%s takes no value", name);
+            value = arg + length + 1;
+        } else if (!match->switched) {
+            if (i + 1 >= argc) return usage_error(c, "%s needs a value", name);
+            value = argv[++i]; /* whatever it looks like: "--layer -h" names a layer "-h" */
+        }
         if (match->switched) {
             *match->switched = 1;
         } else if (match->values) {
@@ -104,12 +134,6 @@ int parse_int(const char *text, int *out) {
     if (errno != 0 || *end != '\0' || value < INT_MIN || value > INT_MAX) return 0;
     *out = (int)value;
     return 1;
-}
-
-int wants_help(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return 1;
-    return 0;
 }
 
 /* ───────────────────────────── small helpers ───────────────────────────── */
@@ -376,20 +400,67 @@ qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatri
 
 /* ───────────────────────────── OUTDIR of convert and quantize ───────────────────────────── */
 
-/* convert and quantize replace a checkpoint already in OUTDIR only when asked (--force): a slip of the
- * OUTDIR argument would otherwise overwrite, say, the fixture. Returns 0 or the exit code. */
-int refuse_existing_checkpoint(const command *c, const char *dir, int force) {
+/* Checked here, before minutes of quantizing, rather than found by the writer at the end. A checkpoint
+ * already in OUTDIR is replaced only when asked (--force): a slip of the OUTDIR argument would otherwise
+ * overwrite, say, the fixture. The stale-shard rule is the writer's (qmm_checkpoint_write), applied early. */
+int check_outdir(const command *c, const char *dir, int force) {
     static const char *const names[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
-    if (force) return 0;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        char path[PATH_MAX];
-        struct stat info;
-        if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) >= (int)sizeof path)
-            return usage_error(c, "OUTDIR is longer than %d bytes", PATH_MAX - 32);
+    char path[PATH_MAX];
+    struct stat info;
+    if (!dir[0]) return usage_error(c, "OUTDIR is empty");
+    if (strlen(dir) > PATH_MAX - 64) return usage_error(c, "OUTDIR is longer than %d bytes", PATH_MAX - 64);
+    if (stat(dir, &info) != 0) {
+        if (errno != ENOENT && errno != ENOTDIR) /* ENOTDIR: a parent is a file, said below */
+            return library_error(c, qmm_error(QMM_ERR_IO, "cannot use OUTDIR '%s': %s", dir, strerror(errno)));
+        /* Only OUTDIR itself is created, so its parent must be an existing, writable directory. */
+        snprintf(path, sizeof path, "%s", dir);
+        size_t length = strlen(path);
+        while (length > 1 && path[length - 1] == '/') path[--length] = '\0';
+        char *slash = strrchr(path, '/');
+        if (!slash) snprintf(path, sizeof path, ".");
+        else if (slash == path) path[1] = '\0';
+        else *slash = '\0';
+        if (stat(path, &info) != 0) {
+            int err = errno;
+            return library_error(c, qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO,
+                                              "OUTDIR '%s' cannot be created: its parent '%s' %s", dir, path,
+                                              err == ENOENT ? "does not exist" : strerror(err)));
+        }
+        if (!S_ISDIR(info.st_mode))
+            return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' cannot be created: its parent '%s' is not a directory",
+                                              dir, path));
+        if (access(path, W_OK | X_OK) != 0)
+            return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' cannot be created in '%s': %s", dir, path,
+                                              strerror(errno)));
+        return 0;
+    }
+    if (!S_ISDIR(info.st_mode))
+        return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' exists and is not a directory", dir));
+    if (access(dir, W_OK | X_OK) != 0)
+        return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' is not writable: %s", dir, strerror(errno)));
+    for (size_t i = 0; !force && i < sizeof names / sizeof names[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         if (lstat(path, &info) == 0)
             return library_error(c, qmm_error(QMM_ERR_INVALID_ARGUMENT,
                                               "OUTDIR '%s' already holds a checkpoint (%s); pass --force to replace it",
                                               dir, names[i]));
     }
+    DIR *listing = opendir(dir);
+    if (!listing) return library_error(c, qmm_error(QMM_ERR_IO, "cannot list OUTDIR '%s': %s", dir, strerror(errno)));
+    const struct dirent *entry;
+    while ((entry = readdir(listing)) != NULL) {
+        const char *name = entry->d_name;
+        if (strcmp(name, "model.safetensors.index.json") == 0 ||
+            (strncmp(name, "model", 5) == 0 && ends_with(name, ".safetensors") && strcmp(name, "model.safetensors") != 0)) {
+            qmm_status status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                          "OUTDIR '%s' holds '%s', which a reader would mix with the new "
+                                          "model.safetensors (--force replaces only config.json and model.safetensors); "
+                                          "remove it or write into a new directory",
+                                          dir, name);
+            closedir(listing);
+            return library_error(c, status);
+        }
+    }
+    closedir(listing);
     return 0;
 }

@@ -27,6 +27,18 @@
 
 /* ───────────────────────────── commands, usage and errors ───────────────────────────── */
 
+/* Exit codes, the CLI's contract with scripts (`qmm help` prints them; tests/cli/exit_codes.sh checks each). */
+enum {
+    QMM_EXIT_OK = 0,
+    QMM_EXIT_ERROR = 1, /* a library or run-time error: a file that is missing or broken, an unusable OUTDIR, a
+                           layer or kernel name the checkpoint or backend does not have, a backend that is absent */
+    QMM_EXIT_USAGE = 2, /* bad command-line input: unknown command or option, missing or malformed value, a value
+                           outside its rule (--bits 7), found before any work is done */
+    QMM_EXIT_FAIL = 3,  /* the product ran, but some outputs are outside the error bound (qmm matmul, qmm run) */
+};
+/* parse_args' answer when --help or -h was given and the usage is printed: not an exit code; main exits 0. */
+#define QMM_HELP_SHOWN (-1)
+
 typedef struct command {
     const char *name;
     const char *summary;
@@ -42,10 +54,10 @@ int cmd_matmul(const command *self, int argc, char **argv);
 int cmd_run(const command *self, int argc, char **argv);
 int cmd_kernels(const command *self, int argc, char **argv);
 
-/* Prints "qmm CMD: usage error: ..." and a hint to stderr; returns 2. */
+/* Prints "qmm CMD: usage error: ..." and a hint to stderr; returns QMM_EXIT_USAGE. */
 int usage_error(const command *c, const char *format, ...) QMM_PRINTF(2, 3);
 /* A failing library call (or a CLI-level check that set the message with qmm_error): prints
- * "qmm CMD: STATUS: message" to stderr; returns 1. */
+ * "qmm CMD: STATUS: message" to stderr; returns QMM_EXIT_ERROR. */
 int library_error(const command *c, qmm_status status);
 
 /* ───────────────────────────── argument parsing ───────────────────────────── */
@@ -63,16 +75,15 @@ typedef struct flag_spec {
     int *switched;
 } flag_spec;
 
-/* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. Returns 0, or the
- * usage-error exit code (2) after printing the reason. */
+/* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. A flag's value is the
+ * next argument whatever it looks like ("--layer -h"). Returns 0; QMM_EXIT_USAGE after printing the
+ * reason; or QMM_HELP_SHOWN after printing c->usage when --help or -h stands where a flag may stand. */
 int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, size_t flag_count,
                const char **positional, size_t max_positional, size_t *positional_count);
 /* Whether text is a whole decimal number in [min, max] (no sign, no spaces, no suffix). */
 int parse_unsigned(const char *text, unsigned long long min, unsigned long long max, unsigned long long *out);
 /* An int option whose range the library checks (bits, group size): any decimal int parses. */
 int parse_int(const char *text, int *out);
-/* Whether argv holds --help or -h. */
-int wants_help(int argc, char **argv);
 
 /* ───────────────────────────── small helpers ───────────────────────────── */
 
@@ -117,7 +128,9 @@ qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, 
 qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatrix *converted, void **scales,
                           void **biases);
 
-/* convert and quantize: a checkpoint already in OUTDIR is replaced only with --force. Returns 0 or the exit code. */
-int refuse_existing_checkpoint(const command *c, const char *dir, int force);
+/* convert and quantize, before any work: OUTDIR is an existing writable directory or can be created (its
+ * parent exists); a checkpoint already in it is replaced only with --force; numbered shards or an index
+ * in it, which a reader would mix with the new model.safetensors, are refused. Returns 0 or the exit code. */
+int check_outdir(const command *c, const char *dir, int force);
 
 #endif

@@ -16,9 +16,9 @@ int cmd_convert(const command *c, int argc, char **argv) {
     int rc = parse_args(c, argc, argv, flags, 2, positional, 2, &npositional);
     if (rc) return rc;
     if (npositional != 2) return usage_error(c, "expected IN.gguf and OUTDIR");
-    if ((rc = refuse_existing_checkpoint(c, positional[1], force))) return rc;
     for (size_t i = 0; i < prefix_count; i++)
         if (!prefixes[i][0]) return usage_error(c, "--only needs a non-empty PREFIX");
+    if ((rc = check_outdir(c, positional[1], force))) return rc;
     fprintf(stderr, "qmm convert: %s -> %s\n", positional[0], positional[1]);
     qmm_status status = qmm_gguf_convert(positional[0], positional[1], prefixes, prefix_count);
     if (status != QMM_OK) return library_error(c, status);

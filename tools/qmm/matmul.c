@@ -32,6 +32,10 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
         return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);
     if (!valid_backend_name(backend)) return usage_error(c, "--backend '%s' is not auto, cuda, cpu or ref", backend);
+    unsigned long long faults = 0;
+    const char *inject = getenv("QMM_RUN_INJECT_FAULT");
+    if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
+        return usage_error(c, "QMM_RUN_INJECT_FAULT='%s' is not a non-negative integer", inject);
 
     qmm_checkpoint *checkpoint = NULL;
     qmm_safetensors *x_file = NULL;
@@ -79,7 +83,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if ((status = open_context(backend, &context)) != QMM_OK) goto cleanup;
     fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_name, qmm_backend_name(qmm_context_backend(context)),
             rows);
-    if ((status = check_product(context, &matrix, x, rows, kernel, 0.25, 0, &result)) != QMM_OK) goto cleanup;
+    if ((status = check_product(context, &matrix, x, rows, kernel, 0.25, faults > 0, &result)) != QMM_OK) goto cleanup;
 
     char format[64];
     format_format(format, sizeof format, &matrix);
@@ -115,5 +119,5 @@ cleanup:
     free(biases);
     free(x);
     if (status != QMM_OK) return library_error(c, status);
-    return result.outside ? 1 : 0;
+    return result.outside ? QMM_EXIT_FAIL : QMM_EXIT_OK;
 }

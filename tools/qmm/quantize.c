@@ -32,9 +32,10 @@ int cmd_quantize(const command *c, int argc, char **argv) {
         else if (strcmp(convention_text, "cpu") != 0)
             return usage_error(c, "--convention '%s' is not cpu or gpu", convention_text);
     }
-    if ((rc = refuse_existing_checkpoint(c, positional[1], force))) return rc;
-    qmm_status status = qmm_format_validate(bits, group_size);
-    if (status != QMM_OK) return library_error(c, status);
+    if (qmm_format_validate(bits, group_size) != QMM_OK)
+        return usage_error(c, "--bits %d --group-size %d: %s", bits, group_size, qmm_last_error());
+    if ((rc = check_outdir(c, positional[1], force))) return rc;
+    qmm_status status;
 
     qmm_safetensors *file = NULL;
     qmm_tensor *tensors = NULL; /* copied as they are */

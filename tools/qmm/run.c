@@ -133,5 +133,5 @@ cleanup:
     qmm_safetensors_close(activations);
     qmm_checkpoint_close(checkpoint);
     if (status != QMM_OK) return library_error(c, status);
-    return failed ? 1 : 0;
+    return failed ? QMM_EXIT_FAIL : QMM_EXIT_OK;
 }
