@@ -96,4 +96,35 @@ check "convert -h wrote nothing" [ ! -e "$WORK/out" ]
 expect_ok "kernels -h" kernels -h
 check "kernels -h prints usage" out_has "usage: qmm kernels"
 
+# ── --backend: a named backend that is absent is a clear error (exit 1); auto falls back in the order
+# cuda, cpu, ref (the order qmm kernels lists them), so it always finds one
+expect_ok "qmm kernels" kernels
+listing=$OUT
+first=$(sed -nE 's/^backend ([a-z]+): [0-9]+ kernels.*/\1/p' <<<"$listing" | head -n 1)
+check "some backend is available" [ -n "$first" ]
+for backend in cuda cpu; do
+  if grep -q "^backend $backend: not available" <<<"$listing"; then
+    expect_library_error matmul "unsupported" "--backend $backend: backend $backend" matmul "$FIXTURE" --layer $L -m 1 \
+      --backend $backend
+    check "--backend $backend: says what to do" err_has "--backend auto takes the first of them"
+    check "--backend $backend: no verdict" bash -c '! grep -q "^verdict" <<<"$0"' "$OUT"
+    expect_library_error run "unsupported" "--backend $backend" run --backend $backend
+    expect_library_error kernels "unsupported" "--backend $backend" kernels --backend $backend
+  else
+    expect_ok "matmul --backend $backend (available here)" matmul "$FIXTURE" --layer $L -m 1 --backend $backend
+    check "matmul on $backend" out_matches "^backend +$backend$"
+  fi
+done
+expect_ok "matmul --backend auto" matmul "$FIXTURE" --layer $L -m 1 --backend auto
+check "auto picks the first available backend ($first)" out_matches "^backend +$first$"
+expect_ok "matmul without --backend" matmul "$FIXTURE" --layer $L -m 1
+check "the default is auto ($first)" out_matches "^backend +$first$"
+expect_ok "run --backend auto" run --backend auto
+check "run: auto picks $first" err_has "backend $first,"
+expect_ok "kernels --backend auto" kernels --backend auto
+check "kernels --backend auto: one table, $first's" [ "$(out_lines_matching '^backend ')" = 1 ] && out_has "backend $first:"
+expect_ok "kernels --backend ref" kernels --backend ref
+check "kernels --backend ref: ref's table" out_matches "^backend ref: [0-9]+ kernels" && [ "$(out_lines_matching '^backend ')" = 1 ]
+expect_usage_error kernels "--backend 'tpu'" kernels --backend tpu
+
 finish

@@ -197,27 +197,43 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* --backend: "auto" takes the first of cuda, cpu, ref whose context can be created. */
-qmm_status open_context(const char *name, qmm_context **context) {
-    static const qmm_backend order[] = {QMM_BACKEND_CUDA, QMM_BACKEND_CPU, QMM_BACKEND_REF};
-    *context = NULL;
-    if (!name || strcmp(name, "auto") == 0) {
-        qmm_status status = QMM_OK;
-        for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
-            status = qmm_context_create(order[i], 0, context);
-            if (status == QMM_OK) return QMM_OK;
+/* The order auto tries, which is also the order qmm kernels lists. */
+static const qmm_backend backend_order[] = {QMM_BACKEND_CUDA, QMM_BACKEND_CPU, QMM_BACKEND_REF};
+
+int parse_backend(const command *c, const char *text, int *backend) {
+    *backend = BACKEND_AUTO;
+    if (!text || strcmp(text, "auto") == 0) return 0;
+    for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
+        if (strcmp(text, qmm_backend_name(backend_order[i])) == 0) {
+            *backend = (int)backend_order[i];
+            return 0;
         }
-        return status;
     }
-    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
-        if (strcmp(name, qmm_backend_name(order[i])) == 0) return qmm_context_create(order[i], 0, context);
-    return qmm_error(QMM_ERR_INVALID_ARGUMENT, "backend '%s' is not one of auto, cuda, cpu, ref", name);
+    return usage_error(c, "--backend '%s' is not auto, cuda, cpu or ref", text);
 }
 
-int valid_backend_name(const char *name) {
-    return !name || strcmp(name, "auto") == 0 || strcmp(name, "ref") == 0 || strcmp(name, "cpu") == 0 ||
-           strcmp(name, "cuda") == 0;
+qmm_status open_context(int backend, qmm_context **context) {
+    *context = NULL;
+    if (backend == BACKEND_AUTO) {
+        qmm_status status = QMM_OK;
+        for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
+            status = qmm_context_create(backend_order[i], 0, context);
+            if (status == QMM_OK) return QMM_OK;
+        }
+        return status; /* not reached while the reference backend is built in */
+    }
+    qmm_status status = qmm_context_create((qmm_backend)backend, 0, context);
+    if (status != QMM_OK) {
+        /* The library names the backend and why; say which option asked for it and what else to do. */
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", qmm_last_error());
+        status = qmm_error(status, "--backend %s: %s ('qmm kernels' lists the backends available here; "
+                                   "--backend auto takes the first of them)",
+                           qmm_backend_name((qmm_backend)backend), reason);
+    }
+    return status;
 }
+
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */
 
 /* Runs out = x·Ŵᵀ (x: M×K of matrix->dtype) through the runtime — kernel forced when `kernel` is not

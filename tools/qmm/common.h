@@ -99,10 +99,13 @@ qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count);
 /* CLOCK_MONOTONIC in seconds. */
 double now_seconds(void);
 
-/* --backend: "auto" (or NULL) takes the first of cuda, cpu, ref whose context can be created. */
-qmm_status open_context(const char *name, qmm_context **context);
-/* Whether name is NULL, auto, cuda, cpu or ref. */
-int valid_backend_name(const char *name);
+/* --backend auto|cuda|cpu|ref: a qmm_backend, or BACKEND_AUTO = the first of cuda, cpu, ref whose context can
+ * be created. parse_backend reads the option's text (NULL: auto) into *backend; returns 0 or QMM_EXIT_USAGE. */
+#define BACKEND_AUTO (-1)
+int parse_backend(const command *c, const char *text, int *backend);
+/* A context on the parsed backend (device 0). A named backend that cannot be created (not built in, no
+ * device) is an error naming the option and the library's reason; auto falls back to the next backend. */
+qmm_status open_context(int backend, qmm_context **context);
 
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */
 

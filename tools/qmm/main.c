@@ -55,15 +55,19 @@ static const command commands[] = {
      "  ([T, K], rounded to the layer's scale dtype; seeded random x when absent, marked \"random x\"), the\n"
      "  product through the runtime (selector's choice), every output compared with the f64 oracle under\n"
      "  qmm_error_bound. One row per layer: name, M×N×K, format, kernel, max |error|, worst error/bound, µs.\n"
+     "  --backend auto (the default): the first of cuda, cpu, ref that is available; a named backend that is\n"
+     "  not available is an error (exit 1).\n"
      "  Ends with a verdict line; exit 3 when any layer is outside its bound.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element of each of the first n layers\n"
      "  before the comparison, to prove the verdict can fail.\n",
      cmd_run},
     {"kernels", "list every backend's kernel table in selector order (or why a backend is unavailable)",
-     "usage: qmm kernels\n"
+     "usage: qmm kernels [--backend auto|cuda|cpu|ref]\n"
      "  For each backend (cuda, cpu, ref): its rows in the order the selector tries them, with op, family,\n"
-     "  tile BMxBNxBK, threads per block, the harness's tolerance slack and a description. Names follow\n"
-     "  <backend>.<op>.<family>.<tile>[.<isa>] (docs/kernels.md).\n",
+     "  tile BMxBNxBK, threads per block, the harness's tolerance slack and a description, or why the\n"
+     "  backend is not available here. Names follow <backend>.<op>.<family>.<tile>[.<isa>] (docs/kernels.md).\n"
+     "  --backend: only that backend's table (auto: the first of cuda, cpu, ref that is available); exit 1\n"
+     "  when it is not available.\n",
      cmd_kernels},
     {"help", "print this list, or a command's usage", "usage: qmm help [COMMAND]\n", cmd_help},
 };

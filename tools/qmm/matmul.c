@@ -31,7 +31,8 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     qmm_dtype dtype = QMM_F32;
     if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
         return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);
-    if (!valid_backend_name(backend)) return usage_error(c, "--backend '%s' is not auto, cuda, cpu or ref", backend);
+    int backend_choice;
+    if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
     unsigned long long faults = 0;
     const char *inject = getenv("QMM_RUN_INJECT_FAULT");
     if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
@@ -80,7 +81,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
         if ((status = fill_random(seed, x, dtype, count)) != QMM_OK) goto cleanup;
     }
 
-    if ((status = open_context(backend, &context)) != QMM_OK) goto cleanup;
+    if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
     fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_name, qmm_backend_name(qmm_context_backend(context)),
             rows);
     if ((status = check_product(context, &matrix, x, rows, kernel, 0.25, faults > 0, &result)) != QMM_OK) goto cleanup;

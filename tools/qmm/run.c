@@ -50,7 +50,8 @@ int cmd_run(const command *c, int argc, char **argv) {
     unsigned long long seed = DEFAULT_SEED, faults = 0;
     if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
         return usage_error(c, "--seed '%s' is not a non-negative integer", seed_text);
-    if (!valid_backend_name(backend)) return usage_error(c, "--backend '%s' is not auto, cuda, cpu or ref", backend);
+    int backend_choice;
+    if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
     const char *inject = getenv("QMM_RUN_INJECT_FAULT");
     if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
         return usage_error(c, "QMM_RUN_INJECT_FAULT='%s' is not a non-negative integer", inject);
@@ -79,7 +80,7 @@ int cmd_run(const command *c, int argc, char **argv) {
     if (stat(activations_path, &st) == 0 &&
         (status = qmm_safetensors_open(activations_path, &activations)) != QMM_OK)
         goto cleanup;
-    if ((status = open_context(backend, &context)) != QMM_OK) goto cleanup;
+    if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
 
     fprintf(stderr, "qmm run: %s: %zu quantized layers, backend %s, activations %s\n", dir, count,
             qmm_backend_name(qmm_context_backend(context)), activations ? "activations.safetensors" : "(none)");
