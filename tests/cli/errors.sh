@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # errors.sh — bad command-line input never crashes: unknown commands and flags, missing values, bad
-# numbers and dtypes are usage errors (exit 2); bad formats, nonexistent or broken files, unknown
+# numbers, dtypes and formats (--bits 7) are usage errors (exit 2); nonexistent or broken files, unknown
 # layers and kernels are library errors (exit 1, "qmm CMD: STATUS: message"). Also help and usage.
 SUITE=cli_errors
 source "$(dirname "$0")/lib.sh"
