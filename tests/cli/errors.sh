@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # errors.sh — bad command-line input never crashes: unknown commands and flags, missing values, bad
-# numbers and dtypes are usage errors (exit 2); bad formats, nonexistent or broken files, unknown
+# numbers, dtypes and formats (--bits 7) are usage errors (exit 2); nonexistent or broken files, unknown
 # layers and kernels are library errors (exit 1, "qmm CMD: STATUS: message"). Also help and usage.
 SUITE=cli_errors
 source "$(dirname "$0")/lib.sh"
@@ -61,10 +61,13 @@ expect_usage_error quantize "--convention 'fpga'" quantize "$WORK/float.safetens
   --group-size 32 --convention fpga
 QMM_RUN_INJECT_FAULT=abc expect_usage_error run "QMM_RUN_INJECT_FAULT='abc'" run
 
-# formats the library rejects
-expect_library_error quantize "unsupported format" "bits=7" quantize "$WORK/float.safetensors" "$WORK/q" --bits 7 --group-size 32
-expect_library_error quantize "unsupported format" "group_size=48" quantize "$WORK/float.safetensors" "$WORK/q" --bits 4 --group-size 48
-expect_library_error quantize "unsupported format" "bits=0" quantize "$WORK/float.safetensors" "$WORK/q" --bits 0 --group-size 32
+# formats outside the rule: usage errors (exit 2) naming the value and the allowed ones, before any work
+expect_usage_error quantize "--bits 7 --group-size 32: bits=7 is not supported (allowed:" quantize \
+  "$WORK/float.safetensors" "$WORK/q" --bits 7 --group-size 32
+expect_usage_error quantize "group_size=48 is not supported (allowed:" quantize "$WORK/float.safetensors" "$WORK/q" \
+  --bits 4 --group-size 48
+expect_usage_error quantize "bits=0" quantize "$WORK/float.safetensors" "$WORK/q" --bits 0 --group-size 32
+expect_usage_error quantize "bits=-4" quantize "$WORK/nonexistent.safetensors" "$WORK/q" --bits -4 --group-size 32
 check "nothing written on a format error" [ ! -e "$WORK/q" ]
 
 # nonexistent and broken paths

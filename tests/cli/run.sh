@@ -26,11 +26,11 @@ check "ref kernel" out_has "ref.qmm_t."
 
 # The verdict can fail: the test hook corrupts one output of the first n layers.
 QMM_RUN_INJECT_FAULT=1 q run
-check "one injected fault: exit 1" rc_is 1
+check "one injected fault: exit 3 (FAIL verdict)" rc_is 3
 check "one injected fault: verdict" out_has "FAIL: 1 of 7 layers outside bound"
 check "one injected fault: the row says FAIL" [ "$(out_lines_matching ' FAIL ')" = 1 ]
 QMM_RUN_INJECT_FAULT=2 q run "$FIXTURE"
-check "two injected faults: exit 1" rc_is 1
+check "two injected faults: exit 3 (FAIL verdict)" rc_is 3
 check "two injected faults: verdict" out_has "FAIL: 2 of 7 layers outside bound"
 QMM_RUN_INJECT_FAULT=0 q run
 check "QMM_RUN_INJECT_FAULT=0 injects nothing" rc_is 0

@@ -1,0 +1,482 @@
+/*
+ * common.c — what the qmm commands share: usage and library errors, flag parsing, number parsing,
+ * small formatting helpers, seeded random x, the backend choice, one checked and timed product
+ * (check_product), activations, scale conversion and the OUTDIR guard of convert and quantize.
+ */
+#include "common.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int usage_error(const command *c, const char *format, ...) {
+    va_list args;
+    fprintf(stderr, "qmm %s: usage error: ", c->name);
+    va_start(args, format);
+    vfprintf(stderr, format, args);
+    va_end(args);
+    fprintf(stderr, "\nTry 'qmm %s --help'.\n", c->name);
+    return QMM_EXIT_USAGE;
+}
+
+/* A failing library call (or a CLI-level check that set the message with qmm_error). */
+int library_error(const command *c, qmm_status status) {
+    const char *message = qmm_last_error();
+    fprintf(stderr, "qmm %s: %s: %s\n", c->name, qmm_status_string(status),
+            message && message[0] ? message : "(no message)");
+    return QMM_EXIT_ERROR;
+}
+
+/* ───────────────────────────── argument parsing ───────────────────────────── */
+
+/* The flag that arg names ("--bits", "--bits=4" or the alias), or NULL; *name receives the spelling used
+ * and *length its length (arg[*length] is '\0' or '='). */
+static const flag_spec *find_flag(const flag_spec *flags, size_t flag_count, const char *arg, const char **name,
+                                  size_t *length) {
+    for (size_t f = 0; f < flag_count; f++) {
+        const char *names[2] = {flags[f].name, flags[f].alias};
+        for (int n = 0; n < 2; n++) {
+            if (!names[n]) continue;
+            size_t l = strlen(names[n]);
+            if (strncmp(arg, names[n], l) == 0 && (arg[l] == '=' || arg[l] == '\0')) {
+                *name = names[n];
+                *length = l;
+                return &flags[f];
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Whether --help or -h stands where a flag may stand: the value of a flag that takes one ("--layer -h")
+ * is a value, not a request for help. Unknown options are stepped over, so that help wins over them. */
+static int asks_for_help(int argc, char **argv, const flag_spec *flags, size_t flag_count) {
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i], *name;
+        size_t length;
+        if (arg[0] != '-' || arg[1] == '\0') continue;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return 1;
+        const flag_spec *match = find_flag(flags, flag_count, arg, &name, &length);
+        if (match && !match->switched && arg[length] == '\0') i++; /* its value follows */
+    }
+    return 0;
+}
+
+/* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. Returns 0, the
+ * usage-error exit code (2) after printing the reason, or QMM_HELP_SHOWN after printing the command's
+ * usage to stdout (--help or -h where a flag may stand). */
+int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, size_t flag_count,
+               const char **positional, size_t max_positional, size_t *positional_count) {
+    *positional_count = 0;
+    if (asks_for_help(argc, argv, flags, flag_count)) {
+        fputs(c->usage, stdout);
+        return QMM_HELP_SHOWN;
+    }
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (arg[0] != '-' || arg[1] == '\0') {
+            if (*positional_count == max_positional)
+                return usage_error(c, "unexpected argument '%s' (at most %zu positional argument%s)", arg,
+                                   max_positional, max_positional == 1 ? "" : "s");
+            positional[(*positional_count)++] = arg;
+            continue;
+        }
+        const char *value = NULL, *name = NULL;
+        size_t length = 0;
+        const flag_spec *match = find_flag(flags, flag_count, arg, &name, &length);
+        if (!match) return usage_error(c, "unknown option '%s'", arg);
+        if (arg[length] == '=') {
+            if (match->switched) return usage_error(c, "%s takes no value", name);
+            value = arg + length + 1;
+        } else if (!match->switched) {
+            if (i + 1 >= argc) return usage_error(c, "%s needs a value", name);
+            value = argv[++i]; /* whatever it looks like: "--layer -h" names a layer "-h" */
+        }
+        if (match->switched) {
+            *match->switched = 1;
+        } else if (match->values) {
+            if (*match->count == match->capacity)
+                return usage_error(c, "%s given more than %zu times", match->name, match->capacity);
+            match->values[(*match->count)++] = value;
+        } else {
+            if (*match->value) return usage_error(c, "%s given twice", match->name);
+            *match->value = value;
+        }
+    }
+    return 0;
+}
+
+/* Whether text is a whole decimal number in [min, max] (no sign, no spaces, no suffix). */
+int parse_unsigned(const char *text, unsigned long long min, unsigned long long max,
+                   unsigned long long *out) {
+    if (!text || text[0] < '0' || text[0] > '9') return 0;
+    errno = 0;
+    char *end = NULL;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || value < min || value > max) return 0;
+    *out = value;
+    return 1;
+}
+
+/* An int option whose range the library checks (bits, group size): any decimal int parses. */
+int parse_int(const char *text, int *out) {
+    if (!text || !text[0]) return 0;
+    errno = 0;
+    char *end = NULL;
+    long value = strtol(text, &end, 10);
+    if (errno != 0 || *end != '\0' || value < INT_MIN || value > INT_MAX) return 0;
+    *out = (int)value;
+    return 1;
+}
+
+/* ───────────────────────────── small helpers ───────────────────────────── */
+
+int ends_with(const char *text, const char *suffix) {
+    size_t a = strlen(text), b = strlen(suffix);
+    return a >= b && strcmp(text + a - b, suffix) == 0;
+}
+
+void format_shape(char *out, size_t size, int ndim, const int64_t *shape) {
+    size_t used = 0;
+    used += (size_t)snprintf(out, size, "[");
+    for (int d = 0; d < ndim && used < size; d++)
+        used += (size_t)snprintf(out + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (used < size) snprintf(out + used, size - used, "]");
+}
+
+void format_format(char *out, size_t size, const qmm_qmatrix *m) {
+    snprintf(out, size, "%d-bit gs%d %s", m->bits, m->group_size, qmm_dtype_name(m->dtype));
+}
+
+/* Prints text left-aligned in a column of `width` characters, counting UTF-8 code points (so "×"
+ * and "µ" count as one), with at least one space after it. */
+void print_cell(const char *text, int width) {
+    int chars = 0;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        if ((*p & 0xC0) != 0x80) chars++;
+    fputs(text, stdout);
+    do putchar(' ');
+    while (++chars < width);
+}
+
+/* splitmix64: the seeded stream behind random x (the same seed gives the same x on every machine). */
+static uint64_t rng_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* count values uniform in [-1, 1), rounded to dtype. */
+qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count) {
+    float *tmp = malloc(count * sizeof *tmp);
+    if (!tmp) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu floats of random x", count);
+    uint64_t state = seed;
+    for (size_t i = 0; i < count; i++)
+        tmp[i] = (float)(-1.0 + 2.0 * (double)(rng_next(&state) >> 11) * 0x1.0p-53);
+    qmm_status status = qmm_convert(tmp, QMM_F32, x, dtype, count);
+    free(tmp);
+    return status;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The order auto tries, which is also the order qmm kernels lists. */
+static const qmm_backend backend_order[] = {QMM_BACKEND_CUDA, QMM_BACKEND_CPU, QMM_BACKEND_REF};
+
+int parse_backend(const command *c, const char *text, int *backend) {
+    *backend = BACKEND_AUTO;
+    if (!text || strcmp(text, "auto") == 0) return 0;
+    for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
+        if (strcmp(text, qmm_backend_name(backend_order[i])) == 0) {
+            *backend = (int)backend_order[i];
+            return 0;
+        }
+    }
+    return usage_error(c, "--backend '%s' is not auto, cuda, cpu or ref", text);
+}
+
+qmm_status open_context(int backend, qmm_context **context) {
+    *context = NULL;
+    if (backend == BACKEND_AUTO) {
+        qmm_status status = QMM_OK;
+        for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
+            status = qmm_context_create(backend_order[i], 0, context);
+            if (status == QMM_OK) return QMM_OK;
+        }
+        return status; /* not reached while the reference backend is built in */
+    }
+    qmm_status status = qmm_context_create((qmm_backend)backend, 0, context);
+    if (status != QMM_OK) {
+        /* The library names the backend and why; say which option asked for it and what else to do. */
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", qmm_last_error());
+        status = qmm_error(status, "--backend %s: %s ('qmm kernels' lists the backends available here; "
+                                   "--backend auto takes the first of them)",
+                           qmm_backend_name((qmm_backend)backend), reason);
+    }
+    return status;
+}
+
+/* ───────────────────────────── one product, checked and timed ───────────────────────────── */
+
+/* Runs out = x·Ŵᵀ (x: M×K of matrix->dtype) through the runtime — kernel forced when `kernel` is not
+ * NULL, else the selector's choice — compares every output with qmm_ref_dense_f64 (the same x, the
+ * same scales) under qmm_error_bound with the kernel's documented slack, then times the product with
+ * a chain for about `time_budget` seconds (at least 3 runs). inject_fault changes one output element
+ * before the comparison (the QMM_RUN_INJECT_FAULT test hook). */
+qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const void *x, size_t M,
+                         const char *kernel, double time_budget, int inject_fault, layer_result *result) {
+    qmm_weights *weights = NULL;
+    qmm_buffer *x_buffer = NULL, *out_buffer = NULL;
+    qmm_chain *chain = NULL;
+    void *out_host = NULL;
+    float *got = NULL;
+    double *exact = NULL, *abs_dot = NULL, *times = NULL;
+    qmm_status status = QMM_OK;
+    const size_t N = matrix->rows, K = matrix->cols;
+    const size_t element = qmm_dtype_size(matrix->dtype);
+    size_t count_x, count_out, bytes_out;
+    memset(result, 0, sizeof *result);
+
+    if (!qmm_mul_size(M, K, &count_x) || !qmm_mul_size(M, N, &count_out) ||
+        !qmm_mul_size(count_out, sizeof(double), &bytes_out)) {
+        status = qmm_error(QMM_ERR_OVERFLOW, "M=%zu × N=%zu × K=%zu overflows size_t", M, N, K);
+        goto cleanup;
+    }
+    if ((status = qmm_weights_create(context, matrix, &weights)) != QMM_OK) goto cleanup;
+    if ((status = qmm_buffer_create(context, matrix->dtype, count_x, &x_buffer)) != QMM_OK) goto cleanup;
+    if ((status = qmm_buffer_create(context, matrix->dtype, count_out, &out_buffer)) != QMM_OK) goto cleanup;
+    if ((status = qmm_buffer_write(x_buffer, x, count_x)) != QMM_OK) goto cleanup;
+    /* Poisoned first, so an output the kernel never writes shows up as NaN. */
+    if ((status = qmm_buffer_poison(out_buffer)) != QMM_OK) goto cleanup;
+
+    qmm_matmul_options options = {QMM_OP_QMM_T, kernel};
+    if ((status = qmm_matmul(context, weights, x_buffer, M, out_buffer, &options, &result->kernel)) != QMM_OK)
+        goto cleanup;
+
+    out_host = malloc(count_out * element);
+    got = malloc(count_out * sizeof *got);
+    exact = malloc(bytes_out);
+    abs_dot = malloc(bytes_out);
+    if (!out_host || !got || !exact || !abs_dot) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the %zu×%zu output and its oracle", M, N);
+        goto cleanup;
+    }
+    if ((status = qmm_buffer_read(out_buffer, out_host, count_out)) != QMM_OK) goto cleanup;
+    if ((status = qmm_convert(out_host, matrix->dtype, got, QMM_F32, count_out)) != QMM_OK) goto cleanup;
+    if (inject_fault) got[0] += 1.0f + fabsf(got[0]); /* test hook: an error far outside any bound */
+
+    if ((status = qmm_ref_dense_f64(matrix, x, M, 1, exact, abs_dot)) != QMM_OK) goto cleanup;
+    /* The f64 sum of finite f32/f16/bf16 products cannot overflow, so a non-finite exact value means a NaN
+     * or Inf in the input; comparing against it would blame the kernel ("outside bound") for bad input. */
+    for (size_t i = 0; i < count_out; i++) {
+        if (!isfinite(exact[i])) {
+            status = qmm_error(QMM_ERR_NUMERIC,
+                               "the exact output at row %zu, column %zu is %g: x (rounded to %s) or the weights' "
+                               "scales/biases hold NaN or Inf; the product is checked only for finite inputs",
+                               i / N, i % N, exact[i], qmm_dtype_name(matrix->dtype));
+            goto cleanup;
+        }
+    }
+    double slack = result->kernel.tolerance_slack > 0 ? result->kernel.tolerance_slack : 1.0;
+    for (size_t i = 0; i < count_out; i++) {
+        double error = fabs((double)got[i] - exact[i]);
+        double bound = qmm_error_bound(K, matrix->dtype, exact[i], abs_dot[i], slack);
+        double ratio = isnan(error) ? INFINITY : error / bound;
+        if (isnan(error)) error = INFINITY;
+        if (error > result->max_abs_error) result->max_abs_error = error;
+        if (fabs(exact[i]) > result->max_exact) result->max_exact = fabs(exact[i]);
+        if (ratio > result->worst_ratio) result->worst_ratio = ratio;
+        if (!(error <= bound)) {
+            if (result->outside == 0) result->first_outside = i;
+            result->outside++;
+        }
+    }
+
+    /* Timing: a chain of one step, run repeatedly; the median step time is reported. */
+    if ((status = qmm_chain_create(context, &chain)) != QMM_OK) goto cleanup;
+    if ((status = qmm_chain_add_matmul(chain, weights, x_buffer, M, out_buffer, &options)) != QMM_OK) goto cleanup;
+    enum { MAX_RUNS = 200, MIN_RUNS = 3 };
+    times = malloc(MAX_RUNS * sizeof *times);
+    if (!times) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate timing samples");
+        goto cleanup;
+    }
+    double start = now_seconds();
+    int runs = 0;
+    while (runs < MAX_RUNS && (runs < MIN_RUNS || now_seconds() - start < time_budget)) {
+        if ((status = qmm_chain_run(chain)) != QMM_OK) goto cleanup;
+        if ((status = qmm_chain_step(chain, 0, &times[runs], NULL)) != QMM_OK) goto cleanup;
+        runs++;
+    }
+    qsort(times, (size_t)runs, sizeof *times, compare_doubles);
+    result->microseconds = times[runs / 2];
+    result->timing_runs = runs;
+    size_t groups = qmm_groups(K, matrix->group_size);
+    result->bytes = (double)N * (double)qmm_packed_words(K, matrix->bits) * 4.0 +
+                    2.0 * (double)N * (double)groups * (double)element + (double)count_x * (double)element +
+                    (double)count_out * (double)element;
+
+cleanup:
+    qmm_chain_destroy(chain);
+    qmm_buffer_destroy(x_buffer);
+    qmm_buffer_destroy(out_buffer);
+    qmm_weights_destroy(weights);
+    free(out_host);
+    free(got);
+    free(exact);
+    free(abs_dot);
+    free(times);
+    return status;
+}
+
+/* ───────────────────────────── activations ───────────────────────────── */
+
+/* Copies the first M rows of a float tensor [T, K] (or [K] as one row) into x (dtype), rounding once.
+ * *rows receives T. Errors name the tensor and the disagreement. */
+qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, size_t M, void **x,
+                           size_t *rows) {
+    *x = NULL;
+    if (!qmm_is_float_dtype(tensor->dtype))
+        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has dtype %s, want f32, f16 or bf16", tensor->name,
+                         qmm_dtype_name(tensor->dtype));
+    int64_t last = tensor->ndim >= 1 ? tensor->shape[tensor->ndim - 1] : 0;
+    int64_t T = tensor->ndim == 2 ? tensor->shape[0] : 1;
+    if ((tensor->ndim != 1 && tensor->ndim != 2) || last != (int64_t)K || T < 1) {
+        char shape[128];
+        format_shape(shape, sizeof shape, tensor->ndim, tensor->shape);
+        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has shape %s, want [T, K=%zu] with T >= 1",
+                         tensor->name, shape, K);
+    }
+    if (M == 0 && T > MAX_M) /* -m is capped at MAX_M; all T rows must not bypass the cap */
+        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has T=%lld rows, more than the %d one product may use "
+                         "(qmm matmul -m M takes the first M)", tensor->name, (long long)T, MAX_M);
+    if (M == 0) M = (size_t)T;
+    if (M > (size_t)T)
+        return qmm_error(QMM_ERR_SHAPE, "-m %zu asks for more rows than activation tensor '%s' has (T=%lld)", M,
+                         tensor->name, (long long)T);
+    size_t count, bytes;
+    if (!qmm_mul_size(M, K, &count) || !qmm_mul_size(count, qmm_dtype_size(dtype), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "M=%zu × K=%zu overflows size_t", M, K);
+    *x = malloc(bytes);
+    if (!*x) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of x", bytes);
+    qmm_status status = qmm_convert(tensor->data, tensor->dtype, *x, dtype, count);
+    if (status != QMM_OK) {
+        free(*x);
+        *x = NULL;
+        return status;
+    }
+    *rows = M;
+    return QMM_OK;
+}
+
+/* A copy of matrix with scales and biases converted to dtype (the new arrays are malloc'd, returned in scales and biases). */
+qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatrix *converted,
+                          void **scales, void **biases) {
+    *scales = *biases = NULL;
+    size_t count, bytes;
+    if (!qmm_mul_size(matrix->rows, qmm_groups(matrix->cols, matrix->group_size), &count) ||
+        !qmm_mul_size(count, qmm_dtype_size(dtype), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "scales of %zu rows overflow size_t", matrix->rows);
+    *scales = malloc(bytes ? bytes : 1);
+    *biases = malloc(bytes ? bytes : 1);
+    qmm_status status = QMM_OK;
+    if (!*scales || !*biases) status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of scales", bytes);
+    if (status == QMM_OK) status = qmm_convert(matrix->scales, matrix->dtype, *scales, dtype, count);
+    if (status == QMM_OK) status = qmm_convert(matrix->biases, matrix->dtype, *biases, dtype, count);
+    if (status != QMM_OK) {
+        free(*scales);
+        free(*biases);
+        *scales = *biases = NULL;
+        return status;
+    }
+    *converted = *matrix;
+    converted->scales = *scales;
+    converted->biases = *biases;
+    converted->dtype = dtype;
+    return QMM_OK;
+}
+
+/* ───────────────────────────── OUTDIR of convert and quantize ───────────────────────────── */
+
+/* Checked here, before minutes of quantizing, rather than found by the writer at the end. A checkpoint
+ * already in OUTDIR is replaced only when asked (--force): a slip of the OUTDIR argument would otherwise
+ * overwrite, say, the fixture. The stale-shard rule is the writer's (qmm_checkpoint_write), applied early. */
+int check_outdir(const command *c, const char *dir, int force) {
+    static const char *const names[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    char path[PATH_MAX];
+    struct stat info;
+    if (!dir[0]) return usage_error(c, "OUTDIR is empty");
+    if (strlen(dir) > PATH_MAX - 64) return usage_error(c, "OUTDIR is longer than %d bytes", PATH_MAX - 64);
+    if (stat(dir, &info) != 0) {
+        if (errno != ENOENT && errno != ENOTDIR) /* ENOTDIR: a parent is a file, said below */
+            return library_error(c, qmm_error(QMM_ERR_IO, "cannot use OUTDIR '%s': %s", dir, strerror(errno)));
+        /* Only OUTDIR itself is created, so its parent must be an existing, writable directory. */
+        snprintf(path, sizeof path, "%s", dir);
+        size_t length = strlen(path);
+        while (length > 1 && path[length - 1] == '/') path[--length] = '\0';
+        char *slash = strrchr(path, '/');
+        if (!slash) snprintf(path, sizeof path, ".");
+        else if (slash == path) path[1] = '\0';
+        else *slash = '\0';
+        if (stat(path, &info) != 0) {
+            int err = errno;
+            return library_error(c, qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO,
+                                              "OUTDIR '%s' cannot be created: its parent '%s' %s", dir, path,
+                                              err == ENOENT ? "does not exist" : strerror(err)));
+        }
+        if (!S_ISDIR(info.st_mode))
+            return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' cannot be created: its parent '%s' is not a directory",
+                                              dir, path));
+        if (access(path, W_OK | X_OK) != 0)
+            return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' cannot be created in '%s': %s", dir, path,
+                                              strerror(errno)));
+        return 0;
+    }
+    if (!S_ISDIR(info.st_mode))
+        return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' exists and is not a directory", dir));
+    if (access(dir, W_OK | X_OK) != 0)
+        return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' is not writable: %s", dir, strerror(errno)));
+    for (size_t i = 0; !force && i < sizeof names / sizeof names[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (lstat(path, &info) == 0)
+            return library_error(c, qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                              "OUTDIR '%s' already holds a checkpoint (%s); pass --force to replace it",
+                                              dir, names[i]));
+    }
+    DIR *listing = opendir(dir);
+    if (!listing) return library_error(c, qmm_error(QMM_ERR_IO, "cannot list OUTDIR '%s': %s", dir, strerror(errno)));
+    const struct dirent *entry;
+    while ((entry = readdir(listing)) != NULL) {
+        const char *name = entry->d_name;
+        if (strcmp(name, "model.safetensors.index.json") == 0 ||
+            (strncmp(name, "model", 5) == 0 && ends_with(name, ".safetensors") && strcmp(name, "model.safetensors") != 0)) {
+            qmm_status status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                          "OUTDIR '%s' holds '%s', which a reader would mix with the new "
+                                          "model.safetensors (--force replaces only config.json and model.safetensors); "
+                                          "remove it or write into a new directory",
+                                          dir, name);
+            closedir(listing);
+            return library_error(c, status);
+        }
+    }
+    closedir(listing);
+    return 0;
+}

@@ -1,0 +1,139 @@
+/*
+ * common.h — what the qmm commands share (common.c): the command type, usage and library errors, flag
+ * parsing, small helpers, the backend choice and one checked and timed product. Each command is one
+ * file (info.c, convert.c, ...) exposing one cmd_<name>; main.c holds the command table.
+ */
+#ifndef QMM_TOOLS_COMMON_H
+#define QMM_TOOLS_COMMON_H
+
+#include "qmm.h"
+#include "internal.h" /* qmm_error (CLI-level errors share the library's message format), qmm_mul_size */
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifndef QMM_SOURCE_DIR
+#define QMM_SOURCE_DIR "."
+#endif
+
+/* The embedded real-model fixture (data/NOTICE says what it is and how tools/make_fixture.sh makes it). */
+#define FIXTURE_NAME "smollm2-135m-block0"
+/* Rows of seeded random x when a layer has no recorded activations (the fixture has 16 tokens). */
+#define RANDOM_ROWS 16
+/* -m is capped so that x, out and the f64 oracle's two arrays stay within a few GB for real layers. */
+#define MAX_M 65536
+#define DEFAULT_SEED 42
+
+/* ───────────────────────────── commands, usage and errors ───────────────────────────── */
+
+/* Exit codes, the CLI's contract with scripts (`qmm help` prints them; tests/cli/exit_codes.sh checks each). */
+enum {
+    QMM_EXIT_OK = 0,
+    QMM_EXIT_ERROR = 1, /* a library or run-time error: a file that is missing or broken, an unusable OUTDIR, a
+                           layer or kernel name the checkpoint or backend does not have, a backend that is absent */
+    QMM_EXIT_USAGE = 2, /* bad command-line input: unknown command or option, missing or malformed value, a value
+                           outside its rule (--bits 7), found before any work is done */
+    QMM_EXIT_FAIL = 3,  /* the product ran, but some outputs are outside the error bound (qmm matmul, qmm run) */
+};
+/* parse_args' answer when --help or -h was given and the usage is printed: not an exit code; main exits 0. */
+#define QMM_HELP_SHOWN (-1)
+
+typedef struct command {
+    const char *name;
+    const char *summary;
+    const char *usage; /* the full --help text */
+    int (*run)(const struct command *self, int argc, char **argv);
+} command;
+
+/* The commands (one file each). argv holds the arguments after the command name. Each returns the exit code. */
+int cmd_info(const command *self, int argc, char **argv);
+int cmd_convert(const command *self, int argc, char **argv);
+int cmd_quantize(const command *self, int argc, char **argv);
+int cmd_matmul(const command *self, int argc, char **argv);
+int cmd_run(const command *self, int argc, char **argv);
+int cmd_kernels(const command *self, int argc, char **argv);
+
+/* Prints "qmm CMD: usage error: ..." and a hint to stderr; returns QMM_EXIT_USAGE. */
+int usage_error(const command *c, const char *format, ...) QMM_PRINTF(2, 3);
+/* A failing library call (or a CLI-level check that set the message with qmm_error): prints
+ * "qmm CMD: STATUS: message" to stderr; returns QMM_EXIT_ERROR. */
+int library_error(const command *c, qmm_status status);
+
+/* ───────────────────────────── argument parsing ───────────────────────────── */
+
+/* One flag of a command. Single-valued flags store their text in *value (given twice is a usage
+ * error); repeatable flags (values != NULL) append to values[*count]; switches (switched != NULL) take
+ * no value and set *switched = 1. Values are parsed afterwards. */
+typedef struct flag_spec {
+    const char *name;  /* "--bits" */
+    const char *alias; /* "-m", or NULL */
+    const char **value;
+    const char **values;
+    size_t *count;
+    size_t capacity;
+    int *switched;
+} flag_spec;
+
+/* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. A flag's value is the
+ * next argument whatever it looks like ("--layer -h"). Returns 0; QMM_EXIT_USAGE after printing the
+ * reason; or QMM_HELP_SHOWN after printing c->usage when --help or -h stands where a flag may stand. */
+int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, size_t flag_count,
+               const char **positional, size_t max_positional, size_t *positional_count);
+/* Whether text is a whole decimal number in [min, max] (no sign, no spaces, no suffix). */
+int parse_unsigned(const char *text, unsigned long long min, unsigned long long max, unsigned long long *out);
+/* An int option whose range the library checks (bits, group size): any decimal int parses. */
+int parse_int(const char *text, int *out);
+
+/* ───────────────────────────── small helpers ───────────────────────────── */
+
+int ends_with(const char *text, const char *suffix);
+/* "[d0, d1, ...]" */
+void format_shape(char *out, size_t size, int ndim, const int64_t *shape);
+/* "4-bit gs32 f16" */
+void format_format(char *out, size_t size, const qmm_qmatrix *m);
+/* Prints text left-aligned in a column of `width` characters (UTF-8 aware), at least one space after it. */
+void print_cell(const char *text, int width);
+/* count values uniform in [-1, 1) from a splitmix64 stream seeded with seed, rounded to dtype. */
+qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count);
+/* CLOCK_MONOTONIC in seconds. */
+double now_seconds(void);
+
+/* --backend auto|cuda|cpu|ref: a qmm_backend, or BACKEND_AUTO = the first of cuda, cpu, ref whose context can
+ * be created. parse_backend reads the option's text (NULL: auto) into *backend; returns 0 or QMM_EXIT_USAGE. */
+#define BACKEND_AUTO (-1)
+int parse_backend(const command *c, const char *text, int *backend);
+/* A context on the parsed backend (device 0). A named backend that cannot be created (not built in, no
+ * device) is an error naming the option and the library's reason; auto falls back to the next backend. */
+qmm_status open_context(int backend, qmm_context **context);
+
+/* ───────────────────────────── one product, checked and timed ───────────────────────────── */
+
+typedef struct layer_result {
+    qmm_kernel_info kernel;
+    double max_abs_error;
+    double max_exact;   /* max |exact|, the denominator of the (normwise) relative error */
+    double worst_ratio; /* max over outputs of |error| / bound (NaN output: infinity) */
+    size_t outside;     /* outputs whose error exceeds the bound */
+    size_t first_outside;
+    double microseconds; /* median device time of one product, from a chain */
+    int timing_runs;
+    double bytes; /* weights + scales + biases + x + out */
+} layer_result;
+
+/* out = x·Ŵᵀ through the runtime, compared with the f64 oracle and timed (common.c says how). */
+qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const void *x, size_t M,
+                         const char *kernel, double time_budget, int inject_fault, layer_result *result);
+/* The first M rows (all T when M is 0) of a float tensor [T, K] or [K], rounded once to dtype, in a
+ * malloc'd *x; *rows receives the row count. */
+qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, size_t M, void **x, size_t *rows);
+/* A copy of matrix with scales and biases converted to dtype (malloc'd, returned in scales and biases). */
+qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatrix *converted, void **scales,
+                          void **biases);
+
+/* convert and quantize, before any work: OUTDIR is an existing writable directory or can be created (its
+ * parent exists); a checkpoint already in it is replaced only with --force; numbered shards or an index
+ * in it, which a reader would mix with the new model.safetensors, are refused. Returns 0 or the exit code. */
+int check_outdir(const command *c, const char *dir, int force);
+
+#endif

@@ -1,0 +1,55 @@
+/*
+ * kernels.c — qmm kernels: every backend's kernel table in selector order, or why it is unavailable.
+ */
+#include "common.h"
+
+/* ───────────────────────────── qmm kernels ───────────────────────────── */
+
+/* One backend's rows in the order the selector tries them. Returns 0 or the exit code. */
+static int print_table(const command *c, qmm_context *context) {
+    size_t count = qmm_kernel_count(context);
+    printf("backend %s: %zu kernels, in the order the selector tries them\n",
+           qmm_backend_name(qmm_context_backend(context)), count);
+    for (size_t i = 0; i < count; i++) {
+        qmm_kernel_info info;
+        qmm_status status = qmm_kernel_get(context, i, &info);
+        if (status != QMM_OK) return library_error(c, status);
+        char tile[64];
+        snprintf(tile, sizeof tile, "%dx%dx%d", info.bm, info.bn, info.bk);
+        printf("  %-28s %-6s %-8s tile %-10s threads %-4d slack %-4g %s\n", info.name, qmm_op_name(info.op),
+               info.family, tile, info.threads, info.tolerance_slack, info.description);
+    }
+    return 0;
+}
+
+/* Every backend's kernel table in selector order, or why the backend is not available here; with
+ * --backend, only that backend's table (auto: the one auto picks), and an unavailable one is an error. */
+int cmd_kernels(const command *c, int argc, char **argv) {
+    static const qmm_backend backends[] = {QMM_BACKEND_CUDA, QMM_BACKEND_CPU, QMM_BACKEND_REF};
+    const char *backend = NULL;
+    flag_spec flags[] = {{"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
+    const char *positional[1];
+    size_t npositional;
+    int rc = parse_args(c, argc, argv, flags, 1, positional, 0, &npositional);
+    if (rc) return rc;
+    int backend_choice;
+    if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
+    qmm_context *context = NULL;
+    if (backend) {
+        qmm_status status = open_context(backend_choice, &context);
+        if (status != QMM_OK) return library_error(c, status);
+        rc = print_table(c, context);
+        qmm_context_destroy(context);
+        return rc;
+    }
+    for (size_t b = 0; b < sizeof backends / sizeof backends[0]; b++) {
+        if (qmm_context_create(backends[b], 0, &context) != QMM_OK) {
+            printf("backend %s: not available (%s)\n", qmm_backend_name(backends[b]), qmm_last_error());
+            continue;
+        }
+        rc = print_table(c, context);
+        qmm_context_destroy(context);
+        if (rc) return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,128 @@
+/*
+ * main.c — the qmm command-line tool: the command table, help and dispatch. Each command lives in its
+ * own file (info.c, convert.c, quantize.c, matmul.c, run.c, kernels.c); what they share is in common.c.
+ *
+ * Conventions: results go to stdout, progress to stderr. A library failure prints
+ * "qmm <cmd>: <status string>: <qmm_last_error()>" and exits 1; bad command-line input prints
+ * "qmm <cmd>: usage error: ..." and exits 2; a FAIL verdict exits 3 (common.h, QMM_EXIT_*). Every product is compared element by element with
+ * qmm_ref_dense_f64 using the documented bound qmm_error_bound (docs/kernels.md, "Tolerance").
+ */
+#include "common.h"
+
+#include <string.h>
+
+static int cmd_help(const command *c, int argc, char **argv);
+
+static const command commands[] = {
+    {"info", "list a .safetensors, .gguf or MLX checkpoint dir: tensors, quantized layers, formats",
+     "usage: qmm info FILE|DIR\n"
+     "  FILE.safetensors  tensors (name, dtype, shape) and quantized layers (P.scales present); bits and\n"
+     "                    group_size come from a config.json beside the file\n"
+     "  FILE.gguf         every tensor's GGUF type, shape and whether qmm imports it (and as what)\n"
+     "  DIR               an MLX checkpoint: tensors and every quantized layer's bits, group_size and scale dtype\n",
+     cmd_info},
+    {"convert", "convert a GGUF file into an MLX checkpoint directory",
+     "usage: qmm convert IN.gguf OUTDIR [--only PREFIX]... [--force]\n"
+     "  Imports F32/F16/BF16 tensors as they are and Q4_0/Q4_1/Q8_0 exactly as 4/8-bit gs32 layers with f16\n"
+     "  scales (X.weight -> layer X). --only keeps the tensors whose names start with PREFIX (repeatable).\n"
+     "  An unsupported tensor type stops the conversion and leaves OUTDIR without new files. An OUTDIR that\n"
+     "  already holds a checkpoint is refused unless --force is given; OUTDIR is checked before any work.\n",
+     cmd_convert},
+    {"quantize", "quantize the float weights of a safetensors file into an MLX checkpoint",
+     "usage: qmm quantize IN.safetensors OUTDIR --bits B --group-size G [--convention cpu|gpu] [--force]\n"
+     "  Every 2-D f32/f16/bf16 tensor named *.weight whose last dim is a multiple of G becomes a quantized\n"
+     "  layer (weight U32, scales, biases in the weight's dtype); every other tensor is copied.\n"
+     "  B: 2, 3, 4, 5, 6 or 8. G: 32, 64 or 128. --convention: MLX's CPU quantizer (default) or its GPU\n"
+     "  quantizer (what mlx-community checkpoints were made with), bit for bit. OUTDIR is checked before any\n"
+     "  work (an existing checkpoint there is replaced only with --force).\n",
+     cmd_quantize},
+    {"matmul", "run one layer's product through the runtime and check it against the f64 oracle",
+     "usage: qmm matmul DIR --layer NAME -m M [--dtype f32|f16|bf16] [--kernel NAME] [--x FILE.safetensors]\n"
+     "                  [--seed S] [--backend auto|cuda|cpu|ref]\n"
+     "  out[M, N] = x[M, K] · Ŵᵀ for layer NAME of checkpoint DIR. x is uniform random in [-1, 1) (seed S,\n"
+     "  default 42) or read from FILE (the tensor named NAME, else its only tensor; shape [T, K], first M\n"
+     "  rows, all T rows (at most 65536) when -m is omitted). --dtype other than the layer's scale dtype\n"
+     "  converts scales and biases (rounded once). Prints max |error| and max relative error (÷ max |exact|)\n"
+     "  against qmm_ref_dense_f64, the worst error/bound ratio (qmm_error_bound), the median µs of chain runs,\n"
+     "  GB/s (weights + scales + biases + x + out bytes / time) and the kernel used. Exit 3 when an output is\n"
+     "  outside its bound. M: 1 to 65536. --backend auto: the first of cuda, cpu, ref that is available.\n"
+     "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
+     cmd_matmul},
+    {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
+     "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref]\n"
+     "  DIR defaults to the embedded fixture data/" FIXTURE_NAME " (7 linear layers of SmolLM2-135M\n"
+     "  block 0, see data/NOTICE). For every quantized layer: x = DIR/activations.safetensors[layer name]\n"
+     "  ([T, K], rounded to the layer's scale dtype; seeded random x when absent, marked \"random x\"), the\n"
+     "  product through the runtime (selector's choice), every output compared with the f64 oracle under\n"
+     "  qmm_error_bound. One row per layer: name, M×N×K, format, kernel, max |error|, worst error/bound, µs.\n"
+     "  --backend auto (the default): the first of cuda, cpu, ref that is available; a named backend that is\n"
+     "  not available is an error (exit 1).\n"
+     "  Ends with a verdict line; exit 3 when any layer is outside its bound.\n"
+     "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element of each of the first n layers\n"
+     "  before the comparison, to prove the verdict can fail.\n",
+     cmd_run},
+    {"kernels", "list every backend's kernel table in selector order (or why a backend is unavailable)",
+     "usage: qmm kernels [--backend auto|cuda|cpu|ref]\n"
+     "  For each backend (cuda, cpu, ref): its rows in the order the selector tries them, with op, family,\n"
+     "  tile BMxBNxBK, threads per block, the harness's tolerance slack and a description, or why the\n"
+     "  backend is not available here. Names follow <backend>.<op>.<family>.<tile>[.<isa>] (docs/kernels.md).\n"
+     "  --backend: only that backend's table (auto: the first of cuda, cpu, ref that is available); exit 1\n"
+     "  when it is not available.\n",
+     cmd_kernels},
+    {"help", "print this list, or a command's usage", "usage: qmm help [COMMAND]\n", cmd_help},
+};
+static const size_t command_count = sizeof commands / sizeof commands[0];
+
+static void print_overview(FILE *out) {
+    fprintf(out, "qmm %d.%d.%d — weight-only quantized matmul in the MLX affine format\n\nusage: qmm COMMAND [ARGS]\n\n",
+            QMM_VERSION_MAJOR, QMM_VERSION_MINOR, QMM_VERSION_PATCH);
+    for (size_t i = 0; i < command_count; i++) fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'qmm COMMAND --help' prints a command's usage.\n\n"
+                 "exit status:\n"
+                 "  0  success (qmm matmul, qmm run: every output within its error bound)\n"
+                 "  1  library or run-time error: a missing or broken file, an unusable OUTDIR, a layer or kernel\n"
+                 "     the checkpoint or backend does not have, a backend that is not available\n"
+                 "  2  usage error: unknown command or option, missing or malformed value, a value outside its\n"
+                 "     rule (--bits 7); reported before any work is done\n"
+                 "  3  FAIL verdict: qmm matmul or qmm run ran, and some outputs are outside the error bound\n");
+}
+
+static const command *find_command(const char *name) {
+    for (size_t i = 0; i < command_count; i++)
+        if (strcmp(commands[i].name, name) == 0) return &commands[i];
+    return NULL;
+}
+
+static int cmd_help(const command *c, int argc, char **argv) {
+    if (argc == 0) {
+        print_overview(stdout);
+        return 0;
+    }
+    if (argc > 1) return usage_error(c, "expected at most one COMMAND");
+    const command *target = find_command(argv[0]);
+    if (!target) return usage_error(c, "unknown command '%s'", argv[0]);
+    fputs(target->usage, stdout);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        print_overview(stderr);
+        return QMM_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        print_overview(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("qmm %d.%d.%d\n", QMM_VERSION_MAJOR, QMM_VERSION_MINOR, QMM_VERSION_PATCH);
+        return 0;
+    }
+    const command *c = find_command(argv[1]);
+    if (!c) {
+        fprintf(stderr, "qmm: usage error: unknown command '%s'\nTry 'qmm help'.\n", argv[1]);
+        return QMM_EXIT_USAGE;
+    }
+    int rc = c->run(c, argc - 2, argv + 2);
+    return rc == QMM_HELP_SHOWN ? QMM_EXIT_OK : rc;
+}

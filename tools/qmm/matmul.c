@@ -1,0 +1,124 @@
+/*
+ * matmul.c — qmm matmul: one layer's product through the runtime, checked against the f64 oracle.
+ */
+#include "common.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ───────────────────────────── qmm matmul ───────────────────────────── */
+
+int cmd_matmul(const command *c, int argc, char **argv) {
+    const char *layer_name = NULL, *m_text = NULL, *dtype_text = NULL, *kernel = NULL, *x_path = NULL,
+               *seed_text = NULL, *backend = NULL;
+    flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0, NULL}, {"-m", NULL, &m_text, NULL, NULL, 0, NULL},
+                         {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL}, {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},
+                         {"--x", NULL, &x_path, NULL, NULL, 0, NULL},         {"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
+                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
+    const char *positional[1];
+    size_t npositional;
+    int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
+    if (rc) return rc;
+    if (npositional != 1) return usage_error(c, "expected one checkpoint DIR");
+    if (!layer_name) return usage_error(c, "--layer NAME is required");
+    unsigned long long M = 0, seed = DEFAULT_SEED;
+    if (m_text && !parse_unsigned(m_text, 1, MAX_M, &M))
+        return usage_error(c, "-m '%s' is not an integer from 1 to %d", m_text, MAX_M);
+    if (!m_text && !x_path) return usage_error(c, "-m M is required (or --x FILE)");
+    if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
+        return usage_error(c, "--seed '%s' is not a non-negative integer", seed_text);
+    qmm_dtype dtype = QMM_F32;
+    if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
+        return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);
+    int backend_choice;
+    if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
+    unsigned long long faults = 0;
+    const char *inject = getenv("QMM_RUN_INJECT_FAULT");
+    if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
+        return usage_error(c, "QMM_RUN_INJECT_FAULT='%s' is not a non-negative integer", inject);
+
+    qmm_checkpoint *checkpoint = NULL;
+    qmm_safetensors *x_file = NULL;
+    qmm_context *context = NULL;
+    void *scales = NULL, *biases = NULL, *x = NULL;
+    qmm_layer layer;
+    layer_result result;
+    size_t rows = (size_t)M;
+    qmm_status status;
+    memset(&result, 0, sizeof result);
+    if ((status = qmm_checkpoint_open(positional[0], &checkpoint)) != QMM_OK) goto cleanup;
+    if ((status = qmm_checkpoint_find_layer(checkpoint, layer_name, &layer)) != QMM_OK) goto cleanup;
+    qmm_qmatrix matrix = layer.matrix;
+    if (!dtype_text) dtype = matrix.dtype;
+    const qmm_dtype stored = matrix.dtype;
+    if (dtype != stored && (status = convert_scales(&layer.matrix, dtype, &matrix, &scales, &biases)) != QMM_OK)
+        goto cleanup;
+
+    if (x_path) {
+        qmm_tensor tensor;
+        if ((status = qmm_safetensors_open(x_path, &x_file)) != QMM_OK) goto cleanup;
+        /* The tensor named like the layer, else the file's only tensor. */
+        if (qmm_safetensors_find(x_file, layer_name, &tensor) != QMM_OK) {
+            if (qmm_safetensors_count(x_file) != 1) {
+                status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' has no tensor named '%s' and more than one tensor", x_path,
+                                   layer_name);
+                goto cleanup;
+            }
+            if ((status = qmm_safetensors_get(x_file, 0, &tensor)) != QMM_OK) goto cleanup;
+        }
+        if ((status = load_activation(&tensor, matrix.cols, dtype, (size_t)M, &x, &rows)) != QMM_OK) goto cleanup;
+    } else {
+        size_t count, bytes;
+        if (!qmm_mul_size(rows, matrix.cols, &count) || !qmm_mul_size(count, qmm_dtype_size(dtype), &bytes)) {
+            status = qmm_error(QMM_ERR_OVERFLOW, "M=%zu × K=%zu overflows size_t", rows, matrix.cols);
+            goto cleanup;
+        }
+        if (!(x = malloc(bytes))) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of x", bytes);
+            goto cleanup;
+        }
+        if ((status = fill_random(seed, x, dtype, count)) != QMM_OK) goto cleanup;
+    }
+
+    if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+    fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_name, qmm_backend_name(qmm_context_backend(context)),
+            rows);
+    if ((status = check_product(context, &matrix, x, rows, kernel, 0.25, faults > 0, &result)) != QMM_OK) goto cleanup;
+
+    char format[64];
+    format_format(format, sizeof format, &matrix);
+    printf("layer              %s (N=%zu, K=%zu)\n", layer_name, matrix.rows, matrix.cols);
+    printf("format             %s\n", format);
+    if (dtype != stored)
+        printf("note               scales/biases converted %s -> %s for --dtype %s (rounded once, to nearest even)\n",
+               qmm_dtype_name(stored), qmm_dtype_name(dtype), qmm_dtype_name(dtype));
+    if (x_path) printf("x                  %s, M=%zu, rounded to %s\n", x_path, rows, qmm_dtype_name(dtype));
+    else printf("x                  random uniform [-1, 1), seed %llu, M=%zu, %s\n", seed, rows, qmm_dtype_name(dtype));
+    printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
+    printf("kernel             %s%s\n", result.kernel.name, kernel ? " (forced)" : " (selector's choice)");
+    printf("max |error|        %.3e\n", result.max_abs_error);
+    printf("max rel error      %.3e (max |error| / max |exact|)\n",
+           result.max_exact > 0 ? result.max_abs_error / result.max_exact : result.max_abs_error);
+    printf("worst error/bound  %.3g (qmm_error_bound, slack %g)\n", result.worst_ratio,
+           result.kernel.tolerance_slack > 0 ? result.kernel.tolerance_slack : 1.0);
+    printf("time               %.2f µs (median of %d chain runs)\n", result.microseconds, result.timing_runs);
+    printf("bandwidth          %.3f GB/s (%.0f bytes: weights + scales + biases + x + out)\n",
+           result.microseconds > 0 ? result.bytes / (result.microseconds * 1e3) : 0.0, result.bytes);
+    if (result.outside) {
+        printf("verdict            FAIL: %zu of %zu outputs outside bound (first: row %zu, column %zu)\n",
+               result.outside, rows * matrix.rows, result.first_outside / matrix.rows,
+               result.first_outside % matrix.rows);
+    } else {
+        printf("verdict            all %zu outputs within bound\n", rows * matrix.rows);
+    }
+cleanup:
+    qmm_context_destroy(context);
+    qmm_safetensors_close(x_file);
+    qmm_checkpoint_close(checkpoint);
+    free(scales);
+    free(biases);
+    free(x);
+    if (status != QMM_OK) return library_error(c, status);
+    return result.outside ? QMM_EXIT_FAIL : QMM_EXIT_OK;
+}

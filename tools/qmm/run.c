@@ -1,0 +1,138 @@
+/*
+ * run.c — qmm run: the main job, every quantized layer of a real checkpoint checked against the oracle.
+ */
+#include "common.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ───────────────────────────── qmm run ───────────────────────────── */
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The embedded fixture: the source tree this binary was built from, else the installed share dir
+ * (<prefix>/bin/qmm -> <prefix>/share/qmm/). */
+static qmm_status find_fixture(char *out, size_t size) {
+    char exe[2048], installed[4096] = "";
+    snprintf(out, size, "%s/data/%s", QMM_SOURCE_DIR, FIXTURE_NAME);
+    if (is_dir(out)) return QMM_OK;
+    ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = NULL;
+    if (length > 0) {
+        exe[length] = '\0';
+        slash = strrchr(exe, '/');
+    }
+    if (slash) {
+        *slash = '\0';
+        snprintf(installed, sizeof installed, "%s/../share/qmm/%s", exe, FIXTURE_NAME);
+        if (is_dir(installed)) {
+            snprintf(out, size, "%s", installed);
+            return QMM_OK;
+        }
+    }
+    return qmm_error(QMM_ERR_NOT_FOUND, "the fixture %s is in neither %s nor %s; pass a checkpoint DIR", FIXTURE_NAME,
+                     out, installed[0] ? installed : "the install share dir");
+}
+
+int cmd_run(const command *c, int argc, char **argv) {
+    const char *seed_text = NULL, *backend = NULL;
+    flag_spec flags[] = {{"--seed", NULL, &seed_text, NULL, NULL, 0, NULL}, {"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
+    const char *positional[1];
+    size_t npositional;
+    int rc = parse_args(c, argc, argv, flags, 2, positional, 1, &npositional);
+    if (rc) return rc;
+    unsigned long long seed = DEFAULT_SEED, faults = 0;
+    if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
+        return usage_error(c, "--seed '%s' is not a non-negative integer", seed_text);
+    int backend_choice;
+    if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
+    const char *inject = getenv("QMM_RUN_INJECT_FAULT");
+    if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
+        return usage_error(c, "QMM_RUN_INJECT_FAULT='%s' is not a non-negative integer", inject);
+
+    char dir[4096], activations_path[4200];
+    qmm_checkpoint *checkpoint = NULL;
+    qmm_safetensors *activations = NULL;
+    qmm_context *context = NULL;
+    void *x = NULL;
+    size_t failed = 0, count = 0;
+    qmm_status status = QMM_OK;
+    if (npositional == 1 && strlen(positional[0]) >= sizeof dir) /* snprintf would cut it to another path */
+        return usage_error(c, "DIR is %zu bytes long; the limit is %zu", strlen(positional[0]), sizeof dir - 1);
+    if (npositional == 1) snprintf(dir, sizeof dir, "%s", positional[0]);
+    else if ((status = find_fixture(dir, sizeof dir)) != QMM_OK) goto cleanup;
+
+    if ((status = qmm_checkpoint_open(dir, &checkpoint)) != QMM_OK) goto cleanup;
+    count = qmm_checkpoint_layer_count(checkpoint);
+    if (count == 0) {
+        status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' has no quantized layer (no tensor named P.scales)", dir);
+        goto cleanup;
+    }
+    snprintf(activations_path, sizeof activations_path, "%s/activations.safetensors", dir);
+    struct stat st;
+    /* Absent activations fall back to random x; a present but broken file is an error. */
+    if (stat(activations_path, &st) == 0 &&
+        (status = qmm_safetensors_open(activations_path, &activations)) != QMM_OK)
+        goto cleanup;
+    if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+
+    fprintf(stderr, "qmm run: %s: %zu quantized layers, backend %s, activations %s\n", dir, count,
+            qmm_backend_name(qmm_context_backend(context)), activations ? "activations.safetensors" : "(none)");
+    if (faults) fprintf(stderr, "qmm run: QMM_RUN_INJECT_FAULT=%llu: corrupting one output of the first %llu layer(s)\n",
+                        faults, faults);
+    static const int widths[] = {22, 18, 17, 26, 12, 13, 10};
+    static const char *const headers[] = {"layer", "M×N×K", "format", "kernel", "max|error|", "error/bound", "µs"};
+    for (int k = 0; k < 7; k++) print_cell(headers[k], widths[k]);
+    printf("x\n");
+    for (size_t i = 0; i < count; i++) {
+        qmm_layer layer;
+        qmm_tensor tensor;
+        layer_result result;
+        size_t rows = RANDOM_ROWS;
+        const qmm_qmatrix *m;
+        int random_x = 1;
+        if ((status = qmm_checkpoint_layer(checkpoint, i, &layer)) != QMM_OK) goto cleanup;
+        m = &layer.matrix;
+        if (activations && qmm_safetensors_find(activations, layer.name, &tensor) == QMM_OK) {
+            if ((status = load_activation(&tensor, m->cols, m->dtype, 0, &x, &rows)) != QMM_OK) goto cleanup;
+            random_x = 0;
+        } else {
+            size_t elements;
+            if (!qmm_mul_size(rows, m->cols, &elements) || !(x = malloc(elements * qmm_dtype_size(m->dtype)))) {
+                status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate x for layer '%s'", layer.name);
+                goto cleanup;
+            }
+            if ((status = fill_random(seed + i, x, m->dtype, elements)) != QMM_OK) goto cleanup;
+        }
+        fprintf(stderr, "qmm run: %s ...\n", layer.name);
+        status = check_product(context, m, x, rows, NULL, 0.05, i < faults, &result);
+        free(x);
+        x = NULL;
+        if (status != QMM_OK) goto cleanup;
+        char shape[64], format[64], error[32], ratio[32], time[32];
+        snprintf(shape, sizeof shape, "%zu×%zu×%zu", rows, m->rows, m->cols);
+        format_format(format, sizeof format, m);
+        snprintf(error, sizeof error, "%.3e", result.max_abs_error);
+        snprintf(ratio, sizeof ratio, "%.3f%s", result.worst_ratio, result.outside ? " FAIL" : "");
+        snprintf(time, sizeof time, "%.1f", result.microseconds);
+        const char *cells[] = {layer.name, shape, format, result.kernel.name, error, ratio, time};
+        for (int k = 0; k < 7; k++) print_cell(cells[k], widths[k]);
+        printf("%s\n", random_x ? "random x" : "real x");
+        if (result.outside) failed++;
+    }
+    if (failed) printf("FAIL: %zu of %zu layers outside bound\n", failed, count);
+    else printf("%zu layers, all within bound\n", count);
+cleanup:
+    free(x);
+    qmm_context_destroy(context);
+    qmm_safetensors_close(activations);
+    qmm_checkpoint_close(checkpoint);
+    if (status != QMM_OK) return library_error(c, status);
+    return failed ? QMM_EXIT_FAIL : QMM_EXIT_OK;
+}
