@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-asan test-fuzz install clean setup-build setup-test
+.PHONY: all build run test test-asan test-fuzz test-gpu install clean setup-build setup-test
 
 all: build
 
@@ -40,6 +40,11 @@ test-fuzz:
 	cmake --build build-fuzz -j $(JOBS)
 	ctest --test-dir build-fuzz --output-on-failure -L fuzz
 
+# On a machine with an NVIDIA GPU and nvcc (see README, "GPU"): every CUDA kernel against the oracle, chains,
+# the fixture on the GPU, and compute-sanitizer. Needs cmake, a C compiler and cJSON (or .deps/cjson).
+test-gpu:
+	scripts/gpu_test.sh
+
 # The prefix is given at configure time too, so that the installed qmm.pc and the fixture path are right.
 install: setup-build
 	cmake -S . -B build -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
@@ -47,4 +52,4 @@ install: setup-build
 	cmake --install build
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-gpu

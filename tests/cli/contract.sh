@@ -104,7 +104,7 @@ first=$(sed -nE 's/^backend ([a-z]+): [0-9]+ kernels.*/\1/p' <<<"$listing" | hea
 check "some backend is available" [ -n "$first" ]
 for backend in cuda cpu; do
   if grep -q "^backend $backend: not available" <<<"$listing"; then
-    expect_library_error matmul "unsupported" "--backend $backend: backend $backend" matmul "$FIXTURE" --layer $L -m 1 \
+    expect_library_error matmul "unsupported" "--backend $backend: " matmul "$FIXTURE" --layer $L -m 1 \
       --backend $backend
     check "--backend $backend: says what to do" err_has "--backend auto takes the first of them"
     check "--backend $backend: no verdict" bash -c '! grep -q "^verdict" <<<"$0"' "$OUT"

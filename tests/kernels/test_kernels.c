@@ -13,6 +13,9 @@
  * guard of GUARD elements, poisoned with NaN before each run: an unwritten output fails the oracle
  * check, a write past M·N fails the guard check. Each output is compared with qmm_ref_dense_f64
  * within qmm_error_bound × the row's tolerance_slack. A row that runs zero cases fails.
+ *
+ * QMM_TEST_REDUCED=1 runs a reduced grid (bits 3, 4, 8; group 32 and 128; the first three values of each
+ * dimension) for slow runs such as compute-sanitizer; QMM_TEST_BACKEND=NAME runs one backend only.
  */
 #include "check.h"
 #include "internal.h"
@@ -171,12 +174,15 @@ static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_
     const size_t quantized_tile = tile_of(transpose ? info->bk : info->bn);
     const value_set ms = m_values(info), frees = free_values(free_tile);
     kernel_tally tally = {0};
+    const bool reduced = getenv("QMM_TEST_REDUCED") != NULL;
     for (size_t d = 0; d < 3; d++)
         for (size_t b = 0; b < 6; b++)
             for (size_t g = 0; g < 3; g++) {
+                if (reduced && (all_bits[b] == 2 || all_bits[b] == 5 || all_bits[b] == 6 || all_group_sizes[g] == 64))
+                    continue;
                 const value_set quantized = quantized_values(quantized_tile, (size_t)all_group_sizes[g]);
-                for (size_t qi = 0; qi < quantized.count; qi++)
-                    for (size_t fi = 0; fi < frees.count; fi++) {
+                for (size_t qi = 0; qi < quantized.count && (!reduced || qi < 3); qi++)
+                    for (size_t fi = 0; fi < frees.count && (!reduced || fi < 3); fi++) {
                         const size_t N = transpose ? frees.values[fi] : quantized.values[qi];
                         const size_t K = transpose ? quantized.values[qi] : frees.values[fi];
                         run_matrix(context, info, rng, N, K, all_bits[b], all_group_sizes[g], all_dtypes[d], &ms,
@@ -192,7 +198,9 @@ static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_
 int main(void) {
     const qmm_backend backends[] = {QMM_BACKEND_REF, QMM_BACKEND_CPU, QMM_BACKEND_CUDA};
     size_t kernels_run = 0;
+    const char *only = getenv("QMM_TEST_BACKEND");
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        if (only && strcmp(only, qmm_backend_name(backends[i])) != 0) continue;
         qmm_context *context = NULL;
         qmm_status status = qmm_context_create(backends[i], 0, &context);
         if (status != QMM_OK) {

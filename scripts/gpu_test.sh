@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# gpu_test.sh — `make test-gpu`: the GPU tests on a machine with an NVIDIA GPU and nvcc (the lent H200).
+# Builds build-gpu with the CUDA backend required, then runs, each with a PASS/FAIL/SKIPPED line:
+#   1. the unit, kernel-harness, gpu and cli tests (CTest): every CUDA row against the oracle on its
+#      case grid in all dtypes with poisoned outputs, the seed's cases (full oracle at 5120×5120, M = 16
+#      and 32), chains, selector switch points, determinism, the non-finite rule, error paths;
+#   2. `qmm run --backend cuda` on the embedded fixture;
+#   3. compute-sanitizer memcheck and racecheck on test_cuda and on a reduced harness grid (CUDA rows
+#      only) — reported SKIPPED with the tool's message where the machine refuses it.
+# cJSON: used from .deps/cjson when present (scripts/fetch_cjson.sh, for machines without a registry).
+# Logs go to $GPU_LOG_DIR (default build-gpu/logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -d .deps/cjson ]; then
+  root=$PWD/.deps/cjson
+  export PKG_CONFIG_PATH=$root/usr/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=$root
+  export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+export PATH=$PATH:/usr/local/cuda/bin
+logs=${GPU_LOG_DIR:-build-gpu/logs}
+mkdir -p "$logs"
+summary=()
+fail=0
+step() { # step NAME COMMAND...: runs it, logs it, records PASS/FAIL
+  local name=$1; shift
+  if "$@" >"$logs/$name.log" 2>&1; then summary+=("PASS     $name"); else summary+=("FAIL     $name (log: $logs/$name.log)"); fail=1; fi
+}
+if ! cmake -S . -B build-gpu -DQMM_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$logs/configure.log" 2>&1 ||
+   ! cmake --build build-gpu -j "$(nproc)" >"$logs/build.log" 2>&1; then
+  tail -n 30 "$logs/configure.log" "$logs/build.log"
+  echo "gpu_test: the build failed" >&2
+  exit 1
+fi
+step ctest ctest --test-dir build-gpu --output-on-failure -j 4 -L 'unit|kernels|gpu|cli|io'
+step qmm_run_cuda ./build-gpu/qmm run --backend cuda
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    if compute-sanitizer --tool "$tool" --error-exitcode 1 ./build-gpu/tests/gpu/test_cuda >"$logs/sanitizer-$tool.log" 2>&1 &&
+       QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda compute-sanitizer --tool "$tool" --error-exitcode 1 \
+         ./build-gpu/tests/kernels/test_kernels >>"$logs/sanitizer-$tool.log" 2>&1; then
+      summary+=("PASS     compute-sanitizer $tool")
+    elif grep -qiE "not supported|unable to|error 999|Device not supported" "$logs/sanitizer-$tool.log"; then
+      summary+=("SKIPPED  compute-sanitizer $tool: $(grep -m1 -iE 'not supported|unable to|error' "$logs/sanitizer-$tool.log")")
+    else
+      summary+=("FAIL     compute-sanitizer $tool (log: $logs/sanitizer-$tool.log)"); fail=1
+    fi
+  done
+else
+  summary+=("SKIPPED  compute-sanitizer: not on PATH")
+fi
+grep -hE "^ +cuda\.|backend cuda|test_cuda|passed, .* failed" "$logs/ctest.log" | sort -u | head -40
+printf '%s\n' "${summary[@]}"
+exit $fail

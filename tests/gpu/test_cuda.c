@@ -1,0 +1,267 @@
+/*
+ * test_cuda.c — the CUDA backend beyond the kernel harness (label "gpu"; `make test-gpu` on a GPU machine):
+ * chains captured as graphs and replayed (results, per-step and whole-run device times, re-capture after
+ * a step is added), the selector's choices by M, cross-kernel agreement at the selector's switch points,
+ * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, and error paths.
+ * The harness (tests/kernels) runs every CUDA row on its case grid in every dtype.
+ *
+ * Without a usable CUDA device it prints "SKIPPED: <reason>" and exits 77, which CTest reports as skipped.
+ */
+#include "check.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SKIP_CODE 77
+
+/* One random N×K matrix on the device, x[M, K] and out[M, N] buffers, the f64 oracle. */
+typedef struct product {
+    check_qmatrix q;
+    qmm_weights *weights;
+    qmm_buffer *x, *out;
+    void *host_x, *host_out;
+    double *exact, *abs_dot;
+    size_t M, N, K;
+    qmm_dtype dtype;
+} product;
+
+static bool product_make(qmm_context *context, check_rng *rng, size_t M, size_t N, size_t K, int bits, int group_size,
+                         qmm_dtype dtype, product *p) {
+    memset(p, 0, sizeof *p);
+    p->M = M, p->N = N, p->K = K, p->dtype = dtype;
+    const size_t size = qmm_dtype_size(dtype);
+    if (!check_qmatrix_random(rng, N, K, bits, group_size, dtype, &p->q)) return false;
+    p->host_x = malloc(M * K * size);
+    p->host_out = malloc(M * N * size);
+    p->exact = malloc(M * N * sizeof(double));
+    p->abs_dot = malloc(M * N * sizeof(double));
+    if (!p->host_x || !p->host_out || !p->exact || !p->abs_dot) return false;
+    check_fill_uniform(rng, p->host_x, dtype, M * K, -1.0f, 1.0f);
+    CHECK_OK(qmm_weights_create(context, &p->q.m, &p->weights));
+    CHECK_OK(qmm_buffer_create(context, dtype, M * K, &p->x));
+    CHECK_OK(qmm_buffer_create(context, dtype, M * N, &p->out));
+    if (!p->weights || !p->x || !p->out) return false;
+    CHECK_OK(qmm_buffer_write(p->x, p->host_x, M * K));
+    CHECK_OK(qmm_ref_dense_f64(&p->q.m, p->host_x, M, 1, p->exact, p->abs_dot));
+    return true;
+}
+
+static void product_free(product *p) {
+    qmm_weights_destroy(p->weights);
+    qmm_buffer_destroy(p->x);
+    qmm_buffer_destroy(p->out);
+    free(p->host_x);
+    free(p->host_out);
+    free(p->exact);
+    free(p->abs_dot);
+    check_qmatrix_free(&p->q);
+}
+
+/* Reads the output back and checks it against the oracle within the row's bound. */
+static void product_check(product *p, const char *label, double slack) {
+    CHECK_OK(qmm_buffer_read(p->out, p->host_out, p->M * p->N));
+    double worst = 0;
+    size_t bad = check_against_oracle(label, p->host_out, p->dtype, p->exact, p->abs_dot, p->M * p->N, p->K, slack, &worst);
+    CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
+}
+
+static void test_chain(qmm_context *context, check_rng *rng) {
+    product a, b;
+    if (!product_make(context, rng, 3, 1000, 2048, 4, 64, QMM_F16, &a) ||
+        !product_make(context, rng, 16, 777, 576, 8, 32, QMM_BF16, &b)) {
+        CHECK(false, "chain: could not set up the products");
+        product_free(&a);
+        product_free(&b);
+        return;
+    }
+    qmm_chain *chain = NULL;
+    CHECK_OK(qmm_chain_create(context, &chain));
+    CHECK_OK(qmm_chain_add_matmul(chain, a.weights, a.x, a.M, a.out, NULL));
+    for (int run = 0; run < 3; run++) {
+        CHECK_OK(qmm_buffer_poison(a.out));
+        CHECK_OK(qmm_chain_run(chain));
+        product_check(&a, "chain step 0", 2.0);
+    }
+    /* Adding a step drops the captured graph: the next run captures both steps. */
+    CHECK_OK(qmm_chain_add_matmul(chain, b.weights, b.x, b.M, b.out, NULL));
+    CHECK_OK(qmm_buffer_poison(a.out));
+    CHECK_OK(qmm_buffer_poison(b.out));
+    CHECK_OK(qmm_chain_run(chain));
+    product_check(&a, "chain of 2, step 0", 2.0);
+    product_check(&b, "chain of 2, step 1", 2.0);
+    double step0 = -1, step1 = -1, total = -1;
+    qmm_kernel_info info = {0};
+    CHECK_OK(qmm_chain_step(chain, 0, &step0, &info));
+    CHECK_OK(qmm_chain_step(chain, 1, &step1, NULL));
+    CHECK_OK(qmm_chain_elapsed(chain, &total));
+    CHECK(step0 > 0 && step1 > 0 && total >= step0 && total >= step1 && total < 1e6,
+          "chain times: steps %.3f and %.3f µs, total %.3f µs", step0, step1, total);
+    CHECK(info.name && strncmp(info.name, "cuda.", 5) == 0, "step 0 ran %s", info.name ? info.name : "?");
+    /* New inputs between runs are seen by the replayed graph (it reads the buffers, not a snapshot). */
+    check_fill_uniform(rng, a.host_x, a.dtype, a.M * a.K, -1.0f, 1.0f);
+    CHECK_OK(qmm_buffer_write(a.x, a.host_x, a.M * a.K));
+    CHECK_OK(qmm_ref_dense_f64(&a.q.m, a.host_x, a.M, 1, a.exact, a.abs_dot));
+    CHECK_OK(qmm_chain_run(chain));
+    product_check(&a, "replay with new x", 2.0);
+    qmm_chain_destroy(chain);
+    product_free(&a);
+    product_free(&b);
+}
+
+/* The selector's choice for each M, and every eligible row agreeing with the oracle at the switch points. */
+static void test_selector_and_switch_points(qmm_context *context, check_rng *rng) {
+    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 64};
+    const qmm_dtype dtypes[] = {QMM_F16, QMM_BF16, QMM_F32};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            product p;
+            if (!product_make(context, rng, ms[i], 300, 1536, 4, 64, dtypes[d], &p)) {
+                CHECK(false, "switch points: set-up failed");
+                product_free(&p);
+                continue;
+            }
+            qmm_kernel_info chosen = {0};
+            CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
+            const bool mma = chosen.name && strstr(chosen.name, "mma_gemv") != NULL;
+            CHECK(mma == (dtypes[d] != QMM_F32 && ms[i] <= 16), "M=%zu %s: the selector chose %s", ms[i],
+                  qmm_dtype_name(dtypes[d]), chosen.name ? chosen.name : "?");
+            for (size_t k = 0; k < qmm_kernel_count(context); k++) {
+                qmm_kernel_info info;
+                CHECK_OK(qmm_kernel_get(context, k, &info));
+                if (info.op != QMM_OP_QMM_T || qmm_kernel_supports(context, info.name, p.weights, p.M, info.op, NULL) != 1)
+                    continue;
+                qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = info.name};
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                char label[160];
+                snprintf(label, sizeof label, "%s M=%zu %s", info.name, p.M, qmm_dtype_name(dtypes[d]));
+                product_check(&p, label, info.tolerance_slack);
+            }
+            product_free(&p);
+        }
+}
+
+/* The same inputs twice give the same bits (no atomics, fixed reduction orders). */
+static void test_determinism(qmm_context *context, check_rng *rng) {
+    product p;
+    if (product_make(context, rng, 7, 4096, 4096, 4, 64, QMM_BF16, &p)) {
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        void *first = malloc(bytes);
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
+        CHECK_OK(qmm_buffer_read(p.out, first, p.M * p.N));
+        for (int run = 0; run < 5; run++) {
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
+            CHECK_OK(qmm_buffer_read(p.out, p.host_out, p.M * p.N));
+            CHECK(first && memcmp(first, p.host_out, bytes) == 0, "run %d differs from the first", run);
+        }
+        product_check(&p, "determinism", 2.0);
+        free(first);
+    }
+    product_free(&p);
+}
+
+/* docs/kernels.md §2: a group whose split result is not finite is recomputed directly, so an infinite x
+ * with a nonzero ŵ gives ±inf (not NaN), and huge x against ŵ = 0 gives 0, on every row. */
+static void test_non_finite(qmm_context *context) {
+    enum { N = 16, K = 64 };
+    const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    for (size_t d = 0; d < 3; d++) {
+        const qmm_dtype dtype = dtypes[d];
+        uint32_t w[N * K * 4 / 32];
+        uint16_t scales16[N * 2], biases16[N * 2];
+        float scales32[N * 2], biases32[N * 2];
+        /* 4-bit, gs 32: every code 1, s = 1, b = −0.5 → ŵ = 0.5 (rows 0..7); s = 1, b = −1 → ŵ = 0 (rows 8..15). */
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) w[i] = 0x11111111u;
+        for (size_t r = 0; r < N; r++)
+            for (size_t g = 0; g < 2; g++) {
+                const float s = 1.0f, b = r < 8 ? -0.5f : -1.0f;
+                scales32[r * 2 + g] = s, biases32[r * 2 + g] = b;
+                scales16[r * 2 + g] = dtype == QMM_F16 ? qmm_f32_to_f16(s) : qmm_f32_to_bf16(s);
+                biases16[r * 2 + g] = dtype == QMM_F16 ? qmm_f32_to_f16(b) : qmm_f32_to_bf16(b);
+            }
+        qmm_qmatrix m = {w, dtype == QMM_F32 ? (void *)scales32 : (void *)scales16,
+                         dtype == QMM_F32 ? (void *)biases32 : (void *)biases16, dtype, N, K, 4, 32};
+        /* x row 0: +inf at k = 0; x row 1: 2e38 (f32) or the dtype's max at k = 0 and 1 (only where it is
+         * finite in the dtype: f16's max is 65504, so the huge row is f32/bf16 only). */
+        float x32[2 * K] = {0};
+        x32[0] = INFINITY;
+        x32[K + 0] = x32[K + 1] = 2e38f;
+        uint16_t x16[2 * K];
+        for (size_t i = 0; i < 2 * K; i++) x16[i] = dtype == QMM_F16 ? qmm_f32_to_f16(x32[i]) : qmm_f32_to_bf16(x32[i]);
+        qmm_weights *weights = NULL;
+        qmm_buffer *xb = NULL, *ob = NULL;
+        CHECK_OK(qmm_weights_create(context, &m, &weights));
+        CHECK_OK(qmm_buffer_create(context, dtype, 2 * K, &xb));
+        CHECK_OK(qmm_buffer_create(context, dtype, 2 * N, &ob));
+        if (!weights || !xb || !ob) goto next;
+        CHECK_OK(qmm_buffer_write(xb, dtype == QMM_F32 ? (void *)x32 : (void *)x16, 2 * K));
+        for (size_t k = 0; k < qmm_kernel_count(context); k++) {
+            qmm_kernel_info info;
+            CHECK_OK(qmm_kernel_get(context, k, &info));
+            if (info.op != QMM_OP_QMM_T || qmm_kernel_supports(context, info.name, weights, 2, info.op, NULL) != 1)
+                continue;
+            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = info.name};
+            CHECK_OK(qmm_buffer_poison(ob));
+            CHECK_OK(qmm_matmul(context, weights, xb, 2, ob, &options, NULL));
+            float out[2 * N];
+            if (dtype == QMM_F32) {
+                CHECK_OK(qmm_buffer_read(ob, out, 2 * N));
+            } else {
+                uint16_t out16[2 * N];
+                CHECK_OK(qmm_buffer_read(ob, out16, 2 * N));
+                for (size_t i = 0; i < 2 * N; i++)
+                    out[i] = dtype == QMM_F16 ? qmm_f16_to_f32(out16[i]) : qmm_bf16_to_f32(out16[i]);
+            }
+            for (size_t n = 0; n < N; n++) {
+                /* Row 0 of x (+inf at k = 0): ŵ = 0.5 gives +inf; ŵ = 0 gives NaN (0·inf), as in the oracle. */
+                if (n < 8) CHECK(isinf(out[n]) && out[n] > 0, "%s %s: inf·0.5 gave %g", info.name, qmm_dtype_name(dtype), out[n]);
+                if (dtype != QMM_F16 && n >= 8)
+                    CHECK(out[N + n] == 0.0f, "%s %s: 2e38·0 gave %g, exact 0", info.name, qmm_dtype_name(dtype), out[N + n]);
+            }
+        }
+    next:
+        qmm_weights_destroy(weights);
+        qmm_buffer_destroy(xb);
+        qmm_buffer_destroy(ob);
+    }
+}
+
+static void test_errors(qmm_context *context, check_rng *rng) {
+    qmm_context *other = NULL;
+    CHECK_STATUS(qmm_context_create(QMM_BACKEND_CUDA, 1000, &other), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(qmm_last_error(), "device=1000") != NULL, "message names the device: %s", qmm_last_error());
+    product p;
+    if (product_make(context, rng, 2, 64, 128, 4, 64, QMM_F32, &p)) {
+        qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m8n16"};
+        CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
+        CHECK(strstr(qmm_last_error(), "dtype f32") != NULL, "forced f32 on mma: %s", qmm_last_error());
+        qmm_matmul_options ref = {.op = QMM_OP_QMM_T, .kernel = "ref.qmm_t.scalar.r1"};
+        CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &ref, NULL), QMM_ERR_NOT_FOUND);
+    }
+    product_free(&p);
+    if (product_make(context, rng, 20, 64, 128, 4, 64, QMM_F16, &p)) {
+        qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m16n32"};
+        CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
+        CHECK(strstr(qmm_last_error(), "M=20") != NULL, "forced M=20 on a 16-row tile: %s", qmm_last_error());
+    }
+    product_free(&p);
+}
+
+int main(void) {
+    qmm_context *context = NULL;
+    if (qmm_context_create(QMM_BACKEND_CUDA, 0, &context) != QMM_OK) {
+        printf("test_cuda: SKIPPED: %s\n", qmm_last_error());
+        return SKIP_CODE;
+    }
+    check_rng rng = check_rng_make(700);
+    test_chain(context, &rng);
+    test_selector_and_switch_points(context, &rng);
+    test_determinism(context, &rng);
+    test_non_finite(context);
+    test_errors(context, &rng);
+    qmm_context_destroy(context);
+    return check_finish("test_cuda");
+}
