@@ -173,8 +173,12 @@ qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dt
 
 /* out[M, N] = x[M, K] · Ŵᵀ with matrix rows = N, cols = K (MLX quantized_matmul transpose=True).
  * x and out have matrix->dtype. Accumulates in f32 with the per-group split
- * acc += s·Σ(q·x) + b·Σx, one rounding to the output dtype at the end. Single-threaded, scalar:
- * this is the reference every kernel is tested against.
+ * acc += s·Σ(q·x) + b·Σx, one rounding to the output dtype at the end. Non-finite rule: where an
+ * output's f32 accumulator ends ±inf or NaN (a non-finite input, or a partial sum that overflowed), it
+ * is replaced by the f64 direct form Σ(s·q + b)·x — qmm_ref_dense_f64's value — rounded to f32, so the
+ * output is NaN only where the IEEE product is NaN and ±inf only where an input is infinite or the
+ * product is beyond the f32 range (docs/kernels.md §2). Single-threaded, scalar: this is the reference
+ * every kernel is tested against.
  * Errors: QMM_ERR_SHAPE (M = 0), QMM_ERR_OVERFLOW (M·K or M·N overflow), QMM_ERR_INVALID_ARGUMENT
  * (x or out NULL), validation errors, QMM_ERR_OUT_OF_MEMORY (scratch of a few rows of x). */
 qmm_status qmm_ref_qmm_t(const qmm_qmatrix *matrix, const void *x, size_t M, void *out);
@@ -182,7 +186,8 @@ qmm_status qmm_ref_qmm_t(const qmm_qmatrix *matrix, const void *x, size_t M, voi
  * MLX CPU's arithmetic for this case (mlx/backend/cpu/quantized.cpp, _qmm): no split; for each output
  * the f32 sum over k = 0, 1, ... in order of x[m, k]·ŵ with ŵ = s·q + b formed first, then one rounding
  * to the output dtype at the end (MLX rounds every operation to the activation dtype; qmm accumulates
- * in f32, so the two agree bit for bit for f32). Same errors. */
+ * in f32, so the two agree bit for bit for f32 wherever the f32 result is finite). The same non-finite
+ * rule as qmm_ref_qmm_t. Same errors. */
 qmm_status qmm_ref_qmm_n(const qmm_qmatrix *matrix, const void *x, size_t M, void *out);
 /* The f64 dense oracle used by tests and `qmm run`: dequantizes each ŵ in f64 (s·q is exact, + b
  * rounds at most once, by 2^-53 relative) and accumulates Σ ŵ·x in f64 in increasing k; out_f64[M, N]
