@@ -198,13 +198,20 @@ qmm_status qmm_ref_dense_f64(const qmm_qmatrix *matrix, const void *x, size_t M,
                              double *out_f64, double *abs_dot);
 
 /* The documented error bound for one output of a kernel that accumulates K products in f32 and rounds
- * once to out_dtype (docs/kernels.md, "Tolerance"):
- *     bound = (1 + u(out_dtype))·γ(K + 2)·abs_dot + u(out_dtype)·|exact| + tiny(out_dtype)
+ * once to out_dtype (docs/kernels.md §6, "Tolerance"):
+ *     bound = slack·( (1 + u(out_dtype))·( γ(K + 2)·abs_dot + (1 + γ(K + 2))·K·2^-149 )
+ *                     + u(out_dtype)·|exact| + tiny(out_dtype) )
  * with γ(n) = n·u32/(1 − n·u32), u32 = 2^-24, u(f32) = 2^-24, u(f16) = 2^-11, u(bf16) = 2^-8,
- * tiny = the smallest subnormal of out_dtype. The factor (1 + u) is the final rounding acting on the
- * accumulated error. slack multiplies the whole bound (1 for the oracle and exact-order kernels; a
- * kernel table row may document a larger one with its reason). Returns NaN (so that every comparison
- * fails) for a non-float out_dtype, slack ≤ 0 or NaN, or K·u32 ≥ 1. Thread-safe. */
+ * tiny = the smallest subnormal of out_dtype. The K·2^-149 term covers f32 underflow inside the
+ * accumulation (each of at most 2K multiplications may lose 2^-150 absolute to a subnormal result);
+ * the factor (1 + u) is the final rounding acting on the accumulated error. exact and abs_dot are
+ * qmm_ref_dense_f64's outputs. Assumptions: no partial sum overflows f32 and |exact| + error stays
+ * inside out_dtype's range (outputs beyond them fall under the non-finite rule, docs/kernels.md §2).
+ * slack multiplies the whole bound (1 for the oracle and exact-order kernels; a kernel table row may
+ * document a larger one with its reason). Returns NaN (so that every comparison fails) for a non-float
+ * out_dtype, a slack that is not finite and > 0 (0, negative, NaN, +inf), a non-finite exact or
+ * abs_dot (non-finite outputs are compared exactly, not within a bound), or K with (K + 2)·u32 ≥ 1,
+ * i.e. K ≥ 2^24 − 2. Thread-safe. */
 double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_dot, double slack);
 
 /* ───────────────────────────── Runtime: context, weights, buffers ───────────────────────────── */

@@ -372,14 +372,17 @@ cleanup:
 /* ───────────────────────────── the error bound ───────────────────────────── */
 
 /*
- * bound = slack·( (1 + u_out)·γ(K + 2)·abs_dot + u_out·|exact| + tiny_out ),  γ(n) = n·u/(1 − n·u),
- * u = 2^-24 (f32 accumulation). Why K + 2: each product term passes through at most K + 2 f32
- * roundings before the final narrowing (split form: G for Σq·x, one each for s·Q and the add, K/G − 1
- * for the sum over groups, and G + K/G + 1 ≤ K + 2 for K = G·groups; qmm_n: s·q, +b, ·x, then K − 1
- * adds). The last rounding to out_dtype adds u_out·|acc| ≤ u_out·(|exact| + error) plus half a
- * subnormal step. Derivation and assumptions (no f32 underflow): docs/kernels.md "Tolerance".
- * Returns NaN for a non-float out_dtype, a slack that is not > 0, or K so large that K·u ≥ 1, so
- * that every comparison against it fails loudly.
+ * bound = slack·( (1 + u_out)·( γ(K + 2)·abs_dot + (1 + γ(K + 2))·K·2^-149 ) + u_out·|exact| + tiny_out ),
+ * γ(n) = n·u/(1 − n·u), u = 2^-24 (f32 accumulation). Why K + 2: each product term passes through at
+ * most K + 2 f32 roundings before the final narrowing (split form: G for Σq·x, one each for s·Q and the
+ * add, K/G − 1 for the sum over groups, and G + K/G + 1 ≤ K + 2 for K = G·groups; qmm_n: s·q, +b, ·x,
+ * then K − 1 adds). Why K·2^-149: an f32 multiplication whose result is subnormal loses up to 2^-150
+ * absolute beyond its relative rounding (additions of f32 values are exact when subnormal), and an
+ * output takes at most 2K multiplications (split: K of q·x and 2 per group; direct: s·q and ŵ·x per k);
+ * those losses then pass through at most K + 2 more roundings. The last rounding to out_dtype adds
+ * u_out·|acc| ≤ u_out·(|exact| + error) plus half a subnormal step. Derivation: docs/kernels.md §6.
+ * Returns NaN for a non-float out_dtype, a slack that is not finite and > 0, a non-finite exact or
+ * abs_dot, or K so large that (K + 2)·u ≥ 1, so that every comparison against it fails loudly.
  */
 double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_dot, double slack) {
     const double u32 = 0x1.0p-24;
@@ -390,9 +393,12 @@ double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_d
     case QMM_BF16: u_out = 0x1.0p-8; tiny_out = 0x1.0p-133; break;
     default: return NAN;
     }
-    if (!(slack > 0.0)) return NAN;
+    if (!(slack > 0.0 && slack < INFINITY)) return NAN;
+    if (!isfinite(exact) || !isfinite(abs_dot)) return NAN;
     const double n = (double)K + 2.0;
     if (n * u32 >= 1.0) return NAN;
     const double gamma = n * u32 / (1.0 - n * u32);
-    return slack * ((1.0 + u_out) * gamma * fabs(abs_dot) + u_out * fabs(exact) + tiny_out);
+    const double underflow = (double)K * 0x1.0p-149; /* 2K multiplications × 2^-150 each */
+    return slack * ((1.0 + u_out) * (gamma * fabs(abs_dot) + (1.0 + gamma) * underflow) + u_out * fabs(exact) +
+                    tiny_out);
 }

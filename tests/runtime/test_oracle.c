@@ -24,7 +24,9 @@ static bool close_relative(double got, double want, double tolerance) {
 }
 
 static void test_error_bound(void) {
-    /* bound = slack·((1 + u_out)·γ(K+2)·abs_dot + u_out·|exact| + tiny), γ(n) = n·2^-24/(1 − n·2^-24).
+    /* bound = slack·((1 + u_out)·(γ(K+2)·abs_dot + (1 + γ(K+2))·K·2^-149) + u_out·|exact| + tiny),
+     * γ(n) = n·2^-24/(1 − n·2^-24). The underflow term K·2^-149 is below 1e-38 here, so the values
+     * below (to 1e-13) are those of the first three terms.
      * K=62, f32, exact 2, abs_dot 4: γ(64) = 2^-18/(1 − 2^-18) = 3.81471...e-6;
      * (1 + 2^-24)·4·γ + 2·2^-24 + 2^-149 = 1.5378057469...e-5. */
     double b = qmm_error_bound(62, QMM_F32, 2.0, 4.0, 1.0);
@@ -37,9 +39,10 @@ static void test_error_bound(void) {
      * (1 + 2^-8)·1000·γ + 100·2^-8 + 2^-133 = 0.39828425528... */
     b = qmm_error_bound(126, QMM_BF16, 100.0, 1000.0, 1.0);
     CHECK(close_relative(b, 0.3982842552891181, 1e-13), "bound(K=126, bf16) = %.17g", b);
-    /* A zero product leaves only the smallest bf16 subnormal, 2^-133. */
+    /* A zero product leaves the smallest bf16 subnormal 2^-133 = 64·2^-139 plus the underflow term
+     * (1 + 2^-8)·(1 + γ(5122))·5120·2^-149 = 5.0210641557...·2^-139 (exact fractions). */
     b = qmm_error_bound(5120, QMM_BF16, 0.0, 0.0, 1.0);
-    CHECK(b == 0x1.0p-133, "bound(exact 0, abs_dot 0, bf16) = %.17g, want 2^-133", b);
+    CHECK(close_relative(b, 69.02106415573392 * 0x1.0p-139, 1e-13), "bound(exact 0, abs_dot 0, bf16) = %.17g", b);
     /* Slack multiplies everything: K=5120, f16, exact 0.5, abs_dot 20, slack 2 = 0.012709894034... */
     b = qmm_error_bound(5120, QMM_F16, 0.5, 20.0, 2.0);
     CHECK(close_relative(b, 0.012709894034420957, 1e-13), "bound(K=5120, f16, slack 2) = %.17g", b);
@@ -49,7 +52,16 @@ static void test_error_bound(void) {
     CHECK(isnan(qmm_error_bound(64, QMM_U8, 1.0, 1.0, 1.0)), "bound for u8 must be NaN");
     CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, 0.0)), "bound with slack 0 must be NaN");
     CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, NAN)), "bound with slack NaN must be NaN");
-    CHECK(isnan(qmm_error_bound((size_t)1 << 24, QMM_F32, 1.0, 1.0, 1.0)), "bound with K·u ≥ 1 must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, INFINITY)), "bound with slack +inf must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, -1.0)), "bound with slack -1 must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, INFINITY, 1.0, 1.0)), "bound with exact +inf must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, NAN, 1.0, 1.0)), "bound with exact NaN must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, INFINITY, 1.0)), "bound with abs_dot +inf must be NaN");
+    /* (K + 2)·2^-24 ≥ 1 from K = 2^24 − 2 on (the header and the code say the same threshold). */
+    CHECK(isnan(qmm_error_bound(((size_t)1 << 24) - 2, QMM_F32, 1.0, 1.0, 1.0)), "bound with (K+2)·u = 1 must be NaN");
+    CHECK(isnan(qmm_error_bound((size_t)1 << 24, QMM_F32, 1.0, 1.0, 1.0)), "bound with K·u = 1 must be NaN");
+    b = qmm_error_bound(((size_t)1 << 24) - 3, QMM_F32, 1.0, 1.0, 1.0);
+    CHECK(isfinite(b) && b > 1.0, "bound with (K+2)·u = 1 − 2^-24 = %g, want finite and large (γ = 2^24 − 1)", b);
     CHECK(qmm_error_bound(64, QMM_F16, 1.0, 1.0, 1.0) > qmm_error_bound(64, QMM_F32, 1.0, 1.0, 1.0),
           "an f16 output must get a looser bound than an f32 output");
 }
@@ -211,6 +223,57 @@ static void test_non_finite(void) {
     }
 }
 
+/* ── Underflow (docs/kernels.md §6): f32 products that land in the subnormal range lose up to 2^-150
+ * each; the bound's K·2^-149 term covers them. Issue 5: scales of 3·2^-149 made the oracle exceed the
+ * bound without that term 61-fold. */
+static void test_underflow(void) {
+    const size_t K = 4096;
+    const float tiny_scale = 0x3.0p-149f; /* 3·2^-149, a subnormal */
+    uint32_t *w = malloc(K * 32 / 8 * sizeof(uint32_t));
+    float *scales = malloc(K * sizeof(float)), *biases = malloc(K * sizeof(float));
+    float *x = calloc(K, sizeof(float)), out[32];
+    double exact[32], abs_dot[32];
+    if (!w || !scales || !biases || !x) {
+        CHECK(false, "out of memory");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < K * 32 / 8; i++) w[i] = 0x11111111u; /* every code 1 */
+    for (size_t i = 0; i < K; i++) scales[i] = tiny_scale, biases[i] = 0.0f;
+
+    /* qmm_t, N = 1 row of K = 4096 (128 groups), x = 0.5 at the head of each group, 0 elsewhere:
+     * each s·Σqx = 1.5·2^-149 rounds (to even) to 2·2^-149, so the oracle gives 256·2^-149 where the
+     * exact product is 192·2^-149. */
+    for (size_t k = 0; k < K; k += 32) x[k] = 0.5f;
+    qmm_qmatrix mt = {w, scales, biases, QMM_F32, 1, K, 4, 32};
+    CHECK_OK(qmm_ref_qmm_t(&mt, x, 1, out));
+    CHECK_OK(qmm_ref_dense_f64(&mt, x, 1, 1, exact, abs_dot));
+    CHECK(out[0] == 0x100.0p-149f && exact[0] == 0xC0.0p-149, "qmm_t underflow case: got %a, exact %a (want 256, 192 ×2^-149)",
+          (double)out[0], exact[0]);
+    double bound = qmm_error_bound(K, QMM_F32, exact[0], abs_dot[0], 1.0);
+    CHECK(fabs(out[0] - exact[0]) <= bound, "qmm_t underflow: error %a > bound %a", fabs(out[0] - exact[0]), bound);
+    CHECK(check_against_oracle("qmm_t underflow", out, QMM_F32, exact, abs_dot, 1, K, 1.0, NULL) == 0,
+          "qmm_t underflow outside the bound");
+
+    /* qmm_n, K = 4096 rows of N = 32, every ŵ = 3·2^-149, x = 0.5: each ŵ·x = 1.5·2^-149 rounds to
+     * 2·2^-149, 4096 of them lose 2048·2^-149 (half of the bound's K·2^-149 term). */
+    for (size_t k = 0; k < K; k++) x[k] = 0.5f;
+    qmm_qmatrix mn = {w, scales, biases, QMM_F32, K, 32, 4, 32};
+    CHECK_OK(qmm_ref_qmm_n(&mn, x, 1, out));
+    CHECK_OK(qmm_ref_dense_f64(&mn, x, 1, 0, exact, abs_dot));
+    CHECK(out[0] == 0x2000.0p-149f && exact[0] == 0x1800.0p-149, "qmm_n underflow case: got %a, exact %a (want 8192, 6144 ×2^-149)",
+          (double)out[0], exact[0]);
+    double worst = 0.0;
+    CHECK(check_against_oracle("qmm_n underflow", out, QMM_F32, exact, abs_dot, 32, K, 1.0, &worst) == 0,
+          "qmm_n underflow outside the bound");
+    CHECK(worst > 0.4 && worst < 0.6, "qmm_n underflow: error/bound %g, want about 0.5 (the term is not loose)", worst);
+
+cleanup:
+    free(w);
+    free(scales);
+    free(biases);
+    free(x);
+}
+
 /* The seed's split written plainly, one output at a time, as an independent check of the blocked
  * oracle's order. */
 static void naive_split(const qmm_qmatrix *m, const float *x, size_t M, float *out) {
@@ -344,6 +407,7 @@ int main(void) {
     test_error_bound();
     test_exact_cases();
     test_non_finite();
+    test_underflow();
     test_random_against_dense();
     test_bad_input();
     return check_finish("test_oracle");
