@@ -230,39 +230,57 @@ typedef struct qmm_weights qmm_weights;
 typedef struct qmm_buffer qmm_buffer;
 typedef struct qmm_chain qmm_chain;
 
+/* Lifetimes. Contexts, weights, buffers and chains may be destroyed in any order. Each object counts
+ * its holders: the caller holds what it created until it calls the destroy function; every weights,
+ * buffer and chain holds its context; every chain step holds its weights and its x and out buffers.
+ * destroy drops the caller's hold, and an object's memory (and, for a context, its backend: device,
+ * stream, threads) goes when the last holder goes. So a chain keeps running, with the same results,
+ * after the caller destroyed the weights, buffers or context it uses, and a context destroyed before
+ * its weights is closed when the last of them is destroyed.
+ * After destroy the caller's handle is spent: while another object still holds it, passing it to a
+ * qmm function fails with QMM_ERR_INVALID_ARGUMENT ("... destroyed with qmm_weights_destroy, may not
+ * be used again ...") and a second destroy is ignored; once the last holder is gone it is a dangling
+ * pointer like any freed one. (A chain whose context handle was destroyed still accepts steps: it uses
+ * its own hold.) The counts are not atomic: a context and all its objects are used from one thread. */
+
 /* Creates a context bound to one backend (for CUDA: device ordinal `device`; ignored otherwise).
  * Errors: QMM_ERR_UNSUPPORTED when the backend is not built in or has no device, naming it;
  * QMM_ERR_OUT_OF_MEMORY. A context is not thread-safe: use one per thread. */
 qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context);
-/* Frees the context. Weights, buffers and chains created from it must be destroyed first. NULL ok. */
+/* Drops the caller's hold on the context (see "Lifetimes"): it is closed and freed now, or when the
+ * last weights, buffer or chain created from it is destroyed. NULL ok. */
 void qmm_context_destroy(qmm_context *context);
 /* The backend the context was created with (QMM_BACKEND_REF for NULL). */
 qmm_backend qmm_context_backend(const qmm_context *context);
 
 /* Creates immutable device-resident weights from a host qmm_qmatrix (copied; the caller's arrays may
  * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag).
- * Errors: validation errors of qmm_qmatrix_validate, QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
+ * The weights hold the context. Errors: validation errors of qmm_qmatrix_validate,
+ * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context), QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights);
+/* Drops the caller's hold: freed now, or when the last chain that uses them is destroyed. NULL ok. */
 void qmm_weights_destroy(qmm_weights *weights);
 /* The format of the weights (pointers in the result are NULL: data lives on the device).
- * Errors: QMM_ERR_INVALID_ARGUMENT for a NULL argument. */
+ * Errors: QMM_ERR_INVALID_ARGUMENT for a NULL argument or destroyed weights. */
 qmm_status qmm_weights_describe(const qmm_weights *weights, qmm_qmatrix *format);
 
-/* A device buffer of count elements of dtype (F32/F16/BF16). Contents start undefined.
- * Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE (count 0), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
+/* A device buffer of count elements of dtype (F32/F16/BF16). Contents start undefined. The buffer holds
+ * the context. Errors: QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context, a non-float
+ * dtype), QMM_ERR_SHAPE (count 0), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_buffer_create(qmm_context *context, qmm_dtype dtype, size_t count, qmm_buffer **buffer);
+/* Drops the caller's hold: freed now, or when the last chain that uses it is destroyed. NULL ok. */
 void qmm_buffer_destroy(qmm_buffer *buffer);
 /* Elements and dtype of a buffer (0 and QMM_F32 for NULL). */
 size_t qmm_buffer_count(const qmm_buffer *buffer);
 qmm_dtype qmm_buffer_dtype(const qmm_buffer *buffer);
 /* Copies count elements from host memory (buffer's dtype) into the buffer starting at element 0.
- * Errors: QMM_ERR_INVALID_ARGUMENT (NULL buffer, or NULL host with count > 0), QMM_ERR_SHAPE when
- * count exceeds the buffer, QMM_ERR_BACKEND. */
+ * Errors: QMM_ERR_INVALID_ARGUMENT (NULL or destroyed buffer, or NULL host with count > 0),
+ * QMM_ERR_SHAPE when count exceeds the buffer, QMM_ERR_BACKEND. */
 qmm_status qmm_buffer_write(qmm_buffer *buffer, const void *host, size_t count);
 /* Copies count elements of the buffer to host memory, waiting for queued work. Same errors. */
 qmm_status qmm_buffer_read(const qmm_buffer *buffer, void *host, size_t count);
-/* Fills the buffer with NaN (used by tests to poison outputs). Errors: QMM_ERR_INVALID_ARGUMENT (NULL),
- * QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
+/* Fills the buffer with NaN (used by tests to poison outputs). Errors: QMM_ERR_INVALID_ARGUMENT (NULL
+ * or destroyed), QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_buffer_poison(qmm_buffer *buffer);
 
 /* The operations of the kernel table. */
@@ -298,8 +316,8 @@ typedef struct qmm_kernel_info {
  * Errors: QMM_ERR_SHAPE (M = 0, a buffer too small, dtype mismatch — message gives the numbers),
  * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND (a forced kernel name not registered),
  * QMM_ERR_UNSUPPORTED (a forced kernel that does not support this call, with its reason),
- * QMM_ERR_INVALID_ARGUMENT (a NULL argument, an op outside qmm_op, weights or buffers of another
- * context, x and out the same buffer). */
+ * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed handle, an op outside qmm_op, weights or
+ * buffers of another context, x and out the same buffer). */
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                       qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info);
 
@@ -309,23 +327,27 @@ qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M
 
 /* The kernel table of the context's backend, in selector order (the reference rows last). */
 size_t qmm_kernel_count(const qmm_context *context);
-/* Errors: QMM_ERR_INVALID_ARGUMENT when index ≥ qmm_kernel_count. */
+/* Errors: QMM_ERR_INVALID_ARGUMENT when index ≥ qmm_kernel_count, or for a NULL or destroyed context. */
 qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_info *info);
 /* Whether the named kernel supports a call of this shape; when not, why_not (if not NULL) receives a
  * one-line reason ("N=100 is not a multiple of BN=64"), valid until the next qmm call on this thread.
  * Returns 1/0, or -1 with qmm_last_error set when the name is unknown or an argument is invalid (NULL,
- * weights of another context, an op outside qmm_op). M = 0 or an M·K/M·N that overflows gives 0 with
- * the reason. */
+ * a destroyed handle, weights of another context, an op outside qmm_op). M = 0 or an M·K/M·N that
+ * overflows gives 0 with the reason. */
 int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_weights *weights, size_t M,
                         qmm_op op, const char **why_not);
 
 /* ───────────────────────────── Chains ───────────────────────────── */
 
 /* A chain records matmuls and runs them as one submission (on CUDA: a captured graph), timing each
- * step on the device. Buffers and weights must outlive the chain. */
+ * step on the device. The chain holds its context, and each step holds its weights, x and out (see
+ * "Lifetimes"): the caller may destroy them before the chain, which keeps running on them.
+ * Errors: QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain);
+/* Frees the chain and drops its holds on the context, weights and buffers. NULL ok. */
 void qmm_chain_destroy(qmm_chain *chain);
-/* Records one matmul; arguments are validated now, with qmm_matmul's errors. */
+/* Records one matmul; arguments are validated now, with qmm_matmul's errors (weights or buffers the
+ * caller destroyed are refused; the chain's own context is used, destroyed handle or not). */
 qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                                 qmm_buffer *out, const qmm_matmul_options *options);
 size_t qmm_chain_length(const qmm_chain *chain);
