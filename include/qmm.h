@@ -173,8 +173,12 @@ qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dt
 
 /* out[M, N] = x[M, K] · Ŵᵀ with matrix rows = N, cols = K (MLX quantized_matmul transpose=True).
  * x and out have matrix->dtype. Accumulates in f32 with the per-group split
- * acc += s·Σ(q·x) + b·Σx, one rounding to the output dtype at the end. Single-threaded, scalar:
- * this is the reference every kernel is tested against.
+ * acc += s·Σ(q·x) + b·Σx, one rounding to the output dtype at the end. Non-finite rule: where an
+ * output's f32 accumulator ends ±inf or NaN (a non-finite input, or a partial sum that overflowed), it
+ * is replaced by the f64 direct form Σ(s·q + b)·x — qmm_ref_dense_f64's value — rounded to f32, so the
+ * output is NaN only where the IEEE product is NaN and ±inf only where an input is infinite or the
+ * product is beyond the f32 range (docs/kernels.md §2). Single-threaded, scalar: this is the reference
+ * every kernel is tested against.
  * Errors: QMM_ERR_SHAPE (M = 0), QMM_ERR_OVERFLOW (M·K or M·N overflow), QMM_ERR_INVALID_ARGUMENT
  * (x or out NULL), validation errors, QMM_ERR_OUT_OF_MEMORY (scratch of a few rows of x). */
 qmm_status qmm_ref_qmm_t(const qmm_qmatrix *matrix, const void *x, size_t M, void *out);
@@ -182,7 +186,8 @@ qmm_status qmm_ref_qmm_t(const qmm_qmatrix *matrix, const void *x, size_t M, voi
  * MLX CPU's arithmetic for this case (mlx/backend/cpu/quantized.cpp, _qmm): no split; for each output
  * the f32 sum over k = 0, 1, ... in order of x[m, k]·ŵ with ŵ = s·q + b formed first, then one rounding
  * to the output dtype at the end (MLX rounds every operation to the activation dtype; qmm accumulates
- * in f32, so the two agree bit for bit for f32). Same errors. */
+ * in f32, so the two agree bit for bit for f32 wherever the f32 result is finite). The same non-finite
+ * rule as qmm_ref_qmm_t. Same errors. */
 qmm_status qmm_ref_qmm_n(const qmm_qmatrix *matrix, const void *x, size_t M, void *out);
 /* The f64 dense oracle used by tests and `qmm run`: dequantizes each ŵ in f64 (s·q is exact, + b
  * rounds at most once, by 2^-53 relative) and accumulates Σ ŵ·x in f64 in increasing k; out_f64[M, N]
@@ -193,13 +198,20 @@ qmm_status qmm_ref_dense_f64(const qmm_qmatrix *matrix, const void *x, size_t M,
                              double *out_f64, double *abs_dot);
 
 /* The documented error bound for one output of a kernel that accumulates K products in f32 and rounds
- * once to out_dtype (docs/kernels.md, "Tolerance"):
- *     bound = (1 + u(out_dtype))·γ(K + 2)·abs_dot + u(out_dtype)·|exact| + tiny(out_dtype)
+ * once to out_dtype (docs/kernels.md §6, "Tolerance"):
+ *     bound = slack·( (1 + u(out_dtype))·( γ(K + 2)·abs_dot + (1 + γ(K + 2))·K·2^-149 )
+ *                     + u(out_dtype)·|exact| + tiny(out_dtype) )
  * with γ(n) = n·u32/(1 − n·u32), u32 = 2^-24, u(f32) = 2^-24, u(f16) = 2^-11, u(bf16) = 2^-8,
- * tiny = the smallest subnormal of out_dtype. The factor (1 + u) is the final rounding acting on the
- * accumulated error. slack multiplies the whole bound (1 for the oracle and exact-order kernels; a
- * kernel table row may document a larger one with its reason). Returns NaN (so that every comparison
- * fails) for a non-float out_dtype, slack ≤ 0 or NaN, or K·u32 ≥ 1. Thread-safe. */
+ * tiny = the smallest subnormal of out_dtype. The K·2^-149 term covers f32 underflow inside the
+ * accumulation (each of at most 2K multiplications may lose 2^-150 absolute to a subnormal result);
+ * the factor (1 + u) is the final rounding acting on the accumulated error. exact and abs_dot are
+ * qmm_ref_dense_f64's outputs. Assumptions: no partial sum overflows f32 and |exact| + error stays
+ * inside out_dtype's range (outputs beyond them fall under the non-finite rule, docs/kernels.md §2).
+ * slack multiplies the whole bound (1 for the oracle and exact-order kernels; a kernel table row may
+ * document a larger one with its reason). Returns NaN (so that every comparison fails) for a non-float
+ * out_dtype, a slack that is not finite and > 0 (0, negative, NaN, +inf), a non-finite exact or
+ * abs_dot (non-finite outputs are compared exactly, not within a bound), or K with (K + 2)·u32 ≥ 1,
+ * i.e. K ≥ 2^24 − 2. Thread-safe. */
 double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_dot, double slack);
 
 /* ───────────────────────────── Runtime: context, weights, buffers ───────────────────────────── */
@@ -218,39 +230,57 @@ typedef struct qmm_weights qmm_weights;
 typedef struct qmm_buffer qmm_buffer;
 typedef struct qmm_chain qmm_chain;
 
+/* Lifetimes. Contexts, weights, buffers and chains may be destroyed in any order. Each object counts
+ * its holders: the caller holds what it created until it calls the destroy function; every weights,
+ * buffer and chain holds its context; every chain step holds its weights and its x and out buffers.
+ * destroy drops the caller's hold, and an object's memory (and, for a context, its backend: device,
+ * stream, threads) goes when the last holder goes. So a chain keeps running, with the same results,
+ * after the caller destroyed the weights, buffers or context it uses, and a context destroyed before
+ * its weights is closed when the last of them is destroyed.
+ * After destroy the caller's handle is spent: while another object still holds it, passing it to a
+ * qmm function fails with QMM_ERR_INVALID_ARGUMENT ("... destroyed with qmm_weights_destroy, may not
+ * be used again ...") and a second destroy is ignored; once the last holder is gone it is a dangling
+ * pointer like any freed one. (A chain whose context handle was destroyed still accepts steps: it uses
+ * its own hold.) The counts are not atomic: a context and all its objects are used from one thread. */
+
 /* Creates a context bound to one backend (for CUDA: device ordinal `device`; ignored otherwise).
  * Errors: QMM_ERR_UNSUPPORTED when the backend is not built in or has no device, naming it;
  * QMM_ERR_OUT_OF_MEMORY. A context is not thread-safe: use one per thread. */
 qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context);
-/* Frees the context. Weights, buffers and chains created from it must be destroyed first. NULL ok. */
+/* Drops the caller's hold on the context (see "Lifetimes"): it is closed and freed now, or when the
+ * last weights, buffer or chain created from it is destroyed. NULL ok. */
 void qmm_context_destroy(qmm_context *context);
 /* The backend the context was created with (QMM_BACKEND_REF for NULL). */
 qmm_backend qmm_context_backend(const qmm_context *context);
 
 /* Creates immutable device-resident weights from a host qmm_qmatrix (copied; the caller's arrays may
  * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag).
- * Errors: validation errors of qmm_qmatrix_validate, QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
+ * The weights hold the context. Errors: validation errors of qmm_qmatrix_validate,
+ * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context), QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights);
+/* Drops the caller's hold: freed now, or when the last chain that uses them is destroyed. NULL ok. */
 void qmm_weights_destroy(qmm_weights *weights);
 /* The format of the weights (pointers in the result are NULL: data lives on the device).
- * Errors: QMM_ERR_INVALID_ARGUMENT for a NULL argument. */
+ * Errors: QMM_ERR_INVALID_ARGUMENT for a NULL argument or destroyed weights. */
 qmm_status qmm_weights_describe(const qmm_weights *weights, qmm_qmatrix *format);
 
-/* A device buffer of count elements of dtype (F32/F16/BF16). Contents start undefined.
- * Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE (count 0), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
+/* A device buffer of count elements of dtype (F32/F16/BF16). Contents start undefined. The buffer holds
+ * the context. Errors: QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context, a non-float
+ * dtype), QMM_ERR_SHAPE (count 0), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_buffer_create(qmm_context *context, qmm_dtype dtype, size_t count, qmm_buffer **buffer);
+/* Drops the caller's hold: freed now, or when the last chain that uses it is destroyed. NULL ok. */
 void qmm_buffer_destroy(qmm_buffer *buffer);
 /* Elements and dtype of a buffer (0 and QMM_F32 for NULL). */
 size_t qmm_buffer_count(const qmm_buffer *buffer);
 qmm_dtype qmm_buffer_dtype(const qmm_buffer *buffer);
 /* Copies count elements from host memory (buffer's dtype) into the buffer starting at element 0.
- * Errors: QMM_ERR_INVALID_ARGUMENT (NULL buffer, or NULL host with count > 0), QMM_ERR_SHAPE when
- * count exceeds the buffer, QMM_ERR_BACKEND. */
+ * Errors: QMM_ERR_INVALID_ARGUMENT (NULL or destroyed buffer, or NULL host with count > 0),
+ * QMM_ERR_SHAPE when count exceeds the buffer, QMM_ERR_BACKEND. */
 qmm_status qmm_buffer_write(qmm_buffer *buffer, const void *host, size_t count);
 /* Copies count elements of the buffer to host memory, waiting for queued work. Same errors. */
 qmm_status qmm_buffer_read(const qmm_buffer *buffer, void *host, size_t count);
-/* Fills the buffer with NaN (used by tests to poison outputs). Errors: QMM_ERR_INVALID_ARGUMENT (NULL),
- * QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
+/* Fills the buffer with NaN (used by tests to poison outputs). Errors: QMM_ERR_INVALID_ARGUMENT (NULL
+ * or destroyed), QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_buffer_poison(qmm_buffer *buffer);
 
 /* The operations of the kernel table. */
@@ -286,8 +316,8 @@ typedef struct qmm_kernel_info {
  * Errors: QMM_ERR_SHAPE (M = 0, a buffer too small, dtype mismatch — message gives the numbers),
  * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND (a forced kernel name not registered),
  * QMM_ERR_UNSUPPORTED (a forced kernel that does not support this call, with its reason),
- * QMM_ERR_INVALID_ARGUMENT (a NULL argument, an op outside qmm_op, weights or buffers of another
- * context, x and out the same buffer). */
+ * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed handle, an op outside qmm_op, weights or
+ * buffers of another context, x and out the same buffer). */
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                       qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info);
 
@@ -297,23 +327,27 @@ qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M
 
 /* The kernel table of the context's backend, in selector order (the reference rows last). */
 size_t qmm_kernel_count(const qmm_context *context);
-/* Errors: QMM_ERR_INVALID_ARGUMENT when index ≥ qmm_kernel_count. */
+/* Errors: QMM_ERR_INVALID_ARGUMENT when index ≥ qmm_kernel_count, or for a NULL or destroyed context. */
 qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_info *info);
 /* Whether the named kernel supports a call of this shape; when not, why_not (if not NULL) receives a
  * one-line reason ("N=100 is not a multiple of BN=64"), valid until the next qmm call on this thread.
  * Returns 1/0, or -1 with qmm_last_error set when the name is unknown or an argument is invalid (NULL,
- * weights of another context, an op outside qmm_op). M = 0 or an M·K/M·N that overflows gives 0 with
- * the reason. */
+ * a destroyed handle, weights of another context, an op outside qmm_op). M = 0 or an M·K/M·N that
+ * overflows gives 0 with the reason. */
 int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_weights *weights, size_t M,
                         qmm_op op, const char **why_not);
 
 /* ───────────────────────────── Chains ───────────────────────────── */
 
 /* A chain records matmuls and runs them as one submission (on CUDA: a captured graph), timing each
- * step on the device. Buffers and weights must outlive the chain. */
+ * step on the device. The chain holds its context, and each step holds its weights, x and out (see
+ * "Lifetimes"): the caller may destroy them before the chain, which keeps running on them.
+ * Errors: QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain);
+/* Frees the chain and drops its holds on the context, weights and buffers. NULL ok. */
 void qmm_chain_destroy(qmm_chain *chain);
-/* Records one matmul; arguments are validated now, with qmm_matmul's errors. */
+/* Records one matmul; arguments are validated now, with qmm_matmul's errors (weights or buffers the
+ * caller destroyed are refused; the chain's own context is used, destroyed handle or not). */
 qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                                 qmm_buffer *out, const qmm_matmul_options *options);
 size_t qmm_chain_length(const qmm_chain *chain);

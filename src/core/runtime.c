@@ -7,6 +7,12 @@
  * only see valid calls, src/core/kernel.h), then src/select.c picks the row. A chain is a recorded
  * list of such calls, validated and planned (kernel chosen) when each step is added, run in order and
  * timed per step. Only the reference backend exists yet; CPU and CUDA report "not built yet".
+ *
+ * Lifetimes: every object counts its holders. The caller holds what it created until it calls the
+ * destroy function; each weights, buffer and chain holds its context; each chain step holds its weights
+ * and its x and out buffers. An object is freed (and a context's backend closed) when its last holder
+ * lets go, so any destroy order is safe and a chain keeps working after the caller destroyed the
+ * handles it used. The counts are plain size_t: a context and its objects are used from one thread.
  */
 #include "kernel.h"
 #ifdef QMM_HAVE_CUDA
@@ -102,7 +108,11 @@ static qmm_status backend_hooks(qmm_backend backend, const qmm_backend_hooks **h
 
 /* ───────────────────────────── objects ───────────────────────────── */
 
+/* Every object starts with `references` = 1 (the caller) and `destroyed` = false; the destroy function
+ * sets destroyed (the caller's handle may not be used again) and drops the caller's reference. */
 struct qmm_context {
+    size_t references; /* the caller until qmm_context_destroy, + each weights, buffer and chain of it */
+    bool destroyed;
     const qmm_backend_hooks *hooks;
     void *state;
     const qmm_kernel **table; /* backend rows, then the reference rows */
@@ -110,7 +120,9 @@ struct qmm_context {
 };
 
 struct qmm_weights {
-    qmm_context *context;
+    size_t references; /* the caller until qmm_weights_destroy, + each chain step that uses them */
+    bool destroyed;
+    qmm_context *context; /* held */
     qmm_qmatrix format; /* pointers NULL: the arrays below are backend memory */
     uint32_t *w;
     void *scales;
@@ -119,20 +131,25 @@ struct qmm_weights {
 };
 
 struct qmm_buffer {
-    qmm_context *context;
+    size_t references; /* the caller until qmm_buffer_destroy, + each chain step that reads or writes it */
+    bool destroyed;
+    qmm_context *context; /* held */
     qmm_dtype dtype;
     size_t count;
     void *memory;
 };
 
 typedef struct chain_step {
+    qmm_weights *weights; /* held, with x and out, so that call's pointers stay valid */
+    qmm_buffer *x;
+    qmm_buffer *out;
     qmm_call call;
     const qmm_kernel *kernel;
     double microseconds;
 } chain_step;
 
 struct qmm_chain {
-    qmm_context *context;
+    qmm_context *context; /* held; nothing holds a chain but the caller */
     chain_step *steps;
     size_t length;
     size_t capacity;
@@ -156,6 +173,7 @@ qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **con
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_context_create: no memory for a context");
         goto cleanup;
     }
+    created->references = 1;
     created->hooks = hooks;
     /* The reference rows read the call's pointers directly, so they join a table only where the
      * backend's memory is host memory (kernel.h); a device backend stages them in its own issue. */
@@ -184,11 +202,29 @@ cleanup:
     return status;
 }
 
-void qmm_context_destroy(qmm_context *context) {
-    if (!context) return;
+/* Drops one holder; the last one closes the backend and frees the context. */
+static void context_release(qmm_context *context) {
+    if (--context->references > 0) return;
     context->hooks->close(context->state);
     free(context->table);
     free(context);
+}
+
+static qmm_context *context_hold(qmm_context *context) {
+    context->references++;
+    return context;
+}
+
+void qmm_context_destroy(qmm_context *context) {
+    if (!context || context->destroyed) return;
+    context->destroyed = true;
+    context_release(context);
+}
+
+/* The refusal for a handle its caller has destroyed while another object still holds it. */
+#define DESTROYED_RULE "may not be used again (the objects that use it keep it alive only for themselves)"
+static qmm_status destroyed_error(const char *function, const char *what, const char *destroy) {
+    return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s, destroyed with %s, " DESTROYED_RULE, function, what, destroy);
 }
 
 qmm_backend qmm_context_backend(const qmm_context *context) {
@@ -201,6 +237,7 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
     if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_create: weights is NULL");
     *weights = NULL;
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_create: context is NULL");
+    if (context->destroyed) return destroyed_error("qmm_weights_create", "the context", "qmm_context_destroy");
     if (!matrix) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_create: matrix is NULL");
     qmm_status status = qmm_qmatrix_validate(matrix);
     if (status != QMM_OK) return status;
@@ -214,7 +251,8 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_weights_create: no memory for a weights object");
         goto cleanup;
     }
-    created->context = context;
+    created->references = 1;
+    created->context = context_hold(context);
     created->format = *matrix;
     created->format.w = NULL;
     created->format.scales = NULL;
@@ -241,18 +279,26 @@ cleanup:
     return status;
 }
 
-void qmm_weights_destroy(qmm_weights *weights) {
-    if (!weights) return;
-    const qmm_context *context = weights->context;
+static void weights_release(qmm_weights *weights) {
+    if (--weights->references > 0) return;
+    qmm_context *context = weights->context;
     if (weights->w) context->hooks->release(context->state, weights->w);
     if (weights->scales) context->hooks->release(context->state, weights->scales);
     if (weights->biases) context->hooks->release(context->state, weights->biases);
     if (weights->extra && context->hooks->weights_release) context->hooks->weights_release(context->state, weights->extra);
     free(weights);
+    context_release(context);
+}
+
+void qmm_weights_destroy(qmm_weights *weights) {
+    if (!weights || weights->destroyed) return;
+    weights->destroyed = true;
+    weights_release(weights);
 }
 
 qmm_status qmm_weights_describe(const qmm_weights *weights, qmm_qmatrix *format) {
     if (!weights || !format) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_describe: null argument");
+    if (weights->destroyed) return destroyed_error("qmm_weights_describe", "weights", "qmm_weights_destroy");
     *format = weights->format;
     return QMM_OK;
 }
@@ -263,6 +309,7 @@ qmm_status qmm_buffer_create(qmm_context *context, qmm_dtype dtype, size_t count
     if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_create: buffer is NULL");
     *buffer = NULL;
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_create: context is NULL");
+    if (context->destroyed) return destroyed_error("qmm_buffer_create", "the context", "qmm_context_destroy");
     if (!qmm_is_float_dtype(dtype))
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_create: dtype %s is not an activation dtype (f32, f16, bf16)",
                          qmm_dtype_name(dtype));
@@ -277,7 +324,8 @@ qmm_status qmm_buffer_create(qmm_context *context, qmm_dtype dtype, size_t count
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_buffer_create: no memory for a buffer object");
         goto cleanup;
     }
-    created->context = context;
+    created->references = 1;
+    created->context = context_hold(context);
     created->dtype = dtype;
     created->count = count;
     if ((status = context->hooks->alloc(context->state, bytes, &created->memory)) != QMM_OK) goto cleanup;
@@ -290,10 +338,18 @@ cleanup:
     return status;
 }
 
-void qmm_buffer_destroy(qmm_buffer *buffer) {
-    if (!buffer) return;
-    if (buffer->memory) buffer->context->hooks->release(buffer->context->state, buffer->memory);
+static void buffer_release(qmm_buffer *buffer) {
+    if (--buffer->references > 0) return;
+    qmm_context *context = buffer->context;
+    if (buffer->memory) context->hooks->release(context->state, buffer->memory);
     free(buffer);
+    context_release(context);
+}
+
+void qmm_buffer_destroy(qmm_buffer *buffer) {
+    if (!buffer || buffer->destroyed) return;
+    buffer->destroyed = true;
+    buffer_release(buffer);
 }
 
 size_t qmm_buffer_count(const qmm_buffer *buffer) { return buffer ? buffer->count : 0; }
@@ -304,6 +360,7 @@ qmm_dtype qmm_buffer_dtype(const qmm_buffer *buffer) { return buffer ? buffer->d
 static qmm_status check_transfer(const char *function, const qmm_buffer *buffer, const void *host, size_t count,
                                  size_t *bytes) {
     if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", function);
+    if (buffer->destroyed) return destroyed_error(function, "the buffer", "qmm_buffer_destroy");
     if (!host && count > 0) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: host is NULL with count=%zu", function, count);
     if (count > buffer->count)
         return qmm_error(QMM_ERR_SHAPE, "%s: count=%zu exceeds the buffer's %zu elements", function, count,
@@ -331,6 +388,7 @@ qmm_status qmm_buffer_read(const qmm_buffer *buffer, void *host, size_t count) {
 
 qmm_status qmm_buffer_poison(qmm_buffer *buffer) {
     if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_poison: buffer is NULL");
+    if (buffer->destroyed) return destroyed_error("qmm_buffer_poison", "the buffer", "qmm_buffer_destroy");
     /* Quiet NaN patterns of each dtype, uploaded from a host chunk so that device memory works too. */
     enum { CHUNK = 4096 };
     static _Thread_local union {
@@ -362,6 +420,7 @@ static qmm_status prepare_call(const char *function, const qmm_context *context,
                                size_t M, const qmm_matmul_options *options, qmm_call *call) {
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: context is NULL", function);
     if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: weights is NULL", function);
+    if (weights->destroyed) return destroyed_error(function, "the weights", "qmm_weights_destroy");
     if (weights->context != context)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: the weights belong to another context", function);
     const qmm_op op = options ? options->op : QMM_OP_QMM_T;
@@ -398,6 +457,9 @@ static qmm_status check_operand(const char *function, const char *name, const qm
                                 const qmm_buffer *buffer, qmm_dtype dtype, size_t rows, size_t cols,
                                 const char *shape) {
     if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, name);
+    if (buffer->destroyed)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: buffer %s, destroyed with qmm_buffer_destroy, " DESTROYED_RULE,
+                         function, name);
     if (buffer->context != context)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: buffer %s belongs to another context", function, name);
     if (buffer->dtype != dtype)
@@ -431,6 +493,8 @@ static qmm_status choose(const qmm_context *context, const qmm_call *call, const
 
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                       qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info) {
+    /* (A chain adds steps through build_call on the context it holds, whoever destroyed the handle.) */
+    if (context && context->destroyed) return destroyed_error("qmm_matmul", "the context", "qmm_context_destroy");
     qmm_call call;
     qmm_status status = build_call("qmm_matmul", context, weights, x, M, out, options, &call);
     if (status != QMM_OK) return status;
@@ -443,6 +507,7 @@ qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qm
 
 qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M, const qmm_matmul_options *options,
                       qmm_kernel_info *info) {
+    if (context && context->destroyed) return destroyed_error("qmm_select", "the context", "qmm_context_destroy");
     qmm_call call;
     qmm_status status = prepare_call("qmm_select", context, weights, M, options, &call);
     if (status != QMM_OK) return status;
@@ -459,6 +524,7 @@ size_t qmm_kernel_count(const qmm_context *context) { return context ? context->
 
 qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_info *info) {
     if (!context || !info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_get: null argument");
+    if (context->destroyed) return destroyed_error("qmm_kernel_get", "the context", "qmm_context_destroy");
     if (index >= context->table_count)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_get: index %zu is out of range: backend %s has %zu kernels",
                          index, qmm_backend_name(context->hooks->backend), context->table_count);
@@ -473,6 +539,10 @@ int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_
     if (why_not) *why_not = reason;
     if (!name) {
         qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_supports: name is NULL");
+        return -1;
+    }
+    if (context && context->destroyed) {
+        destroyed_error("qmm_kernel_supports", "the context", "qmm_context_destroy");
         return -1;
     }
     qmm_matmul_options options = {.op = op, .kernel = name};
@@ -500,9 +570,10 @@ qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain) {
     if (!chain) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_create: chain is NULL");
     *chain = NULL;
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_create: context is NULL");
+    if (context->destroyed) return destroyed_error("qmm_chain_create", "the context", "qmm_context_destroy");
     qmm_chain *created = calloc(1, sizeof *created);
     if (!created) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_chain_create: no memory for a chain");
-    created->context = context;
+    created->context = context_hold(context);
     *chain = created;
     return QMM_OK;
 }
@@ -516,8 +587,14 @@ static void chain_drop_graph(qmm_chain *chain) {
 
 void qmm_chain_destroy(qmm_chain *chain) {
     if (!chain) return;
-    chain_drop_graph(chain);
+    chain_drop_graph(chain); /* before the steps' holds go: the graph points into their memory */
+    for (size_t i = 0; i < chain->length; i++) {
+        weights_release(chain->steps[i].weights);
+        buffer_release(chain->steps[i].x);
+        buffer_release(chain->steps[i].out);
+    }
     free(chain->steps);
+    context_release(chain->context);
     free(chain);
 }
 
@@ -538,6 +615,13 @@ qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, co
         chain->steps = grown;
         chain->capacity = capacity;
     }
+    /* The step holds what its call points into (the objects are the library's own, never const). */
+    step.weights = (qmm_weights *)weights;
+    step.x = (qmm_buffer *)x;
+    step.out = out;
+    step.weights->references++;
+    step.x->references++;
+    step.out->references++;
     chain->steps[chain->length++] = step;
     chain->ran = false;
     chain_drop_graph(chain);

@@ -3,6 +3,8 @@
  *
  *   qmm_ref_qmm_t      out = x·Ŵᵀ in f32 with the seed's per-group split acc += s·Σ(q·x) + b·Σx
  *   qmm_ref_qmm_n      out = x·Ŵ  in f32 with MLX CPU's transpose=False arithmetic (see below)
+ *                      both with the non-finite rule: an output whose f32 accumulator ends up ±inf or
+ *                      NaN is recomputed in f64 in the direct form (docs/kernels.md §2, "Non-finite")
  *   qmm_ref_dense_f64  either product in f64 with exact dequantization, never rounded, plus the
  *                      magnitudes Σ(|s·q| + |b|)·|x| that feed the error bound
  *   qmm_error_bound    the one tolerance formula (derivation: docs/kernels.md, "Tolerance")
@@ -63,6 +65,39 @@ static void decode_row_codes(const uint32_t *row, size_t cols, int bits, float *
     for (size_t j = 0; j < cols; j++) codes[j] = (float)qmm_code_at(row, j, bits);
 }
 
+/*
+ * The non-finite rule (docs/kernels.md §2): one output, out[m, n] = Σ_k ŵ·x_k, in the direct form in
+ * f64 — ŵ = s·q + b formed in f64 (s·q exact, + b rounded once), then Σ ŵ·x_k in increasing k — the
+ * same operations in the same order as qmm_ref_dense_f64, so the value is bit for bit the dense one.
+ * Used only where the f32 accumulator of that output is ±inf or NaN. From finite f32/f16/bf16 inputs
+ * this sum cannot overflow (|ŵ·x| < 2^128·2^8·2^128 and K < 2^24 terms, far below 2^1024), so it is
+ * non-finite exactly when an input is: IEEE arithmetic then decides (+inf·ŵ = ±inf for ŵ ≠ 0,
+ * 0·inf = NaN, +inf + −inf = NaN, NaN stays NaN), independent of the order of the sum.
+ */
+static double direct_f64(const qmm_qmatrix *matrix, const void *x, size_t m, size_t n, size_t K, int transpose) {
+    const size_t group_size = (size_t)matrix->group_size;
+    const size_t groups = matrix->cols / group_size;
+    const size_t words = qmm_packed_words(matrix->cols, matrix->bits);
+    double sum = 0.0;
+    for (size_t k = 0; k < K; k++) {
+        const size_t row = transpose ? n : k, col = transpose ? k : n;
+        const double s = qmm_load_f32(matrix->scales, matrix->dtype, row * groups + col / group_size);
+        const double b = qmm_load_f32(matrix->biases, matrix->dtype, row * groups + col / group_size);
+        const double sq = s * (double)qmm_code_at(matrix->w + row * words, col, matrix->bits);
+        const double w_hat = sq + b;
+        sum += w_hat * (double)qmm_load_f32(x, matrix->dtype, m * K + k);
+    }
+    return sum;
+}
+
+/* The f32 accumulator of one output under the non-finite rule: kept where finite, else replaced by the
+ * f64 direct form rounded to f32 (to ±inf only where that value is beyond the f32 range). */
+static float finite_or_direct(float acc, const qmm_qmatrix *matrix, const void *x, size_t m, size_t n, size_t K,
+                              int transpose) {
+    if (isfinite(acc)) return acc;
+    return (float)direct_f64(matrix, x, m, n, K, transpose);
+}
+
 /* ───────────────────────────── qmm_t in f32 ───────────────────────────── */
 
 /*
@@ -73,8 +108,12 @@ static void decode_row_codes(const uint32_t *row, size_t cols, int bits, float *
  *     xsum = 0; for k in the group in order: xsum += x_k
  *     acc += s_g·qdot + b_g·xsum            (each operation rounded to f32, no fused multiply-add
  *                                            where the target does not contract)
+ *   if acc is ±inf or NaN: acc = (float)direct_f64(...)   (the non-finite rule, above)
  *   out = round_to_dtype(acc)               (the one narrowing, round to nearest even)
  * xsum depends only on (m, g), so it is computed once per row of x; the value is the same.
+ * Why the rule: the split subtracts partial sums that can overflow or be infinite where the product
+ * is not (x[0] = +inf with every ŵ = 0.5 gives s·inf + b·inf = inf − inf = NaN; x = [2e38, 2e38, 0, …]
+ * with ŵ = 0 overflows Σq·x and Σx to inf although the product is 0).
  */
 qmm_status qmm_ref_qmm_t(const qmm_qmatrix *matrix, const void *x, size_t M, void *out) {
     size_t N, K;
@@ -133,7 +172,9 @@ qmm_status qmm_ref_qmm_t(const qmm_qmatrix *matrix, const void *x, size_t M, voi
                 }
                 for (int lane = 0; lane < LANES; lane++) {
                     size_t r = block * LANES + (size_t)lane;
-                    if (r < rows) qmm_store_f32(out, dtype, (m0 + r) * N + n, acc[lane]);
+                    if (r < rows)
+                        qmm_store_f32(out, dtype, (m0 + r) * N + n,
+                                      finite_or_direct(acc[lane], matrix, x, m0 + r, n, K, 1));
                 }
             }
         }
@@ -161,6 +202,9 @@ cleanup:
  * type T, so for f16/bf16 it rounds every operation to T; qmm accumulates in f32 (DESIGN.md §1), so
  * for f16/bf16 the two differ by MLX's extra roundings, and for f32 they agree bit for bit.
  * ŵ depends only on (k, n), so it is formed once per weight row; the value is the same.
+ * The non-finite rule applies as in qmm_ref_qmm_t: an accumulator that ends ±inf or NaN (an input was
+ * non-finite, or a partial sum overflowed f32) is replaced by the f64 direct form before the narrowing;
+ * wherever the f32 result is finite this is exactly MLX's arithmetic.
  */
 qmm_status qmm_ref_qmm_n(const qmm_qmatrix *matrix, const void *x, size_t M, void *out) {
     size_t N, K;
@@ -198,7 +242,9 @@ qmm_status qmm_ref_qmm_n(const qmm_qmatrix *matrix, const void *x, size_t M, voi
             }
         }
         for (size_t r = 0; r < rows; r++)
-            for (size_t n = 0; n < N; n++) qmm_store_f32(out, dtype, (m0 + r) * N + n, acc[r * N + n]);
+            for (size_t n = 0; n < N; n++)
+                qmm_store_f32(out, dtype, (m0 + r) * N + n,
+                              finite_or_direct(acc[r * N + n], matrix, x, m0 + r, n, K, 0));
     }
     status = QMM_OK;
 
@@ -326,14 +372,17 @@ cleanup:
 /* ───────────────────────────── the error bound ───────────────────────────── */
 
 /*
- * bound = slack·( (1 + u_out)·γ(K + 2)·abs_dot + u_out·|exact| + tiny_out ),  γ(n) = n·u/(1 − n·u),
- * u = 2^-24 (f32 accumulation). Why K + 2: each product term passes through at most K + 2 f32
- * roundings before the final narrowing (split form: G for Σq·x, one each for s·Q and the add, K/G − 1
- * for the sum over groups, and G + K/G + 1 ≤ K + 2 for K = G·groups; qmm_n: s·q, +b, ·x, then K − 1
- * adds). The last rounding to out_dtype adds u_out·|acc| ≤ u_out·(|exact| + error) plus half a
- * subnormal step. Derivation and assumptions (no f32 underflow): docs/kernels.md "Tolerance".
- * Returns NaN for a non-float out_dtype, a slack that is not > 0, or K so large that K·u ≥ 1, so
- * that every comparison against it fails loudly.
+ * bound = slack·( (1 + u_out)·( γ(K + 2)·abs_dot + (1 + γ(K + 2))·K·2^-149 ) + u_out·|exact| + tiny_out ),
+ * γ(n) = n·u/(1 − n·u), u = 2^-24 (f32 accumulation). Why K + 2: each product term passes through at
+ * most K + 2 f32 roundings before the final narrowing (split form: G for Σq·x, one each for s·Q and the
+ * add, K/G − 1 for the sum over groups, and G + K/G + 1 ≤ K + 2 for K = G·groups; qmm_n: s·q, +b, ·x,
+ * then K − 1 adds). Why K·2^-149: an f32 multiplication whose result is subnormal loses up to 2^-150
+ * absolute beyond its relative rounding (additions of f32 values are exact when subnormal), and an
+ * output takes at most 2K multiplications (split: K of q·x and 2 per group; direct: s·q and ŵ·x per k);
+ * those losses then pass through at most K + 2 more roundings. The last rounding to out_dtype adds
+ * u_out·|acc| ≤ u_out·(|exact| + error) plus half a subnormal step. Derivation: docs/kernels.md §6.
+ * Returns NaN for a non-float out_dtype, a slack that is not finite and > 0, a non-finite exact or
+ * abs_dot, or K so large that (K + 2)·u ≥ 1, so that every comparison against it fails loudly.
  */
 double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_dot, double slack) {
     const double u32 = 0x1.0p-24;
@@ -344,9 +393,12 @@ double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_d
     case QMM_BF16: u_out = 0x1.0p-8; tiny_out = 0x1.0p-133; break;
     default: return NAN;
     }
-    if (!(slack > 0.0)) return NAN;
+    if (!(slack > 0.0 && slack < INFINITY)) return NAN;
+    if (!isfinite(exact) || !isfinite(abs_dot)) return NAN;
     const double n = (double)K + 2.0;
     if (n * u32 >= 1.0) return NAN;
     const double gamma = n * u32 / (1.0 - n * u32);
-    return slack * ((1.0 + u_out) * gamma * fabs(abs_dot) + u_out * fabs(exact) + tiny_out);
+    const double underflow = (double)K * 0x1.0p-149; /* 2K multiplications × 2^-150 each */
+    return slack * ((1.0 + u_out) * (gamma * fabs(abs_dot) + (1.0 + gamma) * underflow) + u_out * fabs(exact) +
+                    tiny_out);
 }

@@ -146,6 +146,17 @@ size_t check_against_oracle(const char *label, const void *out, qmm_dtype dtype,
     double worst_ratio = 0.0;
     for (size_t i = 0; i < count; i++) {
         double got = load_as_double(out, dtype, i);
+        if (!isfinite(exact[i])) {
+            /* The non-finite rule (docs/kernels.md §2): a non-finite exact value (an input was ±inf or
+             * NaN) must come out as the same value — NaN for NaN, the same infinity for ±inf. */
+            bool same = isnan(exact[i]) ? isnan(got) : got == exact[i];
+            if (!same) {
+                if (bad < 5) fprintf(stderr, "  %s: element %zu = %.9g, oracle %g\n", label, i, got, exact[i]);
+                bad++;
+                worst_ratio = INFINITY;
+            }
+            continue;
+        }
         double bound = qmm_error_bound(K, dtype, exact[i], abs_dot[i], slack);
         double err = fabs(got - exact[i]);
         double ratio = isnan(got) ? INFINITY : err / bound;

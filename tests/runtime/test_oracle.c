@@ -24,7 +24,9 @@ static bool close_relative(double got, double want, double tolerance) {
 }
 
 static void test_error_bound(void) {
-    /* bound = slack·((1 + u_out)·γ(K+2)·abs_dot + u_out·|exact| + tiny), γ(n) = n·2^-24/(1 − n·2^-24).
+    /* bound = slack·((1 + u_out)·(γ(K+2)·abs_dot + (1 + γ(K+2))·K·2^-149) + u_out·|exact| + tiny),
+     * γ(n) = n·2^-24/(1 − n·2^-24). The underflow term K·2^-149 is below 1e-38 here, so the values
+     * below (to 1e-13) are those of the first three terms.
      * K=62, f32, exact 2, abs_dot 4: γ(64) = 2^-18/(1 − 2^-18) = 3.81471...e-6;
      * (1 + 2^-24)·4·γ + 2·2^-24 + 2^-149 = 1.5378057469...e-5. */
     double b = qmm_error_bound(62, QMM_F32, 2.0, 4.0, 1.0);
@@ -37,9 +39,10 @@ static void test_error_bound(void) {
      * (1 + 2^-8)·1000·γ + 100·2^-8 + 2^-133 = 0.39828425528... */
     b = qmm_error_bound(126, QMM_BF16, 100.0, 1000.0, 1.0);
     CHECK(close_relative(b, 0.3982842552891181, 1e-13), "bound(K=126, bf16) = %.17g", b);
-    /* A zero product leaves only the smallest bf16 subnormal, 2^-133. */
+    /* A zero product leaves the smallest bf16 subnormal 2^-133 = 64·2^-139 plus the underflow term
+     * (1 + 2^-8)·(1 + γ(5122))·5120·2^-149 = 5.0210641557...·2^-139 (exact fractions). */
     b = qmm_error_bound(5120, QMM_BF16, 0.0, 0.0, 1.0);
-    CHECK(b == 0x1.0p-133, "bound(exact 0, abs_dot 0, bf16) = %.17g, want 2^-133", b);
+    CHECK(close_relative(b, 69.02106415573392 * 0x1.0p-139, 1e-13), "bound(exact 0, abs_dot 0, bf16) = %.17g", b);
     /* Slack multiplies everything: K=5120, f16, exact 0.5, abs_dot 20, slack 2 = 0.012709894034... */
     b = qmm_error_bound(5120, QMM_F16, 0.5, 20.0, 2.0);
     CHECK(close_relative(b, 0.012709894034420957, 1e-13), "bound(K=5120, f16, slack 2) = %.17g", b);
@@ -49,7 +52,16 @@ static void test_error_bound(void) {
     CHECK(isnan(qmm_error_bound(64, QMM_U8, 1.0, 1.0, 1.0)), "bound for u8 must be NaN");
     CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, 0.0)), "bound with slack 0 must be NaN");
     CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, NAN)), "bound with slack NaN must be NaN");
-    CHECK(isnan(qmm_error_bound((size_t)1 << 24, QMM_F32, 1.0, 1.0, 1.0)), "bound with K·u ≥ 1 must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, INFINITY)), "bound with slack +inf must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, 1.0, -1.0)), "bound with slack -1 must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, INFINITY, 1.0, 1.0)), "bound with exact +inf must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, NAN, 1.0, 1.0)), "bound with exact NaN must be NaN");
+    CHECK(isnan(qmm_error_bound(64, QMM_F32, 1.0, INFINITY, 1.0)), "bound with abs_dot +inf must be NaN");
+    /* (K + 2)·2^-24 ≥ 1 from K = 2^24 − 2 on (the header and the code say the same threshold). */
+    CHECK(isnan(qmm_error_bound(((size_t)1 << 24) - 2, QMM_F32, 1.0, 1.0, 1.0)), "bound with (K+2)·u = 1 must be NaN");
+    CHECK(isnan(qmm_error_bound((size_t)1 << 24, QMM_F32, 1.0, 1.0, 1.0)), "bound with K·u = 1 must be NaN");
+    b = qmm_error_bound(((size_t)1 << 24) - 3, QMM_F32, 1.0, 1.0, 1.0);
+    CHECK(isfinite(b) && b > 1.0, "bound with (K+2)·u = 1 − 2^-24 = %g, want finite and large (γ = 2^24 − 1)", b);
     CHECK(qmm_error_bound(64, QMM_F16, 1.0, 1.0, 1.0) > qmm_error_bound(64, QMM_F32, 1.0, 1.0, 1.0),
           "an f16 output must get a looser bound than an f32 output");
 }
@@ -97,6 +109,169 @@ static void test_exact_cases(void) {
     qmm_qmatrix m3 = {w3, &one, &zero, QMM_F32, 1, 32, 3, 32};
     CHECK_OK(qmm_ref_qmm_t(&m3, x3, 2, out3));
     CHECK(out3[0] == 5.0f && out3[1] == 0.0f, "3-bit straddle product: got %g, %g; want 5, 0", out3[0], out3[1]);
+}
+
+/* ── The non-finite rule (docs/kernels.md §2): an output whose f32 accumulator is ±inf or NaN is
+ * recomputed in f64 in the direct form, so the oracle agrees with qmm_ref_dense_f64 wherever the split
+ * would subtract infinite or overflowed partial sums. */
+
+/* A 4-bit gs32 f32 matrix of rows × cols with every code q, every scale s and every bias b. */
+typedef struct constant_matrix {
+    qmm_qmatrix m;
+    uint32_t w[96 * 32 / 8];          /* the largest: qmm_n with K = 96 rows of N = 32 codes */
+    float scales[96], biases[96];
+} constant_matrix;
+
+static void constant_matrix_make(constant_matrix *c, size_t rows, size_t cols, uint32_t q, float s, float b) {
+    uint32_t word = 0;
+    for (int j = 0; j < 8; j++) word |= q << (4 * j);
+    for (size_t i = 0; i < rows * cols / 8; i++) c->w[i] = word;
+    for (size_t i = 0; i < rows * cols / 32; i++) c->scales[i] = s, c->biases[i] = b;
+    c->m = (qmm_qmatrix){c->w, c->scales, c->biases, QMM_F32, rows, cols, 4, 32};
+}
+
+static bool same_value(float got, float want) { return isnan(want) ? isnan(got) : got == want; }
+
+/* qmm_t of a 2×K matrix (both rows alike) and qmm_n of the K×32 one, on one row of x; every output
+ * must be `want`, and want must be what qmm_ref_dense_f64 gives rounded to f32. */
+static void check_non_finite_case(const char *what, size_t K, uint32_t q, float s, float b, const float *x,
+                                  float want) {
+    constant_matrix c;
+    float out[32];
+    double exact[32];
+    for (int transpose = 1; transpose >= 0; transpose--) {
+        const size_t N = transpose ? 2 : 32;
+        constant_matrix_make(&c, transpose ? N : K, transpose ? K : N, q, s, b);
+        for (size_t n = 0; n < N; n++) out[n] = 12345.0f;
+        CHECK_OK(transpose ? qmm_ref_qmm_t(&c.m, x, 1, out) : qmm_ref_qmm_n(&c.m, x, 1, out));
+        CHECK_OK(qmm_ref_dense_f64(&c.m, x, 1, transpose, exact, NULL));
+        for (size_t n = 0; n < N; n++) {
+            CHECK(same_value(out[n], want), "%s, %s: out[%zu] = %g, want %g", what, transpose ? "qmm_t" : "qmm_n", n,
+                  out[n], want);
+            CHECK(same_value((float)exact[n], want), "%s, dense f64: out[%zu] = %g, want %g", what, n, exact[n], want);
+        }
+    }
+}
+
+static void test_non_finite(void) {
+    float x[96] = {0};
+    /* Issue 5: every ŵ = 0.5 (q = 1, s = 1, b = −0.5), x[0] = +inf. The split gave inf − inf = NaN. */
+    x[0] = INFINITY;
+    check_non_finite_case("x[0] = +inf, ŵ = 0.5", 32, 1, 1.0f, -0.5f, x, INFINITY);
+    x[0] = -INFINITY;
+    check_non_finite_case("x[0] = -inf, ŵ = 0.5", 32, 1, 1.0f, -0.5f, x, -INFINITY);
+    /* A negative ŵ flips the infinity: ŵ = −0.5 (q = 1, s = −1, b = 0.5). */
+    check_non_finite_case("x[0] = -inf, ŵ = -0.5", 32, 1, -1.0f, 0.5f, x, INFINITY);
+    /* +inf and −inf in one product: inf − inf is NaN in the exact product too. */
+    x[0] = INFINITY, x[1] = -INFINITY;
+    check_non_finite_case("x = [+inf, -inf, 0, ...]", 32, 1, 1.0f, -0.5f, x, NAN);
+    /* +inf in two groups, one group each: acc = inf + inf stays +inf. */
+    x[1] = 0.0f, x[32] = INFINITY;
+    check_non_finite_case("x[0] = x[32] = +inf", 64, 1, 1.0f, -0.5f, x, INFINITY);
+    /* ŵ = 0 times +inf is NaN (IEEE 0·inf), as in the f64 oracle. */
+    x[32] = 0.0f;
+    check_non_finite_case("x[0] = +inf, ŵ = 0", 32, 1, 1.0f, -1.0f, x, NAN);
+    /* NaN input stays NaN, whatever the weights. */
+    x[0] = NAN;
+    check_non_finite_case("x[0] = NaN", 32, 1, 1.0f, -0.5f, x, NAN);
+    x[0] = 0.0f;
+
+    /* Issue 5: x = [2e38, 2e38, 0, ...] with ŵ = 0 (q = 1, s = 1, b = −1): Σq·x and Σx overflow to inf,
+     * the split gave NaN; the product is exactly 0. */
+    x[0] = 2e38f, x[1] = 2e38f;
+    check_non_finite_case("x = [2e38, 2e38, 0, ...], ŵ = 0", 32, 1, 1.0f, -1.0f, x, 0.0f);
+    /* ŵ = 1: a group's sums overflow (3e38 + 3e38) but the next group brings the product back into
+     * range: 3e38 + 3e38 − 3e38 = 3e38 exactly in f64. */
+    x[0] = 3e38f, x[1] = 3e38f, x[32] = -3e38f;
+    check_non_finite_case("x = [3e38, 3e38 | -3e38], ŵ = 1", 64, 1, 1.0f, 0.0f, x, 3e38f);
+    /* Every group finite, the sum over groups overflows: 3e38 | 3e38 | −3e38. */
+    x[1] = 0.0f, x[32] = 3e38f, x[64] = -3e38f;
+    check_non_finite_case("x = [3e38 | 3e38 | -3e38], ŵ = 1", 96, 1, 1.0f, 0.0f, x, 3e38f);
+    /* A product truly beyond f32 (6e38) rounds to +inf. */
+    x[1] = 3e38f, x[32] = 0.0f, x[64] = 0.0f;
+    check_non_finite_case("x = [3e38, 3e38], ŵ = 1: 6e38", 32, 1, 1.0f, 0.0f, x, INFINITY);
+    x[0] = x[1] = 0.0f;
+    /* Non-finite weights follow IEEE too: s = +inf, q = 0 gives ŵ = inf·0 + b = NaN; q = 1 gives
+     * ŵ = +inf, and with x = 1 everywhere the product is +inf. */
+    for (int k = 0; k < 32; k++) x[k] = 1.0f;
+    check_non_finite_case("s = +inf, q = 0", 32, 0, INFINITY, 0.5f, x, NAN);
+    check_non_finite_case("s = +inf, q = 1, x = 1", 32, 1, INFINITY, 0.5f, x, INFINITY);
+    for (int k = 0; k < 32; k++) x[k] = 0.0f;
+
+    /* The rule is per output: in M = 9 rows (past one lane block) only row 8 holds +inf; rows 0–7 keep
+     * their f32 split values (equal to the dense ones here: small integers), row 8 is +inf. In f16 too. */
+    for (int d = 0; d < 2; d++) {
+        const qmm_dtype dtype = d ? QMM_F16 : QMM_F32;
+        uint16_t s16 = qmm_f32_to_f16(1.0f), b16 = qmm_f32_to_f16(-0.5f);
+        uint32_t w[4];
+        for (int i = 0; i < 4; i++) w[i] = 0x11111111u;
+        float s32 = 1.0f, b32 = -0.5f, x32[9 * 32], out32[9];
+        uint16_t x16[9 * 32], out16[9];
+        for (int i = 0; i < 9 * 32; i++) {
+            x32[i] = (float)(i % 32 == 0 ? i / 32 : 0);
+            x16[i] = qmm_f32_to_f16(x32[i]);
+        }
+        x32[8 * 32 + 5] = INFINITY;
+        x16[8 * 32 + 5] = 0x7C00; /* +inf in f16 */
+        qmm_qmatrix m = {w, d ? (void *)&s16 : &s32, d ? (void *)&b16 : &b32, dtype, 1, 32, 4, 32};
+        CHECK_OK(qmm_ref_qmm_t(&m, d ? (void *)x16 : x32, 9, d ? (void *)out16 : out32));
+        for (int r = 0; r < 9; r++) {
+            float got = d ? qmm_f16_to_f32(out16[r]) : out32[r];
+            float want = r == 8 ? INFINITY : 0.5f * (float)r;
+            CHECK(got == want, "%s, M = 9, row %d: got %g, want %g", qmm_dtype_name(dtype), r, got, want);
+        }
+    }
+}
+
+/* ── Underflow (docs/kernels.md §6): f32 products that land in the subnormal range lose up to 2^-150
+ * each; the bound's K·2^-149 term covers them. Issue 5: scales of 3·2^-149 made the oracle exceed the
+ * bound without that term 61-fold. */
+static void test_underflow(void) {
+    const size_t K = 4096;
+    const float tiny_scale = 0x3.0p-149f; /* 3·2^-149, a subnormal */
+    uint32_t *w = malloc(K * 32 / 8 * sizeof(uint32_t));
+    float *scales = malloc(K * sizeof(float)), *biases = malloc(K * sizeof(float));
+    float *x = calloc(K, sizeof(float)), out[32];
+    double exact[32], abs_dot[32];
+    if (!w || !scales || !biases || !x) {
+        CHECK(false, "out of memory");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < K * 32 / 8; i++) w[i] = 0x11111111u; /* every code 1 */
+    for (size_t i = 0; i < K; i++) scales[i] = tiny_scale, biases[i] = 0.0f;
+
+    /* qmm_t, N = 1 row of K = 4096 (128 groups), x = 0.5 at the head of each group, 0 elsewhere:
+     * each s·Σqx = 1.5·2^-149 rounds (to even) to 2·2^-149, so the oracle gives 256·2^-149 where the
+     * exact product is 192·2^-149. */
+    for (size_t k = 0; k < K; k += 32) x[k] = 0.5f;
+    qmm_qmatrix mt = {w, scales, biases, QMM_F32, 1, K, 4, 32};
+    CHECK_OK(qmm_ref_qmm_t(&mt, x, 1, out));
+    CHECK_OK(qmm_ref_dense_f64(&mt, x, 1, 1, exact, abs_dot));
+    CHECK(out[0] == 0x100.0p-149f && exact[0] == 0xC0.0p-149, "qmm_t underflow case: got %a, exact %a (want 256, 192 ×2^-149)",
+          (double)out[0], exact[0]);
+    double bound = qmm_error_bound(K, QMM_F32, exact[0], abs_dot[0], 1.0);
+    CHECK(fabs(out[0] - exact[0]) <= bound, "qmm_t underflow: error %a > bound %a", fabs(out[0] - exact[0]), bound);
+    CHECK(check_against_oracle("qmm_t underflow", out, QMM_F32, exact, abs_dot, 1, K, 1.0, NULL) == 0,
+          "qmm_t underflow outside the bound");
+
+    /* qmm_n, K = 4096 rows of N = 32, every ŵ = 3·2^-149, x = 0.5: each ŵ·x = 1.5·2^-149 rounds to
+     * 2·2^-149, 4096 of them lose 2048·2^-149 (half of the bound's K·2^-149 term). */
+    for (size_t k = 0; k < K; k++) x[k] = 0.5f;
+    qmm_qmatrix mn = {w, scales, biases, QMM_F32, K, 32, 4, 32};
+    CHECK_OK(qmm_ref_qmm_n(&mn, x, 1, out));
+    CHECK_OK(qmm_ref_dense_f64(&mn, x, 1, 0, exact, abs_dot));
+    CHECK(out[0] == 0x2000.0p-149f && exact[0] == 0x1800.0p-149, "qmm_n underflow case: got %a, exact %a (want 8192, 6144 ×2^-149)",
+          (double)out[0], exact[0]);
+    double worst = 0.0;
+    CHECK(check_against_oracle("qmm_n underflow", out, QMM_F32, exact, abs_dot, 32, K, 1.0, &worst) == 0,
+          "qmm_n underflow outside the bound");
+    CHECK(worst > 0.4 && worst < 0.6, "qmm_n underflow: error/bound %g, want about 0.5 (the term is not loose)", worst);
+
+cleanup:
+    free(w);
+    free(scales);
+    free(biases);
+    free(x);
 }
 
 /* The seed's split written plainly, one output at a time, as an independent check of the blocked
@@ -231,6 +406,8 @@ static void test_bad_input(void) {
 int main(void) {
     test_error_bound();
     test_exact_cases();
+    test_non_finite();
+    test_underflow();
     test_random_against_dense();
     test_bad_input();
     return check_finish("test_oracle");
