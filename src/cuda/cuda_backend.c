@@ -21,7 +21,7 @@
     do {                                                                                                        \
         cudaError_t cuda_try_error = (call);                                                                    \
         if (cuda_try_error != cudaSuccess)                                                                      \
-            return qmm_error(QMM_ERR_BACKEND, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(cuda_try_error), \
+            return cudaGetLastError(), qmm_error(QMM_ERR_BACKEND, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(cuda_try_error), \
                              __FILE__, __LINE__);                                                               \
     } while (0)
 
@@ -235,7 +235,8 @@ static qmm_status capture(cuda_state *s, size_t count, qmm_status (*launch)(void
     }
     capturing = true;
     for (size_t i = 0; i <= count && status == QMM_OK; i++) {
-        error = cudaEventRecord(created->events[i], s->stream);
+        /* External: an event recorded inside a graph can be timed from outside it only with this flag. */
+        error = cudaEventRecordWithFlags(created->events[i], s->stream, cudaEventRecordExternal);
         if (error != cudaSuccess)
             status = qmm_error(QMM_ERR_BACKEND, "cudaEventRecord failed during capture: %s (%s:%d)",
                                cudaGetErrorString(error), __FILE__, __LINE__);

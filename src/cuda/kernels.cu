@@ -12,8 +12,9 @@
  *
  * Exactness (docs/kernels.md §2): q (≤ 255) and x are exact in f16/bf16, so every product q·x is exact
  * and the tensor core accumulates it in f32; s·Σq·x, b·Σx and the running sum are f32 FMAs. No value is
- * ever rounded to f16/bf16 before the final store. A group whose split result is not finite is
- * recomputed in the direct form Σ(s·q + b)·x (the oracle's rule for non-finite and near-overflow inputs).
+ * ever rounded to f16/bf16 before the final store. An output whose f32 accumulator is ±inf or NaN is
+ * recomputed in the direct form Σ(s·q + b)·x in f64 and rounded to f32 (the oracle's rule for non-finite
+ * and near-overflow inputs, docs/kernels.md §2): rare, so it is a plain loop over K by one thread.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,14 +42,31 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t *row, size_t j, int b
     return (uint32_t)(pair >> shift) & ((1u << bits) - 1u);
 }
 
-/* The direct form of one group segment for one output: Σ_k (s·q_k + b)·x_k over k ∈ [k_begin, k_end),
- * in f32, in increasing k. The fallback for a segment whose split result s·Σq·x + b·Σx is not finite. */
+/* The non-finite rule (docs/kernels.md §2) for one output of x·Ŵᵀ: Σ_k (s·q_k + b)·x_k in f64 — ŵ formed in
+ * f64 (s·q exact, + b one rounding), f64 products and sum, which cannot overflow for f32 inputs — rounded
+ * to f32. w_row, scales_row, biases_row: row n of the MLX-layout arrays; x_row: row m of x. */
 template <typename T>
-__device__ __noinline__ float direct_segment(const T *x_row, const uint32_t *w_row, int bits, size_t k_begin,
-                                             size_t k_end, float s, float b) {
-    float sum = 0.0f;
-    for (size_t k = k_begin; k < k_end; k++) sum += (s * (float)code_at(w_row, k, bits) + b) * load_f32(x_row, k);
-    return sum;
+__device__ __noinline__ float direct_output_t(const T *x_row, const uint32_t *w_row, const T *scales_row,
+                                              const T *biases_row, int bits, size_t K, int group_size) {
+    double sum = 0.0;
+    for (size_t k = 0; k < K; k++) {
+        const double s = load_f32(scales_row, k / group_size), b = load_f32(biases_row, k / group_size);
+        sum += (s * (double)code_at(w_row, k, bits) + b) * (double)load_f32(x_row, k);
+    }
+    return (float)sum;
+}
+
+/* The same for one output of x·Ŵ (Ŵ [K, N] quantized along N): column n, rows k of the arrays. */
+template <typename T>
+__device__ __noinline__ float direct_output_n(const T *x_row, const uint32_t *w, const T *scales, const T *biases,
+                                              int bits, size_t N, size_t K, int group_size, size_t n) {
+    const size_t words_per_row = N * (size_t)bits / 32, groups = N / (size_t)group_size, g = n / (size_t)group_size;
+    double sum = 0.0;
+    for (size_t k = 0; k < K; k++) {
+        const double s = load_f32(scales, k * groups + g), b = load_f32(biases, k * groups + g);
+        sum += (s * (double)code_at(w + k * words_per_row, n, bits) + b) * (double)load_f32(x_row, k);
+    }
+    return (float)sum;
 }
 
 /* ───────────────────────────── generic family ───────────────────────────── */
@@ -97,18 +115,19 @@ __global__ void __launch_bounds__(GENERIC_WARPS * 32)
             }
 #pragma unroll
             for (int r = 0; r < GENERIC_M; r++) {
-                if (r < rows) {
-                    float v = s * qx[r] + b * xs[r];
-                    if (!isfinite(v)) v = direct_segment(x + (m0 + r) * K, row, bits, k0, k0 + group_size, s, b);
-                    part[r] += v;
-                }
+                if (r < rows) part[r] += s * qx[r] + b * xs[r];
             }
         }
 #pragma unroll
         for (int r = 0; r < GENERIC_M; r++) {
 #pragma unroll
             for (int offset = 16; offset > 0; offset >>= 1) part[r] += __shfl_xor_sync(0xffffffffu, part[r], offset);
-            if (lane == 0 && r < rows) store_f32(out, (m0 + r) * N + n, part[r]);
+            if (lane == 0 && r < rows) {
+                if (!isfinite(part[r]))
+                    part[r] = direct_output_t(x + (m0 + r) * K, row, scales + n * groups, biases + n * groups, bits, K,
+                                              group_size);
+                store_f32(out, (m0 + r) * N + n, part[r]);
+            }
         }
     }
 }
@@ -139,8 +158,13 @@ __global__ void __launch_bounds__(256)
                 if (r < rows) acc[r] += load_f32(x, (m0 + r) * K + k) * wv;
         }
 #pragma unroll
-        for (int r = 0; r < GENERIC_M; r++)
-            if (r < rows) store_f32(out, (m0 + r) * N + n, acc[r]);
+        for (int r = 0; r < GENERIC_M; r++) {
+            if (r < rows) {
+                if (!isfinite(acc[r]))
+                    acc[r] = direct_output_n(x + (m0 + r) * K, w, scales, biases, bits, N, K, group_size, n);
+                store_f32(out, (m0 + r) * N + n, acc[r]);
+            }
+        }
     }
 }
 
@@ -209,22 +233,29 @@ __device__ __forceinline__ uint32_t scale_sub_magic(uint32_t p, __half) {
     __half2 r = __hfma2(*reinterpret_cast<__half2 *>(&p), __float2half2_rn(1.0f / 16.0f), __float2half2_rn(-64.0f));
     return *reinterpret_cast<uint32_t *>(&r);
 }
-__device__ __forceinline__ uint32_t scale_sub_magic(uint32_t p, __nv_bfloat16) {
-    __nv_bfloat162 r =
-        __hfma2(*reinterpret_cast<__nv_bfloat162 *>(&p), __float2bfloat162_rn(1.0f / 16.0f), __float2bfloat162_rn(-8.0f));
-    return *reinterpret_cast<uint32_t *>(&r);
-}
 
 /* Decodes one lane's 8 codes of a block into the A-operand pairs q[0..3] (see the pairing above). */
 template <int BITS, typename T> struct decode;
-template <typename T> struct decode<4, T> {
-    /* w: the lane's word of the block (codes c0..c7, 4 bits each). */
+template <> struct decode<4, __half> {
+    /* w: the lane's word of the block (codes c0..c7, 4 bits each). f16 has 10 mantissa bits, so the odd
+     * codes can stay in place (1024 + 16·c) and be scaled down: two shifts fewer. */
     static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
-        const uint32_t magic = mma_traits<T>::magic, hi = w[0] >> 8;
-        q[0] = sub_magic(and_or(w[0], 0x000F000Fu, magic), T());       /* c0, c4 */
-        q[1] = scale_sub_magic(and_or(w[0], 0x00F000F0u, magic), T()); /* c1, c5 */
-        q[2] = sub_magic(and_or(hi, 0x000F000Fu, magic), T());         /* c2, c6 */
-        q[3] = scale_sub_magic(and_or(hi, 0x00F000F0u, magic), T());   /* c3, c7 */
+        const uint32_t magic = mma_traits<__half>::magic, hi = w[0] >> 8;
+        q[0] = sub_magic(and_or(w[0], 0x000F000Fu, magic), __half());       /* c0, c4 */
+        q[1] = scale_sub_magic(and_or(w[0], 0x00F000F0u, magic), __half()); /* c1, c5 */
+        q[2] = sub_magic(and_or(hi, 0x000F000Fu, magic), __half());         /* c2, c6 */
+        q[3] = scale_sub_magic(and_or(hi, 0x00F000F0u, magic), __half());   /* c3, c7 */
+    }
+};
+template <> struct decode<4, __nv_bfloat16> {
+    /* bf16 has 7 mantissa bits: 16·c would reach the exponent, so every code is shifted down to bits 0–3
+     * of its half (128 + c, exact for c < 128). */
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        const uint32_t magic = mma_traits<__nv_bfloat16>::magic;
+        q[0] = sub_magic(and_or(w[0], 0x000F000Fu, magic), __nv_bfloat16());       /* c0, c4 */
+        q[1] = sub_magic(and_or(w[0] >> 4, 0x000F000Fu, magic), __nv_bfloat16());  /* c1, c5 */
+        q[2] = sub_magic(and_or(w[0] >> 8, 0x000F000Fu, magic), __nv_bfloat16());  /* c2, c6 */
+        q[3] = sub_magic(and_or(w[0] >> 12, 0x000F000Fu, magic), __nv_bfloat16()); /* c3, c7 */
     }
 };
 template <> struct decode<8, __half> {
@@ -286,7 +317,8 @@ __device__ __forceinline__ float2 scale_bias(const uint32_t *sb, size_t i, __nv_
 template <int BITS, typename T, int RT, int TT>
 __global__ void __launch_bounds__(256)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
-                    const uint32_t *__restrict__ w_orig, T *__restrict__ out, int M, int N, int K, int group_size) {
+                    const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
+                    T *__restrict__ out, int M, int N, int K, int group_size) {
     constexpr int BPS = BITS == 4 ? 4 : 2; /* 32-code blocks per 64-byte super-block */
     constexpr int WPB = BITS / 4;          /* words per lane per block */
     extern __shared__ float partial[];     /* [NW][RT][TT][4][32] */
@@ -328,13 +360,11 @@ __global__ void __launch_bounds__(256)
             }
 
         float cq[RT][TT][4], cx[TT][4];
-        int segment_begin = sbk * BPS; /* first block of the running segment (group ∩ super-block) */
 #pragma unroll
         for (int j = 0; j < BPS; j++) {
             const int blk = sbk * BPS + j;
             if (blk >= blocks) break; /* the zero-filled tail of the last super-block */
-            if (j == 0 || blk % blocks_per_group == 0) {
-                segment_begin = blk;
+            if (j == 0 || blk % blocks_per_group == 0) { /* a segment (group ∩ super-block) starts */
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -380,14 +410,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
-                            for (int e = 0; e < 2; e++) {
-                                float v = s_b.x * cq[r][tt][2 * h + e] + s_b.y * cx[tt][e];
-                                const int m = tt * 8 + 2 * t + e;
-                                if (!isfinite(v) && n < N && m < M)
-                                    v = direct_segment(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), BITS,
-                                                       (size_t)segment_begin * 32, (size_t)(blk + 1) * 32, s_b.x, s_b.y);
-                                acc[r][tt][2 * h + e] += v;
-                            }
+                            for (int e = 0; e < 2; e++)
+                                acc[r][tt][2 * h + e] += s_b.x * cq[r][tt][2 * h + e] + s_b.y * cx[tt][e];
                     }
             }
         }
@@ -409,7 +433,14 @@ __global__ void __launch_bounds__(256)
         const int r = rt / TT, tt = rt % TT;
         const int n = n_base + 16 * r + 8 * (e >> 1) + (l >> 2);
         const int m = tt * 8 + 2 * (l & 3) + (e & 1);
-        if (n < N && m < M) store_f32(out, (size_t)m * N + n, sum);
+        if (n < N && m < M) {
+            if (!isfinite(sum)) {
+                const size_t groups = (size_t)(K / group_size);
+                sum = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), scales + n * groups,
+                                      biases + n * groups, BITS, (size_t)K, group_size);
+            }
+            store_f32(out, (size_t)m * N + n, sum);
+        }
     }
 }
 
@@ -418,6 +449,7 @@ __global__ void __launch_bounds__(256)
 template <typename T> static int launch_generic_t(const qmm_cuda_launch *c) {
     const size_t m_blocks = (c->M + GENERIC_M - 1) / GENERIC_M;
     dim3 grid((unsigned)((c->N + GENERIC_WARPS - 1) / GENERIC_WARPS), (unsigned)(m_blocks < 65535 ? m_blocks : 65535));
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
     generic_qmm_t_kernel<T><<<grid, GENERIC_WARPS * 32, 0, (cudaStream_t)c->stream>>>(
         (const T *)c->x, c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->M, c->N, c->K, c->bits,
         c->group_size);
@@ -427,6 +459,7 @@ template <typename T> static int launch_generic_t(const qmm_cuda_launch *c) {
 template <typename T> static int launch_generic_n(const qmm_cuda_launch *c) {
     const size_t m_blocks = (c->M + GENERIC_M - 1) / GENERIC_M;
     dim3 grid((unsigned)((c->N + 255) / 256), (unsigned)(m_blocks < 65535 ? m_blocks : 65535));
+    cudaGetLastError();
     generic_qmm_n_kernel<T><<<grid, 256, 0, (cudaStream_t)c->stream>>>((const T *)c->x, c->w, (const T *)c->scales,
                                                                        (const T *)c->biases, (T *)c->out, c->M, c->N,
                                                                        c->K, c->bits, c->group_size);
@@ -458,9 +491,10 @@ template <int BITS, typename T, int RT, int TT> static int launch_mma_gemv(const
     }
     const size_t shared = (size_t)warps * RT * TT * 4 * 32 * sizeof(float);
     const unsigned blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
+    cudaGetLastError();
     mma_gemv_kernel<BITS, T, RT, TT><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
-        (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (T *)c->out, (int)c->M, (int)c->N,
-        (int)c->K, c->group_size);
+        (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+        (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K, c->group_size);
     return (int)cudaGetLastError();
 }
 
