@@ -75,10 +75,10 @@ __device__ __noinline__ float direct_output_n(const T *x_row, const uint32_t *w,
 #define GENERIC_M 8
 #define GENERIC_WARPS 8
 
-/* out = x·Ŵᵀ. One warp per output feature n and 8 rows of x; lane l takes groups l, l+32, ... of row n,
- * forms each group's s·Σq·x + b·Σx (direct form if that is not finite), sums its groups in order, and the
- * warp adds the 32 lane sums with a fixed butterfly. Reads are not coalesced across lanes: this kernel is
- * for coverage, the mma family is for speed. */
+/* out = x·Ŵᵀ. One warp per output feature n and 8 rows of x. The groups of row n are taken in order; inside
+ * a group lane l takes codes l, l+32, ... (neighbouring lanes read neighbouring codes: the reads coalesce),
+ * the warp adds the lanes' Σq·x and Σx with a fixed butterfly, and acc += s·Σq·x + b·Σx group after group —
+ * the seed's order over groups, so its f32 results stay within an ulp or two of the seed's reference. */
 template <typename T>
 __global__ void __launch_bounds__(GENERIC_WARPS * 32)
     generic_qmm_t_kernel(const T *__restrict__ x, const uint32_t *__restrict__ w, const T *__restrict__ scales,
@@ -93,16 +93,16 @@ __global__ void __launch_bounds__(GENERIC_WARPS * 32)
     for (size_t mb = blockIdx.y; mb < m_blocks; mb += gridDim.y) {
         const size_t m0 = mb * GENERIC_M;
         const int rows = (int)(M - m0 < GENERIC_M ? M - m0 : GENERIC_M);
-        float part[GENERIC_M];
+        float acc[GENERIC_M];
 #pragma unroll
-        for (int r = 0; r < GENERIC_M; r++) part[r] = 0.0f;
-        for (size_t g = (size_t)lane; g < groups; g += 32) {
+        for (int r = 0; r < GENERIC_M; r++) acc[r] = 0.0f;
+        for (size_t g = 0; g < groups; g++) {
             const float s = load_f32(scales, n * groups + g), b = load_f32(biases, n * groups + g);
             float qx[GENERIC_M], xs[GENERIC_M];
 #pragma unroll
             for (int r = 0; r < GENERIC_M; r++) qx[r] = xs[r] = 0.0f;
             const size_t k0 = g * (size_t)group_size;
-            for (int i = 0; i < group_size; i++) {
+            for (int i = lane; i < group_size; i += 32) {
                 const float q = (float)code_at(row, k0 + i, bits);
 #pragma unroll
                 for (int r = 0; r < GENERIC_M; r++) {
@@ -115,18 +115,23 @@ __global__ void __launch_bounds__(GENERIC_WARPS * 32)
             }
 #pragma unroll
             for (int r = 0; r < GENERIC_M; r++) {
-                if (r < rows) part[r] += s * qx[r] + b * xs[r];
+                if (r < rows) { /* warp-uniform */
+#pragma unroll
+                    for (int offset = 16; offset > 0; offset >>= 1) {
+                        qx[r] += __shfl_xor_sync(0xffffffffu, qx[r], offset);
+                        xs[r] += __shfl_xor_sync(0xffffffffu, xs[r], offset);
+                    }
+                    acc[r] += s * qx[r] + b * xs[r];
+                }
             }
         }
 #pragma unroll
         for (int r = 0; r < GENERIC_M; r++) {
-#pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1) part[r] += __shfl_xor_sync(0xffffffffu, part[r], offset);
             if (lane == 0 && r < rows) {
-                if (!isfinite(part[r]))
-                    part[r] = direct_output_t(x + (m0 + r) * K, row, scales + n * groups, biases + n * groups, bits, K,
-                                              group_size);
-                store_f32(out, (m0 + r) * N + n, part[r]);
+                if (!isfinite(acc[r]))
+                    acc[r] = direct_output_t(x + (m0 + r) * K, row, scales + n * groups, biases + n * groups, bits, K,
+                                             group_size);
+                store_f32(out, (m0 + r) * N + n, acc[r]);
             }
         }
     }
@@ -314,7 +319,15 @@ __device__ __forceinline__ float2 scale_bias(const uint32_t *sb, size_t i, __nv_
  * (warp w takes super-blocks w, w+NW, ...), then a fixed-order sum of the NW partial results through
  * shared memory (deterministic; the order does not depend on M).
  */
-template <int BITS, typename T, int RT, int TT>
+__device__ __forceinline__ uint4 load_streaming(const uint4 *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+template <int BITS, typename T, int RT, int TT, int U>
 __global__ void __launch_bounds__(256)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
@@ -338,16 +351,27 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[r][tt][e] = 0.0f;
 
-    for (int sbk = warp; sbk < super_blocks; sbk += NW) {
-        /* All loads of the super-block first: 2·RT weight quarters and up to BPS·TT x vectors. */
-        uint4 wq[RT][2];
+    /* Warp w takes super-blocks [w·U, w·U + U), then [(w + NW)·U, ...): every weight load of the U
+     * super-blocks is issued before the first is used (2·RT·U 16-byte loads in flight per lane), streamed
+     * past L1 (each weight byte is read once), while x stays in L1 for the other warps of the SM. */
+    for (int base = warp * U; base < super_blocks; base += NW * U) {
+        uint4 wq_all[U][RT][2];
 #pragma unroll
-        for (int r = 0; r < RT; r++)
+        for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int n = n_base + 16 * r + 8 * h + g;
-                wq[r][h] = n < N ? packed[(size_t)n * row_quads + (size_t)sbk * 4 + t] : make_uint4(0, 0, 0, 0);
-            }
+            for (int r = 0; r < RT; r++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int n = n_base + 16 * r + 8 * h + g, sbk = base + u;
+                    wq_all[u][r][h] = n < N && sbk < super_blocks
+                                          ? load_streaming(packed + (size_t)n * row_quads + (size_t)sbk * 4 + t)
+                                          : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int sbk = base + u;
+        if (sbk >= super_blocks) break;
+        uint4(&wq)[RT][2] = wq_all[u];
         uint4 xv[BPS][TT];
 #pragma unroll
         for (int j = 0; j < BPS; j++)
@@ -417,6 +441,8 @@ __global__ void __launch_bounds__(256)
         }
     }
 
+    }
+
     /* Fixed-order reduction over the NW warps. */
     constexpr int per_warp = RT * TT * 4 * 32;
 #pragma unroll
@@ -483,16 +509,18 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
 }
 
 template <int BITS, typename T, int RT, int TT> static int launch_mma_gemv(const qmm_cuda_launch *c) {
+    constexpr int U = RT >= 4 ? 1 : 4 / RT; /* super-blocks per warp per round: 4·2 loads per lane for RT = 1 */
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
     int warps = c->warps;
-    if (warps <= 0) { /* enough warps to keep loads in flight, never more than super-blocks to share */
-        warps = super_blocks < 8 ? super_blocks : 8;
+    if (warps <= 0) { /* at most 8 warps share a row tile's K; as few rounds as that allows, evenly split */
+        const int units = (super_blocks + U - 1) / U, rounds = (units + 7) / 8;
+        warps = (units + rounds - 1) / rounds;
         if (warps < 1) warps = 1;
     }
     const size_t shared = (size_t)warps * RT * TT * 4 * 32 * sizeof(float);
     const unsigned blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
     cudaGetLastError();
-    mma_gemv_kernel<BITS, T, RT, TT><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
+    mma_gemv_kernel<BITS, T, RT, TT, U><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
         (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
         (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K, c->group_size);
     return (int)cudaGetLastError();

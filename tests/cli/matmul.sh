@@ -29,7 +29,7 @@ done
 check "ffn_down K" out_has "(N=576, K=1536)"
 
 # The reference kernel forced by name.
-expect_ok "forced kernel" matmul "$FIXTURE" --layer blk.0.attn_v -m 3 --kernel ref.qmm_t.scalar.r1
+expect_ok "forced kernel" matmul "$FIXTURE" --layer blk.0.attn_v -m 3 --kernel ref.qmm_t.scalar.r1 --backend ref
 check "forced kernel reported" out_has "ref.qmm_t.scalar.r1 (forced)"
 check "forced kernel: within bound" out_has "within bound"
 
