@@ -358,6 +358,12 @@ qmm_status qmm_chain_run(qmm_chain *chain);
  * host backends the sum of the steps. Errors: QMM_ERR_INVALID_ARGUMENT (NULL, or not run since the last
  * step was added). */
 qmm_status qmm_chain_elapsed(const qmm_chain *chain, double *microseconds);
+/* Per-step timing (on by default). On CUDA each step is bracketed by an event recorded inside the graph,
+ * which costs device time between steps; with enabled = 0 the graph holds only the kernels and is timed
+ * from outside as a whole (what `qmm bench` uses), and qmm_chain_step reports NaN microseconds. Host
+ * backends then synchronize once per run instead of once per step. Changing it drops the captured graph.
+ * Errors: QMM_ERR_INVALID_ARGUMENT (NULL). */
+qmm_status qmm_chain_set_step_timing(qmm_chain *chain, int enabled);
 /* Device time of step `step` in the last run, in microseconds; info (optional) gets its kernel.
  * Errors: QMM_ERR_INVALID_ARGUMENT when step ≥ length or the chain has not run since its last step
  * was added. Host backends time each step with CLOCK_MONOTONIC around the kernel and a synchronize. */

@@ -79,7 +79,8 @@ typedef struct qmm_backend_hooks {
     void (*weights_release)(void *state, void *extra);
     /* Optional: runs a chain's `count` steps as one submission. launch(argument, i) enqueues step i.
      * *graph is the backend's cached submission for this chain (NULL the first time; the runtime drops
-     * it with chain_release when steps change). Writes each step's device time and the whole run's. */
+     * it with chain_release when steps change). Writes each step's device time into microseconds[count]
+     * (NULL: no per-step events in the submission) and the whole run's into *total_microseconds. */
     qmm_status (*chain_run)(void *state, void **graph, size_t count, qmm_status (*launch)(void *argument, size_t i),
                             void *argument, double *microseconds, double *total_microseconds);
     void (*chain_release)(void *state, void *graph);

@@ -156,6 +156,7 @@ struct qmm_chain {
     bool ran; /* the last qmm_chain_run completed, and no step was added since */
     double total_microseconds; /* device time of the whole last run */
     void *graph;               /* the backend's cached submission (chain_run hook), or NULL */
+    bool whole_only;           /* qmm_chain_set_step_timing(chain, 0): no per-step events */
 };
 
 /* ───────────────────────────── context ───────────────────────────── */
@@ -651,28 +652,29 @@ qmm_status qmm_chain_run(qmm_chain *chain) {
         double *times = malloc(chain->length * sizeof *times);
         if (!times) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_chain_run: no memory for %zu step times", chain->length);
         qmm_status status = context->hooks->chain_run(context->state, &chain->graph, chain->length, launch_step, chain,
-                                                      times, &chain->total_microseconds);
+                                                      chain->whole_only ? NULL : times, &chain->total_microseconds);
         if (status == QMM_OK)
-            for (size_t i = 0; i < chain->length; i++) chain->steps[i].microseconds = times[i];
+            for (size_t i = 0; i < chain->length; i++)
+                chain->steps[i].microseconds = chain->whole_only ? __builtin_nan("") : times[i];
         free(times);
         if (status != QMM_OK) return status;
         chain->ran = true;
         return QMM_OK;
     }
-    double total = 0.0;
-    /* Host backends: each step is timed with CLOCK_MONOTONIC around the kernel and a synchronize.
-     * A device backend (CUDA: one captured graph with events between steps) will supply its own
-     * hook for this loop. */
+    /* Host backends: each step is timed with CLOCK_MONOTONIC around the kernel and a synchronize; with
+     * step timing off, the whole loop is timed once. */
+    const double begin = monotonic_microseconds();
     for (size_t i = 0; i < chain->length; i++) {
         chain_step *step = &chain->steps[i];
         const double start = monotonic_microseconds();
         qmm_status status = step->kernel->run(&step->call);
-        if (status == QMM_OK) status = context->hooks->synchronize(context->state);
+        if (status == QMM_OK && !chain->whole_only) status = context->hooks->synchronize(context->state);
         if (status != QMM_OK) return status;
-        step->microseconds = monotonic_microseconds() - start;
-        total += step->microseconds;
+        step->microseconds = chain->whole_only ? __builtin_nan("") : monotonic_microseconds() - start;
     }
-    chain->total_microseconds = total;
+    qmm_status status = context->hooks->synchronize(context->state);
+    if (status != QMM_OK) return status;
+    chain->total_microseconds = monotonic_microseconds() - begin;
     chain->ran = true;
     return QMM_OK;
 }
@@ -696,5 +698,15 @@ qmm_status qmm_chain_elapsed(const qmm_chain *chain, double *microseconds) {
         return qmm_error(QMM_ERR_INVALID_ARGUMENT,
                          "qmm_chain_elapsed: the chain has not run since its last step was added (call qmm_chain_run)");
     *microseconds = chain->total_microseconds;
+    return QMM_OK;
+}
+
+qmm_status qmm_chain_set_step_timing(qmm_chain *chain, int enabled) {
+    if (!chain) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_set_step_timing: chain is NULL");
+    if ((bool)!enabled != chain->whole_only) {
+        chain->whole_only = !enabled;
+        chain->ran = false;
+        chain_drop_graph(chain);
+    }
     return QMM_OK;
 }

@@ -190,8 +190,9 @@ cleanup:
 /* A chain's captured graph: one event before the first step and one after each. */
 typedef struct cuda_graph {
     cudaGraphExec_t exec;
-    cudaEvent_t *events; /* count + 1 */
+    cudaEvent_t *events; /* count + 1 when step_events, else 2 recorded outside the graph around its launch */
     size_t count;
+    bool step_events;
 } cuda_graph;
 
 static void cuda_chain_release(void *state, void *graph) {
@@ -201,7 +202,7 @@ static void cuda_chain_release(void *state, void *graph) {
     cudaSetDevice(s->device);
     cudaStreamSynchronize(s->stream);
     if (g->exec) cudaGraphExecDestroy(g->exec);
-    for (size_t i = 0; g->events && i <= g->count; i++)
+    for (size_t i = 0; g->events && i <= (g->step_events ? g->count : 1); i++)
         if (g->events[i]) cudaEventDestroy(g->events[i]);
     free(g->events);
     free(g);
@@ -209,7 +210,7 @@ static void cuda_chain_release(void *state, void *graph) {
 
 /* Captures the chain's launches into one graph (stream capture, thread-local mode). */
 static qmm_status capture(cuda_state *s, size_t count, qmm_status (*launch)(void *, size_t), void *argument,
-                          cuda_graph **out) {
+                          bool step_events, cuda_graph **out) {
     qmm_status status = QMM_OK;
     cudaGraph_t graph = NULL;
     bool capturing = false;
@@ -219,7 +220,8 @@ static qmm_status capture(cuda_state *s, size_t count, qmm_status (*launch)(void
         goto cleanup;
     }
     created->count = count;
-    for (size_t i = 0; i <= count; i++) {
+    created->step_events = step_events;
+    for (size_t i = 0; i <= (step_events ? count : 1); i++) {
         cudaError_t error = cudaEventCreate(&created->events[i]);
         if (error != cudaSuccess) {
             status = qmm_error(QMM_ERR_BACKEND, "cudaEventCreate failed: %s (%s:%d)", cudaGetErrorString(error), __FILE__,
@@ -236,7 +238,8 @@ static qmm_status capture(cuda_state *s, size_t count, qmm_status (*launch)(void
     capturing = true;
     for (size_t i = 0; i <= count && status == QMM_OK; i++) {
         /* External: an event recorded inside a graph can be timed from outside it only with this flag. */
-        error = cudaEventRecordWithFlags(created->events[i], s->stream, cudaEventRecordExternal);
+        error = step_events ? cudaEventRecordWithFlags(created->events[i], s->stream, cudaEventRecordExternal)
+                            : cudaSuccess;
         if (error != cudaSuccess)
             status = qmm_error(QMM_ERR_BACKEND, "cudaEventRecord failed during capture: %s (%s:%d)",
                                cudaGetErrorString(error), __FILE__, __LINE__);
@@ -276,22 +279,29 @@ static qmm_status cuda_chain_run(void *state, void **graph, size_t count, qmm_st
                                  void *argument, double *microseconds, double *total_microseconds) {
     cuda_state *s = state;
     CUDA_TRY(cudaSetDevice(s->device));
+    const bool step_events = microseconds != NULL;
+    if (*graph && ((cuda_graph *)*graph)->step_events != step_events) {
+        cuda_chain_release(s, *graph);
+        *graph = NULL;
+    }
     if (!*graph) {
         cuda_graph *created = NULL;
-        qmm_status status = capture(s, count, launch, argument, &created);
+        qmm_status status = capture(s, count, launch, argument, step_events, &created);
         if (status != QMM_OK) return status;
         *graph = created;
     }
     cuda_graph *g = *graph;
+    if (!step_events) CUDA_TRY(cudaEventRecord(g->events[0], s->stream));
     CUDA_TRY(cudaGraphLaunch(g->exec, s->stream));
+    if (!step_events) CUDA_TRY(cudaEventRecord(g->events[1], s->stream));
     CUDA_TRY(cudaStreamSynchronize(s->stream));
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; step_events && i < count; i++) {
         float ms = 0.0f;
         CUDA_TRY(cudaEventElapsedTime(&ms, g->events[i], g->events[i + 1]));
         microseconds[i] = 1000.0 * ms;
     }
     float ms = 0.0f;
-    CUDA_TRY(cudaEventElapsedTime(&ms, g->events[0], g->events[count]));
+    CUDA_TRY(cudaEventElapsedTime(&ms, g->events[0], g->events[step_events ? count : 1]));
     *total_microseconds = 1000.0 * ms;
     return QMM_OK;
 }

@@ -105,6 +105,18 @@ static void test_chain(qmm_context *context, check_rng *rng) {
     CHECK_OK(qmm_ref_dense_f64(&a.q.m, a.host_x, a.M, 1, a.exact, a.abs_dot));
     CHECK_OK(qmm_chain_run(chain));
     product_check(&a, "replay with new x", 2.0);
+    /* Whole-chain timing: no events between steps, the graph timed from outside; steps report NaN. */
+    CHECK_OK(qmm_chain_set_step_timing(chain, 0));
+    CHECK_OK(qmm_buffer_poison(a.out));
+    CHECK_OK(qmm_chain_run(chain));
+    product_check(&a, "whole-chain timing", 2.0);
+    CHECK_OK(qmm_chain_elapsed(chain, &total));
+    CHECK_OK(qmm_chain_step(chain, 0, &step0, NULL));
+    CHECK(total > 0 && total < 1e6 && isnan(step0), "whole-chain timing: total %.3f µs, step %.3f", total, step0);
+    CHECK_OK(qmm_chain_set_step_timing(chain, 1));
+    CHECK_OK(qmm_chain_run(chain));
+    CHECK_OK(qmm_chain_step(chain, 1, &step1, NULL));
+    CHECK(step1 > 0, "step timing back on: step 1 took %.3f µs", step1);
     qmm_chain_destroy(chain);
     product_free(&a);
     product_free(&b);
