@@ -383,10 +383,14 @@ typedef struct qmm_tensor {
 typedef struct qmm_safetensors qmm_safetensors;
 
 /* Maps the file read-only and validates the header: length ≤ file size − 8 (and ≤ 100 MB), JSON
- * object, known dtypes, shapes of non-negative dims, offsets inside the data area, end − begin equal
- * to dtype size × product of shape (no overflow), no overlapping tensors, names valid UTF-8 and
- * unique. Errors: QMM_ERR_IO, QMM_ERR_CORRUPT (the message names the tensor and the rule),
- * QMM_ERR_UNSUPPORTED (an unknown dtype string), QMM_ERR_OUT_OF_MEMORY. */
+ * object, known dtypes, at most QMM_MAX_DIMS dims, each an integer in [0, 2^53], offsets inside the
+ * data area, end − begin equal to dtype size × product of shape (no overflow of size_t), no
+ * overlapping tensors, and, as the reference implementation requires, offsets that tile the data area
+ * exactly (in offset order each tensor begins where the previous one ends, the first at 0, the last
+ * ends at the end of the file: a gap or trailing bytes are refused naming the tensors around them),
+ * names valid UTF-8 and unique. Errors: QMM_ERR_IO (also: not a regular file), QMM_ERR_CORRUPT (the
+ * message names the tensor and the rule), QMM_ERR_UNSUPPORTED (an unknown dtype string, more than
+ * QMM_MAX_DIMS dims), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file);
 /* Parses an in-memory image (bytes, size); the caller keeps the bytes alive while it is open.
  * Same validation and errors as qmm_safetensors_open. Used by the fuzzers. */
@@ -402,9 +406,9 @@ const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *ke
 
 /* Writes count tensors (data copied from each tensor's data/nbytes) and optional metadata pairs
  * (metadata_keys[i] → metadata_values[i]) to path via a temporary file in the same directory and an
- * atomic rename: on any error nothing is left at path or beside it. Names must be unique, non-empty
- * valid UTF-8; nbytes must equal dtype size × shape product. Errors: QMM_ERR_INVALID_ARGUMENT,
- * QMM_ERR_SHAPE, QMM_ERR_IO. */
+ * atomic rename: on any error nothing is left at path or beside it. The file is created with mode
+ * 0666 narrowed by the process umask. Names must be unique, non-empty valid UTF-8; nbytes must equal
+ * dtype size × shape product. Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE, QMM_ERR_IO. */
 qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, size_t count,
                                  const char *const *metadata_keys, const char *const *metadata_values,
                                  size_t metadata_count);
