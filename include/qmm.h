@@ -417,7 +417,9 @@ qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, si
  * model-0000i-of-0000n.safetensors shards (with or without model.safetensors.index.json).
  * A layer P is quantized iff tensor "P.scales" exists; then "P.weight" is U32 and "P.biases" exists.
  * config.json "quantization" (or "quantization_config"): {"group_size": G, "bits": B, and optional
- * per-layer entries "P": {"group_size", "bits"} or "P": false}. */
+ * per-layer entries "P": {"group_size", "bits"} or "P": false}. When both keys are present they must
+ * agree (same default, same per-layer entries; mlx-lm writes one as a copy of the other): a config
+ * where they differ is refused with QMM_ERR_CORRUPT naming the difference, never read by one of them. */
 typedef struct qmm_checkpoint qmm_checkpoint;
 
 /* One quantized layer: its path P and its matrix (arrays point into the mapped shards). */
@@ -448,7 +450,7 @@ qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *
 
 /* Parses config.json text (size bytes, not necessarily NUL-terminated) and returns its default
  * quantization format; used by the fuzzers and by qmm_checkpoint_open. Errors: QMM_ERR_CORRUPT (not
- * JSON, not an object, a field of the wrong kind), QMM_ERR_FORMAT (bits or group_size outside the sets),
+ * JSON, not an object, a field of the wrong kind, "quantization_config" disagreeing with "quantization"), QMM_ERR_FORMAT (bits or group_size outside the sets),
  * QMM_ERR_UNSUPPORTED (a mode other than "affine", a Hugging Face quant_method), QMM_ERR_OVERFLOW,
  * QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group_size);

@@ -89,37 +89,22 @@ static int compare_layer_formats(const void *a, const void *b) {
     return strcmp(((const layer_format *)a)->name, ((const layer_format *)b)->name);
 }
 
-static qmm_status parse_config(const char *json, size_t size, quant_config *config) {
-    memset(config, 0, sizeof *config);
-    cJSON *root = NULL;
+/* Parses one quantization object (the value of config.json's `key`) into *config. */
+static qmm_status parse_quantization(const cJSON *quantization, const char *key, quant_config *config) {
     qmm_io_name *names = NULL;
     char printable[QMM_IO_PRINTABLE_SIZE];
-    qmm_status status = qmm_io_parse_json("config.json", json, size, &root);
-    if (status != QMM_OK) return status;
-    if (!cJSON_IsObject(root)) {
-        status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", qmm_io_json_kind(root));
-        goto cleanup;
-    }
-    /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. */
-    const char *key = "quantization";
-    const cJSON *quantization = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!quantization) {
-        key = "quantization_config";
-        quantization = cJSON_GetObjectItemCaseSensitive(root, key);
-    }
-    if (!quantization || cJSON_IsFalse(quantization) || cJSON_IsNull(quantization)) goto cleanup;
-    if (!cJSON_IsObject(quantization)) {
-        status = qmm_error(QMM_ERR_CORRUPT, "config.json \"%s\" is %s; it must be an object or false", key,
-                           qmm_io_json_kind(quantization));
-        goto cleanup;
-    }
+    qmm_status status = QMM_OK;
+    memset(config, 0, sizeof *config);
+    if (!quantization || cJSON_IsFalse(quantization) || cJSON_IsNull(quantization)) return QMM_OK;
+    if (!cJSON_IsObject(quantization))
+        return qmm_error(QMM_ERR_CORRUPT, "config.json \"%s\" is %s; it must be an object or false", key,
+                         qmm_io_json_kind(quantization));
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(quantization, "quant_method");
     if (method) {
         const char *value = cJSON_IsString(method) && method->valuestring ? method->valuestring : "?";
-        status = qmm_error(QMM_ERR_UNSUPPORTED,
-                           "config.json %s.quant_method=\"%s\" is not MLX affine quantization (no quant_method)", key,
-                           qmm_io_printable(value, strlen(value), printable, sizeof printable));
-        goto cleanup;
+        return qmm_error(QMM_ERR_UNSUPPORTED,
+                         "config.json %s.quant_method=\"%s\" is not MLX affine quantization (no quant_method)", key,
+                         qmm_io_printable(value, strlen(value), printable, sizeof printable));
     }
     if ((status = parse_format(quantization, key, &config->bits, &config->group_size)) != QMM_OK) goto cleanup;
 
@@ -175,6 +160,69 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
     qsort(config->overrides, config->override_count, sizeof(layer_format), compare_layer_formats);
 cleanup:
     free(names);
+    if (status != QMM_OK) quant_config_free(config);
+    return status;
+}
+
+/* Where two parsed quantization objects first differ, as text for a message; NULL when they agree. */
+static const char *config_difference(const quant_config *a, const quant_config *b, char *buffer, size_t size) {
+    if (a->bits != b->bits || a->group_size != b->group_size) {
+        snprintf(buffer, size, "default bits=%d group_size=%d vs bits=%d group_size=%d", a->bits, a->group_size,
+                 b->bits, b->group_size);
+        return buffer;
+    }
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    for (size_t i = 0; i < a->override_count || i < b->override_count; i++) {
+        const layer_format *x = i < a->override_count ? &a->overrides[i] : NULL;
+        const layer_format *y = i < b->override_count ? &b->overrides[i] : NULL;
+        if (x && y && strcmp(x->name, y->name) == 0 && x->quantized == y->quantized && x->bits == y->bits &&
+            x->group_size == y->group_size)
+            continue;
+        const layer_format *named = !y || (x && strcmp(x->name, y->name) < 0) ? x : y;
+        snprintf(buffer, size, "layer \"%s\" has a different entry",
+                 qmm_io_printable(named->name, strlen(named->name), printable, sizeof printable));
+        return buffer;
+    }
+    return NULL;
+}
+
+static qmm_status parse_config(const char *json, size_t size, quant_config *config) {
+    memset(config, 0, sizeof *config);
+    cJSON *root = NULL;
+    quant_config second = {0, 0, 0, NULL};
+    qmm_status status = qmm_io_parse_json("config.json", json, size, &root);
+    if (status != QMM_OK) return status;
+    if (!cJSON_IsObject(root)) {
+        status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", qmm_io_json_kind(root));
+        goto cleanup;
+    }
+    /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. When both
+     * are present they must say the same thing (same default, same per-layer entries): a file where they
+     * disagree is refused rather than read by one of them. */
+    const cJSON *quantization = cJSON_GetObjectItemCaseSensitive(root, "quantization");
+    const cJSON *quantization_config = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (!quantization) {
+        status = parse_quantization(quantization_config, "quantization_config", config);
+        goto cleanup;
+    }
+    if ((status = parse_quantization(quantization, "quantization", config)) != QMM_OK) goto cleanup;
+    if (!quantization_config) goto cleanup;
+    if (parse_quantization(quantization_config, "quantization_config", &second) != QMM_OK) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "config.json \"quantization_config\" disagrees with \"quantization\" (which reads): %s",
+                           qmm_last_error());
+        goto cleanup;
+    }
+    char difference[160];
+    if (config_difference(config, &second, difference, sizeof difference)) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "config.json \"quantization_config\" disagrees with \"quantization\": %s; they must be "
+                           "equal (mlx-lm writes one copy of the other)",
+                           difference);
+        goto cleanup;
+    }
+cleanup:
+    quant_config_free(&second);
     cJSON_Delete(root);
     if (status != QMM_OK) quant_config_free(config);
     return status;

@@ -370,7 +370,28 @@ static void test_config(const char *root) {
          QMM_ERR_FORMAT, "a.b"},
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}} trailing", QMM_ERR_CORRUPT, "after"},
         {"", QMM_ERR_CORRUPT, "JSON"},
+        /* "quantization_config" must say what "quantization" says (mlx-lm writes one as a copy of the other). */
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": {\"group_size\": 64, "
+         "\"bits\": 8}}",
+         QMM_ERR_CORRUPT, "bits=4 group_size=64 vs bits=8 group_size=64"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": false}, \"quantization_config\": "
+         "{\"group_size\": 64, \"bits\": 4}}",
+         QMM_ERR_CORRUPT, "layer \"a\""},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 8}}, \"quantization_config\": "
+         "{\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 2}}}",
+         QMM_ERR_CORRUPT, "layer \"a\""},
+        {"{\"quantization\": false, \"quantization_config\": {\"group_size\": 64, \"bits\": 4}}", QMM_ERR_CORRUPT,
+         "disagrees"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": {\"quant_method\": "
+         "\"awq\"}}",
+         QMM_ERR_CORRUPT, "awq"},
     };
+    /* The same content twice, in another member order and spelling, agrees. */
+    const char *agree = "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 8}, \"b\": false},"
+                        " \"quantization_config\": {\"b\": false, \"a\": {\"group_size\": 64, \"bits\": 8.0},"
+                        " \"bits\": 4, \"group_size\": 64, \"mode\": \"affine\"}}";
+    CHECK_OK(qmm_config_parse(agree, strlen(agree), &bits, &group_size));
+    CHECK(bits == 4 && group_size == 64, "agreeing copies: %d/%d", bits, group_size);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         qmm_error_clear();
         qmm_status status = qmm_config_parse(bad[i].json, strlen(bad[i].json), &bits, &group_size);
