@@ -428,9 +428,13 @@ typedef struct qmm_layer {
     qmm_qmatrix matrix;
 } qmm_layer;
 
-/* Opens DIR, reads config.json and every shard, and checks each quantized layer: weight U32 2-D,
- * scales/biases same float dtype and shape [rows, cols/group_size], weight words = cols·bits/32 with
- * the layer's bits/group_size from the config (an override if present). Errors: QMM_ERR_IO,
+/* Opens DIR, reads config.json and every shard, and checks each quantized layer: weight U32 with 2 or
+ * more dims (the leading dims are folded: rows = their product, e.g. an MoE [E, N, words] weight is
+ * E·N rows), scales/biases one float dtype and one shape [leading dims..., cols/group_size], weight
+ * words per row = cols·bits/32, with the layer's bits/group_size from the config (its per-layer entry
+ * if present, else the default; a layer with P.scales and no format in the config is refused: its
+ * format is never guessed from the shapes). Arrays at addresses misaligned for their dtype (MLX writes
+ * unpadded headers) are copied to aligned memory owned by the checkpoint. Errors: QMM_ERR_IO,
  * QMM_ERR_CORRUPT (naming the layer and the disagreement), QMM_ERR_FORMAT, QMM_ERR_NOT_FOUND
  * (no config.json or no shard), QMM_ERR_UNSUPPORTED (a quantization mode other than "affine", an
  * unknown tensor dtype), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */

@@ -401,6 +401,8 @@ static const layer_format *find_override(const quant_config *config, const char 
     return position == QMM_IO_NOT_FOUND ? NULL : &config->overrides[position];
 }
 
+_Thread_local size_t qmm_io_fail_aligned_copy;
+
 /* Returns data itself when it is aligned for its element size, else an aligned heap copy (stored in
  * *owned). mlx.core.save_safetensors does not pad its header, so arrays in MLX-written files are often
  * at odd offsets, and kernels read uint32/f16 arrays with aligned loads. */
@@ -408,12 +410,66 @@ static qmm_status aligned_view(const qmm_tensor *tensor, const void **data, void
     size_t element = qmm_dtype_size(tensor->dtype);
     *data = tensor->data;
     if (((uintptr_t)tensor->data % element) == 0) return QMM_OK;
-    void *copy = malloc(tensor->nbytes ? tensor->nbytes : 1);
+    bool injected = qmm_io_fail_aligned_copy > 0 && --qmm_io_fail_aligned_copy == 0;
+    void *copy = injected ? NULL : malloc(tensor->nbytes ? tensor->nbytes : 1);
     if (!copy)
         return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to align %s", tensor->nbytes, tensor->name);
     memcpy(copy, tensor->data, tensor->nbytes);
     *owned = copy;
     *data = copy;
+    return QMM_OK;
+}
+
+/* Checks a quantized layer's three tensors against (bits, group_size), the same rules for the reader
+ * and the writer: weight U32 with ≥ 2 dims (leading dims folded into rows), scales and biases one
+ * float dtype and one shape [leading dims..., cols/group_size], words per row = cols·bits/32, no empty
+ * layer. name is printable. Returns rows and cols. Errors: QMM_ERR_CORRUPT naming the layer and rule. */
+static qmm_status check_layer_tensors(const char *name, const qmm_tensor *weight, const qmm_tensor *scales,
+                                      const qmm_tensor *biases, int bits, int group_size, size_t *rows_out,
+                                      size_t *cols_out) {
+    if (weight->dtype != QMM_U32)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has dtype %s; a quantized weight must be u32", name,
+                         name, qmm_dtype_name(weight->dtype));
+    if (weight->ndim < 2)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has %d dimensions; it must have at least 2", name,
+                         name, weight->ndim);
+    if (!qmm_is_float_dtype(scales->dtype) || biases->dtype != scales->dtype)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": scales (%s) and biases (%s) must have the same dtype, one of f32, f16, bf16",
+                         name, qmm_dtype_name(scales->dtype), qmm_dtype_name(biases->dtype));
+    bool same_shape = scales->ndim == weight->ndim && biases->ndim == weight->ndim;
+    for (int d = 0; same_shape && d < weight->ndim; d++) {
+        if (scales->shape[d] != biases->shape[d]) same_shape = false;
+        if (d < weight->ndim - 1 && scales->shape[d] != weight->shape[d]) same_shape = false;
+    }
+    if (!same_shape)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": scales and biases must have the weight's leading dimensions and one shape "
+                         "(weight %d-D, scales %d-D, biases %d-D)",
+                         name, weight->ndim, scales->ndim, biases->ndim);
+    size_t rows = 1;
+    for (int d = 0; d < weight->ndim - 1; d++)
+        rows *= (size_t)weight->shape[d]; /* bounded by nbytes */
+    size_t words = (size_t)weight->shape[weight->ndim - 1];
+    size_t groups = (size_t)scales->shape[scales->ndim - 1];
+    size_t stream_bits = words * 32; /* words ≤ 2^53 (validated header), so no overflow */
+    if (stream_bits % (size_t)bits != 0)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %zu words per row is not a whole number of %d-bit codes", name,
+                         words, bits);
+    size_t cols = stream_bits / (size_t)bits;
+    if (rows == 0 || cols == 0)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" is empty (%zu rows, %zu columns)", name, rows, cols);
+    if (cols % (size_t)group_size != 0)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": %zu words per row at bits=%d give %zu columns, not a multiple of group_size=%d",
+                         name, words, bits, cols, group_size);
+    if (cols / (size_t)group_size != groups)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": scales have %zu groups per row but %zu columns at group_size=%d need %zu "
+                         "(bits=%d)",
+                         name, groups, cols, group_size, cols / (size_t)group_size, bits);
+    *rows_out = rows;
+    *cols_out = cols;
     return QMM_OK;
 }
 
@@ -464,65 +520,9 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
                       printable, printable);
         goto cleanup;
     }
-
-    if (weight.dtype != QMM_U32) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has dtype %s; a quantized weight must be u32",
-                           printable, printable, qmm_dtype_name(weight.dtype));
+    size_t rows = 0, cols = 0;
+    if ((status = check_layer_tensors(printable, &weight, &scales, &biases, bits, group_size, &rows, &cols)) != QMM_OK)
         goto cleanup;
-    }
-    if (weight.ndim < 2) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has %d dimensions; it must have at least 2",
-                           printable, printable, weight.ndim);
-        goto cleanup;
-    }
-    if (!qmm_is_float_dtype(scales.dtype) || biases.dtype != scales.dtype) {
-        status = qmm_error(QMM_ERR_CORRUPT,
-                           "layer \"%s\": scales (%s) and biases (%s) must have the same dtype, one of f32, f16, bf16",
-                           printable, qmm_dtype_name(scales.dtype), qmm_dtype_name(biases.dtype));
-        goto cleanup;
-    }
-    bool same_shape = scales.ndim == weight.ndim && biases.ndim == weight.ndim;
-    for (int d = 0; same_shape && d < weight.ndim; d++) {
-        if (scales.shape[d] != biases.shape[d]) same_shape = false;
-        if (d < weight.ndim - 1 && scales.shape[d] != weight.shape[d]) same_shape = false;
-    }
-    if (!same_shape) {
-        status = qmm_error(QMM_ERR_CORRUPT,
-                           "layer \"%s\": scales and biases must have the weight's leading dimensions and one shape "
-                           "(weight %d-D, scales %d-D, biases %d-D)",
-                           printable, weight.ndim, scales.ndim, biases.ndim);
-        goto cleanup;
-    }
-    size_t rows = 1;
-    for (int d = 0; d < weight.ndim - 1; d++)
-        rows *= (size_t)weight.shape[d]; /* bounded by nbytes */
-    size_t words = (size_t)weight.shape[weight.ndim - 1];
-    size_t groups = (size_t)scales.shape[scales.ndim - 1];
-    size_t stream_bits = words * 32; /* words ≤ 2^53 (validated header), so no overflow */
-    if (stream_bits % (size_t)bits != 0) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %zu words per row is not a whole number of %d-bit codes",
-                           printable, words, bits);
-        goto cleanup;
-    }
-    size_t cols = stream_bits / (size_t)bits;
-    if (rows == 0 || cols == 0) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" is empty (%zu rows, %zu columns)", printable, rows, cols);
-        goto cleanup;
-    }
-    if (cols % (size_t)group_size != 0) {
-        status =
-            qmm_error(QMM_ERR_CORRUPT,
-                      "layer \"%s\": %zu words per row at bits=%d give %zu columns, not a multiple of group_size=%d",
-                      printable, words, bits, cols, group_size);
-        goto cleanup;
-    }
-    if (cols / (size_t)group_size != groups) {
-        status = qmm_error(QMM_ERR_CORRUPT,
-                           "layer \"%s\": scales have %zu groups per row but %zu columns at group_size=%d need %zu "
-                           "(bits=%d from config.json)",
-                           printable, groups, cols, group_size, cols / (size_t)group_size, bits);
-        goto cleanup;
-    }
     const void *w = NULL, *s = NULL, *b = NULL;
     if ((status = aligned_view(&weight, &w, &layer->owned[0])) != QMM_OK) goto cleanup;
     if ((status = aligned_view(&scales, &s, &layer->owned[1])) != QMM_OK) goto cleanup;
@@ -538,6 +538,13 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
     layer->name = name;
     name = NULL;
 cleanup:
+    if (status != QMM_OK) {
+        /* The caller counts only layers that were built: copies made before a failure are freed here. */
+        for (int k = 0; k < 3; k++) {
+            free(layer->owned[k]);
+            layer->owned[k] = NULL;
+        }
+    }
     free(name);
     free(tensor_name);
     return status;

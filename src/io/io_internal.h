@@ -108,6 +108,10 @@ qmm_status qmm_safetensors_write_to(qmm_atomic_file *file, const qmm_tensor *ten
                                     const char *const *metadata_keys, const char *const *metadata_values,
                                     size_t metadata_count);
 
+/* Test hook (checkpoint.c): when n > 0, the n-th aligned copy of a misaligned layer array made by this
+ * thread from now on fails as if malloc had returned NULL (the counter counts down to 0 = off). */
+extern _Thread_local size_t qmm_io_fail_aligned_copy;
+
 /* Load/store little-endian integers from untrusted, possibly unaligned bytes. */
 static inline uint16_t qmm_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t qmm_le32(const uint8_t *p) {
