@@ -461,10 +461,25 @@ qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group
 
 /* Writes an MLX checkpoint directory: dir/model.safetensors with every tensor and dir/config.json
  * with "quantization" and "quantization_config" = {"group_size": G, "bits": B} plus one override per
- * layer whose format differs (G/B = the most common format among layers; nothing when no layer is
- * quantized). extra_config_json, if not NULL, is a JSON object whose members are copied into
- * config.json first. Creates dir if missing; files are written via temp + rename, so a failure leaves
- * no partial file. Errors: QMM_ERR_IO, QMM_ERR_INVALID_ARGUMENT, validation errors. */
+ * layer whose format differs (G/B = the most common format among layers; neither key when no layer
+ * is quantized: a float checkpoint). extra_config_json, if not NULL, is a JSON object whose members
+ * are copied into config.json first (its "quantization" keys are replaced).
+ * Each layer is written from its arrays as P.weight U32 [rows, cols·bits/32], P.scales and P.biases
+ * [rows, cols/group_size] — or, when its matrix.w, scales and biases are all NULL, it only describes a
+ * layer whose three tensors P.weight/P.scales/P.biases are among tensors (any leading dims, written as
+ * they are): then only matrix.bits and group_size are read, and the tensors must pass
+ * qmm_checkpoint_open's checks at that format. This is how a layer that is already quantized keeps
+ * its own format and shape.
+ * Refused before anything is created or replaced (QMM_ERR_INVALID_ARGUMENT, naming the tensor or
+ * layer): a layer without a name, two layers of one name, a layer named like a quantization key
+ * (bits, group_size, mode, quant_method), two tensors of one name (given or made from a layer's
+ * arrays), a tensor "X.scales" or "X.biases" that no described layer owns, a described layer whose
+ * tensors are missing or disagree with its format; also an invalid format or matrix (qmm_qmatrix_validate).
+ * Creates dir (mode 0777 under the umask) if missing; files are created 0666 under the umask and
+ * written via temp + rename, so a failure leaves no partial file and a directory it created is
+ * removed; an existing model.safetensors is put back if config.json cannot be renamed. Errors:
+ * QMM_ERR_IO, QMM_ERR_INVALID_ARGUMENT, QMM_ERR_FORMAT/SHAPE (validation), QMM_ERR_OVERFLOW,
+ * QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
                                 const qmm_layer *layers, size_t layer_count, const char *extra_config_json);
 

@@ -905,6 +905,140 @@ static qmm_status release_kept(const char *path, kept_file *kept, bool replaced,
     return status;
 }
 
+/* A layer entry that only describes a layer whose tensors the caller passes among tensors[]. */
+static bool described_only(const qmm_layer *layer) {
+    return !layer->matrix.w && !layer->matrix.scales && !layer->matrix.biases;
+}
+
+static const char *io_name_at(const void *context, size_t i) { return ((const qmm_io_name *)context)[i].name; }
+
+/* Everything qmm_checkpoint_write refuses about its arguments, checked before anything is created, so
+ * that what it writes opens again with qmm_checkpoint_open as written:
+ *   - layer names: non-empty, unique, not a key of the quantization object (bits, group_size, mode,
+ *     quant_method: an override under such a name would be read as, or collide with, that key);
+ *   - a layer described only (w, scales, biases all NULL): its P.weight, P.scales and P.biases must be
+ *     among tensors and pass the reader's checks at the layer's bits and group_size;
+ *   - tensors: unique names, and no "X.scales" or "X.biases" that no layer owns (a reader would take
+ *     X.scales for a quantized layer whose format the config does not give). */
+static qmm_status check_write_arguments(const qmm_tensor *tensors, size_t tensor_count, const qmm_layer *layers,
+                                        size_t layer_count) {
+    static const char *const reserved[] = {"bits", "group_size", "mode", "quant_method"};
+    static const char *const suffixes[3] = {".weight", ".scales", ".biases"};
+    qmm_status status = QMM_OK;
+    qmm_io_name *tensor_names = calloc(tensor_count ? tensor_count : 1, sizeof(qmm_io_name));
+    qmm_io_name *layer_names = calloc(layer_count ? layer_count : 1, sizeof(qmm_io_name));
+    char *buffer = NULL;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    if (!tensor_names || !layer_names) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu names", tensor_count + layer_count);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < tensor_count; i++) {
+        if (!tensors[i].name) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor %zu has no name", i);
+            goto cleanup;
+        }
+        tensor_names[i] = (qmm_io_name){tensors[i].name, i};
+    }
+    if ((status = qmm_io_sort_unique(tensor_names, tensor_count, QMM_ERR_INVALID_ARGUMENT, "tensor name")) != QMM_OK)
+        goto cleanup;
+    size_t longest = 0;
+    for (size_t i = 0; i < layer_count; i++) {
+        const char *name = layers[i].name;
+        if (!name || !name[0]) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "layer %zu has no name", i);
+            goto cleanup;
+        }
+        qmm_io_printable(name, strlen(name), printable, sizeof printable);
+        for (size_t k = 0; k < sizeof reserved / sizeof reserved[0]; k++) {
+            if (strcmp(name, reserved[k]) == 0) {
+                status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                   "layer \"%s\" has the name of a config.json quantization key (bits, group_size, "
+                                   "mode, quant_method); its entry there would collide with that key",
+                                   printable);
+                goto cleanup;
+            }
+        }
+        if (strlen(name) > longest) longest = strlen(name);
+        layer_names[i] = (qmm_io_name){name, i};
+    }
+    if ((status = qmm_io_sort_unique(layer_names, layer_count, QMM_ERR_INVALID_ARGUMENT, "layer name")) != QMM_OK)
+        goto cleanup;
+    buffer = malloc(longest + sizeof ".weight");
+    if (!buffer) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a tensor name");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < layer_count; i++) {
+        const qmm_layer *layer = &layers[i];
+        qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
+        if (!described_only(layer)) { /* its arrays: qmm_qmatrix_validate in the caller */
+            for (int k = 0; k < 3; k++) {
+                snprintf(buffer, longest + sizeof ".weight", "%s%s", layer->name, suffixes[k]);
+                if (qmm_io_find_sorted(tensor_names, tensor_count, io_name_at, buffer) != QMM_IO_NOT_FOUND) {
+                    status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                       "tensor \"%s%s\" is passed among tensors and also made by layer \"%s\" from "
+                                       "its arrays",
+                                       printable, suffixes[k], printable);
+                    goto cleanup;
+                }
+            }
+            continue;
+        }
+        if ((status = qmm_format_validate(layer->matrix.bits, layer->matrix.group_size)) != QMM_OK) {
+            qmm_error(status, "layer \"%s\": %s", printable, qmm_last_error());
+            goto cleanup;
+        }
+        qmm_tensor parts[3];
+        for (int k = 0; k < 3; k++) {
+            snprintf(buffer, longest + sizeof ".weight", "%s%s", layer->name, suffixes[k]);
+            size_t at = qmm_io_find_sorted(tensor_names, tensor_count, io_name_at, buffer);
+            if (at == QMM_IO_NOT_FOUND) {
+                status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                   "layer \"%s\" is described without arrays, but no tensor is named %s%s", printable,
+                                   printable, suffixes[k]);
+                goto cleanup;
+            }
+            parts[k] = tensors[tensor_names[at].index];
+        }
+        size_t rows = 0, cols = 0;
+        status = check_layer_tensors(printable, &parts[0], &parts[1], &parts[2], layer->matrix.bits,
+                                     layer->matrix.group_size, &rows, &cols);
+        if (status != QMM_OK) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s", qmm_last_error());
+            goto cleanup;
+        }
+    }
+    for (size_t i = 0; i < tensor_count; i++) {
+        const char *name = tensors[i].name;
+        for (int k = 1; k < 3; k++) {
+            size_t length = strlen(name), suffix = strlen(suffixes[k]);
+            if (length < suffix || strcmp(name + length - suffix, suffixes[k]) != 0) continue;
+            char *owner = strdup(name);
+            if (!owner) {
+                status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a tensor name");
+                goto cleanup;
+            }
+            owner[length - suffix] = '\0';
+            size_t at = qmm_io_find_sorted(layer_names, layer_count, io_name_at, owner);
+            free(owner);
+            if (at == QMM_IO_NOT_FOUND || !described_only(&layers[layer_names[at].index])) {
+                status = qmm_error(
+                    QMM_ERR_INVALID_ARGUMENT,
+                    "tensor \"%s\" ends in %s but no layer describes it: a reader would take it for part of a quantized "
+                    "layer whose format config.json does not give (pass the layer, or rename the tensor)",
+                    qmm_io_printable(name, length, printable, sizeof printable), suffixes[k]);
+                goto cleanup;
+            }
+        }
+    }
+cleanup:
+    free(buffer);
+    free(tensor_names);
+    free(layer_names);
+    return status;
+}
+
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
                                 const qmm_layer *layers, size_t layer_count, const char *extra_config_json) {
     if (!dir || !dir[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_write: dir is empty");
@@ -920,6 +1054,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     char printable[QMM_IO_PRINTABLE_SIZE];
 
     size_t total = 0, name_count = 0;
+    if ((status = check_write_arguments(tensors, tensor_count, layers, layer_count)) != QMM_OK) return status;
     if (!qmm_mul_size(layer_count, 3, &total) || !qmm_add_size(total, tensor_count, &total))
         return qmm_error(QMM_ERR_OVERFLOW, "%zu tensors and %zu layers overflow size_t", tensor_count, layer_count);
     all = calloc(total ? total : 1, sizeof(qmm_tensor));
@@ -929,12 +1064,10 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
         goto cleanup;
     }
     if (tensor_count) memcpy(all, tensors, tensor_count * sizeof(qmm_tensor));
+    total = tensor_count; /* grows by three per layer that brings its arrays */
     for (size_t i = 0; i < layer_count; i++) {
         const qmm_layer *layer = &layers[i];
-        if (!layer->name || !layer->name[0]) {
-            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "layer %zu has no name", i);
-            goto cleanup;
-        }
+        if (described_only(layer)) continue; /* its tensors are among tensors (check_write_arguments) */
         qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
         if ((status = qmm_qmatrix_validate(&layer->matrix)) != QMM_OK) {
             qmm_error(status, "layer \"%s\": %s", printable, qmm_last_error());
@@ -961,7 +1094,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
             }
             snprintf(name, length, "%s%s", layer->name, suffixes[k]);
             names[name_count++] = name;
-            qmm_tensor *t = &all[tensor_count + 3 * i + (size_t)k];
+            qmm_tensor *t = &all[total++];
             t->name = name;
             t->dtype = k == 0 ? QMM_U32 : m->dtype;
             t->ndim = 2;
