@@ -526,22 +526,25 @@ const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);
  *   Q4_0 → 4-bit gs32, scale d, bias −8d;  Q4_1 → 4-bit gs32, scale d, bias m;
  *   Q8_0 → 8-bit gs32, scale d, bias −128d, q = int8 XOR 0x80   (→ *matrix, *is_quantized = 1;
  *   rows = product of the leading dims, cols = the last; scales and biases F16 as in MLX's loader).
- * The arrays are heap copies owned by the caller: release them with qmm_gguf_import_free.
+ * The arrays, and float_tensor->name, are heap copies owned by the caller (valid after qmm_gguf_close):
+ * release them with qmm_gguf_import_free.
  * GGUF blocks store elements j and j+16 in one byte; MLX order is sequential and is restored.
  * Errors: QMM_ERR_UNSUPPORTED naming the type (K-quants, IQ types, ...), QMM_ERR_SHAPE (a quantized
  * tensor whose row length is not a multiple of 32), QMM_ERR_NUMERIC (−8d or −128d not finite in
  * f16), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
                            qmm_tensor *float_tensor);
-/* Frees what qmm_gguf_import allocated (either output; NULL-safe fields). */
+/* Frees what qmm_gguf_import allocated: the matrix's w/scales/biases, the float tensor's data and name
+ * (either output may be NULL; fields are set to NULL, so a second call is harmless). */
 void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor);
 
 /* Converts a whole GGUF file (or the tensors whose names start with one of the `count` prefixes, when
  * count > 0) into an MLX checkpoint directory: quantized tensors "X.weight" become layer X
  * (X.weight U32, X.scales, X.biases), float tensors are kept as they are; config.json records the
- * formats and the GGUF general.architecture. Errors: those of qmm_gguf_import (an unsupported type
- * stops the conversion, naming the tensor, and no directory contents are written) and
- * qmm_checkpoint_write. */
+ * formats and the GGUF general.architecture. Every refusal comes before anything is written and
+ * leaves out_dir as it was: those of qmm_gguf_import (an unsupported type stops the conversion,
+ * naming the tensor) and of qmm_checkpoint_write (e.g. a float tensor named "x.scales", which no
+ * layer owns, or a quantized tensor "bits.weight", whose layer name is a config.json key). */
 qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count);
 
 #ifdef __cplusplus
