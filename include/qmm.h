@@ -483,6 +483,40 @@ qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
                                 const qmm_layer *layers, size_t layer_count, const char *extra_config_json);
 
+/* What qmm_checkpoint_quantize did with one weight, for a progress report (the library never prints). */
+typedef enum qmm_quantize_event {
+    QMM_QUANTIZE_QUANTIZED = 0, /* a float weight became layer `name` at the requested format */
+    QMM_QUANTIZE_KEPT = 1,      /* layer `name` was already quantized: kept as it is, in its own format */
+    QMM_QUANTIZE_LEFT = 2,      /* float weight `name` left unquantized; the message says why (K, group_size) */
+} qmm_quantize_event;
+/* message: one line without a newline, e.g. "proj [8, 128] f32 -> 4-bit gs32" or "odd.weight [2, 48] f32
+ * left unquantized: K=48 is not a multiple of group_size=32". Both strings live only during the call. */
+typedef void (*qmm_quantize_note)(void *user, qmm_quantize_event event, const char *name, const char *message);
+typedef struct qmm_quantize_summary {
+    size_t quantized; /* layers quantized by this call */
+    size_t kept;      /* layers already quantized in the input, kept in their own format */
+    size_t left;      /* float weights (≥ 2 dims, named *.weight) left unquantized */
+    size_t copied;    /* tensors written as they are (including the kept layers' three each) */
+} qmm_quantize_summary;
+
+/* Quantizes the float weights of one safetensors file into an MLX checkpoint directory (what
+ * `qmm quantize` does). Every f32/f16/bf16 tensor "X.weight" of 2 dims [N, K] with K a multiple of
+ * group_size becomes layer X at (bits, group_size) with qmm_quantize and `convention`; float *.weight
+ * tensors of other ranks, or whose K is not a multiple of group_size, are left as they are and reported
+ * (QMM_QUANTIZE_LEFT); every other tensor is copied. Layers that are already quantized in the input
+ * (P.scales present) keep their own format: it is read from config.json in the input's directory
+ * (as qmm_checkpoint_open reads it) and written as a per-layer entry; an input with such a layer and no
+ * config.json is refused (QMM_ERR_NOT_FOUND naming the layer): a format is never guessed from shapes.
+ * When no weight can be quantized the call fails and writes nothing: QMM_ERR_SHAPE naming the first
+ * weight's K and group_size, or QMM_ERR_NOT_FOUND when there is no float *.weight of 2 or more dims.
+ * The output is written by qmm_checkpoint_write (its refusals, atomicity and modes apply). note may be
+ * NULL; it is called on the calling thread before anything is written; summary may be NULL.
+ * Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_FORMAT (bits, group_size), QMM_ERR_SHAPE, QMM_ERR_NOT_FOUND,
+ * those of qmm_safetensors_open, qmm_checkpoint_open and qmm_checkpoint_write, QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int bits, int group_size,
+                                   qmm_convention convention, qmm_quantize_note note, void *user,
+                                   qmm_quantize_summary *summary);
+
 /* ── GGUF v2/v3 import (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md). */
 typedef struct qmm_gguf qmm_gguf;
 

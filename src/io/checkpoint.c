@@ -550,13 +550,14 @@ cleanup:
     return status;
 }
 
+static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index);
+
 static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
     qmm_status status = QMM_OK;
     char *config_path = qmm_io_join(dir, "config.json");
     char *text = NULL, *shard_path = NULL;
     size_t size = 0;
     cJSON *index = NULL;
-    char printable[QMM_IO_PRINTABLE_SIZE];
     if (!config_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
 
     struct stat info;
@@ -597,7 +598,20 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
         if ((status = qmm_safetensors_open(shard_path, &checkpoint->shards[i])) != QMM_OK) goto cleanup;
         checkpoint->tensor_count += qmm_safetensors_count(checkpoint->shards[i]);
     }
+    status = index_tensors(checkpoint, index);
+cleanup:
+    cJSON_Delete(index);
+    free(shard_path);
+    free(text);
+    free(config_path);
+    return status;
+}
 
+/* With the config parsed and every shard open: the tensor index (shard order and name order), the
+ * cross-check with model.safetensors.index.json when there is one, and every quantized layer. */
+static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index) {
+    qmm_status status = QMM_OK;
+    char printable[QMM_IO_PRINTABLE_SIZE];
     size_t total = checkpoint->tensor_count;
     checkpoint->tensors = calloc(total ? total : 1, sizeof(tensor_ref));
     checkpoint->by_name = calloc(total ? total : 1, sizeof(tensor_ref));
@@ -648,10 +662,74 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
     }
     qsort(checkpoint->layers, checkpoint->layer_count, sizeof(checkpoint_layer), compare_layers);
 cleanup:
-    cJSON_Delete(index);
-    free(shard_path);
+    return status;
+}
+
+qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoint) {
+    if (!checkpoint || !path || !path[0])
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_io_checkpoint_of_file: null argument");
+    *checkpoint = NULL;
+    qmm_status status = QMM_OK;
+    char *dir = NULL, *config_path = NULL, *text = NULL;
+    size_t size = 0;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_checkpoint *result = calloc(1, sizeof *result);
+    if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a checkpoint handle");
+    result->shards = calloc(1, sizeof(qmm_safetensors *));
+    result->shard_names = calloc(1, sizeof(char *));
+    if (!result->shards || !result->shard_names || !(result->shard_names[0] = strdup(path))) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a shard entry");
+        goto cleanup;
+    }
+    result->shard_count = 1;
+    if ((status = qmm_safetensors_open(path, &result->shards[0])) != QMM_OK) goto cleanup;
+    result->tensor_count = qmm_safetensors_count(result->shards[0]);
+    const char *quantized = NULL; /* the first P.scales: a layer whose format only a config can give */
+    for (size_t i = 0; i < result->tensor_count && !quantized; i++) {
+        qmm_tensor view;
+        qmm_safetensors_get(result->shards[0], i, &view);
+        if (ends_with(view.name, ".scales")) quantized = view.name;
+    }
+    if (quantized) {
+        dir = strdup(path);
+        if (!dir) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a path");
+            goto cleanup;
+        }
+        char *slash = strrchr(dir, '/');
+        if (slash) slash[1] = '\0';
+        config_path = qmm_io_join(slash ? dir : ".", "config.json");
+        if (!config_path) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
+            goto cleanup;
+        }
+        status = qmm_io_read_file(config_path, CONFIG_MAX_BYTES, &text, &size);
+        if (status == QMM_ERR_NOT_FOUND) {
+            size_t length = strlen(quantized) - strlen(".scales");
+            status = qmm_error(QMM_ERR_NOT_FOUND,
+                               "\"%s\" holds the already quantized layer \"%s\", but there is no %s to give its bits "
+                               "and group_size (a format is never guessed from array shapes: 4-bit gs32 and 2-bit "
+                               "gs64 have the same ones)",
+                               path, qmm_io_printable(quantized, length, printable, sizeof printable), config_path);
+            goto cleanup;
+        }
+        if (status != QMM_OK) goto cleanup;
+        if ((status = parse_config(text, size, &result->config)) != QMM_OK) {
+            qmm_error(status, "%s: %s", config_path, qmm_last_error());
+            goto cleanup;
+        }
+    }
+    if ((status = index_tensors(result, NULL)) != QMM_OK) {
+        if (quantized) qmm_error(status, "%s (formats from %s): %s", path, config_path, qmm_last_error());
+        goto cleanup;
+    }
+    *checkpoint = result;
+    result = NULL;
+cleanup:
+    qmm_checkpoint_close(result);
     free(text);
     free(config_path);
+    free(dir);
     return status;
 }
 
