@@ -502,10 +502,11 @@ typedef struct qmm_quantize_summary {
 /* Quantizes the float weights of one safetensors file into an MLX checkpoint directory (what
  * `qmm quantize` does). Every f32/f16/bf16 tensor "X.weight" of 2 dims [N, K] with K a multiple of
  * group_size becomes layer X at (bits, group_size) with qmm_quantize and `convention`; float *.weight
- * tensors of other ranks, or whose K is not a multiple of group_size, are left as they are and reported
- * (QMM_QUANTIZE_LEFT); every other tensor is copied. Layers that are already quantized in the input
- * (P.scales present) keep their own format: it is read from config.json in the input's directory
- * (as qmm_checkpoint_open reads it) and written as a per-layer entry; an input with such a layer and no
+ * tensors of other ranks, whose K is not a multiple of group_size, or whose layer has the entry false
+ * in the input's config.json, are left as they are and reported (QMM_QUANTIZE_LEFT); every other tensor
+ * is copied. config.json in the input's directory, when present, is read as qmm_checkpoint_open reads
+ * it (its errors are this call's). Layers that are already quantized in the input (P.scales present)
+ * keep their own format, from that config, written as a per-layer entry; an input with such a layer and no
  * config.json is refused (QMM_ERR_NOT_FOUND naming the layer): a format is never guessed from shapes.
  * When no weight can be quantized the call fails and writes nothing: QMM_ERR_SHAPE naming the first
  * weight's K and group_size, or QMM_ERR_NOT_FOUND when there is no float *.weight of 2 or more dims.

@@ -665,6 +665,11 @@ cleanup:
     return status;
 }
 
+bool qmm_io_layer_marked_false(const qmm_checkpoint *checkpoint, const char *name) {
+    const layer_format *format = find_override(&checkpoint->config, name);
+    return format && !format->quantized;
+}
+
 qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoint) {
     if (!checkpoint || !path || !path[0])
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_io_checkpoint_of_file: null argument");
@@ -690,37 +695,36 @@ qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoi
         qmm_safetensors_get(result->shards[0], i, &view);
         if (ends_with(view.name, ".scales")) quantized = view.name;
     }
-    if (quantized) {
-        dir = strdup(path);
-        if (!dir) {
-            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a path");
-            goto cleanup;
-        }
-        char *slash = strrchr(dir, '/');
-        if (slash) slash[1] = '\0';
-        config_path = qmm_io_join(slash ? dir : ".", "config.json");
-        if (!config_path) {
-            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
-            goto cleanup;
-        }
-        status = qmm_io_read_file(config_path, CONFIG_MAX_BYTES, &text, &size);
-        if (status == QMM_ERR_NOT_FOUND) {
-            size_t length = strlen(quantized) - strlen(".scales");
-            status = qmm_error(QMM_ERR_NOT_FOUND,
-                               "\"%s\" holds the already quantized layer \"%s\", but there is no %s to give its bits "
-                               "and group_size (a format is never guessed from array shapes: 4-bit gs32 and 2-bit "
-                               "gs64 have the same ones)",
-                               path, qmm_io_printable(quantized, length, printable, sizeof printable), config_path);
-            goto cleanup;
-        }
-        if (status != QMM_OK) goto cleanup;
-        if ((status = parse_config(text, size, &result->config)) != QMM_OK) {
-            qmm_error(status, "%s: %s", config_path, qmm_last_error());
-            goto cleanup;
-        }
+    dir = strdup(path);
+    if (!dir) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a path");
+        goto cleanup;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[slash == dir ? 1 : 0] = '\0';
+    config_path = qmm_io_join(slash ? dir : ".", "config.json");
+    if (!config_path) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
+        goto cleanup;
+    }
+    status = qmm_io_read_file(config_path, CONFIG_MAX_BYTES, &text, &size);
+    if (status == QMM_ERR_NOT_FOUND && quantized) {
+        size_t length = strlen(quantized) - strlen(".scales");
+        status = qmm_error(QMM_ERR_NOT_FOUND,
+                           "\"%s\" holds the already quantized layer \"%s\", but there is no %s to give its bits "
+                           "and group_size (a format is never guessed from array shapes: 4-bit gs32 and 2-bit "
+                           "gs64 have the same ones)",
+                           path, qmm_io_printable(quantized, length, printable, sizeof printable), config_path);
+        goto cleanup;
+    }
+    if (status == QMM_ERR_NOT_FOUND) status = QMM_OK; /* a float file needs no config */
+    if (status != QMM_OK) goto cleanup;
+    if (text && (status = parse_config(text, size, &result->config)) != QMM_OK) {
+        qmm_error(status, "%s: %s", config_path, qmm_last_error());
+        goto cleanup;
     }
     if ((status = index_tensors(result, NULL)) != QMM_OK) {
-        if (quantized) qmm_error(status, "%s (formats from %s): %s", path, config_path, qmm_last_error());
+        if (text) qmm_error(status, "%s (formats from %s): %s", path, config_path, qmm_last_error());
         goto cleanup;
     }
     *checkpoint = result;

@@ -22,6 +22,18 @@ static void shape_text(const qmm_tensor *t, char *out, size_t size) {
     if (at < size) snprintf(out + at, size - at, "]");
 }
 
+/* Whether the input's config.json says "P": false for weight "P.weight". */
+static bool marked_false(const qmm_checkpoint *input, const char *weight_name) {
+    size_t length = strlen(weight_name) - strlen(".weight");
+    char *layer = malloc(length + 1);
+    if (!layer) return false;
+    memcpy(layer, weight_name, length);
+    layer[length] = '\0';
+    bool result = qmm_io_layer_marked_false(input, layer);
+    free(layer);
+    return result;
+}
+
 qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int bits, int group_size,
                                    qmm_convention convention, qmm_quantize_note note, void *user,
                                    qmm_quantize_summary *summary) {
@@ -60,6 +72,9 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
                 reason = why;
             } else if (t.shape[0] == 0 || t.shape[1] == 0) {
                 snprintf(why, sizeof why, "it is empty");
+                reason = why;
+            } else if (marked_false(input, t.name)) {
+                snprintf(why, sizeof why, "config.json gives its layer the entry false (kept unquantized)");
                 reason = why;
             } else if (t.shape[1] % group_size != 0) {
                 snprintf(why, sizeof why, "K=%lld is not a multiple of group_size=%d", (long long)t.shape[1],
