@@ -389,10 +389,14 @@ typedef struct qmm_tensor {
 typedef struct qmm_safetensors qmm_safetensors;
 
 /* Maps the file read-only and validates the header: length ≤ file size − 8 (and ≤ 100 MB), JSON
- * object, known dtypes, shapes of non-negative dims, offsets inside the data area, end − begin equal
- * to dtype size × product of shape (no overflow), no overlapping tensors, names valid UTF-8 and
- * unique. Errors: QMM_ERR_IO, QMM_ERR_CORRUPT (the message names the tensor and the rule),
- * QMM_ERR_UNSUPPORTED (an unknown dtype string), QMM_ERR_OUT_OF_MEMORY. */
+ * object, known dtypes, at most QMM_MAX_DIMS dims, each an integer in [0, 2^53], offsets inside the
+ * data area, end − begin equal to dtype size × product of shape (no overflow of size_t), no
+ * overlapping tensors, and, as the reference implementation requires, offsets that tile the data area
+ * exactly (in offset order each tensor begins where the previous one ends, the first at 0, the last
+ * ends at the end of the file: a gap or trailing bytes are refused naming the tensors around them),
+ * names valid UTF-8 and unique. Errors: QMM_ERR_IO (also: not a regular file), QMM_ERR_CORRUPT (the
+ * message names the tensor and the rule), QMM_ERR_UNSUPPORTED (an unknown dtype string, more than
+ * QMM_MAX_DIMS dims), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file);
 /* Parses an in-memory image (bytes, size); the caller keeps the bytes alive while it is open.
  * Same validation and errors as qmm_safetensors_open. Used by the fuzzers. */
@@ -408,9 +412,9 @@ const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *ke
 
 /* Writes count tensors (data copied from each tensor's data/nbytes) and optional metadata pairs
  * (metadata_keys[i] → metadata_values[i]) to path via a temporary file in the same directory and an
- * atomic rename: on any error nothing is left at path or beside it. Names must be unique, non-empty
- * valid UTF-8; nbytes must equal dtype size × shape product. Errors: QMM_ERR_INVALID_ARGUMENT,
- * QMM_ERR_SHAPE, QMM_ERR_IO. */
+ * atomic rename: on any error nothing is left at path or beside it. The file is created with mode
+ * 0666 narrowed by the process umask. Names must be unique, non-empty valid UTF-8; nbytes must equal
+ * dtype size × shape product. Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE, QMM_ERR_IO. */
 qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, size_t count,
                                  const char *const *metadata_keys, const char *const *metadata_values,
                                  size_t metadata_count);
@@ -419,7 +423,9 @@ qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, si
  * model-0000i-of-0000n.safetensors shards (with or without model.safetensors.index.json).
  * A layer P is quantized iff tensor "P.scales" exists; then "P.weight" is U32 and "P.biases" exists.
  * config.json "quantization" (or "quantization_config"): {"group_size": G, "bits": B, and optional
- * per-layer entries "P": {"group_size", "bits"} or "P": false}. */
+ * per-layer entries "P": {"group_size", "bits"} or "P": false}. When both keys are present they must
+ * agree (same default, same per-layer entries; mlx-lm writes one as a copy of the other): a config
+ * where they differ is refused with QMM_ERR_CORRUPT naming the difference, never read by one of them. */
 typedef struct qmm_checkpoint qmm_checkpoint;
 
 /* One quantized layer: its path P and its matrix (arrays point into the mapped shards). */
@@ -428,9 +434,13 @@ typedef struct qmm_layer {
     qmm_qmatrix matrix;
 } qmm_layer;
 
-/* Opens DIR, reads config.json and every shard, and checks each quantized layer: weight U32 2-D,
- * scales/biases same float dtype and shape [rows, cols/group_size], weight words = cols·bits/32 with
- * the layer's bits/group_size from the config (an override if present). Errors: QMM_ERR_IO,
+/* Opens DIR, reads config.json and every shard, and checks each quantized layer: weight U32 with 2 or
+ * more dims (the leading dims are folded: rows = their product, e.g. an MoE [E, N, words] weight is
+ * E·N rows), scales/biases one float dtype and one shape [leading dims..., cols/group_size], weight
+ * words per row = cols·bits/32, with the layer's bits/group_size from the config (its per-layer entry
+ * if present, else the default; a layer with P.scales and no format in the config is refused: its
+ * format is never guessed from the shapes). Arrays at addresses misaligned for their dtype (MLX writes
+ * unpadded headers) are copied to aligned memory owned by the checkpoint. Errors: QMM_ERR_IO,
  * QMM_ERR_CORRUPT (naming the layer and the disagreement), QMM_ERR_FORMAT, QMM_ERR_NOT_FOUND
  * (no config.json or no shard), QMM_ERR_UNSUPPORTED (a quantization mode other than "affine", an
  * unknown tensor dtype), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
@@ -450,19 +460,69 @@ qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *
 
 /* Parses config.json text (size bytes, not necessarily NUL-terminated) and returns its default
  * quantization format; used by the fuzzers and by qmm_checkpoint_open. Errors: QMM_ERR_CORRUPT (not
- * JSON, not an object, a field of the wrong kind), QMM_ERR_FORMAT (bits or group_size outside the sets),
+ * JSON, not an object, a field of the wrong kind, "quantization_config" disagreeing with "quantization"), QMM_ERR_FORMAT (bits or group_size outside the sets),
  * QMM_ERR_UNSUPPORTED (a mode other than "affine", a Hugging Face quant_method), QMM_ERR_OVERFLOW,
  * QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group_size);
 
 /* Writes an MLX checkpoint directory: dir/model.safetensors with every tensor and dir/config.json
  * with "quantization" and "quantization_config" = {"group_size": G, "bits": B} plus one override per
- * layer whose format differs (G/B = the most common format among layers; nothing when no layer is
- * quantized). extra_config_json, if not NULL, is a JSON object whose members are copied into
- * config.json first. Creates dir if missing; files are written via temp + rename, so a failure leaves
- * no partial file. Errors: QMM_ERR_IO, QMM_ERR_INVALID_ARGUMENT, validation errors. */
+ * layer whose format differs (G/B = the most common format among layers; neither key when no layer
+ * is quantized: a float checkpoint). extra_config_json, if not NULL, is a JSON object whose members
+ * are copied into config.json first (its "quantization" keys are replaced).
+ * Each layer is written from its arrays as P.weight U32 [rows, cols·bits/32], P.scales and P.biases
+ * [rows, cols/group_size] — or, when its matrix.w, scales and biases are all NULL, it only describes a
+ * layer whose three tensors P.weight/P.scales/P.biases are among tensors (any leading dims, written as
+ * they are): then only matrix.bits and group_size are read, and the tensors must pass
+ * qmm_checkpoint_open's checks at that format. This is how a layer that is already quantized keeps
+ * its own format and shape.
+ * Refused before anything is created or replaced (QMM_ERR_INVALID_ARGUMENT, naming the tensor or
+ * layer): a layer without a name, two layers of one name, a layer named like a quantization key
+ * (bits, group_size, mode, quant_method), two tensors of one name (given or made from a layer's
+ * arrays), a tensor "X.scales" or "X.biases" that no described layer owns, a described layer whose
+ * tensors are missing or disagree with its format; also an invalid format or matrix (qmm_qmatrix_validate).
+ * Creates dir (mode 0777 under the umask) if missing; files are created 0666 under the umask and
+ * written via temp + rename, so a failure leaves no partial file and a directory it created is
+ * removed; an existing model.safetensors is put back if config.json cannot be renamed. Errors:
+ * QMM_ERR_IO, QMM_ERR_INVALID_ARGUMENT, QMM_ERR_FORMAT/SHAPE (validation), QMM_ERR_OVERFLOW,
+ * QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
                                 const qmm_layer *layers, size_t layer_count, const char *extra_config_json);
+
+/* What qmm_checkpoint_quantize did with one weight, for a progress report (the library never prints). */
+typedef enum qmm_quantize_event {
+    QMM_QUANTIZE_QUANTIZED = 0, /* a float weight became layer `name` at the requested format */
+    QMM_QUANTIZE_KEPT = 1,      /* layer `name` was already quantized: kept as it is, in its own format */
+    QMM_QUANTIZE_LEFT = 2,      /* float weight `name` left unquantized; the message says why (K, group_size) */
+} qmm_quantize_event;
+/* message: one line without a newline, e.g. "proj [8, 128] f32 -> 4-bit gs32" or "odd.weight [2, 48] f32
+ * left unquantized: K=48 is not a multiple of group_size=32". Both strings live only during the call. */
+typedef void (*qmm_quantize_note)(void *user, qmm_quantize_event event, const char *name, const char *message);
+typedef struct qmm_quantize_summary {
+    size_t quantized; /* layers quantized by this call */
+    size_t kept;      /* layers already quantized in the input, kept in their own format */
+    size_t left;      /* float weights (≥ 2 dims, named *.weight) left unquantized */
+    size_t copied;    /* tensors written as they are (including the kept layers' three each) */
+} qmm_quantize_summary;
+
+/* Quantizes the float weights of one safetensors file into an MLX checkpoint directory (what
+ * `qmm quantize` does). Every f32/f16/bf16 tensor "X.weight" of 2 dims [N, K] with K a multiple of
+ * group_size becomes layer X at (bits, group_size) with qmm_quantize and `convention`; float *.weight
+ * tensors of other ranks, whose K is not a multiple of group_size, or whose layer has the entry false
+ * in the input's config.json, are left as they are and reported (QMM_QUANTIZE_LEFT); every other tensor
+ * is copied. config.json in the input's directory, when present, is read as qmm_checkpoint_open reads
+ * it (its errors are this call's). Layers that are already quantized in the input (P.scales present)
+ * keep their own format, from that config, written as a per-layer entry; an input with such a layer and no
+ * config.json is refused (QMM_ERR_NOT_FOUND naming the layer): a format is never guessed from shapes.
+ * When no weight can be quantized the call fails and writes nothing: QMM_ERR_SHAPE naming the first
+ * weight's K and group_size, or QMM_ERR_NOT_FOUND when there is no float *.weight of 2 or more dims.
+ * The output is written by qmm_checkpoint_write (its refusals, atomicity and modes apply). note may be
+ * NULL; it is called on the calling thread before anything is written; summary may be NULL.
+ * Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_FORMAT (bits, group_size), QMM_ERR_SHAPE, QMM_ERR_NOT_FOUND,
+ * those of qmm_safetensors_open, qmm_checkpoint_open and qmm_checkpoint_write, QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int bits, int group_size,
+                                   qmm_convention convention, qmm_quantize_note note, void *user,
+                                   qmm_quantize_summary *summary);
 
 /* ── GGUF v2/v3 import (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md). */
 typedef struct qmm_gguf qmm_gguf;
@@ -507,22 +567,25 @@ const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);
  *   Q4_0 → 4-bit gs32, scale d, bias −8d;  Q4_1 → 4-bit gs32, scale d, bias m;
  *   Q8_0 → 8-bit gs32, scale d, bias −128d, q = int8 XOR 0x80   (→ *matrix, *is_quantized = 1;
  *   rows = product of the leading dims, cols = the last; scales and biases F16 as in MLX's loader).
- * The arrays are heap copies owned by the caller: release them with qmm_gguf_import_free.
+ * The arrays, and float_tensor->name, are heap copies owned by the caller (valid after qmm_gguf_close):
+ * release them with qmm_gguf_import_free.
  * GGUF blocks store elements j and j+16 in one byte; MLX order is sequential and is restored.
  * Errors: QMM_ERR_UNSUPPORTED naming the type (K-quants, IQ types, ...), QMM_ERR_SHAPE (a quantized
  * tensor whose row length is not a multiple of 32), QMM_ERR_NUMERIC (−8d or −128d not finite in
  * f16), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
                            qmm_tensor *float_tensor);
-/* Frees what qmm_gguf_import allocated (either output; NULL-safe fields). */
+/* Frees what qmm_gguf_import allocated: the matrix's w/scales/biases, the float tensor's data and name
+ * (either output may be NULL; fields are set to NULL, so a second call is harmless). */
 void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor);
 
 /* Converts a whole GGUF file (or the tensors whose names start with one of the `count` prefixes, when
  * count > 0) into an MLX checkpoint directory: quantized tensors "X.weight" become layer X
  * (X.weight U32, X.scales, X.biases), float tensors are kept as they are; config.json records the
- * formats and the GGUF general.architecture. Errors: those of qmm_gguf_import (an unsupported type
- * stops the conversion, naming the tensor, and no directory contents are written) and
- * qmm_checkpoint_write. */
+ * formats and the GGUF general.architecture. Every refusal comes before anything is written and
+ * leaves out_dir as it was: those of qmm_gguf_import (an unsupported type stops the conversion,
+ * naming the tensor) and of qmm_checkpoint_write (e.g. a float tensor named "x.scales", which no
+ * layer owns, or a quantized tensor "bits.weight", whose layer name is a config.json key). */
 qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count);
 
 #ifdef __cplusplus

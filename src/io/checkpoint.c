@@ -89,37 +89,22 @@ static int compare_layer_formats(const void *a, const void *b) {
     return strcmp(((const layer_format *)a)->name, ((const layer_format *)b)->name);
 }
 
-static qmm_status parse_config(const char *json, size_t size, quant_config *config) {
-    memset(config, 0, sizeof *config);
-    cJSON *root = NULL;
+/* Parses one quantization object (the value of config.json's `key`) into *config. */
+static qmm_status parse_quantization(const cJSON *quantization, const char *key, quant_config *config) {
     qmm_io_name *names = NULL;
     char printable[QMM_IO_PRINTABLE_SIZE];
-    qmm_status status = qmm_io_parse_json("config.json", json, size, &root);
-    if (status != QMM_OK) return status;
-    if (!cJSON_IsObject(root)) {
-        status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", qmm_io_json_kind(root));
-        goto cleanup;
-    }
-    /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. */
-    const char *key = "quantization";
-    const cJSON *quantization = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!quantization) {
-        key = "quantization_config";
-        quantization = cJSON_GetObjectItemCaseSensitive(root, key);
-    }
-    if (!quantization || cJSON_IsFalse(quantization) || cJSON_IsNull(quantization)) goto cleanup;
-    if (!cJSON_IsObject(quantization)) {
-        status = qmm_error(QMM_ERR_CORRUPT, "config.json \"%s\" is %s; it must be an object or false", key,
-                           qmm_io_json_kind(quantization));
-        goto cleanup;
-    }
+    qmm_status status = QMM_OK;
+    memset(config, 0, sizeof *config);
+    if (!quantization || cJSON_IsFalse(quantization) || cJSON_IsNull(quantization)) return QMM_OK;
+    if (!cJSON_IsObject(quantization))
+        return qmm_error(QMM_ERR_CORRUPT, "config.json \"%s\" is %s; it must be an object or false", key,
+                         qmm_io_json_kind(quantization));
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(quantization, "quant_method");
     if (method) {
         const char *value = cJSON_IsString(method) && method->valuestring ? method->valuestring : "?";
-        status = qmm_error(QMM_ERR_UNSUPPORTED,
-                           "config.json %s.quant_method=\"%s\" is not MLX affine quantization (no quant_method)", key,
-                           qmm_io_printable(value, strlen(value), printable, sizeof printable));
-        goto cleanup;
+        return qmm_error(QMM_ERR_UNSUPPORTED,
+                         "config.json %s.quant_method=\"%s\" is not MLX affine quantization (no quant_method)", key,
+                         qmm_io_printable(value, strlen(value), printable, sizeof printable));
     }
     if ((status = parse_format(quantization, key, &config->bits, &config->group_size)) != QMM_OK) goto cleanup;
 
@@ -175,6 +160,69 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
     qsort(config->overrides, config->override_count, sizeof(layer_format), compare_layer_formats);
 cleanup:
     free(names);
+    if (status != QMM_OK) quant_config_free(config);
+    return status;
+}
+
+/* Where two parsed quantization objects first differ, as text for a message; NULL when they agree. */
+static const char *config_difference(const quant_config *a, const quant_config *b, char *buffer, size_t size) {
+    if (a->bits != b->bits || a->group_size != b->group_size) {
+        snprintf(buffer, size, "default bits=%d group_size=%d vs bits=%d group_size=%d", a->bits, a->group_size,
+                 b->bits, b->group_size);
+        return buffer;
+    }
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    for (size_t i = 0; i < a->override_count || i < b->override_count; i++) {
+        const layer_format *x = i < a->override_count ? &a->overrides[i] : NULL;
+        const layer_format *y = i < b->override_count ? &b->overrides[i] : NULL;
+        if (x && y && strcmp(x->name, y->name) == 0 && x->quantized == y->quantized && x->bits == y->bits &&
+            x->group_size == y->group_size)
+            continue;
+        const layer_format *named = !y || (x && strcmp(x->name, y->name) < 0) ? x : y;
+        snprintf(buffer, size, "layer \"%s\" has a different entry",
+                 qmm_io_printable(named->name, strlen(named->name), printable, sizeof printable));
+        return buffer;
+    }
+    return NULL;
+}
+
+static qmm_status parse_config(const char *json, size_t size, quant_config *config) {
+    memset(config, 0, sizeof *config);
+    cJSON *root = NULL;
+    quant_config second = {0, 0, 0, NULL};
+    qmm_status status = qmm_io_parse_json("config.json", json, size, &root);
+    if (status != QMM_OK) return status;
+    if (!cJSON_IsObject(root)) {
+        status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", qmm_io_json_kind(root));
+        goto cleanup;
+    }
+    /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. When both
+     * are present they must say the same thing (same default, same per-layer entries): a file where they
+     * disagree is refused rather than read by one of them. */
+    const cJSON *quantization = cJSON_GetObjectItemCaseSensitive(root, "quantization");
+    const cJSON *quantization_config = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (!quantization) {
+        status = parse_quantization(quantization_config, "quantization_config", config);
+        goto cleanup;
+    }
+    if ((status = parse_quantization(quantization, "quantization", config)) != QMM_OK) goto cleanup;
+    if (!quantization_config) goto cleanup;
+    if (parse_quantization(quantization_config, "quantization_config", &second) != QMM_OK) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "config.json \"quantization_config\" disagrees with \"quantization\" (which reads): %s",
+                           qmm_last_error());
+        goto cleanup;
+    }
+    char difference[160];
+    if (config_difference(config, &second, difference, sizeof difference)) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "config.json \"quantization_config\" disagrees with \"quantization\": %s; they must be "
+                           "equal (mlx-lm writes one copy of the other)",
+                           difference);
+        goto cleanup;
+    }
+cleanup:
+    quant_config_free(&second);
     cJSON_Delete(root);
     if (status != QMM_OK) quant_config_free(config);
     return status;
@@ -353,6 +401,8 @@ static const layer_format *find_override(const quant_config *config, const char 
     return position == QMM_IO_NOT_FOUND ? NULL : &config->overrides[position];
 }
 
+_Thread_local size_t qmm_io_fail_aligned_copy;
+
 /* Returns data itself when it is aligned for its element size, else an aligned heap copy (stored in
  * *owned). mlx.core.save_safetensors does not pad its header, so arrays in MLX-written files are often
  * at odd offsets, and kernels read uint32/f16 arrays with aligned loads. */
@@ -360,12 +410,66 @@ static qmm_status aligned_view(const qmm_tensor *tensor, const void **data, void
     size_t element = qmm_dtype_size(tensor->dtype);
     *data = tensor->data;
     if (((uintptr_t)tensor->data % element) == 0) return QMM_OK;
-    void *copy = malloc(tensor->nbytes ? tensor->nbytes : 1);
+    bool injected = qmm_io_fail_aligned_copy > 0 && --qmm_io_fail_aligned_copy == 0;
+    void *copy = injected ? NULL : malloc(tensor->nbytes ? tensor->nbytes : 1);
     if (!copy)
         return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to align %s", tensor->nbytes, tensor->name);
     memcpy(copy, tensor->data, tensor->nbytes);
     *owned = copy;
     *data = copy;
+    return QMM_OK;
+}
+
+/* Checks a quantized layer's three tensors against (bits, group_size), the same rules for the reader
+ * and the writer: weight U32 with ≥ 2 dims (leading dims folded into rows), scales and biases one
+ * float dtype and one shape [leading dims..., cols/group_size], words per row = cols·bits/32, no empty
+ * layer. name is printable. Returns rows and cols. Errors: QMM_ERR_CORRUPT naming the layer and rule. */
+static qmm_status check_layer_tensors(const char *name, const qmm_tensor *weight, const qmm_tensor *scales,
+                                      const qmm_tensor *biases, int bits, int group_size, size_t *rows_out,
+                                      size_t *cols_out) {
+    if (weight->dtype != QMM_U32)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has dtype %s; a quantized weight must be u32", name,
+                         name, qmm_dtype_name(weight->dtype));
+    if (weight->ndim < 2)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has %d dimensions; it must have at least 2", name,
+                         name, weight->ndim);
+    if (!qmm_is_float_dtype(scales->dtype) || biases->dtype != scales->dtype)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": scales (%s) and biases (%s) must have the same dtype, one of f32, f16, bf16",
+                         name, qmm_dtype_name(scales->dtype), qmm_dtype_name(biases->dtype));
+    bool same_shape = scales->ndim == weight->ndim && biases->ndim == weight->ndim;
+    for (int d = 0; same_shape && d < weight->ndim; d++) {
+        if (scales->shape[d] != biases->shape[d]) same_shape = false;
+        if (d < weight->ndim - 1 && scales->shape[d] != weight->shape[d]) same_shape = false;
+    }
+    if (!same_shape)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": scales and biases must have the weight's leading dimensions and one shape "
+                         "(weight %d-D, scales %d-D, biases %d-D)",
+                         name, weight->ndim, scales->ndim, biases->ndim);
+    size_t rows = 1;
+    for (int d = 0; d < weight->ndim - 1; d++)
+        rows *= (size_t)weight->shape[d]; /* bounded by nbytes */
+    size_t words = (size_t)weight->shape[weight->ndim - 1];
+    size_t groups = (size_t)scales->shape[scales->ndim - 1];
+    size_t stream_bits = words * 32; /* words ≤ 2^53 (validated header), so no overflow */
+    if (stream_bits % (size_t)bits != 0)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %zu words per row is not a whole number of %d-bit codes", name,
+                         words, bits);
+    size_t cols = stream_bits / (size_t)bits;
+    if (rows == 0 || cols == 0)
+        return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" is empty (%zu rows, %zu columns)", name, rows, cols);
+    if (cols % (size_t)group_size != 0)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": %zu words per row at bits=%d give %zu columns, not a multiple of group_size=%d",
+                         name, words, bits, cols, group_size);
+    if (cols / (size_t)group_size != groups)
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "layer \"%s\": scales have %zu groups per row but %zu columns at group_size=%d need %zu "
+                         "(bits=%d)",
+                         name, groups, cols, group_size, cols / (size_t)group_size, bits);
+    *rows_out = rows;
+    *cols_out = cols;
     return QMM_OK;
 }
 
@@ -416,65 +520,9 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
                       printable, printable);
         goto cleanup;
     }
-
-    if (weight.dtype != QMM_U32) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has dtype %s; a quantized weight must be u32",
-                           printable, printable, qmm_dtype_name(weight.dtype));
+    size_t rows = 0, cols = 0;
+    if ((status = check_layer_tensors(printable, &weight, &scales, &biases, bits, group_size, &rows, &cols)) != QMM_OK)
         goto cleanup;
-    }
-    if (weight.ndim < 2) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %s.weight has %d dimensions; it must have at least 2",
-                           printable, printable, weight.ndim);
-        goto cleanup;
-    }
-    if (!qmm_is_float_dtype(scales.dtype) || biases.dtype != scales.dtype) {
-        status = qmm_error(QMM_ERR_CORRUPT,
-                           "layer \"%s\": scales (%s) and biases (%s) must have the same dtype, one of f32, f16, bf16",
-                           printable, qmm_dtype_name(scales.dtype), qmm_dtype_name(biases.dtype));
-        goto cleanup;
-    }
-    bool same_shape = scales.ndim == weight.ndim && biases.ndim == weight.ndim;
-    for (int d = 0; same_shape && d < weight.ndim; d++) {
-        if (scales.shape[d] != biases.shape[d]) same_shape = false;
-        if (d < weight.ndim - 1 && scales.shape[d] != weight.shape[d]) same_shape = false;
-    }
-    if (!same_shape) {
-        status = qmm_error(QMM_ERR_CORRUPT,
-                           "layer \"%s\": scales and biases must have the weight's leading dimensions and one shape "
-                           "(weight %d-D, scales %d-D, biases %d-D)",
-                           printable, weight.ndim, scales.ndim, biases.ndim);
-        goto cleanup;
-    }
-    size_t rows = 1;
-    for (int d = 0; d < weight.ndim - 1; d++)
-        rows *= (size_t)weight.shape[d]; /* bounded by nbytes */
-    size_t words = (size_t)weight.shape[weight.ndim - 1];
-    size_t groups = (size_t)scales.shape[scales.ndim - 1];
-    size_t stream_bits = words * 32; /* words ≤ 2^53 (validated header), so no overflow */
-    if (stream_bits % (size_t)bits != 0) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %zu words per row is not a whole number of %d-bit codes",
-                           printable, words, bits);
-        goto cleanup;
-    }
-    size_t cols = stream_bits / (size_t)bits;
-    if (rows == 0 || cols == 0) {
-        status = qmm_error(QMM_ERR_CORRUPT, "layer \"%s\" is empty (%zu rows, %zu columns)", printable, rows, cols);
-        goto cleanup;
-    }
-    if (cols % (size_t)group_size != 0) {
-        status =
-            qmm_error(QMM_ERR_CORRUPT,
-                      "layer \"%s\": %zu words per row at bits=%d give %zu columns, not a multiple of group_size=%d",
-                      printable, words, bits, cols, group_size);
-        goto cleanup;
-    }
-    if (cols / (size_t)group_size != groups) {
-        status = qmm_error(QMM_ERR_CORRUPT,
-                           "layer \"%s\": scales have %zu groups per row but %zu columns at group_size=%d need %zu "
-                           "(bits=%d from config.json)",
-                           printable, groups, cols, group_size, cols / (size_t)group_size, bits);
-        goto cleanup;
-    }
     const void *w = NULL, *s = NULL, *b = NULL;
     if ((status = aligned_view(&weight, &w, &layer->owned[0])) != QMM_OK) goto cleanup;
     if ((status = aligned_view(&scales, &s, &layer->owned[1])) != QMM_OK) goto cleanup;
@@ -490,10 +538,19 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
     layer->name = name;
     name = NULL;
 cleanup:
+    if (status != QMM_OK) {
+        /* The caller counts only layers that were built: copies made before a failure are freed here. */
+        for (int k = 0; k < 3; k++) {
+            free(layer->owned[k]);
+            layer->owned[k] = NULL;
+        }
+    }
     free(name);
     free(tensor_name);
     return status;
 }
+
+static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index);
 
 static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
     qmm_status status = QMM_OK;
@@ -501,7 +558,6 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
     char *text = NULL, *shard_path = NULL;
     size_t size = 0;
     cJSON *index = NULL;
-    char printable[QMM_IO_PRINTABLE_SIZE];
     if (!config_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
 
     struct stat info;
@@ -542,7 +598,20 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
         if ((status = qmm_safetensors_open(shard_path, &checkpoint->shards[i])) != QMM_OK) goto cleanup;
         checkpoint->tensor_count += qmm_safetensors_count(checkpoint->shards[i]);
     }
+    status = index_tensors(checkpoint, index);
+cleanup:
+    cJSON_Delete(index);
+    free(shard_path);
+    free(text);
+    free(config_path);
+    return status;
+}
 
+/* With the config parsed and every shard open: the tensor index (shard order and name order), the
+ * cross-check with model.safetensors.index.json when there is one, and every quantized layer. */
+static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index) {
+    qmm_status status = QMM_OK;
+    char printable[QMM_IO_PRINTABLE_SIZE];
     size_t total = checkpoint->tensor_count;
     checkpoint->tensors = calloc(total ? total : 1, sizeof(tensor_ref));
     checkpoint->by_name = calloc(total ? total : 1, sizeof(tensor_ref));
@@ -593,10 +662,78 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
     }
     qsort(checkpoint->layers, checkpoint->layer_count, sizeof(checkpoint_layer), compare_layers);
 cleanup:
-    cJSON_Delete(index);
-    free(shard_path);
+    return status;
+}
+
+bool qmm_io_layer_marked_false(const qmm_checkpoint *checkpoint, const char *name) {
+    const layer_format *format = find_override(&checkpoint->config, name);
+    return format && !format->quantized;
+}
+
+qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoint) {
+    if (!checkpoint || !path || !path[0])
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_io_checkpoint_of_file: null argument");
+    *checkpoint = NULL;
+    qmm_status status = QMM_OK;
+    char *dir = NULL, *config_path = NULL, *text = NULL;
+    size_t size = 0;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    qmm_checkpoint *result = calloc(1, sizeof *result);
+    if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a checkpoint handle");
+    result->shards = calloc(1, sizeof(qmm_safetensors *));
+    result->shard_names = calloc(1, sizeof(char *));
+    if (!result->shards || !result->shard_names || !(result->shard_names[0] = strdup(path))) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a shard entry");
+        goto cleanup;
+    }
+    result->shard_count = 1;
+    if ((status = qmm_safetensors_open(path, &result->shards[0])) != QMM_OK) goto cleanup;
+    result->tensor_count = qmm_safetensors_count(result->shards[0]);
+    const char *quantized = NULL; /* the first P.scales: a layer whose format only a config can give */
+    for (size_t i = 0; i < result->tensor_count && !quantized; i++) {
+        qmm_tensor view;
+        qmm_safetensors_get(result->shards[0], i, &view);
+        if (ends_with(view.name, ".scales")) quantized = view.name;
+    }
+    dir = strdup(path);
+    if (!dir) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a path");
+        goto cleanup;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[slash == dir ? 1 : 0] = '\0';
+    config_path = qmm_io_join(slash ? dir : ".", "config.json");
+    if (!config_path) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
+        goto cleanup;
+    }
+    status = qmm_io_read_file(config_path, CONFIG_MAX_BYTES, &text, &size);
+    if (status == QMM_ERR_NOT_FOUND && quantized) {
+        size_t length = strlen(quantized) - strlen(".scales");
+        status = qmm_error(QMM_ERR_NOT_FOUND,
+                           "\"%s\" holds the already quantized layer \"%s\", but there is no %s to give its bits "
+                           "and group_size (a format is never guessed from array shapes: 4-bit gs32 and 2-bit "
+                           "gs64 have the same ones)",
+                           path, qmm_io_printable(quantized, length, printable, sizeof printable), config_path);
+        goto cleanup;
+    }
+    if (status == QMM_ERR_NOT_FOUND) status = QMM_OK; /* a float file needs no config */
+    if (status != QMM_OK) goto cleanup;
+    if (text && (status = parse_config(text, size, &result->config)) != QMM_OK) {
+        qmm_error(status, "%s: %s", config_path, qmm_last_error());
+        goto cleanup;
+    }
+    if ((status = index_tensors(result, NULL)) != QMM_OK) {
+        if (text) qmm_error(status, "%s (formats from %s): %s", path, config_path, qmm_last_error());
+        goto cleanup;
+    }
+    *checkpoint = result;
+    result = NULL;
+cleanup:
+    qmm_checkpoint_close(result);
     free(text);
     free(config_path);
+    free(dir);
     return status;
 }
 
@@ -850,6 +987,140 @@ static qmm_status release_kept(const char *path, kept_file *kept, bool replaced,
     return status;
 }
 
+/* A layer entry that only describes a layer whose tensors the caller passes among tensors[]. */
+static bool described_only(const qmm_layer *layer) {
+    return !layer->matrix.w && !layer->matrix.scales && !layer->matrix.biases;
+}
+
+static const char *io_name_at(const void *context, size_t i) { return ((const qmm_io_name *)context)[i].name; }
+
+/* Everything qmm_checkpoint_write refuses about its arguments, checked before anything is created, so
+ * that what it writes opens again with qmm_checkpoint_open as written:
+ *   - layer names: non-empty, unique, not a key of the quantization object (bits, group_size, mode,
+ *     quant_method: an override under such a name would be read as, or collide with, that key);
+ *   - a layer described only (w, scales, biases all NULL): its P.weight, P.scales and P.biases must be
+ *     among tensors and pass the reader's checks at the layer's bits and group_size;
+ *   - tensors: unique names, and no "X.scales" or "X.biases" that no layer owns (a reader would take
+ *     X.scales for a quantized layer whose format the config does not give). */
+static qmm_status check_write_arguments(const qmm_tensor *tensors, size_t tensor_count, const qmm_layer *layers,
+                                        size_t layer_count) {
+    static const char *const reserved[] = {"bits", "group_size", "mode", "quant_method"};
+    static const char *const suffixes[3] = {".weight", ".scales", ".biases"};
+    qmm_status status = QMM_OK;
+    qmm_io_name *tensor_names = calloc(tensor_count ? tensor_count : 1, sizeof(qmm_io_name));
+    qmm_io_name *layer_names = calloc(layer_count ? layer_count : 1, sizeof(qmm_io_name));
+    char *buffer = NULL;
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    if (!tensor_names || !layer_names) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu names", tensor_count + layer_count);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < tensor_count; i++) {
+        if (!tensors[i].name) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor %zu has no name", i);
+            goto cleanup;
+        }
+        tensor_names[i] = (qmm_io_name){tensors[i].name, i};
+    }
+    if ((status = qmm_io_sort_unique(tensor_names, tensor_count, QMM_ERR_INVALID_ARGUMENT, "tensor name")) != QMM_OK)
+        goto cleanup;
+    size_t longest = 0;
+    for (size_t i = 0; i < layer_count; i++) {
+        const char *name = layers[i].name;
+        if (!name || !name[0]) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "layer %zu has no name", i);
+            goto cleanup;
+        }
+        qmm_io_printable(name, strlen(name), printable, sizeof printable);
+        for (size_t k = 0; k < sizeof reserved / sizeof reserved[0]; k++) {
+            if (strcmp(name, reserved[k]) == 0) {
+                status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                   "layer \"%s\" has the name of a config.json quantization key (bits, group_size, "
+                                   "mode, quant_method); its entry there would collide with that key",
+                                   printable);
+                goto cleanup;
+            }
+        }
+        if (strlen(name) > longest) longest = strlen(name);
+        layer_names[i] = (qmm_io_name){name, i};
+    }
+    if ((status = qmm_io_sort_unique(layer_names, layer_count, QMM_ERR_INVALID_ARGUMENT, "layer name")) != QMM_OK)
+        goto cleanup;
+    buffer = malloc(longest + sizeof ".weight");
+    if (!buffer) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a tensor name");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < layer_count; i++) {
+        const qmm_layer *layer = &layers[i];
+        qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
+        if (!described_only(layer)) { /* its arrays: qmm_qmatrix_validate in the caller */
+            for (int k = 0; k < 3; k++) {
+                snprintf(buffer, longest + sizeof ".weight", "%s%s", layer->name, suffixes[k]);
+                if (qmm_io_find_sorted(tensor_names, tensor_count, io_name_at, buffer) != QMM_IO_NOT_FOUND) {
+                    status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                       "tensor \"%s%s\" is passed among tensors and also made by layer \"%s\" from "
+                                       "its arrays",
+                                       printable, suffixes[k], printable);
+                    goto cleanup;
+                }
+            }
+            continue;
+        }
+        if ((status = qmm_format_validate(layer->matrix.bits, layer->matrix.group_size)) != QMM_OK) {
+            qmm_error(status, "layer \"%s\": %s", printable, qmm_last_error());
+            goto cleanup;
+        }
+        qmm_tensor parts[3];
+        for (int k = 0; k < 3; k++) {
+            snprintf(buffer, longest + sizeof ".weight", "%s%s", layer->name, suffixes[k]);
+            size_t at = qmm_io_find_sorted(tensor_names, tensor_count, io_name_at, buffer);
+            if (at == QMM_IO_NOT_FOUND) {
+                status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                                   "layer \"%s\" is described without arrays, but no tensor is named %s%s", printable,
+                                   printable, suffixes[k]);
+                goto cleanup;
+            }
+            parts[k] = tensors[tensor_names[at].index];
+        }
+        size_t rows = 0, cols = 0;
+        status = check_layer_tensors(printable, &parts[0], &parts[1], &parts[2], layer->matrix.bits,
+                                     layer->matrix.group_size, &rows, &cols);
+        if (status != QMM_OK) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s", qmm_last_error());
+            goto cleanup;
+        }
+    }
+    for (size_t i = 0; i < tensor_count; i++) {
+        const char *name = tensors[i].name;
+        for (int k = 1; k < 3; k++) {
+            size_t length = strlen(name), suffix = strlen(suffixes[k]);
+            if (length < suffix || strcmp(name + length - suffix, suffixes[k]) != 0) continue;
+            char *owner = strdup(name);
+            if (!owner) {
+                status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a tensor name");
+                goto cleanup;
+            }
+            owner[length - suffix] = '\0';
+            size_t at = qmm_io_find_sorted(layer_names, layer_count, io_name_at, owner);
+            free(owner);
+            if (at == QMM_IO_NOT_FOUND || !described_only(&layers[layer_names[at].index])) {
+                status = qmm_error(
+                    QMM_ERR_INVALID_ARGUMENT,
+                    "tensor \"%s\" ends in %s but no layer describes it: a reader would take it for part of a quantized "
+                    "layer whose format config.json does not give (pass the layer, or rename the tensor)",
+                    qmm_io_printable(name, length, printable, sizeof printable), suffixes[k]);
+                goto cleanup;
+            }
+        }
+    }
+cleanup:
+    free(buffer);
+    free(tensor_names);
+    free(layer_names);
+    return status;
+}
+
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,
                                 const qmm_layer *layers, size_t layer_count, const char *extra_config_json) {
     if (!dir || !dir[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_write: dir is empty");
@@ -865,6 +1136,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     char printable[QMM_IO_PRINTABLE_SIZE];
 
     size_t total = 0, name_count = 0;
+    if ((status = check_write_arguments(tensors, tensor_count, layers, layer_count)) != QMM_OK) return status;
     if (!qmm_mul_size(layer_count, 3, &total) || !qmm_add_size(total, tensor_count, &total))
         return qmm_error(QMM_ERR_OVERFLOW, "%zu tensors and %zu layers overflow size_t", tensor_count, layer_count);
     all = calloc(total ? total : 1, sizeof(qmm_tensor));
@@ -874,12 +1146,10 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
         goto cleanup;
     }
     if (tensor_count) memcpy(all, tensors, tensor_count * sizeof(qmm_tensor));
+    total = tensor_count; /* grows by three per layer that brings its arrays */
     for (size_t i = 0; i < layer_count; i++) {
         const qmm_layer *layer = &layers[i];
-        if (!layer->name || !layer->name[0]) {
-            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "layer %zu has no name", i);
-            goto cleanup;
-        }
+        if (described_only(layer)) continue; /* its tensors are among tensors (check_write_arguments) */
         qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
         if ((status = qmm_qmatrix_validate(&layer->matrix)) != QMM_OK) {
             qmm_error(status, "layer \"%s\": %s", printable, qmm_last_error());
@@ -906,7 +1176,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
             }
             snprintf(name, length, "%s%s", layer->name, suffixes[k]);
             names[name_count++] = name;
-            qmm_tensor *t = &all[tensor_count + 3 * i + (size_t)k];
+            qmm_tensor *t = &all[total++];
             t->name = name;
             t->dtype = k == 0 ? QMM_U32 : m->dtype;
             t->ndim = 2;

@@ -527,7 +527,9 @@ void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor) {
     }
     if (float_tensor) {
         free((void *)float_tensor->data);
+        free((void *)float_tensor->name);
         float_tensor->data = NULL;
+        float_tensor->name = NULL;
     }
 }
 
@@ -581,11 +583,15 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
 
     if (t->type == QMM_GGUF_F32 || t->type == QMM_GGUF_F16 || t->type == QMM_GGUF_BF16) {
         void *copy = malloc(t->nbytes ? t->nbytes : 1);
-        if (!copy)
+        char *name = strdup(t->name); /* owned: it outlives the file (qmm_gguf_import_free frees it) */
+        if (!copy || !name) {
+            free(copy);
+            free(name);
             return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for tensor \"%s\"", t->nbytes,
                              printable);
+        }
         memcpy(copy, data, t->nbytes);
-        float_tensor->name = t->name;
+        float_tensor->name = name;
         float_tensor->dtype = t->type == QMM_GGUF_F32 ? QMM_F32 : t->type == QMM_GGUF_F16 ? QMM_F16 : QMM_BF16;
         float_tensor->ndim = t->ndim;
         for (int d = 0; d < t->ndim; d++)

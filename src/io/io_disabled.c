@@ -2,6 +2,8 @@
  * with cJSON absent, e.g. on the lent GPU machine): every checkpoint function says so. */
 #include "internal.h"
 
+#include <string.h>
+
 #define QMM_NO_IO() qmm_error(QMM_ERR_UNSUPPORTED, "libqmm was built without checkpoint I/O (cJSON not found)")
 
 qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file) { (void)path; if (file) *file = NULL; return QMM_NO_IO(); }
@@ -23,6 +25,7 @@ qmm_status qmm_checkpoint_find_layer(const qmm_checkpoint *checkpoint, const cha
 qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *bits, int *group_size) { (void)checkpoint; (void)bits; (void)group_size; return QMM_NO_IO(); }
 qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group_size) { (void)json; (void)size; (void)bits; (void)group_size; return QMM_NO_IO(); }
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count, const qmm_layer *layers, size_t layer_count, const char *extra_config_json) { (void)dir; (void)tensors; (void)tensor_count; (void)layers; (void)layer_count; (void)extra_config_json; return QMM_NO_IO(); }
+qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int bits, int group_size, qmm_convention convention, qmm_quantize_note note, void *user, qmm_quantize_summary *summary) { (void)in_path; (void)out_dir; (void)bits; (void)group_size; (void)convention; (void)note; (void)user; if (summary) memset(summary, 0, sizeof *summary); return QMM_NO_IO(); }
 qmm_status qmm_gguf_open(const char *path, qmm_gguf **file) { (void)path; if (file) *file = NULL; return QMM_NO_IO(); }
 qmm_status qmm_gguf_open_memory(const void *bytes, size_t size, qmm_gguf **file) { (void)bytes; (void)size; if (file) *file = NULL; return QMM_NO_IO(); }
 void qmm_gguf_close(qmm_gguf *file) { (void)file; }

@@ -108,6 +108,20 @@ qmm_status qmm_safetensors_write_to(qmm_atomic_file *file, const qmm_tensor *ten
                                     const char *const *metadata_keys, const char *const *metadata_values,
                                     size_t metadata_count);
 
+/* Opens one safetensors file as a one-shard checkpoint (checkpoint.c). config.json in the file's
+ * directory, when there is one, is parsed as qmm_checkpoint_open does (its errors are the call's), and
+ * every quantized layer (a tensor P.scales) takes its format from it and is checked as that function
+ * checks them. A file with a quantized layer and no config.json is refused (QMM_ERR_NOT_FOUND naming
+ * the layer and the missing config.json): a format is never guessed from shapes; a float file needs
+ * none. Close with qmm_checkpoint_close. Errors: those of qmm_safetensors_open and qmm_checkpoint_open. */
+qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoint);
+/* Whether the checkpoint's config.json has the per-layer entry "name": false (not quantized). */
+bool qmm_io_layer_marked_false(const qmm_checkpoint *checkpoint, const char *name);
+
+/* Test hook (checkpoint.c): when n > 0, the n-th aligned copy of a misaligned layer array made by this
+ * thread from now on fails as if malloc had returned NULL (the counter counts down to 0 = off). */
+extern _Thread_local size_t qmm_io_fail_aligned_copy;
+
 /* Load/store little-endian integers from untrusted, possibly unaligned bytes. */
 static inline uint16_t qmm_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t qmm_le32(const uint8_t *p) {

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The reference implementation refuses headers over 100 MB (safetensors MAX_HEADER_SIZE). */
@@ -195,6 +196,22 @@ const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_
     return buffer;
 }
 
+/* Six name characters from a 64-bit mix of the process id, a per-process counter and the clock: unique
+ * enough that O_EXCL rarely has to retry. */
+static void temp_suffix(char *out) {
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    static _Atomic uint64_t counter;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t x = ((uint64_t)getpid() << 32) ^ (uint64_t)now.tv_nsec ^ ((uint64_t)now.tv_sec << 20) ^
+                 (++counter * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 33; /* splitmix64 finalizer */
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    for (int i = 0; i < 6; i++, x /= 62)
+        out[i] = alphabet[x % 62];
+}
+
 qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
     file->fd = -1;
     file->path = path;
@@ -205,15 +222,19 @@ qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
     if (!file->temp_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a temporary name for \"%s\"", path);
     memcpy(file->temp_path, path, length);
     memcpy(file->temp_path + length, suffix, sizeof suffix);
-    file->fd = mkstemp(file->temp_path);
+    /* Not mkstemp: it creates the file 0600. A checkpoint is an ordinary file, created 0666 and
+     * narrowed by the caller's umask like any other (never chmod'ed to a fixed mode). */
+    int err = EEXIST;
+    for (int attempt = 0; attempt < 100 && file->fd < 0 && err == EEXIST; attempt++) {
+        temp_suffix(file->temp_path + length + sizeof suffix - 7);
+        file->fd = open(file->temp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (file->fd < 0) err = errno;
+    }
     if (file->fd < 0) {
-        int err = errno;
         free(file->temp_path);
         file->temp_path = NULL;
         return qmm_error(QMM_ERR_IO, "cannot create a temporary file beside \"%s\": %s", path, strerror(err));
     }
-    /* mkstemp creates the file 0600; a checkpoint is an ordinary shareable file. */
-    (void)fchmod(file->fd, 0644);
     return QMM_OK;
 }
 
@@ -543,7 +564,8 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
                              printable, d, qmm_io_json_kind(dim));
         }
         entry->shape[d] = (int64_t)value;
-        if (!qmm_mul_size(elements, (size_t)value, &elements)) overflow = true;
+        /* 2^53 fits a 64-bit size_t but not a 32-bit one: compare before the cast (as the GGUF reader does). */
+        if (value > (double)SIZE_MAX || !qmm_mul_size(elements, (size_t)value, &elements)) overflow = true;
         d++;
     }
     size_t nbytes = 0;
@@ -582,6 +604,49 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
         return qmm_error(QMM_ERR_CORRUPT,
                          "safetensors tensor \"%s\": data_offsets span %zu bytes but dtype %s × shape needs %zu",
                          printable, entry->end - entry->begin, dtype->valuestring, nbytes);
+    return QMM_OK;
+}
+
+/* The reference implementation (safetensors Metadata::validate) requires the tensors, in order of
+ * offset, to tile the data area exactly: each begins where the previous one ends, the first at 0, and
+ * the last ends at the end of the file. Bytes no tensor owns are refused, naming the tensors around
+ * them. Runs after qmm_io_check_spans, on entries sorted by (begin, end, name). */
+static qmm_status check_tiling(const qmm_safetensors *file) {
+    char first[QMM_IO_PRINTABLE_SIZE], second[QMM_IO_PRINTABLE_SIZE];
+    size_t expected = 0;
+    const st_entry *previous = NULL;
+    for (size_t i = 0; i < file->count; i++) {
+        const st_entry *entry = &file->entries[i];
+        if (entry->begin != expected) {
+            qmm_io_printable(entry->name, strlen(entry->name), second, sizeof second);
+            if (!previous)
+                return qmm_error(QMM_ERR_CORRUPT,
+                                 "safetensors tensor \"%s\" begins at %zu, leaving bytes [0, %zu) of the data area to no "
+                                 "tensor; offsets must tile the data area",
+                                 second, entry->begin, entry->begin);
+            return qmm_error(QMM_ERR_CORRUPT,
+                             "safetensors tensors \"%s\" [%zu, %zu) and \"%s\" [%zu, %zu) are not adjacent: bytes "
+                             "[%zu, %zu) belong to no tensor; offsets must tile the data area",
+                             qmm_io_printable(previous->name, strlen(previous->name), first, sizeof first),
+                             previous->begin, previous->end, second, entry->begin, entry->end,
+                             entry->begin > expected ? expected : entry->begin,
+                             entry->begin > expected ? entry->begin : expected);
+        }
+        expected = entry->end;
+        previous = entry;
+    }
+    if (expected != file->data_size) {
+        if (!previous)
+            return qmm_error(QMM_ERR_CORRUPT,
+                             "safetensors file has no tensor but %zu bytes of data; offsets must tile the data area",
+                             file->data_size);
+        return qmm_error(QMM_ERR_CORRUPT,
+                         "safetensors data area has %zu bytes after the last tensor \"%s\" [%zu, %zu); offsets must "
+                         "tile the data area",
+                         file->data_size - expected,
+                         qmm_io_printable(previous->name, strlen(previous->name), first, sizeof first), previous->begin,
+                         previous->end);
+    }
     return QMM_OK;
 }
 
@@ -664,6 +729,7 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
         file->by_name[i] = (qmm_io_name){entry->name, i};
     }
     if ((status = qmm_io_check_spans(spans, file->count, "safetensors tensors")) != QMM_OK) goto cleanup;
+    if ((status = check_tiling(file)) != QMM_OK) goto cleanup;
     status = qmm_io_sort_unique(file->by_name, file->count, QMM_ERR_CORRUPT, "safetensors tensor name");
 cleanup:
     free(spans);

@@ -109,7 +109,8 @@ random_floats() {
   printf '%s' "$s"
 }
 
-# make_safetensors PATH "name:DTYPE:d0,d1" ...: a safetensors file of random finite float tensors. The header
+# make_safetensors PATH "name:DTYPE:d0,d1" ...: a safetensors file of random finite float tensors (or
+# random U32 words, as packed codes are). The header
 # is padded with spaces to a multiple of 8 bytes; ST_HEADER_MOD8=r pads it to 8k + r instead, so that with
 # r odd every tensor sits at an odd file offset (as in files written by mlx.core.save_safetensors).
 make_safetensors() {
@@ -120,12 +121,12 @@ make_safetensors() {
     IFS=: read -r name dtype shape <<<"$spec"
     count=1
     for d in ${shape//,/ }; do count=$((count * d)); done
-    case $dtype in F32) size=4 ;; *) size=2 ;; esac
+    case $dtype in F32 | U32) size=4 ;; *) size=2 ;; esac
     [ $first = 1 ] || header+=","
     first=0
     header+="\"$name\":{\"dtype\":\"$dtype\",\"shape\":[$shape],\"data_offsets\":[$offset,$((offset + count * size))]}"
     offset=$((offset + count * size))
-    data+=$(random_floats "$dtype" "$count")
+    data+=$(random_floats "${dtype/U32/F32}" "$count") # U32: random bytes, e.g. packed codes
   done
   header+="}"
   while [ $((${#header} % 8)) != "${ST_HEADER_MOD8:-0}" ]; do header+=" "; done

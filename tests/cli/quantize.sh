@@ -41,4 +41,38 @@ check "odd offsets: 3 quantized layers" out_has "3 quantized layers"
 expect_ok "run on the quantized odd-offset file" run "$WORK/q-odd"
 check "odd offsets: verdict" out_has "3 layers, all within bound"
 
+# Layers already quantized keep their own format (from the config.json beside the input), written as
+# per-layer entries: p is 4-bit gs32 (K = 64); its arrays have the shapes of a 2-bit gs64 layer of K = 128,
+# which is what the new default would have made of it.
+mkdir -p "$WORK/mixed"
+make_safetensors "$WORK/mixed/model.safetensors" "p.weight:U32:4,8" "p.scales:F16:4,2" "p.biases:F16:4,2" \
+  "extra.weight:F32:4,64" "odd.weight:F32:2,48"
+printf '{"quantization": {"group_size": 32, "bits": 4}}' >"$WORK/mixed/config.json"
+expect_ok "quantize a file with a quantized layer" quantize "$WORK/mixed/model.safetensors" "$WORK/q-mixed" --bits 2 \
+  --group-size 64
+check "mixed: counts" out_has "1 quantized layers (2-bit gs64, cpu convention), 1 already quantized layers kept"
+check "mixed: the kept layer is named" err_has "p already quantized: kept as 4-bit gs32"
+check "mixed: the left weight is named with K and group_size" \
+  err_has "odd.weight [2, 48] f32 left unquantized: K=48 is not a multiple of group_size=64"
+expect_ok "info on the mixed output" info "$WORK/q-mixed"
+check "mixed: p keeps 4-bit gs32" out_matches "^  p +N=4 +K=64 +4-bit gs32 f16"
+check "mixed: extra is 2-bit gs64" out_matches "^  extra +N=4 +K=64 +2-bit gs64 f32"
+check "mixed: odd copied as float" out_matches "odd\.weight +f32 +\[2, 48\]"
+# The same file without a config.json: p's format is unknown, so the command refuses and writes nothing.
+mkdir -p "$WORK/lone"
+cp "$WORK/mixed/model.safetensors" "$WORK/lone/"
+expect_library_error quantize "not found" 'already quantized layer "p"' quantize "$WORK/lone/model.safetensors" \
+  "$WORK/q-lone" --bits 2 --group-size 64
+check "no config: no output" [ ! -e "$WORK/q-lone" ]
+# The fixture: every layer already quantized, nothing left to quantize: refused, nothing written.
+expect_library_error quantize "" "nothing was written" quantize "$FIXTURE/model.safetensors" "$WORK/q-fixture" \
+  --bits 2 --group-size 64
+check "fixture: no output" [ ! -e "$WORK/q-fixture" ]
+# Nothing can be quantized at this group size: refused naming K and group_size, nothing written.
+make_safetensors "$WORK/only-odd.safetensors" "odd.weight:F32:2,48" "norm.weight:F32:48"
+expect_library_error quantize "" "K=48 is not a multiple of group_size=64" quantize "$WORK/only-odd.safetensors" \
+  "$WORK/q-none" --bits 4 --group-size 64
+check "nothing quantizable: no output" [ ! -e "$WORK/q-none" ]
+check "nothing quantizable: weight named on stderr" err_has "odd.weight [2, 48] f32 left unquantized"
+
 finish

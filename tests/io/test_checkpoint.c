@@ -8,6 +8,7 @@
  */
 #include "check.h"
 #include "internal.h"
+#include "io_internal.h"
 #include "io_test_util.h"
 
 #include <cjson/cJSON.h>
@@ -326,6 +327,15 @@ static void test_inconsistent_layers(const char *root) {
         CHECK(same_matrix(&layer.matrix, &a.m), "the misaligned layer differs");
         qmm_checkpoint_close(ck);
     }
+    /* Out of memory at the second or third aligned copy: the copies already made are freed (the ASan
+     * build's leak check sees any that is not), and the failure names the array. */
+    for (size_t fail_at = 1; fail_at <= 3; fail_at++) {
+        qmm_io_fail_aligned_copy = fail_at;
+        ck = NULL;
+        CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_OUT_OF_MEMORY);
+        CHECK(ck == NULL && message_has("to align"), "copy %zu: %s", fail_at, qmm_last_error());
+        qmm_io_fail_aligned_copy = 0;
+    }
     io_remove_tree(dir);
     check_qmatrix_free(&a);
 }
@@ -370,7 +380,28 @@ static void test_config(const char *root) {
          QMM_ERR_FORMAT, "a.b"},
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}} trailing", QMM_ERR_CORRUPT, "after"},
         {"", QMM_ERR_CORRUPT, "JSON"},
+        /* "quantization_config" must say what "quantization" says (mlx-lm writes one as a copy of the other). */
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": {\"group_size\": 64, "
+         "\"bits\": 8}}",
+         QMM_ERR_CORRUPT, "bits=4 group_size=64 vs bits=8 group_size=64"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": false}, \"quantization_config\": "
+         "{\"group_size\": 64, \"bits\": 4}}",
+         QMM_ERR_CORRUPT, "layer \"a\""},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 8}}, \"quantization_config\": "
+         "{\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 2}}}",
+         QMM_ERR_CORRUPT, "layer \"a\""},
+        {"{\"quantization\": false, \"quantization_config\": {\"group_size\": 64, \"bits\": 4}}", QMM_ERR_CORRUPT,
+         "disagrees"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": {\"quant_method\": "
+         "\"awq\"}}",
+         QMM_ERR_CORRUPT, "awq"},
     };
+    /* The same content twice, in another member order and spelling, agrees. */
+    const char *agree = "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 8}, \"b\": false},"
+                        " \"quantization_config\": {\"b\": false, \"a\": {\"group_size\": 64, \"bits\": 8.0},"
+                        " \"bits\": 4, \"group_size\": 64, \"mode\": \"affine\"}}";
+    CHECK_OK(qmm_config_parse(agree, strlen(agree), &bits, &group_size));
+    CHECK(bits == 4 && group_size == 64, "agreeing copies: %d/%d", bits, group_size);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         qmm_error_clear();
         qmm_status status = qmm_config_parse(bad[i].json, strlen(bad[i].json), &bits, &group_size);
@@ -417,6 +448,109 @@ static void test_config(const char *root) {
         io_remove_tree(fifo_dir);
     }
     alarm(0);
+}
+
+/* ── what the writer refuses before it writes anything, and layers described by their tensors ── */
+
+/* The bytes of dir's config.json and model.safetensors, concatenated (NULL when either is missing). */
+static char *snapshot(const char *dir, size_t *size) {
+    size_t a = 0, b = 0;
+    char *config = io_read_file(io_path(dir, "config.json"), &a);
+    char *model = io_read_file(io_path(dir, "model.safetensors"), &b);
+    char *both = config && model ? malloc(a + b + 1) : NULL;
+    if (both) {
+        memcpy(both, config, a);
+        memcpy(both + a, model, b);
+        *size = a + b;
+    }
+    free(config);
+    free(model);
+    return both;
+}
+
+static void test_write_refusals(const char *root) {
+    check_rng rng = check_rng_make(15);
+    check_qmatrix a, b;
+    /* The same arrays read as 4-bit gs32 or as 2-bit gs64 (K = 64 or 128): only the config tells. */
+    CHECK(check_qmatrix_random(&rng, 3, 64, 4, 32, QMM_F16, &a), "matrix a");
+    CHECK(check_qmatrix_random(&rng, 2, 128, 2, 64, QMM_F16, &b), "matrix b");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "refusals");
+    qmm_layer full = {"model.full", b.m};
+    CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &full, 1, NULL));
+    size_t before_size = 0, after_size = 0;
+    char *before = snapshot(dir, &before_size);
+    CHECK(before != NULL, "snapshot");
+
+    float values[8] = {0};
+    qmm_tensor orphan_scales = tensor_2d("x.scales", QMM_F32, 2, 4, values);
+    qmm_tensor orphan_biases = tensor_2d("x.biases", QMM_F32, 2, 4, values);
+    const qmm_tensor *orphans[2] = {&orphan_scales, &orphan_biases};
+    for (int k = 0; k < 2; k++) {
+        CHECK_STATUS(qmm_checkpoint_write(dir, orphans[k], 1, &full, 1, NULL), QMM_ERR_INVALID_ARGUMENT);
+        CHECK(message_has(orphans[k]->name) && message_has("no layer describes it"), "message: %s", qmm_last_error());
+    }
+    static const char *const keys[] = {"bits", "group_size", "mode", "quant_method"};
+    for (int k = 0; k < 4; k++) {
+        qmm_layer named[2] = {full, {keys[k], a.m}};
+        CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, named, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
+        CHECK(message_has(keys[k]) && message_has("collide"), "message: %s", qmm_last_error());
+    }
+    qmm_layer twice[2] = {full, full};
+    CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, twice, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(message_has("twice"), "message: %s", qmm_last_error());
+
+    /* Layer "p" described only: its tensors come among tensors, its format from the entry. */
+    qmm_tensor p_tensors[3] = {tensor_2d("p.weight", QMM_U32, 3, 8, a.w), tensor_2d("p.scales", QMM_F16, 3, 2, a.scales),
+                               tensor_2d("p.biases", QMM_F16, 3, 2, a.biases)};
+    qmm_layer described = {"p", {NULL, NULL, NULL, QMM_F16, 3, 64, 4, 32}};
+    qmm_layer pair[2] = {full, described};
+    CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 2, pair, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(message_has("p.biases"), "message: %s", qmm_last_error());
+    pair[1].matrix.bits = 8;        /* 8 words per row at 8 bits: K = 32 ... */
+    pair[1].matrix.group_size = 64; /* ... not a multiple of group_size 64 */
+    CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 3, pair, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(message_has("group_size=64"), "message: %s", qmm_last_error());
+    qmm_layer clash[2] = {full, {"p", a.m}}; /* arrays of its own and p.* among tensors */
+    CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 3, clash, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
+
+    after_size = 0;
+    char *after = snapshot(dir, &after_size);
+    CHECK(after && before_size == after_size && memcmp(before, after, before_size) == 0,
+          "a refused write changed the existing checkpoint");
+    CHECK(io_count_entries(dir) == 2, "a refused write left %d entries, want 2", io_count_entries(dir));
+    free(after);
+    free(before);
+
+    /* Accepted: p keeps 4-bit gs32 though the default (the other layer's) is 2-bit gs64 and p's arrays
+     * have the shapes of a 2-bit gs64 layer of K = 128. */
+    pair[1] = described;
+    CHECK_OK(qmm_checkpoint_write(dir, p_tensors, 3, pair, 2, NULL));
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        qmm_layer got;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "p", &got));
+        CHECK(same_matrix(&got.matrix, &a.m), "p: %d-bit gs%d K=%zu, want 4-bit gs32 K=64", got.matrix.bits,
+              got.matrix.group_size, got.matrix.cols);
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "model.full", &got));
+        CHECK(same_matrix(&got.matrix, &b.m), "model.full differs");
+        CHECK(qmm_checkpoint_tensor_count(ck) == 6, "tensor count %zu", qmm_checkpoint_tensor_count(ck));
+        qmm_checkpoint_close(ck);
+    }
+    io_remove_tree(dir);
+
+    /* A checkpoint without quantized layers is a float checkpoint that opens again. */
+    float norm[4] = {1, 2, 3, 4};
+    qmm_tensor plain = {.name = "norm.weight", .dtype = QMM_F32, .ndim = 1, .shape = {4}, .data = norm, .nbytes = 16};
+    CHECK_OK(qmm_checkpoint_write(dir, &plain, 1, NULL, 0, NULL));
+    ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    CHECK(ck && qmm_checkpoint_layer_count(ck) == 0 && qmm_checkpoint_tensor_count(ck) == 1, "float checkpoint");
+    qmm_checkpoint_close(ck);
+    io_remove_tree(dir);
+    check_qmatrix_free(&a);
+    check_qmatrix_free(&b);
 }
 
 /* ── failed writes leave nothing ── */
@@ -560,6 +694,7 @@ int main(void) {
         test_two_shards(root);
         test_inconsistent_layers(root);
         test_config(root);
+        test_write_refusals(root);
         test_write_failures(root);
         test_replace_existing(root);
         io_remove_tree(root);

@@ -611,6 +611,111 @@ static void test_convert(const char *root) {
     free(down);
 }
 
+/* ── float tensor names outlive the file; convert refuses what would not read back ── */
+
+static void test_owned_name(const char *root) {
+    float values[4] = {1, 2, 3, 4};
+    gguf_builder b = builder_make();
+    uint64_t ne[1] = {4};
+    add_tensor(&b, "model.norm.weight", 0, 1, ne, values, sizeof values);
+    io_buf image = gguf_finish(&b);
+    const char *path = io_path(root, "owned.gguf");
+    CHECK(io_write_file(path, image.data, image.size), "write %s", path);
+    qmm_gguf *file = NULL;
+    CHECK_OK(qmm_gguf_open(path, &file));
+    int quantized = -1;
+    qmm_qmatrix m;
+    qmm_tensor t = {0};
+    if (file) CHECK_OK(qmm_gguf_import(file, 0, &quantized, &m, &t));
+    qmm_gguf_close(file); /* the outputs are the caller's: the name must still be readable */
+    CHECK(t.name && strcmp(t.name, "model.norm.weight") == 0, "float tensor name after qmm_gguf_close: %s",
+          t.name ? t.name : "(null)");
+    qmm_gguf_import_free(&m, &t);
+    CHECK(t.name == NULL && t.data == NULL, "import_free leaves the fields set");
+    qmm_gguf_import_free(&m, &t); /* harmless twice */
+    io_buf_free(&image);
+    builder_free(&b);
+}
+
+static char *read_both(const char *dir, size_t *size) {
+    size_t a = 0, c = 0;
+    char *config = io_read_file(io_path(dir, "config.json"), &a);
+    char *model = io_read_file(io_path(dir, "model.safetensors"), &c);
+    char *both = config && model ? malloc(a + c + 1) : NULL;
+    if (both) {
+        memcpy(both, config, a);
+        memcpy(both + a, model, c);
+        *size = a + c;
+    }
+    free(config);
+    free(model);
+    return both;
+}
+
+static void test_convert_refusals(const char *root) {
+    check_rng rng = check_rng_make(301);
+    uint8_t *q = random_blocks(&rng, 2, 2 * 2); /* Q4_0 [2, 64] */
+    float values[8];
+    check_fill_uniform(&rng, values, QMM_F32, 8, -1, 1);
+    uint64_t ne_q[2] = {64, 2}, ne_f[2] = {4, 2};
+    char out[1024], gguf_path[1024];
+    snprintf(out, sizeof out, "%s/refusals-out", root);
+    snprintf(gguf_path, sizeof gguf_path, "%s/refusals.gguf", root);
+
+    /* OUTDIR already holds a converted checkpoint; each refused convert must leave it as it was. */
+    gguf_builder good = builder_make();
+    add_tensor(&good, "blk.0.attn_q.weight", 2, 2, ne_q, q, 4 * 18);
+    io_buf image = gguf_finish(&good);
+    CHECK(io_write_file(gguf_path, image.data, image.size), "write");
+    io_buf_free(&image);
+    CHECK_OK(qmm_gguf_convert(gguf_path, out, NULL, 0));
+    size_t before_size = 0;
+    char *before = read_both(out, &before_size);
+    CHECK(before != NULL, "snapshot");
+
+    static const struct {
+        const char *name;
+        uint32_t type;
+        const char *needle;
+    } cases[] = {
+        {"x.scales", 0, "\"x.scales\" ends in .scales"},  /* a float tensor no layer owns */
+        {"x.biases", 0, "\"x.biases\" ends in .biases"},
+        {"bits.weight", 2, "layer \"bits\""}, /* a layer named like a quantization key */
+        {"group_size.weight", 2, "layer \"group_size\""},
+        {"mode", 2, "layer \"mode\""},
+        {"quant_method.weight", 2, "layer \"quant_method\""},
+        {"blk.0.attn_q.scales", 0, "blk.0.attn_q.scales"}, /* the name of a layer's own scales */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gguf_builder b = builder_make();
+        add_tensor(&b, "blk.0.attn_q.weight", 2, 2, ne_q, q, 4 * 18);
+        if (cases[i].type == 0) add_tensor(&b, cases[i].name, 0, 2, ne_f, values, sizeof values);
+        else add_tensor(&b, cases[i].name, 2, 2, ne_q, q, 4 * 18);
+        image = gguf_finish(&b);
+        CHECK(io_write_file(gguf_path, image.data, image.size), "write");
+        CHECK_STATUS(qmm_gguf_convert(gguf_path, out, NULL, 0), QMM_ERR_INVALID_ARGUMENT);
+        CHECK(message_has(cases[i].needle), "case %s: message \"%s\" lacks \"%s\"", cases[i].name, qmm_last_error(),
+              cases[i].needle);
+        size_t after_size = 0;
+        char *after = read_both(out, &after_size);
+        CHECK(after && after_size == before_size && memcmp(before, after, before_size) == 0,
+              "case %s: the refused convert changed OUTDIR", cases[i].name);
+        CHECK(io_count_entries(out) == 2, "case %s: OUTDIR has %d entries, want 2", cases[i].name,
+              io_count_entries(out));
+        free(after);
+        /* Into a fresh directory: it is not created. */
+        const char *fresh = io_path(root, "refusals-fresh");
+        CHECK_STATUS(qmm_gguf_convert(gguf_path, fresh, NULL, 0), QMM_ERR_INVALID_ARGUMENT);
+        CHECK(!io_exists(fresh), "case %s: a refused convert created its directory", cases[i].name);
+        io_buf_free(&image);
+        builder_free(&b);
+    }
+    free(before);
+    io_remove_tree(out);
+    builder_free(&good);
+    free(q);
+}
+
 /* ── the real model file, when present (SmolLM2-135M Q4_1: 210 Q4_1, 61 F32, token_embd Q8_0) ── */
 
 static void test_real_file(void) {
@@ -675,6 +780,8 @@ int main(void) {
     test_bad_files();
     if (root) {
         test_convert(root);
+        test_owned_name(root);
+        test_convert_refusals(root);
         io_remove_tree(root);
         free(root);
     }

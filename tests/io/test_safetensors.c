@@ -194,6 +194,18 @@ static void test_bad_headers(void) {
         {"{\"\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, QMM_ERR_CORRUPT, "\\xff\\xfe"},
         {"{\"a\xc0\xaf\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, QMM_ERR_CORRUPT, "UTF-8"},
         {"{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 0, QMM_ERR_CORRUPT, "truncated"},
+        /* Offsets must tile the data area (safetensors Metadata::validate): no gap, no leading or trailing bytes. */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+         12, QMM_ERR_CORRUPT, "\"a\" [0, 4) and \"b\" [8, 12) are not adjacent: bytes [4, 8)"},
+        {"{\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, QMM_ERR_CORRUPT,
+         "\"b\" begins at 4"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 9, QMM_ERR_CORRUPT,
+         "5 bytes after the last tensor \"w\""},
+        {"{}", 3, QMM_ERR_CORRUPT, "no tensor but 3 bytes"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[2,2]}}",
+         4, QMM_ERR_CORRUPT, "not adjacent"},
     };
     uint8_t data[64] = {0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -267,6 +279,25 @@ static void test_bad_lengths(const char *dir) {
     CHECK(message_has("not a regular file"), "message: %s", qmm_last_error());
 }
 
+/* ── written files are created 0666 and narrowed by the umask, like any other file ── */
+
+static void test_umask(const char *dir) {
+    float values[2] = {1, 2};
+    qmm_tensor t = {.name = "w", .dtype = QMM_F32, .ndim = 1, .shape = {2}, .data = values, .nbytes = 8};
+    const mode_t masks[3] = {022, 077, 002};
+    for (int i = 0; i < 3; i++) {
+        const char *path = io_path(dir, "mode.safetensors");
+        mode_t old = umask(masks[i]);
+        CHECK_OK(qmm_safetensors_write(path, &t, 1, NULL, NULL, 0));
+        umask(old);
+        struct stat info;
+        CHECK(stat(path, &info) == 0 && (info.st_mode & 0777) == (0666 & ~masks[i]),
+              "umask %03o: mode %03o, want %03o", (unsigned)masks[i], (unsigned)(info.st_mode & 0777),
+              (unsigned)(0666 & ~masks[i]));
+        remove(path);
+    }
+}
+
 /* ── the writer refuses bad tensors and never leaves files behind ── */
 
 static void test_write_errors(const char *dir) {
@@ -332,6 +363,7 @@ int main(void) {
         test_bad_headers();
         test_bad_lengths(dir);
         test_write_errors(dir);
+        test_umask(dir);
         io_remove_tree(dir);
         free(dir);
     }

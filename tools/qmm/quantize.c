@@ -3,10 +3,15 @@
  */
 #include "common.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* ───────────────────────────── qmm quantize ───────────────────────────── */
+
+static void print_quantize_note(void *user, qmm_quantize_event event, const char *name, const char *message) {
+    (void)user;
+    (void)name;
+    fprintf(stderr, "qmm quantize: %s%s\n", event == QMM_QUANTIZE_LEFT ? "warning: " : "", message);
+}
 
 int cmd_quantize(const command *c, int argc, char **argv) {
     const char *bits_text = NULL, *group_text = NULL, *convention_text = NULL;
@@ -35,70 +40,15 @@ int cmd_quantize(const command *c, int argc, char **argv) {
     if (qmm_format_validate(bits, group_size) != QMM_OK)
         return usage_error(c, "--bits %d --group-size %d: %s", bits, group_size, qmm_last_error());
     if ((rc = check_outdir(c, positional[1], force))) return rc;
-    qmm_status status;
-
-    qmm_safetensors *file = NULL;
-    qmm_tensor *tensors = NULL; /* copied as they are */
-    qmm_layer *layers = NULL;   /* written by qmm_checkpoint_write as P.weight, P.scales, P.biases */
-    char **names = NULL;        /* layer names, owned here */
-    void **arrays = NULL;       /* w, scales, biases of each layer, owned here */
-    size_t tensor_count = 0, layer_count = 0, array_count = 0;
-    if ((status = qmm_safetensors_open(positional[0], &file)) != QMM_OK) return library_error(c, status);
-    size_t count = qmm_safetensors_count(file);
-    tensors = calloc(count + 1, sizeof *tensors);
-    layers = calloc(count + 1, sizeof *layers);
-    names = calloc(count + 1, sizeof *names);
-    arrays = calloc(3 * count + 1, sizeof *arrays);
-    if (!tensors || !layers || !names || !arrays) {
-        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the tensor list of %zu tensors", count);
-        goto cleanup;
-    }
-    for (size_t i = 0; i < count; i++) {
-        qmm_tensor t;
-        if ((status = qmm_safetensors_get(file, i, &t)) != QMM_OK) goto cleanup;
-        int quantize = qmm_is_float_dtype(t.dtype) && t.ndim == 2 && ends_with(t.name, ".weight") &&
-                       t.shape[0] > 0 && t.shape[1] > 0 && t.shape[1] % group_size == 0;
-        if (!quantize) {
-            tensors[tensor_count++] = t;
-            continue;
-        }
-        size_t rows = (size_t)t.shape[0], cols = (size_t)t.shape[1];
-        size_t w_bytes, s_bytes;
-        const qmm_qmatrix format = {NULL, NULL, NULL, t.dtype, rows, cols, bits, group_size};
-        if ((status = qmm_qmatrix_bytes(&format, &w_bytes, &s_bytes)) != QMM_OK) goto cleanup;
-        size_t length = strlen(t.name) - strlen(".weight");
-        char *layer_name = names[layer_count] = malloc(length + 1);
-        uint32_t *w = malloc(w_bytes);
-        void *scales = malloc(s_bytes), *biases = malloc(s_bytes);
-        arrays[array_count++] = w;
-        arrays[array_count++] = scales;
-        arrays[array_count++] = biases;
-        if (!layer_name || !w || !scales || !biases) {
-            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the quantized '%s'", t.name);
-            goto cleanup;
-        }
-        memcpy(layer_name, t.name, length);
-        layer_name[length] = '\0';
-        fprintf(stderr, "qmm quantize: %s [%zu, %zu] %s -> %d-bit gs%d\n", layer_name, rows, cols,
-                qmm_dtype_name(t.dtype), bits, group_size);
-        status = qmm_quantize(t.data, t.dtype, rows, cols, bits, group_size, convention, w, scales, biases);
-        if (status != QMM_OK) goto cleanup;
-        qmm_qmatrix m = {w, scales, biases, t.dtype, rows, cols, bits, group_size};
-        layers[layer_count].name = layer_name;
-        layers[layer_count].matrix = m;
-        layer_count++;
-    }
-    status = qmm_checkpoint_write(positional[1], tensors, tensor_count, layers, layer_count, NULL);
-    if (status == QMM_OK)
-        printf("wrote %s: %zu tensors copied, %zu quantized layers (%d-bit gs%d, %s convention)\n", positional[1],
-               tensor_count, layer_count, bits, group_size, convention == QMM_CONVENTION_GPU ? "gpu" : "cpu");
-cleanup:
-    for (size_t i = 0; names && i < count; i++) free(names[i]);
-    for (size_t i = 0; arrays && i < array_count; i++) free(arrays[i]);
-    free(names);
-    free(arrays);
-    free(tensors);
-    free(layers);
-    qmm_safetensors_close(file);
-    return status == QMM_OK ? 0 : library_error(c, status);
+    /* The library decides and reports; every weight left unquantized is named here with its reason. */
+    qmm_quantize_summary summary;
+    qmm_status status = qmm_checkpoint_quantize(positional[0], positional[1], bits, group_size, convention,
+                                                print_quantize_note, NULL, &summary);
+    if (status != QMM_OK) return library_error(c, status);
+    printf("wrote %s: %zu tensors copied, %zu quantized layers (%d-bit gs%d, %s convention)", positional[1],
+           summary.copied, summary.quantized, bits, group_size, convention == QMM_CONVENTION_GPU ? "gpu" : "cpu");
+    if (summary.kept) printf(", %zu already quantized layers kept in their own format", summary.kept);
+    if (summary.left) printf(", %zu float weights left unquantized (see above)", summary.left);
+    printf("\n");
+    return 0;
 }
