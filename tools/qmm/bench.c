@@ -57,7 +57,6 @@ typedef struct bench_cell {
     int selector_fastest; /* 1 yes, 0 no, -1 not decided (fewer than two kernels measured, or --kernel) */
     bench_row rows[MAX_ROWS];
     size_t row_count;
-    char error[320];
 } bench_cell;
 
 typedef struct bench_run {
