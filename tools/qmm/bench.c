@@ -3,7 +3,7 @@
  * the floor max(bytes ÷ copy bandwidth, 2·M·N·K ÷ matrix peak) — both ceilings measured in the same run —
  * with the selector's choice, whether it was the fastest, and peers (OpenBLAS, MLX, cuBLAS, torch) measured in
  * the same run. The weights rotate through enough copies to exceed the last-level cache, so small M is measured
- * cold: one chain with a step per copy, timed with qmm_chain_elapsed ÷ steps. Results to stdout (a table) and,
+ * cold: one chain with a step per copy, whole-chain timing (qmm_chain_set_step_timing off), qmm_chain_elapsed ÷ steps. Results to stdout (a table) and,
  * with --json, to a JSON file; progress to stderr. docs/PERF.md says how to read the table.
  */
 #include "bench.h"
@@ -234,6 +234,9 @@ static qmm_status time_kernel(bench_run *run, qmm_weights **weights, size_t copi
     qmm_status status = samples ? qmm_chain_create(run->context, &chain)
                                 : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %d samples", run->repeats);
     qmm_matmul_options options = {QMM_OP_QMM_T, kernel};
+    /* Whole-chain timing: on CUDA the graph then holds only the kernels (no event nodes between steps), and host
+     * backends synchronize once per run. */
+    if (status == QMM_OK) status = qmm_chain_set_step_timing(chain, 0);
     for (size_t i = 0; status == QMM_OK && i < copies; i++)
         status = qmm_chain_add_matmul(chain, weights[i], x, M, out, &options);
     if (status == QMM_OK) status = qmm_chain_run(chain); /* warm-up (and, on CUDA, the graph capture) */
@@ -510,12 +513,12 @@ static void print_header(const bench_run *run) {
         printf("# weights rotate through copies totalling > 2 × %s (%.0f MiB), so every product reads them cold\n",
                run->cache_desc, (double)run->cache_bytes / 1048576.0);
     if (run->backend == QMM_BACKEND_CUDA)
-        printf("# timing: one CUDA graph per (cell, kernel) with a step per copy, replayed; device time from events ÷ steps, "
-               "median of %d replays after a warm-up (host launch gaps excluded; the graph's own gaps between steps included)\n",
+        printf("# timing: one CUDA graph per (cell, kernel) with a step per copy and nothing else, replayed; device time "
+               "of the whole replay from events ÷ steps, median of %d replays after a warm-up (host launch gaps excluded)\n",
                run->repeats);
     else
-        printf("# timing: one chain per (cell, kernel) with a step per copy; host clock around each step ÷ steps, median of "
-               "%d runs after a warm-up\n", run->repeats);
+        printf("# timing: one chain per (cell, kernel) with a step per copy; host clock around the whole run ÷ steps, "
+               "median of %d runs after a warm-up\n", run->repeats);
     printf("# * = the selector's choice; 'fastest' = the selector's kernel is within 5%% of the fastest kernel measured; "
            "GB/s = the quantized problem's bytes ÷ time (also for peers)\n");
     for (size_t i = 0; i < run->absent_count; i++) printf("# peer %s\n", run->absent[i]);
