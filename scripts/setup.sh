@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # setup.sh [build|test] — installs what `make run` (build) or `make test` (test) needs on a fresh Debian
 # machine, and nothing that is already there. Idempotent; safe to run on every make.
-#   build: a C compiler, CMake, pkg-config, cJSON (checkpoint I/O)
+#   build: a C compiler, CMake, pkg-config, cJSON (checkpoint I/O), OpenBLAS (a peer of `qmm bench`)
 #   test:  + clang with libFuzzer/ASan runtimes, python3-venv, the pinned Python venv (.venv) with MLX
 #          for the cross-check, and the real model file (.cache/) the cross-check and fixture use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-build}
 
-need=(gcc libc6-dev make cmake pkg-config libcjson-dev) # libc6-dev: only Recommended by gcc
+need=(gcc libc6-dev make cmake pkg-config libcjson-dev libopenblas-dev) # libc6-dev: only Recommended by gcc
 if [ "$what" = test ]; then
   need+=(clang libclang-rt-14-dev python3 python3-venv unzip)
 fi

@@ -53,6 +53,7 @@ int cmd_quantize(const command *self, int argc, char **argv);
 int cmd_matmul(const command *self, int argc, char **argv);
 int cmd_run(const command *self, int argc, char **argv);
 int cmd_kernels(const command *self, int argc, char **argv);
+int cmd_bench(const command *self, int argc, char **argv);
 
 /* Prints "qmm CMD: usage error: ..." and a hint to stderr; returns QMM_EXIT_USAGE. */
 int usage_error(const command *c, const char *format, ...) QMM_PRINTF(2, 3);

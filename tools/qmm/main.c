@@ -1,6 +1,6 @@
 /*
  * main.c — the qmm command-line tool: the command table, help and dispatch. Each command lives in its
- * own file (info.c, convert.c, quantize.c, matmul.c, run.c, kernels.c); what they share is in common.c.
+ * own file (info.c, convert.c, quantize.c, matmul.c, run.c, kernels.c, bench.c); what they share is in common.c.
  *
  * Conventions: results go to stdout, progress to stderr. A library failure prints
  * "qmm <cmd>: <status string>: <qmm_last_error()>" and exits 1; bad command-line input prints
@@ -71,6 +71,25 @@ static const command commands[] = {
      "  --backend: only that backend's table (auto: the first of cuda, cpu, ref that is available); exit 1\n"
      "  when it is not available.\n",
      cmd_kernels},
+    {"bench", "time every eligible kernel per (shape, M, dtype) against the measured floor and peers",
+     "usage: qmm bench [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
+     "                 [--bits B] [--group-size G] [--kernel NAME] [--repeats R] [--json FILE|DIR] [--no-peers] [--quick]\n"
+     "  For every shape (n×k, out[M, n] = x[M, k]·Ŵᵀ), M and dtype: the median µs of the selector's kernel and of\n"
+     "  every other eligible kernel of the backend (each forced by name), effective GB/s (weights + scales + biases\n"
+     "  + x + out bytes ÷ time), the floor = max(bytes ÷ copy bandwidth, 2·M·n·k ÷ matrix peak) with both ceilings\n"
+     "  measured in this run, time ÷ floor, whether the selector's kernel is the fastest (within 5%), and peers\n"
+     "  measured in the same run (cpu/ref: OpenBLAS sgemm on the dequantized weights, MLX CPU through .venv;\n"
+     "  cuda: cuBLAS dense f16/bf16, torch int4, MLX CUDA); a peer that cannot run is listed as absent with the\n"
+     "  reason. Weights rotate through copies totalling more than twice the last-level cache (CPU: from sysfs;\n"
+     "  CUDA: the L2), so small M reads them cold; each (cell, kernel) is one chain with a step per copy, a\n"
+     "  warm-up, then R runs (default 7), time = median of chain time ÷ steps (CUDA: one graph, device events).\n"
+     "  --shapes: files of \"name N K\" lines, or names of bench/shapes/NAME.txt (seed, qwen3); default seed.\n"
+     "  --m: default 1,2,4,8,16,32,64,128,512 (cpu, ref), 1,2,4,8,16 (cuda). --dtype: default f32,bf16 (cpu,\n"
+     "  ref), f16,bf16 (cuda). --bits/--group-size: default 4/64. --kernel: measure only that kernel.\n"
+     "  Scalar reference rows whose measurement would take more than ~10 s are skipped, and say so.\n"
+     "  --json: also write every number to FILE (or DIR/bench-BACKEND-DATE.json, e.g. bench/results/).\n"
+     "  --quick: a tiny grid with short ceilings, for tests. Progress goes to stderr; the table to stdout.\n",
+     cmd_bench},
     {"help", "print this list, or a command's usage", "usage: qmm help [COMMAND]\n", cmd_help},
 };
 static const size_t command_count = sizeof commands / sizeof commands[0];

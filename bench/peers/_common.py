@@ -1,0 +1,46 @@
+"""Shared by the peer scripts of `qmm bench` (bench/peers/README.md): the command line the bench passes, the
+JSON lines it reads back, and the rotation rule (copies of the weights totalling more than twice the cache)."""
+import argparse
+import json
+import math
+import sys
+
+
+def parse_args(description):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--shapes", required=True, help="name:N:K,... (out[M, N] = x[M, K] @ W[N, K].T)")
+    p.add_argument("--m", required=True, help="1,2,4,...")
+    p.add_argument("--dtype", required=True, help="f32,f16,bf16")
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--cache-bytes", type=int, default=0, help="copies of the weights total > 2x this")
+    p.add_argument("--limit-s", type=float, default=20.0, help="skip a cell whose measurement would take longer")
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    a.shapes = [(n, int(N), int(K)) for n, N, K in (s.split(":") for s in a.shapes.split(","))]
+    a.m = [int(v) for v in a.m.split(",")]
+    a.dtype = a.dtype.split(",")
+    return a
+
+
+def emit(**fields):
+    """One JSON line on stdout (the bench reads these; everything else goes to stderr)."""
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def absent(peer, reason):
+    emit(peer=peer, absent=reason)
+    sys.exit(0)
+
+
+def copies_for(cache_bytes, bytes_per_copy, quick=False):
+    if quick or cache_bytes <= 0:
+        return 2
+    return int(min(512, max(2, math.ceil(2 * cache_bytes / bytes_per_copy))))
+
+
+def progress(text):
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

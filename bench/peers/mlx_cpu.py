@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""qmm bench peer (b): MLX's own mx.quantized_matmul, timed the way `qmm bench` times qmm (bench/peers/README.md).
+
+For each (shape, dtype): random 4-bit (--bits) weights quantized by mx.quantize in `copies` independent copies
+(totalling > 2x the cache), x[M, K] random; one run = a product with every copy in turn, each evaluated
+(mx.eval) before the next, so a product is timed as a user of MLX would run it one layer at a time; time per
+product = run time / copies; median of --repeats runs after one warm-up run. Cells whose measurement would take
+longer than --limit-s (estimated from the previous M) are skipped and say so.
+Also used for MLX on CUDA by mlx_cuda.py (--device gpu)."""
+import statistics
+import sys
+import time
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from _common import absent, copies_for, emit, parse_args, progress  # noqa: E402
+
+
+def main(device="cpu", peer="mlx-cpu"):
+    a = parse_args(__doc__)
+    try:
+        import mlx.core as mx
+    except Exception as e:  # noqa: BLE001
+        absent(peer, f"cannot import mlx.core ({e.__class__.__name__}: {e})")
+    try:
+        dev = mx.gpu if device == "gpu" else mx.cpu
+        if device == "gpu" and not mx.is_available(mx.gpu):
+            absent(peer, "mlx has no GPU device here (mlx-cuda not installed, or no GPU)")
+        mx.set_default_device(dev)
+        mx.eval(mx.ones((2,)) + 1)
+    except Exception as e:  # noqa: BLE001
+        absent(peer, f"mlx cannot run on {device}: {e}")
+    dtypes = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
+    note_version = f"mlx {mx.__version__} {device}"
+    for name, N, K in a.shapes:
+        for dname in a.dtype:
+            dt = dtypes[dname]
+            wq, s, b = mx.quantize(mx.random.normal((N, K)).astype(dt) * 0.02, group_size=a.group_size, bits=a.bits)
+            per_copy = wq.nbytes + s.nbytes + b.nbytes
+            copies = copies_for(a.cache_bytes, per_copy, a.quick)
+            # Independent copies (new buffers), so each product reads its own weights from memory.
+            ws = [(wq + 0, s + 0, b + 0) for _ in range(copies)]
+            mx.eval(ws)
+            last = None  # (M, seconds per product) of the previous M, for the estimate
+            for M in a.m:
+                if last is not None:
+                    estimate = last[1] * max(1.0, M / last[0]) * copies * (a.repeats + 1)
+                    if estimate > a.limit_s:
+                        emit(peer=peer, shape=name, M=M, dtype=dname,
+                             skipped=f"skipped: would take ~{estimate:.0f} s (> --limit-s {a.limit_s:g})")
+                        continue
+                x = (mx.random.uniform(-1, 1, (M, K))).astype(dt)
+                mx.eval(x)
+                samples = []
+                for r in range(a.repeats + 1):
+                    t0 = time.perf_counter()
+                    for w, sc, bi in ws:
+                        y = mx.quantized_matmul(x, w, sc, bi, transpose=True, group_size=a.group_size, bits=a.bits)
+                        mx.eval(y)
+                    t = (time.perf_counter() - t0) / copies
+                    if r > 0:
+                        samples.append(t)
+                    elif t * copies * a.repeats > a.limit_s:
+                        break  # one run is enough to know it is too slow; report the warm-up alone
+                if not samples:
+                    samples = [t]
+                us = statistics.median(samples) * 1e6
+                last = (M, us * 1e-6)
+                emit(peer=peer, shape=name, M=M, dtype=dname, us=us,
+                     note=f"{note_version}, {copies} copies, median of {len(samples)}")
+                progress(f"bench peer {peer} {name} M={M} {dname}: {us:.1f} us")
+            del ws
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Draws `qmm bench --json` results: time / floor against M, one panel per shape, one line per kernel (the
+selector's choice drawn thick) and per peer, one line style per dtype. 1.0 is the physical floor.
+
+    .venv/bin/python bench/plot.py bench/results/bench-cpu-....json [-o out.png]
+
+Needs matplotlib (pip install -r bench/requirements.txt)."""
+import argparse
+import json
+import math
+import sys
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", help="a JSON file written by qmm bench --json")
+    p.add_argument("-o", "--output", help="PNG to write (default: the JSON's name with .png)")
+    a = p.parse_args()
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("plot.py: matplotlib is missing: pip install -r bench/requirements.txt (into .venv)")
+    with open(a.results) as f:
+        d = json.load(f)
+    shapes = []
+    for c in d["cells"]:
+        if c["shape"] not in shapes:
+            shapes.append(c["shape"])
+    if not shapes:
+        sys.exit(f"plot.py: {a.results} has no cells")
+    cols = min(3, len(shapes))
+    rows = math.ceil(len(shapes) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    styles = {"f32": "-", "f16": "--", "bf16": ":"}
+    for i, shape in enumerate(shapes):
+        ax = axes[i // cols][i % cols]
+        cells = [c for c in d["cells"] if c["shape"] == shape]
+        series = {}  # (label, dtype) -> [(M, x_floor)]
+        for c in cells:
+            for k in c["kernels"]:
+                label = k["name"] + (" (selector)" if k.get("selected") else "")
+                if k["x_floor"] is not None:
+                    series.setdefault((label, c["dtype"], k.get("selected", False)), []).append((c["M"], k["x_floor"]))
+            for pr in c["peers"]:
+                if pr["x_floor"] is not None:
+                    series.setdefault(("peer " + pr["name"], c["dtype"], False), []).append((c["M"], pr["x_floor"]))
+        for (label, dtype, selected), points in sorted(series.items()):
+            points.sort()
+            ax.plot([m for m, _ in points], [v for _, v in points], styles.get(dtype, "-"), marker="o", markersize=3,
+                    linewidth=2.5 if selected else 1.0, label=f"{label} {dtype}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        n, k = cells[0]["N"], cells[0]["K"]
+        ax.set_title(f"{shape} ({n}×{k})", fontsize=9)
+        ax.set_xlabel("M")
+        ax.set_ylabel("time ÷ floor")
+        ax.legend(fontsize=6)
+    for j in range(len(shapes), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    m = d.get("machine", {})
+    fig.suptitle(f"qmm bench {d['backend']} on {m.get('gpu') or m.get('cpu')}, {d['date']}: "
+                 f"copy {d['ceilings']['copy_gbps']:.1f} GB/s, peak {d['ceilings']['matrix_peak_gflops']:.0f} GFLOP/s",
+                 fontsize=10)
+    fig.tight_layout()
+    out = a.output or (a.results[:-5] if a.results.endswith(".json") else a.results) + ".png"
+    fig.savefig(out, dpi=110)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# qmm bench on the reference backend, a tiny grid (--quick) without peers: the table's shape, the JSON's
+# validity and contents, and bad input (every rule answers with its exit code before any work).
+SUITE=cli_bench
+source "$(dirname "$0")/lib.sh" "$@"
+
+q bench --backend ref --quick --no-peers --json "$WORK/bench.json"
+check "quick bench: exit 0" rc_is 0
+check "header names the ceilings" out_matches '^# ceilings measured in this run: copy [0-9.]+ GB/s'
+check "header names the matrix peak" out_matches 'matrix peak [0-9.]+ GFLOP/s'
+check "header names the floor" out_has "# floor = max(bytes ÷ copy, 2·M·n·k ÷ peak)"
+check "table header" out_matches '^shape +n×k +M +dtype +floor µs +bound +kernel or peer +µs +GB/s +×floor +note'
+check "one selected row per cell (2 shapes × 2 M × 1 dtype)" [ "$(out_lines_matching '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +[0-9]+ +f32 +[0-9.]+ +(memory|compute) +\* ref\.qmm_t\.scalar\.r1 +[0-9.]+ +[0-9.]+ +[0-9.]+')" = 4 ]
+check "says how long it took" out_matches '^bench took [0-9.]+ s \(4 cells\)'
+check "says where the JSON went" out_has "results written to $WORK/bench.json"
+check "progress on stderr" err_matches '^bench \[4/4\] quick\.64x1024 M=3 f32: ref\.qmm_t\.scalar\.r1'
+check "no progress on stdout" bash -c "! grep -q '^bench \[' <<<\"\$1\"" _ "$OUT"
+if command -v python3 >/dev/null; then
+  check "JSON is valid and complete" python3 - "$WORK/bench.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["tool"] == "qmm bench" and d["backend"] == "ref" and d["command"].startswith("qmm bench --backend ref")
+assert d["date"].endswith("Z") and d["machine"]["cpu"] and d["format"] == {"bits": 4, "group_size": 64}
+assert d["ceilings"]["copy_gbps"] > 0 and d["ceilings"]["matrix_peak_gflops"] > 0
+assert len(d["cells"]) == 4, len(d["cells"])
+for c in d["cells"]:
+    assert c["floor_us"] > 0 and c["bytes"] > 0 and c["flops"] == 2 * c["M"] * c["N"] * c["K"]
+    assert c["selected"] == "ref.qmm_t.scalar.r1" and c["kernels"][0]["selected"] is True
+    assert c["kernels"][0]["us"] > 0 and abs(c["kernels"][0]["x_floor"] - c["kernels"][0]["us"] / c["floor_us"]) < 1e-9
+    assert c["peers"] == []
+assert d["elapsed_s"] > 0
+PY
+fi
+
+# --kernel: only that kernel; a name the backend lacks is an error naming it; one that does not support the
+# call says why in its row.
+q bench --backend ref --quick --no-peers --kernel ref.qmm_t.scalar.r1 --m 1
+check "--kernel: exit 0" rc_is 0
+check "--kernel: the forced row" out_matches '\* ref\.qmm_t\.scalar\.r1'
+expect_library_error bench "not found" "--kernel 'nope' is not a kernel of backend ref" bench --backend ref --quick --kernel nope
+q bench --backend ref --quick --no-peers --kernel ref.qmm_n.scalar.r1 --m 1
+check "--kernel of another op: exit 0" rc_is 0
+check "--kernel of another op: not eligible, with the reason" out_has "not eligible:"
+
+# shapes files
+printf '# a comment\nmine 128 256   # trailing comment\n\n' >"$WORK/shapes.txt"
+q bench --backend ref --no-peers --shapes "$WORK/shapes.txt" --m 2 --dtype bf16 --repeats 1 --quick
+check "--shapes FILE: exit 0" rc_is 0
+check "--shapes FILE: its shape" out_matches '^mine +128×256 +2 +bf16'
+printf 'bad 128\n' >"$WORK/bad.txt"
+expect_library_error bench "" "$WORK/bad.txt:1: want \"name N K\"" bench --backend ref --quick --shapes "$WORK/bad.txt"
+printf 'odd 128 100\n' >"$WORK/odd.txt"
+expect_library_error bench "" "K=100, not a multiple of --group-size 64" bench --backend ref --quick --shapes "$WORK/odd.txt"
+expect_library_error bench "not found" "--shapes 'nosuch'" bench --backend ref --quick --shapes nosuch
+
+# usage errors, before any work
+expect_usage_error bench "--m '0'" bench --backend ref --quick --m 0
+expect_usage_error bench "--m '1,,2'" bench --backend ref --quick --m 1,,2
+expect_usage_error bench "'f64' is not f32, f16 or bf16" bench --backend ref --quick --dtype f32,f64
+expect_usage_error bench "bits" bench --backend ref --quick --bits 7
+expect_usage_error bench "--repeats '0'" bench --backend ref --quick --repeats 0
+expect_usage_error bench "--backend 'gpu'" bench --backend gpu
+expect_usage_error bench "unknown option '--frobnicate'" bench --frobnicate
+expect_library_error bench "not found" "does not exist" bench --backend ref --quick --json "$WORK/no/such/dir/x.json"
+expect_ok "--help" bench --help
+check "--help shows the usage" out_has "usage: qmm bench"
+
+finish

@@ -1,0 +1,986 @@
+/*
+ * bench.c — qmm bench: per (shape, M, dtype), the median time of every eligible kernel of a backend against
+ * the floor max(bytes ÷ copy bandwidth, 2·M·N·K ÷ matrix peak) — both ceilings measured in the same run —
+ * with the selector's choice, whether it was the fastest, and peers (OpenBLAS, MLX, cuBLAS, torch) measured in
+ * the same run. The weights rotate through enough copies to exceed the last-level cache, so small M is measured
+ * cold: one chain with a step per copy, whole-chain timing (qmm_chain_set_step_timing off), qmm_chain_elapsed ÷ steps. Results to stdout (a table) and,
+ * with --json, to a JSON file; progress to stderr. docs/PERF.md says how to read the table.
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef QMM_BENCH_JSON
+#include <cjson/cJSON.h>
+#endif
+
+#define MAX_SHAPES 256
+#define MAX_LIST 64
+#define MAX_ROWS 40
+#define MAX_COPIES 512
+/* The scalar reference rows run at about 4 GMAC/s on one thread; a row whose whole measurement (warm-up and
+ * repeats over every copy) would take longer than SCALAR_BUDGET_S seconds is skipped and says so. */
+#define SCALAR_MACS_PER_S 4e9
+#define SCALAR_BUDGET_S 10.0
+/* The selector "picked the fastest" when its kernel is within this factor of the fastest one measured. */
+#define FASTEST_MARGIN 1.05
+
+typedef struct bench_shape {
+    char name[64];
+    size_t N, K;
+} bench_shape;
+
+/* One line of a cell: a kernel of the backend, or a peer. */
+typedef struct bench_row {
+    char name[128];
+    int peer;
+    int selected;
+    double us; /* NaN when not measured (note says why) */
+    char note[256];
+} bench_row;
+
+typedef struct bench_cell {
+    const bench_shape *shape;
+    size_t M;
+    qmm_dtype dtype;
+    size_t copies;
+    double bytes, flops, floor_us;
+    int compute_bound;
+    char selected[128];
+    int selector_fastest; /* 1 yes, 0 no, -1 not decided (fewer than two kernels measured, or --kernel) */
+    bench_row rows[MAX_ROWS];
+    size_t row_count;
+} bench_cell;
+
+typedef struct bench_run {
+    const command *c;
+    qmm_context *context;
+    qmm_backend backend;
+    int bits, group_size, repeats, quick, peers;
+    const char *kernel; /* --kernel, or NULL */
+    bench_shape shapes[MAX_SHAPES];
+    size_t shape_count;
+    size_t ms[MAX_LIST];
+    size_t m_count;
+    qmm_dtype dtypes[MAX_LIST];
+    size_t dtype_count;
+    bench_cell *cells;
+    size_t cell_count;
+    bench_ceilings ceilings;
+    size_t cache_bytes; /* what the copies must exceed: the LLC (CPU) or the L2 (CUDA) */
+    char cache_desc[128];
+    char machine[256];
+    char absent[8][320]; /* "peer: reason" */
+    size_t absent_count;
+    char command_line[2048];
+    char date[64];
+    char load_warning[256];
+    double started;
+} bench_run;
+
+static const char *source_dir(void) {
+    const char *dir = getenv("QMM_SOURCE_DIR");
+    return dir && dir[0] ? dir : QMM_SOURCE_DIR;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* splitmix64, for the random weights. */
+static uint64_t next_random(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* ───────────────────────────── options ───────────────────────────── */
+
+/* "1,2,4" into values (each in [min, max]); returns 0 or the usage exit code. */
+static int parse_size_list(const command *c, const char *option, const char *text, size_t min, size_t max,
+                           size_t *values, size_t *count) {
+    *count = 0;
+    const char *p = text;
+    while (1) {
+        const char *comma = strchr(p, ',');
+        size_t length = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        unsigned long long value;
+        if (length == 0 || length >= sizeof item)
+            return usage_error(c, "%s '%s': an empty or overlong item (want comma-separated numbers)", option, text);
+        memcpy(item, p, length);
+        item[length] = '\0';
+        if (!parse_unsigned(item, min, max, &value))
+            return usage_error(c, "%s '%s': '%s' is not a whole number in [%zu, %zu]", option, text, item, min, max);
+        if (*count == MAX_LIST) return usage_error(c, "%s '%s': more than %d values", option, text, MAX_LIST);
+        values[(*count)++] = (size_t)value;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+static int parse_dtype_list(const command *c, const char *text, qmm_dtype *values, size_t *count) {
+    *count = 0;
+    const char *p = text;
+    while (1) {
+        const char *comma = strchr(p, ',');
+        size_t length = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        qmm_dtype dtype;
+        if (length == 0 || length >= sizeof item)
+            return usage_error(c, "--dtype '%s': an empty or overlong item (want e.g. f32,bf16)", text);
+        memcpy(item, p, length);
+        item[length] = '\0';
+        if (qmm_dtype_parse(item, &dtype) != QMM_OK || (dtype != QMM_F32 && dtype != QMM_F16 && dtype != QMM_BF16))
+            return usage_error(c, "--dtype '%s': '%s' is not f32, f16 or bf16", text, item);
+        if (*count == MAX_LIST) return usage_error(c, "--dtype '%s': more than %d values", text, MAX_LIST);
+        values[(*count)++] = dtype;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+static int valid_shape_name(const char *name) {
+    if (!name[0]) return 0;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+              *p == '_' || *p == '-'))
+            return 0;
+    return 1;
+}
+
+/* Appends the shapes of one file ("name N K" lines, '#' comments). Errors name the file, line and rule. */
+static qmm_status load_shape_file(bench_run *run, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return qmm_error(QMM_ERR_IO, "cannot open shapes file '%s': %s", path, strerror(errno));
+    char line[512];
+    int number = 0;
+    qmm_status status = QMM_OK;
+    while (status == QMM_OK && fgets(line, sizeof line, f)) {
+        number++;
+        line[strcspn(line, "#\n")] = '\0';
+        char name[128], extra[8];
+        unsigned long long N, K;
+        char n_text[32], k_text[32];
+        int fields = sscanf(line, "%127s %31s %31s %7s", name, n_text, k_text, extra);
+        if (fields <= 0) continue;
+        if (fields != 3) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: want \"name N K\" (3 fields), got %d", path, number, fields);
+        } else if (!valid_shape_name(name) || strlen(name) >= sizeof run->shapes[0].name) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%s' must be 1-63 characters of A-Z a-z 0-9 . _ -",
+                               path, number, name);
+        } else if (!parse_unsigned(n_text, 1, 1u << 30, &N) || !parse_unsigned(k_text, 1, 1u << 30, &K)) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: N='%s' and K='%s' must be whole numbers in [1, 2^30]", path,
+                               number, n_text, k_text);
+        } else if (K % (unsigned long long)run->group_size != 0) {
+            status = qmm_error(QMM_ERR_SHAPE, "%s:%d: shape %s has K=%llu, not a multiple of --group-size %d", path,
+                               number, name, K, run->group_size);
+        } else if (run->shape_count == MAX_SHAPES) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s:%d: more than %d shapes in all", path, number, MAX_SHAPES);
+        } else {
+            bench_shape *shape = &run->shapes[run->shape_count++];
+            snprintf(shape->name, sizeof shape->name, "%s", name);
+            shape->N = (size_t)N;
+            shape->K = (size_t)K;
+        }
+    }
+    fclose(f);
+    if (status == QMM_OK && run->shape_count == 0)
+        status = qmm_error(QMM_ERR_CORRUPT, "shapes file '%s' has no shapes", path);
+    return status;
+}
+
+/* --shapes A,B: each a file path, or a name of bench/shapes/NAME.txt. */
+static qmm_status load_shapes(bench_run *run, const char *text) {
+    char copy[2048];
+    if (strlen(text) >= sizeof copy) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "--shapes is longer than %zu bytes", sizeof copy - 1);
+    snprintf(copy, sizeof copy, "%s", text);
+    for (char *item = strtok(copy, ","); item; item = strtok(NULL, ",")) {
+        char path[PATH_MAX];
+        struct stat info;
+        if (stat(item, &info) == 0 && S_ISREG(info.st_mode)) {
+            snprintf(path, sizeof path, "%s", item);
+        } else {
+            snprintf(path, sizeof path, "%s/bench/shapes/%s.txt", source_dir(), item);
+            if (stat(path, &info) != 0)
+                return qmm_error(QMM_ERR_NOT_FOUND, "--shapes '%s': no file '%s' and no %s (a shapes file or the name "
+                                 "of one in bench/shapes/: seed, qwen3)", item, item, path);
+        }
+        qmm_status status = load_shape_file(run, path);
+        if (status != QMM_OK) return status;
+    }
+    return QMM_OK;
+}
+
+/* ───────────────────────────── measurement ───────────────────────────── */
+
+/* Median µs of one product: a chain with one step per weight copy, one warm-up run, then `repeats` runs,
+ * each giving qmm_chain_elapsed ÷ steps. */
+static qmm_status time_kernel(bench_run *run, qmm_weights **weights, size_t copies, qmm_buffer *x, size_t M,
+                              qmm_buffer *out, const char *kernel, double *us) {
+    qmm_chain *chain = NULL;
+    double *samples = malloc((size_t)run->repeats * sizeof *samples);
+    qmm_status status = samples ? qmm_chain_create(run->context, &chain)
+                                : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %d samples", run->repeats);
+    qmm_matmul_options options = {QMM_OP_QMM_T, kernel};
+    /* Whole-chain timing: on CUDA the graph then holds only the kernels (no event nodes between steps), and host
+     * backends synchronize once per run. */
+    if (status == QMM_OK) status = qmm_chain_set_step_timing(chain, 0);
+    for (size_t i = 0; status == QMM_OK && i < copies; i++)
+        status = qmm_chain_add_matmul(chain, weights[i], x, M, out, &options);
+    if (status == QMM_OK) status = qmm_chain_run(chain); /* warm-up (and, on CUDA, the graph capture) */
+    for (int r = 0; status == QMM_OK && r < run->repeats; r++) {
+        double elapsed = 0.0;
+        if ((status = qmm_chain_run(chain)) == QMM_OK && (status = qmm_chain_elapsed(chain, &elapsed)) == QMM_OK)
+            samples[r] = elapsed / (double)copies;
+    }
+    if (status == QMM_OK) {
+        qsort(samples, (size_t)run->repeats, sizeof *samples, compare_doubles);
+        *us = samples[run->repeats / 2];
+    }
+    qmm_chain_destroy(chain);
+    free(samples);
+    return status;
+}
+
+static bench_row *add_row(bench_cell *cell, const char *name, int peer) {
+    if (cell->row_count == MAX_ROWS) return NULL;
+    bench_row *row = &cell->rows[cell->row_count++];
+    memset(row, 0, sizeof *row);
+    snprintf(row->name, sizeof row->name, "%s", name);
+    row->peer = peer;
+    row->us = NAN;
+    return row;
+}
+
+/* Copies that rotate through more than twice the cache (at least 2, at most MAX_COPIES). */
+static size_t copies_for(const bench_run *run, double bytes_per_copy) {
+    if (run->quick) return 2;
+    double wanted = ceil(2.0 * (double)run->cache_bytes / bytes_per_copy);
+    if (wanted < 2) wanted = 2;
+    if (wanted > MAX_COPIES) wanted = MAX_COPIES;
+    return (size_t)wanted;
+}
+
+/* Every M of one (shape, dtype): the selector's choice and every eligible kernel (or --kernel only). */
+static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qmm_qmatrix *matrix, bench_cell *cells,
+                              size_t *done) {
+    const size_t N = shape->N, K = shape->K, element = qmm_dtype_size(matrix->dtype);
+    size_t w_bytes = 0, group_bytes = 0;
+    qmm_status status = qmm_qmatrix_bytes(matrix, &w_bytes, &group_bytes);
+    if (status != QMM_OK) return status;
+    size_t copies = copies_for(run, (double)(w_bytes + 2 * group_bytes));
+    qmm_weights **weights = calloc(copies, sizeof *weights);
+    if (!weights) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu weight copies", copies);
+    for (size_t i = 0; status == QMM_OK && i < copies; i++) status = qmm_weights_create(run->context, matrix, &weights[i]);
+
+    size_t kernel_count = qmm_kernel_count(run->context);
+    for (size_t mi = 0; status == QMM_OK && mi < run->m_count; mi++) {
+        bench_cell *cell = &cells[mi];
+        const size_t M = run->ms[mi];
+        cell->shape = shape;
+        cell->M = M;
+        cell->dtype = matrix->dtype;
+        cell->copies = copies;
+        cell->selector_fastest = -1;
+        cell->bytes = (double)(w_bytes + 2 * group_bytes) + (double)(M * K + M * N) * (double)element;
+        cell->flops = 2.0 * (double)M * (double)N * (double)K;
+        double memory_us = cell->bytes / (run->ceilings.copy_gbps * 1e3);
+        double compute_us = cell->flops / (run->ceilings.peak_gflops * 1e3);
+        cell->compute_bound = compute_us > memory_us;
+        cell->floor_us = cell->compute_bound ? compute_us : memory_us;
+
+        qmm_buffer *x = NULL, *out = NULL;
+        void *host_x = malloc(M * K * element);
+        if (!host_x) status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate x of %zu×%zu", M, K);
+        if (status == QMM_OK) status = fill_random(DEFAULT_SEED + M, host_x, matrix->dtype, M * K);
+        if (status == QMM_OK) status = qmm_buffer_create(run->context, matrix->dtype, M * K, &x);
+        if (status == QMM_OK) status = qmm_buffer_create(run->context, matrix->dtype, M * N, &out);
+        if (status == QMM_OK) status = qmm_buffer_write(x, host_x, M * K);
+        free(host_x);
+        qmm_kernel_info chosen;
+        qmm_matmul_options options = {QMM_OP_QMM_T, NULL};
+        if (status == QMM_OK) status = qmm_select(run->context, weights[0], M, &options, &chosen);
+        if (status == QMM_OK) snprintf(cell->selected, sizeof cell->selected, "%s", chosen.name);
+
+        /* The selector's row first, then the other eligible rows in table order. */
+        for (size_t k = 0; status == QMM_OK && k <= kernel_count; k++) {
+            qmm_kernel_info info;
+            if (k == 0) info = chosen;
+            else if ((status = qmm_kernel_get(run->context, k - 1, &info)) != QMM_OK) break;
+            if (k > 0 && strcmp(info.name, chosen.name) == 0) continue;
+            if (run->kernel && strcmp(info.name, run->kernel) != 0) continue;
+            if (info.op != QMM_OP_QMM_T) {
+                bench_row *row = run->kernel ? add_row(cell, info.name, 0) : NULL;
+                if (row)
+                    snprintf(row->note, sizeof row->note, "not eligible: its op is %s; qmm bench measures qmm_t",
+                             qmm_op_name(info.op));
+                continue;
+            }
+            const char *why_not = NULL;
+            int supports = qmm_kernel_supports(run->context, info.name, weights[0], M, QMM_OP_QMM_T, &why_not);
+            if (supports < 0) {
+                status = QMM_ERR_INVALID_ARGUMENT;
+                break;
+            }
+            if (!supports && !run->kernel) continue; /* not eligible for this call */
+            bench_row *row = add_row(cell, info.name, 0);
+            if (!row) break;
+            row->selected = k == 0;
+            if (!supports) {
+                snprintf(row->note, sizeof row->note, "not eligible: %s", why_not ? why_not : "(no reason given)");
+                continue;
+            }
+            double estimate = (double)M * (double)N * (double)K * (double)copies * (run->repeats + 1) / SCALAR_MACS_PER_S;
+            if (strcmp(info.family, "scalar") == 0 && estimate > SCALAR_BUDGET_S) {
+                snprintf(row->note, sizeof row->note,
+                         "skipped: the scalar reference row would take ~%.0f s here (M·N·K = %.3g at ~4 GMAC/s, "
+                         "%zu copies × %d runs)", estimate, (double)M * (double)N * (double)K, copies, run->repeats + 1);
+                continue;
+            }
+            status = time_kernel(run, weights, copies, x, M, out, info.name, &row->us);
+        }
+        if (status == QMM_OK && run->backend == QMM_BACKEND_CUDA && run->peers) {
+            char label[64];
+            snprintf(label, sizeof label, "cublas dense %s", qmm_dtype_name(matrix->dtype));
+            bench_row *row = add_row(cell, label, 1);
+            if (row && matrix->dtype == QMM_F32) {
+                snprintf(row->note, sizeof row->note, "not measured: the cuBLAS peer runs f16 and bf16 cells");
+            } else if (row) {
+                size_t dense_copies = copies_for(run, (double)N * (double)K * (double)element);
+                char note[200] = "";
+                if (bench_cuda_dense(N, K, M, matrix->dtype, dense_copies, run->repeats, &row->us, note, sizeof note) != QMM_OK)
+                    snprintf(row->note, sizeof row->note, "failed: %s", qmm_last_error());
+                else
+                    snprintf(row->note, sizeof row->note, "%s", note);
+            }
+        }
+        qmm_buffer_destroy(x);
+        qmm_buffer_destroy(out);
+        if (status != QMM_OK) break;
+        (*done)++;
+        double best = NAN;
+        for (size_t r = 0; r < cell->row_count; r++)
+            if (!cell->rows[r].peer && cell->rows[r].selected) best = cell->rows[r].us;
+        fprintf(stderr, "bench [%zu/%zu] %s M=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n", *done,
+                run->cell_count, shape->name, M, qmm_dtype_name(matrix->dtype), cell->selected, best, best / cell->floor_us,
+                cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
+    }
+    for (size_t i = 0; i < copies; i++) qmm_weights_destroy(weights[i]);
+    free(weights);
+    return status;
+}
+
+/* Peer (a) on the host: OpenBLAS sgemm on the dequantized f32 weights, for every M of a shape; the same time
+ * goes into the shape's cells of every dtype (the peer computes in f32 whatever the dtype). */
+static qmm_status bench_openblas_shape(bench_run *run, const qmm_qmatrix *master, bench_cell *cells_of_shape) {
+    const size_t N = master->rows, K = master->cols;
+    double dense_bytes = (double)N * (double)K * sizeof(float);
+    size_t copies = copies_for(run, dense_bytes);
+    float **w = calloc(copies, sizeof *w);
+    qmm_status status = w ? QMM_OK : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu dense copies", copies);
+    for (size_t i = 0; status == QMM_OK && i < copies; i++) {
+        w[i] = malloc(N * K * sizeof(float));
+        if (!w[i]) status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a dense f32 copy of %zu×%zu", N, K);
+        else if (i == 0) status = qmm_dequantize(master, w[0], QMM_F32);
+        else memcpy(w[i], w[0], N * K * sizeof(float));
+    }
+    for (size_t mi = 0; status == QMM_OK && mi < run->m_count; mi++) {
+        double us = NAN;
+        status = bench_openblas_time(w, copies, N, K, run->ms[mi], run->repeats, &us);
+        if (status != QMM_OK) break;
+        fprintf(stderr, "bench peer openblas %s M=%zu: %.1f µs\n", cells_of_shape[0].shape->name,
+                run->ms[mi], us);
+        for (size_t d = 0; d < run->dtype_count; d++) {
+            bench_cell *cell = &cells_of_shape[d * run->m_count + mi];
+            bench_row *row = add_row(cell, "openblas sgemm f32 (dequantized)", 1);
+            if (!row) continue;
+            row->us = us;
+            snprintf(row->note, sizeof row->note, "f32 weights %zu copies%s", copies,
+                     cell->dtype == QMM_F32 ? "" : "; f32 whatever the cell's dtype");
+        }
+    }
+    for (size_t i = 0; w && i < copies; i++) free(w[i]);
+    free(w);
+    return status;
+}
+
+static void note_absent(bench_run *run, const char *peer, const char *reason) {
+    if (run->absent_count == sizeof run->absent / sizeof run->absent[0]) return;
+    snprintf(run->absent[run->absent_count++], sizeof run->absent[0], "%s: absent: %s", peer, reason);
+}
+
+/* The script peers of the backend, each run once over the whole grid; their samples go to the cells. */
+static void bench_script_peers(bench_run *run) {
+    char shapes[8192] = "", ms[512] = "", dtypes[128] = "";
+    size_t used = 0;
+    for (size_t s = 0; s < run->shape_count && used < sizeof shapes; s++)
+        used += (size_t)snprintf(shapes + used, sizeof shapes - used, "%s%s:%zu:%zu", s ? "," : "", run->shapes[s].name,
+                                 run->shapes[s].N, run->shapes[s].K);
+    used = 0;
+    for (size_t i = 0; i < run->m_count && used < sizeof ms; i++)
+        used += (size_t)snprintf(ms + used, sizeof ms - used, "%s%zu", i ? "," : "", run->ms[i]);
+    used = 0;
+    for (size_t i = 0; i < run->dtype_count && used < sizeof dtypes; i++)
+        used += (size_t)snprintf(dtypes + used, sizeof dtypes - used, "%s%s", i ? "," : "", qmm_dtype_name(run->dtypes[i]));
+
+    typedef struct script {
+        const char *peer, *python, *file;
+    } script;
+    char venv_python[PATH_MAX];
+    snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", source_dir());
+    script cpu_scripts[] = {{"mlx-cpu", venv_python, "mlx_cpu.py"}};
+    script cuda_scripts[] = {{"torch-int4", "python3", "torch_int4.py"}, {"mlx-cuda", "python3", "mlx_cuda.py"}};
+    const script *scripts = run->backend == QMM_BACKEND_CUDA ? cuda_scripts : cpu_scripts;
+    size_t count = run->backend == QMM_BACKEND_CUDA ? 2 : 1;
+    for (size_t i = 0; i < count; i++) {
+        char absent[320] = "";
+        if (scripts[i].python[0] == '/' && access(scripts[i].python, X_OK) != 0) {
+            snprintf(absent, sizeof absent, "the project's venv is missing (%s; scripts/setup.sh test creates it)",
+                     scripts[i].python);
+            note_absent(run, scripts[i].peer, absent);
+            continue;
+        }
+        if (scripts[i].python[0] != '/' && system("command -v python3 >/dev/null 2>&1") != 0) {
+            note_absent(run, scripts[i].peer, "python3 is not on PATH");
+            continue;
+        }
+        char command_text[16384];
+        snprintf(command_text, sizeof command_text,
+                 "'%s' '%s/bench/peers/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
+                 "--cache-bytes %zu%s",
+                 scripts[i].python, source_dir(), scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
+                 run->repeats, run->quick ? 0 : run->cache_bytes, run->quick ? " --quick" : "");
+        fprintf(stderr, "bench peer %s: %s\n", scripts[i].peer, command_text);
+        bench_peer_samples samples = {0};
+        if (!bench_run_script_peer(command_text, &samples, absent, sizeof absent)) {
+            note_absent(run, scripts[i].peer, absent);
+            bench_peer_samples_free(&samples);
+            continue;
+        }
+        for (size_t j = 0; j < samples.count; j++) {
+            const bench_peer_sample *sample = &samples.items[j];
+            for (size_t k = 0; k < run->cell_count; k++) {
+                bench_cell *cell = &run->cells[k];
+                if (!cell->shape || cell->M != sample->M || strcmp(cell->shape->name, sample->shape) != 0 ||
+                    strcmp(qmm_dtype_name(cell->dtype), sample->dtype) != 0)
+                    continue;
+                bench_row *row = add_row(cell, sample->peer, 1);
+                if (!row) continue;
+                row->us = sample->us;
+                snprintf(row->note, sizeof row->note, "%s", isnan(sample->us) ? sample->note : sample->note);
+                if (isnan(sample->us) && strncmp(row->note, "skipped", 7) != 0) {
+                    char note[256];
+                    snprintf(note, sizeof note, "skipped: %s", sample->note);
+                    snprintf(row->note, sizeof row->note, "%s", note);
+                }
+            }
+        }
+        bench_peer_samples_free(&samples);
+    }
+    if (run->backend != QMM_BACKEND_CUDA) note_absent(run, "ggml", "not implemented yet (PyPI ggml-python 0.0.45)");
+}
+
+/* ───────────────────────────── the table ───────────────────────────── */
+
+static void format_us(char *out, size_t size, double us) {
+    if (isnan(us)) snprintf(out, size, "—");
+    else if (us >= 1e5) snprintf(out, size, "%.0f", us);
+    else snprintf(out, size, "%.1f", us);
+}
+
+static void print_header(const bench_run *run) {
+    printf("# qmm bench — backend %s on %s; %d-bit group %d; qmm_t out[M, n] = x[M, k]·Ŵᵀ\n", qmm_backend_name(run->backend),
+           run->machine, run->bits, run->group_size);
+    printf("# ceilings measured in this run: copy %.1f GB/s (%s)\n", run->ceilings.copy_gbps, run->ceilings.copy_method);
+    printf("#                                matrix peak %.1f GFLOP/s (%s)\n", run->ceilings.peak_gflops,
+           run->ceilings.peak_method);
+    printf("# floor = max(bytes ÷ copy, 2·M·n·k ÷ peak); bytes = weights + scales + biases + x + out; ×floor = µs ÷ floor\n");
+    if (run->quick)
+        printf("# --quick: tiny grid, 2 weight copies (not rotated beyond the cache), short ceilings — a smoke test, not a measurement\n");
+    else
+        printf("# weights rotate through copies totalling > 2 × %s (%.0f MiB), so every product reads them cold\n",
+               run->cache_desc, (double)run->cache_bytes / 1048576.0);
+    if (run->backend == QMM_BACKEND_CUDA)
+        printf("# timing: one CUDA graph per (cell, kernel) with a step per copy and nothing else, replayed; device time "
+               "of the whole replay from events ÷ steps, median of %d replays after a warm-up (host launch gaps excluded)\n",
+               run->repeats);
+    else
+        printf("# timing: one chain per (cell, kernel) with a step per copy; host clock around the whole run ÷ steps, "
+               "median of %d runs after a warm-up\n", run->repeats);
+    printf("# * = the selector's choice; 'fastest' = the selector's kernel is within 5%% of the fastest kernel measured; "
+           "GB/s = the quantized problem's bytes ÷ time (also for peers)\n");
+    for (size_t i = 0; i < run->absent_count; i++) printf("# peer %s\n", run->absent[i]);
+    if (run->load_warning[0]) printf("%s\n", run->load_warning);
+}
+
+static void print_table(const bench_run *run) {
+    print_cell("shape", 26);
+    print_cell("n×k", 12);
+    print_cell("M", 5);
+    print_cell("dtype", 6);
+    print_cell("floor µs", 10);
+    print_cell("bound", 8);
+    print_cell("kernel or peer", 40);
+    print_cell("µs", 10);
+    print_cell("GB/s", 8);
+    print_cell("×floor", 8);
+    printf("note\n");
+    for (size_t k = 0; k < run->cell_count; k++) {
+        const bench_cell *cell = &run->cells[k];
+        if (!cell->shape) continue;
+        char nk[48], m[24], floor_text[32], us[32], gbps[32], ratio[32], name[160];
+        snprintf(nk, sizeof nk, "%zu×%zu", cell->shape->N, cell->shape->K);
+        snprintf(m, sizeof m, "%zu", cell->M);
+        format_us(floor_text, sizeof floor_text, cell->floor_us);
+        for (size_t r = 0; r < cell->row_count || r == 0; r++) {
+            const bench_row *row = r < cell->row_count ? &cell->rows[r] : NULL;
+            print_cell(r == 0 ? cell->shape->name : "", 26);
+            print_cell(r == 0 ? nk : "", 12);
+            print_cell(r == 0 ? m : "", 5);
+            print_cell(r == 0 ? qmm_dtype_name(cell->dtype) : "", 6);
+            print_cell(r == 0 ? floor_text : "", 10);
+            print_cell(r == 0 ? (cell->compute_bound ? "compute" : "memory") : "", 8);
+            if (!row) {
+                printf("(no eligible kernel)\n");
+                continue;
+            }
+            snprintf(name, sizeof name, "%s%s", row->peer ? "peer " : row->selected ? "* " : "  ", row->name);
+            print_cell(name, 40);
+            format_us(us, sizeof us, row->us);
+            print_cell(us, 10);
+            if (isnan(row->us)) snprintf(gbps, sizeof gbps, "—"), snprintf(ratio, sizeof ratio, "—");
+            else {
+                snprintf(gbps, sizeof gbps, "%.1f", cell->bytes / (row->us * 1e3));
+                snprintf(ratio, sizeof ratio, "%.2f", row->us / cell->floor_us);
+            }
+            print_cell(gbps, 8);
+            print_cell(ratio, 8);
+            if (row->selected && cell->selector_fastest >= 0)
+                printf("fastest: %s%s%s\n", cell->selector_fastest ? "yes" : "no", row->note[0] ? "; " : "", row->note);
+            else
+                printf("%s\n", row->note);
+        }
+    }
+}
+
+/* Whether the selector's row is within FASTEST_MARGIN of the fastest kernel row measured in each cell. */
+static void decide_fastest(bench_run *run, size_t *decided, size_t *yes) {
+    *decided = *yes = 0;
+    for (size_t k = 0; k < run->cell_count; k++) {
+        bench_cell *cell = &run->cells[k];
+        double selected = NAN, best = INFINITY;
+        size_t measured = 0;
+        for (size_t r = 0; r < cell->row_count; r++) {
+            const bench_row *row = &cell->rows[r];
+            if (row->peer || isnan(row->us)) continue;
+            measured++;
+            if (row->us < best) best = row->us;
+            if (row->selected) selected = row->us;
+        }
+        cell->selector_fastest = -1;
+        if (run->kernel || measured < 2 || isnan(selected)) continue;
+        cell->selector_fastest = selected <= FASTEST_MARGIN * best;
+        (*decided)++;
+        *yes += (size_t)cell->selector_fastest;
+    }
+}
+
+/* ───────────────────────────── JSON ───────────────────────────── */
+
+#ifdef QMM_BENCH_JSON
+static cJSON *number_or_null(double value) { return isnan(value) || isinf(value) ? cJSON_CreateNull() : cJSON_CreateNumber(value); }
+
+static qmm_status write_json(const bench_run *run, const char *path, double elapsed) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "tool", "qmm bench");
+    char version[32];
+    snprintf(version, sizeof version, "%d.%d.%d", QMM_VERSION_MAJOR, QMM_VERSION_MINOR, QMM_VERSION_PATCH);
+    cJSON_AddStringToObject(root, "version", version);
+    cJSON_AddStringToObject(root, "command", run->command_line);
+    cJSON_AddStringToObject(root, "date", run->date);
+    cJSON_AddStringToObject(root, "backend", qmm_backend_name(run->backend));
+    cJSON *machine = cJSON_AddObjectToObject(root, "machine");
+    cJSON_AddStringToObject(machine, run->backend == QMM_BACKEND_CUDA ? "gpu" : "cpu", run->machine);
+    cJSON_AddNumberToObject(machine, "threads", bench_host_threads());
+    cJSON_AddStringToObject(machine, "cache", run->cache_desc);
+    cJSON_AddNumberToObject(machine, "cache_bytes", (double)run->cache_bytes);
+    cJSON *format = cJSON_AddObjectToObject(root, "format");
+    cJSON_AddNumberToObject(format, "bits", run->bits);
+    cJSON_AddNumberToObject(format, "group_size", run->group_size);
+    cJSON *ceilings = cJSON_AddObjectToObject(root, "ceilings");
+    cJSON_AddItemToObject(ceilings, "copy_gbps", number_or_null(run->ceilings.copy_gbps));
+    cJSON_AddStringToObject(ceilings, "copy_method", run->ceilings.copy_method);
+    cJSON_AddItemToObject(ceilings, "matrix_peak_gflops", number_or_null(run->ceilings.peak_gflops));
+    cJSON_AddStringToObject(ceilings, "matrix_peak_method", run->ceilings.peak_method);
+    cJSON_AddStringToObject(root, "floor", "max(bytes / copy_gbps, flops / matrix_peak_gflops)");
+    cJSON_AddNumberToObject(root, "repeats", run->repeats);
+    cJSON_AddBoolToObject(root, "quick", run->quick);
+    if (run->load_warning[0]) cJSON_AddStringToObject(root, "warning", run->load_warning + 2);
+    cJSON *absent = cJSON_AddArrayToObject(root, "peers_absent");
+    for (size_t i = 0; i < run->absent_count; i++) cJSON_AddItemToArray(absent, cJSON_CreateString(run->absent[i]));
+    cJSON *cells = cJSON_AddArrayToObject(root, "cells");
+    for (size_t k = 0; k < run->cell_count; k++) {
+        const bench_cell *cell = &run->cells[k];
+        if (!cell->shape) continue;
+        cJSON *item = cJSON_CreateObject();
+        cJSON_AddStringToObject(item, "shape", cell->shape->name);
+        cJSON_AddNumberToObject(item, "N", (double)cell->shape->N);
+        cJSON_AddNumberToObject(item, "K", (double)cell->shape->K);
+        cJSON_AddNumberToObject(item, "M", (double)cell->M);
+        cJSON_AddStringToObject(item, "dtype", qmm_dtype_name(cell->dtype));
+        cJSON_AddNumberToObject(item, "copies", (double)cell->copies);
+        cJSON_AddNumberToObject(item, "bytes", cell->bytes);
+        cJSON_AddNumberToObject(item, "flops", cell->flops);
+        cJSON_AddItemToObject(item, "floor_us", number_or_null(cell->floor_us));
+        cJSON_AddStringToObject(item, "bound", cell->compute_bound ? "compute" : "memory");
+        cJSON_AddStringToObject(item, "selected", cell->selected);
+        if (cell->selector_fastest < 0) cJSON_AddNullToObject(item, "selector_fastest");
+        else cJSON_AddBoolToObject(item, "selector_fastest", cell->selector_fastest);
+        cJSON *kernels = cJSON_AddArrayToObject(item, "kernels");
+        cJSON *peers = cJSON_AddArrayToObject(item, "peers");
+        for (size_t r = 0; r < cell->row_count; r++) {
+            const bench_row *row = &cell->rows[r];
+            cJSON *entry = cJSON_CreateObject();
+            cJSON_AddStringToObject(entry, "name", row->name);
+            if (!row->peer) cJSON_AddBoolToObject(entry, "selected", row->selected);
+            cJSON_AddItemToObject(entry, "us", number_or_null(row->us));
+            cJSON_AddItemToObject(entry, "gbps", number_or_null(cell->bytes / (row->us * 1e3)));
+            cJSON_AddItemToObject(entry, "x_floor", number_or_null(row->us / cell->floor_us));
+            cJSON_AddStringToObject(entry, "note", row->note);
+            cJSON_AddItemToArray(row->peer ? peers : kernels, entry);
+        }
+        cJSON_AddItemToArray(cells, item);
+    }
+    cJSON_AddNumberToObject(root, "elapsed_s", elapsed);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot format the JSON results");
+    char temporary[PATH_MAX + 16];
+    snprintf(temporary, sizeof temporary, "%s.tmp", path);
+    FILE *f = fopen(temporary, "w");
+    qmm_status status = QMM_OK;
+    if (!f) status = qmm_error(QMM_ERR_IO, "cannot write --json '%s': %s", temporary, strerror(errno));
+    else {
+        int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+        ok = (fclose(f) == 0) && ok;
+        if (!ok || rename(temporary, path) != 0) {
+            status = qmm_error(QMM_ERR_IO, "cannot write --json '%s': %s", path, strerror(errno));
+            remove(temporary);
+        }
+    }
+    cJSON_free(text);
+    return status;
+}
+#endif
+
+/* --json PATH: a file, or a directory (then bench-<backend>-<date>.json in it); checked before the work. */
+static int resolve_json_path(const command *c, const char *text, qmm_backend backend, char *path, size_t size) {
+#ifndef QMM_BENCH_JSON
+    (void)text, (void)backend, (void)path, (void)size;
+    return library_error(c, qmm_error(QMM_ERR_UNSUPPORTED, "--json: qmm was built without cJSON (libcjson-dev), "
+                                                           "which writes the JSON results"));
+#else
+    struct stat info;
+    if (!text[0]) return usage_error(c, "--json is empty (want a file or a directory)");
+    if ((stat(text, &info) == 0 && S_ISDIR(info.st_mode)) || ends_with(text, "/")) {
+        char stamp[32];
+        time_t now = time(NULL);
+        strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", gmtime(&now));
+        snprintf(path, size, "%s%sbench-%s-%s.json", text, ends_with(text, "/") ? "" : "/", qmm_backend_name(backend), stamp);
+    } else {
+        snprintf(path, size, "%s", text);
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode))
+        return library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "--json '%s': directory '%s' does not exist", text, dir));
+    if (access(dir, W_OK | X_OK) != 0)
+        return library_error(c, qmm_error(QMM_ERR_IO, "--json '%s': directory '%s' is not writable: %s", text, dir,
+                                          strerror(errno)));
+    return 0;
+#endif
+}
+
+/* ───────────────────────────── qmm bench ───────────────────────────── */
+
+/* Random weights of one shape: random codes, scales in [2^-8, 2^-6), biases in [-2^-4, 2^-4), f32. */
+static qmm_status make_master(const bench_run *run, const bench_shape *shape, qmm_qmatrix *matrix, uint32_t **w,
+                              float **scales, float **biases) {
+    size_t words = shape->N * qmm_packed_words(shape->K, run->bits);
+    size_t groups = shape->N * qmm_groups(shape->K, run->group_size);
+    *w = malloc(words * sizeof **w);
+    *scales = malloc(groups * sizeof **scales);
+    *biases = malloc(groups * sizeof **biases);
+    if (!*w || !*scales || !*biases)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the weights of %s (%zu×%zu)", shape->name, shape->N,
+                         shape->K);
+    uint64_t state = 0x5eed0000u + shape->N * 31u + shape->K;
+    for (size_t i = 0; i < words; i++) (*w)[i] = (uint32_t)next_random(&state);
+    for (size_t i = 0; i < groups; i++) {
+        double u = (double)(next_random(&state) >> 11) * 0x1.0p-53, v = (double)(next_random(&state) >> 11) * 0x1.0p-53;
+        (*scales)[i] = (float)(0x1.0p-8 * (1.0 + 3.0 * u));
+        (*biases)[i] = (float)(0x1.0p-4 * (2.0 * v - 1.0));
+    }
+    qmm_qmatrix m = {*w, *scales, *biases, QMM_F32, shape->N, shape->K, run->bits, run->group_size};
+    *matrix = m;
+    return qmm_qmatrix_validate(matrix);
+}
+
+int cmd_bench(const command *c, int argc, char **argv) {
+    const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
+               *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL;
+    int no_peers = 0, quick = 0;
+    flag_spec flags[] = {
+        {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
+        {"--m", "-m", &m_text, NULL, NULL, 0, NULL},             {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
+        {"--bits", NULL, &bits_text, NULL, NULL, 0, NULL},       {"--group-size", NULL, &group_text, NULL, NULL, 0, NULL},
+        {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},        {"--repeats", NULL, &repeats_text, NULL, NULL, 0, NULL},
+        {"--json", NULL, &json_text, NULL, NULL, 0, NULL},       {"--no-peers", NULL, NULL, NULL, NULL, 0, &no_peers},
+        {"--quick", NULL, NULL, NULL, NULL, 0, &quick},
+    };
+    const char *positional[1];
+    size_t npositional;
+    int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 0, &npositional);
+    if (rc) return rc;
+
+    bench_run *run = calloc(1, sizeof *run);
+    if (!run) return library_error(c, qmm_error(QMM_ERR_OUT_OF_MEMORY, "no memory for the bench"));
+    run->c = c;
+    run->started = now_seconds();
+    run->quick = quick;
+    run->peers = !no_peers;
+    run->kernel = kernel;
+    run->bits = 4;
+    run->group_size = 64;
+    run->repeats = quick ? 3 : 7;
+    char json_path[PATH_MAX] = "";
+    int backend_choice;
+    unsigned long long value;
+    qmm_status status = QMM_OK;
+
+    /* Every option is checked before any work. */
+    if ((rc = parse_backend(c, backend_text, &backend_choice))) goto done;
+    if (bits_text && (rc = parse_int(bits_text, &run->bits) ? 0 : usage_error(c, "--bits '%s' is not a number", bits_text)))
+        goto done;
+    if (group_text &&
+        (rc = parse_int(group_text, &run->group_size) ? 0 : usage_error(c, "--group-size '%s' is not a number", group_text)))
+        goto done;
+    if (qmm_format_validate(run->bits, run->group_size) != QMM_OK) {
+        rc = usage_error(c, "%s", qmm_last_error());
+        goto done;
+    }
+    if (repeats_text) {
+        if (!parse_unsigned(repeats_text, 1, 1000, &value)) {
+            rc = usage_error(c, "--repeats '%s' is not a whole number in [1, 1000]", repeats_text);
+            goto done;
+        }
+        run->repeats = (int)value;
+    }
+    if (m_text && (rc = parse_size_list(c, "--m", m_text, 1, MAX_M, run->ms, &run->m_count))) goto done;
+    if (dtype_text && (rc = parse_dtype_list(c, dtype_text, run->dtypes, &run->dtype_count))) goto done;
+    if (kernel && !kernel[0]) {
+        rc = usage_error(c, "--kernel is empty (want a kernel name from 'qmm kernels')");
+        goto done;
+    }
+
+    if ((status = open_context(backend_choice, &run->context)) != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    run->backend = qmm_context_backend(run->context);
+    if (json_text && (rc = resolve_json_path(c, json_text, run->backend, json_path, sizeof json_path))) goto done;
+    if (kernel) {
+        int found = 0;
+        for (size_t k = 0; k < qmm_kernel_count(run->context); k++) {
+            qmm_kernel_info info;
+            if (qmm_kernel_get(run->context, k, &info) == QMM_OK && strcmp(info.name, kernel) == 0) found = 1;
+        }
+        if (!found) {
+            rc = library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "--kernel '%s' is not a kernel of backend %s ('qmm kernels "
+                                                               "--backend %s' lists them)",
+                                            kernel, qmm_backend_name(run->backend), qmm_backend_name(run->backend)));
+            goto done;
+        }
+    }
+    int cuda = run->backend == QMM_BACKEND_CUDA;
+    if (cuda && !bench_cuda_built()) {
+        rc = library_error(c, qmm_error(QMM_ERR_UNSUPPORTED, "--backend cuda: this qmm was built without the CUDA "
+                                                             "bench (nvcc/cuBLAS not found at build time)"));
+        goto done;
+    }
+    if (!m_text) {
+        static const size_t cpu_ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 512}, cuda_ms[] = {1, 2, 4, 8, 16}, quick_ms[] = {1, 3};
+        const size_t *list = quick ? quick_ms : cuda ? cuda_ms : cpu_ms;
+        run->m_count = quick ? 2 : cuda ? 5 : 9;
+        memcpy(run->ms, list, run->m_count * sizeof *list);
+    }
+    if (!dtype_text) {
+        run->dtype_count = quick ? 1 : 2;
+        run->dtypes[0] = cuda ? QMM_F16 : QMM_F32;
+        run->dtypes[1] = QMM_BF16;
+    }
+    if (shapes_text) {
+        if ((status = load_shapes(run, shapes_text)) != QMM_OK) {
+            rc = library_error(c, status);
+            goto done;
+        }
+    } else if (quick) {
+        bench_shape tiny[] = {{"quick.256x512", 256, 512}, {"quick.64x1024", 64, 1024}};
+        for (size_t i = 0; i < 2; i++) {
+            if (tiny[i].K % (size_t)run->group_size != 0) continue;
+            run->shapes[run->shape_count++] = tiny[i];
+        }
+    } else if ((status = load_shapes(run, "seed")) != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+
+    {
+        size_t used = (size_t)snprintf(run->command_line, sizeof run->command_line, "qmm bench");
+        for (int i = 0; i < argc && used < sizeof run->command_line; i++)
+            used += (size_t)snprintf(run->command_line + used, sizeof run->command_line - used, " %s", argv[i]);
+        time_t now = time(NULL);
+        strftime(run->date, sizeof run->date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    }
+
+    /* The machine and the two ceilings. */
+    fprintf(stderr, "bench: measuring the ceilings...\n");
+    if (cuda) {
+        size_t l2 = 0;
+        status = bench_cuda_machine(run->machine, sizeof run->machine, &l2);
+        if (status == QMM_OK) status = bench_cuda_ceilings(quick, &run->ceilings);
+        run->cache_bytes = l2;
+        snprintf(run->cache_desc, sizeof run->cache_desc, "L2 %.0f MiB", (double)l2 / 1048576.0);
+    } else {
+        char model[200];
+        bench_host_cpu_model(model, sizeof model);
+        snprintf(run->machine, sizeof run->machine, "%s, %d thread%s", model, bench_host_threads(),
+                 bench_host_threads() == 1 ? "" : "s");
+        run->cache_bytes = bench_host_llc_bytes(run->cache_desc, sizeof run->cache_desc);
+        if (run->cache_bytes == 0) run->cache_bytes = (size_t)64 << 20; /* unknown: assume a large one */
+        status = bench_host_ceilings(quick, &run->ceilings);
+    }
+    if (status != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    {
+        double load = 0.0;
+        FILE *f = fopen("/proc/loadavg", "r");
+        if (f) {
+            if (fscanf(f, "%lf", &load) != 1) load = 0.0;
+            fclose(f);
+        }
+        if (load > 0.5 * bench_host_threads())
+            snprintf(run->load_warning, sizeof run->load_warning,
+                     "# warning: load average %.2f on %d threads when the run started: other processes compete for the "
+                     "cores and the memory bus, so times (and ceilings) may be off", load, bench_host_threads());
+    }
+    fprintf(stderr, "bench: copy %.1f GB/s, matrix peak %.1f GFLOP/s\n", run->ceilings.copy_gbps, run->ceilings.peak_gflops);
+
+    run->cell_count = run->shape_count * run->dtype_count * run->m_count;
+    run->cells = calloc(run->cell_count ? run->cell_count : 1, sizeof *run->cells);
+    if (!run->cells) {
+        rc = library_error(c, qmm_error(QMM_ERR_OUT_OF_MEMORY, "no memory for %zu cells", run->cell_count));
+        goto done;
+    }
+    char openblas[256];
+    int have_openblas = !cuda && run->peers && bench_openblas_available(openblas, sizeof openblas);
+    if (!cuda && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
+
+    size_t done_cells = 0;
+    for (size_t s = 0; s < run->shape_count && status == QMM_OK; s++) {
+        const bench_shape *shape = &run->shapes[s];
+        bench_cell *cells_of_shape = &run->cells[s * run->dtype_count * run->m_count];
+        qmm_qmatrix master;
+        uint32_t *w = NULL;
+        float *scales = NULL, *biases = NULL;
+        status = make_master(run, shape, &master, &w, &scales, &biases);
+        for (size_t d = 0; d < run->dtype_count && status == QMM_OK; d++) {
+            qmm_qmatrix matrix = master;
+            void *converted_scales = NULL, *converted_biases = NULL;
+            if (run->dtypes[d] != QMM_F32)
+                status = convert_scales(&master, run->dtypes[d], &matrix, &converted_scales, &converted_biases);
+            if (status == QMM_OK)
+                status = bench_dtype(run, shape, &matrix, &cells_of_shape[d * run->m_count], &done_cells);
+            free(converted_scales);
+            free(converted_biases);
+        }
+        if (status == QMM_OK && have_openblas) status = bench_openblas_shape(run, &master, cells_of_shape);
+        free(w);
+        free(scales);
+        free(biases);
+    }
+    if (status != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    if (run->peers) bench_script_peers(run);
+
+    size_t decided, yes;
+    decide_fastest(run, &decided, &yes);
+    double elapsed = now_seconds() - run->started;
+    print_header(run);
+    print_table(run);
+    if (decided)
+        printf("selector picked the fastest kernel (or one within 5%%) in %zu of %zu cells with two or more kernels "
+               "measured (%.0f%%)\n", yes, decided, 100.0 * (double)yes / (double)decided);
+    else
+        printf("selector vs fastest: not decided (no cell had two or more kernels measured%s)\n",
+               run->kernel ? "; --kernel measures one" : "");
+    printf("bench took %.1f s (%zu cells)\n", elapsed, run->cell_count);
+#ifdef QMM_BENCH_JSON
+    if (json_path[0]) {
+        if ((status = write_json(run, json_path, elapsed)) != QMM_OK) {
+            rc = library_error(c, status);
+            goto done;
+        }
+        printf("results written to %s\n", json_path);
+    }
+#endif
+    rc = 0;
+
+done:
+    if (run->context) qmm_context_destroy(run->context);
+    free(run->cells);
+    free(run);
+    return rc;
+}
+
+/* Without the CUDA backend, the CUDA bench answers "not built" (bench_cuda.c holds the real one). */
+#ifndef QMM_BENCH_CUDA
+int bench_cuda_built(void) { return 0; }
+qmm_status bench_cuda_machine(char *name, size_t size, size_t *l2_bytes) {
+    snprintf(name, size, "no GPU");
+    *l2_bytes = 0;
+    return qmm_error(QMM_ERR_UNSUPPORTED, "qmm was built without the CUDA backend");
+}
+qmm_status bench_cuda_ceilings(int quick, bench_ceilings *ceilings) {
+    (void)quick;
+    memset(ceilings, 0, sizeof *ceilings);
+    return qmm_error(QMM_ERR_UNSUPPORTED, "qmm was built without the CUDA backend");
+}
+qmm_status bench_cuda_dense(size_t N, size_t K, size_t M, qmm_dtype dtype, size_t copies, int repeats, double *us,
+                            char *note, size_t note_size) {
+    (void)N, (void)K, (void)M, (void)dtype, (void)copies, (void)repeats;
+    *us = NAN;
+    snprintf(note, note_size, "not built");
+    return qmm_error(QMM_ERR_UNSUPPORTED, "qmm was built without the CUDA backend");
+}
+#endif
