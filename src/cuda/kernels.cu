@@ -305,13 +305,12 @@ template <int BITS> __device__ __forceinline__ void x_pairs(uint4 v, uint32_t b[
     }
 }
 
-__device__ __forceinline__ float2 scale_bias(const uint32_t *sb, size_t i, __half) {
-    const __half2 v = *reinterpret_cast<const __half2 *>(sb + i);
-    return __half22float2(v);
+/* A (scale, bias) pair of the scale dtype, widened exactly to f32. */
+__device__ __forceinline__ float2 scale_bias(uint32_t pair, __half) {
+    return __half22float2(*reinterpret_cast<const __half2 *>(&pair));
 }
-__device__ __forceinline__ float2 scale_bias(const uint32_t *sb, size_t i, __nv_bfloat16) {
-    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(sb + i);
-    return __bfloat1622float2(v);
+__device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
 }
 
 /*
@@ -367,21 +366,49 @@ __global__ void __launch_bounds__(256)
                                           ? load_streaming(packed + (size_t)n * row_quads + (size_t)sbk * 4 + t)
                                           : make_uint4(0, 0, 0, 0);
                 }
+        /* The (scale, bias) pairs of the round, loaded with the weights so that no DRAM latency sits in a
+         * segment's epilogue: lane t of a quad holds the pair of block t % BPS of each super-block for its two
+         * rows, and the quad shares them with a shuffle where a segment ends. */
+        uint32_t sbq[U][RT][2];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < RT; r++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int n = n_base + 16 * r + 8 * h + g, blk = (base + u) * BPS + t % BPS;
+                    sbq[u][r][h] = n < N && blk < blocks ? sb[(size_t)n * groups + blk / blocks_per_group] : 0u;
+                }
+        /* x of the next super-block is loaded while this one is computed (L1 hits mostly: x is small and
+         * every warp of the SM reads it). */
+        uint4 xv_all[2][BPS][TT];
+#pragma unroll
+        for (int j = 0; j < BPS; j++)
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++) {
+                const int m = tt * 8 + g, blk = base * BPS + j;
+                xv_all[0][j][tt] = (m < M && blk < blocks)
+                                       ? *reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32 + 8 * t)
+                                       : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int sbk = base + u;
         if (sbk >= super_blocks) break;
         uint4(&wq)[RT][2] = wq_all[u];
-        uint4 xv[BPS][TT];
+        if (u + 1 < U) {
 #pragma unroll
-        for (int j = 0; j < BPS; j++)
+            for (int j = 0; j < BPS; j++)
 #pragma unroll
-            for (int tt = 0; tt < TT; tt++) {
-                const int m = tt * 8 + g, blk = sbk * BPS + j;
-                xv[j][tt] = (m < M && blk < blocks)
-                                ? *reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32 + 8 * t)
-                                : make_uint4(0, 0, 0, 0);
-            }
+                for (int tt = 0; tt < TT; tt++) {
+                    const int m = tt * 8 + g, blk = (sbk + 1) * BPS + j;
+                    xv_all[(u + 1) & 1][j][tt] =
+                        (m < M && blk < blocks)
+                            ? *reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32 + 8 * t)
+                            : make_uint4(0, 0, 0, 0);
+                }
+        }
+        uint4(&xv)[BPS][TT] = xv_all[u & 1];
 
         float cq[RT][TT][4], cx[TT][4];
 #pragma unroll
@@ -423,14 +450,12 @@ __global__ void __launch_bounds__(256)
                 }
             }
             const bool segment_ends = (blk + 1) % blocks_per_group == 0 || j == BPS - 1 || blk + 1 == blocks;
-            if (segment_ends) {
-                const int group = blk / blocks_per_group;
+            if (segment_ends) { /* warp-uniform: every lane takes part in the shuffles */
 #pragma unroll
                 for (int r = 0; r < RT; r++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const int n = n_base + 16 * r + 8 * h + g;
-                        const float2 s_b = n < N ? scale_bias(sb, (size_t)n * groups + group, T()) : make_float2(0.f, 0.f);
+                        const float2 s_b = scale_bias(__shfl_sync(0xffffffffu, sbq[u][r][h], (lane & ~3) | j), T());
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
