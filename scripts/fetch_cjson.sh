@@ -2,9 +2,9 @@
 # fetch_cjson.sh — brings cJSON along to a machine without a package registry (the lent GPU machine).
 # On a machine with Debian's registry: downloads the libcjson1 and libcjson-dev packages and unpacks them
 # into .deps/cjson (git-ignored), where CMake finds them through pkg-config:
-#   export PKG_CONFIG_PATH=$PWD/.deps/cjson/usr/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PWD/.deps/cjson
+#   a libcjson.pc with libdir and includedir under $PWD/.deps/cjson/usr on PKG_CONFIG_PATH
 #   export LD_LIBRARY_PATH=$PWD/.deps/cjson/usr/lib/x86_64-linux-gnu
-# (scripts/gpu_env.sh sets these). Idempotent.
+# (scripts/gpu_test.sh sets these up, with a copy of the .pc whose libdir and includedir point into the unpacked tree). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.deps/cjson

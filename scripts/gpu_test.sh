@@ -12,8 +12,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .deps/cjson ]; then
+  # A .pc file whose libdir and includedir point into the unpacked tree (a sysroot would also move every other package's paths).
   root=$PWD/.deps/cjson
-  export PKG_CONFIG_PATH=$root/usr/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=$root
+  mkdir -p .deps/pkgconfig
+  sed -e "s|^libdir=/usr|libdir=$root/usr|" -e "s|^includedir=/usr|includedir=$root/usr|" \
+    "$root/usr/lib/x86_64-linux-gnu/pkgconfig/libcjson.pc" >.deps/pkgconfig/libcjson.pc
+  export PKG_CONFIG_PATH=$PWD/.deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export PATH=$PATH:/usr/local/cuda/bin
