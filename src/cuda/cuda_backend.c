@@ -366,6 +366,12 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
         snprintf(why_not, size, "M=%zu exceeds this tile's %zu rows of x", call->M, max_m);
         return false;
     }
+    const size_t quads = (call->K + (call->bits == 4 ? 127 : 63)) / (call->bits == 4 ? 128 : 64) * 4;
+    if (call->N > 0x7fffffffu / quads) {
+        snprintf(why_not, size, "N=%zu rows of %zu 16-byte words exceed the family's 32-bit offsets (2^31 - 1)", call->N,
+                 quads);
+        return false;
+    }
     if (!call->weights_extra) {
         snprintf(why_not, size, "the weights were not repacked for the mma family (N or K above 2^31 - 1)");
         return false;
@@ -389,7 +395,6 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
 MMA_ROW(mma_m8n16, 1, 1)
 MMA_ROW(mma_m8n32, 2, 1)
 MMA_ROW(mma_m8n64, 4, 1)
-MMA_ROW(mma_m16n16, 1, 2)
 MMA_ROW(mma_m16n32, 2, 2)
 
 #define MMA_INFO(NAME, BM, BN, TEXT)                                                                             \
@@ -401,7 +406,7 @@ MMA_ROW(mma_m16n32, 2, 2)
  *            flight for a bandwidth-bound product; x is re-read per 16 rows but M is small.
  *   M 5–8:   mma_gemv m8n32  — 32 rows per warp halve the x re-reads (L2 traffic grows with M).
  *   M 9–16:  mma_gemv m16n32 — two token tiles.
- *   m8n64 and m16n16 are there for `qmm tune` and forcing.
+ *   m8n64 is there for `qmm tune` and forcing.
  *   Then the generic rows, which take every call.
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §8). */
@@ -414,8 +419,6 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = (size_t)-1, .tune_only = true},
-    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n16", 16, 16, "tensor-core GEMV, 16 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m16n16_supports, .run = mma_m16n16_run, .prefer_max_m = (size_t)-1, .tune_only = true},
     {.info = {.name = "cuda.qmm_t.generic.m8n8", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
               .bm = 8, .bn = 8, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
               .description = "every format: a warp per output feature, lanes over groups, f32 split per group"},

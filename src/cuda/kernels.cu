@@ -318,29 +318,27 @@ __device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
  * (warp w takes super-blocks w, w+NW, ...), then a fixed-order sum of the NW partial results through
  * shared memory (deterministic; the order does not depend on M).
  */
-__device__ __forceinline__ uint4 load_streaming(const uint4 *p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 
-template <int BITS, typename T, int RT, int TT, int U>
+template <int BITS, typename T, int RT, int TT, int S, int GS>
 __global__ void __launch_bounds__(256)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
-                    T *__restrict__ out, int M, int N, int K, int group_size) {
+                    T *__restrict__ out, int M, int N, int K) {
     constexpr int BPS = BITS == 4 ? 4 : 2; /* 32-code blocks per 64-byte super-block */
     constexpr int WPB = BITS / 4;          /* words per lane per block */
-    extern __shared__ float partial[];     /* [NW][RT][TT][4][32] */
+    constexpr int BPG = GS / 32;           /* blocks per group: 1, 2 or 4 */
+    /* Dynamic shared memory: [NW][S][RT][2][32] uint4 weight stages, [NW][S][RT][2][32] uint32 (scale, bias)
+     * stages, then [NW][RT][TT][4][32] floats for the final reduction. */
+    extern __shared__ uint4 shared_quads[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n_base = blockIdx.x * 16 * RT;
-    const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS;
-    const int blocks_per_group = group_size / 32, groups = K / group_size;
-    const size_t row_quads = (size_t)super_blocks * 4; /* uint4 per packed row */
+    const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
+    const unsigned row_quads = (unsigned)super_blocks * 4; /* uint4 per packed row; N·row_quads < 2^31 (supports()) */
     const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
+    uint4 *stage_w = shared_quads + (size_t)warp * S * RT * 2 * 32;
+    uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
+    float *partial = reinterpret_cast<float *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + NW * S * RT * 2 * 32;
 
     float acc[RT][TT][4];
 #pragma unroll
@@ -350,72 +348,63 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[r][tt][e] = 0.0f;
 
-    /* Warp w takes super-blocks [w·U, w·U + U), then [(w + NW)·U, ...): every weight load of the U
-     * super-blocks is issued before the first is used (2·RT·U 16-byte loads in flight per lane), streamed
-     * past L1 (each weight byte is read once), while x stays in L1 for the other warps of the SM. */
-    for (int base = warp * U; base < super_blocks; base += NW * U) {
-        uint4 wq_all[U][RT][2];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < RT; r++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int n = n_base + 16 * r + 8 * h + g, sbk = base + u;
-                    wq_all[u][r][h] = n < N && sbk < super_blocks
-                                          ? load_streaming(packed + (size_t)n * row_quads + (size_t)sbk * 4 + t)
-                                          : make_uint4(0, 0, 0, 0);
-                }
-        /* The (scale, bias) pairs of the round, loaded with the weights so that no DRAM latency sits in a
-         * segment's epilogue: lane t of a quad holds the pair of block t % BPS of each super-block for its two
-         * rows, and the quad shares them with a shuffle where a segment ends. */
-        uint32_t sbq[U][RT][2];
-#pragma unroll
-        for (int u = 0; u < U; u++)
+    /* Warp w takes super-blocks w, w + NW, w + 2·NW, ... through an S-stage cp.async pipeline in its own
+     * shared memory: the weight quarters (L2 only: each weight byte is read once) and the (scale, bias)
+     * pairs of S − 1 super-blocks are in flight while one is computed. Each lane reads back only what it
+     * copied itself, so a lane's own cp.async.wait_group is all the synchronisation needed. Lane t holds
+     * the pair of block t % BPS of the super-block for rows g and g + 8; the quad shares them by shuffle.
+     * Blocks past the end of K are computed on zeros (zero-filled copies, zero x): no branch depends on
+     * data, so the quad shuffles always run converged. */
+    const int count = warp < super_blocks ? (super_blocks - warp + NW - 1) / NW : 0;
+    auto issue = [&](int i) { /* copies of the warp's i-th super-block into stage i % S (always commits) */
+        if (i < count) {
+            const int sbk = warp + i * NW, stage = i % S;
 #pragma unroll
             for (int r = 0; r < RT; r++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int n = n_base + 16 * r + 8 * h + g, blk = (base + u) * BPS + t % BPS;
-                    sbq[u][r][h] = n < N && blk < blocks ? sb[(size_t)n * groups + blk / blocks_per_group] : 0u;
+                    const int n = n_base + 16 * r + 8 * h + g, blk = sbk * BPS + t % BPS;
+                    const bool row = n < N;
+                    const uint4 *src_w = packed + (row ? (unsigned)n * row_quads + (unsigned)sbk * 4 + t : 0u);
+                    const uint32_t *src_sb = sb + (row && blk < blocks ? (unsigned)n * groups + blk / BPG : 0u);
+                    const unsigned dst_w = (unsigned)__cvta_generic_to_shared(stage_w + ((stage * RT + r) * 2 + h) * 32 + lane);
+                    const unsigned dst_sb = (unsigned)__cvta_generic_to_shared(stage_sb + ((stage * RT + r) * 2 + h) * 32 + lane);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst_w), "l"(src_w), "r"(row ? 16 : 0));
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst_sb), "l"(src_sb),
+                                 "r"(row && blk < blocks ? 4 : 0));
                 }
-        /* x of the next super-block is loaded while this one is computed (L1 hits mostly: x is small and
-         * every warp of the SM reads it). */
-        uint4 xv_all[2][BPS][TT];
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) issue(i);
+
+    for (int i = 0; i < count; i++) {
+        issue(i + S - 1);
+        asm volatile("cp.async.wait_group %0;" ::"n"(S - 1)); /* the i-th super-block's copies have landed */
+        const int sbk = warp + i * NW, stage = i % S;
+        uint4 wq[RT][2];
+        uint32_t sbq[RT][2];
+#pragma unroll
+        for (int r = 0; r < RT; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
+                sbq[r][h] = stage_sb[((stage * RT + r) * 2 + h) * 32 + lane];
+            }
+        uint4 xv[BPS][TT];
 #pragma unroll
         for (int j = 0; j < BPS; j++)
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) {
-                const int m = tt * 8 + g, blk = base * BPS + j;
-                xv_all[0][j][tt] = (m < M && blk < blocks)
-                                       ? *reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32 + 8 * t)
-                                       : make_uint4(0, 0, 0, 0);
+                const int m = tt * 8 + g, blk = sbk * BPS + j;
+                xv[j][tt] = m < M && blk < blocks ? *reinterpret_cast<const uint4 *>(x + m * K + blk * 32 + 8 * t)
+                                                  : make_uint4(0, 0, 0, 0);
             }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int sbk = base + u;
-        if (sbk >= super_blocks) break;
-        uint4(&wq)[RT][2] = wq_all[u];
-        if (u + 1 < U) {
-#pragma unroll
-            for (int j = 0; j < BPS; j++)
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) {
-                    const int m = tt * 8 + g, blk = (sbk + 1) * BPS + j;
-                    xv_all[(u + 1) & 1][j][tt] =
-                        (m < M && blk < blocks)
-                            ? *reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32 + 8 * t)
-                            : make_uint4(0, 0, 0, 0);
-                }
-        }
-        uint4(&xv)[BPS][TT] = xv_all[u & 1];
-
         float cq[RT][TT][4], cx[TT][4];
 #pragma unroll
         for (int j = 0; j < BPS; j++) {
-            const int blk = sbk * BPS + j;
-            if (blk >= blocks) break; /* the zero-filled tail of the last super-block */
-            if (j == 0 || blk % blocks_per_group == 0) { /* a segment (group ∩ super-block) starts */
+            if (j % BPG == 0 || j == 0) { /* a segment (group ∩ super-block) starts */
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -436,10 +425,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int r = 0; r < RT; r++) {
                 uint32_t qa[4], qb[4];
-                const uint32_t *wa = reinterpret_cast<const uint32_t *>(&wq[r][0]) + j * WPB;
-                const uint32_t *wb = reinterpret_cast<const uint32_t *>(&wq[r][1]) + j * WPB;
-                decode<BITS, T>::run(wa, qa);
-                decode<BITS, T>::run(wb, qb);
+                decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][0]) + j * WPB, qa);
+                decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][1]) + j * WPB, qb);
                 /* A fragment: a0 = row g k{2t,2t+1}, a1 = row g+8 same k, a2 = row g k{2t+8,2t+9}, a3 = row g+8. */
                 const uint32_t a_first[4] = {qa[0], qb[0], qa[1], qb[1]};
                 const uint32_t a_second[4] = {qa[2], qb[2], qa[3], qb[3]};
@@ -449,13 +436,12 @@ __global__ void __launch_bounds__(256)
                     mma_16816(cq[r][tt], a_second, b[tt][2], b[tt][3], T());
                 }
             }
-            const bool segment_ends = (blk + 1) % blocks_per_group == 0 || j == BPS - 1 || blk + 1 == blocks;
-            if (segment_ends) { /* warp-uniform: every lane takes part in the shuffles */
+            if ((j + 1) % BPG == 0 || j == BPS - 1) { /* the segment ends: acc += s·Σq·x + b·Σx */
 #pragma unroll
                 for (int r = 0; r < RT; r++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const float2 s_b = scale_bias(__shfl_sync(0xffffffffu, sbq[u][r][h], (lane & ~3) | j), T());
+                        const float2 s_b = scale_bias(__shfl_sync(0xffffffffu, sbq[r][h], (lane & ~3) | j), T());
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -465,8 +451,7 @@ __global__ void __launch_bounds__(256)
             }
         }
     }
-
-    }
+    asm volatile("cp.async.wait_all;");
 
     /* Fixed-order reduction over the NW warps. */
     constexpr int per_warp = RT * TT * 4 * 32;
@@ -485,11 +470,9 @@ __global__ void __launch_bounds__(256)
         const int n = n_base + 16 * r + 8 * (e >> 1) + (l >> 2);
         const int m = tt * 8 + 2 * (l & 3) + (e & 1);
         if (n < N && m < M) {
-            if (!isfinite(sum)) {
-                const size_t groups = (size_t)(K / group_size);
-                sum = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), scales + n * groups,
-                                      biases + n * groups, BITS, (size_t)K, group_size);
-            }
+            if (!isfinite(sum))
+                sum = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), scales + (size_t)n * groups,
+                                      biases + (size_t)n * groups, BITS, (size_t)K, GS);
             store_f32(out, (size_t)m * N + n, sum);
         }
     }
@@ -533,37 +516,49 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
     }
 }
 
-template <int BITS, typename T, int RT, int TT> static int launch_mma_gemv(const qmm_cuda_launch *c) {
-    constexpr int U = RT >= 4 ? 1 : 4 / RT; /* super-blocks per warp per round: 4·2 loads per lane for RT = 1 */
+template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
+    /* Pipeline depth: about 5 super-blocks of weights in flight per warp for RT = 1 (2·16·5 bytes per lane),
+     * the same bytes for larger row tiles. */
+    constexpr int S = RT == 1 ? 6 : RT == 2 ? 4 : 3;
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
-    int warps = c->warps;
-    if (warps <= 0) { /* at most 8 warps share a row tile's K; as few rounds as that allows, evenly split */
-        const int units = (super_blocks + U - 1) / U, rounds = (units + 7) / 8;
-        warps = (units + rounds - 1) / rounds;
-        if (warps < 1) warps = 1;
+    int warps = c->warps > 0 ? c->warps : (super_blocks < 8 ? super_blocks : 8);
+    if (warps < 1) warps = 1;
+    const size_t shared = (size_t)warps * S * RT * 2 * 32 * (16 + 4) + (size_t)warps * RT * TT * 4 * 32 * sizeof(float);
+    static bool attribute_set = false; /* the opt-in above 48 KB, once per instantiation */
+    if (!attribute_set) {
+        cudaError_t error = cudaFuncSetAttribute(mma_gemv_kernel<BITS, T, RT, TT, S, GS>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * S * RT * 2 * 32 * 20 +
+                                                                                                 8 * RT * TT * 4 * 32 * 4);
+        if (error != cudaSuccess) return (int)error;
+        attribute_set = true;
     }
-    const size_t shared = (size_t)warps * RT * TT * 4 * 32 * sizeof(float);
     const unsigned blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
-    cudaGetLastError();
-    mma_gemv_kernel<BITS, T, RT, TT, U><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
+    mma_gemv_kernel<BITS, T, RT, TT, S, GS><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
         (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-        (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K, c->group_size);
+        (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
     return (int)cudaGetLastError();
 }
 
-template <int RT, int TT> static int dispatch_mma_gemv(const qmm_cuda_launch *c) {
-    if (c->bits == 4) return c->dtype == 1 ? launch_mma_gemv<4, __half, RT, TT>(c) : launch_mma_gemv<4, __nv_bfloat16, RT, TT>(c);
-    return c->dtype == 1 ? launch_mma_gemv<8, __half, RT, TT>(c) : launch_mma_gemv<8, __nv_bfloat16, RT, TT>(c);
+template <int BITS, typename T, int RT, int TT> static int dispatch_group(const qmm_cuda_launch *c) {
+    switch (c->group_size) {
+    case 32: return launch_mma_gemv<BITS, T, RT, TT, 32>(c);
+    case 64: return launch_mma_gemv<BITS, T, RT, TT, 64>(c);
+    default: return launch_mma_gemv<BITS, T, RT, TT, 128>(c);
+    }
 }
 
+template <int RT, int TT> static int dispatch_mma_gemv(const qmm_cuda_launch *c) {
+    if (c->bits == 4) return c->dtype == 1 ? dispatch_group<4, __half, RT, TT>(c) : dispatch_group<4, __nv_bfloat16, RT, TT>(c);
+    return c->dtype == 1 ? dispatch_group<8, __half, RT, TT>(c) : dispatch_group<8, __nv_bfloat16, RT, TT>(c);
+}
+
+/* The tiles the table uses (each is 12 instantiations: bits × dtype × group size). */
 extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, int token_tiles) {
-    if (token_tiles == 1) {
-        if (row_tiles == 1) return dispatch_mma_gemv<1, 1>(c);
-        if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
-        return dispatch_mma_gemv<4, 1>(c);
-    }
-    if (row_tiles == 1) return dispatch_mma_gemv<1, 2>(c);
-    return dispatch_mma_gemv<2, 2>(c);
+    if (token_tiles == 2) return dispatch_mma_gemv<2, 2>(c);
+    if (row_tiles == 1) return dispatch_mma_gemv<1, 1>(c);
+    if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
+    return dispatch_mma_gemv<4, 1>(c);
 }
 
 /* ───────────────────────────── host-side repack ───────────────────────────── */
