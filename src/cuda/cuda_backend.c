@@ -331,10 +331,10 @@ static qmm_cuda_launch launch_of(const qmm_call *call) {
 }
 
 /* Grid limits of the generic kernels: 65535 blocks along y (rows of x, 8 per block, looped beyond) and
- * 2^31 − 1 along x (N/8 or N/256 blocks). */
+ * 2^31 − 1 along x (N/256 blocks). */
 static bool generic_supports(const qmm_call *call, char *why_not, size_t size) {
-    if (call->N / 8 >= 0x7fffffffu) {
-        snprintf(why_not, size, "N=%zu exceeds the grid of the generic kernel (2^31 - 1 blocks of 8)", call->N);
+    if (call->N / 256 >= 0x7fffffffu) {
+        snprintf(why_not, size, "N=%zu exceeds the grid of the generic kernel (2^31 - 1 blocks of 256)", call->N);
         return false;
     }
     return true;
@@ -342,7 +342,7 @@ static bool generic_supports(const qmm_call *call, char *why_not, size_t size) {
 
 static qmm_status generic_t_run(const qmm_call *call) {
     qmm_cuda_launch launch = launch_of(call);
-    return launch_status(qmm_cuda_generic_qmm_t(&launch), "cuda.qmm_t.generic.m8n8", __FILE__, __LINE__);
+    return launch_status(qmm_cuda_generic_qmm_t(&launch), "cuda.qmm_t.generic.m8n256", __FILE__, __LINE__);
 }
 
 static qmm_status generic_n_run(const qmm_call *call) {
@@ -419,9 +419,9 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = (size_t)-1, .tune_only = true},
-    {.info = {.name = "cuda.qmm_t.generic.m8n8", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
-              .bm = 8, .bn = 8, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
-              .description = "every format: a warp per output feature, lanes over groups, f32 split per group"},
+    {.info = {.name = "cuda.qmm_t.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
+              .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
+              .description = "every format: a thread per output feature, the oracle's f32 order bit for bit"},
      .supports = generic_supports, .run = generic_t_run},
     {.info = {.name = "cuda.qmm_n.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_N, .family = "generic",
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,

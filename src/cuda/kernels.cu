@@ -75,17 +75,17 @@ __device__ __noinline__ float direct_output_n(const T *x_row, const uint32_t *w,
 #define GENERIC_M 8
 #define GENERIC_WARPS 8
 
-/* out = x·Ŵᵀ. One warp per output feature n and 8 rows of x. The groups of row n are taken in order; inside
- * a group lane l takes codes l, l+32, ... (neighbouring lanes read neighbouring codes: the reads coalesce),
- * the warp adds the lanes' Σq·x and Σx with a fixed butterfly, and acc += s·Σq·x + b·Σx group after group —
- * the seed's order over groups, so its f32 results stay within an ulp or two of the seed's reference. */
+/* out = x·Ŵᵀ in the oracle's arithmetic, bit for bit (qmm_ref_qmm_t): one thread per output feature n and
+ * 8 rows of x; per group in order qdot += q·x and xsum += x in order, then acc += s·qdot + b·xsum, every
+ * operation rounded to f32 (__fmul_rn/__fadd_rn: no fused multiply-add). Threads of a warp take
+ * neighbouring rows, so the reads do not coalesce: this kernel is for coverage and for the seed's
+ * exact-order tolerances, the mma family is for speed. */
 template <typename T>
 __global__ void __launch_bounds__(GENERIC_WARPS * 32)
     generic_qmm_t_kernel(const T *__restrict__ x, const uint32_t *__restrict__ w, const T *__restrict__ scales,
                          const T *__restrict__ biases, T *__restrict__ out, size_t M, size_t N, size_t K, int bits,
                          int group_size) {
-    const int lane = threadIdx.x & 31;
-    const size_t n = (size_t)blockIdx.x * GENERIC_WARPS + (threadIdx.x >> 5);
+    const size_t n = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const size_t words_per_row = K * (size_t)bits / 32, groups = K / (size_t)group_size;
     const uint32_t *row = w + n * words_per_row;
@@ -98,36 +98,28 @@ __global__ void __launch_bounds__(GENERIC_WARPS * 32)
         for (int r = 0; r < GENERIC_M; r++) acc[r] = 0.0f;
         for (size_t g = 0; g < groups; g++) {
             const float s = load_f32(scales, n * groups + g), b = load_f32(biases, n * groups + g);
-            float qx[GENERIC_M], xs[GENERIC_M];
+            float qdot[GENERIC_M], xsum[GENERIC_M];
 #pragma unroll
-            for (int r = 0; r < GENERIC_M; r++) qx[r] = xs[r] = 0.0f;
+            for (int r = 0; r < GENERIC_M; r++) qdot[r] = xsum[r] = 0.0f;
             const size_t k0 = g * (size_t)group_size;
-            for (int i = lane; i < group_size; i += 32) {
+            for (int i = 0; i < group_size; i++) {
                 const float q = (float)code_at(row, k0 + i, bits);
 #pragma unroll
                 for (int r = 0; r < GENERIC_M; r++) {
                     if (r < rows) {
                         const float xv = load_f32(x, (m0 + r) * K + k0 + i);
-                        qx[r] += q * xv;
-                        xs[r] += xv;
+                        qdot[r] = __fadd_rn(qdot[r], __fmul_rn(q, xv));
+                        xsum[r] = __fadd_rn(xsum[r], xv);
                     }
                 }
             }
 #pragma unroll
-            for (int r = 0; r < GENERIC_M; r++) {
-                if (r < rows) { /* warp-uniform */
-#pragma unroll
-                    for (int offset = 16; offset > 0; offset >>= 1) {
-                        qx[r] += __shfl_xor_sync(0xffffffffu, qx[r], offset);
-                        xs[r] += __shfl_xor_sync(0xffffffffu, xs[r], offset);
-                    }
-                    acc[r] += s * qx[r] + b * xs[r];
-                }
-            }
+            for (int r = 0; r < GENERIC_M; r++)
+                if (r < rows) acc[r] = __fadd_rn(acc[r], __fadd_rn(__fmul_rn(s, qdot[r]), __fmul_rn(b, xsum[r])));
         }
 #pragma unroll
         for (int r = 0; r < GENERIC_M; r++) {
-            if (lane == 0 && r < rows) {
+            if (r < rows) {
                 if (!isfinite(acc[r]))
                     acc[r] = direct_output_t(x + (m0 + r) * K, row, scales + n * groups, biases + n * groups, bits, K,
                                              group_size);
@@ -157,10 +149,11 @@ __global__ void __launch_bounds__(256)
         for (int r = 0; r < GENERIC_M; r++) acc[r] = 0.0f;
         for (size_t k = 0; k < K; k++) {
             const float s = load_f32(scales, k * groups + g), b = load_f32(biases, k * groups + g);
-            const float wv = s * (float)code_at(w + k * words_per_row, n, bits) + b;
+            /* ŵ = s·q + b formed first, then x·ŵ, each rounded (MLX CPU's order, the oracle's: bit for bit in f32) */
+            const float wv = __fadd_rn(__fmul_rn(s, (float)code_at(w + k * words_per_row, n, bits)), b);
 #pragma unroll
             for (int r = 0; r < GENERIC_M; r++)
-                if (r < rows) acc[r] += load_f32(x, (m0 + r) * K + k) * wv;
+                if (r < rows) acc[r] = __fadd_rn(acc[r], __fmul_rn(load_f32(x, (m0 + r) * K + k), wv));
         }
 #pragma unroll
         for (int r = 0; r < GENERIC_M; r++) {
@@ -482,7 +475,7 @@ __global__ void __launch_bounds__(256)
 
 template <typename T> static int launch_generic_t(const qmm_cuda_launch *c) {
     const size_t m_blocks = (c->M + GENERIC_M - 1) / GENERIC_M;
-    dim3 grid((unsigned)((c->N + GENERIC_WARPS - 1) / GENERIC_WARPS), (unsigned)(m_blocks < 65535 ? m_blocks : 65535));
+    dim3 grid((unsigned)((c->N + GENERIC_WARPS * 32 - 1) / (GENERIC_WARPS * 32)), (unsigned)(m_blocks < 65535 ? m_blocks : 65535));
     cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
     generic_qmm_t_kernel<T><<<grid, GENERIC_WARPS * 32, 0, (cudaStream_t)c->stream>>>(
         (const T *)c->x, c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->M, c->N, c->K, c->bits,
