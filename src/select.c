@@ -7,9 +7,9 @@
  *      Forcing never falls back to another row: a benchmark or test that asked for a kernel must
  *      not silently measure a different one.
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
- *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`) and rows whose
- *      prefer_max_m is below M (a row may handle a larger M than it is fastest at; the thresholds and
- *      their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by
+ *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
+ *      prefer_max_m is below M or whose prefer_min_n is above N (a row may handle calls it is not the
+ *      fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by
  *      their backend and end with rows that accept every valid call (the reference rows, or on CUDA
  *      the generic kernels), so there is always an answer.
  * A measured tuning table (a later issue) will slot in between 1 and 2; until then the order is all.
@@ -56,7 +56,9 @@ qmm_status qmm_select_kernel(const qmm_kernel *const *table, size_t count, const
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {
-        if (table[i]->tune_only || (table[i]->prefer_max_m && call->M > table[i]->prefer_max_m)) continue;
+        if (table[i]->tune_only || (table[i]->prefer_max_m && call->M > table[i]->prefer_max_m) ||
+            call->N < table[i]->prefer_min_n)
+            continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not)) {
             *chosen = table[i];
             return QMM_OK;

@@ -44,8 +44,10 @@ typedef struct qmm_kernel {
     /* Computes the product. Only called after supports() accepted the call. */
     qmm_status (*run)(const qmm_call *call);
     /* Selector hints (src/select.c), never capabilities: unforced, the selector takes this row only for
-     * M ≤ prefer_max_m (0 = no limit), and never when tune_only is set (rows kept for forcing and tuning). */
+     * M ≤ prefer_max_m (0 = no limit) and N ≥ prefer_min_n, and never when tune_only is set (rows kept for
+     * forcing and tuning). */
     size_t prefer_max_m;
+    size_t prefer_min_n;
     bool tune_only;
 } qmm_kernel;
 

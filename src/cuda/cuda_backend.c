@@ -401,24 +401,26 @@ MMA_ROW(mma_m16n32, 2, 2)
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = 256, .tolerance_slack = 2.0, .description = TEXT}
 
-/* Selector order (src/select.c walks it; prefer_max_m bounds where the selector takes a row unforced):
- *   M ≤ 4:   mma_gemv m8n16  — one token tile, 16 rows per warp: the most blocks, so the most loads in
- *            flight for a bandwidth-bound product; x is re-read per 16 rows but M is small.
- *   M 5–8:   mma_gemv m8n32  — 32 rows per warp halve the x re-reads (L2 traffic grows with M).
- *   M 9–16:  mma_gemv m16n32 — two token tiles.
- *   m8n64 is there for `qmm tune` and forcing.
+/* Selector order (src/select.c walks it; the hints bound where the selector takes a row unforced), from
+ * `qmm bench` on the H200 (docs/PERF.md, 2026-11-30, cp.async version):
+ *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
+ *            row tiles; with N ≥ 5120 there are still ≥ 80 blocks of 8 warps to fill 132 SMs.
+ *            (5120² M=1: 11.0 µs vs 11.5 for m8n16; 14336×5120: 21.2 vs 23.6; M=8: 11.3 vs 12.2.)
+ *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N = 4096 (7.9 vs 9.6 µs).
+ *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
+ *   m8n32 is there for `qmm tune` and forcing (never the fastest in that sweep).
  *   Then the generic rows, which take every call.
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §8). */
 static const qmm_kernel cuda_kernels[] = {
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 4},
-    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8},
+     .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
-    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = (size_t)-1, .tune_only = true},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n32_supports, .run = mma_m8n32_run, .tune_only = true},
     {.info = {.name = "cuda.qmm_t.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
               .description = "every format: a thread per output feature, the oracle's f32 order bit for bit"},
