@@ -35,7 +35,7 @@ if ! cmake -S . -B build-gpu -DQMM_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInf
   echo "gpu_test: the build failed" >&2
   exit 1
 fi
-step ctest ctest --test-dir build-gpu --output-on-failure -j 4 -L 'unit|kernels|gpu|cli|io'
+step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli|io'
 step qmm_run_cuda ./build-gpu/qmm run --backend cuda
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
@@ -52,6 +52,6 @@ if command -v compute-sanitizer >/dev/null; then
 else
   summary+=("SKIPPED  compute-sanitizer: not on PATH")
 fi
-grep -hE "^ +cuda\.|backend cuda|test_cuda|passed, .* failed" "$logs/ctest.log" | sort -u | head -40
+grep -hE "cases ran|backend cuda:|test_cuda:|tests passed" "$logs/ctest.log" | sed -E "s/^[0-9]+: //" | sort -u | head -40
 printf '%s\n' "${summary[@]}"
 exit $fail
