@@ -14,6 +14,8 @@
  * YMM registers hold qdot and acc, the rest the decoded codes, x and the scale. */
 #define GEMV_R_MAX 4
 #define GEMV_RW 4
+/* Tiled: 6 broadcast rows × 2 vectors = 12 accumulators of 16 YMM. */
+#define GEMM_R 6
 typedef __m256 vf;
 
 static inline vf v_zero(void) { return _mm256_setzero_ps(); }
@@ -21,6 +23,7 @@ static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
 static inline vf v_set1(float v) { return _mm256_set1_ps(v); }
 static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 
 /* Tree sum: (4 + 4), (2 + 2), (1 + 1): three roundings deep. */

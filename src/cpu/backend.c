@@ -107,7 +107,7 @@ float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n) {
  * all its cores. */
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call) {
     const size_t M = call->M, N = call->N;
-    const int threads = qmm_cpu_threads(call);
+    const int threads = qmm_cpu_threads_for(call);
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (size_t n = 0; n < N; n++)
@@ -130,9 +130,30 @@ static bool gemv_m(const qmm_call *call, char *why_not, size_t why_not_size) {
     return false;
 }
 
+static bool avx512_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size)) return false;
+    return qmm_cpu_has_avx512(why_not, why_not_size) && gemv_m(call, why_not, why_not_size);
+}
+
 static bool avx2_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
     if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size)) return false;
     return qmm_cpu_has_avx2(why_not, why_not_size) && gemv_m(call, why_not, why_not_size);
+}
+
+static bool avx512_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) && qmm_cpu_has_avx512(why_not, why_not_size);
+}
+
+static bool avx2_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) && qmm_cpu_has_avx2(why_not, why_not_size);
+}
+
+static bool avx512_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size) && qmm_cpu_has_avx512(why_not, why_not_size);
+}
+
+static bool avx2_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size) && qmm_cpu_has_avx2(why_not, why_not_size);
 }
 
 static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
@@ -141,19 +162,52 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
 
 /* Slack 1 for every row: each one keeps every product term within K + 2 f32 roundings (the counts
  * are beside each kernel in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
+#define CPU_ROW(row_name, row_op, row_family, m, n, k, text, accepts, runs)                                      \
+    {                                                                                                       \
+        .info = {.name = row_name, .backend = QMM_BACKEND_CPU, .op = row_op, .family = row_family, .bm = m, \
+                 .bn = n, .bk = k, .threads = 1, .tolerance_slack = 1.0, .description = text},             \
+        .supports = accepts, .run = runs,                                                                   \
+    }
+
+/* Tiles as the harness reads them (docs/kernels.md §5): GEMV rows bm = rows of x per pass, bn = weight
+ * rows decoded together, bk = codes per decode step; tiled qmm_t rows bm = the micro-kernel's M lanes,
+ * bn = its N rows, bk = KC; tiled qmm_n rows bm = the micro-kernel's M rows, bn = its N lanes, bk = KC.
+ * Slack 1 for every row: each keeps every product term within K + 2 f32 roundings (counts beside the
+ * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
-    {
-        .info = {.name = "cpu.qmm_t.gemv.r4.avx2", .backend = QMM_BACKEND_CPU, .op = QMM_OP_QMM_T, .family = "gemv",
-                 .bm = 4, .bn = 2, .bk = 16, .threads = 1, .tolerance_slack = 1.0,
-                 .description = "M<=16: 4 rows of x per weight load, 8-lane split s·Σq·x + b·Σx, threads over N"},
-        .supports = avx2_gemv_qmm_t_supports,
-        .run = qmm_cpu_gemv_qmm_t_avx2,
-    },
-    {
-        .info = {.name = "cpu.qmm_t.scalar.r1", .backend = QMM_BACKEND_CPU, .op = QMM_OP_QMM_T, .family = "scalar",
-                 .bm = 1, .bn = 1, .bk = 1, .threads = 1, .tolerance_slack = 1.0,
-                 .description = "portable C, any CPU: the oracle's split per output, threads over N"},
-        .supports = scalar_qmm_t_supports,
-        .run = qmm_cpu_scalar_qmm_t,
-    },
+    CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
+            "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
+            avx512_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx512),
+    CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
+            "M<=16 without AVX-512: 4 rows of x x 4 weight rows in YMM, split s·Σq·x + b·Σx",
+            avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2),
+    CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
+            "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
+            avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512),
+    CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
+            "any M without AVX-512: panel decoded to f32 once, 6x16 YMM micro-kernel",
+            avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2),
+    CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
+            "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
+            scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t),
+    CPU_ROW("cpu.qmm_n.gemm.m12n32.avx512", QMM_OP_QMM_N, "gemm", 12, 32, 256,
+            "x·Ŵ: weight rows decoded along N to f32, 12x32 ZMM micro-kernel (m rows x n lanes)",
+            avx512_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx512),
+    CPU_ROW("cpu.qmm_n.gemm.m6n16.avx2", QMM_OP_QMM_N, "gemm", 6, 16, 256,
+            "x·Ŵ without AVX-512: weight rows decoded along N to f32, 6x16 YMM micro-kernel",
+            avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2),
 };
+
+#if !(defined(__x86_64__) || defined(__i386__))
+/* Not x86: the SIMD files are not built and their rows always refuse (isa.c), so these never run. */
+#define NOT_HERE(name)                                                                                       \
+    qmm_status name(const qmm_call *call) {                                                                 \
+        return qmm_error(QMM_ERR_UNSUPPORTED, "%s: not built for this CPU architecture", #name);            \
+    }
+NOT_HERE(qmm_cpu_gemv_qmm_t_avx2)
+NOT_HERE(qmm_cpu_gemm_qmm_t_avx2)
+NOT_HERE(qmm_cpu_gemm_qmm_n_avx2)
+NOT_HERE(qmm_cpu_gemv_qmm_t_avx512)
+NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
+NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
+#endif

@@ -53,6 +53,15 @@ static inline int qmm_cpu_threads(const qmm_call *call) {
     return state && state->threads > 0 ? state->threads : 1;
 }
 
+/* The threads worth starting for a call: the context's count, but one thread below 2^20 multiply-adds
+ * (about 10–30 µs on one core). Waking a team costs microseconds, and when another process holds the
+ * other core a worker may wait a whole scheduler time slice (milliseconds) before it runs. */
+#define QMM_CPU_PARALLEL_MIN_WORK (1u << 20)
+static inline int qmm_cpu_threads_for(const qmm_call *call) {
+    const double work = (double)call->M * (double)call->N * (double)call->K;
+    return work < (double)QMM_CPU_PARALLEL_MIN_WORK ? 1 : qmm_cpu_threads(call);
+}
+
 /* The number of cores this process may run on (sched_getaffinity), at least 1. */
 int qmm_cpu_default_threads(void);
 
@@ -81,7 +90,7 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 2
+#define QMM_CPU_KERNEL_COUNT 7
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);
