@@ -84,92 +84,103 @@ typedef struct gemv_plan {
     const float *xp;    /* [Mpad][K] x in decode order */
     const float *xsum;  /* [Mpad][groups] Σx per group */
     uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
+    float *group_f32;   /* [threads][2][GEMV_RW][groups]: the block's scales and biases in f32 */
 } gemv_plan;
 
-/* R rows of x (from m0) times NW weight rows (from n0), decoded from rows[w]; result[r·NW + w]. */
-ALWAYS_INLINE void gemv_block(const gemv_plan *p, const uint8_t *const *rows, size_t n0, size_t m0, const int R,
-                              const int NW, const int fast, float *result) {
-    const qmm_call *call = p->call;
-    const size_t K = p->K, G = p->group_size, groups = p->groups;
-    const float *x0 = p->xp + m0 * K;
-    vf acc[GEMV_R_MAX][GEMV_RW];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int w = 0; w < NW; w++) acc[r][w] = v_zero();
-    for (size_t g = 0; g < groups; g++) {
-        vf qdot[GEMV_R_MAX][GEMV_RW];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-            for (int w = 0; w < NW; w++) qdot[r][w] = v_zero();
-        const size_t k_end = (g + 1) * G;
-        if (fast == 4) {
-            for (size_t k = g * G; k < k_end; k += 2 * LANES) {
-#pragma GCC unroll 8
-                for (int w = 0; w < NW; w++) {
-                    vf lo, hi;
-                    v_decode4(rows[w] + k / 2, &lo, &hi);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; r++) {
-                        qdot[r][w] = v_fma(lo, v_load(x0 + (size_t)r * K + k), qdot[r][w]);
-                        qdot[r][w] = v_fma(hi, v_load(x0 + (size_t)r * K + k + LANES), qdot[r][w]);
-                    }
-                }
-            }
-        } else {
-            for (size_t k = g * G; k < k_end; k += LANES) {
-#pragma GCC unroll 8
-                for (int w = 0; w < NW; w++) {
-                    const vf q = v_decode8(rows[w] + k);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; r++) qdot[r][w] = v_fma(q, v_load(x0 + (size_t)r * K + k), qdot[r][w]);
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int w = 0; w < NW; w++) {
-            const vf s = v_set1(qmm_load_f32(call->scales, call->dtype, (n0 + (size_t)w) * groups + g));
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) acc[r][w] = v_fma(s, qdot[r][w], acc[r][w]);
-        }
-    }
-    /* b·Σx: LANES groups at a time, the remainder scalar. */
-    for (int w = 0; w < NW; w++) {
-        const size_t base = (n0 + (size_t)w) * groups;
-        size_t g = 0;
-        for (; g + LANES <= groups; g += LANES) {
-            const vf b = v_load_dtype(call->biases, call->dtype, base + g);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * groups + g), acc[r][w]);
-        }
-        float tail[GEMV_R_MAX] = {0};
-        for (; g < groups; g++) {
-            const float b = qmm_load_f32(call->biases, call->dtype, base + g);
-            for (int r = 0; r < R; r++) tail[r] += b * p->xsum[(m0 + (size_t)r) * groups + g];
-        }
-        for (int r = 0; r < R; r++) result[r * NW + w] = v_hsum(acc[r][w]) + tail[r];
-    }
-}
+/* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R) for whole blocks and (R, 1) for
+ * the last rows of N, for each decode path. */
+#if GEMV_RW == 8
+#define GEMV_NW_1 8
+#define GEMV_NW_2 4
+#define GEMV_NW_4 2
+#else
+#define GEMV_NW_1 4
+#define GEMV_NW_2 2
+#define GEMV_NW_4 1
+#endif
+#define GR 1
+#define GNW GEMV_NW_1
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 1
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 2
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#if GEMV_NW_4 != 1
+#define GR 4
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#endif
+#if GEMV_R_MAX >= 8
+#define GR 8
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#endif
+#define GR 1
+#define GNW GEMV_NW_1
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 1
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 2
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#if GEMV_NW_4 != 1
+#define GR 4
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#endif
+#if GEMV_R_MAX >= 8
+#define GR 8
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#endif
 
 #define GEMV_CASE(r, nw)                                                                                      \
     if (R == (r) && NW == (nw)) {                                                                             \
-        if (p->fast == 4) gemv_block(p, rows, n0, m0, r, nw, 4, result);                                      \
-        else gemv_block(p, rows, n0, m0, r, nw, 8, result);                                                   \
+        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, result);                           \
+        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, result);                                        \
         return;                                                                                               \
     }
 
-static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, size_t n0, size_t m0, int R, int NW,
-                          float *result) {
-    GEMV_CASE(1, GEMV_RW)
+static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
+                          size_t m0, int R, int NW, float *result) {
+    GEMV_CASE(1, GEMV_NW_1)
+    GEMV_CASE(2, GEMV_NW_2)
+    GEMV_CASE(4, GEMV_NW_4)
     GEMV_CASE(1, 1)
-    GEMV_CASE(2, GEMV_RW / 2)
     GEMV_CASE(2, 1)
-    GEMV_CASE(4, GEMV_RW / 4)
+#if GEMV_NW_4 != 1
     GEMV_CASE(4, 1)
+#endif
 #if GEMV_R_MAX >= 8
-    GEMV_CASE(8, GEMV_RW / 8)
     GEMV_CASE(8, 1)
 #endif
 }
@@ -204,7 +215,8 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     float *xp = qmm_cpu_scratch(Mpad * K, sizeof(float), "x in decode order");
     float *xsum = qmm_cpu_scratch(Mpad * plan.groups, sizeof(float), "x group sums");
     uint8_t *unpacked = NULL;
-    if (!xp || !xsum) {
+    float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.groups, sizeof(float), "block scales");
+    if (!xp || !xsum || !group_f32) {
         status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
         goto cleanup;
     }
@@ -216,6 +228,7 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     plan.xp = xp;
     plan.xsum = xsum;
     plan.unpacked = unpacked;
+    plan.group_f32 = group_f32;
     memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
     memset(xsum + M * plan.groups, 0, (Mpad - M) * plan.groups * sizeof(float));
     for (size_t m = 0; m < M; m++) {
@@ -245,16 +258,34 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
                 rows[n - n_begin] = (const uint8_t *)packed;
             }
         }
+        /* The block's scales and biases in f32, once for all passes over x: the inner loop then
+         * broadcasts straight from L1 instead of converting a scalar per group per row. */
+        float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.groups;
+        float *biases = scales + GEMV_RW * plan.groups;
+        for (size_t n = n_begin; n < n_end; n++) {
+            const size_t base = n * plan.groups, at = (n - n_begin) * plan.groups;
+            size_t g = 0;
+            for (; g + LANES <= plan.groups; g += LANES) {
+                v_store(scales + at + g, v_load_dtype(call->scales, call->dtype, base + g));
+                v_store(biases + at + g, v_load_dtype(call->biases, call->dtype, base + g));
+            }
+            for (; g < plan.groups; g++) {
+                scales[at + g] = qmm_load_f32(call->scales, call->dtype, base + g);
+                biases[at + g] = qmm_load_f32(call->biases, call->dtype, base + g);
+            }
+        }
         float result[GEMV_R_MAX * GEMV_RW];
         for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
             const int R = gemv_pass_rows(M - m0), NW = GEMV_RW / R;
             size_t n = n_begin;
             for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
-                gemv_dispatch(&plan, rows + (n - n_begin), n, m0, R, NW, result);
+                const size_t at = (n - n_begin) * plan.groups;
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, result);
                 gemv_store(&plan, n, m0, R, NW, result);
             }
             for (; n < n_end; n++) {
-                gemv_dispatch(&plan, rows + (n - n_begin), n, m0, R, 1, result);
+                const size_t at = (n - n_begin) * plan.groups;
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, result);
                 gemv_store(&plan, n, m0, R, 1, result);
             }
         }
@@ -264,6 +295,7 @@ cleanup:
     free(xp);
     free(xsum);
     free(unpacked);
+    free(group_f32);
     return status;
 }
 
@@ -361,9 +393,14 @@ ALWAYS_INLINE void gemm_micro_split(const float *A, const float *B, size_t b_str
 
 /* Codes [c0, c0 + count) of packed row `row` (count and c0 multiples of 32) decoded into dst in
  * decode order, ŵ = fma(s, q, b) with s, b of each group from scales/biases row `group_row`.
- * bytes: scratch of count bytes for the generic widths. */
+ * bytes: scratch of count bytes for the generic widths. panel_stride 0: dst[j]; else the micro-kernel's
+ * panel layout, element j at dst[(j / GEMM_VL)·panel_stride + j % GEMM_VL]. */
+static inline float *panel_at(float *dst, size_t panel_stride, size_t j) {
+    return panel_stride ? dst + j / GEMM_VL * panel_stride + j % GEMM_VL : dst + j;
+}
+
 static void decode_segment(const qmm_call *call, const uint32_t *row, size_t group_row, size_t groups_per_row,
-                           size_t c0, size_t count, bool affine, uint8_t *bytes, float *dst) {
+                           size_t c0, size_t count, bool affine, uint8_t *bytes, float *dst, size_t panel_stride) {
     const size_t G = (size_t)call->group_size;
     const uint8_t *codes;
     const int fast = fast_bits(call->bits);
@@ -382,11 +419,12 @@ static void decode_segment(const qmm_call *call, const uint32_t *row, size_t gro
             for (size_t j = j0; j < j0 + G; j += 2 * LANES) {
                 vf lo, hi;
                 v_decode4(codes + j / 2, &lo, &hi);
-                v_store(dst + j, v_fma(s, lo, b));
-                v_store(dst + j + LANES, v_fma(s, hi, b));
+                v_store(panel_at(dst, panel_stride, j), v_fma(s, lo, b));
+                v_store(panel_at(dst, panel_stride, j + LANES), v_fma(s, hi, b));
             }
         } else {
-            for (size_t j = j0; j < j0 + G; j += LANES) v_store(dst + j, v_fma(s, v_decode8(codes + j), b));
+            for (size_t j = j0; j < j0 + G; j += LANES)
+                v_store(panel_at(dst, panel_stride, j), v_fma(s, v_decode8(codes + j), b));
         }
     }
 }
@@ -440,7 +478,7 @@ static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, 
         const size_t kc = K - pc < GEMM_KC ? K - pc : GEMM_KC, block_groups = kc / G;
         for (size_t i = 0; i < a_rows; i++) {
             float *dst = s.a + i * GEMM_KC;
-            if (i < a_valid) decode_segment(call, call->w + (a0 + i) * words, a0 + i, groups, pc, kc, false, s.bytes, dst);
+            if (i < a_valid) decode_segment(call, call->w + (a0 + i) * words, a0 + i, groups, pc, kc, false, s.bytes, dst, 0);
             else memset(dst, 0, kc * sizeof(float));
             for (size_t g = 0; g < block_groups; g++) {
                 const size_t index = (a0 + i) * groups + pc / G + g;
@@ -450,9 +488,9 @@ static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, 
         }
         for (size_t jr = 0; jr < b_lanes; jr += GEMM_VL)
             for (size_t ir = 0; ir < a_rows; ir += GEMM_R)
-                gemm_micro_split(s.a + ir * GEMM_KC, xt + pc * Mpad + b0 + jr, Mpad, s.c + ir * GEMM_T_BC + jr,
-                                 GEMM_T_BC, kc, G, s.scales + ir, s.biases + ir, xg + pc / G * Mpad + b0 + jr, Mpad,
-                                 pc == 0);
+                gemm_micro_split(s.a + ir * GEMM_KC, xt + ((b0 + jr) / GEMM_VL * K + pc) * GEMM_VL, GEMM_VL,
+                                 s.c + ir * GEMM_T_BC + jr, GEMM_T_BC, kc, G, s.scales + ir, s.biases + ir,
+                                 xg + ((b0 + jr) / GEMM_VL * groups + pc / G) * GEMM_VL, GEMM_VL, pc == 0);
     }
     /* outᵀ block → out, and the non-finite rule for any output whose split overflowed. */
     const size_t m_end = b0 + b_lanes < M ? b0 + b_lanes : M;
@@ -477,19 +515,28 @@ qmm_status QMM_ISA(qmm_cpu_gemm_qmm_t)(const qmm_call *call) {
         status = QMM_ERR_OUT_OF_MEMORY;
         goto cleanup;
     }
-    /* xᵀ in decode order along K (one pass over x per call, shared by every item), zero in the
-     * padding columns m ≥ M, and Σx per (group, m) summed down the rows of xᵀ, vectorised over m.
-     * Threads take whole groups of rows, so no two write the same cache line. */
+    /* xᵀ in decode order along K, packed in panels of GEMM_VL columns (m): panel p holds
+     * [K][GEMM_VL], so the micro-kernel reads its B operand as one contiguous stream (a row stride of
+     * Mpad floats would map every row to the same few L1 sets once Mpad is a large power of two).
+     * Zero in the padding columns m ≥ M. Σx per (group, m) is summed down each panel the same way.
+     * One pass over x per call, shared by every item; threads take whole panels. */
+    const size_t panels = Mpad / GEMM_VL;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && M * K >= 65536)
-    for (size_t g = 0; g < groups; g++) {
-        float *sum = xg + g * Mpad;
-        memset(sum, 0, Mpad * sizeof(float));
-        for (size_t k = g * G; k < (g + 1) * G; k++) {
-            const size_t source = natural_index(fast, k);
-            float *dst = xt + k * Mpad;
-            for (size_t m = 0; m < M; m++) dst[m] = qmm_load_f32(call->x, call->dtype, m * K + source);
-            memset(dst + M, 0, (Mpad - M) * sizeof(float));
-            for (size_t m = 0; m < Mpad; m += LANES) v_store(sum + m, v_add(v_load(sum + m), v_load(dst + m)));
+    for (size_t panel = 0; panel < panels; panel++) {
+        float *panel_x = xt + panel * K * GEMM_VL, *panel_sum = xg + panel * groups * GEMM_VL;
+        const size_t m0 = panel * GEMM_VL, m_end = M - m0 < GEMM_VL ? M : m0 + GEMM_VL;
+        memset(panel_x, 0, K * GEMM_VL * sizeof(float));
+        for (size_t m = m0; m < m_end; m++)
+            for (size_t k = 0; k < K; k++)
+                panel_x[k * GEMM_VL + m - m0] = qmm_load_f32(call->x, call->dtype, m * K + natural_index(fast, k));
+        for (size_t g = 0; g < groups; g++) {
+            vf sum[2] = {v_zero(), v_zero()};
+            for (size_t k = g * G; k < (g + 1) * G; k++) {
+                sum[0] = v_add(sum[0], v_load(panel_x + k * GEMM_VL));
+                sum[1] = v_add(sum[1], v_load(panel_x + k * GEMM_VL + LANES));
+            }
+            v_store(panel_sum + g * GEMM_VL, sum[0]);
+            v_store(panel_sum + g * GEMM_VL + LANES, sum[1]);
         }
     }
     const size_t a_items = (N + GEMM_AC - 1) / GEMM_AC, b_items = (Mpad + GEMM_T_BC - 1) / GEMM_T_BC;
@@ -526,14 +573,18 @@ static void gemm_n_item(const qmm_call *call, size_t a0, size_t b0, gemm_scratch
                     v_store(dst + k, v_load_dtype(call->x, call->dtype, (a0 + i) * K + pc + k));
             else memset(dst, 0, kc * sizeof(float));
         }
+        /* Decoded weight rows in panels of GEMM_VL lanes, [panel][KC][GEMM_VL]: contiguous B streams
+         * for the micro-kernel (see qmm_t's xᵀ). */
         for (size_t k = 0; k < kc; k++) {
-            float *dst = s.b + k * GEMM_N_BC;
-            decode_segment(call, call->w + (pc + k) * words, pc + k, groups, b0, b_valid, true, s.bytes, dst);
-            if (b_lanes > b_valid) memset(dst + b_valid, 0, (b_lanes - b_valid) * sizeof(float));
+            float *dst = s.b + k * GEMM_VL;
+            decode_segment(call, call->w + (pc + k) * words, pc + k, groups, b0, b_valid, true, s.bytes, dst,
+                           GEMM_KC * GEMM_VL);
+            for (size_t j = b_valid; j < b_lanes; j += LANES) v_store(panel_at(dst, GEMM_KC * GEMM_VL, j), v_zero());
         }
         for (size_t jr = 0; jr < b_lanes; jr += GEMM_VL)
             for (size_t ir = 0; ir < a_rows; ir += GEMM_R)
-                gemm_micro(s.a + ir * GEMM_KC, s.b + jr, GEMM_N_BC, s.c + ir * GEMM_N_BC + jr, GEMM_N_BC, kc, pc == 0);
+                gemm_micro(s.a + ir * GEMM_KC, s.b + jr / GEMM_VL * GEMM_KC * GEMM_VL, GEMM_VL,
+                           s.c + ir * GEMM_N_BC + jr, GEMM_N_BC, kc, pc == 0);
     }
     for (size_t i = 0; i < a_valid; i++)
         for (size_t j = 0; j < b_valid; j++)
