@@ -568,10 +568,15 @@ static void gemm_n_item(const qmm_call *call, size_t a0, size_t b0, gemm_scratch
         const size_t kc = K - pc < GEMM_KC ? K - pc : GEMM_KC;
         for (size_t i = 0; i < a_rows; i++) {
             float *dst = s.a + i * GEMM_KC;
-            if (i < a_valid)
-                for (size_t k = 0; k < kc; k += LANES)
+            if (i < a_valid) {
+                /* K is qmm_n's free dimension: any length, so the last few are converted one by one. */
+                size_t k = 0;
+                for (; k + LANES <= kc; k += LANES)
                     v_store(dst + k, v_load_dtype(call->x, call->dtype, (a0 + i) * K + pc + k));
-            else memset(dst, 0, kc * sizeof(float));
+                for (; k < kc; k++) dst[k] = qmm_load_f32(call->x, call->dtype, (a0 + i) * K + pc + k);
+            } else {
+                memset(dst, 0, kc * sizeof(float));
+            }
         }
         /* Decoded weight rows in panels of GEMM_VL lanes, [panel][KC][GEMM_VL]: contiguous B streams
          * for the micro-kernel (see qmm_t's xᵀ). */
