@@ -218,7 +218,7 @@ double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_d
 
 typedef enum qmm_backend {
     QMM_BACKEND_REF = 0,  /* the scalar oracle kernels only */
-    QMM_BACKEND_CPU = 1,  /* CPU SIMD kernels (a later issue), then the reference rows */
+    QMM_BACKEND_CPU = 1,  /* CPU SIMD kernels (AVX-512, AVX2, portable C; picked at run time), then the reference rows */
     QMM_BACKEND_CUDA = 2, /* CUDA kernels (a later issue) */
 } qmm_backend;
 
@@ -252,6 +252,18 @@ qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **con
 void qmm_context_destroy(qmm_context *context);
 /* The backend the context was created with (QMM_BACKEND_REF for NULL). */
 qmm_backend qmm_context_backend(const qmm_context *context);
+/* Sets the number of host threads the context's kernels use for each matmul: threads ≥ 1 sets it,
+ * 0 restores the default (the number of cores this process may run on, sched_getaffinity). Only the
+ * CPU backend runs kernels on several host threads (OpenMP, over N and M); a caller that runs its own
+ * threads sets 1 here so that the two are not oversubscribed. On the ref backend (one thread) and on
+ * device backends only 0 and 1 are accepted. Takes effect from the next matmul or chain run (a chain
+ * reads it when it runs). The context is not thread-safe: do not call this while a matmul on the
+ * same context is running. Errors: QMM_ERR_INVALID_ARGUMENT (NULL context, threads < 0),
+ * QMM_ERR_UNSUPPORTED (threads > 1 on a backend without host threads). */
+qmm_status qmm_context_set_threads(qmm_context *context, int threads);
+/* The number of host threads the context's kernels use (≥ 1), or 0 for a NULL context. A CPU
+ * backend built without OpenMP always reports 1. */
+int qmm_context_threads(const qmm_context *context);
 
 /* Creates immutable device-resident weights from a host qmm_qmatrix (copied; the caller's arrays may
  * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag).

@@ -86,6 +86,11 @@ typedef struct qmm_backend_hooks {
     qmm_status (*chain_run)(void *state, void **graph, size_t count, qmm_status (*launch)(void *argument, size_t i),
                             void *argument, double *microseconds, double *total_microseconds);
     void (*chain_release)(void *state, void *graph);
+    /* Host threads the backend's kernels use, read and set through the backend's state (the kernels
+     * see it as call->backend_state). NULL on backends whose kernels run on one host thread (ref) or
+     * on a device. set_threads(state, 0) restores the default (the cores the process may use). */
+    int (*get_threads)(void *state);
+    void (*set_threads)(void *state, int threads);
 } qmm_backend_hooks;
 
 /* Whether row handles call: the op must match (checked here, once for every caller), then the row's

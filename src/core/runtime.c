@@ -6,7 +6,7 @@
  * create time and never change; buffers are dtype + count; every matmul is validated here (so kernels
  * only see valid calls, src/core/kernel.h), then src/select.c picks the row. A chain is a recorded
  * list of such calls, validated and planned (kernel chosen) when each step is added, run in order and
- * timed per step. Only the reference backend exists yet; CPU and CUDA report "not built yet".
+ * timed per step. Backends: ref (the oracle rows), cpu (src/cpu/) and cuda (src/cuda/), each when built.
  *
  * Lifetimes: every object counts its holders. The caller holds what it created until it calls the
  * destroy function; each weights, buffer and chain holds its context; each chain step holds its weights
@@ -17,6 +17,9 @@
 #include "kernel.h"
 #ifdef QMM_HAVE_CUDA
 #include "cuda_backend.h"
+#endif
+#ifdef QMM_HAVE_CPU
+#include "../cpu/cpu.h"
 #endif
 
 #include <stdio.h>
@@ -88,11 +91,38 @@ static const qmm_backend_hooks ref_backend = {
     .synchronize = host_synchronize,
 };
 
+#ifdef QMM_HAVE_CPU
+/* The CPU backend: the same host memory (so the reference rows run on it too), its own SIMD rows
+ * (src/cpu/), and a state that carries the thread count its kernels read from call->backend_state. */
+static const qmm_backend_hooks cpu_backend = {
+    .backend = QMM_BACKEND_CPU,
+    .host_memory = true,
+    .kernels = qmm_cpu_kernels,
+    .kernel_count = QMM_CPU_KERNEL_COUNT,
+    .open = qmm_cpu_open,
+    .close = qmm_cpu_close,
+    .alloc = host_alloc,
+    .release = host_release,
+    .upload = host_copy,
+    .download = host_copy,
+    .synchronize = host_synchronize,
+    .get_threads = qmm_cpu_get_threads,
+    .set_threads = qmm_cpu_set_threads,
+};
+#endif
+
 /* The hooks of a backend, or an error naming why there are none. A backend plugs in here: one case
  * returning its qmm_backend_hooks, compiled in when its build option is on. */
 static qmm_status backend_hooks(qmm_backend backend, const qmm_backend_hooks **hooks) {
     switch (backend) {
     case QMM_BACKEND_REF: *hooks = &ref_backend; return QMM_OK;
+    case QMM_BACKEND_CPU:
+#ifdef QMM_HAVE_CPU
+        *hooks = &cpu_backend;
+        return QMM_OK;
+#else
+        return qmm_error(QMM_ERR_UNSUPPORTED, "backend cpu is not built (configured with QMM_WITH_CPU=OFF)");
+#endif
     case QMM_BACKEND_CUDA:
 #ifdef QMM_HAVE_CUDA
         *hooks = qmm_cuda_backend_hooks();
@@ -100,8 +130,6 @@ static qmm_status backend_hooks(qmm_backend backend, const qmm_backend_hooks **h
 #else
         return qmm_error(QMM_ERR_UNSUPPORTED, "backend cuda is not built (no nvcc when this library was configured)");
 #endif
-    case QMM_BACKEND_CPU:
-        return qmm_error(QMM_ERR_UNSUPPORTED, "backend %s is not built yet", qmm_backend_name(backend));
     }
     return qmm_error(QMM_ERR_INVALID_ARGUMENT, "backend=%d is not a qmm_backend (ref=0, cpu=1, cuda=2)", (int)backend);
 }
@@ -230,6 +258,24 @@ static qmm_status destroyed_error(const char *function, const char *what, const 
 
 qmm_backend qmm_context_backend(const qmm_context *context) {
     return context ? context->hooks->backend : QMM_BACKEND_REF;
+}
+
+qmm_status qmm_context_set_threads(qmm_context *context, int threads) {
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_set_threads: context is NULL");
+    if (threads < 0)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_set_threads: threads=%d is negative (0 = the default)",
+                         threads);
+    if (context->hooks->set_threads) context->hooks->set_threads(context->state, threads);
+    else if (threads > 1)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "qmm_context_set_threads: backend %s runs its kernels on %s, threads=%d",
+                         qmm_backend_name(context->hooks->backend),
+                         context->hooks->host_memory ? "one host thread" : "its device", threads);
+    return QMM_OK;
+}
+
+int qmm_context_threads(const qmm_context *context) {
+    if (!context) return 0;
+    return context->hooks->get_threads ? context->hooks->get_threads(context->state) : 1;
 }
 
 /* ───────────────────────────── weights ───────────────────────────── */

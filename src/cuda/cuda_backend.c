@@ -148,7 +148,7 @@ static void cuda_weights_release(void *state, void *extra) {
     free(e);
 }
 
-/* Repacks the matrix for the mma_gemv family (docs/kernels.md §8) and uploads it; formats the family
+/* Repacks the matrix for the mma_gemv family (docs/kernels.md §9) and uploads it; formats the family
  * does not read get no extra arrays (*extra = NULL). The packed copy costs the weights' bytes once more
  * on the device (rounded up to 64 bytes per row); the MLX-layout arrays stay for the other kernels. */
 static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, void **extra) {
@@ -411,7 +411,7 @@ MMA_ROW(mma_m16n32, 2, 2)
  *   m8n32 is there for `qmm tune` and forcing (never the fastest in that sweep).
  *   Then the generic rows, which take every call.
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
- * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §8). */
+ * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §9). */
 static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120},

@@ -16,7 +16,7 @@ extern "C" {
  *   x        dtype [M, K]                 (device)
  *   w        uint32 [rows, cols·bits/32]  MLX layout (device)
  *   scales, biases dtype [rows, cols/group_size] (device)
- *   packed   the repacked weights of the mma family, or NULL (docs/kernels.md §8)
+ *   packed   the repacked weights of the mma family, or NULL (docs/kernels.md §9)
  *   sb       (scale, bias) pairs [N, K/group_size] of dtype, interleaved, or NULL
  *   out      dtype [M, N] (device)
  *   stream   cudaStream_t */
@@ -43,7 +43,7 @@ int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
  * weight rows per warp. Needs bits 4 or 8, dtype f16 or bf16, packed and sb, sm_80 or newer. */
 int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
 
-/* The repacked layout of the mma family (docs/kernels.md §8): words per row and the repack itself,
+/* The repacked layout of the mma family (docs/kernels.md §9): words per row and the repack itself,
  * host side. packed_words(K, bits) = ceil(K / S)·16 with S = 512/bits codes per 64-byte super-block. */
 size_t qmm_cuda_packed_words_per_row(size_t K, int bits);
 /* Repacks w [N, K·bits/32] (MLX layout) into out [N, packed_words_per_row] (zero-filled tail). */

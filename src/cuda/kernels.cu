@@ -1,5 +1,5 @@
 /*
- * kernels.cu — the CUDA kernels of qmm (DESIGN.md §2, docs/kernels.md §8) and their extern "C" launchers.
+ * kernels.cu — the CUDA kernels of qmm (DESIGN.md §2, docs/kernels.md §9) and their extern "C" launchers.
  *
  * Two families:
  *   generic   every format the oracle handles (bits 2–8, group 32/64/128, f32/f16/bf16, any M, N, K),
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(256)
 /* ───────────────────────────── mma_gemv family ───────────────────────────── */
 
 /*
- * The repacked weights (built once at weights-create time by qmm_cuda_repack, docs/kernels.md §8).
+ * The repacked weights (built once at weights-create time by qmm_cuda_repack, docs/kernels.md §9).
  * A row of K codes is cut into 64-byte super-blocks of S = 512/bits codes (4-bit: 128 codes = 4 blocks
  * of 32; 8-bit: 64 codes = 2 blocks). Lane t (0..3) of a 4-lane quad loads the super-block's 16-byte
  * quarter t with one 128-bit load; quarter t holds "its" 8 codes (codes 8t..8t+7) of every block:

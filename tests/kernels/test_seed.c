@@ -16,7 +16,9 @@
  *   (a) with a seed-style f32 reference written here (nibbles extracted by hand, inputs rounded
  *       through the dtype as the seed does), with the seed's tolerances: f32 max |e − a| < 1e-3
  *       (5e-3 for the Qwen3 cells, as the seed); f16 max rel < 5e-3 (1.5e-2 for "mma" rows, the
- *       seed's MMA f16 tolerance); bf16 max rel < 2e-2 (5e-2 for tiled rows, BM·BN > 1);
+ *       seed's MMA f16 tolerance); bf16 max rel < 2e-2 (5e-2 for tiled rows, BM·BN > 1); in the
+ *       32×32×512 f32 cell, tiled (gemm, mma) rows max rel < 1e-4 (the seed's own rule for a tiled
+ *       kernel in that cell, mt_qmm_mma_matches_mt_qmm_at_same_shape_f32);
  *       rel = |e − a| / max(|e|, 1);
  *   (b) with qmm_ref_dense_f64 within qmm_error_bound × the row's tolerance_slack.
  */
@@ -268,17 +270,23 @@ static void run_case(qmm_context *const *contexts, size_t context_count, pattern
             if (!run_row(contexts[c], &info, &t, M, out, label)) continue;
             rows_ran++;
             /* (a) the seed's comparison */
-            const double tolerance = seed_tolerance(dtype, &info, qwen3_cell);
+            /* The seed's 32×32×512 f32 cell (mt_qmm_mma_matches_mt_qmm_at_same_shape_f32) holds a tiled
+             * kernel to max rel < 1e-4, not 1e-3 absolute: "at k=512 with values ~1e4, absolute diff
+             * of ~1e-2 is normal fp32 reorder noise" (1e-3 is below one f32 ulp there). Tiled (gemm,
+             * mma) rows get that rule in that cell; every other row and cell keeps 1e-3 absolute. */
+            const bool f32_relative = dtype == QMM_F32 && M == 32 && N == 32 && K == 512 && !qwen3_cell &&
+                                      (strcmp(info.family, "gemm") == 0 || strcmp(info.family, "mma") == 0);
+            const double tolerance = f32_relative ? 1e-4 : seed_tolerance(dtype, &info, qwen3_cell);
             double worst = 0.0;
             size_t worst_at = 0;
             for (size_t i = 0; i < count; i++) {
                 const double e = expected[i], a = qmm_load_f32(out, dtype, i);
                 double diff = fabs(e - a);
-                if (dtype != QMM_F32) diff /= fmax(fabs(e), 1.0);
+                if (dtype != QMM_F32 || f32_relative) diff /= fmax(fabs(e), 1.0);
                 if (!(diff <= worst)) worst = diff, worst_at = i; /* NaN sticks */
             }
             CHECK(worst < tolerance, "%s: max %s diff %.3g at %zu (expected %.6f, got %.6f) ≥ seed tolerance %.3g",
-                  label, dtype == QMM_F32 ? "|abs|" : "rel", worst, worst_at, (double)expected[worst_at],
+                  label, dtype == QMM_F32 && !f32_relative ? "|abs|" : "rel", worst, worst_at, (double)expected[worst_at],
                   (double)qmm_load_f32(out, dtype, worst_at), tolerance);
             /* (b) the f64 oracle within the documented bound */
             double worst_ratio = 0.0;
@@ -286,7 +294,7 @@ static void run_case(qmm_context *const *contexts, size_t context_count, pattern
                                               &worst_ratio);
             CHECK(bad == 0, "%s: %zu outputs outside qmm_error_bound (worst error/bound %.3g)", label, bad, worst_ratio);
             printf("    %-24s max %s diff %.3g (seed tolerance %.0e), worst error/bound %.3f (%.2f s)\n", info.name,
-                   dtype == QMM_F32 ? "abs" : "rel", worst, tolerance, worst_ratio, seconds_now() - row_start);
+                   dtype == QMM_F32 && !f32_relative ? "abs" : "rel", worst, tolerance, worst_ratio, seconds_now() - row_start);
         }
     }
     CHECK(rows_ran > 0, "%s: no qmm_t kernel ran the case", name);

@@ -16,14 +16,12 @@
 static void test_context(void) {
     qmm_context *context = (qmm_context *)&context; /* must be reset to NULL on failure */
     CHECK_STATUS(qmm_context_create(QMM_BACKEND_REF, 0, NULL), QMM_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(qmm_context_create(QMM_BACKEND_CPU, 0, &context), QMM_ERR_UNSUPPORTED);
-    EXPECT_MESSAGE("backend cpu is not built yet");
-    CHECK(context == NULL, "a failed create must leave *context NULL");
     /* CUDA: not built (no nvcc at configure time) or no device here; a GPU machine creates it. */
     if (qmm_context_create(QMM_BACKEND_CUDA, 0, &context) == QMM_OK) {
         qmm_context_destroy(context);
         context = NULL;
     } else {
+        CHECK(context == NULL, "a failed create must leave *context NULL");
         CHECK(strncmp(qmm_last_error(), "backend cuda is not built", 25) == 0 ||
                   strncmp(qmm_last_error(), "no CUDA device", 14) == 0,
               "cuda context message \"%s\"", qmm_last_error());
@@ -33,6 +31,16 @@ static void test_context(void) {
 
     CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &context));
     CHECK(qmm_context_backend(context) == QMM_BACKEND_REF, "backend of a ref context");
+    /* The ref backend runs one host thread: 0 and 1 are accepted, more is refused with the reason. */
+    CHECK(qmm_context_threads(context) == 1, "ref threads %d, want 1", qmm_context_threads(context));
+    CHECK_OK(qmm_context_set_threads(context, 1));
+    CHECK_OK(qmm_context_set_threads(context, 0));
+    CHECK_STATUS(qmm_context_set_threads(context, 2), QMM_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("qmm_context_set_threads: backend ref runs its kernels on one host thread, threads=2");
+    CHECK_STATUS(qmm_context_set_threads(context, -1), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_context_set_threads: threads=-1 is negative (0 = the default)");
+    CHECK_STATUS(qmm_context_set_threads(NULL, 1), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(qmm_context_threads(NULL) == 0, "threads of NULL");
     CHECK(strcmp(qmm_backend_name(QMM_BACKEND_REF), "ref") == 0 && strcmp(qmm_backend_name(QMM_BACKEND_CUDA), "cuda") == 0,
           "backend names");
     CHECK(strcmp(qmm_op_name(QMM_OP_QMM_T), "qmm_t") == 0 && strcmp(qmm_op_name(QMM_OP_QMM_N), "qmm_n") == 0,
@@ -54,6 +62,31 @@ static void test_context(void) {
     CHECK_STATUS(qmm_kernel_get(NULL, 0, &info), QMM_ERR_INVALID_ARGUMENT);
     qmm_context_destroy(context);
     qmm_context_destroy(NULL);
+
+    /* The CPU backend: its rows, then the reference rows; a thread count that defaults to the cores
+     * this process may use (1 when built without OpenMP) and can be set and reset. */
+    context = NULL;
+    CHECK_OK(qmm_context_create(QMM_BACKEND_CPU, 0, &context));
+    if (context) {
+        CHECK(qmm_context_backend(context) == QMM_BACKEND_CPU, "backend of a cpu context");
+        const size_t count = qmm_kernel_count(context);
+        CHECK(count > 2, "cpu backend has %zu kernels", count);
+        CHECK_OK(qmm_kernel_get(context, count - 2, &info));
+        CHECK(strcmp(info.name, "ref.qmm_t.scalar.r1") == 0, "cpu row %zu is %s, want the ref rows last", count - 2,
+              info.name);
+        CHECK_OK(qmm_kernel_get(context, 0, &info));
+        CHECK(strncmp(info.name, "cpu.", 4) == 0 && info.backend == QMM_BACKEND_CPU, "cpu row 0 is %s", info.name);
+        const int initial = qmm_context_threads(context);
+        CHECK(initial >= 1, "cpu default threads %d", initial);
+        CHECK_OK(qmm_context_set_threads(context, 3));
+        CHECK(qmm_context_threads(context) == 3 || qmm_context_threads(context) == 1, "cpu threads after set 3: %d",
+              qmm_context_threads(context));
+        CHECK_OK(qmm_context_set_threads(context, 0));
+        CHECK(qmm_context_threads(context) == initial, "cpu threads after reset: %d, want %d",
+              qmm_context_threads(context), initial);
+        CHECK_STATUS(qmm_context_set_threads(context, -2), QMM_ERR_INVALID_ARGUMENT);
+        qmm_context_destroy(context);
+    }
 }
 
 static void test_buffers(qmm_context *context) {

@@ -1,0 +1,73 @@
+/*
+ * avx2.c — the CPU kernels for AVX2 + FMA + F16C (8 f32 lanes, 16 YMM registers). Built with
+ * -mavx2 -mfma -mf16c and nothing else (CMakeLists.txt): run only after qmm_cpu_has_avx2().
+ * This file defines the vector vocabulary of simd_kernels.h for 256-bit registers; the algorithms
+ * are there.
+ */
+#include "cpu.h"
+
+#include <immintrin.h>
+
+#define QMM_ISA(name) name##_avx2
+#define LANES 8
+/* GEMV: up to 4 rows of x per pass and 4 (rows of x) × (weight rows) accumulator pairs: 8 of the 16
+ * YMM registers hold qdot and acc, the rest the decoded codes, x and the scale. */
+#define GEMV_R_MAX 4
+#define GEMV_RW 4
+/* Tiled: 6 broadcast rows × 2 vectors = 12 accumulators of 16 YMM. */
+#define GEMM_R 6
+typedef __m256 vf;
+
+static inline vf v_zero(void) { return _mm256_setzero_ps(); }
+static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf v_set1(float v) { return _mm256_set1_ps(v); }
+static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+
+/* Tree sum: (4 + 4), (2 + 2), (1 + 1): three roundings deep. */
+static inline float v_hsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* f16 → f32 with F16C (exact); bf16 → f32 is the 16 bits shifted into the high half (exact). */
+static inline vf v_load_dtype(const void *array, qmm_dtype dtype, size_t i) {
+    switch (dtype) {
+    case QMM_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)array + i)));
+    case QMM_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)array + i))), 16));
+    default: return _mm256_loadu_ps((const float *)array + i);
+    }
+}
+
+/* 16 codes from 8 bytes: zero-extend each byte to a lane (vpmovzxbd), low nibbles = even codes,
+ * high nibbles = odd codes; int → f32 is exact (codes < 256). */
+static inline void v_decode4(const uint8_t *bytes, vf *lo, vf *hi) {
+    uint64_t eight;
+    memcpy(&eight, bytes, sizeof eight);
+    const __m256i lanes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)eight));
+    *lo = _mm256_cvtepi32_ps(_mm256_and_si256(lanes, _mm256_set1_epi32(0xF)));
+    *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(lanes, 4));
+}
+
+static inline vf v_decode8(const uint8_t *bytes) {
+    uint64_t eight;
+    memcpy(&eight, bytes, sizeof eight);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)eight)));
+}
+
+/* [a0..a7], [b0..b7] → [a0 a2 a4 a6 b0 b2 b4 b6], [a1 a3 ... b7]: shufps within 128-bit halves, then
+ * a 64-bit lane permute puts the halves in order. */
+static inline void v_deinterleave(const vf *pair, vf *even, vf *odd) {
+    const __m256 e = _mm256_shuffle_ps(pair[0], pair[1], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m256 o = _mm256_shuffle_ps(pair[0], pair[1], _MM_SHUFFLE(3, 1, 3, 1));
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+#include "simd_kernels.h"

@@ -1,0 +1,69 @@
+/*
+ * avx512.c — the CPU kernels for AVX-512 F/BW/VL/DQ (16 f32 lanes, 32 ZMM registers), plus FMA and
+ * F16C. Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c and nothing else
+ * (CMakeLists.txt): run only after qmm_cpu_has_avx512(). This file defines the vector vocabulary of
+ * simd_kernels.h for 512-bit registers; the algorithms are there.
+ */
+#include "cpu.h"
+
+#include <immintrin.h>
+
+#define QMM_ISA(name) name##_avx512
+#define LANES 16
+/* GEMV: up to 8 rows of x per pass and 8 (rows of x) × (weight rows) accumulator pairs: 16 of the 32
+ * ZMM registers hold qdot and acc, which leaves the codes, x and the scale in registers too. */
+#define GEMV_R_MAX 8
+#define GEMV_RW 8
+/* Tiled: 12 broadcast rows × 2 vectors = 24 accumulators of 32 ZMM. */
+#define GEMM_R 12
+typedef __m512 vf;
+
+static inline vf v_zero(void) { return _mm512_setzero_ps(); }
+static inline vf v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void v_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf v_set1(float v) { return _mm512_set1_ps(v); }
+static inline vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+
+/* Tree sum, four roundings deep: 8 + 8, then 4 + 4, 2 + 2, 1 + 1. */
+static inline float v_hsum(vf v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* f16 → f32 (vcvtph2ps, exact); bf16 → f32 is the 16 bits shifted into the high half (exact). */
+static inline vf v_load_dtype(const void *array, qmm_dtype dtype, size_t i) {
+    switch (dtype) {
+    case QMM_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)array + i)));
+    case QMM_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)array + i))), 16));
+    default: return _mm512_loadu_ps((const float *)array + i);
+    }
+}
+
+/* 32 codes from 16 bytes: zero-extend each byte to a lane (vpmovzxbd), low nibbles = even codes,
+ * high nibbles = odd codes; int → f32 is exact (codes < 256). */
+static inline void v_decode4(const uint8_t *bytes, vf *lo, vf *hi) {
+    const __m512i lanes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
+    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(lanes, _mm512_set1_epi32(0xF)));
+    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(lanes, 4));
+}
+
+static inline vf v_decode8(const uint8_t *bytes) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes)));
+}
+
+/* 32 floats → even-indexed and odd-indexed, one two-source permute each. */
+static inline void v_deinterleave(const vf *pair, vf *even, vf *odd) {
+    const __m512i even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd_index = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    *even = _mm512_permutex2var_ps(pair[0], even_index, pair[1]);
+    *odd = _mm512_permutex2var_ps(pair[0], odd_index, pair[1]);
+}
+
+#include "simd_kernels.h"

@@ -1,0 +1,213 @@
+/*
+ * backend.c — the CPU backend: state and threads, the kernel table, and the scalar pieces every row
+ * shares (cpu.h). Built without ISA flags: the rows' supports() check the ISA (isa.c) before the
+ * selector can call a run() that lives in avx2.c or avx512.c.
+ *
+ * Table order (the selector takes the first row that accepts a call, docs/kernels.md §4):
+ *   1. GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M: decode and small prefill are bound by reading the weights;
+ *      these read every weight byte once and reuse it for up to 8 rows of x in registers.
+ *   2. tiled (gemm) rows, any M: above the crossover the FMA units bound the time; these decode a
+ *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel.
+ *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
+ *   AVX-512 before AVX2 within each family: twice the lanes per instruction where both can run.
+ *   Then the qmm_n rows, then (appended by the runtime) the reference rows.
+ */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#include "cpu.h"
+
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ───────────────────────────── state and threads ───────────────────────────── */
+
+int qmm_cpu_default_threads(void) {
+#ifdef _OPENMP
+    cpu_set_t set;
+    /* The cores this process may use (taskset, cgroups' cpusets), not the machine's: a container
+     * pinned to 2 of 64 cores must not start 64 threads. */
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int count = CPU_COUNT(&set);
+        if (count >= 1) return count;
+    }
+    int processors = omp_get_num_procs();
+    return processors >= 1 ? processors : 1;
+#else
+    return 1; /* built without OpenMP: every kernel runs on the calling thread */
+#endif
+}
+
+qmm_status qmm_cpu_open(int device, void **state) {
+    *state = NULL;
+    qmm_cpu_state *created = calloc(1, sizeof *created);
+    if (!created) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cpu backend: no memory for its state");
+    created->threads = qmm_cpu_default_threads();
+    (void)qmm_cpu_features_get(); /* cpuid once, now, not inside the first timed matmul */
+    *state = created;
+    return QMM_OK;
+}
+
+void qmm_cpu_close(void *state) { free(state); }
+
+int qmm_cpu_get_threads(void *state) { return ((qmm_cpu_state *)state)->threads; }
+
+void qmm_cpu_set_threads(void *state, int threads) {
+#ifdef _OPENMP
+    ((qmm_cpu_state *)state)->threads = threads > 0 ? threads : qmm_cpu_default_threads();
+#else
+    (void)threads;
+    ((qmm_cpu_state *)state)->threads = 1;
+#endif
+}
+
+void *qmm_cpu_scratch(size_t count, size_t size, const char *what) {
+    size_t bytes;
+    if (!qmm_mul_size(count, size, &bytes) || !qmm_add_size(bytes, 63, &bytes)) {
+        qmm_error(QMM_ERR_OVERFLOW, "cpu kernel: scratch for %s (%zu × %zu bytes) overflows size_t", what, count, size);
+        return NULL;
+    }
+    bytes -= bytes % 64;
+    void *memory = aligned_alloc(64, bytes ? bytes : 64);
+    if (!memory) qmm_error(QMM_ERR_OUT_OF_MEMORY, "cpu kernel: no memory for %s (%zu bytes)", what, bytes);
+    return memory;
+}
+
+/* ───────────────────────────── scalar pieces ───────────────────────────── */
+
+float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n) {
+    const size_t K = call->K, group_size = (size_t)call->group_size, groups = K / group_size;
+    const uint32_t *row = call->w + n * qmm_packed_words(K, call->bits);
+    float acc = 0.0f;
+    for (size_t g = 0; g < groups; g++) {
+        const float s = qmm_load_f32(call->scales, call->dtype, n * groups + g);
+        const float b = qmm_load_f32(call->biases, call->dtype, n * groups + g);
+        float qdot = 0.0f, xsum = 0.0f;
+        for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
+            const float xv = qmm_load_f32(call->x, call->dtype, m * K + k);
+            qdot += (float)qmm_code_at(row, k, call->bits) * xv;
+            xsum += xv;
+        }
+        float term = s * qdot + b * xsum;
+        if (!isfinite(term)) {
+            /* s·Σq·x or b·Σx overflowed (or cancelled inf − inf) where the products themselves may
+             * not: the direct form, as the oracle does for such a group. */
+            term = 0.0f;
+            for (size_t k = g * group_size; k < (g + 1) * group_size; k++)
+                term += (s * (float)qmm_code_at(row, k, call->bits) + b) *
+                        qmm_load_f32(call->x, call->dtype, m * K + k);
+        }
+        acc += term;
+    }
+    return acc;
+}
+
+/* The portable row: every output by qmm_cpu_qmm_t_output, threads over N. No SIMD beyond what the
+ * compiler does for plain C, so it runs on any CPU; it exists so that a CPU without AVX2 still gets
+ * all its cores. */
+qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call) {
+    const size_t M = call->M, N = call->N;
+    const int threads = qmm_cpu_threads_for(call);
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (size_t n = 0; n < N; n++)
+        for (size_t m = 0; m < M; m++) qmm_store_f32(call->out, call->dtype, m * N + n, qmm_cpu_qmm_t_output(call, m, n));
+    return QMM_OK;
+}
+
+/* ───────────────────────────── the table ───────────────────────────── */
+
+static bool refuse_op(qmm_op op, const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (call->op == op) return false;
+    snprintf(why_not, why_not_size, "this row computes %s, the call is %s", qmm_op_name(op), qmm_op_name(call->op));
+    return true;
+}
+
+static bool gemv_m(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (call->M <= QMM_CPU_GEMV_MAX_M) return true;
+    snprintf(why_not, why_not_size, "M=%zu is above the GEMV rows' limit M <= %d (the tiled rows are faster there)",
+             call->M, QMM_CPU_GEMV_MAX_M);
+    return false;
+}
+
+static bool avx512_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size)) return false;
+    return qmm_cpu_has_avx512(why_not, why_not_size) && gemv_m(call, why_not, why_not_size);
+}
+
+static bool avx2_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size)) return false;
+    return qmm_cpu_has_avx2(why_not, why_not_size) && gemv_m(call, why_not, why_not_size);
+}
+
+static bool avx512_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) && qmm_cpu_has_avx512(why_not, why_not_size);
+}
+
+static bool avx2_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) && qmm_cpu_has_avx2(why_not, why_not_size);
+}
+
+static bool avx512_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size) && qmm_cpu_has_avx512(why_not, why_not_size);
+}
+
+static bool avx2_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size) && qmm_cpu_has_avx2(why_not, why_not_size);
+}
+
+static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size);
+}
+
+/* Slack 1 for every row: each one keeps every product term within K + 2 f32 roundings (the counts
+ * are beside each kernel in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
+#define CPU_ROW(row_name, row_op, row_family, m, n, k, text, accepts, runs)                                      \
+    {                                                                                                       \
+        .info = {.name = row_name, .backend = QMM_BACKEND_CPU, .op = row_op, .family = row_family, .bm = m, \
+                 .bn = n, .bk = k, .threads = 1, .tolerance_slack = 1.0, .description = text},             \
+        .supports = accepts, .run = runs,                                                                   \
+    }
+
+/* Tiles as the harness reads them (docs/kernels.md §5): GEMV rows bm = rows of x per pass, bn = weight
+ * rows decoded together, bk = codes per decode step; tiled qmm_t rows bm = the micro-kernel's M lanes,
+ * bn = its N rows, bk = KC; tiled qmm_n rows bm = the micro-kernel's M rows, bn = its N lanes, bk = KC.
+ * Slack 1 for every row: each keeps every product term within K + 2 f32 roundings (counts beside the
+ * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
+const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
+    CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
+            "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
+            avx512_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx512),
+    CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
+            "M<=16 without AVX-512: 4 rows of x x 4 weight rows in YMM, split s·Σq·x + b·Σx",
+            avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2),
+    CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
+            "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
+            avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512),
+    CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
+            "any M without AVX-512: panel decoded to f32 once, 6x16 YMM micro-kernel",
+            avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2),
+    CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
+            "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
+            scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t),
+    CPU_ROW("cpu.qmm_n.gemm.m12n32.avx512", QMM_OP_QMM_N, "gemm", 12, 32, 256,
+            "x·Ŵ: weight rows decoded along N to f32, 12x32 ZMM micro-kernel (m rows x n lanes)",
+            avx512_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx512),
+    CPU_ROW("cpu.qmm_n.gemm.m6n16.avx2", QMM_OP_QMM_N, "gemm", 6, 16, 256,
+            "x·Ŵ without AVX-512: weight rows decoded along N to f32, 6x16 YMM micro-kernel",
+            avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2),
+};
+
+#if !(defined(__x86_64__) || defined(__i386__))
+/* Not x86: the SIMD files are not built and their rows always refuse (isa.c), so these never run. */
+#define NOT_HERE(name)                                                                                       \
+    qmm_status name(const qmm_call *call) {                                                                 \
+        return qmm_error(QMM_ERR_UNSUPPORTED, "%s: not built for this CPU architecture", #name);            \
+    }
+NOT_HERE(qmm_cpu_gemv_qmm_t_avx2)
+NOT_HERE(qmm_cpu_gemm_qmm_t_avx2)
+NOT_HERE(qmm_cpu_gemm_qmm_n_avx2)
+NOT_HERE(qmm_cpu_gemv_qmm_t_avx512)
+NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
+NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
+#endif

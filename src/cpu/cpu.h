@@ -1,0 +1,100 @@
+/*
+ * cpu.h — the CPU backend's internal interface (DESIGN.md §2, docs/kernels.md "CPU kernels").
+ *
+ *   isa.c       which instruction sets this CPU and OS support (cpuid + xgetbv), detected once
+ *   backend.c   the backend hooks (host memory, threads), the kernel table with every row's
+ *               supports(), the portable C row and the scalar helpers every row shares
+ *   avx2.c      AVX2 + FMA + F16C kernels    (built with -mavx2 -mfma -mf16c)
+ *   avx512.c    AVX-512 F/BW/VL/DQ kernels   (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq ...)
+ *   simd_kernels.h  the GEMV and tiled algorithms, written once over a small vector vocabulary
+ *               (vf, v_fma, decode4, ...) and included by avx2.c and avx512.c, which define that
+ *               vocabulary for their register width: one algorithm, one binary, chosen at run time.
+ * Only backend.c and isa.c are built without ISA flags, so nothing outside avx2.c / avx512.c can
+ * contain an instruction the CPU may lack; a row's supports() checks the ISA before its run() is
+ * ever called.
+ */
+#ifndef QMM_CPU_H
+#define QMM_CPU_H
+
+#include "kernel.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#define QMM_CPU_THREAD_ID() omp_get_thread_num()
+#else
+#define QMM_CPU_THREAD_ID() 0
+#endif
+
+/* What the CPU and the OS support (the OS must save the wider register state: XCR0). */
+typedef struct qmm_cpu_features {
+    bool avx, avx2, fma, f16c;                        /* cpuid + XCR0 bits 1–2 (XMM, YMM state) */
+    bool avx512f, avx512bw, avx512vl, avx512dq;       /* cpuid + XCR0 bits 5–7 (opmask, ZMM state) */
+    bool avx512bf16, avx512vnni;                      /* noted, not required by any row yet */
+    bool os_ymm, os_zmm;                              /* XCR0 enables the YMM / ZMM state */
+} qmm_cpu_features;
+
+/* The features of this CPU, detected on the first call (cpuid traps to the hypervisor in a VM, so
+ * it is run once and cached). Thread-safe: concurrent first calls compute the same values. */
+const qmm_cpu_features *qmm_cpu_features_get(void);
+
+/* Whether the AVX2 rows / AVX-512 rows can run here; if not, why_not gets the first missing piece
+ * ("this CPU lacks AVX-512BW", "the OS does not enable the ZMM register state (XCR0)"). */
+bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size);
+bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size);
+
+/* The CPU backend's per-context state (call->backend_state): the host threads its kernels use. */
+typedef struct qmm_cpu_state {
+    int threads;
+} qmm_cpu_state;
+
+/* The threads a call may use: the context's count (≥ 1), or 1 when there is no CPU state. */
+static inline int qmm_cpu_threads(const qmm_call *call) {
+    const qmm_cpu_state *state = call->backend_state;
+    return state && state->threads > 0 ? state->threads : 1;
+}
+
+/* The threads worth starting for a call: the context's count, but one thread below 2^20 multiply-adds
+ * (about 10–30 µs on one core). Waking a team costs microseconds, and when another process holds the
+ * other core a worker may wait a whole scheduler time slice (milliseconds) before it runs. */
+#define QMM_CPU_PARALLEL_MIN_WORK (1u << 20)
+static inline int qmm_cpu_threads_for(const qmm_call *call) {
+    const double work = (double)call->M * (double)call->N * (double)call->K;
+    return work < (double)QMM_CPU_PARALLEL_MIN_WORK ? 1 : qmm_cpu_threads(call);
+}
+
+/* The number of cores this process may run on (sched_getaffinity), at least 1. */
+int qmm_cpu_default_threads(void);
+
+/* One output of qmm_t in f32, scalar, per group: the split s·Σq·x + b·Σx, and where that group's
+ * result is not finite, the direct form Σ(s·q + b)·x for that group alone (the oracle's rule for
+ * near-overflow groups). The vector rows call it for an output whose vector result is not finite
+ * (a sum that ever became inf or NaN stays non-finite, so a finite result means no group was). */
+float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n);
+
+/* Memory with 64-byte alignment (one cache line, one ZMM register) for the kernels' scratch; a
+ * size overflow or exhaustion sets qmm_error and returns NULL. Free with free(). */
+void *qmm_cpu_scratch(size_t count, size_t size, const char *what);
+
+/* The per-ISA entry points (run() of the table rows). */
+qmm_status qmm_cpu_gemv_qmm_t_avx2(const qmm_call *call);
+qmm_status qmm_cpu_gemm_qmm_t_avx2(const qmm_call *call);
+qmm_status qmm_cpu_gemm_qmm_n_avx2(const qmm_call *call);
+qmm_status qmm_cpu_gemv_qmm_t_avx512(const qmm_call *call);
+qmm_status qmm_cpu_gemm_qmm_t_avx512(const qmm_call *call);
+qmm_status qmm_cpu_gemm_qmm_n_avx512(const qmm_call *call);
+
+qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
+
+/* GEMV rows take M up to this; above it the tiled rows are faster (docs/PERF.md, "CPU crossover"). */
+#define QMM_CPU_GEMV_MAX_M 16
+
+/* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
+ * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
+#define QMM_CPU_KERNEL_COUNT 7
+extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
+qmm_status qmm_cpu_open(int device, void **state);
+void qmm_cpu_close(void *state);
+int qmm_cpu_get_threads(void *state);
+void qmm_cpu_set_threads(void *state, int threads);
+
+#endif /* QMM_CPU_H */

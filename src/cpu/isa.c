@@ -1,0 +1,100 @@
+/*
+ * isa.c — which instruction sets this CPU and its OS support, detected at run time (cpu.h).
+ *
+ * An instruction set is usable only when the CPU implements it (cpuid) AND the OS saves and restores
+ * its registers on a context switch (XCR0, read with xgetbv once cpuid reports OSXSAVE): a CPU with
+ * AVX-512 under an OS (or hypervisor) that does not enable the ZMM state faults on the first ZMM
+ * instruction. Bits used (Intel SDM vol. 2A "CPUID", vol. 1 §13.3 "XCR0"; AMD APM vol. 3 "CPUID"):
+ *   leaf 1      ECX: 12 FMA, 27 OSXSAVE, 28 AVX, 29 F16C
+ *   leaf 7.0    EBX: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL;  ECX: 11 AVX512_VNNI
+ *   leaf 7.1    EAX: 5 AVX512_BF16
+ *   XCR0        bits 1–2 XMM + YMM state (AVX), bits 5–7 opmask + ZMM_Hi256 + Hi16_ZMM (AVX-512)
+ * This file is built without ISA flags: it only asks.
+ */
+#include "cpu.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static uint64_t read_xcr0(void) {
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((uint64_t)edx << 32) | eax;
+}
+
+static void detect(qmm_cpu_features *f) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const bool osxsave = (c >> 27) & 1;
+    const uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+    f->os_ymm = (xcr0 & 0x6) == 0x6;
+    f->os_zmm = f->os_ymm && (xcr0 & 0xE0) == 0xE0;
+    f->avx = f->os_ymm && ((c >> 28) & 1);
+    f->fma = f->avx && ((c >> 12) & 1);
+    f->f16c = f->avx && ((c >> 29) & 1);
+    if (__get_cpuid_max(0, NULL) < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned leaf7_subleaves = a;
+    f->avx2 = f->avx && ((b >> 5) & 1);
+    f->avx512f = f->os_zmm && ((b >> 16) & 1);
+    f->avx512dq = f->avx512f && ((b >> 17) & 1);
+    f->avx512bw = f->avx512f && ((b >> 30) & 1);
+    f->avx512vl = f->avx512f && ((b >> 31) & 1);
+    f->avx512vnni = f->avx512f && ((c >> 11) & 1);
+    if (leaf7_subleaves >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        f->avx512bf16 = f->avx512f && ((a >> 5) & 1);
+    }
+}
+#else
+static void detect(qmm_cpu_features *f) { (void)f; } /* not x86: only the portable rows run */
+#endif
+
+const qmm_cpu_features *qmm_cpu_features_get(void) {
+    static qmm_cpu_features features;
+    static atomic_int state; /* 0 unknown, 1 being detected, 2 ready */
+    if (atomic_load_explicit(&state, memory_order_acquire) == 2) return &features;
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&state, &expected, 1)) {
+        qmm_cpu_features detected = {0};
+        detect(&detected);
+        features = detected;
+        atomic_store_explicit(&state, 2, memory_order_release);
+    } else {
+        while (atomic_load_explicit(&state, memory_order_acquire) != 2) {
+        } /* another thread is running cpuid: a few microseconds */
+    }
+    return &features;
+}
+
+/* The first missing piece, in the order a reader would check them. */
+static bool refuse(char *why_not, size_t why_not_size, const char *what) {
+    if (why_not_size) snprintf(why_not, why_not_size, "%s", what);
+    return false;
+}
+
+bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size) {
+    const qmm_cpu_features *f = qmm_cpu_features_get();
+#if !(defined(__x86_64__) || defined(__i386__))
+    return refuse(why_not, why_not_size, "this CPU is not x86 (no AVX2)");
+#endif
+    if (!f->os_ymm) return refuse(why_not, why_not_size, "the OS does not enable the YMM register state (XCR0)");
+    if (!f->avx2) return refuse(why_not, why_not_size, "this CPU lacks AVX2");
+    if (!f->fma) return refuse(why_not, why_not_size, "this CPU lacks FMA");
+    if (!f->f16c) return refuse(why_not, why_not_size, "this CPU lacks F16C");
+    return true;
+}
+
+bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size) {
+    const qmm_cpu_features *f = qmm_cpu_features_get();
+    if (!qmm_cpu_has_avx2(why_not, why_not_size)) return false; /* the AVX-512 file also uses FMA, F16C */
+    if (!f->os_zmm) return refuse(why_not, why_not_size, "the OS does not enable the ZMM register state (XCR0)");
+    if (!f->avx512f) return refuse(why_not, why_not_size, "this CPU lacks AVX-512F");
+    if (!f->avx512bw) return refuse(why_not, why_not_size, "this CPU lacks AVX-512BW");
+    if (!f->avx512vl) return refuse(why_not, why_not_size, "this CPU lacks AVX-512VL");
+    if (!f->avx512dq) return refuse(why_not, why_not_size, "this CPU lacks AVX-512DQ");
+    return true;
+}

@@ -1,0 +1,612 @@
+/*
+ * simd_kernels.h — the CPU kernels' algorithms, written once (cpu.h, docs/kernels.md "CPU kernels").
+ *
+ * Included by avx2.c and avx512.c after they define, for their register width:
+ *   LANES             f32 lanes per vector (8 or 16)
+ *   vf                the f32 vector type
+ *   v_zero v_load v_store v_set1 v_fma(a,b,c)=a·b+c (one rounding) v_add v_mul v_hsum (a log2(LANES)-deep tree)
+ *   v_load_dtype(array, dtype, i)     LANES elements i… of an f32/f16/bf16 array as f32 (exact)
+ *   v_decode4(bytes, &lo, &hi)        2·LANES 4-bit codes from LANES bytes: lane i of lo = code 2i,
+ *                                     lane i of hi = code 2i+1 (one byte holds two codes)
+ *   v_decode8(bytes)                  LANES 8-bit codes from LANES bytes, in order
+ *   v_deinterleave(src, &even, &odd)  2·LANES floats → the even-indexed ones and the odd-indexed ones
+ *   QMM_ISA(name)                     name with the ISA suffix (entry points are per ISA)
+ *   GEMV_R_MAX, GEMV_RW               rows of x per pass, and rows of x × weight rows in registers
+ *   GEMM_R                            broadcast rows of the tiled micro-kernel (see there)
+ * Everything here is static except the entry points, so the two inclusions never collide.
+ *
+ * Decode order. 4-bit codes are unpacked a byte per lane (zero-extend), then the low nibble gives
+ * the even codes and the high nibble the odd ones: 3 instructions for 2·LANES codes and no shuffle.
+ * The codes then sit in "deinterleaved" order inside each block of 2·LANES. The other operand is
+ * brought into the same order once per call (x for qmm_t, by v_deinterleave), so every dot product
+ * pairs the right code with the right x; only the summation order changes. 8-bit codes are in order.
+ * 2, 3, 5 and 6-bit codes are unpacked with the scalar bit-stream helper into bytes, which are then
+ * exactly an 8-bit packed row, and take the 8-bit path.
+ */
+#ifndef LANES
+#error "define the vector vocabulary (avx2.c, avx512.c) before including simd_kernels.h"
+#endif
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* The decode path of a format: 4 and 8 read the packed words directly; any other width is first
+ * unpacked to bytes (8). */
+static int fast_bits(int bits) { return bits == 4 ? 4 : 8; }
+
+/* Row m of x as f32 in the decode order of `fast` (see the top): dst[K]. */
+static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) {
+    const size_t K = call->K;
+    if (fast == 4) {
+        for (size_t k = 0; k < K; k += 2 * LANES) { /* K is a multiple of 32 ≥ 2·LANES */
+            vf even, odd, pair[2];
+            pair[0] = v_load_dtype(call->x, call->dtype, m * K + k);
+            pair[1] = v_load_dtype(call->x, call->dtype, m * K + k + LANES);
+            v_deinterleave(pair, &even, &odd);
+            v_store(dst + k, even);
+            v_store(dst + k + LANES, odd);
+        }
+    } else {
+        for (size_t k = 0; k < K; k += LANES) v_store(dst + k, v_load_dtype(call->x, call->dtype, m * K + k));
+    }
+}
+
+/* ═════════════════════════════ GEMV: qmm_t for small M ═════════════════════════════
+ *
+ * out[m, n] = Σ_g ( s_g·Σ_{k∈g} q_k·x_k + b_g·Σ_{k∈g} x_k ), the seed's split, vectorised along K.
+ * Memory: decode is bound by reading W (N·K·bits/8 bytes, larger than the LLC for real layers), so
+ * every weight byte is loaded once per call: a block of up to GEMV_RW weight rows is decoded in
+ * registers and multiplied with up to GEMV_R_MAX rows of x (from L1/L2) before the next block; for
+ * M > GEMV_R_MAX the passes over x reuse the block from L1. Registers (per weight row w, x row r):
+ * qdot[r][w] — LANES partial sums of q·x inside the current group — and acc[r][w], into which each
+ * group folds as acc = fma(s, qdot, acc). Several independent weight rows (GEMV_RW / R) keep the FMA
+ * pipes busy when R is small (a single row would wait on its own FMA latency every group).
+ * The bias part b·Σx does not depend on the codes: Σx per (row of x, group) is computed once per
+ * call (xsum) and b·xsum is a vector dot product over the groups.
+ * Roundings per term (docs/kernels.md §2, need ≤ K + 2): s·q·x: G/LANES in qdot, 1 in the fused
+ * fold, groups − 1 along acc, 1 adding the bias vector, log2(LANES) in the tree sum, 1 adding the
+ * bias tail — at most 9 + groups for G = 32; b·x: Σx in a tree (≤ log2(G/LANES) + log2(LANES) ≤ 7),
+ * 1 fused into the bias dot, groups/LANES along it, 1 + log2(LANES) + 1 → ≤ 14 + groups/LANES.
+ * Both stay ≤ K + 2 for every K ≥ 32, so the row's slack is 1.
+ * Non-finite: a sum that became inf or NaN stays so, hence a finite output means every group's split
+ * was finite; an output that is not finite is recomputed by qmm_cpu_qmm_t_output (scalar, the
+ * per-group direct-form rule of the oracle).
+ */
+
+typedef struct gemv_plan {
+    const qmm_call *call;
+    size_t K, group_size, groups;
+    size_t words;       /* packed words per weight row */
+    int fast;           /* decode path: 4 or 8 */
+    const float *xp;    /* [Mpad][K] x in decode order */
+    const float *xsum;  /* [Mpad][groups] Σx per group */
+    uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
+    float *group_f32;   /* [threads][2][GEMV_RW][groups]: the block's scales and biases in f32 */
+} gemv_plan;
+
+/* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R) for whole blocks and (R, 1) for
+ * the last rows of N, for each decode path. */
+#if GEMV_RW == 8
+#define GEMV_NW_1 8
+#define GEMV_NW_2 4
+#define GEMV_NW_4 2
+#else
+#define GEMV_NW_1 4
+#define GEMV_NW_2 2
+#define GEMV_NW_4 1
+#endif
+#define GR 1
+#define GNW GEMV_NW_1
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 1
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#define GR 2
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#if GEMV_NW_4 != 1
+#define GR 4
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#endif
+#if GEMV_R_MAX >= 8
+#define GR 8
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#endif
+#define GR 1
+#define GNW GEMV_NW_1
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 1
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#define GR 2
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#if GEMV_NW_4 != 1
+#define GR 4
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#endif
+#if GEMV_R_MAX >= 8
+#define GR 8
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#endif
+
+#define GEMV_CASE(r, nw)                                                                                      \
+    if (R == (r) && NW == (nw)) {                                                                             \
+        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, result);                           \
+        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, result);                                        \
+        return;                                                                                               \
+    }
+
+static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
+                          size_t m0, int R, int NW, float *result) {
+    GEMV_CASE(1, GEMV_NW_1)
+    GEMV_CASE(2, GEMV_NW_2)
+    GEMV_CASE(4, GEMV_NW_4)
+    GEMV_CASE(1, 1)
+    GEMV_CASE(2, 1)
+#if GEMV_NW_4 != 1
+    GEMV_CASE(4, 1)
+#endif
+#if GEMV_R_MAX >= 8
+    GEMV_CASE(8, 1)
+#endif
+}
+
+/* Rows of x in the pass that starts with `remaining` rows left: all of them up to GEMV_R_MAX, rounded
+ * up to a power of two (the padding rows of xp are zero and their results are dropped). */
+static int gemv_pass_rows(size_t remaining) {
+    int R = 1;
+    while (R < GEMV_R_MAX && (size_t)R < remaining) R *= 2;
+    return R;
+}
+
+static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, int NW, const float *result) {
+    const qmm_call *call = p->call;
+    for (int r = 0; r < R && m0 + (size_t)r < call->M; r++)
+        for (int w = 0; w < NW; w++) {
+            const size_t m = m0 + (size_t)r, n = n0 + (size_t)w;
+            float value = result[r * NW + w];
+            if (!isfinite(value)) value = qmm_cpu_qmm_t_output(call, m, n);
+            qmm_store_f32(call->out, call->dtype, m * call->N + n, value);
+        }
+}
+
+qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
+    const size_t M = call->M, N = call->N, K = call->K;
+    const int threads = qmm_cpu_threads_for(call);
+    gemv_plan plan = {.call = call, .K = K, .group_size = (size_t)call->group_size,
+                      .groups = K / (size_t)call->group_size, .words = qmm_packed_words(K, call->bits),
+                      .fast = fast_bits(call->bits)};
+    const size_t Mpad = (M + GEMV_R_MAX - 1) / GEMV_R_MAX * GEMV_R_MAX;
+    qmm_status status = QMM_OK;
+    float *xp = qmm_cpu_scratch(Mpad * K, sizeof(float), "x in decode order");
+    float *xsum = qmm_cpu_scratch(Mpad * plan.groups, sizeof(float), "x group sums");
+    uint8_t *unpacked = NULL;
+    float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.groups, sizeof(float), "block scales");
+    if (!xp || !xsum || !group_f32) {
+        status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
+        goto cleanup;
+    }
+    if (call->bits != 4 && call->bits != 8 &&
+        !(unpacked = qmm_cpu_scratch((size_t)threads * GEMV_RW * K, 1, "unpacked codes"))) {
+        status = QMM_ERR_OUT_OF_MEMORY;
+        goto cleanup;
+    }
+    plan.xp = xp;
+    plan.xsum = xsum;
+    plan.unpacked = unpacked;
+    plan.group_f32 = group_f32;
+    memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
+    memset(xsum + M * plan.groups, 0, (Mpad - M) * plan.groups * sizeof(float));
+    for (size_t m = 0; m < M; m++) {
+        convert_x_row(call, m, plan.fast, xp + m * K);
+        /* Σx per group from the converted row: the order inside a group does not change Σx's
+         * error bound (LANES-wide partial sums, then the tree of v_hsum). */
+        for (size_t g = 0; g < plan.groups; g++) {
+            vf sum = v_zero();
+            for (size_t k = g * plan.group_size; k < (g + 1) * plan.group_size; k += LANES)
+                sum = v_add(sum, v_load(xp + m * K + k));
+            xsum[m * plan.groups + g] = v_hsum(sum);
+        }
+    }
+
+    const size_t blocks = (N + GEMV_RW - 1) / GEMV_RW;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
+    for (size_t block = 0; block < blocks; block++) {
+        const size_t n_begin = block * GEMV_RW, n_end = n_begin + GEMV_RW < N ? n_begin + GEMV_RW : N;
+        const uint8_t *rows[GEMV_RW];
+        for (size_t n = n_begin; n < n_end; n++) {
+            const uint32_t *packed = call->w + n * plan.words;
+            if (plan.unpacked) {
+                uint8_t *codes = plan.unpacked + ((size_t)QMM_CPU_THREAD_ID() * GEMV_RW + (n - n_begin)) * K;
+                qmm_unpack_stream(packed, K, call->bits, codes);
+                rows[n - n_begin] = codes;
+            } else {
+                rows[n - n_begin] = (const uint8_t *)packed;
+            }
+        }
+        /* The block's scales and biases in f32, once for all passes over x: the inner loop then
+         * broadcasts straight from L1 instead of converting a scalar per group per row. */
+        float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.groups;
+        float *biases = scales + GEMV_RW * plan.groups;
+        for (size_t n = n_begin; n < n_end; n++) {
+            const size_t base = n * plan.groups, at = (n - n_begin) * plan.groups;
+            size_t g = 0;
+            for (; g + LANES <= plan.groups; g += LANES) {
+                v_store(scales + at + g, v_load_dtype(call->scales, call->dtype, base + g));
+                v_store(biases + at + g, v_load_dtype(call->biases, call->dtype, base + g));
+            }
+            for (; g < plan.groups; g++) {
+                scales[at + g] = qmm_load_f32(call->scales, call->dtype, base + g);
+                biases[at + g] = qmm_load_f32(call->biases, call->dtype, base + g);
+            }
+        }
+        float result[GEMV_R_MAX * GEMV_RW];
+        for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
+            const int R = gemv_pass_rows(M - m0), NW = GEMV_RW / R;
+            size_t n = n_begin;
+            for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
+                const size_t at = (n - n_begin) * plan.groups;
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, result);
+                gemv_store(&plan, n, m0, R, NW, result);
+            }
+            for (; n < n_end; n++) {
+                const size_t at = (n - n_begin) * plan.groups;
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, result);
+                gemv_store(&plan, n, m0, R, 1, result);
+            }
+        }
+    }
+
+cleanup:
+    free(xp);
+    free(xsum);
+    free(unpacked);
+    free(group_f32);
+    return status;
+}
+
+/* ═════════════════════════════ tiled: qmm_t and qmm_n for large M ═════════════════════════════
+ *
+ * Above the GEMV crossover the FMA units, not memory, bound the time, so the weights are decoded
+ * once per panel into an f32 buffer that stays in L1/L2, ŵ = fma(s, q, b), and a register-blocked
+ * micro-kernel does one FMA per loaded-and-broadcast pair (BLIS's micro-kernel contract, with the
+ * decode in the packing step). Both ops use the same micro-kernel:
+ *
+ *     C[GEMM_R][2·LANES] += A[GEMM_R][kc] (one scalar per row, broadcast) · B[kc][2·LANES] (2 vectors)
+ *
+ *     qmm_t: A = decoded weight rows (n), B = xᵀ (m along the lanes), C = outᵀ block
+ *     qmm_n: A = rows of x (m),           B = decoded weight rows (n along the lanes), C = out block
+ *
+ * GEMM_R × 2 accumulators (AVX-512: 12 × 2 = 24 of 32 ZMM; AVX2: 6 × 2 = 12 of 16 YMM) leave room for
+ * the two B vectors and the broadcast; per k the kernel issues 2·GEMM_R FMAs for 2 loads and GEMM_R
+ * broadcasts, so the two FMA pipes, not the load ports, are the limit.
+ * Blocking (per work item, one thread each, items spread over N and M):
+ *     AC = 4·GEMM_R rows of A, BC lanes of B, KC = 256 along K
+ *     A panel AC × KC (AVX-512: 48 KiB) and the B micro-panel KC × 2·LANES (32 KiB) sit in L1/L2;
+ *     C (AC × BC f32) stays in L2 across the K blocks; the xᵀ copy (qmm_t) is shared by all threads.
+ * Exactness: ŵ = fma(s, q, b) rounds once, then each product joins one f32 chain along K (C is
+ * reloaded exactly between K blocks): every term sees at most K + 1 roundings ≤ K + 2, slack 1.
+ * This is the direct form Σ(s·q + b)·x everywhere, so the oracle's non-finite-group rule (fall back
+ * to the direct form) is this kernel's normal arithmetic.
+ */
+
+#define GEMM_VL (2 * LANES)
+#define GEMM_AC (4 * GEMM_R)
+#define GEMM_KC 256
+
+ALWAYS_INLINE void gemm_micro(const float *A, const float *B, size_t b_stride, float *C, size_t c_stride, size_t kc,
+                              bool first) {
+    vf acc[GEMM_R][2];
+#pragma GCC unroll 16
+    for (int r = 0; r < GEMM_R; r++) {
+        acc[r][0] = first ? v_zero() : v_load(C + (size_t)r * c_stride);
+        acc[r][1] = first ? v_zero() : v_load(C + (size_t)r * c_stride + LANES);
+    }
+    for (size_t k = 0; k < kc; k++) {
+        const vf b0 = v_load(B + k * b_stride), b1 = v_load(B + k * b_stride + LANES);
+#pragma GCC unroll 16
+        for (int r = 0; r < GEMM_R; r++) {
+            const vf a = v_set1(A[(size_t)r * GEMM_KC + k]);
+            acc[r][0] = v_fma(a, b0, acc[r][0]);
+            acc[r][1] = v_fma(a, b1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < GEMM_R; r++) {
+        v_store(C + (size_t)r * c_stride, acc[r][0]);
+        v_store(C + (size_t)r * c_stride + LANES, acc[r][1]);
+    }
+}
+
+/* qmm_t's micro-kernel in the split form (the seed's and the oracle's order, so the tiled rows agree
+ * with the GEMV rows and the seed's f32 tolerance of 1e-3 at outputs of 2·10^4): A holds codes q as
+ * f32, and per group g of the K block
+ *     qdot[r][·] = Σ_{k∈g} q[r][k]·B[k][·]              (registers, G fused roundings)
+ *     C[r][·]   += fma(s[r], qdot[r][·], b[r]·X[g][·])     (the oracle's association)
+ * X[g][·] = Σ_{k∈g} x (per m lane) and s, b per (group, row) come from per-call / per-block arrays.
+ * C is reloaded once per group (2·GEMM_R vectors per G·2·GEMM_R FMAs: ≤ 3% extra traffic, in L1).
+ * Roundings per term: s·q·x: G + 1 + groups; b·x: (G − 1) + 2 + groups; both ≤ K + 2 = G·groups + 2
+ * for G ≥ 2 (the split form's count, docs/kernels.md §6). */
+ALWAYS_INLINE void gemm_micro_split(const float *A, const float *B, size_t b_stride, float *C, size_t c_stride,
+                                    size_t kc, size_t G, const float *scales, const float *biases, const float *X,
+                                    size_t x_stride, bool first) {
+    for (size_t g = 0; g * G < kc; g++) {
+        vf qdot[GEMM_R][2];
+#pragma GCC unroll 16
+        for (int r = 0; r < GEMM_R; r++) qdot[r][0] = qdot[r][1] = v_zero();
+        for (size_t k = g * G; k < (g + 1) * G; k++) {
+            const vf b0 = v_load(B + k * b_stride), b1 = v_load(B + k * b_stride + LANES);
+#pragma GCC unroll 16
+            for (int r = 0; r < GEMM_R; r++) {
+                const vf a = v_set1(A[(size_t)r * GEMM_KC + k]);
+                qdot[r][0] = v_fma(a, b0, qdot[r][0]);
+                qdot[r][1] = v_fma(a, b1, qdot[r][1]);
+            }
+        }
+        const vf x0 = v_load(X + g * x_stride), x1 = v_load(X + g * x_stride + LANES);
+        const bool zero = first && g == 0;
+#pragma GCC unroll 16
+        for (int r = 0; r < GEMM_R; r++) {
+            const vf s = v_set1(scales[g * GEMM_AC + (size_t)r]), b = v_set1(biases[g * GEMM_AC + (size_t)r]);
+            float *c = C + (size_t)r * c_stride;
+            /* The oracle's association: the group's term s·qdot + b·Σx first, then into C. */
+            const vf t0 = v_fma(s, qdot[r][0], v_mul(b, x0)), t1 = v_fma(s, qdot[r][1], v_mul(b, x1));
+            v_store(c, zero ? t0 : v_add(v_load(c), t0));
+            v_store(c + LANES, zero ? t1 : v_add(v_load(c + LANES), t1));
+        }
+    }
+}
+
+/* Codes [c0, c0 + count) of packed row `row` (count and c0 multiples of 32) decoded into dst in
+ * decode order, ŵ = fma(s, q, b) with s, b of each group from scales/biases row `group_row`.
+ * bytes: scratch of count bytes for the generic widths. panel_stride 0: dst[j]; else the micro-kernel's
+ * panel layout, element j at dst[(j / GEMM_VL)·panel_stride + j % GEMM_VL]. */
+static inline float *panel_at(float *dst, size_t panel_stride, size_t j) {
+    return panel_stride ? dst + j / GEMM_VL * panel_stride + j % GEMM_VL : dst + j;
+}
+
+static void decode_segment(const qmm_call *call, const uint32_t *row, size_t group_row, size_t groups_per_row,
+                           size_t c0, size_t count, bool affine, uint8_t *bytes, float *dst, size_t panel_stride) {
+    const size_t G = (size_t)call->group_size;
+    const uint8_t *codes;
+    const int fast = fast_bits(call->bits);
+    if (fast == 4) codes = (const uint8_t *)row + c0 / 2;
+    else if (call->bits == 8) codes = (const uint8_t *)row + c0;
+    else {
+        qmm_unpack_stream(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
+        codes = bytes;
+    }
+    for (size_t j0 = 0; j0 < count; j0 += G) {
+        /* affine: ŵ = fma(s, q, b); else the codes alone (s = 1, b = 0 is exact: q·1 + 0 = q). */
+        const size_t g = group_row * groups_per_row + (c0 + j0) / G;
+        const vf s = v_set1(affine ? qmm_load_f32(call->scales, call->dtype, g) : 1.0f);
+        const vf b = v_set1(affine ? qmm_load_f32(call->biases, call->dtype, g) : 0.0f);
+        if (fast == 4) {
+            for (size_t j = j0; j < j0 + G; j += 2 * LANES) {
+                vf lo, hi;
+                v_decode4(codes + j / 2, &lo, &hi);
+                v_store(panel_at(dst, panel_stride, j), v_fma(s, lo, b));
+                v_store(panel_at(dst, panel_stride, j + LANES), v_fma(s, hi, b));
+            }
+        } else {
+            for (size_t j = j0; j < j0 + G; j += LANES)
+                v_store(panel_at(dst, panel_stride, j), v_fma(s, v_decode8(codes + j), b));
+        }
+    }
+}
+
+/* Position in natural order of decode-order index j (inside 2·LANES blocks for 4-bit). */
+static inline size_t natural_index(int fast, size_t j) {
+    if (fast != 4) return j;
+    const size_t block = j / (2 * LANES) * (2 * LANES), i = j % (2 * LANES);
+    return block + (i < LANES ? 2 * i : 2 * (i - LANES) + 1);
+}
+
+typedef struct gemm_scratch {
+    float *scales;  /* [GEMM_KC / 32][GEMM_AC] qmm_t: s of each (group of the K block, row) */
+    float *biases;  /* the same for b */
+    float *a;       /* [GEMM_AC][GEMM_KC] */
+    float *b;       /* [GEMM_KC][bc] (qmm_n) */
+    float *c;       /* [GEMM_AC][bc] */
+    uint8_t *bytes; /* unpacked codes of one segment */
+} gemm_scratch;
+
+/* Per-thread scratch carved out of one allocation; every piece stays 64-byte aligned. */
+#define GEMM_GROUP_FLOATS (GEMM_KC / 32 * GEMM_AC)
+static size_t gemm_scratch_floats(size_t bc) {
+    return 2 * GEMM_GROUP_FLOATS + GEMM_AC * GEMM_KC + GEMM_KC * bc + GEMM_AC * bc + (bc > GEMM_KC ? bc : GEMM_KC) / 4 + 16;
+}
+
+static gemm_scratch gemm_scratch_of(float *base, size_t bc, int thread) {
+    float *mine = base + (size_t)thread * gemm_scratch_floats(bc);
+    gemm_scratch s = {.scales = mine, .biases = mine + GEMM_GROUP_FLOATS};
+    mine += 2 * GEMM_GROUP_FLOATS;
+    s.a = mine;
+    s.b = mine + GEMM_AC * GEMM_KC;
+    s.c = mine + GEMM_AC * GEMM_KC + GEMM_KC * bc;
+    s.bytes = (uint8_t *)(s.c + GEMM_AC * bc);
+    return s;
+}
+
+static size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+/* qmm_t: A = weight rows n (decoded per K block), B = xᵀ [K][Mpad] in decode order along K. */
+#define GEMM_T_BC (8 * GEMM_VL)
+
+static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, size_t Mpad, size_t a0, size_t b0,
+                        gemm_scratch s) {
+    const size_t N = call->N, K = call->K, M = call->M, G = (size_t)call->group_size, groups = K / G;
+    const size_t words = qmm_packed_words(K, call->bits);
+    const size_t a_valid = N - a0 < GEMM_AC ? N - a0 : GEMM_AC;
+    const size_t a_rows = round_up(a_valid, GEMM_R);
+    const size_t b_lanes = Mpad - b0 < GEMM_T_BC ? Mpad - b0 : GEMM_T_BC; /* a multiple of GEMM_VL */
+    for (size_t pc = 0; pc < K; pc += GEMM_KC) {
+        const size_t kc = K - pc < GEMM_KC ? K - pc : GEMM_KC, block_groups = kc / G;
+        for (size_t i = 0; i < a_rows; i++) {
+            float *dst = s.a + i * GEMM_KC;
+            if (i < a_valid) decode_segment(call, call->w + (a0 + i) * words, a0 + i, groups, pc, kc, false, s.bytes, dst, 0);
+            else memset(dst, 0, kc * sizeof(float));
+            for (size_t g = 0; g < block_groups; g++) {
+                const size_t index = (a0 + i) * groups + pc / G + g;
+                s.scales[g * GEMM_AC + i] = i < a_valid ? qmm_load_f32(call->scales, call->dtype, index) : 0.0f;
+                s.biases[g * GEMM_AC + i] = i < a_valid ? qmm_load_f32(call->biases, call->dtype, index) : 0.0f;
+            }
+        }
+        for (size_t jr = 0; jr < b_lanes; jr += GEMM_VL)
+            for (size_t ir = 0; ir < a_rows; ir += GEMM_R)
+                gemm_micro_split(s.a + ir * GEMM_KC, xt + ((b0 + jr) / GEMM_VL * K + pc) * GEMM_VL, GEMM_VL,
+                                 s.c + ir * GEMM_T_BC + jr, GEMM_T_BC, kc, G, s.scales + ir, s.biases + ir,
+                                 xg + ((b0 + jr) / GEMM_VL * groups + pc / G) * GEMM_VL, GEMM_VL, pc == 0);
+    }
+    /* outᵀ block → out, and the non-finite rule for any output whose split overflowed. */
+    const size_t m_end = b0 + b_lanes < M ? b0 + b_lanes : M;
+    for (size_t i = 0; i < a_valid; i++)
+        for (size_t m = b0; m < m_end; m++) {
+            float value = s.c[i * GEMM_T_BC + (m - b0)];
+            if (!isfinite(value)) value = qmm_cpu_qmm_t_output(call, m, a0 + i);
+            qmm_store_f32(call->out, call->dtype, m * N + a0 + i, value);
+        }
+}
+
+qmm_status QMM_ISA(qmm_cpu_gemm_qmm_t)(const qmm_call *call) {
+    const size_t M = call->M, N = call->N, K = call->K, G = (size_t)call->group_size, groups = K / G;
+    const int threads = qmm_cpu_threads_for(call);
+    const int fast = fast_bits(call->bits);
+    const size_t Mpad = round_up(M, GEMM_VL);
+    qmm_status status = QMM_OK;
+    float *xt = qmm_cpu_scratch(Mpad * K, sizeof(float), "xᵀ");
+    float *xg = qmm_cpu_scratch(Mpad * groups, sizeof(float), "x group sums");
+    float *scratch = qmm_cpu_scratch((size_t)threads * gemm_scratch_floats(GEMM_T_BC), sizeof(float), "tiles");
+    if (!xt || !xg || !scratch) {
+        status = QMM_ERR_OUT_OF_MEMORY;
+        goto cleanup;
+    }
+    /* xᵀ in decode order along K, packed in panels of GEMM_VL columns (m): panel p holds
+     * [K][GEMM_VL], so the micro-kernel reads its B operand as one contiguous stream (a row stride of
+     * Mpad floats would map every row to the same few L1 sets once Mpad is a large power of two).
+     * Zero in the padding columns m ≥ M. Σx per (group, m) is summed down each panel the same way.
+     * One pass over x per call, shared by every item; threads take whole panels. */
+    const size_t panels = Mpad / GEMM_VL;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && M * K >= 65536)
+    for (size_t panel = 0; panel < panels; panel++) {
+        float *panel_x = xt + panel * K * GEMM_VL, *panel_sum = xg + panel * groups * GEMM_VL;
+        const size_t m0 = panel * GEMM_VL, m_end = M - m0 < GEMM_VL ? M : m0 + GEMM_VL;
+        memset(panel_x, 0, K * GEMM_VL * sizeof(float));
+        for (size_t m = m0; m < m_end; m++)
+            for (size_t k = 0; k < K; k++)
+                panel_x[k * GEMM_VL + m - m0] = qmm_load_f32(call->x, call->dtype, m * K + natural_index(fast, k));
+        for (size_t g = 0; g < groups; g++) {
+            vf sum[2] = {v_zero(), v_zero()};
+            for (size_t k = g * G; k < (g + 1) * G; k++) {
+                sum[0] = v_add(sum[0], v_load(panel_x + k * GEMM_VL));
+                sum[1] = v_add(sum[1], v_load(panel_x + k * GEMM_VL + LANES));
+            }
+            v_store(panel_sum + g * GEMM_VL, sum[0]);
+            v_store(panel_sum + g * GEMM_VL + LANES, sum[1]);
+        }
+    }
+    const size_t a_items = (N + GEMM_AC - 1) / GEMM_AC, b_items = (Mpad + GEMM_T_BC - 1) / GEMM_T_BC;
+    const size_t items = a_items * b_items;
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1 && items > 1)
+    for (size_t item = 0; item < items; item++)
+        gemm_t_item(call, xt, xg, Mpad, item / b_items * GEMM_AC, item % b_items * GEMM_T_BC,
+                    gemm_scratch_of(scratch, GEMM_T_BC, QMM_CPU_THREAD_ID()));
+
+cleanup:
+    free(xt);
+    free(xg);
+    free(scratch);
+    return status;
+}
+
+/* qmm_n: A = rows of x (m), B = weight rows k decoded along N (lanes), C = out block. */
+#define GEMM_N_BC (8 * GEMM_VL)
+
+static void gemm_n_item(const qmm_call *call, size_t a0, size_t b0, gemm_scratch s) {
+    const size_t N = call->N, K = call->K, M = call->M, groups = N / (size_t)call->group_size;
+    const size_t words = qmm_packed_words(N, call->bits);
+    const int fast = fast_bits(call->bits);
+    const size_t a_valid = M - a0 < GEMM_AC ? M - a0 : GEMM_AC;
+    const size_t a_rows = round_up(a_valid, GEMM_R);
+    const size_t b_valid = N - b0 < GEMM_N_BC ? N - b0 : GEMM_N_BC; /* a multiple of group_size */
+    const size_t b_lanes = round_up(b_valid, GEMM_VL);
+    for (size_t pc = 0; pc < K; pc += GEMM_KC) {
+        const size_t kc = K - pc < GEMM_KC ? K - pc : GEMM_KC;
+        for (size_t i = 0; i < a_rows; i++) {
+            float *dst = s.a + i * GEMM_KC;
+            if (i < a_valid) {
+                /* K is qmm_n's free dimension: any length, so the last few are converted one by one. */
+                size_t k = 0;
+                for (; k + LANES <= kc; k += LANES)
+                    v_store(dst + k, v_load_dtype(call->x, call->dtype, (a0 + i) * K + pc + k));
+                for (; k < kc; k++) dst[k] = qmm_load_f32(call->x, call->dtype, (a0 + i) * K + pc + k);
+            } else {
+                memset(dst, 0, kc * sizeof(float));
+            }
+        }
+        /* Decoded weight rows in panels of GEMM_VL lanes, [panel][KC][GEMM_VL]: contiguous B streams
+         * for the micro-kernel (see qmm_t's xᵀ). */
+        for (size_t k = 0; k < kc; k++) {
+            float *dst = s.b + k * GEMM_VL;
+            decode_segment(call, call->w + (pc + k) * words, pc + k, groups, b0, b_valid, true, s.bytes, dst,
+                           GEMM_KC * GEMM_VL);
+            for (size_t j = b_valid; j < b_lanes; j += LANES) v_store(panel_at(dst, GEMM_KC * GEMM_VL, j), v_zero());
+        }
+        for (size_t jr = 0; jr < b_lanes; jr += GEMM_VL)
+            for (size_t ir = 0; ir < a_rows; ir += GEMM_R)
+                gemm_micro(s.a + ir * GEMM_KC, s.b + jr / GEMM_VL * GEMM_KC * GEMM_VL, GEMM_VL,
+                           s.c + ir * GEMM_N_BC + jr, GEMM_N_BC, kc, pc == 0);
+    }
+    for (size_t i = 0; i < a_valid; i++)
+        for (size_t j = 0; j < b_valid; j++)
+            qmm_store_f32(call->out, call->dtype, (a0 + i) * N + b0 + natural_index(fast, j), s.c[i * GEMM_N_BC + j]);
+}
+
+qmm_status QMM_ISA(qmm_cpu_gemm_qmm_n)(const qmm_call *call) {
+    const size_t M = call->M, N = call->N;
+    const int threads = qmm_cpu_threads_for(call);
+    float *scratch = qmm_cpu_scratch((size_t)threads * gemm_scratch_floats(GEMM_N_BC), sizeof(float), "tiles");
+    if (!scratch) return QMM_ERR_OUT_OF_MEMORY;
+    const size_t a_items = (M + GEMM_AC - 1) / GEMM_AC, b_items = (N + GEMM_N_BC - 1) / GEMM_N_BC;
+    const size_t items = a_items * b_items;
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1 && items > 1)
+    for (size_t item = 0; item < items; item++)
+        gemm_n_item(call, item / b_items * GEMM_AC, item % b_items * GEMM_N_BC,
+                    gemm_scratch_of(scratch, GEMM_N_BC, QMM_CPU_THREAD_ID()));
+    free(scratch);
+    return QMM_OK;
+}
