@@ -312,8 +312,23 @@ __device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
  * shared memory (deterministic; the order does not depend on M).
  */
 
+/* Compile-time tuning of the mma_gemv family (measured choices in docs/PERF.md): pipeline stages per row
+ * tile size, and the blocks per SM the register allocation must allow. */
+#ifndef QMM_MMA_STAGES_RT1
+#define QMM_MMA_STAGES_RT1 4
+#endif
+#ifndef QMM_MMA_STAGES_RT2
+#define QMM_MMA_STAGES_RT2 3
+#endif
+#ifndef QMM_MMA_STAGES_RT4
+#define QMM_MMA_STAGES_RT4 2
+#endif
+#ifndef QMM_MMA_MIN_BLOCKS
+#define QMM_MMA_MIN_BLOCKS 2
+#endif
+
 template <int BITS, typename T, int RT, int TT, int S, int GS>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, QMM_MMA_MIN_BLOCKS)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
                     T *__restrict__ out, int M, int N, int K) {
@@ -510,9 +525,10 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
 }
 
 template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
-    /* Pipeline depth: about 5 super-blocks of weights in flight per warp for RT = 1 (2·16·5 bytes per lane),
-     * the same bytes for larger row tiles. */
-    constexpr int S = RT == 1 ? 6 : RT == 2 ? 4 : 3;
+    /* Pipeline depth (S − 1 super-blocks in flight per warp) and 2 blocks per SM: the H200 sweep of
+     * docs/PERF.md found 4/3/2 stages with room for 2 blocks per SM faster than deeper pipelines at 1 block
+     * (27648×5120 M=1: 38.5 → 32.6 µs) — more warps resident hide the MMA and decode latency better. */
+    constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
     int warps = c->warps > 0 ? c->warps : (super_blocks < 8 ? super_blocks : 8);
     if (warps < 1) warps = 1;
