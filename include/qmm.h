@@ -349,6 +349,41 @@ qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_i
 int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_weights *weights, size_t M,
                         qmm_op op, const char **why_not);
 
+/* ───────────────────────────── Measured tuning tables ───────────────────────────── */
+
+/* The name of the device the context runs on, as a tuning table records it: the GPU's name on CUDA
+ * ("NVIDIA H200"), the host CPU's first "model name" of /proc/cpuinfo on ref and cpu ("unknown CPU"
+ * where there is none). Owned by the context, valid while it lives; "" for NULL. */
+const char *qmm_context_device(const qmm_context *context);
+
+/* Loads a tuning table — what `qmm tune` measured on one device, a JSON file (format in
+ * docs/kernels.md §4) — into the context; the selector (qmm_matmul, qmm_select, qmm_chain_add_matmul)
+ * reads it from now on. For a call that matches an entry exactly (op, dtype, bits, group_size, N, K, and
+ * m_min ≤ M ≤ m_max) the entry's kernel runs if it accepts the call; otherwise (no entry, or a stale
+ * entry whose kernel refuses the call) the table order decides, so a tuning table never makes a valid
+ * call fail. A forced kernel (qmm_matmul_options.kernel) still wins over the table. Chain steps keep
+ * the kernel chosen when they were added.
+ * A file measured on another backend is refused. Entries whose "device" (the file's, or the entry's
+ * own) differs from qmm_context_device, and entries naming a kernel this build does not register, are
+ * set aside, not errors: qmm_context_tuning_count reports how many. A successful load replaces the
+ * context's previous table; a refused file leaves it as it was. The context owns the table (freed with
+ * the context). Not thread-safe (like the context).
+ * Errors: QMM_ERR_INVALID_ARGUMENT (NULL, a destroyed context); QMM_ERR_IO (cannot open or read path,
+ * not a regular file); QMM_ERR_CORRUPT (not JSON, a missing or mistyped field, format not
+ * "qmm-tuning", an unknown op or dtype, bits or group_size outside the sets, N/K/m_min/m_max not whole
+ * numbers ≥ 1, K (qmm_t) or N (qmm_n) not a multiple of group_size, m_min > m_max, a kernel that computes
+ * another op, two entries of one key whose M ranges overlap — the message names the file, the entry
+ * as entries[i] and the rule); QMM_ERR_UNSUPPORTED (a table of another backend, a version other than 1,
+ * or a libqmm built without cJSON); QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_context_load_tuning(qmm_context *context, const char *path);
+/* Drops the context's tuning table: the table order decides again. Errors: QMM_ERR_INVALID_ARGUMENT
+ * (NULL, a destroyed context). */
+qmm_status qmm_context_clear_tuning(qmm_context *context);
+/* Entries of the loaded tuning table the selector reads (0: none loaded); *other_device and
+ * *unknown_kernel (either may be NULL) receive how many entries of the file were set aside as measured
+ * on another device or naming an unregistered kernel. 0 for NULL. */
+size_t qmm_context_tuning_count(const qmm_context *context, size_t *other_device, size_t *unknown_kernel);
+
 /* ───────────────────────────── Chains ───────────────────────────── */
 
 /* A chain records matmuls and runs them as one submission (on CUDA: a captured graph), timing each

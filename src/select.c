@@ -12,11 +12,17 @@
  *      fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by
  *      their backend and end with rows that accept every valid call (the reference rows, or on CUDA
  *      the generic kernels), so there is always an answer.
- * A measured tuning table (a later issue) will slot in between 1 and 2; until then the order is all.
+ * Between 1 and 2, a measured tuning table (qmm_context_load_tuning, written by `qmm tune` on this
+ * device) is consulted: when one of its entries matches the call exactly (op, dtype, bits, group_size,
+ * N, K, and M inside the entry's [m_min, m_max]) and the row it names accepts the call, that row wins,
+ * hints and tune_only notwithstanding (a measurement beats a threshold). Otherwise — no entry, or a
+ * stale entry whose row refuses the call — the order of step 2 decides: a tuning table never makes a
+ * valid call fail.
  */
 #include "kernel.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool qmm_kernel_accepts(const qmm_kernel *row, const qmm_call *call, char *why_not, size_t why_not_size) {
@@ -31,8 +37,56 @@ bool qmm_kernel_accepts(const qmm_kernel *row, const qmm_call *call, char *why_n
     return false;
 }
 
+static int compare_sizes(size_t a, size_t b) { return (a > b) - (a < b); }
+
+/* The key of an entry without its M range, compared field by field. */
+static int compare_key(qmm_op op, qmm_dtype dtype, int bits, int group_size, size_t N, size_t K,
+                       const qmm_tuning_entry *entry) {
+    if (op != entry->op) return op < entry->op ? -1 : 1;
+    if (dtype != entry->dtype) return dtype < entry->dtype ? -1 : 1;
+    if (bits != entry->bits) return bits < entry->bits ? -1 : 1;
+    if (group_size != entry->group_size) return group_size < entry->group_size ? -1 : 1;
+    if (N != entry->N) return compare_sizes(N, entry->N);
+    return compare_sizes(K, entry->K);
+}
+
+int qmm_tuning_compare(const qmm_tuning_entry *a, const qmm_tuning_entry *b) {
+    int key = compare_key(a->op, a->dtype, a->bits, a->group_size, a->N, a->K, b);
+    return key ? key : compare_sizes(a->m_min, b->m_min);
+}
+
+const qmm_tuning_entry *qmm_tuning_find(const qmm_tuning_table *tuning, const qmm_call *call) {
+    if (!tuning || !tuning->count) return NULL;
+    /* Binary search for the last entry ≤ (the call's key, m_min = M); entries of one key have disjoint
+     * ranges sorted by m_min, so only that one can contain M. */
+    size_t low = 0, high = tuning->count; /* the answer is below high */
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        const qmm_tuning_entry *entry = &tuning->entries[middle];
+        int key = compare_key(call->op, call->dtype, call->bits, call->group_size, call->N, call->K, entry);
+        if (key > 0 || (key == 0 && entry->m_min <= call->M)) low = middle + 1;
+        else high = middle;
+    }
+    if (low == 0) return NULL;
+    const qmm_tuning_entry *entry = &tuning->entries[low - 1];
+    if (compare_key(call->op, call->dtype, call->bits, call->group_size, call->N, call->K, entry) != 0) return NULL;
+    return call->M <= entry->m_max ? entry : NULL;
+}
+
+void qmm_tuning_free(qmm_tuning_table *tuning) {
+    if (!tuning) return;
+    free(tuning->entries);
+    tuning->entries = NULL;
+    tuning->count = 0;
+}
+
 qmm_status qmm_select_kernel(const qmm_kernel *const *table, size_t count, const qmm_call *call,
                              const char *forced, const qmm_kernel **chosen) {
+    return qmm_select_kernel_tuned(table, count, NULL, call, forced, chosen);
+}
+
+qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count, const qmm_tuning_table *tuning,
+                                   const qmm_call *call, const char *forced, const qmm_kernel **chosen) {
     if (!table || !call || !chosen) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select_kernel: null argument");
     char why_not[256];
     if (forced) {
@@ -53,6 +107,12 @@ qmm_status qmm_select_kernel(const qmm_kernel *const *table, size_t count, const
             used += (size_t)written;
         }
         return qmm_error(QMM_ERR_NOT_FOUND, "kernel \"%s\" is not registered (known: %s)", forced, known);
+    }
+    /* The measured table: its row when it accepts the call (a stale entry falls through to the order). */
+    const qmm_tuning_entry *entry = qmm_tuning_find(tuning, call);
+    if (entry && qmm_kernel_accepts(entry->row, call, why_not, sizeof why_not)) {
+        *chosen = entry->row;
+        return QMM_OK;
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {

@@ -91,16 +91,66 @@ typedef struct qmm_backend_hooks {
      * on a device. set_threads(state, 0) restores the default (the cores the process may use). */
     int (*get_threads)(void *state);
     void (*set_threads)(void *state, int threads);
+    /* Optional: the device's name as the vendor gives it ("NVIDIA H200"), written into name[size]. NULL on
+     * host backends: the runtime names the host CPU (/proc/cpuinfo "model name"). A tuning table records
+     * this name and is applied only where it matches (src/select.c). */
+    qmm_status (*device_name)(void *state, char *name, size_t size);
 } qmm_backend_hooks;
 
 /* Whether row handles call: the op must match (checked here, once for every caller), then the row's
  * supports(). On false, why_not receives the reason. */
 bool qmm_kernel_accepts(const qmm_kernel *row, const qmm_call *call, char *why_not, size_t why_not_size);
 
+/* One entry of a measured tuning table: for calls of exactly this op, dtype, bits, group_size, N and K
+ * with m_min ≤ M ≤ m_max, row (a row of the context's table, resolved by name at load time) was the
+ * fastest eligible kernel when `qmm tune` measured it on this device. */
+typedef struct qmm_tuning_entry {
+    qmm_op op;
+    qmm_dtype dtype;
+    int bits;
+    int group_size;
+    size_t N, K;
+    size_t m_min, m_max;
+    const qmm_kernel *row;
+} qmm_tuning_entry;
+
+/* A tuning table as the selector reads it: entries sorted by (op, dtype, bits, group_size, N, K,
+ * m_min), M ranges of entries with the same key disjoint (the loader refuses overlaps), so a call
+ * matches at most one entry, found by binary search. */
+typedef struct qmm_tuning_table {
+    qmm_tuning_entry *entries;
+    size_t count;
+} qmm_tuning_table;
+
+/* What a load set aside (counts of entries in the file that the selector will not read). */
+typedef struct qmm_tuning_ignored {
+    size_t other_device;   /* measured on a device with another name */
+    size_t unknown_kernel; /* naming a kernel this build's table lacks (e.g. renamed since the table was made) */
+} qmm_tuning_ignored;
+
+/* Parses a tuning table file's text (src/io/tuning.c, docs/kernels.md §4 "The tuning table"): refuses a
+ * file of another backend (QMM_ERR_UNSUPPORTED) and any entry that breaks a rule (QMM_ERR_CORRUPT naming
+ * `origin`, the entry and the rule); sets aside entries of another device or naming an unregistered
+ * kernel (counted in *ignored); resolves kernel names against table[count]; sorts. On success *tuning
+ * owns a malloc'd array (free with qmm_tuning_free). Without cJSON: QMM_ERR_UNSUPPORTED. */
+qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, qmm_backend backend,
+                            const char *device, const qmm_kernel *const *table, size_t count,
+                            qmm_tuning_table *tuning, qmm_tuning_ignored *ignored);
+void qmm_tuning_free(qmm_tuning_table *tuning);
+
+/* The order of entries: by op, dtype, bits, group_size, N, K, then m_min (qsort-style result). */
+int qmm_tuning_compare(const qmm_tuning_entry *a, const qmm_tuning_entry *b);
+/* The entry of tuning that matches call, or NULL (src/select.c). */
+const qmm_tuning_entry *qmm_tuning_find(const qmm_tuning_table *tuning, const qmm_call *call);
+
 /* The selector: the first row of table[count] that accepts call (or the row named `forced`).
  * Errors: QMM_ERR_NOT_FOUND (forced name unknown), QMM_ERR_UNSUPPORTED (forced row refuses, with its
  * reason, or no row accepts the call — impossible while the reference rows are last). */
 qmm_status qmm_select_kernel(const qmm_kernel *const *table, size_t count, const qmm_call *call,
                              const char *forced, const qmm_kernel **chosen);
+/* The same with a measured tuning table (NULL or empty: none) consulted between the forced name and the
+ * table order: the matching entry's row, when it accepts the call, wins; else the order decides. */
+qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count, const qmm_tuning_table *tuning,
+                                   const qmm_call *call, const char *forced, const qmm_kernel **chosen);
 
 #endif /* QMM_KERNEL_H */

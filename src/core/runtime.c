@@ -22,9 +22,11 @@
 #include "../cpu/cpu.h"
 #endif
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 const char *qmm_backend_name(qmm_backend backend) {
@@ -134,6 +136,28 @@ static qmm_status backend_hooks(qmm_backend backend, const qmm_backend_hooks **h
     return qmm_error(QMM_ERR_INVALID_ARGUMENT, "backend=%d is not a qmm_backend (ref=0, cpu=1, cuda=2)", (int)backend);
 }
 
+/* The host CPU's name: the first "model name" of /proc/cpuinfo, trimmed ("unknown CPU" without one). What a
+ * tuning table measured on a ref or cpu context records as its device. */
+static void host_device_name(char *name, size_t size) {
+    snprintf(name, size, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        char *value = strchr(line, ':');
+        if (!value) continue;
+        value++;
+        while (*value == ' ' || *value == '\t') value++;
+        size_t length = strcspn(value, "\n");
+        while (length > 0 && (value[length - 1] == ' ' || value[length - 1] == '\t')) length--;
+        if (length == 0) continue;
+        snprintf(name, size, "%.*s", (int)length, value);
+        break;
+    }
+    fclose(f);
+}
+
 /* ───────────────────────────── objects ───────────────────────────── */
 
 /* Every object starts with `references` = 1 (the caller) and `destroyed` = false; the destroy function
@@ -145,6 +169,9 @@ struct qmm_context {
     void *state;
     const qmm_kernel **table; /* backend rows, then the reference rows */
     size_t table_count;
+    char device[256];          /* the device's name, as a tuning table records it */
+    qmm_tuning_table tuning;   /* the loaded tuning table (empty: none) */
+    qmm_tuning_ignored tuning_ignored; /* what its load set aside */
 };
 
 struct qmm_weights {
@@ -218,6 +245,12 @@ qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **con
     status = hooks->open(device, &created->state);
     if (status != QMM_OK) goto cleanup;
     opened = true;
+    if (hooks->device_name) {
+        if ((status = hooks->device_name(created->state, created->device, sizeof created->device)) != QMM_OK)
+            goto cleanup;
+    } else {
+        host_device_name(created->device, sizeof created->device);
+    }
     *context = created;
     created = NULL;
     status = QMM_OK;
@@ -231,10 +264,11 @@ cleanup:
     return status;
 }
 
-/* Drops one holder; the last one closes the backend and frees the context. */
+/* Drops one holder; the last one closes the backend and frees the context (and its tuning table). */
 static void context_release(qmm_context *context) {
     if (--context->references > 0) return;
     context->hooks->close(context->state);
+    qmm_tuning_free(&context->tuning);
     free(context->table);
     free(context);
 }
@@ -276,6 +310,74 @@ qmm_status qmm_context_set_threads(qmm_context *context, int threads) {
 int qmm_context_threads(const qmm_context *context) {
     if (!context) return 0;
     return context->hooks->get_threads ? context->hooks->get_threads(context->state) : 1;
+}
+
+const char *qmm_context_device(const qmm_context *context) { return context ? context->device : ""; }
+
+/* ───────────────────────────── tuning table ───────────────────────────── */
+
+/* A tuning file is a few KB per shape; anything past this is not one. */
+#define TUNING_MAX_BYTES ((size_t)64 << 20)
+
+qmm_status qmm_context_load_tuning(qmm_context *context, const char *path) {
+    if (!context || !path) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_load_tuning: null argument");
+    if (context->destroyed) return destroyed_error("qmm_context_load_tuning", "the context", "qmm_context_destroy");
+    qmm_status status = QMM_OK;
+    char *text = NULL;
+    qmm_tuning_table loaded = {0};
+    qmm_tuning_ignored ignored = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        status = qmm_error(QMM_ERR_IO, "cannot open tuning table '%s': %s", path, strerror(errno));
+        goto cleanup;
+    }
+    struct stat info;
+    if (fstat(fileno(f), &info) != 0 || !S_ISREG(info.st_mode)) {
+        status = qmm_error(QMM_ERR_IO, "tuning table '%s' is not a regular file", path);
+        goto cleanup;
+    }
+    if ((unsigned long long)info.st_size > TUNING_MAX_BYTES) {
+        status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s' has %lld bytes, more than the %zu MiB a tuning table may have",
+                           path, (long long)info.st_size, TUNING_MAX_BYTES >> 20);
+        goto cleanup;
+    }
+    size_t size = (size_t)info.st_size;
+    if (!(text = malloc(size ? size : 1))) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for tuning table '%s'", size, path);
+        goto cleanup;
+    }
+    if (fread(text, 1, size, f) != size) {
+        status = qmm_error(QMM_ERR_IO, "cannot read tuning table '%s': %s", path, ferror(f) ? strerror(errno) : "short read");
+        goto cleanup;
+    }
+    status = qmm_tuning_parse(text, size, path, context->hooks->backend, context->device, context->table,
+                              context->table_count, &loaded, &ignored);
+    if (status != QMM_OK) goto cleanup;
+    /* Replace the previous table only now: a refused file leaves the context as it was. */
+    qmm_tuning_free(&context->tuning);
+    context->tuning = loaded;
+    context->tuning_ignored = ignored;
+    loaded.entries = NULL;
+
+cleanup:
+    if (f) fclose(f);
+    free(text);
+    qmm_tuning_free(&loaded);
+    return status;
+}
+
+qmm_status qmm_context_clear_tuning(qmm_context *context) {
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_clear_tuning: context is NULL");
+    if (context->destroyed) return destroyed_error("qmm_context_clear_tuning", "the context", "qmm_context_destroy");
+    qmm_tuning_free(&context->tuning);
+    memset(&context->tuning_ignored, 0, sizeof context->tuning_ignored);
+    return QMM_OK;
+}
+
+size_t qmm_context_tuning_count(const qmm_context *context, size_t *other_device, size_t *unknown_kernel) {
+    if (other_device) *other_device = context ? context->tuning_ignored.other_device : 0;
+    if (unknown_kernel) *unknown_kernel = context ? context->tuning_ignored.unknown_kernel : 0;
+    return context ? context->tuning.count : 0;
 }
 
 /* ───────────────────────────── weights ───────────────────────────── */
@@ -535,7 +637,8 @@ static qmm_status build_call(const char *function, const qmm_context *context, c
 
 static qmm_status choose(const qmm_context *context, const qmm_call *call, const qmm_matmul_options *options,
                          const qmm_kernel **chosen) {
-    return qmm_select_kernel(context->table, context->table_count, call, options ? options->kernel : NULL, chosen);
+    return qmm_select_kernel_tuned(context->table, context->table_count, &context->tuning, call,
+                                   options ? options->kernel : NULL, chosen);
 }
 
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,

@@ -431,6 +431,15 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = generic_supports, .run = generic_n_run},
 };
 
+/* The GPU's name as the driver gives it ("NVIDIA H200"): what a tuning table measured here records. */
+static qmm_status cuda_device_name(void *state, char *name, size_t size) {
+    const cuda_state *cuda = state;
+    struct cudaDeviceProp properties;
+    CUDA_TRY(cudaGetDeviceProperties(&properties, cuda->device));
+    snprintf(name, size, "%s", properties.name);
+    return QMM_OK;
+}
+
 static const qmm_backend_hooks cuda_hooks = {
     .backend = QMM_BACKEND_CUDA,
     .host_memory = false,
@@ -447,6 +456,7 @@ static const qmm_backend_hooks cuda_hooks = {
     .weights_release = cuda_weights_release,
     .chain_run = cuda_chain_run,
     .chain_release = cuda_chain_release,
+    .device_name = cuda_device_name,
 };
 
 const qmm_backend_hooks *qmm_cuda_backend_hooks(void) { return &cuda_hooks; }

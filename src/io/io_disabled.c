@@ -1,6 +1,6 @@
 /* io_disabled.c — stands in for src/io/ when libqmm is built without cJSON (QMM_WITH_IO=OFF, or AUTO
  * with cJSON absent, e.g. on the lent GPU machine): every checkpoint function says so. */
-#include "internal.h"
+#include "kernel.h"
 
 #include <string.h>
 
@@ -36,3 +36,9 @@ const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key) { (v
 qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix, qmm_tensor *float_tensor) { (void)file; (void)index; (void)is_quantized; (void)matrix; (void)float_tensor; return QMM_NO_IO(); }
 void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor) { (void)matrix; (void)float_tensor; }
 qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count) { (void)gguf_path; (void)out_dir; (void)prefixes; (void)count; return QMM_NO_IO(); }
+qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, qmm_backend backend, const char *device, const qmm_kernel *const *table, size_t count, qmm_tuning_table *tuning, qmm_tuning_ignored *ignored) {
+    (void)json; (void)size; (void)backend; (void)device; (void)table; (void)count;
+    if (tuning) memset(tuning, 0, sizeof *tuning);
+    if (ignored) memset(ignored, 0, sizeof *ignored);
+    return qmm_error(QMM_ERR_UNSUPPORTED, "cannot load tuning table '%s': libqmm was built without cJSON, which reads it", origin ? origin : "?");
+}
