@@ -6,7 +6,7 @@
  * cold: one chain with a step per copy, whole-chain timing (qmm_chain_set_step_timing off), qmm_chain_elapsed ÷ steps. Results to stdout (a table) and,
  * with --json, to a JSON file; progress to stderr. docs/PERF.md says how to read the table.
  */
-#include "bench.h"
+#include "measure.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -21,21 +21,9 @@
 #include <cjson/cJSON.h>
 #endif
 
-#define MAX_SHAPES 256
-#define MAX_LIST 64
 #define MAX_ROWS 40
-#define MAX_COPIES 512
-/* The scalar reference rows run at about 4 GMAC/s on one thread; a row whose whole measurement (warm-up and
- * repeats over every copy) would take longer than SCALAR_BUDGET_S seconds is skipped and says so. */
-#define SCALAR_MACS_PER_S 4e9
-#define SCALAR_BUDGET_S 10.0
 /* The selector "picked the fastest" when its kernel is within this factor of the fastest one measured. */
 #define FASTEST_MARGIN 1.05
-
-typedef struct bench_shape {
-    char name[64];
-    size_t N, K;
-} bench_shape;
 
 /* One line of a cell: a kernel of the backend, or a peer. */
 typedef struct bench_row {
@@ -85,174 +73,6 @@ typedef struct bench_run {
     double started;
 } bench_run;
 
-static const char *source_dir(void) {
-    const char *dir = getenv("QMM_SOURCE_DIR");
-    return dir && dir[0] ? dir : QMM_SOURCE_DIR;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* splitmix64, for the random weights. */
-static uint64_t next_random(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* ───────────────────────────── options ───────────────────────────── */
-
-/* "1,2,4" into values (each in [min, max]); returns 0 or the usage exit code. */
-static int parse_size_list(const command *c, const char *option, const char *text, size_t min, size_t max,
-                           size_t *values, size_t *count) {
-    *count = 0;
-    const char *p = text;
-    while (1) {
-        const char *comma = strchr(p, ',');
-        size_t length = comma ? (size_t)(comma - p) : strlen(p);
-        char item[32];
-        unsigned long long value;
-        if (length == 0 || length >= sizeof item)
-            return usage_error(c, "%s '%s': an empty or overlong item (want comma-separated numbers)", option, text);
-        memcpy(item, p, length);
-        item[length] = '\0';
-        if (!parse_unsigned(item, min, max, &value))
-            return usage_error(c, "%s '%s': '%s' is not a whole number in [%zu, %zu]", option, text, item, min, max);
-        if (*count == MAX_LIST) return usage_error(c, "%s '%s': more than %d values", option, text, MAX_LIST);
-        values[(*count)++] = (size_t)value;
-        if (!comma) break;
-        p = comma + 1;
-    }
-    return 0;
-}
-
-static int parse_dtype_list(const command *c, const char *text, qmm_dtype *values, size_t *count) {
-    *count = 0;
-    const char *p = text;
-    while (1) {
-        const char *comma = strchr(p, ',');
-        size_t length = comma ? (size_t)(comma - p) : strlen(p);
-        char item[32];
-        qmm_dtype dtype;
-        if (length == 0 || length >= sizeof item)
-            return usage_error(c, "--dtype '%s': an empty or overlong item (want e.g. f32,bf16)", text);
-        memcpy(item, p, length);
-        item[length] = '\0';
-        if (qmm_dtype_parse(item, &dtype) != QMM_OK || (dtype != QMM_F32 && dtype != QMM_F16 && dtype != QMM_BF16))
-            return usage_error(c, "--dtype '%s': '%s' is not f32, f16 or bf16", text, item);
-        if (*count == MAX_LIST) return usage_error(c, "--dtype '%s': more than %d values", text, MAX_LIST);
-        values[(*count)++] = dtype;
-        if (!comma) break;
-        p = comma + 1;
-    }
-    return 0;
-}
-
-static int valid_shape_name(const char *name) {
-    if (!name[0]) return 0;
-    for (const char *p = name; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
-              *p == '_' || *p == '-'))
-            return 0;
-    return 1;
-}
-
-/* Appends the shapes of one file ("name N K" lines, '#' comments). Errors name the file, line and rule. */
-static qmm_status load_shape_file(bench_run *run, const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return qmm_error(QMM_ERR_IO, "cannot open shapes file '%s': %s", path, strerror(errno));
-    char line[512];
-    int number = 0;
-    qmm_status status = QMM_OK;
-    while (status == QMM_OK && fgets(line, sizeof line, f)) {
-        number++;
-        line[strcspn(line, "#\n")] = '\0';
-        char name[128], extra[8];
-        unsigned long long N, K;
-        char n_text[32], k_text[32];
-        int fields = sscanf(line, "%127s %31s %31s %7s", name, n_text, k_text, extra);
-        if (fields <= 0) continue;
-        if (fields != 3) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: want \"name N K\" (3 fields), got %d", path, number, fields);
-        } else if (!valid_shape_name(name) || strlen(name) >= sizeof run->shapes[0].name) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%s' must be 1-63 characters of A-Z a-z 0-9 . _ -",
-                               path, number, name);
-        } else if (!parse_unsigned(n_text, 1, 1u << 30, &N) || !parse_unsigned(k_text, 1, 1u << 30, &K)) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: N='%s' and K='%s' must be whole numbers in [1, 2^30]", path,
-                               number, n_text, k_text);
-        } else if (K % (unsigned long long)run->group_size != 0) {
-            status = qmm_error(QMM_ERR_SHAPE, "%s:%d: shape %s has K=%llu, not a multiple of --group-size %d", path,
-                               number, name, K, run->group_size);
-        } else if (run->shape_count == MAX_SHAPES) {
-            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s:%d: more than %d shapes in all", path, number, MAX_SHAPES);
-        } else {
-            bench_shape *shape = &run->shapes[run->shape_count++];
-            snprintf(shape->name, sizeof shape->name, "%s", name);
-            shape->N = (size_t)N;
-            shape->K = (size_t)K;
-        }
-    }
-    fclose(f);
-    if (status == QMM_OK && run->shape_count == 0)
-        status = qmm_error(QMM_ERR_CORRUPT, "shapes file '%s' has no shapes", path);
-    return status;
-}
-
-/* --shapes A,B: each a file path, or a name of bench/shapes/NAME.txt. */
-static qmm_status load_shapes(bench_run *run, const char *text) {
-    char copy[2048];
-    if (strlen(text) >= sizeof copy) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "--shapes is longer than %zu bytes", sizeof copy - 1);
-    snprintf(copy, sizeof copy, "%s", text);
-    for (char *item = strtok(copy, ","); item; item = strtok(NULL, ",")) {
-        char path[PATH_MAX];
-        struct stat info;
-        if (stat(item, &info) == 0 && S_ISREG(info.st_mode)) {
-            snprintf(path, sizeof path, "%s", item);
-        } else {
-            snprintf(path, sizeof path, "%s/bench/shapes/%s.txt", source_dir(), item);
-            if (stat(path, &info) != 0)
-                return qmm_error(QMM_ERR_NOT_FOUND, "--shapes '%s': no file '%s' and no %s (a shapes file or the name "
-                                 "of one in bench/shapes/: seed, qwen3)", item, item, path);
-        }
-        qmm_status status = load_shape_file(run, path);
-        if (status != QMM_OK) return status;
-    }
-    return QMM_OK;
-}
-
-/* ───────────────────────────── measurement ───────────────────────────── */
-
-/* Median µs of one product: a chain with one step per weight copy, one warm-up run, then `repeats` runs,
- * each giving qmm_chain_elapsed ÷ steps. */
-static qmm_status time_kernel(bench_run *run, qmm_weights **weights, size_t copies, qmm_buffer *x, size_t M,
-                              qmm_buffer *out, const char *kernel, double *us) {
-    qmm_chain *chain = NULL;
-    double *samples = malloc((size_t)run->repeats * sizeof *samples);
-    qmm_status status = samples ? qmm_chain_create(run->context, &chain)
-                                : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %d samples", run->repeats);
-    qmm_matmul_options options = {QMM_OP_QMM_T, kernel};
-    /* Whole-chain timing: on CUDA the graph then holds only the kernels (no event nodes between steps), and host
-     * backends synchronize once per run. */
-    if (status == QMM_OK) status = qmm_chain_set_step_timing(chain, 0);
-    for (size_t i = 0; status == QMM_OK && i < copies; i++)
-        status = qmm_chain_add_matmul(chain, weights[i], x, M, out, &options);
-    if (status == QMM_OK) status = qmm_chain_run(chain); /* warm-up (and, on CUDA, the graph capture) */
-    for (int r = 0; status == QMM_OK && r < run->repeats; r++) {
-        double elapsed = 0.0;
-        if ((status = qmm_chain_run(chain)) == QMM_OK && (status = qmm_chain_elapsed(chain, &elapsed)) == QMM_OK)
-            samples[r] = elapsed / (double)copies;
-    }
-    if (status == QMM_OK) {
-        qsort(samples, (size_t)run->repeats, sizeof *samples, compare_doubles);
-        *us = samples[run->repeats / 2];
-    }
-    qmm_chain_destroy(chain);
-    free(samples);
-    return status;
-}
 
 static bench_row *add_row(bench_cell *cell, const char *name, int peer) {
     if (cell->row_count == MAX_ROWS) return NULL;
@@ -264,15 +84,6 @@ static bench_row *add_row(bench_cell *cell, const char *name, int peer) {
     return row;
 }
 
-/* Copies that rotate through more than twice the cache (at least 2, at most MAX_COPIES). */
-static size_t copies_for(const bench_run *run, double bytes_per_copy) {
-    if (run->quick) return 2;
-    double wanted = ceil(2.0 * (double)run->cache_bytes / bytes_per_copy);
-    if (wanted < 2) wanted = 2;
-    if (wanted > MAX_COPIES) wanted = MAX_COPIES;
-    return (size_t)wanted;
-}
-
 /* Every M of one (shape, dtype): the selector's choice and every eligible kernel (or --kernel only). */
 static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qmm_qmatrix *matrix, bench_cell *cells,
                               size_t *done) {
@@ -280,10 +91,9 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
     size_t w_bytes = 0, group_bytes = 0;
     qmm_status status = qmm_qmatrix_bytes(matrix, &w_bytes, &group_bytes);
     if (status != QMM_OK) return status;
-    size_t copies = copies_for(run, (double)(w_bytes + 2 * group_bytes));
-    qmm_weights **weights = calloc(copies, sizeof *weights);
-    if (!weights) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu weight copies", copies);
-    for (size_t i = 0; status == QMM_OK && i < copies; i++) status = qmm_weights_create(run->context, matrix, &weights[i]);
+    size_t copies = copies_for(run->cache_bytes, run->quick, (double)(w_bytes + 2 * group_bytes));
+    qmm_weights **weights = NULL;
+    status = weight_copies_create(run->context, matrix, copies, &weights);
 
     size_t kernel_count = qmm_kernel_count(run->context);
     for (size_t mi = 0; status == QMM_OK && mi < run->m_count; mi++) {
@@ -302,13 +112,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         cell->floor_us = cell->compute_bound ? compute_us : memory_us;
 
         qmm_buffer *x = NULL, *out = NULL;
-        void *host_x = malloc(M * K * element);
-        if (!host_x) status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate x of %zu×%zu", M, K);
-        if (status == QMM_OK) status = fill_random(DEFAULT_SEED + M, host_x, matrix->dtype, M * K);
-        if (status == QMM_OK) status = qmm_buffer_create(run->context, matrix->dtype, M * K, &x);
-        if (status == QMM_OK) status = qmm_buffer_create(run->context, matrix->dtype, M * N, &out);
-        if (status == QMM_OK) status = qmm_buffer_write(x, host_x, M * K);
-        free(host_x);
+        status = operands_create(run->context, matrix->dtype, M, N, K, &x, &out);
         qmm_kernel_info chosen;
         qmm_matmul_options options = {QMM_OP_QMM_T, NULL};
         if (status == QMM_OK) status = qmm_select(run->context, weights[0], M, &options, &chosen);
@@ -342,14 +146,8 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
                 snprintf(row->note, sizeof row->note, "not eligible: %s", why_not ? why_not : "(no reason given)");
                 continue;
             }
-            double estimate = (double)M * (double)N * (double)K * (double)copies * (run->repeats + 1) / SCALAR_MACS_PER_S;
-            if (strcmp(info.family, "scalar") == 0 && estimate > SCALAR_BUDGET_S) {
-                snprintf(row->note, sizeof row->note,
-                         "skipped: the scalar reference row would take ~%.0f s here (M·N·K = %.3g at ~4 GMAC/s, "
-                         "%zu copies × %d runs)", estimate, (double)M * (double)N * (double)K, copies, run->repeats + 1);
-                continue;
-            }
-            status = time_kernel(run, weights, copies, x, M, out, info.name, &row->us);
+            if (scalar_too_slow(&info, M, N, K, copies, run->repeats, row->note, sizeof row->note)) continue;
+            status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, &row->us);
         }
         if (status == QMM_OK && run->backend == QMM_BACKEND_CUDA && run->peers) {
             char label[64];
@@ -358,7 +156,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
             if (row && matrix->dtype == QMM_F32) {
                 snprintf(row->note, sizeof row->note, "not measured: the cuBLAS peer runs f16 and bf16 cells");
             } else if (row) {
-                size_t dense_copies = copies_for(run, (double)N * (double)K * (double)element);
+                size_t dense_copies = copies_for(run->cache_bytes, run->quick, (double)N * (double)K * (double)element);
                 char note[200] = "";
                 if (bench_cuda_dense(N, K, M, matrix->dtype, dense_copies, run->repeats, &row->us, note, sizeof note) != QMM_OK)
                     snprintf(row->note, sizeof row->note, "failed: %s", qmm_last_error());
@@ -377,8 +175,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
                 run->cell_count, shape->name, M, qmm_dtype_name(matrix->dtype), cell->selected, best, best / cell->floor_us,
                 cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
     }
-    for (size_t i = 0; i < copies; i++) qmm_weights_destroy(weights[i]);
-    free(weights);
+    weight_copies_destroy(weights, copies);
     return status;
 }
 
@@ -387,7 +184,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
 static qmm_status bench_openblas_shape(bench_run *run, const qmm_qmatrix *master, bench_cell *cells_of_shape) {
     const size_t N = master->rows, K = master->cols;
     double dense_bytes = (double)N * (double)K * sizeof(float);
-    size_t copies = copies_for(run, dense_bytes);
+    size_t copies = copies_for(run->cache_bytes, run->quick, dense_bytes);
     float **w = calloc(copies, sizeof *w);
     qmm_status status = w ? QMM_OK : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu dense copies", copies);
     for (size_t i = 0; status == QMM_OK && i < copies; i++) {
@@ -719,29 +516,6 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
 
 /* ───────────────────────────── qmm bench ───────────────────────────── */
 
-/* Random weights of one shape: random codes, scales in [2^-8, 2^-6), biases in [-2^-4, 2^-4), f32. */
-static qmm_status make_master(const bench_run *run, const bench_shape *shape, qmm_qmatrix *matrix, uint32_t **w,
-                              float **scales, float **biases) {
-    size_t words = shape->N * qmm_packed_words(shape->K, run->bits);
-    size_t groups = shape->N * qmm_groups(shape->K, run->group_size);
-    *w = malloc(words * sizeof **w);
-    *scales = malloc(groups * sizeof **scales);
-    *biases = malloc(groups * sizeof **biases);
-    if (!*w || !*scales || !*biases)
-        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the weights of %s (%zu×%zu)", shape->name, shape->N,
-                         shape->K);
-    uint64_t state = 0x5eed0000u + shape->N * 31u + shape->K;
-    for (size_t i = 0; i < words; i++) (*w)[i] = (uint32_t)next_random(&state);
-    for (size_t i = 0; i < groups; i++) {
-        double u = (double)(next_random(&state) >> 11) * 0x1.0p-53, v = (double)(next_random(&state) >> 11) * 0x1.0p-53;
-        (*scales)[i] = (float)(0x1.0p-8 * (1.0 + 3.0 * u));
-        (*biases)[i] = (float)(0x1.0p-4 * (2.0 * v - 1.0));
-    }
-    qmm_qmatrix m = {*w, *scales, *biases, QMM_F32, shape->N, shape->K, run->bits, run->group_size};
-    *matrix = m;
-    return qmm_qmatrix_validate(matrix);
-}
-
 int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
                *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL;
@@ -836,7 +610,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         run->dtypes[1] = QMM_BF16;
     }
     if (shapes_text) {
-        if ((status = load_shapes(run, shapes_text)) != QMM_OK) {
+        if ((status = load_shapes(run->shapes, &run->shape_count, run->group_size, shapes_text)) != QMM_OK) {
             rc = library_error(c, status);
             goto done;
         }
@@ -846,7 +620,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
             if (tiny[i].K % (size_t)run->group_size != 0) continue;
             run->shapes[run->shape_count++] = tiny[i];
         }
-    } else if ((status = load_shapes(run, "seed")) != QMM_OK) {
+    } else if ((status = load_shapes(run->shapes, &run->shape_count, run->group_size, "seed")) != QMM_OK) {
         rc = library_error(c, status);
         goto done;
     }
@@ -861,21 +635,9 @@ int cmd_bench(const command *c, int argc, char **argv) {
 
     /* The machine and the two ceilings. */
     fprintf(stderr, "bench: measuring the ceilings...\n");
-    if (cuda) {
-        size_t l2 = 0;
-        status = bench_cuda_machine(run->machine, sizeof run->machine, &l2);
-        if (status == QMM_OK) status = bench_cuda_ceilings(quick, &run->ceilings);
-        run->cache_bytes = l2;
-        snprintf(run->cache_desc, sizeof run->cache_desc, "L2 %.0f MiB", (double)l2 / 1048576.0);
-    } else {
-        char model[200];
-        bench_host_cpu_model(model, sizeof model);
-        snprintf(run->machine, sizeof run->machine, "%s, %d thread%s", model, bench_host_threads(),
-                 bench_host_threads() == 1 ? "" : "s");
-        run->cache_bytes = bench_host_llc_bytes(run->cache_desc, sizeof run->cache_desc);
-        if (run->cache_bytes == 0) run->cache_bytes = (size_t)64 << 20; /* unknown: assume a large one */
-        status = bench_host_ceilings(quick, &run->ceilings);
-    }
+    status = measure_machine(run->backend, run->machine, sizeof run->machine, &run->cache_bytes, run->cache_desc,
+                             sizeof run->cache_desc);
+    if (status == QMM_OK) status = cuda ? bench_cuda_ceilings(quick, &run->ceilings) : bench_host_ceilings(quick, &run->ceilings);
     if (status != QMM_OK) {
         rc = library_error(c, status);
         goto done;
@@ -911,7 +673,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         qmm_qmatrix master;
         uint32_t *w = NULL;
         float *scales = NULL, *biases = NULL;
-        status = make_master(run, shape, &master, &w, &scales, &biases);
+        status = make_master(run->bits, run->group_size, shape, &master, &w, &scales, &biases);
         for (size_t d = 0; d < run->dtype_count && status == QMM_OK; d++) {
             qmm_qmatrix matrix = master;
             void *converted_scales = NULL, *converted_biases = NULL;

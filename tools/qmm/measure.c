@@ -1,0 +1,269 @@
+/*
+ * measure.c — what `qmm bench` and `qmm tune` share to measure kernels the same way (measure.h): option lists,
+ * shape files, the random weights of a shape, the weight copies that rotate beyond the cache, and the timing of
+ * one kernel through a chain.
+ */
+#include "measure.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+const char *source_dir(void) {
+    const char *dir = getenv("QMM_SOURCE_DIR");
+    return dir && dir[0] ? dir : QMM_SOURCE_DIR;
+}
+
+int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* splitmix64, for the random weights. */
+static uint64_t next_random(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* ───────────────────────────── options ───────────────────────────── */
+
+/* "1,2,4" into values (each in [min, max]); returns 0 or the usage exit code. */
+int parse_size_list(const command *c, const char *option, const char *text, size_t min, size_t max,
+                           size_t *values, size_t *count) {
+    *count = 0;
+    const char *p = text;
+    while (1) {
+        const char *comma = strchr(p, ',');
+        size_t length = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        unsigned long long value;
+        if (length == 0 || length >= sizeof item)
+            return usage_error(c, "%s '%s': an empty or overlong item (want comma-separated numbers)", option, text);
+        memcpy(item, p, length);
+        item[length] = '\0';
+        if (!parse_unsigned(item, min, max, &value))
+            return usage_error(c, "%s '%s': '%s' is not a whole number in [%zu, %zu]", option, text, item, min, max);
+        if (*count == MAX_LIST) return usage_error(c, "%s '%s': more than %d values", option, text, MAX_LIST);
+        values[(*count)++] = (size_t)value;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+int parse_dtype_list(const command *c, const char *text, qmm_dtype *values, size_t *count) {
+    *count = 0;
+    const char *p = text;
+    while (1) {
+        const char *comma = strchr(p, ',');
+        size_t length = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        qmm_dtype dtype;
+        if (length == 0 || length >= sizeof item)
+            return usage_error(c, "--dtype '%s': an empty or overlong item (want e.g. f32,bf16)", text);
+        memcpy(item, p, length);
+        item[length] = '\0';
+        if (qmm_dtype_parse(item, &dtype) != QMM_OK || (dtype != QMM_F32 && dtype != QMM_F16 && dtype != QMM_BF16))
+            return usage_error(c, "--dtype '%s': '%s' is not f32, f16 or bf16", text, item);
+        if (*count == MAX_LIST) return usage_error(c, "--dtype '%s': more than %d values", text, MAX_LIST);
+        values[(*count)++] = dtype;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+static int valid_shape_name(const char *name) {
+    if (!name[0]) return 0;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+              *p == '_' || *p == '-'))
+            return 0;
+    return 1;
+}
+
+/* Appends the shapes of one file ("name N K" lines, '#' comments). Errors name the file, line and rule. */
+static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int group_size, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return qmm_error(QMM_ERR_IO, "cannot open shapes file '%s': %s", path, strerror(errno));
+    char line[512];
+    int number = 0;
+    qmm_status status = QMM_OK;
+    while (status == QMM_OK && fgets(line, sizeof line, f)) {
+        number++;
+        line[strcspn(line, "#\n")] = '\0';
+        char name[128], extra[8];
+        unsigned long long N, K;
+        char n_text[32], k_text[32];
+        int fields = sscanf(line, "%127s %31s %31s %7s", name, n_text, k_text, extra);
+        if (fields <= 0) continue;
+        if (fields != 3) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: want \"name N K\" (3 fields), got %d", path, number, fields);
+        } else if (!valid_shape_name(name) || strlen(name) >= sizeof shapes[0].name) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%s' must be 1-63 characters of A-Z a-z 0-9 . _ -",
+                               path, number, name);
+        } else if (!parse_unsigned(n_text, 1, 1u << 30, &N) || !parse_unsigned(k_text, 1, 1u << 30, &K)) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: N='%s' and K='%s' must be whole numbers in [1, 2^30]", path,
+                               number, n_text, k_text);
+        } else if (K % (unsigned long long)group_size != 0) {
+            status = qmm_error(QMM_ERR_SHAPE, "%s:%d: shape %s has K=%llu, not a multiple of --group-size %d", path,
+                               number, name, K, group_size);
+        } else if (*shape_count == MAX_SHAPES) {
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s:%d: more than %d shapes in all", path, number, MAX_SHAPES);
+        } else {
+            bench_shape *shape = &shapes[(*shape_count)++];
+            snprintf(shape->name, sizeof shape->name, "%s", name);
+            shape->N = (size_t)N;
+            shape->K = (size_t)K;
+        }
+    }
+    fclose(f);
+    if (status == QMM_OK && *shape_count == 0)
+        status = qmm_error(QMM_ERR_CORRUPT, "shapes file '%s' has no shapes", path);
+    return status;
+}
+
+/* --shapes A,B: each a file path, or a name of bench/shapes/NAME.txt. */
+qmm_status load_shapes(bench_shape *shapes, size_t *shape_count, int group_size, const char *text) {
+    char copy[2048];
+    if (strlen(text) >= sizeof copy) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "--shapes is longer than %zu bytes", sizeof copy - 1);
+    snprintf(copy, sizeof copy, "%s", text);
+    for (char *item = strtok(copy, ","); item; item = strtok(NULL, ",")) {
+        char path[PATH_MAX];
+        struct stat info;
+        if (stat(item, &info) == 0 && S_ISREG(info.st_mode)) {
+            snprintf(path, sizeof path, "%s", item);
+        } else {
+            snprintf(path, sizeof path, "%s/bench/shapes/%s.txt", source_dir(), item);
+            if (stat(path, &info) != 0)
+                return qmm_error(QMM_ERR_NOT_FOUND, "--shapes '%s': no file '%s' and no %s (a shapes file or the name "
+                                 "of one in bench/shapes/: seed, qwen3)", item, item, path);
+        }
+        qmm_status status = load_shape_file(shapes, shape_count, group_size, path);
+        if (status != QMM_OK) return status;
+    }
+    return QMM_OK;
+}
+
+
+/* ───────────────────────────── measurement ───────────────────────────── */
+
+/* Median µs of one product: a chain with one step per weight copy, one warm-up run, then `repeats` runs,
+ * each giving qmm_chain_elapsed ÷ steps. */
+qmm_status time_kernel(qmm_context *context, int repeats, qmm_weights **weights, size_t copies, qmm_buffer *x, size_t M,
+                       qmm_buffer *out, const char *kernel, double *us) {
+    qmm_chain *chain = NULL;
+    double *samples = malloc((size_t)repeats * sizeof *samples);
+    qmm_status status = samples ? qmm_chain_create(context, &chain)
+                                : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %d samples", repeats);
+    qmm_matmul_options options = {QMM_OP_QMM_T, kernel};
+    /* Whole-chain timing: on CUDA the graph then holds only the kernels (no event nodes between steps), and host
+     * backends synchronize once per run. */
+    if (status == QMM_OK) status = qmm_chain_set_step_timing(chain, 0);
+    for (size_t i = 0; status == QMM_OK && i < copies; i++)
+        status = qmm_chain_add_matmul(chain, weights[i], x, M, out, &options);
+    if (status == QMM_OK) status = qmm_chain_run(chain); /* warm-up (and, on CUDA, the graph capture) */
+    for (int r = 0; status == QMM_OK && r < repeats; r++) {
+        double elapsed = 0.0;
+        if ((status = qmm_chain_run(chain)) == QMM_OK && (status = qmm_chain_elapsed(chain, &elapsed)) == QMM_OK)
+            samples[r] = elapsed / (double)copies;
+    }
+    if (status == QMM_OK) {
+        qsort(samples, (size_t)repeats, sizeof *samples, compare_doubles);
+        *us = samples[repeats / 2];
+    }
+    qmm_chain_destroy(chain);
+    free(samples);
+    return status;
+}
+
+/* Copies that rotate through more than twice the cache (at least 2, at most MAX_COPIES). */
+size_t copies_for(size_t cache_bytes, int quick, double bytes_per_copy) {
+    if (quick) return 2;
+    double wanted = ceil(2.0 * (double)cache_bytes / bytes_per_copy);
+    if (wanted < 2) wanted = 2;
+    if (wanted > MAX_COPIES) wanted = MAX_COPIES;
+    return (size_t)wanted;
+}
+
+/* Random weights of one shape: random codes, scales in [2^-8, 2^-6), biases in [-2^-4, 2^-4), f32. */
+qmm_status make_master(int bits, int group_size, const bench_shape *shape, qmm_qmatrix *matrix, uint32_t **w, float **scales,
+                       float **biases) {
+    size_t words = shape->N * qmm_packed_words(shape->K, bits);
+    size_t groups = shape->N * qmm_groups(shape->K, group_size);
+    *w = malloc(words * sizeof **w);
+    *scales = malloc(groups * sizeof **scales);
+    *biases = malloc(groups * sizeof **biases);
+    if (!*w || !*scales || !*biases)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the weights of %s (%zu×%zu)", shape->name, shape->N,
+                         shape->K);
+    uint64_t state = 0x5eed0000u + shape->N * 31u + shape->K;
+    for (size_t i = 0; i < words; i++) (*w)[i] = (uint32_t)next_random(&state);
+    for (size_t i = 0; i < groups; i++) {
+        double u = (double)(next_random(&state) >> 11) * 0x1.0p-53, v = (double)(next_random(&state) >> 11) * 0x1.0p-53;
+        (*scales)[i] = (float)(0x1.0p-8 * (1.0 + 3.0 * u));
+        (*biases)[i] = (float)(0x1.0p-4 * (2.0 * v - 1.0));
+    }
+    qmm_qmatrix m = {*w, *scales, *biases, QMM_F32, shape->N, shape->K, bits, group_size};
+    *matrix = m;
+    return qmm_qmatrix_validate(matrix);
+}
+
+int scalar_too_slow(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
+                    size_t note_size) {
+    double estimate = (double)M * (double)N * (double)K * (double)copies * (repeats + 1) / SCALAR_MACS_PER_S;
+    if (strcmp(info->family, "scalar") != 0 || estimate <= SCALAR_BUDGET_S) return 0;
+    snprintf(note, note_size,
+             "skipped: the scalar reference row would take ~%.0f s here (M·N·K = %.3g at ~4 GMAC/s, %zu copies × %d runs)",
+             estimate, (double)M * (double)N * (double)K, copies, repeats + 1);
+    return 1;
+}
+
+qmm_status measure_machine(qmm_backend backend, char *machine, size_t machine_size, size_t *cache_bytes,
+                           char *cache_desc, size_t desc_size) {
+    if (backend == QMM_BACKEND_CUDA) {
+        size_t l2 = 0;
+        qmm_status status = bench_cuda_machine(machine, machine_size, &l2);
+        *cache_bytes = l2;
+        snprintf(cache_desc, desc_size, "L2 %.0f MiB", (double)l2 / 1048576.0);
+        return status;
+    }
+    char model[200];
+    bench_host_cpu_model(model, sizeof model);
+    snprintf(machine, machine_size, "%s, %d thread%s", model, bench_host_threads(), bench_host_threads() == 1 ? "" : "s");
+    *cache_bytes = bench_host_llc_bytes(cache_desc, desc_size);
+    if (*cache_bytes == 0) *cache_bytes = (size_t)64 << 20; /* unknown: assume a large one */
+    return QMM_OK;
+}
+
+qmm_status weight_copies_create(qmm_context *context, const qmm_qmatrix *matrix, size_t copies, qmm_weights ***weights) {
+    *weights = calloc(copies, sizeof **weights);
+    if (!*weights) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu weight copies", copies);
+    qmm_status status = QMM_OK;
+    for (size_t i = 0; status == QMM_OK && i < copies; i++) status = qmm_weights_create(context, matrix, &(*weights)[i]);
+    return status;
+}
+
+void weight_copies_destroy(qmm_weights **weights, size_t copies) {
+    for (size_t i = 0; weights && i < copies; i++) qmm_weights_destroy(weights[i]);
+    free(weights);
+}
+
+qmm_status operands_create(qmm_context *context, qmm_dtype dtype, size_t M, size_t N, size_t K, qmm_buffer **x,
+                           qmm_buffer **out) {
+    *x = *out = NULL;
+    const size_t element = qmm_dtype_size(dtype);
+    void *host_x = malloc(M * K * element);
+    qmm_status status = host_x ? QMM_OK : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate x of %zu×%zu", M, K);
+    if (status == QMM_OK) status = fill_random(DEFAULT_SEED + M, host_x, dtype, M * K);
+    if (status == QMM_OK) status = qmm_buffer_create(context, dtype, M * K, x);
+    if (status == QMM_OK) status = qmm_buffer_create(context, dtype, M * N, out);
+    if (status == QMM_OK) status = qmm_buffer_write(*x, host_x, M * K);
+    free(host_x);
+    return status;
+}

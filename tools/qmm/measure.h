@@ -1,0 +1,61 @@
+/*
+ * measure.h — what `qmm bench` (bench.c) and `qmm tune` (tune.c) share so that both measure a kernel the same
+ * way (measure.c): option lists, shape files, a shape's random weights, weight copies that rotate beyond the
+ * last-level cache (CPU) or the L2 (CUDA), and one kernel's median time through a chain with a step per copy.
+ */
+#ifndef QMM_TOOLS_MEASURE_H
+#define QMM_TOOLS_MEASURE_H
+
+#include "bench.h"
+
+#define MAX_SHAPES 256
+#define MAX_LIST 64
+#define MAX_COPIES 512
+/* The scalar reference rows run at about 4 GMAC/s on one thread; a row whose whole measurement (warm-up and
+ * repeats over every copy) would take longer than SCALAR_BUDGET_S seconds is skipped and says so. */
+#define SCALAR_MACS_PER_S 4e9
+#define SCALAR_BUDGET_S 10.0
+
+typedef struct bench_shape {
+    char name[64];
+    size_t N, K;
+} bench_shape;
+
+/* QMM_SOURCE_DIR from the environment, else the build's source directory (bench/shapes/, bench/peers/). */
+const char *source_dir(void);
+int compare_doubles(const void *a, const void *b);
+
+/* "1,2,4" into values[MAX_LIST] (each in [min, max]); returns 0 or the usage exit code after printing why. */
+int parse_size_list(const command *c, const char *option, const char *text, size_t min, size_t max, size_t *values,
+                    size_t *count);
+/* "f32,bf16" into values[MAX_LIST]; returns 0 or the usage exit code. */
+int parse_dtype_list(const command *c, const char *text, qmm_dtype *values, size_t *count);
+/* --shapes A,B: each a file of "name N K" lines ('#' comments) or the name of bench/shapes/NAME.txt, appended to
+ * shapes[MAX_SHAPES]. Errors name the file, line and rule (K must be a multiple of group_size). */
+qmm_status load_shapes(bench_shape *shapes, size_t *shape_count, int group_size, const char *text);
+/* Random f32 weights of one shape (deterministic per shape): random codes, scales in [2^-8, 2^-6), biases in
+ * [-2^-4, 2^-4). The arrays are malloc'd into *w, *scales, *biases (free them even on failure). */
+qmm_status make_master(int bits, int group_size, const bench_shape *shape, qmm_qmatrix *matrix, uint32_t **w,
+                       float **scales, float **biases);
+
+/* The machine's description and the cache the weight copies must exceed (CUDA: the L2; host: the LLC, or 64 MiB
+ * when unknown). */
+qmm_status measure_machine(qmm_backend backend, char *machine, size_t machine_size, size_t *cache_bytes,
+                           char *cache_desc, size_t desc_size);
+/* Copies that rotate through more than twice the cache (at least 2, at most MAX_COPIES; 2 when quick). */
+size_t copies_for(size_t cache_bytes, int quick, double bytes_per_copy);
+/* `copies` weights objects of matrix on context (destroy with weight_copies_destroy, also after a failure). */
+qmm_status weight_copies_create(qmm_context *context, const qmm_qmatrix *matrix, size_t copies, qmm_weights ***weights);
+void weight_copies_destroy(qmm_weights **weights, size_t copies);
+/* x [M, K] of seeded random values (DEFAULT_SEED + M) and out [M, N], both dtype (destroy both, also on failure). */
+qmm_status operands_create(qmm_context *context, qmm_dtype dtype, size_t M, size_t N, size_t K, qmm_buffer **x,
+                           qmm_buffer **out);
+/* Whether a scalar reference row's measurement would take more than SCALAR_BUDGET_S; then note says so. */
+int scalar_too_slow(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
+                    size_t note_size);
+/* Median µs of one product by `kernel` (NULL: the selector's choice): a chain with one step per weight copy, step
+ * timing off, one warm-up run, then `repeats` runs, each giving qmm_chain_elapsed ÷ steps. */
+qmm_status time_kernel(qmm_context *context, int repeats, qmm_weights **weights, size_t copies, qmm_buffer *x, size_t M,
+                       qmm_buffer *out, const char *kernel, double *us);
+
+#endif
