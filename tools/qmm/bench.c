@@ -70,6 +70,7 @@ typedef struct bench_run {
     char command_line[2048];
     char date[64];
     char load_warning[256];
+    char tuning[1024]; /* --tuning: what was loaded, or "" */
     double started;
 } bench_run;
 
@@ -316,6 +317,9 @@ static void print_header(const bench_run *run) {
     else
         printf("# timing: one chain per (cell, kernel) with a step per copy; host clock around the whole run ÷ steps, "
                "median of %d runs after a warm-up\n", run->repeats);
+    if (run->tuning[0])
+        printf("# the selector read a measured %s ('selector picked the fastest' judges the tuned selector)\n",
+               run->tuning);
     printf("# * = the selector's choice; 'fastest' = the selector's kernel is within 5%% of the fastest kernel measured; "
            "GB/s = the quantized problem's bytes ÷ time (also for peers)\n");
     for (size_t i = 0; i < run->absent_count; i++) printf("# peer %s\n", run->absent[i]);
@@ -425,6 +429,7 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
     cJSON_AddNumberToObject(root, "repeats", run->repeats);
     cJSON_AddBoolToObject(root, "quick", run->quick);
     if (run->load_warning[0]) cJSON_AddStringToObject(root, "warning", run->load_warning + 2);
+    if (run->tuning[0]) cJSON_AddStringToObject(root, "tuning", run->tuning);
     cJSON *absent = cJSON_AddArrayToObject(root, "peers_absent");
     for (size_t i = 0; i < run->absent_count; i++) cJSON_AddItemToArray(absent, cJSON_CreateString(run->absent[i]));
     cJSON *cells = cJSON_AddArrayToObject(root, "cells");
@@ -518,7 +523,7 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
 
 int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
-               *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL;
+               *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL;
     int no_peers = 0, quick = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
@@ -526,7 +531,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--bits", NULL, &bits_text, NULL, NULL, 0, NULL},       {"--group-size", NULL, &group_text, NULL, NULL, 0, NULL},
         {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},        {"--repeats", NULL, &repeats_text, NULL, NULL, 0, NULL},
         {"--json", NULL, &json_text, NULL, NULL, 0, NULL},       {"--no-peers", NULL, NULL, NULL, NULL, 0, &no_peers},
-        {"--quick", NULL, NULL, NULL, NULL, 0, &quick},
+        {"--quick", NULL, NULL, NULL, NULL, 0, &quick},          {"--tuning", NULL, &tuning_text, NULL, NULL, 0, NULL},
     };
     const char *positional[1];
     size_t npositional;
@@ -578,6 +583,13 @@ int cmd_bench(const command *c, int argc, char **argv) {
         goto done;
     }
     run->backend = qmm_context_backend(run->context);
+    if (tuning_text) {
+        if ((status = load_tuning_option(run->context, tuning_text, run->tuning, sizeof run->tuning)) != QMM_OK) {
+            rc = library_error(c, status);
+            goto done;
+        }
+        fprintf(stderr, "bench: %s\n", run->tuning);
+    }
     if (json_text && (rc = resolve_json_path(c, json_text, run->backend, json_path, sizeof json_path))) goto done;
     if (kernel) {
         int found = 0;

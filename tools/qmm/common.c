@@ -234,6 +234,20 @@ qmm_status open_context(int backend, qmm_context **context) {
     return status;
 }
 
+qmm_status load_tuning_option(qmm_context *context, const char *path, char *note, size_t size) {
+    qmm_status status = qmm_context_load_tuning(context, path);
+    if (status != QMM_OK) return status;
+    size_t other_device = 0, unknown_kernel = 0;
+    size_t in_use = qmm_context_tuning_count(context, &other_device, &unknown_kernel);
+    int used = snprintf(note, size, "tuning table %s: %zu entr%s in use", path, in_use, in_use == 1 ? "y" : "ies");
+    if (other_device && used >= 0 && (size_t)used < size)
+        used += snprintf(note + used, size - (size_t)used, "; %zu set aside: measured on another device than \"%s\"",
+                         other_device, qmm_context_device(context));
+    if (unknown_kernel && used >= 0 && (size_t)used < size)
+        snprintf(note + used, size - (size_t)used, "; %zu set aside: naming a kernel this build lacks", unknown_kernel);
+    return QMM_OK;
+}
+
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */
 
 /* Runs out = x·Ŵᵀ (x: M×K of matrix->dtype) through the runtime — kernel forced when `kernel` is not

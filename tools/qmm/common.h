@@ -54,6 +54,7 @@ int cmd_matmul(const command *self, int argc, char **argv);
 int cmd_run(const command *self, int argc, char **argv);
 int cmd_kernels(const command *self, int argc, char **argv);
 int cmd_bench(const command *self, int argc, char **argv);
+int cmd_tune(const command *self, int argc, char **argv);
 
 /* Prints "qmm CMD: usage error: ..." and a hint to stderr; returns QMM_EXIT_USAGE. */
 int usage_error(const command *c, const char *format, ...) QMM_PRINTF(2, 3);
@@ -107,6 +108,11 @@ int parse_backend(const command *c, const char *text, int *backend);
 /* A context on the parsed backend (device 0). A named backend that cannot be created (not built in, no
  * device) is an error naming the option and the library's reason; auto falls back to the next backend. */
 qmm_status open_context(int backend, qmm_context **context);
+
+/* --tuning FILE (bench, run, matmul): loads a tuning table (qmm tune) into the context and describes it in
+ * note[size]: "tuning table FILE: N entries in use[; X set aside: measured on another device; Y set aside: naming
+ * a kernel this build lacks]". Returns the library's status (its message names the file and the rule). */
+qmm_status load_tuning_option(qmm_context *context, const char *path, char *note, size_t size);
 
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */
 

@@ -1,6 +1,7 @@
 /*
  * main.c — the qmm command-line tool: the command table, help and dispatch. Each command lives in its
- * own file (info.c, convert.c, quantize.c, matmul.c, run.c, kernels.c, bench.c); what they share is in common.c.
+ * own file (info.c, convert.c, quantize.c, matmul.c, run.c, kernels.c, bench.c, tune.c); what they share is in
+ * common.c, and what bench and tune share to measure kernels in measure.c.
  *
  * Conventions: results go to stdout, progress to stderr. A library failure prints
  * "qmm <cmd>: <status string>: <qmm_last_error()>" and exits 1; bad command-line input prints
@@ -40,7 +41,7 @@ static const command commands[] = {
      cmd_quantize},
     {"matmul", "run one layer's product through the runtime and check it against the f64 oracle",
      "usage: qmm matmul DIR --layer NAME -m M [--dtype f32|f16|bf16] [--kernel NAME] [--x FILE.safetensors]\n"
-     "                  [--seed S] [--backend auto|cuda|cpu|ref]\n"
+     "                  [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE]\n"
      "  out[M, N] = x[M, K] · Ŵᵀ for layer NAME of checkpoint DIR. x is uniform random in [-1, 1) (seed S,\n"
      "  default 42) or read from FILE (the tensor named NAME, else its only tensor; shape [T, K], first M\n"
      "  rows, all T rows (at most 65536) when -m is omitted). --dtype other than the layer's scale dtype\n"
@@ -48,17 +49,18 @@ static const command commands[] = {
      "  against qmm_ref_dense_f64, the worst error/bound ratio (qmm_error_bound), the median µs of chain runs,\n"
      "  GB/s (weights + scales + biases + x + out bytes / time) and the kernel used. Exit 3 when an output is\n"
      "  outside its bound. M: 1 to 65536. --backend auto: the first of cuda, cpu, ref that is available.\n"
+     "  --tuning FILE: the selector reads that tuning table (qmm tune); --kernel still wins over it.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_matmul},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
-     "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref]\n"
+     "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE]\n"
      "  DIR defaults to the embedded fixture data/" FIXTURE_NAME " (7 linear layers of SmolLM2-135M\n"
      "  block 0, see data/NOTICE). For every quantized layer: x = DIR/activations.safetensors[layer name]\n"
      "  ([T, K], rounded to the layer's scale dtype; seeded random x when absent, marked \"random x\"), the\n"
      "  product through the runtime (selector's choice), every output compared with the f64 oracle under\n"
      "  qmm_error_bound. One row per layer: name, M×N×K, format, kernel, max |error|, worst error/bound, µs.\n"
      "  --backend auto (the default): the first of cuda, cpu, ref that is available; a named backend that is\n"
-     "  not available is an error (exit 1).\n"
+     "  not available is an error (exit 1). --tuning FILE: the selector reads that tuning table (qmm tune).\n"
      "  Ends with a verdict line; exit 3 when any layer is outside its bound.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element of each of the first n layers\n"
      "  before the comparison, to prove the verdict can fail.\n",
@@ -74,6 +76,7 @@ static const command commands[] = {
     {"bench", "time every eligible kernel per (shape, M, dtype) against the measured floor and peers",
      "usage: qmm bench [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
      "                 [--bits B] [--group-size G] [--kernel NAME] [--repeats R] [--json FILE|DIR] [--no-peers] [--quick]\n"
+     "                 [--tuning FILE]\n"
      "  For every shape (n×k, out[M, n] = x[M, k]·Ŵᵀ), M and dtype: the median µs of the selector's kernel and of\n"
      "  every other eligible kernel of the backend (each forced by name), effective GB/s (weights + scales + biases\n"
      "  + x + out bytes ÷ time), the floor = max(bytes ÷ copy bandwidth, 2·M·n·k ÷ matrix peak) with both ceilings\n"
@@ -88,8 +91,27 @@ static const command commands[] = {
      "  ref), f16,bf16 (cuda). --bits/--group-size: default 4/64. --kernel: measure only that kernel.\n"
      "  Scalar reference rows whose measurement would take more than ~10 s are skipped, and say so.\n"
      "  --json: also write every number to FILE (or DIR/bench-BACKEND-DATE.json, e.g. bench/results/).\n"
-     "  --quick: a tiny grid with short ceilings, for tests. Progress goes to stderr; the table to stdout.\n",
+     "  --quick: a tiny grid with short ceilings, for tests. Progress goes to stderr; the table to stdout.\n"
+     "  --tuning FILE: the selector reads that tuning table (qmm tune); the header says so, and 'selector picked\n"
+     "  the fastest' then judges the tuned selector.\n",
      cmd_bench},
+    {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
+     "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
+     "                [--bits B] [--group-size G] [--repeats R] [--out FILE] [--quick]\n"
+     "  For every shape (n×k, qmm_t out[M, n] = x[M, k]·Ŵᵀ), dtype and M: times every eligible kernel of the backend,\n"
+     "  each forced by name, as qmm bench does (weights rotating beyond the cache, chains, median of R runs; no\n"
+     "  peers; scalar reference rows whose measurement would take more than ~10 s are not timed). Consecutive M\n"
+     "  values with the same winner become one entry [m_min, m_max] (an M between two entries with different\n"
+     "  winners is left to the table order); the winner is the fastest kernel, or the order's own pick when it is\n"
+     "  within 2% of the fastest. Writes the table (JSON, docs/kernels.md §4) to FILE via a temporary file and a\n"
+     "  rename — default qmm-tuning-BACKEND.json in the current directory — loads it back, and prints per cell the\n"
+     "  fastest kernel and its µs, the order's pick and its µs, the gain (order ÷ fastest) and the tuned pick.\n"
+     "  The table records the backend and this device's name; qmm_context_load_tuning (and --tuning FILE of qmm\n"
+     "  bench, run and matmul) refuses another backend's table and sets aside entries of another device.\n"
+     "  --shapes: files of \"name N K\" lines, or names of bench/shapes/NAME.txt (seed, qwen3); default seed.\n"
+     "  --m: default 1,2,4,8,16,32,64,128,512 (cpu, ref), 1,2,3,4,6,8,12,16 (cuda). --dtype: default f32,bf16\n"
+     "  (cpu, ref), f16,bf16 (cuda). --bits/--group-size: default 4/64. --quick: a tiny grid, for tests.\n",
+     cmd_tune},
     {"help", "print this list, or a command's usage", "usage: qmm help [COMMAND]\n", cmd_help},
 };
 static const size_t command_count = sizeof commands / sizeof commands[0];

@@ -11,11 +11,11 @@
 
 int cmd_matmul(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *m_text = NULL, *dtype_text = NULL, *kernel = NULL, *x_path = NULL,
-               *seed_text = NULL, *backend = NULL;
+               *seed_text = NULL, *backend = NULL, *tuning = NULL;
     flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0, NULL}, {"-m", NULL, &m_text, NULL, NULL, 0, NULL},
                          {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL}, {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},
                          {"--x", NULL, &x_path, NULL, NULL, 0, NULL},         {"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
-                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
+                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL}, {"--tuning", NULL, &tuning, NULL, NULL, 0, NULL}};
     const char *positional[1];
     size_t npositional;
     int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
@@ -82,6 +82,11 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     }
 
     if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+    if (tuning) {
+        char note[1024];
+        if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;
+        fprintf(stderr, "qmm matmul: %s\n", note);
+    }
     fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_name, qmm_backend_name(qmm_context_backend(context)),
             rows);
     if ((status = check_product(context, &matrix, x, rows, kernel, 0.25, faults > 0, &result)) != QMM_OK) goto cleanup;

@@ -41,11 +41,12 @@ static qmm_status find_fixture(char *out, size_t size) {
 }
 
 int cmd_run(const command *c, int argc, char **argv) {
-    const char *seed_text = NULL, *backend = NULL;
-    flag_spec flags[] = {{"--seed", NULL, &seed_text, NULL, NULL, 0, NULL}, {"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
+    const char *seed_text = NULL, *backend = NULL, *tuning = NULL;
+    flag_spec flags[] = {{"--seed", NULL, &seed_text, NULL, NULL, 0, NULL}, {"--backend", NULL, &backend, NULL, NULL, 0, NULL},
+                         {"--tuning", NULL, &tuning, NULL, NULL, 0, NULL}};
     const char *positional[1];
     size_t npositional;
-    int rc = parse_args(c, argc, argv, flags, 2, positional, 1, &npositional);
+    int rc = parse_args(c, argc, argv, flags, 3, positional, 1, &npositional);
     if (rc) return rc;
     unsigned long long seed = DEFAULT_SEED, faults = 0;
     if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
@@ -81,6 +82,11 @@ int cmd_run(const command *c, int argc, char **argv) {
         (status = qmm_safetensors_open(activations_path, &activations)) != QMM_OK)
         goto cleanup;
     if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+    if (tuning) {
+        char note[1024];
+        if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;
+        fprintf(stderr, "qmm run: %s\n", note);
+    }
 
     fprintf(stderr, "qmm run: %s: %zu quantized layers, backend %s, activations %s\n", dir, count,
             qmm_backend_name(qmm_context_backend(context)), activations ? "activations.safetensors" : "(none)");
