@@ -219,7 +219,7 @@ double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_d
 typedef enum qmm_backend {
     QMM_BACKEND_REF = 0,  /* the scalar oracle kernels only */
     QMM_BACKEND_CPU = 1,  /* CPU SIMD kernels (AVX-512, AVX2, portable C; picked at run time), then the reference rows */
-    QMM_BACKEND_CUDA = 2, /* CUDA kernels (a later issue) */
+    QMM_BACKEND_CUDA = 2, /* NVIDIA GPUs, compute capability ≥ 8.0: tensor-core and generic kernels (docs/kernels.md §9) */
 } qmm_backend;
 
 /* "ref", "cpu", "cuda". */
@@ -243,8 +243,12 @@ typedef struct qmm_chain qmm_chain;
  * pointer like any freed one. (A chain whose context handle was destroyed still accepts steps: it uses
  * its own hold.) The counts are not atomic: a context and all its objects are used from one thread. */
 
-/* Creates a context bound to one backend (for CUDA: device ordinal `device`; ignored otherwise).
- * Errors: QMM_ERR_UNSUPPORTED when the backend is not built in or has no device, naming it;
+/* Creates a context bound to one backend (for CUDA: device ordinal `device`, one stream of its own;
+ * ignored otherwise). Weights and buffers of a CUDA context live in device memory (cudaMalloc); matmuls
+ * are queued on the stream and qmm_buffer_read waits for them.
+ * Errors: QMM_ERR_UNSUPPORTED when the backend is not built in, or (CUDA) there is no usable device
+ * ("no CUDA device: …", or a compute capability below 8.0); QMM_ERR_INVALID_ARGUMENT for a CUDA device
+ * ordinal that does not exist; QMM_ERR_BACKEND for a failing CUDA call (naming the call, file and line);
  * QMM_ERR_OUT_OF_MEMORY. A context is not thread-safe: use one per thread. */
 qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context);
 /* Drops the caller's hold on the context (see "Lifetimes"): it is closed and freed now, or when the
@@ -266,7 +270,9 @@ qmm_status qmm_context_set_threads(qmm_context *context, int threads);
 int qmm_context_threads(const qmm_context *context);
 
 /* Creates immutable device-resident weights from a host qmm_qmatrix (copied; the caller's arrays may
- * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag).
+ * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag). On CUDA a
+ * 4- or 8-bit matrix with f16/bf16 scales is also repacked once for the tensor-core kernels (the
+ * layout of docs/kernels.md §9.1), so it takes its weight bytes twice in device memory.
  * The weights hold the context. Errors: validation errors of qmm_qmatrix_validate,
  * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context), QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights);
