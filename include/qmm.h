@@ -197,6 +197,33 @@ qmm_status qmm_ref_qmm_n(const qmm_qmatrix *matrix, const void *x, size_t M, voi
 qmm_status qmm_ref_dense_f64(const qmm_qmatrix *matrix, const void *x, size_t M, int transpose,
                              double *out_f64, double *abs_dot);
 
+/* The MoE gather product (MLX gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose=True,
+ * group_size, bits), mlx/backend/cpu/quantized.cpp), for B index pairs:
+ *     out[i, :] = x[lhs_indices[i], :] · Ŵ[rhs_indices[i]]ᵀ          i = 0 … B−1
+ *   stacked      the weights of E = expert_count experts, stored contiguously as MLX stores w [E, N, K·bits/32]
+ *                and scales/biases [E, N, K/group_size]: one qmm_qmatrix with rows = E·N and cols = K, expert e
+ *                being rows [e·N, (e+1)·N). A checkpoint layer with a leading expert dimension is exactly this
+ *                (qmm_layer.matrix with qmm_layer.experts).
+ *   x            stacked->dtype [T, K]; out stacked->dtype [B, N]
+ *   lhs_indices  uint32 [B], each < T; NULL means lhs_indices[i] = i (then B ≤ T)
+ *   rhs_indices  uint32 [B], each < E (any order; repeats and unused experts are fine)
+ * Each output row is computed exactly as qmm_ref_qmm_t computes row 0 of x[lhs_indices[i]] times expert
+ * rhs_indices[i] (f32, per-group split, one rounding to the dtype), so rows do not depend on B, on the
+ * order of the pairs or on the other pairs. Every index is checked before anything is written.
+ * Errors: validation errors of stacked; QMM_ERR_SHAPE (expert_count 0 or not dividing stacked->rows, T = 0,
+ * B = 0, lhs_indices NULL with B > T); QMM_ERR_INVALID_ARGUMENT (x, rhs_indices or out NULL; an index out
+ * of range: the message names the array, the position, the value and the bound, e.g.
+ * "rhs_indices[5]=8 is out of range: the weights hold 8 experts (0..7)"); QMM_ERR_OVERFLOW (T·K or B·N);
+ * QMM_ERR_OUT_OF_MEMORY. */
+qmm_status qmm_ref_gather_qmm(const qmm_qmatrix *stacked, size_t expert_count, const void *x, size_t T,
+                              const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, void *out);
+/* The f64 check of the gather product: qmm_ref_dense_f64 (transpose = 1) of each pair's x row and expert,
+ * out_f64[B, N] and, when abs_dot is not NULL, abs_dot[B, N] (the input of qmm_error_bound with K = cols).
+ * Same arguments and errors as qmm_ref_gather_qmm. */
+qmm_status qmm_ref_gather_dense_f64(const qmm_qmatrix *stacked, size_t expert_count, const void *x, size_t T,
+                                    const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B,
+                                    double *out_f64, double *abs_dot);
+
 /* The documented error bound for one output of a kernel that accumulates K products in f32 and rounds
  * once to out_dtype (docs/kernels.md §6, "Tolerance"):
  *     bound = slack·( (1 + u(out_dtype))·( γ(K + 2)·abs_dot + (1 + γ(K + 2))·K·2^-149 )
@@ -276,6 +303,18 @@ int qmm_context_threads(const qmm_context *context);
  * The weights hold the context. Errors: validation errors of qmm_qmatrix_validate,
  * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context), QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights);
+/* Creates the weights of expert_count MoE experts for qmm_gather_matmul: stacked holds them contiguously,
+ * rows = expert_count·N and cols = K (MLX gather_qmm's w [E, N, K·bits/32], scales/biases [E, N, K/group_size];
+ * expert e is rows [e·N, (e+1)·N); see qmm_ref_gather_qmm). Copied like qmm_weights_create, whose call with
+ * one matrix is the same as expert_count = 1. Weights of more than one expert serve only qmm_gather_matmul
+ * (qmm_matmul refuses them: their rows are not one matrix). qmm_weights_describe reports the stacked format.
+ * The weights hold the context and are counted like any weights (qmm_weights_destroy, chains).
+ * Errors: those of qmm_weights_create; QMM_ERR_SHAPE when expert_count is 0 or does not divide
+ * stacked->rows (the message gives both). */
+qmm_status qmm_weights_create_experts(qmm_context *context, const qmm_qmatrix *stacked, size_t expert_count,
+                                      qmm_weights **weights);
+/* Experts of the weights: E for qmm_weights_create_experts, 1 for qmm_weights_create, 0 for NULL. */
+size_t qmm_weights_expert_count(const qmm_weights *weights);
 /* Drops the caller's hold: freed now, or when the last chain that uses them is destroyed. NULL ok. */
 void qmm_weights_destroy(qmm_weights *weights);
 /* The format of the weights (pointers in the result are NULL: data lives on the device).
@@ -305,8 +344,9 @@ qmm_status qmm_buffer_poison(qmm_buffer *buffer);
 typedef enum qmm_op {
     QMM_OP_QMM_T = 0, /* out = x·Ŵᵀ, weights rows = N, cols = K */
     QMM_OP_QMM_N = 1, /* out = x·Ŵ,  weights rows = K, cols = N */
+    QMM_OP_GATHER = 2, /* out[i] = x[lhs_indices[i]]·Ŵ[rhs_indices[i]]ᵀ over E experts (qmm_gather_matmul only) */
 } qmm_op;
-/* "qmm_t", "qmm_n". */
+/* "qmm_t", "qmm_n", "gather". */
 const char *qmm_op_name(qmm_op op);
 
 /* Options of one matmul. Zero-initialised means: op qmm_t, selector's choice. */
@@ -338,6 +378,34 @@ typedef struct qmm_kernel_info {
  * buffers of another context, x and out the same buffer). */
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                       qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info);
+
+/* Options of one gather. Zero-initialised means: the selector's choice, sortedness detected. */
+typedef struct qmm_gather_options {
+    const char *kernel; /* NULL: the selector chooses; else a registered gather row (op gather), forced */
+    /* MLX's sorted_indices. The runtime always detects whether rhs_indices is non-decreasing (rows of one
+     * expert contiguous: the fast path) while it checks the indices; nonzero here is a promise that it is,
+     * and a broken promise is an error naming the first position out of order, never a wrong result. */
+    int sorted_indices;
+} qmm_gather_options;
+
+/* Enqueues the MoE gather product (MLX gather_qmm, transpose=True; the arithmetic of qmm_ref_gather_qmm):
+ *     out[i, :] = x[lhs_indices[i], :] · Ŵ[rhs_indices[i]]ᵀ          i = 0 … B−1
+ * weights: E experts of N×K (qmm_weights_create_experts; plain weights are E = 1). x: a buffer of at least
+ * T·K elements, the rows tokens are taken from; out: at least B·N elements; both of the weights' scale dtype.
+ * lhs_indices (NULL: row i of x, then B ≤ T) and rhs_indices are uint32 host arrays of B entries, read during
+ * the call only; every index is checked before any work, so a bad one leaves out untouched. When
+ * rhs_indices is non-decreasing the kernels run one product per expert block (each used expert's weights
+ * read once for all its rows); otherwise the result is the same, computed in more, smaller blocks.
+ * Blocking like qmm_matmul; info (if not NULL) receives the kernel that ran.
+ * Errors: QMM_ERR_INVALID_ARGUMENT (a NULL context, weights, x, out or rhs_indices; objects of another
+ * context; x and out the same buffer; an index out of range, naming the array, position, value and bound;
+ * sorted_indices promised but rhs_indices[i] < rhs_indices[i−1]), QMM_ERR_SHAPE (T = 0, B = 0, B > T with
+ * lhs_indices NULL, a buffer too small or of another dtype), QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND /
+ * QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul; or no gather row on this backend).
+ * Source: mlx.core.gather_qmm (mlx/backend/cpu/quantized.cpp, mlx/ops.cpp). */
+qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
+                             const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
+                             const qmm_gather_options *options, qmm_kernel_info *info);
 
 /* The selector's choice for a call of this shape, without running it. Same errors as qmm_matmul. */
 qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M,

@@ -87,4 +87,13 @@ static inline uint32_t qmm_code_at(const uint32_t *row, size_t j, int bits) {
 void qmm_pack_stream(const uint8_t *codes, size_t count, int bits, uint32_t *out);
 void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *codes);
 
+/* The checks every gather entry point shares (src/core/gather.c), in this order, before any work:
+ * expert_count ≥ 1 dividing rows (then *N = rows / expert_count), T ≥ 1, B ≥ 1, rhs_indices not NULL,
+ * T·K and B·N elements of dtype addressable, lhs_indices NULL only with B ≤ T, every lhs_indices[i] < T
+ * and rhs_indices[i] < expert_count (the message names the array, the position, the value and the bound).
+ * *sorted receives whether rhs_indices is non-decreasing. function prefixes every message. */
+qmm_status qmm_gather_validate(const char *function, size_t rows, size_t K, qmm_dtype dtype, size_t expert_count,
+                               size_t T, const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B,
+                               size_t *N, bool *sorted);
+
 #endif /* QMM_INTERNAL_H */

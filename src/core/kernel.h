@@ -19,7 +19,15 @@
  *   out    dtype [M, N]
  * The runtime has validated everything before a kernel sees the call: M, N, K ≥ 1, the quantized
  * dimension (K for qmm_t, N for qmm_n) a multiple of group_size, M·K, M·N and every byte size fit in
- * size_t, x and out are distinct buffers of at least M·K and M·N elements. */
+ * size_t, x and out are distinct buffers of at least M·K and M·N elements.
+ *
+ * op gather (MLX gather_qmm): out[i, :] = x[lhs_indices[i], :]·Ŵ[rhs_indices[i]]ᵀ for i < M, so M = B
+ * (the number of index pairs) and out is dtype [B, N]; x is dtype [T, K]; w, scales and biases hold
+ * expert_count experts of N rows each, contiguously (rows = expert_count·N, cols = K; expert e starts at
+ * row e·N). The index arrays are host memory on every backend (a device backend copies them in run());
+ * the runtime has checked every index (lhs_indices[i] < T, or lhs_indices NULL meaning i with B ≤ T;
+ * rhs_indices[i] < expert_count), T·K and expert_count·N and set rhs_sorted when rhs_indices is
+ * non-decreasing. For the other ops these fields are zero. */
 typedef struct qmm_call {
     qmm_op op;
     qmm_dtype dtype;
@@ -33,6 +41,12 @@ typedef struct qmm_call {
     void *out;
     void *backend_state; /* the backend's per-context state (CPU threads, CUDA stream), may be NULL */
     const void *weights_extra; /* what the backend's weights_prepare hook made (a repacked copy), may be NULL */
+    /* op gather only (see above) */
+    size_t T;                    /* rows of x */
+    size_t expert_count;         /* experts in w, scales, biases */
+    const uint32_t *lhs_indices; /* [M] rows of x, or NULL for row i */
+    const uint32_t *rhs_indices; /* [M] experts */
+    bool rhs_sorted;             /* rhs_indices non-decreasing: one block per expert used */
 } qmm_call;
 
 typedef struct qmm_kernel {
@@ -57,6 +71,23 @@ typedef struct qmm_kernel {
  * append them — that is the CUDA issue's job (see host_memory below). */
 extern const qmm_kernel qmm_ref_kernels[];
 extern const size_t qmm_ref_kernel_count;
+
+/* Gather by expert blocks — how a backend builds its gather rows from its qmm_t rows (src/core/gather.c).
+ * An expert block is a maximal run i0 ≤ i < i1 of consecutive pairs with the same expert e = rhs_indices[i].
+ * qmm_gather_run_blocks computes each block as one qmm_t call of M = i1 − i0 rows on qmm_t_row: w, scales
+ * and biases offset to expert e (weights_extra NULL: a repacked stack is the backend's to offset), out
+ * offset to row i0, and x the block's rows x[lhs_indices[i]] — used in place when they are consecutive
+ * rows of x (lhs_indices NULL, or i0, i0+1, ...), else copied into host scratch. With rhs_sorted there is one
+ * block per expert used, so each expert's weights are read once for all its rows (MLX's sorted_indices
+ * fast path); unsorted indices give the same outputs through more, smaller blocks. Host memory only.
+ * A gather row is then three lines (src/ref/kernels.c, ref.gather.blocks.r1, is the model):
+ *     supports: return qmm_gather_blocks_supported(call, &my_qmm_t_row, why_not, why_not_size);
+ *     run:      return qmm_gather_run_blocks(call, &my_qmm_t_row);
+ * qmm_gather_blocks_supported asks qmm_t_row (qmm_kernel_accepts) about every block's call and passes on
+ * the first refusal, prefixed with the block. */
+bool qmm_gather_blocks_supported(const qmm_call *gather, const qmm_kernel *qmm_t_row, char *why_not,
+                                 size_t why_not_size);
+qmm_status qmm_gather_run_blocks(const qmm_call *gather, const qmm_kernel *qmm_t_row);
 
 /* What a backend plugs into the runtime. Every hook returns a status with qmm_error() set on failure.
  * `state` is what open() returned (NULL allowed). Memory hooks move bytes; the runtime has checked

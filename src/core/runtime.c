@@ -42,6 +42,7 @@ const char *qmm_op_name(qmm_op op) {
     switch (op) {
     case QMM_OP_QMM_T: return "qmm_t";
     case QMM_OP_QMM_N: return "qmm_n";
+    case QMM_OP_GATHER: return "gather";
     }
     return "?";
 }
@@ -183,6 +184,7 @@ struct qmm_weights {
     void *scales;
     void *biases;
     void *extra; /* the backend's repacked copy (weights_prepare), or NULL */
+    size_t expert_count; /* experts stacked in the rows (qmm_weights_create_experts); 1 otherwise */
 };
 
 struct qmm_buffer {
@@ -402,6 +404,7 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
     }
     created->references = 1;
     created->context = context_hold(context);
+    created->expert_count = 1;
     created->format = *matrix;
     created->format.w = NULL;
     created->format.scales = NULL;
@@ -573,6 +576,12 @@ static qmm_status prepare_call(const char *function, const qmm_context *context,
     if (weights->context != context)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: the weights belong to another context", function);
     const qmm_op op = options ? options->op : QMM_OP_QMM_T;
+    if (op == QMM_OP_GATHER)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: op=gather takes index arrays: call qmm_gather_matmul", function);
+    if (weights->expert_count > 1)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                         "%s: the weights hold %zu experts (qmm_weights_create_experts); multiply them with "
+                         "qmm_gather_matmul", function, weights->expert_count);
     if (op != QMM_OP_QMM_T && op != QMM_OP_QMM_N)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: op=%d is not a qmm_op (qmm_t=0, qmm_n=1)", function, (int)op);
     const qmm_qmatrix *format = &weights->format;
@@ -665,6 +674,77 @@ qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M
     const qmm_kernel *kernel;
     if ((status = choose(context, &call, options, &kernel)) != QMM_OK) return status;
     *info = kernel->info;
+    return QMM_OK;
+}
+
+/* ───────────────────────────── gather (MoE) ───────────────────────────── */
+
+qmm_status qmm_weights_create_experts(qmm_context *context, const qmm_qmatrix *stacked, size_t expert_count,
+                                      qmm_weights **weights) {
+    if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_weights_create_experts: weights is NULL");
+    *weights = NULL;
+    if (stacked && expert_count == 0)
+        return qmm_error(QMM_ERR_SHAPE, "qmm_weights_create_experts: expert_count=0, the weights need at least 1 expert");
+    if (stacked && stacked->rows % expert_count != 0)
+        return qmm_error(QMM_ERR_SHAPE, "qmm_weights_create_experts: rows=%zu of the stacked matrix are not a multiple "
+                         "of expert_count=%zu", stacked->rows, expert_count);
+    qmm_status status = qmm_weights_create(context, stacked, weights);
+    if (status == QMM_OK) (*weights)->expert_count = expert_count;
+    return status;
+}
+
+size_t qmm_weights_expert_count(const qmm_weights *weights) { return weights ? weights->expert_count : 0; }
+
+qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
+                             const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
+                             const qmm_gather_options *options, qmm_kernel_info *info) {
+    static const char function[] = "qmm_gather_matmul";
+    if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: context is NULL", function);
+    if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: weights is NULL", function);
+    if (weights->context != context)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: the weights belong to another context", function);
+    const qmm_qmatrix *format = &weights->format;
+    qmm_call call;
+    memset(&call, 0, sizeof call);
+    bool sorted = false;
+    /* Every index is checked here, before any buffer is touched: a bad one leaves out as it was. */
+    qmm_status status = qmm_gather_validate(function, format->rows, format->cols, format->dtype, weights->expert_count,
+                                            T, lhs_indices, rhs_indices, B, &call.N, &sorted);
+    if (status != QMM_OK) return status;
+    if (options && options->sorted_indices && !sorted) {
+        size_t i = 1;
+        while (rhs_indices[i] >= rhs_indices[i - 1]) i++; /* exists: not sorted */
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                         "%s: sorted_indices is set but rhs_indices[%zu]=%u < rhs_indices[%zu]=%u (indices sorted by "
+                         "expert must not decrease)", function, i, rhs_indices[i], i - 1, rhs_indices[i - 1]);
+    }
+    if ((status = check_operand(function, "x", context, x, format->dtype, T, format->cols, "T*K")) != QMM_OK) return status;
+    if ((status = check_operand(function, "out", context, out, format->dtype, B, call.N, "B*N")) != QMM_OK) return status;
+    if (x == out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: x and out are the same buffer", function);
+    call.op = QMM_OP_GATHER;
+    call.dtype = format->dtype;
+    call.bits = format->bits;
+    call.group_size = format->group_size;
+    call.M = B;
+    call.K = format->cols;
+    call.x = x->memory;
+    call.w = weights->w;
+    call.scales = weights->scales;
+    call.biases = weights->biases;
+    call.out = out->memory;
+    call.backend_state = context->state;
+    call.weights_extra = weights->extra;
+    call.T = T;
+    call.expert_count = weights->expert_count;
+    call.lhs_indices = lhs_indices;
+    call.rhs_indices = rhs_indices;
+    call.rhs_sorted = sorted;
+    const qmm_kernel *kernel;
+    if ((status = qmm_select_kernel(context->table, context->table_count, &call, options ? options->kernel : NULL,
+                                    &kernel)) != QMM_OK)
+        return status;
+    if ((status = kernel->run(&call)) != QMM_OK) return status;
+    if (info) *info = kernel->info;
     return QMM_OK;
 }
 

@@ -5,6 +5,13 @@
  * pointers. They accept every valid call of their op (any M, N, K the runtime lets through), which is
  * why they are appended last: the selector always has an answer. Tile "r1": one output at a time,
  * BM = BN = BK = 1 (no tile), one thread.
+ *
+ * The gather op has two rows, both accepting every valid gather call:
+ *   ref.gather.blocks.r1  one ref.qmm_t.scalar.r1 call per expert block (qmm_gather_run_blocks,
+ *                         src/core/gather.c): the way a backend builds its gather rows from its qmm_t rows,
+ *                         and the selector's choice here (each weight row decoded once per block, not per pair)
+ *   ref.gather.scalar.r1  the gather oracle qmm_ref_gather_qmm, one pair at a time (last: always an answer)
+ * Both give bit for bit the same outputs: qmm_ref_qmm_t computes each row of x on its own.
  */
 #include "kernel.h"
 
@@ -52,6 +59,31 @@ static qmm_status ref_qmm_n_run(const qmm_call *call) {
     return qmm_ref_qmm_n(&matrix, call->x, call->M, call->out);
 }
 
+static bool ref_gather_scalar_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return ref_supports(QMM_OP_GATHER, call, why_not, why_not_size);
+}
+
+static qmm_status ref_gather_scalar_run(const qmm_call *call) {
+    qmm_qmatrix stacked = {
+        .w = call->w,
+        .scales = call->scales,
+        .biases = call->biases,
+        .dtype = call->dtype,
+        .rows = call->expert_count * call->N, /* checked by the runtime */
+        .cols = call->K,
+        .bits = call->bits,
+        .group_size = call->group_size,
+    };
+    return qmm_ref_gather_qmm(&stacked, call->expert_count, call->x, call->T, call->lhs_indices, call->rhs_indices,
+                              call->M, call->out);
+}
+
+static bool ref_gather_blocks_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    return qmm_gather_blocks_supported(call, &qmm_ref_kernels[0], why_not, why_not_size);
+}
+
+static qmm_status ref_gather_blocks_run(const qmm_call *call) { return qmm_gather_run_blocks(call, &qmm_ref_kernels[0]); }
+
 /* Slack 1: the oracle is exactly the order the bound of docs/kernels.md "Tolerance" was derived for. */
 const qmm_kernel qmm_ref_kernels[] = {
     {
@@ -67,6 +99,20 @@ const qmm_kernel qmm_ref_kernels[] = {
                  .description = "scalar oracle x·Ŵ, f32 sum over k of x·(s·q + b) as MLX CPU _qmm"},
         .supports = ref_qmm_n_supports,
         .run = ref_qmm_n_run,
+    },
+    {
+        .info = {.name = "ref.gather.blocks.r1", .backend = QMM_BACKEND_REF, .op = QMM_OP_GATHER,
+                 .family = "blocks", .bm = 1, .bn = 1, .bk = 1, .threads = 1, .tolerance_slack = 1.0,
+                 .description = "gather: one ref.qmm_t.scalar.r1 product per expert block (rows of one expert)"},
+        .supports = ref_gather_blocks_supports,
+        .run = ref_gather_blocks_run,
+    },
+    {
+        .info = {.name = "ref.gather.scalar.r1", .backend = QMM_BACKEND_REF, .op = QMM_OP_GATHER,
+                 .family = "scalar", .bm = 1, .bn = 1, .bk = 1, .threads = 1, .tolerance_slack = 1.0,
+                 .description = "gather oracle: x[lhs[i]]·Ŵ[rhs[i]]ᵀ per pair, f32 per-group split as qmm_t"},
+        .supports = ref_gather_scalar_supports,
+        .run = ref_gather_scalar_run,
     },
 };
 const size_t qmm_ref_kernel_count = sizeof qmm_ref_kernels / sizeof qmm_ref_kernels[0];

@@ -15,6 +15,14 @@
  * within qmm_error_bound × the row's tolerance_slack. A row that runs zero cases fails. Under
  * AddressSanitizer each (bits, group_size) runs one rotating dtype (see SANITIZED_BUILD).
  *
+ * Gather rows (op gather, MLX gather_qmm) run through qmm_gather_matmul on EXPERTS stacked experts of
+ * N×K (N over the free values of BN, K over the quantized values of BK, every format) with index patterns
+ * (gather_patterns below): expert blocks of sizes {1, BM−1, BM, BM+1, 2·BM+1} sorted by expert with two
+ * experts never used, with random lhs and with lhs NULL; the same pairs unsorted; B = 1; MoE top-k routing
+ * (every token to GATHER_TOP_K distinct experts) in token order and sorted by expert. x has more rows than
+ * are used and rows used twice. Outputs are poisoned with a guard as above and compared with
+ * qmm_ref_gather_dense_f64; a forced row that answers QMM_ERR_UNSUPPORTED counts as not supported.
+ *
  * QMM_TEST_REDUCED=1 runs a reduced grid (bits 3, 4, 8; group 32 and 128; the first three values of each
  * dimension) for slow runs such as compute-sanitizer; QMM_TEST_BACKEND=NAME runs one backend only.
  */
@@ -104,7 +112,7 @@ typedef struct kernel_tally {
     size_t not_supported;
     size_t failed;
     double worst;
-    char first_refusal[200];
+    char first_refusal[600];
 } kernel_tally;
 
 /* One weight matrix (rows × cols, format) against every M of the grid. */
@@ -177,12 +185,150 @@ static void run_matrix(qmm_context *context, const qmm_kernel_info *info, check_
     check_qmatrix_free(&q);
 }
 
+/* ───────────────────────────── gather ───────────────────────────── */
+
+#define EXPERTS 6
+#define GATHER_TOP_K 2
+#define MAX_PAIRS 64
+
+typedef struct gather_case {
+    const char *name;
+    size_t B, T;
+    uint32_t lhs[MAX_PAIRS], rhs[MAX_PAIRS];
+    bool lhs_null;
+    bool sorted; /* rhs_indices non-decreasing: passed as the sorted_indices promise */
+} gather_case;
+
+/* The index patterns of one matrix (see the header). ms: the M values of the row's tile = block sizes. */
+static size_t gather_patterns(check_rng *rng, const value_set *ms, gather_case *cases) {
+    static const uint32_t used[] = {1, 3, 4, 5}; /* experts 0 and 2 are never used by the sorted patterns */
+    size_t count = 0;
+    gather_case sorted = {.name = "sorted by expert, random lhs", .sorted = true};
+    for (size_t j = 0; j < 4; j++)
+        for (size_t r = 0; r < ms->values[j % ms->count] && sorted.B < MAX_PAIRS; r++) sorted.rhs[sorted.B++] = used[j];
+    sorted.T = sorted.B + 3; /* rows of x no pair uses */
+    for (size_t i = 0; i < sorted.B; i++) sorted.lhs[i] = (uint32_t)(check_rng_next(rng) % (sorted.T - 1)); /* repeats */
+    cases[count++] = sorted;
+
+    gather_case identity = sorted;
+    identity.name = "sorted by expert, lhs NULL (row i)";
+    identity.lhs_null = true;
+    identity.T = identity.B;
+    cases[count++] = identity;
+
+    gather_case unsorted = sorted;
+    unsorted.name = "unsorted, random experts";
+    unsorted.sorted = false;
+    for (size_t i = 0; i < unsorted.B; i++) unsorted.rhs[i] = (uint32_t)(check_rng_next(rng) % EXPERTS);
+    if (unsorted.B > 1 && unsorted.rhs[0] <= unsorted.rhs[1]) { /* make sure it is out of order */
+        unsorted.rhs[0] = EXPERTS - 1;
+        unsorted.rhs[1] = 0;
+    }
+    cases[count++] = unsorted;
+
+    gather_case single = {.name = "B=1", .B = 1, .T = 3, .sorted = true};
+    single.lhs[0] = (uint32_t)(check_rng_next(rng) % single.T);
+    single.rhs[0] = (uint32_t)(check_rng_next(rng) % EXPERTS);
+    cases[count++] = single;
+
+    /* MoE routing: each of T tokens to GATHER_TOP_K distinct experts, in token order, then sorted by expert
+     * (stable, as a router's argsort): lhs ascends inside each expert block but skips rows. */
+    gather_case routed = {.name = "top-k routing, token order", .T = ms->values[ms->count - 1] + 2};
+    for (size_t t = 0; t < routed.T && routed.B + GATHER_TOP_K <= MAX_PAIRS; t++) {
+        uint32_t first = (uint32_t)(check_rng_next(rng) % EXPERTS);
+        uint32_t second = (first + 1 + (uint32_t)(check_rng_next(rng) % (EXPERTS - 1))) % EXPERTS;
+        routed.lhs[routed.B] = (uint32_t)t;
+        routed.rhs[routed.B++] = first;
+        routed.lhs[routed.B] = (uint32_t)t;
+        routed.rhs[routed.B++] = second;
+    }
+    cases[count++] = routed;
+    gather_case by_expert = {.name = "top-k routing, sorted by expert", .T = routed.T, .sorted = true};
+    for (uint32_t e = 0; e < EXPERTS; e++)
+        for (size_t i = 0; i < routed.B; i++)
+            if (routed.rhs[i] == e) {
+                by_expert.lhs[by_expert.B] = routed.lhs[i];
+                by_expert.rhs[by_expert.B++] = e;
+            }
+    cases[count++] = by_expert;
+    return count;
+}
+
+static void run_gather_matrix(qmm_context *context, const qmm_kernel_info *info, check_rng *rng, size_t N, size_t K,
+                              int bits, int group_size, qmm_dtype dtype, const value_set *ms, kernel_tally *tally) {
+    check_qmatrix q;
+    if (!check_qmatrix_random(rng, EXPERTS * N, K, bits, group_size, dtype, &q)) {
+        CHECK(false, "out of memory for %d experts of %zu×%zu", EXPERTS, N, K);
+        return;
+    }
+    qmm_weights *weights = NULL;
+    CHECK_OK(qmm_weights_create_experts(context, &q.m, EXPERTS, &weights));
+    gather_case cases[8];
+    const size_t case_count = weights ? gather_patterns(rng, ms, cases) : 0;
+    const size_t size = qmm_dtype_size(dtype);
+    for (size_t c = 0; c < case_count; c++) {
+        const gather_case *g = &cases[c];
+        const size_t B = g->B, T = g->T;
+        char label[256];
+        snprintf(label, sizeof label, "%s %s %d-bit gs%d E=%d N=%zu K=%zu T=%zu B=%zu (%s)", info->name,
+                 qmm_dtype_name(dtype), bits, group_size, EXPERTS, N, K, T, B, g->name);
+        void *x = malloc(T * K * size), *out = malloc((B * N + GUARD) * size);
+        double *exact = malloc(B * N * sizeof(double)), *abs_dot = malloc(B * N * sizeof(double));
+        qmm_buffer *xb = NULL, *ob = NULL;
+        const uint32_t *lhs = g->lhs_null ? NULL : g->lhs;
+        if (!x || !out || !exact || !abs_dot) {
+            CHECK(false, "%s: out of memory", label);
+            goto next;
+        }
+        check_fill_uniform(rng, x, dtype, T * K, -1.0f, 1.0f);
+        CHECK_OK(qmm_buffer_create(context, dtype, T * K, &xb));
+        CHECK_OK(qmm_buffer_create(context, dtype, B * N + GUARD, &ob));
+        if (!xb || !ob) goto next;
+        CHECK_OK(qmm_buffer_write(xb, x, T * K));
+        CHECK_OK(qmm_buffer_poison(ob));
+        qmm_gather_options options = {.kernel = info->name, .sorted_indices = g->sorted};
+        qmm_kernel_info ran = {0};
+        qmm_status status = qmm_gather_matmul(context, weights, xb, T, lhs, g->rhs, B, ob, &options, &ran);
+        if (status == QMM_ERR_UNSUPPORTED) {
+            if (tally->not_supported++ == 0)
+                snprintf(tally->first_refusal, sizeof tally->first_refusal, "%.250s: %.340s", label, qmm_last_error());
+            goto next;
+        }
+        CHECK(status == QMM_OK, "%s: gather -> %s: %s", label, qmm_status_string(status), qmm_last_error());
+        if (status != QMM_OK) {
+            tally->failed++;
+            goto next;
+        }
+        CHECK(ran.name && strcmp(ran.name, info->name) == 0, "%s: ran %s instead", label, ran.name ? ran.name : "?");
+        CHECK_OK(qmm_buffer_read(ob, out, B * N + GUARD));
+        CHECK_OK(qmm_ref_gather_dense_f64(&q.m, EXPERTS, x, T, lhs, g->rhs, B, exact, abs_dot));
+        double worst = 0.0;
+        size_t bad = check_against_oracle(label, out, dtype, exact, abs_dot, B * N, K, info->tolerance_slack, &worst);
+        size_t guard_written = 0;
+        for (size_t i = B * N; i < B * N + GUARD; i++) guard_written += !isnan(qmm_load_f32(out, dtype, i));
+        CHECK(bad == 0, "%s: %zu of %zu outputs outside the bound (worst error/bound %.3g)", label, bad, B * N, worst);
+        CHECK(guard_written == 0, "%s: %zu elements written past B·N", label, guard_written);
+        if (bad || guard_written) tally->failed++;
+        if (worst > tally->worst) tally->worst = worst;
+        tally->ran++;
+    next:
+        qmm_buffer_destroy(xb);
+        qmm_buffer_destroy(ob);
+        free(x);
+        free(out);
+        free(exact);
+        free(abs_dot);
+    }
+    qmm_weights_destroy(weights);
+    check_qmatrix_free(&q);
+}
+
 static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_rng *rng) {
     static const int all_bits[] = {2, 3, 4, 5, 6, 8};
     static const int all_group_sizes[] = {32, 64, 128};
     static const qmm_dtype all_dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
-    const bool transpose = info->op == QMM_OP_QMM_T;
-    /* qmm_t: N is free (tile BN), K is quantized (tile BK); qmm_n: the other way round. */
+    const bool transpose = info->op != QMM_OP_QMM_N;
+    /* qmm_t and gather: N is free (tile BN), K is quantized (tile BK); qmm_n: the other way round. */
     const size_t free_tile = tile_of(transpose ? info->bn : info->bk);
     const size_t quantized_tile = tile_of(transpose ? info->bk : info->bn);
     const value_set ms = m_values(info), frees = free_values(free_tile);
@@ -201,8 +347,12 @@ static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_
                     for (size_t fi = 0; fi < frees.count && (!reduced || fi < 3); fi++) {
                         const size_t N = transpose ? frees.values[fi] : quantized.values[qi];
                         const size_t K = transpose ? quantized.values[qi] : frees.values[fi];
-                        run_matrix(context, info, rng, N, K, all_bits[b], all_group_sizes[g], all_dtypes[d], &ms,
-                                   &tally);
+                        if (info->op == QMM_OP_GATHER) /* x·Ŵᵀ per pair, like qmm_t */
+                            run_gather_matrix(context, info, rng, N, K, all_bits[b], all_group_sizes[g],
+                                              all_dtypes[d], &ms, &tally);
+                        else
+                            run_matrix(context, info, rng, N, K, all_bits[b], all_group_sizes[g], all_dtypes[d], &ms,
+                                       &tally);
                     }
             }
     printf("  %-28s %6zu cases ran, %zu not supported, %zu failed, worst error/bound %.3f\n", info->name, tally.ran,

@@ -47,7 +47,7 @@ static void test_context(void) {
           "op names");
 
     /* The kernel listing: the reference rows, qmm_t first. */
-    CHECK(qmm_kernel_count(context) == 2, "ref backend has %zu kernels, want 2", qmm_kernel_count(context));
+    CHECK(qmm_kernel_count(context) == 4, "ref backend has %zu kernels, want 4", qmm_kernel_count(context));
     CHECK(qmm_kernel_count(NULL) == 0, "kernel count of NULL");
     qmm_kernel_info info;
     CHECK_OK(qmm_kernel_get(context, 0, &info));
@@ -56,8 +56,8 @@ static void test_context(void) {
           "row 0 is %s", info.name);
     CHECK_OK(qmm_kernel_get(context, 1, &info));
     CHECK(strcmp(info.name, "ref.qmm_n.scalar.r1") == 0 && info.op == QMM_OP_QMM_N, "row 1 is %s", info.name);
-    CHECK_STATUS(qmm_kernel_get(context, 2, &info), QMM_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("qmm_kernel_get: index 2 is out of range: backend ref has 2 kernels");
+    CHECK_STATUS(qmm_kernel_get(context, 4, &info), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_kernel_get: index 4 is out of range: backend ref has 4 kernels");
     CHECK_STATUS(qmm_kernel_get(context, 0, NULL), QMM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(qmm_kernel_get(NULL, 0, &info), QMM_ERR_INVALID_ARGUMENT);
     qmm_context_destroy(context);
@@ -262,7 +262,7 @@ static void test_matmul_errors(qmm_context *context, check_rng *rng) {
     EXPECT_MESSAGE("qmm_matmul: op=5 is not a qmm_op (qmm_t=0, qmm_n=1)");
     qmm_matmul_options unknown = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.gemv.r8"};
     CHECK_STATUS(qmm_matmul(context, weights, x, 2, out, &unknown, NULL), QMM_ERR_NOT_FOUND);
-    EXPECT_MESSAGE("kernel \"cuda.qmm_t.gemv.r8\" is not registered (known: ref.qmm_t.scalar.r1, ref.qmm_n.scalar.r1)");
+    EXPECT_MESSAGE("kernel \"cuda.qmm_t.gemv.r8\" is not registered (known: ref.qmm_t.scalar.r1, ref.qmm_n.scalar.r1, ref.gather.blocks.r1, ref.gather.scalar.r1)");
     qmm_matmul_options wrong_op = {.op = QMM_OP_QMM_T, .kernel = "ref.qmm_n.scalar.r1"};
     CHECK_STATUS(qmm_matmul(context, weights, x, 2, out, &wrong_op, NULL), QMM_ERR_UNSUPPORTED);
     EXPECT_MESSAGE("forced kernel ref.qmm_n.scalar.r1 does not support this call (M=2, N=8, K=64, qmm_t): "

@@ -1,0 +1,189 @@
+/*
+ * test_gather.c — the MoE gather op (MLX gather_qmm) through the oracle and the runtime:
+ *   - qmm_ref_gather_qmm row i equals qmm_ref_qmm_t of x[lhs[i]] and expert rhs[i] alone, bit for bit;
+ *   - every gather row of the ref backend equals the oracle bit for bit (ref.gather.blocks.r1 through
+ *     ref.qmm_t.scalar.r1 per expert block; the selector's choice), sorted or not;
+ *   - every bad input with its exact status and message, and out left untouched (indices are checked
+ *     before any work).
+ * The numerical grid (every format, odd N/K, every index pattern) is the kernel harness's job
+ * (tests/kernels/test_kernels.c).
+ */
+#include "check.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPECT_MESSAGE(text)                                                                                 \
+    CHECK(strcmp(qmm_last_error(), (text)) == 0, "message \"%s\", want \"%s\"", qmm_last_error(), (text))
+
+enum { E = 4, N = 5, K = 64, T = 6 };
+
+static void test_oracle_rows(check_rng *rng) {
+    check_qmatrix q;
+    CHECK(check_qmatrix_random(rng, E * N, K, 3, 32, QMM_BF16, &q), "matrix");
+    uint16_t x[T * K], out[8 * N], want[N];
+    check_fill_uniform(rng, x, QMM_BF16, T * K, -1, 1);
+    const uint32_t lhs[8] = {5, 0, 0, 3, 2, 2, 1, 4}, rhs[8] = {3, 3, 0, 1, 1, 1, 3, 0};
+    CHECK_OK(qmm_ref_gather_qmm(&q.m, E, x, T, lhs, rhs, 8, out));
+    for (size_t i = 0; i < 8; i++) {
+        qmm_qmatrix expert = q.m;
+        expert.rows = N;
+        expert.w = q.m.w + rhs[i] * N * qmm_packed_words(K, 3);
+        expert.scales = (const uint16_t *)q.m.scales + rhs[i] * N * (K / 32);
+        expert.biases = (const uint16_t *)q.m.biases + rhs[i] * N * (K / 32);
+        CHECK_OK(qmm_ref_qmm_t(&expert, x + lhs[i] * K, 1, want));
+        CHECK(memcmp(want, out + i * N, sizeof want) == 0, "oracle row %zu differs from qmm_ref_qmm_t alone", i);
+    }
+    /* The oracle's own argument checks. */
+    double exact[8 * N];
+    CHECK_STATUS(qmm_ref_gather_qmm(NULL, E, x, T, lhs, rhs, 8, out), QMM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(qmm_ref_gather_qmm(&q.m, E, NULL, T, lhs, rhs, 8, out), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_ref_gather_qmm: x is NULL");
+    CHECK_STATUS(qmm_ref_gather_qmm(&q.m, 3, x, T, lhs, rhs, 8, out), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_ref_gather_qmm: rows=20 of the stacked weights are not a multiple of expert_count=3");
+    CHECK_STATUS(qmm_ref_gather_dense_f64(&q.m, E, x, 5, lhs, rhs, 8, exact, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_ref_gather_dense_f64: lhs_indices[0]=5 is out of range: x has T=5 rows (0..4)");
+    CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs, rhs, 8, exact, NULL));
+    check_qmatrix_free(&q);
+}
+
+static void test_runtime(check_rng *rng) {
+    qmm_context *context = NULL, *other = NULL;
+    CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &context));
+    CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &other));
+    CHECK(strcmp(qmm_op_name(QMM_OP_GATHER), "gather") == 0, "op name");
+    check_qmatrix q;
+    CHECK(check_qmatrix_random(rng, E * N, K, 4, 64, QMM_F16, &q), "matrix");
+    qmm_weights *weights = (qmm_weights *)&weights, *plain = NULL;
+    CHECK_STATUS(qmm_weights_create_experts(context, &q.m, 0, &weights), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_weights_create_experts: expert_count=0, the weights need at least 1 expert");
+    CHECK(weights == NULL, "a failed create must leave *weights NULL");
+    CHECK_STATUS(qmm_weights_create_experts(context, &q.m, 3, &weights), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_weights_create_experts: rows=20 of the stacked matrix are not a multiple of expert_count=3");
+    CHECK_STATUS(qmm_weights_create_experts(context, NULL, E, &weights), QMM_ERR_INVALID_ARGUMENT);
+    CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &weights));
+    CHECK_OK(qmm_weights_create(context, &q.m, &plain));
+    CHECK(qmm_weights_expert_count(weights) == E && qmm_weights_expert_count(plain) == 1 &&
+              qmm_weights_expert_count(NULL) == 0,
+          "expert counts");
+    qmm_qmatrix described;
+    CHECK_OK(qmm_weights_describe(weights, &described));
+    CHECK(described.rows == E * N && described.cols == K, "describe gives the stacked format");
+
+    uint16_t x_host[T * K], out_host[8 * N], want[8 * N];
+    check_fill_uniform(rng, x_host, QMM_F16, T * K, -1, 1);
+    qmm_buffer *x = NULL, *out = NULL, *small = NULL, *f32 = NULL, *foreign = NULL;
+    CHECK_OK(qmm_buffer_create(context, QMM_F16, T * K, &x));
+    CHECK_OK(qmm_buffer_create(context, QMM_F16, 8 * N, &out));
+    CHECK_OK(qmm_buffer_create(context, QMM_F16, 8 * N - 1, &small));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, 8 * N, &f32));
+    CHECK_OK(qmm_buffer_create(other, QMM_F16, 8 * N, &foreign));
+    CHECK_OK(qmm_buffer_write(x, x_host, T * K));
+
+    /* Every row, sorted and unsorted pairs, lhs given or NULL: the oracle's bits. */
+    const uint32_t lhs[8] = {5, 0, 0, 3, 2, 2, 1, 4};
+    const uint32_t sorted[8] = {0, 0, 1, 1, 1, 3, 3, 3}, unsorted[8] = {3, 3, 0, 1, 1, 1, 3, 0};
+    const uint32_t *rhs_sets[2] = {sorted, unsorted};
+    const char *rows[3] = {NULL, "ref.gather.blocks.r1", "ref.gather.scalar.r1"};
+    for (int r = 0; r < 2; r++)
+        for (int l = 0; l < 2; l++) {
+            const uint32_t *lhs_used = l ? NULL : lhs;
+            const size_t B = l ? T : 8; /* lhs NULL: pair i uses row i, so B ≤ T */
+            CHECK_OK(qmm_ref_gather_qmm(&q.m, E, x_host, T, lhs_used, rhs_sets[r], B, want));
+            for (int k = 0; k < 3; k++) {
+                qmm_gather_options options = {.kernel = rows[k], .sorted_indices = r == 0};
+                qmm_kernel_info info = {0};
+                CHECK_OK(qmm_buffer_poison(out));
+                CHECK_OK(qmm_gather_matmul(context, weights, x, T, lhs_used, rhs_sets[r], B, out, &options, &info));
+                CHECK_OK(qmm_buffer_read(out, out_host, B * N));
+                CHECK(memcmp(out_host, want, B * N * sizeof *want) == 0, "%s, %s, lhs %s: differs from the oracle",
+                      info.name ? info.name : "?", r ? "unsorted" : "sorted", l ? "NULL" : "given");
+                CHECK(info.name && info.op == QMM_OP_GATHER, "ran %s", info.name ? info.name : "(none)");
+                if (!rows[k]) CHECK(strcmp(info.name, "ref.gather.blocks.r1") == 0, "selector chose %s", info.name);
+            }
+        }
+    /* Plain weights are one expert. */
+    const uint32_t zeros[2] = {0, 0}, pair[2] = {1, 4};
+    CHECK_OK(qmm_gather_matmul(context, plain, x, T, pair, zeros, 2, out, NULL, NULL));
+
+    /* Bad indices: refused before any work, naming the array, the position, the value and the bound. */
+    CHECK_OK(qmm_buffer_poison(out));
+    const uint32_t bad_lhs[3] = {0, 6, 1}, bad_rhs[3] = {0, 1, 4};
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, bad_lhs, sorted, 3, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: lhs_indices[1]=6 is out of range: x has T=6 rows (0..5)");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, bad_rhs, 3, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: rhs_indices[2]=4 is out of range: the weights hold 4 experts (0..3)");
+    CHECK_STATUS(qmm_gather_matmul(context, plain, x, T, lhs, pair, 2, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: rhs_indices[0]=1 is out of range: the weights hold 1 expert (0..0)");
+    CHECK_OK(qmm_buffer_read(out, out_host, 8 * N));
+    size_t written = 0;
+    for (size_t i = 0; i < 8 * N; i++) written += !isnan(qmm_f16_to_f32(out_host[i]));
+    CHECK(written == 0, "a refused gather wrote %zu outputs", written);
+
+    qmm_gather_options promise = {.kernel = NULL, .sorted_indices = 1};
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, unsorted, 8, out, &promise, NULL),
+                 QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: sorted_indices is set but rhs_indices[2]=0 < rhs_indices[1]=3 (indices sorted "
+                   "by expert must not decrease)");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, NULL, sorted, 8, out, NULL, NULL), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_gather_matmul: lhs_indices is NULL (row i of x for pair i), so B=8 must be <= T=6");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, NULL, 8, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: rhs_indices is NULL");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 0, out, NULL, NULL), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_gather_matmul: B=0, a gather needs at least 1 (lhs, rhs) index pair");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, 0, lhs, sorted, 8, out, NULL, NULL), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_gather_matmul: T=0, x needs at least 1 row");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, SIZE_MAX / 8, lhs, sorted, 8, out, NULL, NULL),
+                 QMM_ERR_OVERFLOW);
+
+    /* Buffers and objects. */
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T + 1, lhs, sorted, 8, out, NULL, NULL), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_gather_matmul: x holds 384 elements but T*K = 7*64 = 448 are needed");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, small, NULL, NULL), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_gather_matmul: out holds 39 elements but B*N = 8*5 = 40 are needed");
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, f32, NULL, NULL), QMM_ERR_SHAPE);
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, foreign, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 1, x, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: x and out are the same buffer");
+    CHECK_STATUS(qmm_gather_matmul(other, weights, x, T, lhs, sorted, 8, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: the weights belong to another context");
+    CHECK_STATUS(qmm_gather_matmul(NULL, weights, x, T, lhs, sorted, 8, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(qmm_gather_matmul(context, NULL, x, T, lhs, sorted, 8, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+
+    /* Kernels: forcing an unknown name or a row of another op. */
+    qmm_gather_options unknown = {.kernel = "cpu.gather.blocks.r4"}, wrong = {.kernel = "ref.qmm_t.scalar.r1"};
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, out, &unknown, NULL), QMM_ERR_NOT_FOUND);
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, out, &wrong, NULL), QMM_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("forced kernel ref.qmm_t.scalar.r1 does not support this call (M=8, N=5, K=64, gather): "
+                   "kernel ref.qmm_t.scalar.r1 computes qmm_t, the call is gather");
+
+    /* qmm_matmul refuses expert weights and the gather op. */
+    qmm_matmul_options gather_op = {.op = QMM_OP_GATHER, .kernel = NULL};
+    CHECK_STATUS(qmm_matmul(context, plain, x, 1, out, &gather_op, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_matmul: op=gather takes index arrays: call qmm_gather_matmul");
+    CHECK_STATUS(qmm_matmul(context, weights, x, 1, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_matmul: the weights hold 4 experts (qmm_weights_create_experts); multiply them with "
+                   "qmm_gather_matmul");
+    CHECK(qmm_kernel_supports(context, "ref.gather.scalar.r1", plain, 1, QMM_OP_GATHER, NULL) == -1,
+          "qmm_kernel_supports has no gather form: -1");
+
+    qmm_buffer_destroy(x);
+    qmm_buffer_destroy(out);
+    qmm_buffer_destroy(small);
+    qmm_buffer_destroy(f32);
+    qmm_buffer_destroy(foreign);
+    qmm_weights_destroy(weights);
+    qmm_weights_destroy(plain);
+    check_qmatrix_free(&q);
+    qmm_context_destroy(context);
+    qmm_context_destroy(other);
+}
+
+int main(void) {
+    check_rng rng = check_rng_make(61);
+    test_oracle_rows(&rng);
+    test_runtime(&rng);
+    return check_finish("test_gather");
+}
