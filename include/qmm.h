@@ -549,16 +549,22 @@ qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, si
  * where they differ is refused with QMM_ERR_CORRUPT naming the difference, never read by one of them. */
 typedef struct qmm_checkpoint qmm_checkpoint;
 
-/* One quantized layer: its path P and its matrix (arrays point into the mapped shards). */
+/* One quantized layer: its path P and its matrix (arrays point into the mapped shards).
+ * experts: 1 for a 2-D weight [N, K·bits/32]; for a weight with leading dimensions, e.g. an MoE layer
+ * [E, N, K·bits/32] (mlx-lm's switch_mlp), the product of the dimensions before the last two. matrix then
+ * stacks them (rows = experts·N), as qmm_weights_create_experts and qmm_ref_gather_qmm take it.
+ * qmm_checkpoint_write reads 0 as 1 (zero-initialise a qmm_layer you fill) and writes a layer of
+ * experts > 1 as [experts, rows/experts, ...] (rows must be a multiple of experts: QMM_ERR_SHAPE). */
 typedef struct qmm_layer {
     const char *name;
     qmm_qmatrix matrix;
+    size_t experts;
 } qmm_layer;
 
 /* Opens DIR, reads config.json and every shard, and checks each quantized layer: weight U32 with 2 or
  * more dims (the leading dims are folded: rows = their product, e.g. an MoE [E, N, words] weight is
- * E·N rows), scales/biases one float dtype and one shape [leading dims..., cols/group_size], weight
- * words per row = cols·bits/32, with the layer's bits/group_size from the config (its per-layer entry
+ * E·N rows, and qmm_layer.experts = E), scales/biases one float dtype and one shape [leading dims...,
+ * cols/group_size], weight words per row = cols·bits/32, with the layer's bits/group_size from the config (its per-layer entry
  * if present, else the default; a layer with P.scales and no format in the config is refused: its
  * format is never guessed from the shapes). Arrays at addresses misaligned for their dtype (MLX writes
  * unpadded headers) are copied to aligned memory owned by the checkpoint. Errors: QMM_ERR_IO,

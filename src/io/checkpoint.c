@@ -252,6 +252,7 @@ typedef struct tensor_ref {
 typedef struct checkpoint_layer {
     char *name;
     qmm_qmatrix matrix;
+    size_t experts; /* product of the weight's dimensions before the last two (MoE experts); 1 for 2-D */
     void *owned[3]; /* aligned copies of misaligned arrays (see build_layer) */
 } checkpoint_layer;
 
@@ -535,6 +536,9 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
     layer->matrix.cols = cols;
     layer->matrix.bits = bits;
     layer->matrix.group_size = group_size;
+    /* An MoE layer [E, N, words] (or more leading dims) stacks its experts in the rows: rows = experts·N. */
+    layer->experts = 1;
+    for (int d = 0; d + 2 < weight.ndim; d++) layer->experts *= (size_t)weight.shape[d];
     layer->name = name;
     name = NULL;
 cleanup:
@@ -784,6 +788,7 @@ qmm_status qmm_checkpoint_layer(const qmm_checkpoint *checkpoint, size_t index, 
                          index, checkpoint->layer_count);
     layer->name = checkpoint->layers[index].name;
     layer->matrix = checkpoint->layers[index].matrix;
+    layer->experts = checkpoint->layers[index].experts;
     return QMM_OK;
 }
 
@@ -1156,6 +1161,12 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
             goto cleanup;
         }
         const qmm_qmatrix *m = &layer->matrix;
+        const size_t experts = layer->experts ? layer->experts : 1;
+        if (m->rows % experts != 0) {
+            status = qmm_error(QMM_ERR_SHAPE, "layer \"%s\": rows=%zu are not a multiple of experts=%zu", printable,
+                               m->rows, experts);
+            goto cleanup;
+        }
         size_t words = m->cols / 32 * (size_t)m->bits; /* cols is a multiple of group_size, so of 32 */
         size_t groups = m->cols / (size_t)m->group_size;
         size_t element = qmm_dtype_size(m->dtype);
@@ -1179,9 +1190,11 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
             qmm_tensor *t = &all[total++];
             t->name = name;
             t->dtype = k == 0 ? QMM_U32 : m->dtype;
-            t->ndim = 2;
-            t->shape[0] = (int64_t)m->rows;
-            t->shape[1] = (int64_t)(k == 0 ? words : groups);
+            /* [rows, last], or [experts, rows/experts, last] for a layer of MoE experts. */
+            t->ndim = experts > 1 ? 3 : 2;
+            if (experts > 1) t->shape[0] = (int64_t)experts;
+            t->shape[t->ndim - 2] = (int64_t)(m->rows / experts);
+            t->shape[t->ndim - 1] = (int64_t)(k == 0 ? words : groups);
             t->data = arrays[k];
             t->nbytes = k == 0 ? w_bytes : s_bytes;
         }

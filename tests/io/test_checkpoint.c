@@ -54,6 +54,7 @@ static void test_round_trip(const char *root) {
     enum { LAYERS = sizeof specs / sizeof specs[0] };
     check_qmatrix q[LAYERS];
     qmm_layer layers[LAYERS];
+    memset(layers, 0, sizeof layers); /* experts 0: plain layers */
     for (int i = 0; i < LAYERS; i++) {
         CHECK(check_qmatrix_random(&rng, specs[i].rows, specs[i].cols, specs[i].bits, specs[i].group_size,
                                    specs[i].dtype, &q[i]),
@@ -476,7 +477,7 @@ static void test_write_refusals(const char *root) {
     CHECK(check_qmatrix_random(&rng, 2, 128, 2, 64, QMM_F16, &b), "matrix b");
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, "refusals");
-    qmm_layer full = {"model.full", b.m};
+    qmm_layer full = {"model.full", b.m, 1};
     CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &full, 1, NULL));
     size_t before_size = 0, after_size = 0;
     char *before = snapshot(dir, &before_size);
@@ -492,7 +493,7 @@ static void test_write_refusals(const char *root) {
     }
     static const char *const keys[] = {"bits", "group_size", "mode", "quant_method"};
     for (int k = 0; k < 4; k++) {
-        qmm_layer named[2] = {full, {keys[k], a.m}};
+        qmm_layer named[2] = {full, {keys[k], a.m, 1}};
         CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, named, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
         CHECK(message_has(keys[k]) && message_has("collide"), "message: %s", qmm_last_error());
     }
@@ -503,7 +504,7 @@ static void test_write_refusals(const char *root) {
     /* Layer "p" described only: its tensors come among tensors, its format from the entry. */
     qmm_tensor p_tensors[3] = {tensor_2d("p.weight", QMM_U32, 3, 8, a.w), tensor_2d("p.scales", QMM_F16, 3, 2, a.scales),
                                tensor_2d("p.biases", QMM_F16, 3, 2, a.biases)};
-    qmm_layer described = {"p", {NULL, NULL, NULL, QMM_F16, 3, 64, 4, 32}};
+    qmm_layer described = {"p", {NULL, NULL, NULL, QMM_F16, 3, 64, 4, 32}, 1};
     qmm_layer pair[2] = {full, described};
     CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 2, pair, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
     CHECK(message_has("p.biases"), "message: %s", qmm_last_error());
@@ -511,7 +512,7 @@ static void test_write_refusals(const char *root) {
     pair[1].matrix.group_size = 64; /* ... not a multiple of group_size 64 */
     CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 3, pair, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
     CHECK(message_has("group_size=64"), "message: %s", qmm_last_error());
-    qmm_layer clash[2] = {full, {"p", a.m}}; /* arrays of its own and p.* among tensors */
+    qmm_layer clash[2] = {full, {"p", a.m, 1}}; /* arrays of its own and p.* among tensors */
     CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 3, clash, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
 
     after_size = 0;
@@ -559,7 +560,7 @@ static void test_write_failures(const char *root) {
     check_rng rng = check_rng_make(14);
     check_qmatrix a;
     CHECK(check_qmatrix_random(&rng, 2, 64, 4, 32, QMM_F16, &a), "matrix");
-    qmm_layer layer = {"p", a.m};
+    qmm_layer layer = {"p", a.m, 1};
 
     /* The rename of model.safetensors fails (a non-empty directory is in its way). */
     char dir[1024];
@@ -647,7 +648,7 @@ static void test_replace_existing(const char *root) {
     check_qmatrix a, b;
     CHECK(check_qmatrix_random(&rng, 2, 64, 4, 32, QMM_F16, &a), "matrix a");
     CHECK(check_qmatrix_random(&rng, 3, 64, 8, 32, QMM_F16, &b), "matrix b");
-    qmm_layer old_layer = {"p", a.m}, new_layer = {"p", b.m};
+    qmm_layer old_layer = {"p", a.m, 1}, new_layer = {"p", b.m, 1};
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, "replace");
     CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &old_layer, 1, NULL));
@@ -686,6 +687,43 @@ static void test_replace_existing(const char *root) {
     check_qmatrix_free(&b);
 }
 
+/* ── a layer of MoE experts: written [E, N, words], read back with experts = E and the rows stacked ── */
+
+static void test_experts(const char *root) {
+    check_rng rng = check_rng_make(16);
+    check_qmatrix stacked, plain;
+    CHECK(check_qmatrix_random(&rng, 4 * 3, 64, 4, 32, QMM_BF16, &stacked), "stacked matrix");
+    CHECK(check_qmatrix_random(&rng, 5, 64, 4, 32, QMM_BF16, &plain), "plain matrix");
+    qmm_layer layers[2] = {{"model.layers.0.mlp.switch_mlp.up_proj", stacked.m, 4}, {"model.layers.0.q", plain.m, 0}};
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "experts");
+    CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, layers, 2, NULL));
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        qmm_layer got;
+        qmm_tensor t;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "model.layers.0.mlp.switch_mlp.up_proj", &got));
+        CHECK(got.experts == 4 && got.matrix.rows == 12 && got.matrix.cols == 64, "experts %zu rows %zu cols %zu",
+              got.experts, got.matrix.rows, got.matrix.cols);
+        CHECK(same_matrix(&got.matrix, &stacked.m), "the stacked experts differ after the round trip");
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "model.layers.0.mlp.switch_mlp.up_proj.weight", &t));
+        CHECK(t.ndim == 3 && t.shape[0] == 4 && t.shape[1] == 3 && t.shape[2] == 8, "expert weight written [4, 3, 8]");
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "model.layers.0.mlp.switch_mlp.up_proj.scales", &t));
+        CHECK(t.ndim == 3 && t.shape[0] == 4 && t.shape[1] == 3 && t.shape[2] == 2, "expert scales written [4, 3, 2]");
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "model.layers.0.q", &got));
+        CHECK(got.experts == 1 && same_matrix(&got.matrix, &plain.m), "a plain layer reads experts = 1");
+        qmm_checkpoint_close(ck);
+    }
+    /* rows that are not a whole number of experts: refused, naming both. */
+    layers[0].experts = 5;
+    snprintf(dir, sizeof dir, "%s/%s", root, "experts-bad");
+    CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, layers, 1, NULL), QMM_ERR_SHAPE);
+    CHECK(strstr(qmm_last_error(), "rows=12 are not a multiple of experts=5") != NULL, "message: %s", qmm_last_error());
+    check_qmatrix_free(&stacked);
+    check_qmatrix_free(&plain);
+}
+
 int main(void) {
     char *root = io_temp_dir("checkpoint");
     CHECK(root != NULL, "mkdtemp failed");
@@ -697,6 +735,7 @@ int main(void) {
         test_write_refusals(root);
         test_write_failures(root);
         test_replace_existing(root);
+        test_experts(root);
         io_remove_tree(root);
         free(root);
     }

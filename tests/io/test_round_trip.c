@@ -4,8 +4,9 @@
  * second). Each round makes:
  *   A. qmm_checkpoint_write of float tensors (1-, 2- and 3-D, awkward names) and quantized layers of every
  *      bits × group_size, always including both members of a shape-ambiguous pair (4-bit gs32 / 2-bit gs64,
- *      8-bit gs32 / 4-bit gs64, 8-bit gs64 / 4-bit gs128: the same array shapes), some from their arrays,
- *      some described by tensors passed as they are (2-D or 3-D);
+ *      8-bit gs32 / 4-bit gs64, 8-bit gs64 / 4-bit gs128: the same array shapes), some from their arrays
+ *      (a 3-D one as a layer of experts, qmm_layer.experts), some described by tensors passed as they are
+ *      (2-D or 3-D);
  *   B. qmm_checkpoint_quantize of A's model.safetensors (with some float weights marked false in its
  *      config.json) at a random format: A's layers keep their formats, the float weights become layers
  *      exactly where the rules say, bit for bit what qmm_quantize makes, or the call refuses and writes
@@ -67,10 +68,12 @@ static void make_layer(check_rng *rng, made_layer *l, const char *name, int bits
     l->bits = bits;
     l->group_size = group_size;
     l->dtype = float_dtype(rng);
-    l->described = described || three_d;
     l->ndim = three_d ? 3 : 2;
     l->lead[0] = three_d ? 1 + (int64_t)below(rng, 2) : (int64_t)rows_hint;
     l->lead[1] = three_d ? 1 + (int64_t)below(rng, 3) : 1;
+    /* A 3-D layer from its arrays is a layer of lead[0] experts, written [E, N, words]; with one expert the
+     * writer makes it 2-D, so a [1, N, words] layer is passed as tensors to keep its shape. */
+    l->described = described || (three_d && l->lead[0] == 1);
     l->rows = (size_t)(l->lead[0] * l->lead[1]);
     l->groups = groups;
     l->cols = groups * (size_t)group_size;
@@ -445,6 +448,7 @@ static void round_checkpoint(check_rng *rng, const char *root, int round) {
     for (size_t i = 0; i < layer_count; i++) {
         const made_layer *l = &layers[i];
         entries[i].name = l->name;
+        entries[i].experts = l->ndim == 3 ? (size_t)l->lead[0] : 1;
         if (l->described) {
             layer_tensors(l, &tensors[tensor_count], names[i]);
             tensor_count += 3;
