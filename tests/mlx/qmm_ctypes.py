@@ -62,6 +62,29 @@ class qmm_gguf_tensor_info(Structure):
     ]
 
 
+class qmm_kernel_info(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("backend", c_int),
+        ("op", c_int),
+        ("family", c_char_p),
+        ("bm", c_int),
+        ("bn", c_int),
+        ("bk", c_int),
+        ("threads", c_int),
+        ("tolerance_slack", c_double),
+        ("description", c_char_p),
+    ]
+
+
+class qmm_gather_options(Structure):
+    _fields_ = [("kernel", c_char_p), ("sorted_indices", c_int)]
+
+
+QMM_OP_GATHER = 2
+QMM_BACKEND_REF, QMM_BACKEND_CPU, QMM_BACKEND_CUDA = 0, 1, 2
+
+
 class QmmCallError(RuntimeError):
     """A qmm function returned a status other than QMM_OK."""
 
@@ -82,6 +105,23 @@ _SIGNATURES = {
     "qmm_ref_dense_f64": (c_int, [POINTER(qmm_qmatrix), c_void_p, c_size_t, c_int,
                                   POINTER(c_double), POINTER(c_double)]),
     "qmm_error_bound": (c_double, [c_size_t, c_int, c_double, c_double, c_double]),
+    "qmm_ref_gather_qmm": (c_int, [POINTER(qmm_qmatrix), c_size_t, c_void_p, c_size_t, POINTER(c_uint32),
+                                   POINTER(c_uint32), c_size_t, c_void_p]),
+    "qmm_ref_gather_dense_f64": (c_int, [POINTER(qmm_qmatrix), c_size_t, c_void_p, c_size_t, POINTER(c_uint32),
+                                         POINTER(c_uint32), c_size_t, POINTER(c_double), POINTER(c_double)]),
+    "qmm_context_create": (c_int, [c_int, c_int, POINTER(c_void_p)]),
+    "qmm_context_destroy": (None, [c_void_p]),
+    "qmm_kernel_count": (c_size_t, [c_void_p]),
+    "qmm_kernel_get": (c_int, [c_void_p, c_size_t, POINTER(qmm_kernel_info)]),
+    "qmm_weights_create_experts": (c_int, [c_void_p, POINTER(qmm_qmatrix), c_size_t, POINTER(c_void_p)]),
+    "qmm_weights_destroy": (None, [c_void_p]),
+    "qmm_buffer_create": (c_int, [c_void_p, c_int, c_size_t, POINTER(c_void_p)]),
+    "qmm_buffer_destroy": (None, [c_void_p]),
+    "qmm_buffer_write": (c_int, [c_void_p, c_void_p, c_size_t]),
+    "qmm_buffer_read": (c_int, [c_void_p, c_void_p, c_size_t]),
+    "qmm_buffer_poison": (c_int, [c_void_p]),
+    "qmm_gather_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, POINTER(c_uint32), POINTER(c_uint32),
+                                  c_size_t, c_void_p, POINTER(qmm_gather_options), POINTER(qmm_kernel_info)]),
     "qmm_gguf_open": (c_int, [c_char_p, POINTER(c_void_p)]),
     "qmm_gguf_close": (None, [c_void_p]),
     "qmm_gguf_tensor_count": (c_size_t, [c_void_p]),
@@ -192,6 +232,88 @@ class Qmm:
         self.call("qmm_ref_dense_f64", ctypes.byref(matrix), _ptr(x_raw), M, 1 if transpose else 0,
                   exact.ctypes.data_as(POINTER(c_double)), abs_dot.ctypes.data_as(POINTER(c_double)))
         return exact, abs_dot
+
+    # ── gather (MoE): w [E, N, K·bits/32], scales/biases [E, N, K/group_size], x [T, K], indices uint32 [B]
+
+    @staticmethod
+    def _indices(array):
+        if array is None:
+            return None, None
+        array = np.ascontiguousarray(array, np.uint32)
+        return array, array.ctypes.data_as(POINTER(c_uint32))
+
+    def _stacked(self, w, scales, biases, dtype, bits, group_size):
+        experts, N = w.shape[0], w.shape[1]
+        arrays = [np.ascontiguousarray(a).reshape(experts * N, -1) for a in (w, scales, biases)]
+        matrix = self.qmatrix(*arrays, dtype, experts * N, w.shape[2] * 32 // bits, bits, group_size)
+        return arrays, matrix, experts, N
+
+    def ref_gather(self, w, scales, biases, dtype, bits, group_size, x_raw, lhs, rhs):
+        """qmm_ref_gather_qmm: out [B, N] raw (lhs None: row i of x)."""
+        arrays, matrix, experts, N = self._stacked(w, scales, biases, dtype, bits, group_size)
+        x_raw = np.ascontiguousarray(x_raw)
+        (lhs_keep, lhs_ptr), (rhs_keep, rhs_ptr) = self._indices(lhs), self._indices(rhs)
+        B = len(rhs_keep)
+        out = np.full((B, N), NAN_BITS[dtype], BITS_VIEW[dtype]).view(RAW_NUMPY[dtype])
+        self.call("qmm_ref_gather_qmm", ctypes.byref(matrix), experts, _ptr(x_raw), x_raw.shape[0], lhs_ptr,
+                  rhs_ptr, B, _ptr(out))
+        return out
+
+    def ref_gather_dense_f64(self, w, scales, biases, dtype, bits, group_size, x_raw, lhs, rhs):
+        arrays, matrix, experts, N = self._stacked(w, scales, biases, dtype, bits, group_size)
+        x_raw = np.ascontiguousarray(x_raw)
+        (lhs_keep, lhs_ptr), (rhs_keep, rhs_ptr) = self._indices(lhs), self._indices(rhs)
+        B = len(rhs_keep)
+        exact = np.full((B, N), np.nan, np.float64)
+        abs_dot = np.full((B, N), np.nan, np.float64)
+        self.call("qmm_ref_gather_dense_f64", ctypes.byref(matrix), experts, _ptr(x_raw), x_raw.shape[0], lhs_ptr,
+                  rhs_ptr, B, exact.ctypes.data_as(POINTER(c_double)), abs_dot.ctypes.data_as(POINTER(c_double)))
+        return exact, abs_dot
+
+    def gather_kernels(self, backend):
+        """(name, tolerance_slack) of the gather rows of a backend's table ([] when the backend cannot be
+        created here)."""
+        context = c_void_p()
+        if self.fn("qmm_context_create")(backend, 0, ctypes.byref(context)) != 0:
+            return []
+        try:
+            names = []
+            for i in range(self.fn("qmm_kernel_count")(context)):
+                info = qmm_kernel_info()
+                self.call("qmm_kernel_get", context, i, ctypes.byref(info))
+                if info.op == QMM_OP_GATHER:
+                    names.append((info.name.decode(), info.tolerance_slack))
+            return names
+        finally:
+            self.fn("qmm_context_destroy")(context)
+
+    def gather_matmul(self, backend, kernel, w, scales, biases, dtype, bits, group_size, x_raw, lhs, rhs, sorted_indices):
+        """qmm_gather_matmul through the runtime on `backend` with `kernel` forced; out [B, N] raw."""
+        arrays, matrix, experts, N = self._stacked(w, scales, biases, dtype, bits, group_size)
+        x_raw = np.ascontiguousarray(x_raw)
+        T, K = x_raw.shape
+        (lhs_keep, lhs_ptr), (rhs_keep, rhs_ptr) = self._indices(lhs), self._indices(rhs)
+        B = len(rhs_keep)
+        out = np.full((B, N), NAN_BITS[dtype], BITS_VIEW[dtype]).view(RAW_NUMPY[dtype])
+        context, weights, xb, ob = c_void_p(), c_void_p(), c_void_p(), c_void_p()
+        try:
+            self.call("qmm_context_create", backend, 0, ctypes.byref(context))
+            self.call("qmm_weights_create_experts", context, ctypes.byref(matrix), experts, ctypes.byref(weights))
+            self.call("qmm_buffer_create", context, dtype, T * K, ctypes.byref(xb))
+            self.call("qmm_buffer_create", context, dtype, B * N, ctypes.byref(ob))
+            self.call("qmm_buffer_write", xb, _ptr(x_raw), T * K)
+            self.call("qmm_buffer_poison", ob)
+            options = qmm_gather_options(kernel.encode(), 1 if sorted_indices else 0)
+            info = qmm_kernel_info()
+            self.call("qmm_gather_matmul", context, weights, xb, T, lhs_ptr, rhs_ptr, B, ob, ctypes.byref(options),
+                      ctypes.byref(info))
+            self.call("qmm_buffer_read", ob, _ptr(out), B * N)
+            return out
+        finally:
+            for name, handle in (("qmm_buffer_destroy", ob), ("qmm_buffer_destroy", xb),
+                                 ("qmm_weights_destroy", weights), ("qmm_context_destroy", context)):
+                if handle:
+                    self.fn(name)(handle)
 
     def error_bound(self, K, out_dtype, exact, abs_dot, slack):
         function = self.fn("qmm_error_bound")

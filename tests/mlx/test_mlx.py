@@ -7,6 +7,8 @@ For every bits in {2,3,4,5,6,8} x group_size in {32,64,128} x dtype in {f32,f16,
   2. qmm_dequantize == mx.dequantize bit for bit (for every output dtype);
   3. the oracle (qmm_ref_qmm_t / qmm_ref_qmm_n) vs mx.quantized_matmul within the bound of README.md;
   4. qmm_gguf_import of every quantized tensor (and the F32 ones) == mx.load of the same GGUF file;
+  6. the MoE gather (qmm_ref_gather_qmm and every gather row of the ref/cpu backends through
+     qmm_gather_matmul) vs mx.gather_qmm, within the same bound as 3;
   5. the GPU convention (MLX cannot run it here): hand-worked groups, a numpy model of the Metal kernel
      checked against mx.quantize first, and CPU/GPU agreement wherever neither rule applies.
 
@@ -39,8 +41,8 @@ except ImportError as error:  # the pinned venv is missing or broken: a failure,
                   "(scripts/setup.sh test creates .venv from tests/mlx/requirements.txt)")
 
 from affine_model import bits_of, pack, quantize_model, quantize_model_packed, raw_to_f32, to_raw, unpack
-from qmm_ctypes import (DTYPE_NAMES, QMM_BF16, QMM_CONVENTION_CPU, QMM_CONVENTION_GPU, QMM_F16, QMM_F32,
-                        QMM_GGUF_F32, QMM_GGUF_Q4_1, QMM_GGUF_Q8_0, Qmm)
+from qmm_ctypes import (DTYPE_NAMES, QMM_BACKEND_CPU, QMM_BACKEND_REF, QMM_BF16, QMM_CONVENTION_CPU,
+                        QMM_CONVENTION_GPU, QMM_F16, QMM_F32, QMM_GGUF_F32, QMM_GGUF_Q4_1, QMM_GGUF_Q8_0, Qmm)
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -358,6 +360,95 @@ class OracleAgainstMLX(unittest.TestCase):
         self.run_op(False)
 
 
+# ── 6. the MoE gather against mx.gather_qmm
+
+GATHER_EXPERTS = 8
+GATHER_TOP_K = 2
+
+
+def gather_patterns(rng, T):
+    """(name, lhs or None, rhs, sorted) index patterns over T tokens and GATHER_EXPERTS experts."""
+    # MoE routing: every token to GATHER_TOP_K distinct experts, pairs sorted by expert (stable, like a
+    # router's argsort), so experts are contiguous blocks and some experts are never used.
+    experts = np.array([rng.choice(GATHER_EXPERTS - 2, GATHER_TOP_K, replace=False) + 1 for _ in range(T)])
+    tokens = np.repeat(np.arange(T), GATHER_TOP_K)
+    flat = experts.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    unsorted_rhs = rng.integers(0, GATHER_EXPERTS, 9)
+    unsorted_rhs[:2] = [GATHER_EXPERTS - 1, 0]  # out of order for sure
+    return [
+        ("top-k routing sorted by expert", tokens[order], flat[order], True),
+        ("top-k routing in token order", tokens, flat, False),
+        ("unsorted, rows repeated", rng.integers(0, T, 9), unsorted_rhs, False),
+        ("lhs None (row i)", None, np.sort(rng.integers(0, GATHER_EXPERTS, T)), True),
+        ("B=1", rng.integers(0, T, 1), rng.integers(0, GATHER_EXPERTS, 1), True),
+    ]
+
+
+class GatherAgainstMLX(unittest.TestCase):
+    """qmm_ref_gather_qmm and every gather row (qmm_gather_matmul, forced) vs mx.gather_qmm(transpose=True):
+    |ours - MLX| <= qmm_error_bound(K, dtype, exact, abs_dot, 2 * row slack) (README.md, "The oracle bound";
+    f16/bf16 are widened to f32 for MLX as there), and the f64 gather equals numpy's f64 from MLX's decoding."""
+
+    def run_case(self, what, dtype, bits, group_size, N, K, T, kernels):
+        rng = case_rng("gather", what)
+        w, s, b = mx.quantize(to_mx(to_raw(rng.standard_normal((GATHER_EXPERTS, N, K)), dtype), dtype),
+                              group_size=group_size, bits=bits)
+        w, scales, biases = np.array(w), from_mx(s, dtype), from_mx(b, dtype)
+        x = to_raw(rng.standard_normal((T, K)), dtype)
+        mx_f32 = lambda raw: to_mx(raw, dtype).astype(mx.float32)
+        codes = np.array(mx.dequantize(mx.array(w), mx.ones(s.shape, mx.float32), mx.zeros(s.shape, mx.float32),
+                                       group_size=group_size, bits=bits)).astype(np.float64)
+        expand = lambda a: np.repeat(f64_of(a, dtype), group_size, axis=-1)
+        w_hat = expand(scales) * codes + expand(biases)
+        w_abs = np.abs(expand(scales) * codes) + np.abs(expand(biases))
+        x64 = f64_of(x, dtype)
+        for name, lhs, rhs, is_sorted in gather_patterns(rng, T):
+            case = f"{what} {name} (B={len(rhs)})"
+            rows = np.arange(len(rhs)) if lhs is None else lhs
+            theirs = np.array(mx.gather_qmm(
+                mx_f32(x)[:, None, :], mx.array(w), mx_f32(scales), mx_f32(biases),
+                lhs_indices=None if lhs is None else mx.array(lhs.astype(np.uint32)),
+                rhs_indices=mx.array(rhs.astype(np.uint32)), transpose=True, group_size=group_size, bits=bits,
+                sorted_indices=is_sorted)).reshape(len(rhs), N).astype(np.float64)
+            exact, abs_dot = LIB.ref_gather_dense_f64(w, scales, biases, dtype, bits, group_size, x, lhs, rhs)
+            numpy_exact = np.einsum("bk,bnk->bn", x64[rows], w_hat[rhs])
+            numpy_abs = np.einsum("bk,bnk->bn", np.abs(x64[rows]), w_abs[rhs])
+            tolerance = 1e-12 * numpy_abs + 1e-300
+            for part, a, b in (("exact", exact, numpy_exact), ("abs_dot", abs_dot, numpy_abs)):
+                bad = np.argwhere(~(np.abs(a - b) <= tolerance))
+                if len(bad):
+                    at = tuple(bad[0])
+                    self.fail(f"{case}: qmm_ref_gather_dense_f64 {part}[{at[0]}, {at[1]}] = {a[at]:.17g}, numpy f64 "
+                              f"{b[at]:.17g}; {len(bad)} differ")
+            outputs = [("qmm_ref_gather_qmm", 1.0,
+                        LIB.ref_gather(w, scales, biases, dtype, bits, group_size, x, lhs, rhs))]
+            for backend, kernel, slack in kernels:
+                outputs.append((kernel, slack, LIB.gather_matmul(backend, kernel, w, scales, biases, dtype, bits,
+                                                                 group_size, x, lhs, rhs, is_sorted)))
+            for who, slack, raw in outputs:
+                ours = f64_of(raw, dtype)
+                for name_other, other, factor in (("the f64 oracle", exact, 1), ("MLX", theirs, 2)):
+                    bound = LIB.error_bound(K, dtype, exact, abs_dot, factor * slack)
+                    error = np.abs(ours - other)
+                    bad = np.argwhere(~(error <= bound))
+                    if len(bad):
+                        at = tuple(bad[0])
+                        self.fail(f"{case}: {who} out[{at[0]}, {at[1]}] = {ours[at]:.17g} vs {name_other} "
+                                  f"{other[at]:.17g} (exact {exact[at]:.17g}): |error| {error[at]:.3g} > bound "
+                                  f"{bound[at]:.3g}; {len(bad)} of {error.size} outside")
+
+    def test_gather_qmm(self):
+        kernels = [(backend, name, slack) for backend in (QMM_BACKEND_REF, QMM_BACKEND_CPU)
+                   for name, slack in LIB.gather_kernels(backend)]
+        self.assertTrue(any(name == "ref.gather.scalar.r1" for _, name, _ in kernels), f"gather rows: {kernels}")
+        for dtype, bits, group_size in formats():
+            for N, K, T in ((37, k_near_576(group_size), 5), (8, 2 * group_size, 7)):
+                what = f"gather {label(dtype, bits, group_size)} E={GATHER_EXPERTS} N={N} K={K} T={T}"
+                with self.subTest(what):
+                    self.run_case(what, dtype, bits, group_size, N, K, T, kernels)
+
+
 # ── 4. GGUF import against mx.load
 
 class GgufImportAgainstMLX(unittest.TestCase):
@@ -651,7 +742,7 @@ def main():
     suite = unittest.TestSuite()
     loader = unittest.TestLoader()
     for case in (QuantizeAgainstMLX, DequantizeAgainstMLX, OracleAgainstMLX, GgufImportAgainstMLX,
-                 GpuConvention):
+                 GpuConvention, GatherAgainstMLX):
         for test in loader.loadTestsFromTestCase(case):
             if not args.pattern or args.pattern in test.id():
                 suite.addTest(test)
