@@ -634,7 +634,9 @@ typedef struct qmm_quantize_summary {
 
 /* Quantizes the float weights of one safetensors file into an MLX checkpoint directory (what
  * `qmm quantize` does). Every f32/f16/bf16 tensor "X.weight" of 2 dims [N, K] with K a multiple of
- * group_size becomes layer X at (bits, group_size) with qmm_quantize and `convention`; float *.weight
+ * group_size becomes layer X at (bits, group_size) with qmm_quantize and `convention`; one of 3 dims
+ * [E, N, K] (an MoE layer's E experts, mlx-lm's switch_mlp) becomes a layer of E experts (qmm_layer.experts,
+ * written [E, N, ...], quantized along K as MLX's mx.quantize of the whole array); float *.weight
  * tensors of other ranks, whose K is not a multiple of group_size, or whose layer has the entry false
  * in the input's config.json, are left as they are and reported (QMM_QUANTIZE_LEFT); every other tensor
  * is copied. config.json in the input's directory, when present, is read as qmm_checkpoint_open reads

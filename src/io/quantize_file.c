@@ -1,6 +1,6 @@
 /*
  * quantize_file.c — qmm_checkpoint_quantize: the float weights of one safetensors file quantized into an
- * MLX checkpoint directory, with the layers that were already quantized kept in their own format (read
+ * MLX checkpoint directory (a 3-D [E, N, K] weight becomes a layer of E experts), with the layers that were already quantized kept in their own format (read
  * from the config.json beside the input, never guessed from shapes), every weight left unquantized
  * reported with its reason, and a refusal, with nothing written, when no weight can be quantized.
  */
@@ -67,17 +67,19 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
         const char *reason = NULL;
         char why[160];
         if (candidate) {
-            if (t.ndim != 2) {
-                snprintf(why, sizeof why, "it has %d dimensions; only 2-D [N, K] weights are quantized", t.ndim);
+            if (t.ndim > 3) {
+                snprintf(why, sizeof why,
+                         "it has %d dimensions; only 2-D [N, K] weights and 3-D [E, N, K] layers of experts are "
+                         "quantized", t.ndim);
                 reason = why;
-            } else if (t.shape[0] == 0 || t.shape[1] == 0) {
+            } else if (t.shape[0] == 0 || t.shape[1] == 0 || t.shape[t.ndim - 1] == 0) {
                 snprintf(why, sizeof why, "it is empty");
                 reason = why;
             } else if (marked_false(input, t.name)) {
                 snprintf(why, sizeof why, "config.json gives its layer the entry false (kept unquantized)");
                 reason = why;
-            } else if (t.shape[1] % group_size != 0) {
-                snprintf(why, sizeof why, "K=%lld is not a multiple of group_size=%d", (long long)t.shape[1],
+            } else if (t.shape[t.ndim - 1] % group_size != 0) {
+                snprintf(why, sizeof why, "K=%lld is not a multiple of group_size=%d", (long long)t.shape[t.ndim - 1],
                          group_size);
                 reason = why;
             }
@@ -96,7 +98,11 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
             }
             continue;
         }
-        size_t rows = (size_t)t.shape[0], cols = (size_t)t.shape[1];
+        /* 2-D [N, K], or 3-D [E, N, K]: the E experts of an MoE layer (mlx-lm's switch_mlp), quantized along
+         * K like MLX's mx.quantize of the whole array and stacked in the rows (qmm_layer.experts = E). The
+         * reader bounded every shape by the tensor's bytes, so E·N cannot overflow. */
+        const size_t experts = t.ndim == 3 ? (size_t)t.shape[0] : 1;
+        size_t rows = (size_t)t.shape[t.ndim - 2] * experts, cols = (size_t)t.shape[t.ndim - 1];
         size_t w_bytes, s_bytes;
         const qmm_qmatrix format = {NULL, NULL, NULL, t.dtype, rows, cols, bits, group_size};
         if ((status = qmm_qmatrix_bytes(&format, &w_bytes, &s_bytes)) != QMM_OK) goto cleanup;
@@ -120,13 +126,16 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
         }
         layers[layer_count].name = name;
         layers[layer_count].matrix = (qmm_qmatrix){w, scales, biases, t.dtype, rows, cols, bits, group_size};
+        layers[layer_count].experts = experts;
         layer_count++;
         counts.quantized++;
         if (note) {
+            char expert_text[48] = "";
+            if (experts > 1) snprintf(expert_text, sizeof expert_text, "%zu experts, ", experts);
             shape_text(&t, shape, sizeof shape);
-            snprintf(message, sizeof message, "%s %s %s -> %d-bit gs%d",
-                     qmm_io_printable(name, length, printable, sizeof printable), shape, qmm_dtype_name(t.dtype), bits,
-                     group_size);
+            snprintf(message, sizeof message, "%s %s %s -> %s%d-bit gs%d",
+                     qmm_io_printable(name, length, printable, sizeof printable), shape, qmm_dtype_name(t.dtype),
+                     expert_text, bits, group_size);
             note(user, QMM_QUANTIZE_QUANTIZED, name, message);
         }
     }
@@ -151,6 +160,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
         layers[layer_count].matrix =
             (qmm_qmatrix){NULL, NULL, NULL, layer.matrix.dtype, layer.matrix.rows, layer.matrix.cols,
                           layer.matrix.bits, layer.matrix.group_size};
+        layers[layer_count].experts = layer.experts; /* its tensors keep their [E, N, ...] shape */
         layer_count++;
         counts.kept++;
         if (note) {

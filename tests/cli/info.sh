@@ -48,9 +48,11 @@ check "converted: random x" out_matches "^w +16×2×32 +4-bit gs32 f16 .* random
 
 # the kernel listing: every backend, its rows in selector order, the reference rows last
 expect_ok "qmm kernels" kernels
-check "kernels: the ref backend's two rows" out_matches "^backend ref: 2 kernels"
+check "kernels: the ref backend's four rows" out_matches "^backend ref: 4 kernels"
 check "kernels: ref.qmm_t row with its tile" out_matches "^  ref\.qmm_t\.scalar\.r1 +qmm_t +scalar +tile 1x1x1"
 check "kernels: ref.qmm_n row" out_matches "^  ref\.qmm_n\.scalar\.r1 +qmm_n"
+check "kernels: ref.gather.blocks row" out_matches "^  ref\.gather\.blocks\.r1 +gather +blocks"
+check "kernels: ref.gather.scalar row, last" bash -c 'grep -E "^  [a-z]" <<<"$0" | tail -n 1 | grep -qE "^  ref\.gather\.scalar\.r1 +gather"' "$OUT"
 check "kernels: an absent backend says why" out_matches "^backend cuda: (not available \(.+\)|[0-9]+ kernels)"
 expect_usage_error kernels "unexpected argument 'x'" kernels x
 

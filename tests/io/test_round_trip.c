@@ -8,9 +8,9 @@
  *      (a 3-D one as a layer of experts, qmm_layer.experts), some described by tensors passed as they are
  *      (2-D or 3-D);
  *   B. qmm_checkpoint_quantize of A's model.safetensors (with some float weights marked false in its
- *      config.json) at a random format: A's layers keep their formats, the float weights become layers
- *      exactly where the rules say, bit for bit what qmm_quantize makes, or the call refuses and writes
- *      nothing;
+ *      config.json) at a random format: A's layers keep their formats, the float weights (2-D, and 3-D
+ *      [E, N, K] becoming a layer of E experts) become layers exactly where the rules say, bit for bit
+ *      what qmm_quantize makes, or the call refuses and writes nothing;
  *   C. qmm_gguf_convert of a GGUF file (Q4_0, Q4_1, Q8_0 and F32 tensors with awkward names), then
  *      qmm_checkpoint_quantize of the result at a format that is shape-ambiguous with Q8_0's 8-bit gs32.
  * After each step every layer must read back with the same format, the same bytes and the same shapes.
@@ -140,6 +140,8 @@ static void verify_layers(const qmm_checkpoint *ck, const made_layer *layers, si
         CHECK(qmm_checkpoint_find_tensor(ck, name, &t) == QMM_OK && t.ndim == l->ndim &&
                   (l->ndim == 2 || (t.shape[0] == l->lead[0] && t.shape[1] == l->lead[1])),
               "%s: layer \"%s\": weight shape changed (ndim %d)", step, l->name, t.ndim);
+        const size_t experts = l->ndim == 3 ? (size_t)l->lead[0] : 1;
+        CHECK(got.experts == experts, "%s: layer \"%s\": %zu experts, want %zu", step, l->name, got.experts, experts);
     }
 }
 
@@ -174,11 +176,12 @@ static void mark_false(const char *dir, const made_float *floats, size_t count) 
     cJSON_Delete(root);
 }
 
-/* The rule qmm_checkpoint_quantize applies: a 2-D float *.weight whose K is a multiple of group_size and
- * whose layer config.json does not mark false. */
+/* The rule qmm_checkpoint_quantize applies: a 2-D [N, K] or 3-D [E, N, K] float *.weight whose K is a
+ * multiple of group_size and whose layer config.json does not mark false. */
 static bool quantizable(const made_float *f, int group_size) {
     size_t length = strlen(f->name);
-    return f->ndim == 2 && f->shape[1] % group_size == 0 && !f->marked_false && length > 7 &&
+    return (f->ndim == 2 || f->ndim == 3) && f->shape[f->ndim - 1] % group_size == 0 && !f->marked_false &&
+           length > 7 &&
            strcmp(f->name + length - 7, ".weight") == 0;
 }
 
@@ -217,9 +220,11 @@ static void check_quantize(const char *input, const char *out, int bits, int gro
         want.bits = bits;
         want.group_size = group_size;
         want.dtype = f->dtype;
-        want.ndim = 2;
-        want.rows = (size_t)f->shape[0];
-        want.cols = (size_t)f->shape[1];
+        want.ndim = f->ndim; /* 3-D [E, N, K]: E experts stacked in the rows, written [E, N, words] */
+        want.lead[0] = f->shape[0];
+        want.lead[1] = f->ndim == 3 ? f->shape[1] : 0;
+        want.rows = (size_t)f->shape[0] * (f->ndim == 3 ? (size_t)f->shape[1] : 1);
+        want.cols = (size_t)f->shape[f->ndim - 1];
         want.words = want.cols * (size_t)bits / 32;
         want.groups = want.cols / (size_t)group_size;
         size_t element = qmm_dtype_size(f->dtype);
@@ -398,7 +403,8 @@ static void round_checkpoint(check_rng *rng, const char *root, int round) {
         make_layer(rng, &layers[layer_count++], name, bits_set[below(rng, 6)], group_set[below(rng, 3)],
                    1 + below(rng, 3), 1 + below(rng, 4), below(rng, 2), three_d);
     }
-    /* Float tensors: 2-D weights of several K (some marked false), a 1-D norm, a 3-D weight, a bias. */
+    /* Float tensors: 2-D weights of several K (some marked false), a 1-D norm, a 3-D weight of experts (of
+     * several K, sometimes marked false), a bias. */
     static const int64_t ks[5] = {48, 64, 96, 128, 256};
     for (size_t i = 0; i < MAX_FLOATS; i++) {
         made_float *f = &floats[float_count];
@@ -419,7 +425,8 @@ static void round_checkpoint(check_rng *rng, const char *root, int round) {
             f->ndim = 3;
             f->shape[0] = 2;
             f->shape[1] = 2;
-            f->shape[2] = 64;
+            f->shape[2] = ks[below(rng, 5)];
+            f->marked_false = below(rng, 4) == 0;
             snprintf(f->name, sizeof f->name, "%sf%zu.experts.weight", base, i);
         } else {
             f->ndim = 2;

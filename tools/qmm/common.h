@@ -51,6 +51,7 @@ int cmd_info(const command *self, int argc, char **argv);
 int cmd_convert(const command *self, int argc, char **argv);
 int cmd_quantize(const command *self, int argc, char **argv);
 int cmd_matmul(const command *self, int argc, char **argv);
+int cmd_gather(const command *self, int argc, char **argv);
 int cmd_run(const command *self, int argc, char **argv);
 int cmd_kernels(const command *self, int argc, char **argv);
 int cmd_bench(const command *self, int argc, char **argv);

@@ -19,7 +19,11 @@ static void print_tensor_row(const qmm_tensor *t) {
 static void print_layer_row(const qmm_layer *layer) {
     char format[64];
     format_format(format, sizeof format, &layer->matrix);
-    printf("  %-40s N=%-6zu K=%-6zu %s\n", layer->name, layer->matrix.rows, layer->matrix.cols, format);
+    if (layer->experts > 1) /* MoE: the rows stack the experts */
+        printf("  %-40s N=%-6zu K=%-6zu %s, %zu experts (qmm gather)\n", layer->name, layer->matrix.rows / layer->experts,
+               layer->matrix.cols, format, layer->experts);
+    else
+        printf("  %-40s N=%-6zu K=%-6zu %s\n", layer->name, layer->matrix.rows, layer->matrix.cols, format);
 }
 
 static int info_checkpoint(const command *c, const char *dir) {

@@ -1,7 +1,7 @@
 /*
  * main.c — the qmm command-line tool: the command table, help and dispatch. Each command lives in its
- * own file (info.c, convert.c, quantize.c, matmul.c, run.c, kernels.c, bench.c, tune.c); what they share is in
- * common.c, and what bench and tune share to measure kernels in measure.c.
+ * own file (info.c, convert.c, quantize.c, matmul.c, gather.c, run.c, kernels.c, bench.c, tune.c); what
+ * they share is in common.c, and what bench and tune share to measure kernels in measure.c.
  *
  * Conventions: results go to stdout, progress to stderr. A library failure prints
  * "qmm <cmd>: <status string>: <qmm_last_error()>" and exits 1; bad command-line input prints
@@ -52,6 +52,20 @@ static const command commands[] = {
      "  --tuning FILE: the selector reads that tuning table (qmm tune); --kernel still wins over it.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_matmul},
+    {"gather", "the MoE product of a layer of experts (top-k routing), checked against the f64 oracle",
+     "usage: qmm gather DIR --layer NAME [--tokens T] [--experts-per-token K] [--unsorted] [--dtype f32|f16|bf16]\n"
+     "                  [--kernel NAME] [--seed S] [--backend auto|cuda|cpu|ref]\n"
+     "  MLX gather_qmm on layer NAME of checkpoint DIR, a layer of E experts (weight [E, N, K·bits/32], as\n"
+     "  mlx-lm's switch_mlp; `qmm info` shows \"E experts\"; a 2-D layer is one expert). T tokens (default 16,\n"
+     "  at most 65536) of random x, uniform in [-1, 1) (seed S, default 42), are each routed to K distinct\n"
+     "  experts drawn at random with the same seed (-k, default 8, at most E): B = T·K pairs (token, expert),\n"
+     "  sorted by expert (stably, MLX's sorted_indices fast path) or, with --unsorted, in token order.\n"
+     "  out[B, N] = x[token]·Ŵ[expert]ᵀ through qmm_gather_matmul; every output is compared with the f64 oracle\n"
+     "  (qmm_ref_gather_dense_f64) under qmm_error_bound. Prints max |error|, max relative error, the worst\n"
+     "  error/bound ratio, the median µs of repeated products (host clock) and the kernel. --dtype other than the\n"
+     "  layer's scale dtype converts scales and biases (rounded once). Exit 3 when an output is outside its bound.\n"
+     "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
+     cmd_gather},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
      "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE]\n"
      "  DIR defaults to the embedded fixture data/" FIXTURE_NAME " (7 linear layers of SmolLM2-135M\n"
