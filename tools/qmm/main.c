@@ -32,7 +32,8 @@ static const command commands[] = {
     {"quantize", "quantize the float weights of a safetensors file into an MLX checkpoint",
      "usage: qmm quantize IN.safetensors OUTDIR --bits B --group-size G [--convention cpu|gpu] [--force]\n"
      "  Every 2-D f32/f16/bf16 tensor named *.weight whose last dim is a multiple of G becomes a quantized\n"
-     "  layer (weight U32, scales, biases in the weight's dtype); every other tensor is copied, and each float\n"
+     "  layer (weight U32, scales, biases in the weight's dtype); a 3-D one [E, N, K] becomes a layer of E MoE\n"
+     "  experts (weight [E, N, K·B/32], for qmm gather); every other tensor is copied, and each float\n"
      "  *.weight left unquantized is named on stderr with the reason. Layers already quantized keep their own\n"
      "  format, read from the config.json beside IN (refused without one). Nothing to quantize: refused.\n"
      "  B: 2, 3, 4, 5, 6 or 8. G: 32, 64 or 128. --convention: MLX's CPU quantizer (default) or its GPU\n"
