@@ -10,7 +10,8 @@
  *   ref.gather.blocks.r1  one ref.qmm_t.scalar.r1 call per expert block (qmm_gather_run_blocks,
  *                         src/core/gather.c): the way a backend builds its gather rows from its qmm_t rows,
  *                         and the selector's choice here (each weight row decoded once per block, not per pair)
- *   ref.gather.scalar.r1  the gather oracle qmm_ref_gather_qmm, one pair at a time (last: always an answer)
+ *   ref.gather.scalar.r1  the gather oracle qmm_ref_gather_qmm: all pairs grouped by expert, one
+ *                         qmm_ref_qmm_t call per used expert (last: always an answer)
  * Both give bit for bit the same outputs: qmm_ref_qmm_t computes each row of x on its own.
  */
 #include "kernel.h"
