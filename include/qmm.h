@@ -397,11 +397,15 @@ typedef struct qmm_gather_options {
  * rhs_indices is non-decreasing the kernels run one product per expert block (each used expert's weights
  * read once for all its rows); otherwise the result is the same, computed in more, smaller blocks.
  * Blocking like qmm_matmul; info (if not NULL) receives the kernel that ran.
- * Errors: QMM_ERR_INVALID_ARGUMENT (a NULL context, weights, x, out or rhs_indices; objects of another
- * context; x and out the same buffer; an index out of range, naming the array, position, value and bound;
- * sorted_indices promised but rhs_indices[i] < rhs_indices[i−1]), QMM_ERR_SHAPE (T = 0, B = 0, B > T with
- * lhs_indices NULL, a buffer too small or of another dtype), QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND /
- * QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul; or no gather row on this backend).
+ * Lifetimes: the handles must be live (not destroyed by the caller, even while a chain still holds them);
+ * the call holds nothing once it returns (a gather is not a chain step).
+ * Errors: QMM_ERR_INVALID_ARGUMENT (a NULL context, weights, x, out or rhs_indices; a destroyed handle;
+ * objects of another context; x and out the same buffer; an index out of range, naming the array,
+ * position, value and bound; sorted_indices promised but rhs_indices[i] < rhs_indices[i−1]),
+ * QMM_ERR_SHAPE (T = 0, B = 0, B > T with lhs_indices NULL, a buffer too small or of another dtype),
+ * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND / QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul), and
+ * QMM_ERR_UNSUPPORTED when the backend has no gather row ("no kernel of backend cuda computes gather yet":
+ * the CUDA table has none, and the reference rows read host memory).
  * Source: mlx.core.gather_qmm (mlx/backend/cpu/quantized.cpp, mlx/ops.cpp). */
 qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
                              const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,

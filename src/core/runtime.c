@@ -695,12 +695,24 @@ qmm_status qmm_weights_create_experts(qmm_context *context, const qmm_qmatrix *s
 
 size_t qmm_weights_expert_count(const qmm_weights *weights) { return weights ? weights->expert_count : 0; }
 
+/* Whether any row of the context's table computes op (a device backend may have none for an op yet: the
+ * reference rows, which read host memory, join only host backends' tables). */
+static bool table_has_op(const qmm_context *context, qmm_op op) {
+    for (size_t i = 0; i < context->table_count; i++)
+        if (context->table[i]->info.op == op) return true;
+    return false;
+}
+
 qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
                              const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
                              const qmm_gather_options *options, qmm_kernel_info *info) {
     static const char function[] = "qmm_gather_matmul";
+    /* Lifetimes as for qmm_matmul: the caller's handles must be live; the call holds nothing after it
+     * returns (a gather is not a chain step), so there is no reference to take. */
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: context is NULL", function);
+    if (context->destroyed) return destroyed_error(function, "the context", "qmm_context_destroy");
     if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: weights is NULL", function);
+    if (weights->destroyed) return destroyed_error(function, "the weights", "qmm_weights_destroy");
     if (weights->context != context)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: the weights belong to another context", function);
     const qmm_qmatrix *format = &weights->format;
@@ -739,6 +751,11 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
     call.lhs_indices = lhs_indices;
     call.rhs_indices = rhs_indices;
     call.rhs_sorted = sorted;
+    if (!(options && options->kernel) && !table_has_op(context, QMM_OP_GATHER))
+        return qmm_error(QMM_ERR_UNSUPPORTED,
+                         "%s: no kernel of backend %s computes gather yet (the reference gather rows read host "
+                         "memory, so they are not in a %s context's table)",
+                         function, qmm_backend_name(context->hooks->backend), qmm_backend_name(context->hooks->backend));
     const qmm_kernel *kernel;
     if ((status = qmm_select_kernel(context->table, context->table_count, &call, options ? options->kernel : NULL,
                                     &kernel)) != QMM_OK)

@@ -2,7 +2,8 @@
  * test_cuda.c — the CUDA backend beyond the kernel harness (label "gpu"; `make test-gpu` on a GPU machine):
  * chains captured as graphs and replayed (results, per-step and whole-run device times, re-capture after
  * a step is added), the selector's choices by M, cross-kernel agreement at the selector's switch points,
- * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, and error paths.
+ * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, and error paths
+ * (among them gather, which has no CUDA row yet).
  * The harness (tests/kernels) runs every CUDA row on its case grid in every dtype.
  *
  * Without a usable CUDA device it prints "SKIPPED: <reason>" and exits 77, which CTest reports as skipped.
@@ -252,6 +253,21 @@ static void test_errors(qmm_context *context, check_rng *rng) {
         CHECK(strstr(qmm_last_error(), "dtype f32") != NULL, "forced f32 on mma: %s", qmm_last_error());
         qmm_matmul_options ref = {.op = QMM_OP_QMM_T, .kernel = "ref.qmm_t.scalar.r1"};
         CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &ref, NULL), QMM_ERR_NOT_FOUND);
+    }
+    product_free(&p);
+    /* No CUDA row computes gather yet, and the reference rows are not in a CUDA table (host memory). */
+    if (product_make(context, rng, 2, 64, 128, 4, 64, QMM_F16, &p)) {
+        qmm_weights *experts = NULL;
+        const uint32_t rhs[2] = {0, 1};
+        CHECK_OK(qmm_weights_create_experts(context, &p.q.m, 2, &experts));
+        CHECK_STATUS(qmm_gather_matmul(context, experts, p.x, p.M, NULL, rhs, 2, p.out, NULL, NULL),
+                     QMM_ERR_UNSUPPORTED);
+        CHECK(strstr(qmm_last_error(), "no kernel of backend cuda computes gather yet") != NULL, "gather on CUDA: %s",
+              qmm_last_error());
+        qmm_gather_options forced = {.kernel = "ref.gather.blocks.r1"};
+        CHECK_STATUS(qmm_gather_matmul(context, experts, p.x, p.M, NULL, rhs, 2, p.out, &forced, NULL),
+                     QMM_ERR_NOT_FOUND);
+        qmm_weights_destroy(experts);
     }
     product_free(&p);
     if (product_make(context, rng, 20, 64, 128, 4, 64, QMM_F16, &p)) {

@@ -7,7 +7,7 @@
  * the oracle bit for bit; without, the run must still succeed. Under AddressSanitizer (make test-asan)
  * any use of freed memory fails the test. Also: a handle its caller destroyed while a chain still holds
  * it is refused with a message, a second destroy of such a handle is ignored, and a chain whose
- * context handle was destroyed still accepts steps.
+ * context handle was destroyed still accepts steps. Gather weights follow the same rules.
  */
 #include "check.h"
 
@@ -187,6 +187,50 @@ static void test_named_orders(void) {
     for (int i = HANDLES - 1; i >= 0; i--) destroy_handle(&f, (handle)i);
 }
 
+/* Gather weights (qmm_weights_create_experts) are counted like any weights, and a gather call holds
+ * nothing beyond the call: destroyed handles are refused, and any destroy order frees everything (under
+ * ASan, a use of freed memory or a leak fails the test). */
+static void test_gather_lifetimes(void) {
+    enum { EXPERTS = 2, B = 4 }; /* matrix A's HIDDEN rows as 2 experts of HIDDEN/2 rows */
+    const uint32_t rhs[B] = {0, 0, 1, 1}, lhs[B] = {0, 2, 1, 2};
+    qmm_context *context = NULL;
+    qmm_weights *experts = NULL, *one = NULL;
+    qmm_buffer *x = NULL, *out = NULL, *y = NULL;
+    qmm_chain *chain = NULL;
+    CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &context));
+    if (!context) return;
+    CHECK_OK(qmm_weights_create_experts(context, &matrix_a.m, EXPERTS, &experts));
+    CHECK_OK(qmm_weights_create_experts(context, &matrix_a.m, 1, &one));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, M * K, &x));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, B * HIDDEN, &out));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, M * HIDDEN, &y));
+    CHECK_OK(qmm_chain_create(context, &chain));
+    if (!experts || !one || !x || !out || !y || !chain) return;
+    CHECK_OK(qmm_buffer_write(x, host_x, M * K));
+    CHECK_OK(qmm_gather_matmul(context, experts, x, M, lhs, rhs, B, out, NULL, NULL));
+    /* Weights of one expert are plain weights: a chain step holds them like any other. */
+    CHECK_OK(qmm_chain_add_matmul(chain, one, x, M, y, NULL));
+    qmm_weights_destroy(one);
+    CHECK_STATUS(qmm_gather_matmul(context, one, x, M, lhs, rhs, 1, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: the weights, destroyed with qmm_weights_destroy, may not be used again (the "
+                   "objects that use it keep it alive only for themselves)");
+    CHECK_OK(qmm_chain_run(chain)); /* the chain still holds them */
+    qmm_context_destroy(context);   /* the weights, buffers and chain still hold it */
+    CHECK_STATUS(qmm_gather_matmul(context, experts, x, M, lhs, rhs, B, out, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_gather_matmul: the context, destroyed with qmm_context_destroy, may not be used again (the "
+                   "objects that use it keep it alive only for themselves)");
+    CHECK(qmm_weights_expert_count(experts) == EXPERTS, "expert count %zu, want %d", qmm_weights_expert_count(experts),
+          EXPERTS);
+    qmm_qmatrix format;
+    CHECK_OK(qmm_weights_describe(experts, &format)); /* still the caller's */
+    qmm_buffer_destroy(out);
+    qmm_weights_destroy(experts);
+    CHECK_OK(qmm_chain_run(chain));
+    qmm_chain_destroy(chain); /* drops one and y ... */
+    qmm_buffer_destroy(y);
+    qmm_buffer_destroy(x); /* ... and the last holder of the context */
+}
+
 int main(void) {
     check_rng rng = check_rng_make(31);
     if (!check_qmatrix_random(&rng, HIDDEN, K, 4, 32, QMM_F32, &matrix_a) ||
@@ -199,6 +243,7 @@ int main(void) {
     CHECK_OK(qmm_ref_qmm_t(&matrix_a.m, host_x, M, y));
     CHECK_OK(qmm_ref_qmm_t(&matrix_b.m, y, M, want_z));
     test_named_orders();
+    test_gather_lifetimes();
     test_every_destroy_order();
     check_qmatrix_free(&matrix_a);
     check_qmatrix_free(&matrix_b);
