@@ -248,6 +248,26 @@ qmm_status load_tuning_option(qmm_context *context, const char *path, char *note
     return QMM_OK;
 }
 
+static bool has_op(const qmm_context *context, qmm_op op) {
+    qmm_kernel_info info;
+    for (size_t i = 0; i < qmm_kernel_count(context); i++)
+        if (qmm_kernel_get(context, i, &info) == QMM_OK && info.op == op) return true;
+    return false;
+}
+
+qmm_status open_context_for(int backend, qmm_op op, qmm_context **context) {
+    if (backend != BACKEND_AUTO) return open_context(backend, context);
+    *context = NULL;
+    qmm_status status = QMM_OK;
+    for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
+        if ((status = qmm_context_create(backend_order[i], 0, context)) != QMM_OK) continue;
+        if (has_op(*context, op)) return QMM_OK;
+        qmm_context_destroy(*context);
+        *context = NULL;
+    }
+    return qmm_error(QMM_ERR_UNSUPPORTED, "--backend auto: no backend built here has a %s kernel", qmm_op_name(op));
+}
+
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */
 
 /* Runs out = x·Ŵᵀ (x: M×K of matrix->dtype) through the runtime — kernel forced when `kernel` is not

@@ -150,7 +150,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if ((status = fill_random(seed, x, dtype, count_x)) != QMM_OK) goto cleanup;
     if ((status = route(seed, T, (size_t)top_k, E, !unsorted, lhs, rhs, &experts_used)) != QMM_OK) goto cleanup;
 
-    if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+    if ((status = open_context_for(backend_choice, QMM_OP_GATHER, &context)) != QMM_OK) goto cleanup;
     fprintf(stderr, "qmm gather: %s on backend %s, %zu expert(s), T=%zu, B=%zu\n", layer_name,
             qmm_backend_name(qmm_context_backend(context)), E, T, B);
     if ((status = qmm_weights_create_experts(context, &matrix, E, &weights)) != QMM_OK) goto cleanup;
