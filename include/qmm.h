@@ -241,6 +241,19 @@ qmm_status qmm_ref_gather_dense_f64(const qmm_qmatrix *stacked, size_t expert_co
  * i.e. K ≥ 2^24 − 2. Thread-safe. */
 double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_dot, double slack);
 
+/* The verdict on one output `got` (the kernel's value in out_dtype, widened to double) against the exact
+ * value — the one rule every checker applies (tests, qmm matmul, qmm run; docs/kernels.md §6, "Verdict").
+ * Right when: exact is not finite and got is the same value (NaN for NaN, the same infinity); got is finite
+ * and |got − exact| ≤ qmm_error_bound(K, out_dtype, exact, abs_dot, slack); or got is ±inf of exact's sign
+ * and |exact| + bound reaches the overflow threshold of out_dtype (its largest finite value plus half an
+ * ulp: 65520 for f16, (2 − 2^-24)·2^128 for f32, (2 − 2^-8)·2^128 for bf16), i.e. correct rounding to
+ * out_dtype of exact — or of a value within the bound of it — is ±inf. Returns 1 when right, else 0.
+ * If ratio is not NULL it receives error/bound for a finite got, (threshold − |exact|)/bound (≥ 0) for an
+ * accepted or rejected infinity of the right sign, 0 for a matched non-finite exact, +inf otherwise (NaN
+ * output, NaN bound, infinity of the wrong sign). Thread-safe. */
+int qmm_output_check(size_t K, qmm_dtype out_dtype, double got, double exact, double abs_dot, double slack,
+                     double *ratio);
+
 /* ───────────────────────────── Runtime: context, weights, buffers ───────────────────────────── */
 
 typedef enum qmm_backend {

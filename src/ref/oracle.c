@@ -8,6 +8,8 @@
  *   qmm_ref_dense_f64  either product in f64 with exact dequantization, never rounded, plus the
  *                      magnitudes Σ(|s·q| + |b|)·|x| that feed the error bound
  *   qmm_error_bound    the one tolerance formula (derivation: docs/kernels.md, "Tolerance")
+ *   qmm_output_check   the one verdict on an output: the bound, plus the values rounding cannot keep
+ *                      finite (beyond the output dtype's range) and the non-finite exact values
  *
  * CMakeLists.txt builds this file with -ffp-contract=off: every operation below rounds on its own, on
  * every target (a fused multiply-add would change the f32 results, and qmm_ref_qmm_n's agreement with
@@ -401,4 +403,55 @@ double qmm_error_bound(size_t K, qmm_dtype out_dtype, double exact, double abs_d
     const double underflow = (double)K * 0x1.0p-149; /* 2K multiplications × 2^-150 each */
     return slack * ((1.0 + u_out) * (gamma * fabs(abs_dot) + (1.0 + gamma) * underflow) + u_out * fabs(exact) +
                     tiny_out);
+}
+
+/* ───────────────────────────── the verdict on one output ───────────────────────────── */
+
+/* The overflow threshold of a float dtype: the largest finite value plus half its ulp. Round to nearest
+ * even sends |v| ≥ threshold to ±inf (at the threshold itself the tie goes to the even neighbour, which
+ * is 2^(emax+1), i.e. inf, because the largest finite value has an odd last significand bit). */
+static double overflow_threshold(qmm_dtype dtype) {
+    switch (dtype) {
+    case QMM_F32: return 0x1.ffffffp127; /* (2 − 2^-23)·2^127 + 2^103 */
+    case QMM_F16: return 65520.0;        /* 65504 + 16 */
+    case QMM_BF16: return 0x1.ffp127;    /* (2 − 2^-7)·2^127 + 2^119 */
+    default: return NAN;
+    }
+}
+
+/*
+ * An output is right when
+ *   - exact is not finite (an input was ±inf or NaN): got is the same value (NaN for NaN, the same inf);
+ *   - got is finite: |got − exact| ≤ bound (qmm_error_bound);
+ *   - got is ±inf: exact has the same sign and |exact| + bound ≥ the overflow threshold, i.e. correct
+ *     rounding of exact itself gives ±inf (|exact| ≥ threshold), or of a value within the bound of it
+ *     (an accumulator the bound allows may lie beyond the threshold).
+ * *ratio receives error/bound for a finite got, (threshold − |exact|)/bound (at least 0) for an
+ * infinite one of the right sign, 0 for a matched non-finite exact, and +inf for every other miss
+ * (a NaN output, a NaN bound, an infinity of the wrong sign).
+ */
+int qmm_output_check(size_t K, qmm_dtype out_dtype, double got, double exact, double abs_dot, double slack,
+                     double *ratio) {
+    double r = INFINITY;
+    int ok = 0;
+    if (!isfinite(exact)) {
+        ok = isnan(exact) ? isnan(got) : got == exact;
+        r = ok ? 0.0 : INFINITY;
+    } else {
+        double bound = qmm_error_bound(K, out_dtype, exact, abs_dot, slack);
+        if (isnan(bound) || isnan(got)) {
+            r = INFINITY;
+        } else if (isinf(got)) {
+            if ((got > 0) == (exact > 0) && exact != 0.0) {
+                double gap = overflow_threshold(out_dtype) - fabs(exact);
+                r = gap > 0.0 ? gap / bound : 0.0;
+                ok = r <= 1.0;
+            }
+        } else {
+            r = fabs(got - exact) / bound;
+            ok = fabs(got - exact) <= bound;
+        }
+    }
+    if (ratio) *ratio = r;
+    return ok;
 }

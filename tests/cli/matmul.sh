@@ -48,4 +48,37 @@ for dtype in F32 F16 BF16; do
   check "--x at an odd offset ($dtype): within bound" out_matches "^verdict +all 1728 outputs within bound"
 done
 
+# Outputs whose exact value is finite but beyond the output dtype's range are right as ±inf (correct rounding
+# overflows; qmm_output_check): not "outside bound". f16: x = 30000 everywhere (max 65504); f32: an exact
+# value of about -3.46e38 (max 3.40e38).
+# one_row_x PATH DTYPE BYTES...: a safetensors file with the tensor blk.0.attn_k [1, 576] made of the given
+# element escapes, the last one repeated to fill the row.
+one_row_x() {
+  local path=$1 dtype=$2 size=2 data="" i
+  shift 2
+  [ "$dtype" = F32 ] && size=4
+  local header="{\"blk.0.attn_k\":{\"dtype\":\"$dtype\",\"shape\":[1,576],\"data_offsets\":[0,$((576 * size))]}}"
+  while [ $((${#header} % 8)) != 0 ]; do header+=" "; done
+  local elements=("$@")
+  for ((i = 0; i < 576; i++)); do
+    if [ $i -lt ${#elements[@]} ]; then data+=${elements[$i]}; else data+=${elements[${#elements[@]} - 1]}; fi
+  done
+  { printf '%b' "$(le64 ${#header})"; printf '%s' "$header"; printf '%b' "$data"; } >"$path"
+}
+one_row_x "$WORK/x-30000.safetensors" F16 '\x53\x77'
+for backend in ref cpu; do
+  expect_ok "f16 outputs beyond 65504 ($backend)" matmul "$FIXTURE" --layer blk.0.attn_k --x "$WORK/x-30000.safetensors" \
+    --backend $backend
+  check "f16 overflow ($backend): within bound" out_has "all 192 outputs within bound"
+  check "f16 overflow ($backend): ±inf outputs named" out_matches "^note +[0-9]+ outputs are ±inf, as correct rounding to f16"
+done
+# (ref only: the CPU rows' per-group f32 fallback overflows on this x where the exact value is finite.)
+one_row_x "$WORK/x-3e38.safetensors" F32 '\xe6\xb1\x61\x7f' '\xe6\xb1\x61\x7f' '\xe6\xb1\x61\xff' '\x00\x00\x00\x00'
+for backend in ref; do
+  expect_ok "f32 outputs beyond 3.4e38 ($backend)" matmul "$FIXTURE" --layer blk.0.attn_k --x "$WORK/x-3e38.safetensors" \
+    --dtype f32 --backend $backend
+  check "f32 overflow ($backend): within bound" out_has "all 192 outputs within bound"
+  check "f32 overflow ($backend): ±inf outputs named" out_matches "^note +[0-9]+ outputs are ±inf, as correct rounding to f32"
+done
+
 finish

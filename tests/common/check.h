@@ -69,10 +69,11 @@ bool check_qmatrix_random(check_rng *rng, size_t rows, size_t cols, int bits, in
                           check_qmatrix *out);
 void check_qmatrix_free(check_qmatrix *q);
 
-/* Compares out[M·N] (dtype) against the f64 oracle with qmm_error_bound(K, dtype, exact, abs_dot,
- * slack) per element; a NaN output fails, except where the exact value is itself not finite: then the
- * output must be the same value (NaN for NaN, the same infinity for ±inf; docs/kernels.md §2). Returns the number of elements outside the bound and writes
- * the worst ratio error/bound to *worst (if not NULL). Prints the first few mismatches with `label`. */
+/* Compares out[M·N] (dtype) against the f64 oracle with qmm_output_check(K, dtype, got, exact, abs_dot,
+ * slack) per element — the bound, ±inf where correct rounding to dtype overflows, and for a non-finite exact
+ * value the same value (NaN for NaN, the same infinity; docs/kernels.md §2, §6). Returns the number of
+ * elements that fail and writes the worst ratio (qmm_output_check's) to *worst (if not NULL). Prints the first
+ * few mismatches with `label`. */
 size_t check_against_oracle(const char *label, const void *out, qmm_dtype dtype, const double *exact,
                             const double *abs_dot, size_t count, size_t K, double slack, double *worst);
 

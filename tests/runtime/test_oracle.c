@@ -403,8 +403,73 @@ static void test_bad_input(void) {
     check_qmatrix_free(&q);
 }
 
+/* qmm_output_check, the one verdict (docs/kernels.md §6, "Verdict"): the bound, ±inf where correct rounding of
+ * exact to the output dtype overflows (threshold = largest finite + half an ulp), and the non-finite rule. */
+static void test_output_check(void) {
+    double r;
+    int ok;
+    /* f16: 65504 is the largest finite value, 65520 the threshold (the tie rounds to inf). */
+    ok = qmm_output_check(576, QMM_F16, INFINITY, 65520.0, 65520.0, 1.0, &r);
+    CHECK(ok && r == 0.0,
+          "f16 exact 65520 (the tie) must be right as +inf, ratio %g", r);
+    ok = qmm_output_check(576, QMM_F16, -INFINITY, -1.6e7, 1.7e7, 1.0, &r);
+    CHECK(ok && r == 0.0,
+          "f16 exact -1.6e7 must be right as -inf, ratio %g", r);
+    ok = qmm_output_check(576, QMM_F16, INFINITY, -1.6e7, 1.7e7, 1.0, &r);
+    CHECK(!ok && isinf(r),
+          "f16 exact -1.6e7 must be wrong as +inf");
+    ok = qmm_output_check(64, QMM_F16, INFINITY, 60000.0, 60000.0, 1.0, &r);
+    CHECK(!ok && r > 1.0,
+          "f16 exact 60000 (rounds to 60000) must be wrong as +inf, ratio %g", r);
+    /* Just below the threshold an accumulator within the bound may round to inf: 65519 + bound(~32) ≥ 65520. */
+    ok = qmm_output_check(64, QMM_F16, INFINITY, 65519.0, 65519.0, 1.0, &r);
+    CHECK(ok && r > 0.0 && r <= 1.0,
+          "f16 exact 65519 must be right as +inf (within the bound of the threshold), ratio %g", r);
+    ok = qmm_output_check(64, QMM_F16, 65504.0, 65519.0, 65519.0, 1.0, &r);
+    CHECK(ok && r <= 1.0,
+          "f16 exact 65519 must be right as 65504 (within the bound), ratio %g", r);
+    ok = qmm_output_check(64, QMM_F16, 65504.0, 1.0e5, 1.0e5, 1.0, &r);
+    CHECK(!ok, "f16 exact 1e5 must be wrong as 65504");
+    /* f32: the threshold is 2^128 − 2^103; exact −3.46e38 rounds to −inf. */
+    ok = qmm_output_check(576, QMM_F32, -INFINITY, -3.46e38, 9.0e38, 1.0, &r);
+    CHECK(ok && r == 0.0,
+          "f32 exact -3.46e38 must be right as -inf");
+    ok = qmm_output_check(4, QMM_F32, INFINITY, 0x1.ffffffp127, 0x1.ffffffp127, 1.0, &r);
+    CHECK(ok, "f32 threshold must be +inf");
+    ok = qmm_output_check(4, QMM_F32, INFINITY, 0x1.fffep127, 0x1.fffep127, 1.0, &r);
+    CHECK(!ok,
+          "f32 exact 2^128 − 2^112 must be wrong as +inf");
+    ok = qmm_output_check(4, QMM_BF16, INFINITY, 0x1.ffp127, 0x1.ffp127, 1.0, &r);
+    CHECK(ok, "bf16 threshold must be +inf");
+    ok = qmm_output_check(4, QMM_BF16, INFINITY, 0x1.fcp127, 0x1.fcp127, 1.0, &r);
+    CHECK(!ok,
+          "bf16 exact below its threshold by more than the bound must be wrong as +inf");
+    /* Finite values: the bound; NaN output: wrong; non-finite exact: the same value. */
+    double b = qmm_error_bound(62, QMM_F32, 2.0, 4.0, 1.0);
+    ok = qmm_output_check(62, QMM_F32, 2.0 + 0.5 * b, 2.0, 4.0, 1.0, &r);
+    CHECK(ok && r <= 1.0, "error = bound/2 must be right");
+    ok = qmm_output_check(62, QMM_F32, 2.0 + 2 * b, 2.0, 4.0, 1.0, &r);
+    CHECK(!ok && r > 1.9, "error = 2·bound must be wrong");
+    ok = qmm_output_check(62, QMM_F32, NAN, 2.0, 4.0, 1.0, &r);
+    CHECK(!ok && isinf(r), "NaN for a finite exact must be wrong");
+    ok = qmm_output_check(62, QMM_F32, NAN, NAN, 4.0, 1.0, &r);
+    CHECK(ok, "NaN for NaN must be right");
+    ok = qmm_output_check(62, QMM_F32, -INFINITY, -INFINITY, INFINITY, 1.0, &r);
+    CHECK(ok, "-inf for -inf must be right");
+    ok = qmm_output_check(62, QMM_F32, 1.0, INFINITY, INFINITY, 1.0, &r);
+    CHECK(!ok, "1 for +inf must be wrong");
+    ok = qmm_output_check(62, QMM_F32, 2.0, 2.0, 4.0, 0.0, &r);
+    CHECK(!ok && isinf(r), "a NaN bound (slack 0) must be wrong");
+    /* check_against_oracle applies the same rule: f16 outputs +inf for exact 70000 and 65504 for 65510. */
+    uint16_t out[2] = {0x7c00, 0x7bff};
+    double exact[2] = {70000.0, 65510.0}, abs_dot[2] = {70000.0, 65510.0};
+    CHECK(check_against_oracle("overflow", out, QMM_F16, exact, abs_dot, 2, 64, 1.0, NULL) == 0,
+          "check_against_oracle must accept +inf for an exact value beyond f16's range");
+}
+
 int main(void) {
     test_error_bound();
+    test_output_check();
     test_exact_cases();
     test_non_finite();
     test_underflow();

@@ -272,8 +272,9 @@ qmm_status open_context_for(int backend, qmm_op op, qmm_context **context) {
 
 /* Runs out = x·Ŵᵀ (x: M×K of matrix->dtype) through the runtime — kernel forced when `kernel` is not
  * NULL, else the selector's choice — compares every output with qmm_ref_dense_f64 (the same x, the
- * same scales) under qmm_error_bound with the kernel's documented slack, then times the product with
- * a chain for about `time_budget` seconds (at least 3 runs). inject_fault changes one output element
+ * same scales) under qmm_output_check (the bound with the kernel's documented slack; ±inf where the exact
+ * value rounds beyond the dtype's range), then times the product with a chain for about `time_budget`
+ * seconds (at least 3 runs). inject_fault changes one output element
  * before the comparison (the QMM_RUN_INJECT_FAULT test hook). */
 qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const void *x, size_t M,
                          const char *kernel, double time_budget, int inject_fault, layer_result *result) {
@@ -331,14 +332,20 @@ qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const 
     }
     double slack = result->kernel.tolerance_slack > 0 ? result->kernel.tolerance_slack : 1.0;
     for (size_t i = 0; i < count_out; i++) {
-        double error = fabs((double)got[i] - exact[i]);
-        double bound = qmm_error_bound(K, matrix->dtype, exact[i], abs_dot[i], slack);
-        double ratio = isnan(error) ? INFINITY : error / bound;
-        if (isnan(error)) error = INFINITY;
-        if (error > result->max_abs_error) result->max_abs_error = error;
+        /* The one verdict (qmm_output_check, docs/kernels.md §6): within the bound, or ±inf where correct
+         * rounding of the exact value to the output dtype overflows (the value is beyond its range). */
+        double ratio;
+        int ok = qmm_output_check(K, matrix->dtype, (double)got[i], exact[i], abs_dot[i], slack, &ratio);
+        if (ok && isinf(got[i])) {
+            result->overflowed++; /* right, and no finite |error| to report */
+        } else {
+            double error = fabs((double)got[i] - exact[i]);
+            if (isnan(error)) error = INFINITY;
+            if (error > result->max_abs_error) result->max_abs_error = error;
+        }
         if (fabs(exact[i]) > result->max_exact) result->max_exact = fabs(exact[i]);
         if (ratio > result->worst_ratio) result->worst_ratio = ratio;
-        if (!(error <= bound)) {
+        if (!ok) {
             if (result->outside == 0) result->first_outside = i;
             result->outside++;
         }

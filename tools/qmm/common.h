@@ -122,10 +122,11 @@ qmm_status load_tuning_option(qmm_context *context, const char *path, char *note
 
 typedef struct layer_result {
     qmm_kernel_info kernel;
-    double max_abs_error;
+    double max_abs_error; /* over the outputs that are not rightly ±inf */
     double max_exact;   /* max |exact|, the denominator of the (normwise) relative error */
-    double worst_ratio; /* max over outputs of |error| / bound (NaN output: infinity) */
-    size_t outside;     /* outputs whose error exceeds the bound */
+    double worst_ratio; /* max over outputs of qmm_output_check's ratio (|error| / bound; NaN output: infinity) */
+    size_t outside;     /* outputs that fail qmm_output_check (outside the bound) */
+    size_t overflowed;  /* outputs that are ±inf rightly: the exact value rounds beyond the dtype's range */
     size_t first_outside;
     double microseconds; /* median device time of one product, from a chain */
     int timing_runs;

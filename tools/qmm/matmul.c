@@ -107,6 +107,9 @@ int cmd_matmul(const command *c, int argc, char **argv) {
            result.max_exact > 0 ? result.max_abs_error / result.max_exact : result.max_abs_error);
     printf("worst error/bound  %.3g (qmm_error_bound, slack %g)\n", result.worst_ratio,
            result.kernel.tolerance_slack > 0 ? result.kernel.tolerance_slack : 1.0);
+    if (result.overflowed)
+        printf("note               %zu outputs are ±inf, as correct rounding to %s gives: their exact value is beyond "
+               "its range (max |exact| %.4g)\n", result.overflowed, qmm_dtype_name(dtype), result.max_exact);
     printf("time               %.2f µs (median of %d chain runs)\n", result.microseconds, result.timing_runs);
     printf("bandwidth          %.3f GB/s (%.0f bytes: weights + scales + biases + x + out)\n",
            result.microseconds > 0 ? result.bytes / (result.microseconds * 1e3) : 0.0, result.bytes);
