@@ -96,4 +96,24 @@ qmm_status qmm_gather_validate(const char *function, size_t rows, size_t K, qmm_
                                size_t T, const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B,
                                size_t *N, bool *sorted);
 
+/* ───────────────────────── atomic file writes (atomic_file.c) ───────────────────────── */
+
+/* An output file written under a temporary name beside its destination and renamed into place. */
+typedef struct qmm_atomic_file {
+    int fd;
+    char *temp_path;
+    const char *path;
+} qmm_atomic_file;
+
+/* Creates "path.qmm-tmp-XXXXXX" beside path with O_CREAT|O_EXCL, mode 0666 under the umask (a fresh name:
+ * an existing file is never opened). Errors: QMM_ERR_IO. */
+qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path);
+qmm_status qmm_atomic_write(qmm_atomic_file *file, const void *bytes, size_t size);
+/* Flushes to disk and closes the temporary file (still under its temporary name). */
+qmm_status qmm_atomic_finish(qmm_atomic_file *file);
+/* Renames the finished temporary file onto path; on failure the temporary file is removed. */
+qmm_status qmm_atomic_rename(qmm_atomic_file *file);
+/* Closes and removes the temporary file if it still exists; frees the state. Safe to call twice. */
+void qmm_atomic_abort(qmm_atomic_file *file);
+
 #endif /* QMM_INTERNAL_H */

@@ -42,22 +42,7 @@ bool qmm_io_utf8_valid(const char *bytes, size_t size);
 const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size);
 #define QMM_IO_PRINTABLE_SIZE 96
 
-/* An output file written under a temporary name beside its destination and renamed into place. */
-typedef struct qmm_atomic_file {
-    int fd;
-    char *temp_path;
-    const char *path;
-} qmm_atomic_file;
-
-/* Creates "path.qmm-tmp-XXXXXX" beside path. Errors: QMM_ERR_IO. */
-qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path);
-qmm_status qmm_atomic_write(qmm_atomic_file *file, const void *bytes, size_t size);
-/* Flushes to disk and closes the temporary file (still under its temporary name). */
-qmm_status qmm_atomic_finish(qmm_atomic_file *file);
-/* Renames the finished temporary file onto path; on failure the temporary file is removed. */
-qmm_status qmm_atomic_rename(qmm_atomic_file *file);
-/* Closes and removes the temporary file if it still exists; frees the state. Safe to call twice. */
-void qmm_atomic_abort(qmm_atomic_file *file);
+/* Atomic file writes (qmm_atomic_file): internal.h (src/core/atomic_file.c). */
 
 /* Binary search of name among count items sorted by strcmp of their names; name_at(context, i) is
  * the name of item i. Returns the position, or QMM_IO_NOT_FOUND. */

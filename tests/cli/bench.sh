@@ -62,6 +62,26 @@ expect_usage_error bench "--repeats '0'" bench --backend ref --quick --repeats 0
 expect_usage_error bench "--backend 'gpu'" bench --backend gpu
 expect_usage_error bench "unknown option '--frobnicate'" bench --frobnicate
 expect_library_error bench "not found" "does not exist" bench --backend ref --quick --json "$WORK/no/such/dir/x.json"
+# --json FILE: written through a unique temporary file (O_EXCL) and a rename; an existing FILE.tmp is not
+# touched; a target that exists and is not a regular file (a symbolic link, a FIFO, a device: rename would
+# replace it) is refused before any work, naming it.
+printf 'keep me' >"$WORK/r.json.tmp"
+q bench --backend ref --quick --no-peers --m 1 --json "$WORK/r.json"
+check "--json beside an existing FILE.tmp: exit 0" rc_is 0
+check "--json: FILE.tmp untouched" [ "$(cat "$WORK/r.json.tmp")" = "keep me" ]
+check "--json: no temporary file left" [ "$(ls "$WORK" | grep -c '^r\.json\..*tmp-')" = 0 ]
+check "--json: mode 0666 under the umask" [ "$(stat -c %a "$WORK/r.json")" = "$(printf '%o' $((0666 & ~$(umask))))" ]
+printf 'target' >"$WORK/target.json"
+ln -s "$WORK/target.json" "$WORK/link.json"
+expect_library_error bench "I/O error" "--json '$WORK/link.json' exists and is a symbolic link, not a regular file" \
+  bench --backend ref --quick --no-peers --m 1 --json "$WORK/link.json"
+check "--json symlink: refused before any work" bash -c '! grep -q "measuring" <<<"$1"' _ "$ERR"
+check "--json symlink: still a symlink" [ -L "$WORK/link.json" ]
+check "--json symlink: its target untouched" [ "$(cat "$WORK/target.json")" = target ]
+mkfifo "$WORK/fifo.json"
+expect_library_error bench "I/O error" "--json '$WORK/fifo.json' exists and is a FIFO, not a regular file" \
+  bench --backend ref --quick --no-peers --m 1 --json "$WORK/fifo.json"
+check "--json FIFO: still a FIFO" [ -p "$WORK/fifo.json" ]
 expect_ok "--help" bench --help
 check "--help shows the usage" out_has "usage: qmm bench"
 

@@ -12,6 +12,7 @@ check "one summary row per cell" [ "$(out_lines_matching '^quick\.[0-9x]+ +[0-9]
 check "M 1 and 3 grouped: 2 entries for 4 cells" out_has "wrote 2 entries for 4 cells to $WORK/t.json"
 check "progress on stderr" err_matches '^tune \[4/4\] quick\.64x1024 M=3 f32: 1 kernel, fastest ref\.qmm_t\.scalar\.r1'
 check "no temporary file left" [ "$(ls "$WORK" | grep -c 't\.json\.')" = 0 ]
+check "mode 0666 under the umask" [ "$(stat -c %a "$WORK/t.json")" = "$(printf '%o' $((0666 & ~$(umask))))" ]
 if command -v python3 >/dev/null; then
   check "the table's contents" python3 - "$WORK/t.json" <<'PY'
 import json, sys
@@ -74,6 +75,13 @@ expect_usage_error tune "unknown option" tune --backend ref --quick --peers
 expect_library_error tune "not found" "--out '$WORK/no/t.json': directory '$WORK/no' does not exist" tune --backend ref --quick --out "$WORK/no/t.json"
 expect_library_error tune "I/O error" "--out '$WORK' is a directory" tune --backend ref --quick --out "$WORK"
 check "refused --out: nothing written" [ ! -e "$WORK/no" ]
+ln -s "$WORK/t.json" "$WORK/t-link.json"
+expect_library_error tune "I/O error" "--out '$WORK/t-link.json' exists and is a symbolic link, not a regular file" \
+  tune --backend ref --quick --out "$WORK/t-link.json"
+check "refused --out symlink: still a symlink" [ -L "$WORK/t-link.json" ]
+mkfifo "$WORK/t-fifo.json"
+expect_library_error tune "I/O error" "--out '$WORK/t-fifo.json' exists and is a FIFO" tune --backend ref --quick --out "$WORK/t-fifo.json"
+check "refused --out FIFO: still a FIFO" [ -p "$WORK/t-fifo.json" ]
 
 # The default path: qmm-tuning-BACKEND.json in the current directory.
 (cd "$WORK" && "$QMM" tune --backend ref --quick --m 1 >/dev/null 2>&1)

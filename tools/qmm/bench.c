@@ -469,19 +469,15 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot format the JSON results");
-    char temporary[PATH_MAX + 16];
-    snprintf(temporary, sizeof temporary, "%s.tmp", path);
-    FILE *f = fopen(temporary, "w");
-    qmm_status status = QMM_OK;
-    if (!f) status = qmm_error(QMM_ERR_IO, "cannot write --json '%s': %s", temporary, strerror(errno));
-    else {
-        int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-        ok = (fclose(f) == 0) && ok;
-        if (!ok || rename(temporary, path) != 0) {
-            status = qmm_error(QMM_ERR_IO, "cannot write --json '%s': %s", path, strerror(errno));
-            remove(temporary);
-        }
+    size_t length = strlen(text);
+    char *file = malloc(length + 1);
+    qmm_status status = file ? QMM_OK : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot format the JSON results");
+    if (file) {
+        memcpy(file, text, length);
+        file[length] = '\n';
+        status = write_output_file("--json", path, file, length + 1);
     }
+    free(file);
     cJSON_free(text);
     return status;
 }
@@ -504,18 +500,7 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
     } else {
         snprintf(path, size, "%s", text);
     }
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode))
-        return library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "--json '%s': directory '%s' does not exist", text, dir));
-    if (access(dir, W_OK | X_OK) != 0)
-        return library_error(c, qmm_error(QMM_ERR_IO, "--json '%s': directory '%s' is not writable: %s", text, dir,
-                                          strerror(errno)));
-    return 0;
+    return check_output_file(c, "--json", path);
 #endif
 }
 

@@ -521,3 +521,64 @@ int check_outdir(const command *c, const char *dir, int force) {
     closedir(listing);
     return 0;
 }
+
+/* ───────────────────────────── output files (bench --json, tune --out) ───────────────────────────── */
+
+/* What a directory entry that is not a regular file is, for a message. */
+static const char *entry_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
+/* An existing path that is not a regular file: refused with a message naming it and what it is. */
+static qmm_status refuse_non_regular(const char *option, const char *path, int *refused) {
+    struct stat info;
+    *refused = 0;
+    if (lstat(path, &info) != 0 || S_ISREG(info.st_mode)) return QMM_OK;
+    *refused = 1;
+    if (S_ISDIR(info.st_mode))
+        return qmm_error(QMM_ERR_IO, "%s '%s' is a directory (want a file path)", option, path);
+    return qmm_error(QMM_ERR_IO,
+                     "%s '%s' exists and is %s, not a regular file: writing the results would replace it; name a "
+                     "regular file or a new path", option, path, entry_kind(info.st_mode));
+}
+
+int check_output_file(const command *c, const char *option, const char *path) {
+    if (!path[0]) return usage_error(c, "%s is empty (want a file path)", option);
+    if (strlen(path) >= PATH_MAX - 32) return usage_error(c, "%s is longer than %d bytes", option, PATH_MAX - 32);
+    int refused;
+    qmm_status status = refuse_non_regular(option, path, &refused);
+    if (refused) return library_error(c, status);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    struct stat info;
+    if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode))
+        return library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "%s '%s': directory '%s' does not exist", option, path, dir));
+    if (access(dir, W_OK | X_OK) != 0)
+        return library_error(c, qmm_error(QMM_ERR_IO, "%s '%s': directory '%s' is not writable: %s", option, path, dir,
+                                          strerror(errno)));
+    return 0;
+}
+
+qmm_status write_output_file(const char *option, const char *path, const void *bytes, size_t size) {
+    qmm_atomic_file file = {-1, NULL, NULL};
+    int refused = 0;
+    qmm_status status = qmm_atomic_begin(&file, path);
+    if (status == QMM_OK) status = qmm_atomic_write(&file, bytes, size);
+    if (status == QMM_OK) status = qmm_atomic_finish(&file);
+    if (status == QMM_OK) status = refuse_non_regular(option, path, &refused);
+    if (status == QMM_OK) status = qmm_atomic_rename(&file);
+    qmm_atomic_abort(&file);
+    if (status != QMM_OK && !refused) /* the refusal names option and path already */
+        status = qmm_error(status, "cannot write %s '%s': %s", option, path, qmm_last_error());
+    return status;
+}

@@ -148,4 +148,17 @@ qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatri
  * in it, which a reader would mix with the new model.safetensors, are refused. Returns 0 or the exit code. */
 int check_outdir(const command *c, const char *dir, int force);
 
+/* ───────────────────────────── output files (bench --json, tune --out) ───────────────────────────── */
+
+/* An output FILE named by option ("--json", "--out"), checked before any work: not empty (usage error); not an
+ * existing entry that is not a regular file — a directory, a symbolic link, a device, a FIFO, a socket, which
+ * the final rename would replace (as root, `--json /dev/full` would replace the device); its directory exists
+ * and is writable. Returns 0, or the exit code after printing the reason. */
+int check_output_file(const command *c, const char *option, const char *path);
+/* Writes size bytes to path through a unique temporary file beside it (the library's atomic writer:
+ * O_CREAT|O_EXCL, mode 0666 under the umask, fsync, rename), refusing again, just before the rename, a path
+ * that is now something other than a regular file. Nothing is left behind on failure; an existing file of any
+ * other name (FILE.tmp included) is never touched. Errors (QMM_ERR_IO) name option and path. */
+qmm_status write_output_file(const char *option, const char *path, const void *bytes, size_t size);
+
 #endif

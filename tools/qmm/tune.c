@@ -160,19 +160,13 @@ static size_t write_entries(FILE *f, const tune_run *run) {
     return written;
 }
 
-/* Writes the table to path through a temporary file in the same directory and a rename (nothing half-written is
- * left at path or beside it). */
+/* Writes the table to path through a unique temporary file in the same directory and a rename
+ * (write_output_file: nothing half-written is left at path or beside it). */
 static qmm_status write_table(const tune_run *run, const char *path, size_t *entries) {
-    char temporary[PATH_MAX + 16];
-    snprintf(temporary, sizeof temporary, "%s.XXXXXX", path);
-    int fd = mkstemp(temporary);
-    if (fd < 0) return qmm_error(QMM_ERR_IO, "cannot write --out '%s': %s", path, strerror(errno));
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        close(fd);
-        remove(temporary);
-        return qmm_error(QMM_ERR_IO, "cannot write --out '%s': %s", path, strerror(errno));
-    }
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    if (!f) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot format the tuning table: %s", strerror(errno));
     fprintf(f, "{\n  \"format\": \"qmm-tuning\",\n  \"version\": 1,\n  \"backend\": \"%s\",\n  \"device\": ",
             qmm_backend_name(run->backend));
     put_json_string(f, qmm_context_device(run->context));
@@ -185,38 +179,16 @@ static qmm_status write_table(const tune_run *run, const char *path, size_t *ent
             run->quick ? "true" : "false");
     *entries = write_entries(f, run);
     fprintf(f, "\n  ]\n}\n");
-    /* mkstemp makes the file 0600; a table is as readable as any output (0666 under the umask). */
-    mode_t mask = umask(0);
-    umask(mask);
-    int ok = !ferror(f) && fchmod(fileno(f), 0666 & ~mask) == 0;
+    int ok = !ferror(f);
     ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(temporary, path) != 0) {
-        qmm_status status = qmm_error(QMM_ERR_IO, "cannot write --out '%s': %s", path, strerror(errno));
-        remove(temporary);
-        return status;
-    }
-    return QMM_OK;
+    qmm_status status = ok ? write_output_file("--out", path, text, size)
+                           : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot format the tuning table");
+    free(text);
+    return status;
 }
 
-/* --out's directory must exist and be writable: checked before the work. */
-static int check_out_path(const command *c, const char *path) {
-    if (!path[0]) return usage_error(c, "--out is empty (want a file path)");
-    struct stat info;
-    if (stat(path, &info) == 0 && S_ISDIR(info.st_mode))
-        return library_error(c, qmm_error(QMM_ERR_IO, "--out '%s' is a directory (want a file path)", path));
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode))
-        return library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "--out '%s': directory '%s' does not exist", path, dir));
-    if (access(dir, W_OK | X_OK) != 0)
-        return library_error(c, qmm_error(QMM_ERR_IO, "--out '%s': directory '%s' is not writable: %s", path, dir,
-                                          strerror(errno)));
-    return 0;
-}
+/* --out: a regular file (or a new path) in an existing writable directory, checked before the work. */
+static int check_out_path(const command *c, const char *path) { return check_output_file(c, "--out", path); }
 
 /* ───────────────────────────── the summary ───────────────────────────── */
 

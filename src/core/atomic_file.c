@@ -1,0 +1,106 @@
+/*
+ * atomic_file.c — an output file written under a unique temporary name beside its destination
+ * (O_CREAT|O_EXCL, mode 0666 under the umask) and renamed into place, so that a failure never leaves a
+ * partial file at the destination nor touches an existing file of the temporary's name (DESIGN.md §4).
+ * Used by the checkpoint writers (src/io/) and by the CLI's file outputs (qmm bench --json, qmm tune --out).
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Six name characters from a 64-bit mix of the process id, a per-process counter and the clock: unique
+ * enough that O_EXCL rarely has to retry. */
+static void temp_suffix(char *out) {
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    static _Atomic uint64_t counter;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t x = ((uint64_t)getpid() << 32) ^ (uint64_t)now.tv_nsec ^ ((uint64_t)now.tv_sec << 20) ^
+                 (++counter * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 33; /* splitmix64 finalizer */
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    for (int i = 0; i < 6; i++, x /= 62)
+        out[i] = alphabet[x % 62];
+}
+
+qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
+    file->fd = -1;
+    file->path = path;
+    file->temp_path = NULL;
+    static const char suffix[] = ".qmm-tmp-XXXXXX";
+    size_t length = strlen(path);
+    file->temp_path = malloc(length + sizeof suffix);
+    if (!file->temp_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a temporary name for \"%s\"", path);
+    memcpy(file->temp_path, path, length);
+    memcpy(file->temp_path + length, suffix, sizeof suffix);
+    /* Not mkstemp: it creates the file 0600. A checkpoint is an ordinary file, created 0666 and
+     * narrowed by the caller's umask like any other (never chmod'ed to a fixed mode). */
+    int err = EEXIST;
+    for (int attempt = 0; attempt < 100 && file->fd < 0 && err == EEXIST; attempt++) {
+        temp_suffix(file->temp_path + length + sizeof suffix - 7);
+        file->fd = open(file->temp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (file->fd < 0) err = errno;
+    }
+    if (file->fd < 0) {
+        free(file->temp_path);
+        file->temp_path = NULL;
+        return qmm_error(QMM_ERR_IO, "cannot create a temporary file beside \"%s\": %s", path, strerror(err));
+    }
+    return QMM_OK;
+}
+
+qmm_status qmm_atomic_write(qmm_atomic_file *file, const void *bytes, size_t size) {
+    const char *p = bytes;
+    while (size > 0) {
+        size_t chunk = size > ((size_t)1 << 30) ? ((size_t)1 << 30) : size;
+        ssize_t written = write(file->fd, p, chunk);
+        if (written < 0 && errno == EINTR) continue;
+        if (written <= 0)
+            return qmm_error(QMM_ERR_IO, "cannot write \"%s\": %s", file->temp_path,
+                             written < 0 ? strerror(errno) : "no progress");
+        p += written;
+        size -= (size_t)written;
+    }
+    return QMM_OK;
+}
+
+qmm_status qmm_atomic_finish(qmm_atomic_file *file) {
+    /* fsync before rename: otherwise a crash could leave the new name pointing at unwritten blocks. */
+    if (fsync(file->fd) != 0) return qmm_error(QMM_ERR_IO, "cannot fsync \"%s\": %s", file->temp_path, strerror(errno));
+    int fd = file->fd;
+    file->fd = -1;
+    if (close(fd) != 0) return qmm_error(QMM_ERR_IO, "cannot close \"%s\": %s", file->temp_path, strerror(errno));
+    return QMM_OK;
+}
+
+qmm_status qmm_atomic_rename(qmm_atomic_file *file) {
+    if (rename(file->temp_path, file->path) != 0) {
+        int err = errno;
+        unlink(file->temp_path);
+        free(file->temp_path);
+        file->temp_path = NULL;
+        return qmm_error(QMM_ERR_IO, "cannot rename the temporary file onto \"%s\": %s", file->path, strerror(err));
+    }
+    free(file->temp_path);
+    file->temp_path = NULL;
+    return QMM_OK;
+}
+
+void qmm_atomic_abort(qmm_atomic_file *file) {
+    if (file->fd >= 0) close(file->fd);
+    file->fd = -1;
+    if (file->temp_path) {
+        unlink(file->temp_path);
+        free(file->temp_path);
+        file->temp_path = NULL;
+    }
+}
