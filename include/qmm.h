@@ -604,7 +604,7 @@ qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *
 
 /* Parses config.json text (size bytes, not necessarily NUL-terminated) and returns its default
  * quantization format; used by the fuzzers and by qmm_checkpoint_open. Errors: QMM_ERR_CORRUPT (not
- * JSON, not an object, a field of the wrong kind, "quantization_config" disagreeing with "quantization"), QMM_ERR_FORMAT (bits or group_size outside the sets),
+ * JSON, not an object, a field of the wrong kind, "quantization_config" disagreeing with "quantization", either key given twice at the top level), QMM_ERR_FORMAT (bits or group_size outside the sets),
  * QMM_ERR_UNSUPPORTED (a mode other than "affine", a Hugging Face quant_method), QMM_ERR_OVERFLOW,
  * QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group_size);

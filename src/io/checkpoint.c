@@ -196,6 +196,23 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
         status = qmm_error(QMM_ERR_CORRUPT, "config.json is %s; it must be a JSON object", qmm_io_json_kind(root));
         goto cleanup;
     }
+    /* A key given twice is read as its first copy by cJSON but as its last by Python's json (mlx-lm): for the
+     * keys that decide the format the two readers would disagree, so a duplicate is refused. */
+    static const char *const format_keys[] = {"quantization", "quantization_config"};
+    for (size_t k = 0; k < sizeof format_keys / sizeof format_keys[0]; k++) {
+        size_t copies = 0;
+        const cJSON *item;
+        cJSON_ArrayForEach(item, root) {
+            if (item->string && strcmp(item->string, format_keys[k]) == 0) copies++;
+        }
+        if (copies > 1) {
+            status = qmm_error(QMM_ERR_CORRUPT,
+                               "config.json has the top-level key \"%s\" %zu times; it must appear once (qmm would "
+                               "read the first copy, Python's json and mlx-lm the last)",
+                               format_keys[k], copies);
+            goto cleanup;
+        }
+    }
     /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. When both
      * are present they must say the same thing (same default, same per-layer entries): a file where they
      * disagree is refused rather than read by one of them. */

@@ -396,12 +396,25 @@ static void test_config(const char *root) {
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": {\"quant_method\": "
          "\"awq\"}}",
          QMM_ERR_CORRUPT, "awq"},
+        /* A top-level format key given twice: cJSON reads the first copy, Python's json (mlx-lm) the last. */
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization\": {\"group_size\": 64, "
+         "\"bits\": 8}}",
+         QMM_ERR_CORRUPT, "top-level key \"quantization\" 2 times"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": {\"group_size\": 64, "
+         "\"bits\": 4}, \"quantization_config\": {\"group_size\": 64, \"bits\": 8}}",
+         QMM_ERR_CORRUPT, "top-level key \"quantization_config\" 2 times"},
+        {"{\"quantization_config\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": false}",
+         QMM_ERR_CORRUPT, "top-level key \"quantization_config\" 2 times"},
     };
     /* The same content twice, in another member order and spelling, agrees. */
     const char *agree = "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 8}, \"b\": false},"
                         " \"quantization_config\": {\"b\": false, \"a\": {\"group_size\": 64, \"bits\": 8.0},"
                         " \"bits\": 4, \"group_size\": 64, \"mode\": \"affine\"}}";
     CHECK_OK(qmm_config_parse(agree, strlen(agree), &bits, &group_size));
+    /* Other top-level keys may repeat (qmm reads none of them). */
+    const char *other_twice = "{\"model_type\": \"a\", \"model_type\": \"b\", \"quantization\": {\"group_size\": 64, "
+                              "\"bits\": 4}}";
+    CHECK_OK(qmm_config_parse(other_twice, strlen(other_twice), &bits, &group_size));
     CHECK(bits == 4 && group_size == 64, "agreeing copies: %d/%d", bits, group_size);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         qmm_error_clear();
