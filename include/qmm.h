@@ -660,6 +660,8 @@ typedef struct qmm_quantize_summary {
  * it (its errors are this call's). Layers that are already quantized in the input (P.scales present)
  * keep their own format, from that config, written as a per-layer entry; an input with such a layer and no
  * config.json is refused (QMM_ERR_NOT_FOUND naming the layer): a format is never guessed from shapes.
+ * Every other member of that config.json (model_type, hyperparameters, ...) is carried into the new one
+ * (qmm_checkpoint_write's extra_config_json); "quantization" and "quantization_config" are rewritten.
  * When no weight can be quantized the call fails and writes nothing: QMM_ERR_SHAPE naming the first
  * weight's K and group_size, or QMM_ERR_NOT_FOUND when there is no float *.weight of 2 or more dims.
  * The output is written by qmm_checkpoint_write (its refusals, atomicity and modes apply). note may be

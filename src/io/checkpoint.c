@@ -283,6 +283,7 @@ struct qmm_checkpoint {
     quant_config config;
     size_t layer_count;
     checkpoint_layer *layers; /* sorted by name */
+    char *config_text;        /* qmm_io_checkpoint_of_file: the config.json beside the file, or NULL */
 };
 
 void qmm_checkpoint_close(qmm_checkpoint *checkpoint) {
@@ -293,6 +294,7 @@ void qmm_checkpoint_close(qmm_checkpoint *checkpoint) {
     }
     free(checkpoint->shards);
     free(checkpoint->shard_names);
+    free(checkpoint->config_text);
     free(checkpoint->tensors);
     free(checkpoint->by_name);
     for (size_t i = 0; i < checkpoint->layer_count; i++) {
@@ -691,6 +693,8 @@ bool qmm_io_layer_marked_false(const qmm_checkpoint *checkpoint, const char *nam
     return format && !format->quantized;
 }
 
+const char *qmm_io_checkpoint_config_text(const qmm_checkpoint *checkpoint) { return checkpoint->config_text; }
+
 qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoint) {
     if (!checkpoint || !path || !path[0])
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_io_checkpoint_of_file: null argument");
@@ -748,6 +752,8 @@ qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoi
         if (text) qmm_error(status, "%s (formats from %s): %s", path, config_path, qmm_last_error());
         goto cleanup;
     }
+    result->config_text = text; /* qmm_checkpoint_quantize carries its other members through */
+    text = NULL;
     *checkpoint = result;
     result = NULL;
 cleanup:

@@ -100,6 +100,9 @@ qmm_status qmm_safetensors_write_to(qmm_atomic_file *file, const qmm_tensor *ten
  * the layer and the missing config.json): a format is never guessed from shapes; a float file needs
  * none. Close with qmm_checkpoint_close. Errors: those of qmm_safetensors_open and qmm_checkpoint_open. */
 qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoint);
+/* The text of the config.json that qmm_io_checkpoint_of_file read beside the file (NUL-terminated, already
+ * parsed as a config), or NULL when there was none. */
+const char *qmm_io_checkpoint_config_text(const qmm_checkpoint *checkpoint);
 /* Whether the checkpoint's config.json has the per-layer entry "name": false (not quantized). */
 bool qmm_io_layer_marked_false(const qmm_checkpoint *checkpoint, const char *name);
 

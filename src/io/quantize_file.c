@@ -2,7 +2,8 @@
  * quantize_file.c — qmm_checkpoint_quantize: the float weights of one safetensors file quantized into an
  * MLX checkpoint directory (a 3-D [E, N, K] weight becomes a layer of E experts), with the layers that were already quantized kept in their own format (read
  * from the config.json beside the input, never guessed from shapes), every weight left unquantized
- * reported with its reason, and a refusal, with nothing written, when no weight can be quantized.
+ * reported with its reason, and a refusal, with nothing written, when no weight can be quantized. The other
+ * members of the input's config.json (model_type, hyperparameters) are carried into the new one.
  */
 #include "io_internal.h"
 
@@ -170,7 +171,10 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
             note(user, QMM_QUANTIZE_KEPT, layer.name, message);
         }
     }
-    status = qmm_checkpoint_write(out_dir, tensors, tensor_count, layers, layer_count, NULL);
+    /* The input's config.json (model_type, hyperparameters, ...) is carried through; its "quantization" and
+     * "quantization_config" are replaced by the writer with the new layers' formats. */
+    status = qmm_checkpoint_write(out_dir, tensors, tensor_count, layers, layer_count,
+                                  qmm_io_checkpoint_config_text(input));
     if (status == QMM_OK && summary) *summary = counts;
 cleanup:
     for (size_t i = 0; i < owned_count; i++)

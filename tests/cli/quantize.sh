@@ -58,6 +58,26 @@ expect_ok "info on the mixed output" info "$WORK/q-mixed"
 check "mixed: p keeps 4-bit gs32" out_matches "^  p +N=4 +K=64 +4-bit gs32 f16"
 check "mixed: extra is 2-bit gs64" out_matches "^  extra +N=4 +K=64 +2-bit gs64 f32"
 check "mixed: odd copied as float" out_matches "odd\.weight +f32 +\[2, 48\]"
+# The other members of the input's config.json (model_type, hyperparameters) are carried through; the
+# quantization keys are rewritten for the new layers.
+mkdir -p "$WORK/withcfg"
+make_safetensors "$WORK/withcfg/model.safetensors" "a.weight:F32:4,64" "norm.weight:F32:64"
+printf '{"model_type": "llama", "hidden_size": 64, "rope_scaling": {"type": "linear", "factor": 2.0}, "vocab_size": 5}' \
+  >"$WORK/withcfg/config.json"
+expect_ok "quantize with a float config.json beside the input" quantize "$WORK/withcfg/model.safetensors" \
+  "$WORK/q-withcfg" --bits 4 --group-size 32
+if command -v python3 >/dev/null; then
+  check "config.json members carried through" python3 - "$WORK/q-withcfg/config.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["model_type"] == "llama" and d["hidden_size"] == 64 and d["vocab_size"] == 5, d
+assert d["rope_scaling"] == {"type": "linear", "factor": 2.0}, d
+assert d["quantization"] == {"group_size": 32, "bits": 4} == d["quantization_config"], d
+PY
+fi
+check "mixed: config.json members carried through, quantization rewritten" \
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["quantization"]["bits"] == 2 and d["quantization"]["p"] == {"group_size": 32, "bits": 4}, d' \
+  "$WORK/q-mixed/config.json"
 # The same file without a config.json: p's format is unknown, so the command refuses and writes nothing.
 mkdir -p "$WORK/lone"
 cp "$WORK/mixed/model.safetensors" "$WORK/lone/"
