@@ -38,9 +38,6 @@ q bench --backend ref --quick --no-peers --kernel ref.qmm_t.scalar.r1 --m 1
 check "--kernel: exit 0" rc_is 0
 check "--kernel: the forced row" out_matches '\* ref\.qmm_t\.scalar\.r1'
 expect_library_error bench "not found" "--kernel 'nope' is not a kernel of backend ref" bench --backend ref --quick --kernel nope
-q bench --backend ref --quick --no-peers --kernel ref.qmm_n.scalar.r1 --m 1
-check "--kernel of another op: exit 0" rc_is 0
-check "--kernel of another op: not eligible, with the reason" out_has "not eligible:"
 
 # shapes files
 printf '# a comment\nmine 128 256   # trailing comment\n\n' >"$WORK/shapes.txt"
@@ -82,6 +79,27 @@ mkfifo "$WORK/fifo.json"
 expect_library_error bench "I/O error" "--json '$WORK/fifo.json' exists and is a FIFO, not a regular file" \
   bench --backend ref --quick --no-peers --m 1 --json "$WORK/fifo.json"
 check "--json FIFO: still a FIFO" [ -p "$WORK/fifo.json" ]
+# --shapes: an empty value or item, or one of 2048 bytes or more, is a usage error before any work; a
+# directory is named as one; a shapes file without shapes is refused even among others.
+expect_usage_error bench "--shapes is empty" bench --backend ref --quick --no-peers --shapes ''
+expect_usage_error bench "--shapes ',': an empty item" bench --backend ref --quick --no-peers --shapes ,
+expect_usage_error bench "an empty item" bench --backend ref --quick --no-peers --shapes seed,
+expect_usage_error bench "an empty item" bench --backend ref --quick --no-peers --shapes seed,,qwen3
+expect_usage_error bench "--shapes is 2048 bytes long" bench --backend ref --quick --no-peers --shapes "$(printf 'a%.0s' {1..2048})"
+expect_usage_error tune "--shapes is empty" tune --backend ref --quick --shapes '' --out "$WORK/t.json"
+expect_library_error bench "I/O error" "--shapes '$WORK' is a directory, not a shapes file" \
+  bench --backend ref --quick --no-peers --shapes "$WORK"
+check "--shapes DIR: no bench/shapes path made of it" bash -c '! grep -q "bench/shapes/" <<<"$1"' _ "$ERR"
+printf 'one 64 128\n' >"$WORK/one.txt"
+printf '# only a comment\n' >"$WORK/none.txt"
+expect_library_error bench "corrupt file" "shapes file '$WORK/none.txt' has no shapes" \
+  bench --backend ref --quick --no-peers --m 1 --shapes "$WORK/one.txt,$WORK/none.txt"
+# --kernel naming a qmm_n row: the bench measures qmm_t only.
+expect_usage_error bench "--kernel 'ref.qmm_n.scalar.r1' computes qmm_n; qmm bench measures qmm_t" \
+  bench --backend ref --quick --no-peers --kernel ref.qmm_n.scalar.r1
+# A switch given twice is a usage error, as any other option given twice.
+expect_usage_error bench "--quick given twice" bench --backend ref --quick --quick
+expect_usage_error bench "--no-peers given twice" bench --backend ref --quick --no-peers --no-peers
 expect_ok "--help" bench --help
 check "--help shows the usage" out_has "usage: qmm bench"
 

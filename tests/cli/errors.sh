@@ -39,6 +39,9 @@ expect_usage_error matmul "--layer NAME is required" matmul "$FIXTURE" -m 1
 expect_usage_error matmul "-m M is required" matmul "$FIXTURE" --layer $L
 expect_usage_error matmul "expected one checkpoint DIR" matmul --layer $L -m 1
 expect_usage_error matmul "-m given twice" matmul "$FIXTURE" --layer $L -m 1 -m 2
+expect_usage_error convert "--force given twice" convert "$WORK/x.gguf" "$WORK/out-twice" --force --force
+expect_usage_error quantize "--force given twice" quantize "$WORK/x.safetensors" "$WORK/out-twice" --bits 4 \
+  --group-size 32 --force --force
 expect_usage_error run "unexpected argument 'extra'" run "$FIXTURE" extra
 expect_usage_error run "bytes long" run "$FIXTURE$(printf '/%.0s' {1..4100})nonexistent" # never cut to a prefix
 expect_usage_error info "expected one FILE or DIR" info

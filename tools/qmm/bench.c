@@ -558,6 +558,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
     }
     if (m_text && (rc = parse_size_list(c, "--m", m_text, 1, MAX_M, run->ms, &run->m_count))) goto done;
     if (dtype_text && (rc = parse_dtype_list(c, dtype_text, run->dtypes, &run->dtype_count))) goto done;
+    if (shapes_text && (rc = check_shapes_option(c, shapes_text))) goto done;
     if (kernel && !kernel[0]) {
         rc = usage_error(c, "--kernel is empty (want a kernel name from 'qmm kernels')");
         goto done;
@@ -580,7 +581,13 @@ int cmd_bench(const command *c, int argc, char **argv) {
         int found = 0;
         for (size_t k = 0; k < qmm_kernel_count(run->context); k++) {
             qmm_kernel_info info;
-            if (qmm_kernel_get(run->context, k, &info) == QMM_OK && strcmp(info.name, kernel) == 0) found = 1;
+            if (qmm_kernel_get(run->context, k, &info) == QMM_OK && strcmp(info.name, kernel) == 0)
+                found = info.op == QMM_OP_QMM_T ? 1 : -1;
+        }
+        if (found < 0) { /* the bench times out = x·Ŵᵀ: a qmm_n row would refuse every cell */
+            rc = usage_error(c, "--kernel '%s' computes %s; qmm bench measures qmm_t (x·Ŵᵀ) kernels only", kernel,
+                             qmm_op_name(QMM_OP_QMM_N));
+            goto done;
         }
         if (!found) {
             rc = library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "--kernel '%s' is not a kernel of backend %s ('qmm kernels "

@@ -100,6 +100,7 @@ int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, 
             value = argv[++i]; /* whatever it looks like: "--layer -h" names a layer "-h" */
         }
         if (match->switched) {
+            if (*match->switched) return usage_error(c, "%s given twice", match->name);
             *match->switched = 1;
         } else if (match->values) {
             if (*match->count == match->capacity)

@@ -65,9 +65,10 @@ int library_error(const command *c, qmm_status status);
 
 /* ───────────────────────────── argument parsing ───────────────────────────── */
 
-/* One flag of a command. Single-valued flags store their text in *value (given twice is a usage
- * error); repeatable flags (values != NULL) append to values[*count]; switches (switched != NULL) take
- * no value and set *switched = 1. Values are parsed afterwards. */
+/* One flag of a command. Single-valued flags store their text in *value; repeatable flags (values != NULL)
+ * append to values[*count]; switches (switched != NULL, starting at 0) take no value and set *switched = 1.
+ * A single-valued flag or a switch given twice is a usage error ("--force given twice"). Values are parsed
+ * afterwards. */
 typedef struct flag_spec {
     const char *name;  /* "--bits" */
     const char *alias; /* "-m", or NULL */

@@ -123,20 +123,39 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
         }
     }
     fclose(f);
-    if (status == QMM_OK && *shape_count == 0)
-        status = qmm_error(QMM_ERR_CORRUPT, "shapes file '%s' has no shapes", path);
     return status;
 }
 
-/* --shapes A,B: each a file path, or a name of bench/shapes/NAME.txt. */
+/* The text of --shapes, checked before any work: non-empty items separated by single commas, under
+ * SHAPES_TEXT_MAX bytes. Returns 0 or the usage exit code. */
+#define SHAPES_TEXT_MAX 2048
+int check_shapes_option(const command *c, const char *text) {
+    if (!text[0]) return usage_error(c, "--shapes is empty (want a shapes file or a name in bench/shapes/: seed, qwen3)");
+    if (strlen(text) >= SHAPES_TEXT_MAX)
+        return usage_error(c, "--shapes is %zu bytes long; the limit is %d", strlen(text), SHAPES_TEXT_MAX - 1);
+    for (const char *p = text;; p++) {
+        const char *comma = strchr(p, ',');
+        if ((comma ? comma : p + strlen(p)) == p)
+            return usage_error(c, "--shapes '%s': an empty item (want comma-separated files or names)", text);
+        if (!comma) break;
+        p = comma;
+    }
+    return 0;
+}
+
+/* --shapes A,B: each a file path, or a name of bench/shapes/NAME.txt; every file must hold a shape. */
 qmm_status load_shapes(bench_shape *shapes, size_t *shape_count, int group_size, const char *text) {
-    char copy[2048];
-    if (strlen(text) >= sizeof copy) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "--shapes is longer than %zu bytes", sizeof copy - 1);
+    char copy[SHAPES_TEXT_MAX];
+    if (!text[0] || strlen(text) >= sizeof copy) /* check_shapes_option refused these already */
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "--shapes is empty or longer than %zu bytes", sizeof copy - 1);
     snprintf(copy, sizeof copy, "%s", text);
     for (char *item = strtok(copy, ","); item; item = strtok(NULL, ",")) {
         char path[PATH_MAX];
         struct stat info;
-        if (stat(item, &info) == 0 && S_ISREG(info.st_mode)) {
+        if (stat(item, &info) == 0) {
+            if (!S_ISREG(info.st_mode))
+                return qmm_error(QMM_ERR_IO, "--shapes '%s' is %s, not a shapes file", item,
+                                 S_ISDIR(info.st_mode) ? "a directory" : "not a regular file");
             snprintf(path, sizeof path, "%s", item);
         } else {
             snprintf(path, sizeof path, "%s/bench/shapes/%s.txt", source_dir(), item);
@@ -144,12 +163,14 @@ qmm_status load_shapes(bench_shape *shapes, size_t *shape_count, int group_size,
                 return qmm_error(QMM_ERR_NOT_FOUND, "--shapes '%s': no file '%s' and no %s (a shapes file or the name "
                                  "of one in bench/shapes/: seed, qwen3)", item, item, path);
         }
+        size_t before = *shape_count;
         qmm_status status = load_shape_file(shapes, shape_count, group_size, path);
         if (status != QMM_OK) return status;
+        if (*shape_count == before)
+            return qmm_error(QMM_ERR_CORRUPT, "shapes file '%s' has no shapes (want \"name N K\" lines)", path);
     }
     return QMM_OK;
 }
-
 
 /* ───────────────────────────── measurement ───────────────────────────── */
 

@@ -30,8 +30,11 @@ int parse_size_list(const command *c, const char *option, const char *text, size
                     size_t *count);
 /* "f32,bf16" into values[MAX_LIST]; returns 0 or the usage exit code. */
 int parse_dtype_list(const command *c, const char *text, qmm_dtype *values, size_t *count);
+/* --shapes text, before any work: non-empty items, under 2048 bytes. Returns 0 or the usage exit code. */
+int check_shapes_option(const command *c, const char *text);
 /* --shapes A,B: each a file of "name N K" lines ('#' comments) or the name of bench/shapes/NAME.txt, appended to
- * shapes[MAX_SHAPES]. Errors name the file, line and rule (K must be a multiple of group_size). */
+ * shapes[MAX_SHAPES]. Errors name the file, line and rule (K must be a multiple of group_size; a file without a
+ * shape, a directory). */
 qmm_status load_shapes(bench_shape *shapes, size_t *shape_count, int group_size, const char *text);
 /* Random f32 weights of one shape (deterministic per shape): random codes, scales in [2^-8, 2^-6), biases in
  * [-2^-4, 2^-4). The arrays are malloc'd into *w, *scales, *biases (free them even on failure). */

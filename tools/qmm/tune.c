@@ -290,6 +290,7 @@ int cmd_tune(const command *c, int argc, char **argv) {
     }
     if (m_text && (rc = parse_size_list(c, "--m", m_text, 1, MAX_M, run->ms, &run->m_count))) goto done;
     if (dtype_text && (rc = parse_dtype_list(c, dtype_text, run->dtypes, &run->dtype_count))) goto done;
+    if (shapes_text && (rc = check_shapes_option(c, shapes_text))) goto done;
 
     if ((status = open_context(backend_choice, &run->context)) != QMM_OK) {
         rc = library_error(c, status);
