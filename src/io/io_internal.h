@@ -78,9 +78,14 @@ qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what
 struct cJSON;
 const char *qmm_io_json_kind(const struct cJSON *item);
 
+/* Whether a JSON string in json[0, size) holds a NUL byte, raw or escaped as \u0000 (cJSON would cut it there);
+ * *string_start and *string_end receive the first such string's bytes, quotes included. */
+bool qmm_io_json_find_nul(const char *json, size_t size, size_t *string_start, size_t *string_end);
+
 /* Parses size bytes of JSON (not necessarily NUL-terminated; a terminated private copy is parsed, so
  * no parser path reads past them) into *root; only whitespace may follow the value. Messages start
- * with what. Errors: QMM_ERR_CORRUPT ("is not valid JSON", "has data after its JSON value"),
+ * with what. Errors: QMM_ERR_CORRUPT ("is not valid JSON", "has data after its JSON value", a string holding a
+ * NUL byte),
  * QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. The caller frees *root with cJSON_Delete. */
 qmm_status qmm_io_parse_json(const char *what, const char *json, size_t size, struct cJSON **root);
 

@@ -73,6 +73,10 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
                          "it has %d dimensions; only 2-D [N, K] weights and 3-D [E, N, K] layers of experts are "
                          "quantized", t.ndim);
                 reason = why;
+            } else if (strlen(t.name) == strlen(".weight")) {
+                snprintf(why, sizeof why, "its layer name (before \".weight\") is empty: a quantized layer needs one for its "
+                                          ".scales, .biases and config.json entry");
+                reason = why;
             } else if (t.shape[0] == 0 || t.shape[1] == 0 || t.shape[t.ndim - 1] == 0) {
                 snprintf(why, sizeof why, "it is empty");
                 reason = why;

@@ -270,6 +270,41 @@ const char *qmm_io_json_kind(const cJSON *item) {
     return "an invalid value";
 }
 
+bool qmm_io_json_find_nul(const char *json, size_t size, size_t *string_start, size_t *string_end) {
+    bool in_string = false, nul = false;
+    size_t start = 0;
+    for (size_t i = 0; i < size; i++) {
+        char c = json[i];
+        if (!in_string) {
+            if (c == '"') {
+                in_string = true;
+                nul = false;
+                start = i;
+            }
+            continue;
+        }
+        if (c == '\0') {
+            nul = true;
+        } else if (c == '\\' && i + 1 < size) {
+            if (json[i + 1] == 'u' && i + 5 < size && memcmp(json + i + 2, "0000", 4) == 0) nul = true;
+            i++; /* the escaped character (a \uXXXX's digits are plain characters) */
+        } else if (c == '"') {
+            in_string = false;
+            if (nul) {
+                *string_start = start;
+                *string_end = i + 1;
+                return true;
+            }
+        }
+    }
+    if (in_string && nul) {
+        *string_start = start;
+        *string_end = size;
+        return true;
+    }
+    return false;
+}
+
 qmm_status qmm_io_parse_json(const char *what, const char *json, size_t size, cJSON **root) {
     *root = NULL;
     size_t length;
@@ -294,6 +329,17 @@ qmm_status qmm_io_parse_json(const char *what, const char *json, size_t size, cJ
                 qmm_error(QMM_ERR_CORRUPT, "%s has data after its JSON value at byte %zu", what, (size_t)(p - text));
             goto cleanup;
         }
+    }
+    /* cJSON decodes \u0000 into a NUL byte inside a C string, which cuts "a\u0000x.weight" to "a": two
+     * different names would read as one, a name as another. Every name and value qmm hands out is a C string. */
+    size_t start, stop;
+    if (qmm_io_json_find_nul(json, size, &start, &stop)) {
+        char printable[QMM_IO_PRINTABLE_SIZE];
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "%s: the string at byte %zu, %s, holds a NUL byte (\\u0000); names and values must not "
+                           "contain NUL",
+                           what, start, qmm_io_printable(json + start, stop - start, printable, sizeof printable));
+        goto cleanup;
     }
     *root = tree;
     tree = NULL;

@@ -20,6 +20,7 @@
  *   - entries of one key whose M ranges overlap: refused (the answer would depend on the file's order).
  */
 #include "kernel.h"
+#include "io_internal.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -158,6 +159,14 @@ qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, q
     if (!root) {
         status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s' is not JSON (parsing stopped near byte %td)", origin,
                            cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : (ptrdiff_t)0);
+        goto cleanup;
+    }
+    size_t nul_start, nul_end; /* cJSON would cut a kernel or shape name at an escaped NUL */
+    if (qmm_io_json_find_nul(json, size, &nul_start, &nul_end)) {
+        char printable[QMM_IO_PRINTABLE_SIZE];
+        status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s': the string at byte %zu, %s, holds a NUL byte (\\u0000)",
+                           origin, nul_start,
+                           qmm_io_printable(json + nul_start, nul_end - nul_start, printable, sizeof printable));
         goto cleanup;
     }
     if (!cJSON_IsObject(root)) {

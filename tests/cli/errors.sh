@@ -39,6 +39,28 @@ expect_usage_error matmul "--layer NAME is required" matmul "$FIXTURE" -m 1
 expect_usage_error matmul "-m M is required" matmul "$FIXTURE" --layer $L
 expect_usage_error matmul "expected one checkpoint DIR" matmul --layer $L -m 1
 expect_usage_error matmul "-m given twice" matmul "$FIXTURE" --layer $L -m 1 -m 2
+# An empty path ('') is a usage error naming the argument as the usage does, for every command that takes one.
+expect_usage_error run "DIR is empty ('')" run ''
+expect_usage_error info "FILE|DIR is empty ('')" info ''
+expect_usage_error convert "IN.gguf is empty ('')" convert '' "$WORK/out-empty"
+expect_usage_error convert "OUTDIR is empty ('')" convert "$WORK/x.gguf" ''
+expect_usage_error quantize "IN.safetensors is empty ('')" quantize '' "$WORK/out-empty" --bits 4 --group-size 32
+expect_usage_error quantize "OUTDIR is empty ('')" quantize "$WORK/x.safetensors" '' --bits 4 --group-size 32
+expect_usage_error matmul "DIR is empty ('')" matmul '' --layer $L -m 1
+expect_usage_error matmul "--x is empty" matmul "$FIXTURE" --layer $L --x ''
+expect_usage_error matmul "--tuning is empty" matmul "$FIXTURE" --layer $L -m 1 --tuning ''
+expect_usage_error run "--tuning is empty" run --tuning ''
+check "empty paths: nothing written" [ ! -e "$WORK/out-empty" ]
+# A tensor name with a NUL byte is refused, escaped, rather than cut ("a" twice).
+printf '%b' "$(le64 136)" >"$WORK/nul.safetensors"
+printf '%-136s' '{"a\u0000x.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a\u0000y.weight":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}' >>"$WORK/nul.safetensors"
+head -c 8 /dev/zero >>"$WORK/nul.safetensors"
+expect_library_error info "corrupt file" 'the string at byte 1, "a\\u0000x.weight", holds a NUL byte' info "$WORK/nul.safetensors"
+# quantize on a tensor named ".weight": named, with the reason it cannot be a layer.
+make_safetensors "$WORK/dotweight.safetensors" ".weight:F32:4,64"
+expect_library_error quantize "" '.weight [4, 64] f32 left unquantized: its layer name (before ".weight") is empty' \
+  quantize "$WORK/dotweight.safetensors" "$WORK/out-dotweight" --bits 4 --group-size 32
+check "quantize .weight: nothing written" [ ! -e "$WORK/out-dotweight" ]
 expect_usage_error convert "--force given twice" convert "$WORK/x.gguf" "$WORK/out-twice" --force --force
 expect_usage_error quantize "--force given twice" quantize "$WORK/x.safetensors" "$WORK/out-twice" --bits 4 \
   --group-size 32 --force --force

@@ -396,6 +396,9 @@ static void test_config(const char *root) {
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization_config\": {\"quant_method\": "
          "\"awq\"}}",
          QMM_ERR_CORRUPT, "awq"},
+        /* A layer key with a NUL byte would be cut to another layer's name. */
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\\u0000b\": false}}", QMM_ERR_CORRUPT,
+         "holds a NUL byte"},
         /* A top-level format key given twice: cJSON reads the first copy, Python's json (mlx-lm) the last. */
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization\": {\"group_size\": 64, "
          "\"bits\": 8}}",

@@ -203,6 +203,12 @@ static void test_bad_headers(void) {
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 9, QMM_ERR_CORRUPT,
          "5 bytes after the last tensor \"w\""},
         {"{}", 3, QMM_ERR_CORRUPT, "no tensor but 3 bytes"},
+        /* A name with a NUL byte (cJSON would cut both to "a" and report "a" twice): refused, escaped, with its
+         * byte offset in the header. */
+        {"{\"a\\u0000x.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\\u0000y.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         8, QMM_ERR_CORRUPT, "the string at byte 1, \"a\\\\u0000x.weight\", holds a NUL byte"},
+        {"{\"__metadata__\":{\"k\":\"v\\u0000w\"}}", 0, QMM_ERR_CORRUPT, "holds a NUL byte"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
          "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[2,2]}}",
          4, QMM_ERR_CORRUPT, "not adjacent"},
@@ -222,6 +228,14 @@ static void test_bad_headers(void) {
         if (getenv("QMM_TEST_VERBOSE")) printf("case %zu: %s\n", i, qmm_last_error());
         io_buf_free(&image);
     }
+    /* An escaped backslash followed by "u0000" is no NUL: the name is a\u0000 with a real backslash. */
+    io_buf image = io_safetensors_image("{\"a\\\\u0000\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", data, 4);
+    qmm_safetensors *file = NULL;
+    qmm_tensor tensor;
+    CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
+    CHECK(file && qmm_safetensors_find(file, "a\\u0000", &tensor) == QMM_OK, "name with a backslash: not found");
+    qmm_safetensors_close(file);
+    io_buf_free(&image);
 }
 
 static void test_bad_lengths(const char *dir) {

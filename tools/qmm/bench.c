@@ -559,6 +559,10 @@ int cmd_bench(const command *c, int argc, char **argv) {
     if (m_text && (rc = parse_size_list(c, "--m", m_text, 1, MAX_M, run->ms, &run->m_count))) goto done;
     if (dtype_text && (rc = parse_dtype_list(c, dtype_text, run->dtypes, &run->dtype_count))) goto done;
     if (shapes_text && (rc = check_shapes_option(c, shapes_text))) goto done;
+    if (tuning_text && !tuning_text[0]) {
+        rc = usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
+        goto done;
+    }
     if (kernel && !kernel[0]) {
         rc = usage_error(c, "--kernel is empty (want a kernel name from 'qmm kernels')");
         goto done;

@@ -69,6 +69,37 @@ static int asks_for_help(int argc, char **argv, const flag_spec *flags, size_t f
     return 0;
 }
 
+/* The name of positional argument `index` in the command's usage line ("usage: qmm run [DIR] [--seed S]" gives
+ * DIR for 0): the words after the command name that are not options, brackets stripped. */
+static void positional_name(const command *c, size_t index, char *out, size_t size) {
+    snprintf(out, size, "argument %zu", index + 1);
+    const char *line = strstr(c->usage, "usage: qmm ");
+    if (!line) return;
+    line += strlen("usage: qmm ");
+    const char *end = strchr(line, '\n');
+    if (!end) end = line + strlen(line);
+    size_t seen = 0;
+    int first = 1;
+    for (const char *p = line; p < end;) {
+        while (p < end && *p == ' ') p++;
+        const char *word = p;
+        while (p < end && *p != ' ') p++;
+        size_t length = (size_t)(p - word);
+        if (length == 0) break;
+        if (first) { /* the command's name */
+            first = 0;
+            continue;
+        }
+        if (word[0] == '[') word++, length--;
+        while (length > 0 && (word[length - 1] == ']' || word[length - 1] == '.')) length--;
+        if (length == 0 || word[0] == '-' || word[0] == '[') continue;
+        if (seen++ == index) {
+            snprintf(out, size, "%.*s", (int)length, word);
+            return;
+        }
+    }
+}
+
 /* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. Returns 0, the
  * usage-error exit code (2) after printing the reason, or QMM_HELP_SHOWN after printing the command's
  * usage to stdout (--help or -h where a flag may stand). */
@@ -85,6 +116,11 @@ int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, 
             if (*positional_count == max_positional)
                 return usage_error(c, "unexpected argument '%s' (at most %zu positional argument%s)", arg,
                                    max_positional, max_positional == 1 ? "" : "s");
+            if (!arg[0]) { /* '' names no file or directory: never a path, never a value */
+                char name[64];
+                positional_name(c, *positional_count, name, sizeof name);
+                return usage_error(c, "%s is empty ('')", name);
+            }
             positional[(*positional_count)++] = arg;
             continue;
         }

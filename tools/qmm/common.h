@@ -80,7 +80,8 @@ typedef struct flag_spec {
 } flag_spec;
 
 /* Splits argv into flags (--name VALUE or --name=VALUE) and positional arguments. A flag's value is the
- * next argument whatever it looks like ("--layer -h"). Returns 0; QMM_EXIT_USAGE after printing the
+ * next argument whatever it looks like ("--layer -h"). An empty positional argument ('') is a usage error
+ * naming it as c->usage does ("DIR is empty ('')"). Returns 0; QMM_EXIT_USAGE after printing the
  * reason; or QMM_HELP_SHOWN after printing c->usage when --help or -h stands where a flag may stand. */
 int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, size_t flag_count,
                const char **positional, size_t max_positional, size_t *positional_count);
