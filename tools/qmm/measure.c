@@ -113,11 +113,14 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
         } else if (K % (unsigned long long)group_size != 0) {
             status = qmm_error(QMM_ERR_SHAPE, "%s:%d: shape %s has K=%llu, not a multiple of --group-size %d", path,
                                number, name, K, group_size);
+        } else if (strlen(name) >= sizeof shapes[0].name) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%.32s…' is longer than %zu characters", path, number,
+                               name, sizeof shapes[0].name - 1);
         } else if (*shape_count == MAX_SHAPES) {
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s:%d: more than %d shapes in all", path, number, MAX_SHAPES);
         } else {
             bench_shape *shape = &shapes[(*shape_count)++];
-            snprintf(shape->name, sizeof shape->name, "%s", name);
+            memcpy(shape->name, name, strlen(name) + 1); /* fits: checked above */
             shape->N = (size_t)N;
             shape->K = (size_t)K;
         }
