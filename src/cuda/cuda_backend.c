@@ -460,14 +460,3 @@ static const qmm_backend_hooks cuda_hooks = {
 };
 
 const qmm_backend_hooks *qmm_cuda_backend_hooks(void) { return &cuda_hooks; }
-
-qmm_status qmm_cuda_device_info(const qmm_context *context, char *name, size_t name_size, int *multiprocessors) {
-    (void)context;
-    int device = 0;
-    CUDA_TRY(cudaGetDevice(&device));
-    struct cudaDeviceProp properties;
-    CUDA_TRY(cudaGetDeviceProperties(&properties, device));
-    if (name && name_size) snprintf(name, name_size, "%s", properties.name);
-    if (multiprocessors) *multiprocessors = properties.multiProcessorCount;
-    return QMM_OK;
-}
