@@ -87,6 +87,22 @@ static inline uint32_t qmm_code_at(const uint32_t *row, size_t j, int bits) {
 void qmm_pack_stream(const uint8_t *codes, size_t count, int bits, uint32_t *out);
 void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *codes);
 
+/* The non-finite rule's replacement (docs/kernels.md §2), the one implementation (src/ref/oracle.c, built
+ * with -ffp-contract=off): output (m, n) of x·Ŵᵀ (transpose = 1) or x·Ŵ (transpose = 0) in the direct form
+ * in f64, Σ_k (s·q_k + b)·x_k with each ŵ = s·q + b formed in f64 and the sum in increasing k — bit for bit
+ * qmm_ref_dense_f64's value. The caller rounds it to f32 and then narrows as usual. Host arrays:
+ * x dtype [M, K]; w, scales, biases as in qmm_qmatrix with rows × cols = N × K (qmm_t) or K × N (qmm_n). */
+typedef struct qmm_direct_operands {
+    int transpose;
+    qmm_dtype dtype;
+    int bits, group_size;
+    size_t N, K;
+    const void *x;
+    const uint32_t *w;
+    const void *scales, *biases;
+} qmm_direct_operands;
+double qmm_direct_output_f64(const qmm_direct_operands *operands, size_t m, size_t n);
+
 /* The checks every gather entry point shares (src/core/gather.c), in this order, before any work:
  * expert_count ≥ 1 dividing rows (then *N = rows / expert_count), T ≥ 1, B ≥ 1, rhs_indices not NULL,
  * T·K and B·N elements of dtype addressable, lhs_indices NULL only with B ≤ T, every lhs_indices[i] < T

@@ -75,6 +75,14 @@ void *qmm_cpu_scratch(size_t count, size_t size, const char *what) {
 
 /* ───────────────────────────── scalar pieces ───────────────────────────── */
 
+float qmm_cpu_direct_output(const qmm_call *call, size_t m, size_t n) {
+    const qmm_direct_operands operands = {.transpose = call->op != QMM_OP_QMM_N, .dtype = call->dtype,
+                                          .bits = call->bits, .group_size = call->group_size, .N = call->N,
+                                          .K = call->K, .x = call->x, .w = call->w, .scales = call->scales,
+                                          .biases = call->biases};
+    return (float)qmm_direct_output_f64(&operands, m, n);
+}
+
 float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n) {
     const size_t K = call->K, group_size = (size_t)call->group_size, groups = K / group_size;
     const uint32_t *row = call->w + n * qmm_packed_words(K, call->bits);
@@ -88,18 +96,9 @@ float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n) {
             qdot += (float)qmm_code_at(row, k, call->bits) * xv;
             xsum += xv;
         }
-        float term = s * qdot + b * xsum;
-        if (!isfinite(term)) {
-            /* s·Σq·x or b·Σx overflowed (or cancelled inf − inf) where the products themselves may
-             * not: the direct form, as the oracle does for such a group. */
-            term = 0.0f;
-            for (size_t k = g * group_size; k < (g + 1) * group_size; k++)
-                term += (s * (float)qmm_code_at(row, k, call->bits) + b) *
-                        qmm_load_f32(call->x, call->dtype, m * K + k);
-        }
-        acc += term;
+        acc += s * qdot + b * xsum;
     }
-    return acc;
+    return qmm_cpu_finite_or_direct(call, acc, m, n);
 }
 
 /* The portable row: every output by qmm_cpu_qmm_t_output, threads over N. No SIMD beyond what the

@@ -65,10 +65,21 @@ static inline int qmm_cpu_threads_for(const qmm_call *call) {
 /* The number of cores this process may run on (sched_getaffinity), at least 1. */
 int qmm_cpu_default_threads(void);
 
-/* One output of qmm_t in f32, scalar, per group: the split s·Σq·x + b·Σx, and where that group's
- * result is not finite, the direct form Σ(s·q + b)·x for that group alone (the oracle's rule for
- * near-overflow groups). The vector rows call it for an output whose vector result is not finite
- * (a sum that ever became inf or NaN stays non-finite, so a finite result means no group was). */
+/* The non-finite rule (docs/kernels.md §2), the same for every CPU row: output (m, n) of the call (qmm_t
+ * or qmm_n) in the direct form in f64 — qmm_direct_output_f64, the oracle's own implementation — rounded
+ * to f32. Slow (a scalar loop over K in f64), and only ever called for an output whose f32 accumulator
+ * is ±inf or NaN. */
+float qmm_cpu_direct_output(const qmm_call *call, size_t m, size_t n);
+
+/* The epilogue check every row applies to each output's f32 accumulator before the narrowing: acc where
+ * it is finite (a sum that ever became inf or NaN stays so, so a finite acc had no overflow), else the
+ * direct form. One test per output; the recompute is rare. */
+static inline float qmm_cpu_finite_or_direct(const qmm_call *call, float acc, size_t m, size_t n) {
+    return __builtin_expect(__builtin_isfinite(acc), 1) ? acc : qmm_cpu_direct_output(call, m, n);
+}
+
+/* One output of qmm_t in f32, scalar (the portable row): the oracle's split per group,
+ * acc += s·Σq·x + b·Σx, then the non-finite rule. */
 float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n);
 
 /* Memory with 64-byte alignment (one cache line, one ZMM register) for the kernels' scratch; a

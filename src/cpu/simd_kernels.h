@@ -71,9 +71,8 @@ static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) 
  * bias tail — at most 9 + groups for G = 32; b·x: Σx in a tree (≤ log2(G/LANES) + log2(LANES) ≤ 7),
  * 1 fused into the bias dot, groups/LANES along it, 1 + log2(LANES) + 1 → ≤ 14 + groups/LANES.
  * Both stay ≤ K + 2 for every K ≥ 32, so the row's slack is 1.
- * Non-finite: a sum that became inf or NaN stays so, hence a finite output means every group's split
- * was finite; an output that is not finite is recomputed by qmm_cpu_qmm_t_output (scalar, the
- * per-group direct-form rule of the oracle).
+ * Non-finite: a sum that became inf or NaN stays so, hence a finite output had no overflow; an output
+ * that is not finite is replaced by the f64 direct form (qmm_cpu_finite_or_direct, docs/kernels.md §2).
  */
 
 typedef struct gemv_plan {
@@ -198,9 +197,7 @@ static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, int NW, 
     for (int r = 0; r < R && m0 + (size_t)r < call->M; r++)
         for (int w = 0; w < NW; w++) {
             const size_t m = m0 + (size_t)r, n = n0 + (size_t)w;
-            float value = result[r * NW + w];
-            if (!isfinite(value)) value = qmm_cpu_qmm_t_output(call, m, n);
-            qmm_store_f32(call->out, call->dtype, m * call->N + n, value);
+            qmm_store_f32(call->out, call->dtype, m * call->N + n, qmm_cpu_finite_or_direct(call, result[r * NW + w], m, n));
         }
 }
 
@@ -320,8 +317,9 @@ cleanup:
  *     C (AC × BC f32) stays in L2 across the K blocks; the xᵀ copy (qmm_t) is shared by all threads.
  * Exactness: ŵ = fma(s, q, b) rounds once, then each product joins one f32 chain along K (C is
  * reloaded exactly between K blocks): every term sees at most K + 1 roundings ≤ K + 2, slack 1.
- * This is the direct form Σ(s·q + b)·x everywhere, so the oracle's non-finite-group rule (fall back
- * to the direct form) is this kernel's normal arithmetic.
+ * Non-finite: both ops' epilogues replace an output whose f32 accumulator is ±inf or NaN by the f64
+ * direct form (qmm_cpu_finite_or_direct, docs/kernels.md §2): even the f32 direct form can overflow a
+ * partial sum (3e38 + 3e38 − 3e38) where the product is finite.
  */
 
 #define GEMM_VL (2 * LANES)
@@ -496,8 +494,7 @@ static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, 
     const size_t m_end = b0 + b_lanes < M ? b0 + b_lanes : M;
     for (size_t i = 0; i < a_valid; i++)
         for (size_t m = b0; m < m_end; m++) {
-            float value = s.c[i * GEMM_T_BC + (m - b0)];
-            if (!isfinite(value)) value = qmm_cpu_qmm_t_output(call, m, a0 + i);
+            const float value = qmm_cpu_finite_or_direct(call, s.c[i * GEMM_T_BC + (m - b0)], m, a0 + i);
             qmm_store_f32(call->out, call->dtype, m * N + a0 + i, value);
         }
 }
@@ -591,9 +588,13 @@ static void gemm_n_item(const qmm_call *call, size_t a0, size_t b0, gemm_scratch
                 gemm_micro(s.a + ir * GEMM_KC, s.b + jr / GEMM_VL * GEMM_KC * GEMM_VL, GEMM_VL,
                            s.c + ir * GEMM_N_BC + jr, GEMM_N_BC, kc, pc == 0);
     }
+    /* The non-finite rule (cpu.h): an accumulator that overflowed or met a non-finite input. */
     for (size_t i = 0; i < a_valid; i++)
-        for (size_t j = 0; j < b_valid; j++)
-            qmm_store_f32(call->out, call->dtype, (a0 + i) * N + b0 + natural_index(fast, j), s.c[i * GEMM_N_BC + j]);
+        for (size_t j = 0; j < b_valid; j++) {
+            const size_t n = b0 + natural_index(fast, j);
+            qmm_store_f32(call->out, call->dtype, (a0 + i) * N + n,
+                          qmm_cpu_finite_or_direct(call, s.c[i * GEMM_N_BC + j], a0 + i, n));
+        }
 }
 
 qmm_status QMM_ISA(qmm_cpu_gemm_qmm_n)(const qmm_call *call) {

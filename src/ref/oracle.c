@@ -75,21 +75,32 @@ static void decode_row_codes(const uint32_t *row, size_t cols, int bits, float *
  * this sum cannot overflow (|ŵ·x| < 2^128·2^8·2^128 and K < 2^24 terms, far below 2^1024), so it is
  * non-finite exactly when an input is: IEEE arithmetic then decides (+inf·ŵ = ±inf for ŵ ≠ 0,
  * 0·inf = NaN, +inf + −inf = NaN, NaN stays NaN), independent of the order of the sum.
+ * The one implementation: the reference rows (below) and every CPU row (src/cpu/backend.c) call it;
+ * this file is built with -ffp-contract=off, so no fused multiply-add changes its bits anywhere.
  */
-static double direct_f64(const qmm_qmatrix *matrix, const void *x, size_t m, size_t n, size_t K, int transpose) {
-    const size_t group_size = (size_t)matrix->group_size;
-    const size_t groups = matrix->cols / group_size;
-    const size_t words = qmm_packed_words(matrix->cols, matrix->bits);
+double qmm_direct_output_f64(const qmm_direct_operands *op, size_t m, size_t n) {
+    const size_t K = op->K, group_size = (size_t)op->group_size;
+    const size_t cols = op->transpose ? op->K : op->N; /* the quantized dimension */
+    const size_t groups = cols / group_size;
+    const size_t words = qmm_packed_words(cols, op->bits);
     double sum = 0.0;
     for (size_t k = 0; k < K; k++) {
-        const size_t row = transpose ? n : k, col = transpose ? k : n;
-        const double s = qmm_load_f32(matrix->scales, matrix->dtype, row * groups + col / group_size);
-        const double b = qmm_load_f32(matrix->biases, matrix->dtype, row * groups + col / group_size);
-        const double sq = s * (double)qmm_code_at(matrix->w + row * words, col, matrix->bits);
+        const size_t row = op->transpose ? n : k, col = op->transpose ? k : n;
+        const double s = qmm_load_f32(op->scales, op->dtype, row * groups + col / group_size);
+        const double b = qmm_load_f32(op->biases, op->dtype, row * groups + col / group_size);
+        const double sq = s * (double)qmm_code_at(op->w + row * words, col, op->bits);
         const double w_hat = sq + b;
-        sum += w_hat * (double)qmm_load_f32(x, matrix->dtype, m * K + k);
+        sum += w_hat * (double)qmm_load_f32(op->x, op->dtype, m * K + k);
     }
     return sum;
+}
+
+static double direct_f64(const qmm_qmatrix *matrix, const void *x, size_t m, size_t n, size_t K, int transpose) {
+    const qmm_direct_operands op = {.transpose = transpose, .dtype = matrix->dtype, .bits = matrix->bits,
+                                    .group_size = matrix->group_size, .N = transpose ? matrix->rows : matrix->cols,
+                                    .K = K, .x = x, .w = matrix->w, .scales = matrix->scales,
+                                    .biases = matrix->biases};
+    return qmm_direct_output_f64(&op, m, n);
 }
 
 /* The f32 accumulator of one output under the non-finite rule: kept where finite, else replaced by the
