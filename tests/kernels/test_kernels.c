@@ -323,6 +323,269 @@ static void run_gather_matrix(qmm_context *context, const qmm_kernel_info *info,
     check_qmatrix_free(&q);
 }
 
+/* ───────────────────────────── the non-finite pass ─────────────────────────────
+ *
+ * The non-finite rule (docs/kernels.md §2) for every row: a few cases per row, per dtype, per format, with
+ * inputs built so that the f32 accumulator is ±inf or NaN — through an infinite or NaN input, or through a
+ * partial sum that overflows where the exact product is finite — and judged, like the grid, by
+ * qmm_output_check against qmm_ref_dense_f64 (plain IEEE f64 sums: ±inf and NaN inputs give the IEEE value
+ * of the product, huge finite ones cannot overflow f64), with poisoned outputs and a guard. Kinds:
+ *   NF_INF_NAN  random ŵ, x in [-1, 1) with per row: one +inf; +inf and −inf; a NaN; −inf among huge values
+ *   NF_OVERFLOW ŵ = 1 everywhere, x rows [H, H, −H, 0, …] (one group) or H, H, −H spread over K (split groups
+ *               finite, their sum not): every f32 order overflows a partial sum, the product is H
+ *   NF_CANCEL   ŵ = qmax (+ ½), x rows [h, −h, 0, …] with ŵ·h beyond f32: the product is 0 (or small)
+ *   NF_HUGE     random codes, scales up to vmax/1000, biases up to vmax/10, x in [-1, 1): sums overflow and
+ *               cancel at random; exact values both inside and beyond the range (±inf is then right)
+ * H, h, the scale and bias ranges are fractions of the dtype's largest value vmax, so f16 and bf16 exercise
+ * the same patterns (for f16 they overflow only the narrowing). */
+enum { NF_INF_NAN, NF_OVERFLOW, NF_CANCEL, NF_HUGE, NF_KINDS };
+static const char *const nf_kind_names[NF_KINDS] = {"inf/NaN in x", "overflowing partial sums",
+                                                    "cancelling overflow", "huge scales and biases"};
+
+static double dtype_max(qmm_dtype dtype) {
+    return dtype == QMM_F16 ? 65504.0 : dtype == QMM_BF16 ? 0x1.fep127 : 0x1.fffffep127;
+}
+
+/* Sets every code of a packed row-major matrix (rows × cols) to `code`. */
+static void nf_set_codes(uint32_t *w, size_t rows, size_t cols, int bits, uint32_t code) {
+    const size_t words = rows * cols * (size_t)bits / 32;
+    memset(w, 0, words * sizeof(uint32_t));
+    for (size_t j = 0; j < rows * cols; j++) {
+        const size_t bit = j * (size_t)bits;
+        w[bit / 32] |= code << (bit % 32);
+        if (bit % 32 + (size_t)bits > 32) w[bit / 32 + 1] |= code >> (32 - bit % 32);
+    }
+}
+
+static void nf_set_affine(const check_qmatrix *q, size_t groups, qmm_dtype dtype, float s, float b) {
+    for (size_t g = 0; g < groups; g++) {
+        qmm_store_f32(q->scales, dtype, g, s);
+        qmm_store_f32(q->biases, dtype, g, b);
+    }
+}
+
+/* The inputs of one case: the matrix (rows × cols of the op) and x [M, K]. variant rotates the patterns. */
+static void nf_fill(check_rng *rng, int kind, unsigned variant, check_qmatrix *q, void *x, size_t M, size_t K,
+                    qmm_dtype dtype) {
+    const size_t rows = q->m.rows, cols = q->m.cols, groups = rows * (cols / (size_t)q->m.group_size);
+    const uint32_t qmax = (1u << q->m.bits) - 1u;
+    const double vmax = dtype_max(dtype);
+    const float H = (float)(0.88 * vmax), h = (float)(0.3 * vmax);
+    const size_t k_mid = K / 2, k_last = K - 1;
+    memset(x, 0, M * K * qmm_dtype_size(dtype));
+    switch (kind) {
+    case NF_INF_NAN:
+        check_fill_uniform(rng, x, dtype, M * K, -1.0f, 1.0f);
+        for (size_t m = 0; m < M; m++) {
+            const size_t k1 = check_rng_next(rng) % K, k2 = check_rng_next(rng) % K;
+            switch ((m + variant) % 4) {
+            case 0: qmm_store_f32(x, dtype, m * K + k1, INFINITY); break;
+            case 1:
+                qmm_store_f32(x, dtype, m * K + k1, INFINITY);
+                qmm_store_f32(x, dtype, m * K + (k1 == k2 ? (k1 + 1) % K : k2), -INFINITY);
+                break;
+            case 2: qmm_store_f32(x, dtype, m * K + k1, NAN); break;
+            default:
+                for (size_t k = 0; k < K; k += 3) qmm_store_f32(x, dtype, m * K + k, (k & 1) ? -H : H);
+                qmm_store_f32(x, dtype, m * K + k1, -INFINITY);
+                break;
+            }
+        }
+        return;
+    case NF_OVERFLOW:
+        /* ŵ = 1 three ways: s = 1, q = 1, b = 0; s = 0 (random codes: s·Σq·x is 0·inf), b = 1; s = ½, q = 1, b = ½. */
+        if (variant % 3 == 1) nf_set_affine(q, groups, dtype, 0.0f, 1.0f);
+        else {
+            nf_set_codes(q->w, rows, cols, q->m.bits, 1);
+            nf_set_affine(q, groups, dtype, variant % 3 == 0 ? 1.0f : 0.5f, variant % 3 == 0 ? 0.0f : 0.5f);
+        }
+        for (size_t m = 0; m < M; m++) {
+            const size_t at[2][3] = {{0, 1 % K, 2 % K}, {0, k_mid, k_last}};
+            const size_t *k = at[(m + variant) % 2];
+            if (K < 3) { /* too short for three values: H, H (the product overflows: ±inf is right) */
+                for (size_t i = 0; i < K; i++) qmm_store_f32(x, dtype, m * K + i, H);
+                continue;
+            }
+            qmm_store_f32(x, dtype, m * K + k[0], H);
+            qmm_store_f32(x, dtype, m * K + k[1], H);
+            qmm_store_f32(x, dtype, m * K + k[2], -H);
+        }
+        return;
+    case NF_CANCEL:
+        nf_set_codes(q->w, rows, cols, q->m.bits, qmax);
+        nf_set_affine(q, groups, dtype, 1.0f, variant % 2 ? 0.5f : 0.0f);
+        for (size_t m = 0; m < M; m++) {
+            if (K < 2) {
+                qmm_store_f32(x, dtype, m * K, (m + variant) % 2 ? h : -h);
+                continue;
+            }
+            const size_t k1 = (m + variant) % 2 ? 0 : k_mid, k2 = (m + variant) % 2 ? 1 : k_last;
+            qmm_store_f32(x, dtype, m * K + k1, h);
+            qmm_store_f32(x, dtype, m * K + k2, -h);
+            if (K > 2 && m % 3 == 2) qmm_store_f32(x, dtype, m * K + (k2 + 1) % K == k1 ? 2 : (k2 + 1) % K, 0.75f);
+        }
+        return;
+    default: /* NF_HUGE */
+        for (size_t g = 0; g < groups; g++) {
+            qmm_store_f32(q->scales, dtype, g, check_rng_uniform(rng, -1.0f, 1.0f) * (float)(vmax / 1000.0));
+            qmm_store_f32(q->biases, dtype, g, check_rng_uniform(rng, -1.0f, 1.0f) * (float)(vmax / 10.0));
+        }
+        check_fill_uniform(rng, x, dtype, M * K, -1.0f, 1.0f);
+        return;
+    }
+}
+
+typedef struct nf_tally {
+    size_t ran, failed, not_supported;
+    size_t outputs, exact_nonfinite, exact_beyond, exact_finite;
+    char first_refusal[600];
+} nf_tally;
+
+#define NF_EXPERTS 2
+
+/* One case: returns false when the row does not take this shape (nothing ran). */
+static bool nf_case(qmm_context *context, const qmm_kernel_info *info, check_rng *rng, int kind, unsigned variant,
+                    size_t M, size_t N, size_t K, int bits, int group_size, qmm_dtype dtype, nf_tally *tally) {
+    const bool gather = info->op == QMM_OP_GATHER, transpose = info->op != QMM_OP_QMM_N;
+    const size_t experts = gather ? NF_EXPERTS : 1;
+    char label[256];
+    snprintf(label, sizeof label, "%s %s %d-bit gs%d M=%zu N=%zu K=%zu non-finite: %s (variant %u)", info->name,
+             qmm_dtype_name(dtype), bits, group_size, M, N, K, nf_kind_names[kind], variant);
+    check_qmatrix q;
+    if (!check_qmatrix_random(rng, transpose ? experts * N : K, transpose ? K : N, bits, group_size, dtype, &q)) {
+        CHECK(false, "%s: out of memory", label);
+        return true;
+    }
+    const size_t size = qmm_dtype_size(dtype);
+    void *x = malloc(M * K * size), *out = malloc((M * N + GUARD) * size);
+    double *exact = malloc(M * N * sizeof(double)), *abs_dot = malloc(M * N * sizeof(double));
+    uint32_t rhs[64];
+    qmm_weights *weights = NULL;
+    qmm_buffer *xb = NULL, *ob = NULL;
+    bool supported = true;
+    if (!x || !out || !exact || !abs_dot || M > 64) {
+        CHECK(false, "%s: out of memory", label);
+        goto done;
+    }
+    nf_fill(rng, kind, variant, &q, x, M, K, dtype);
+    for (size_t i = 0; i < M; i++) rhs[i] = (uint32_t)(i % experts);
+    if (gather) CHECK_OK(qmm_weights_create_experts(context, &q.m, experts, &weights));
+    else CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+    if (!weights) goto done;
+    if (!gather) {
+        const char *why_not = NULL;
+        int accepts = qmm_kernel_supports(context, info->name, weights, M, info->op, &why_not);
+        CHECK(accepts >= 0, "%s: qmm_kernel_supports failed: %s", label, qmm_last_error());
+        if (accepts != 1) {
+            if (tally->not_supported++ == 0 && why_not)
+                snprintf(tally->first_refusal, sizeof tally->first_refusal, "%.250s: %.340s", label, why_not);
+            supported = false;
+            goto done;
+        }
+    }
+    CHECK_OK(qmm_buffer_create(context, dtype, M * K, &xb));
+    CHECK_OK(qmm_buffer_create(context, dtype, M * N + GUARD, &ob));
+    if (!xb || !ob) goto done;
+    CHECK_OK(qmm_buffer_write(xb, x, M * K));
+    CHECK_OK(qmm_buffer_poison(ob));
+    qmm_kernel_info ran = {0};
+    qmm_status status;
+    if (gather) {
+        qmm_gather_options options = {.kernel = info->name};
+        status = qmm_gather_matmul(context, weights, xb, M, NULL, rhs, M, ob, &options, &ran);
+        if (status == QMM_ERR_UNSUPPORTED) {
+            if (tally->not_supported++ == 0)
+                snprintf(tally->first_refusal, sizeof tally->first_refusal, "%.250s: %.340s", label, qmm_last_error());
+            supported = false;
+            goto done;
+        }
+    } else {
+        qmm_matmul_options options = {.op = info->op, .kernel = info->name};
+        status = qmm_matmul(context, weights, xb, M, ob, &options, &ran);
+    }
+    CHECK(status == QMM_OK, "%s: -> %s: %s", label, qmm_status_string(status), qmm_last_error());
+    if (status != QMM_OK) {
+        tally->failed++;
+        goto done;
+    }
+    CHECK_OK(qmm_buffer_read(ob, out, M * N + GUARD));
+    if (gather) CHECK_OK(qmm_ref_gather_dense_f64(&q.m, experts, x, M, NULL, rhs, M, exact, abs_dot));
+    else CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, transpose ? 1 : 0, exact, abs_dot));
+    for (size_t i = 0; i < M * N; i++) {
+        if (!isfinite(exact[i])) tally->exact_nonfinite++;
+        else if (fabs(exact[i]) >= dtype_max(dtype)) tally->exact_beyond++;
+        else tally->exact_finite++;
+    }
+    tally->outputs += M * N;
+    size_t bad = check_against_oracle(label, out, dtype, exact, abs_dot, M * N, K, info->tolerance_slack, NULL);
+    size_t guard_written = 0;
+    for (size_t i = M * N; i < M * N + GUARD; i++) guard_written += !isnan(qmm_load_f32(out, dtype, i));
+    CHECK(bad == 0, "%s: %zu of %zu outputs wrong", label, bad, M * N);
+    CHECK(guard_written == 0, "%s: %zu elements written past M·N", label, guard_written);
+    if (bad || guard_written) tally->failed++;
+    tally->ran++;
+done:
+    qmm_buffer_destroy(xb);
+    qmm_buffer_destroy(ob);
+    qmm_weights_destroy(weights);
+    free(x);
+    free(out);
+    free(exact);
+    free(abs_dot);
+    check_qmatrix_free(&q);
+    return supported;
+}
+
+/* Every kind, dtype and a few formats on the first shape of the row's grid that it takes, preferring
+ * several groups along the quantized dimension and a tail along the free one, for M = 1 and for
+ * the largest M of its grid (up to 64) that it takes. */
+static void run_nonfinite(qmm_context *context, const qmm_kernel_info *info, check_rng *rng) {
+    static const int formats[][2] = {{4, 32}, {8, 64}, {3, 128}};
+    static const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    const bool transpose = info->op != QMM_OP_QMM_N;
+    const size_t free_tile = tile_of(transpose ? info->bn : info->bk);
+    const size_t quantized_tile = tile_of(transpose ? info->bk : info->bn);
+    /* M = 1, then the grid's other M values, largest first: the first of those the row takes. */
+    const value_set ms = m_values(info);
+    size_t m_list[MAX_VALUES + 1] = {1}, m_count = 1;
+    for (size_t i = ms.count; i-- > 0;)
+        if (ms.values[i] > 1 && ms.values[i] <= 64) m_list[m_count++] = ms.values[i];
+    const size_t free_order[] = {free_tile + 1, free_tile, 7, 1};
+    nf_tally tally = {0};
+    unsigned variant = 0;
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+        const size_t gs = (size_t)formats[f][1], L = quantized_tile / gcd(quantized_tile, gs) * gs;
+        const size_t quantized_order[] = {2 * L + gs, L + gs, gs == 128 ? 640 : 576, L, gs};
+        bool large_done = false;
+        for (size_t mi = 0; mi < m_count && !large_done; mi++) {
+            bool done = false;
+            for (size_t qi = 0; qi < 5 && !done; qi++)
+                for (size_t fi = 0; fi < 4 && !done; fi++) {
+                    const size_t N = transpose ? free_order[fi] : quantized_order[qi];
+                    const size_t K = transpose ? quantized_order[qi] : free_order[fi];
+                    if (!nf_case(context, info, rng, NF_INF_NAN, variant, m_list[mi], N, K, formats[f][0], (int)gs,
+                                 QMM_F32, &tally))
+                        continue; /* this shape is not the row's: the next one */
+                    done = true;
+                    for (size_t d = 0; d < 3; d++)
+                        for (int kind = 0; kind < NF_KINDS; kind++)
+                            for (unsigned v = 0; v < 2; v++) {
+                                if (d == 0 && kind == NF_INF_NAN && v == 0) continue; /* ran above */
+                                nf_case(context, info, rng, kind, variant + v, m_list[mi], N, K, formats[f][0],
+                                        (int)gs, dtypes[d], &tally);
+                            }
+                    variant += 2;
+                }
+            large_done = done && mi > 0;
+        }
+    }
+    printf("  %-28s non-finite pass: %zu cases ran, %zu failed (%zu outputs: %zu exact non-finite, %zu beyond the "
+           "range, %zu finite)\n",
+           info->name, tally.ran, tally.failed, tally.outputs, tally.exact_nonfinite, tally.exact_beyond,
+           tally.exact_finite);
+    CHECK(tally.ran > 0, "%s: the non-finite pass ran no case (first refusal: %s)", info->name, tally.first_refusal);
+}
+
 static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_rng *rng) {
     static const int all_bits[] = {2, 3, 4, 5, 6, 8};
     static const int all_group_sizes[] = {32, 64, 128};
@@ -381,7 +644,8 @@ int main(void) {
         for (size_t k = 0; k < qmm_kernel_count(context); k++) {
             qmm_kernel_info info;
             CHECK_OK(qmm_kernel_get(context, k, &info));
-            run_kernel(context, &info, &rng);
+            if (!getenv("QMM_TEST_NONFINITE_ONLY")) run_kernel(context, &info, &rng);
+            run_nonfinite(context, &info, &rng);
             kernels_run++;
         }
         qmm_context_destroy(context);
