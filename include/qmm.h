@@ -297,14 +297,25 @@ void qmm_context_destroy(qmm_context *context);
 /* The backend the context was created with (QMM_BACKEND_REF for NULL). */
 qmm_backend qmm_context_backend(const qmm_context *context);
 /* Sets the number of host threads the context's kernels use for each matmul: threads ≥ 1 sets it,
- * 0 restores the default (the number of cores this process may run on, sched_getaffinity). Only the
- * CPU backend runs kernels on several host threads (OpenMP, over N and M); a caller that runs its own
- * threads sets 1 here so that the two are not oversubscribed. On the ref backend (one thread) and on
- * device backends only 0 and 1 are accepted. Takes effect from the next matmul or chain run (a chain
- * reads it when it runs). The context is not thread-safe: do not call this while a matmul on the
- * same context is running. Errors: QMM_ERR_INVALID_ARGUMENT (NULL context, threads < 0),
- * QMM_ERR_UNSUPPORTED (threads > 1 on a backend without host threads). */
+ * 0 restores the default (the number of cores this process may run on, sched_getaffinity, at most
+ * qmm_max_threads()). Only the CPU backend runs kernels on several host threads (OpenMP, over N and M);
+ * a caller that runs its own threads sets 1 here so that the two are not oversubscribed. On the ref
+ * backend (one thread) and on device backends only 0 and 1 are accepted. Takes effect from the next
+ * matmul or chain run (a chain reads it when it runs). The context is not thread-safe: do not call this
+ * while a matmul on the same context is running.
+ * The count is bounded by qmm_max_threads(): every output is computed by one thread, so threads beyond
+ * the cores only add scheduling, per-thread scratch (up to about 0.4 MiB each on the tiled rows) and
+ * OpenMP team bookkeeping (libgomp keeps some of it on the caller's stack: 100000 threads overflowed it).
+ * Starting the team can still fail below the bound where the process may not create threads (RLIMIT_NPROC,
+ * a memory limit); libgomp then ends the process, which no return value can report.
+ * Errors: QMM_ERR_INVALID_ARGUMENT (NULL or destroyed context, threads < 0, threads > qmm_max_threads(),
+ * naming the value and the limit), QMM_ERR_UNSUPPORTED (threads > 1 on a backend without host threads). */
 qmm_status qmm_context_set_threads(qmm_context *context, int threads);
+/* The largest thread count qmm_context_set_threads accepts: 8 × the CPUs online (sysconf
+ * _SC_NPROCESSORS_ONLN; room for oversubscription experiments and for a process moved onto more cores),
+ * but at most QMM_MAX_THREADS. Never below 8. */
+#define QMM_MAX_THREADS 1024
+int qmm_max_threads(void);
 /* The number of host threads the context's kernels use (≥ 1), or 0 for a NULL context. A CPU
  * backend built without OpenMP always reports 1. */
 int qmm_context_threads(const qmm_context *context);

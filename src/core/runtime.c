@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *qmm_backend_name(qmm_backend backend) {
     switch (backend) {
@@ -296,11 +297,24 @@ qmm_backend qmm_context_backend(const qmm_context *context) {
     return context ? context->hooks->backend : QMM_BACKEND_REF;
 }
 
+int qmm_max_threads(void) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online < 1) online = 1;
+    return online > QMM_MAX_THREADS / 8 ? QMM_MAX_THREADS : (int)(8 * online);
+}
+
 qmm_status qmm_context_set_threads(qmm_context *context, int threads) {
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_set_threads: context is NULL");
+    if (context->destroyed) return destroyed_error("qmm_context_set_threads", "the context", "qmm_context_destroy");
     if (threads < 0)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_context_set_threads: threads=%d is negative (0 = the default)",
                          threads);
+    const int max = qmm_max_threads();
+    if (threads > max)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                         "qmm_context_set_threads: threads=%d is above the limit %d (8 x the %ld CPUs online, at most "
+                         "QMM_MAX_THREADS=%d)",
+                         threads, max, sysconf(_SC_NPROCESSORS_ONLN), QMM_MAX_THREADS);
     if (context->hooks->set_threads) context->hooks->set_threads(context->state, threads);
     else if (threads > 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "qmm_context_set_threads: backend %s runs its kernels on %s, threads=%d",

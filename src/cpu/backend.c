@@ -26,13 +26,12 @@ int qmm_cpu_default_threads(void) {
 #ifdef _OPENMP
     cpu_set_t set;
     /* The cores this process may use (taskset, cgroups' cpusets), not the machine's: a container
-     * pinned to 2 of 64 cores must not start 64 threads. */
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int count = CPU_COUNT(&set);
-        if (count >= 1) return count;
-    }
-    int processors = omp_get_num_procs();
-    return processors >= 1 ? processors : 1;
+     * pinned to 2 of 64 cores must not start 64 threads. Never above the limit set_threads enforces. */
+    int count = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) count = CPU_COUNT(&set);
+    if (count < 1) count = omp_get_num_procs();
+    if (count < 1) count = 1;
+    return count > qmm_max_threads() ? qmm_max_threads() : count;
 #else
     return 1; /* built without OpenMP: every kernel runs on the calling thread */
 #endif

@@ -182,6 +182,9 @@ static void test_named_orders(void) {
     CHECK_STATUS(qmm_kernel_get(context, 0, &info), QMM_ERR_INVALID_ARGUMENT);
     CHECK(qmm_kernel_supports(context, "ref.qmm_t.scalar.r1", f.a, M, QMM_OP_QMM_T, NULL) == -1,
           "qmm_kernel_supports on a destroyed context must return -1");
+    CHECK_STATUS(qmm_context_set_threads(context, 1), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_context_set_threads: the context, destroyed with qmm_context_destroy, may not be used again "
+                   "(the objects that use it keep it alive only for themselves)");
     qmm_context_destroy(context); /* ignored: the weights, buffers and chain still hold it */
     run_and_check(&f, "context twice, then run");
     for (int i = HANDLES - 1; i >= 0; i--) destroy_handle(&f, (handle)i);

@@ -6,12 +6,88 @@
 #include "check.h"
 #include "internal.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EXPECT_MESSAGE(text)                                                                                 \
     CHECK(strcmp(qmm_last_error(), (text)) == 0, "message \"%s\", want \"%s\"", qmm_last_error(), (text))
+
+/* The thread limit (qmm.h, qmm_max_threads): 8 × the CPUs online, at most QMM_MAX_THREADS. The limit itself
+ * is accepted and a matmul large enough to start the team runs on it; one more, 100000 (which overflowed
+ * libgomp's stack) and INT_MAX (whose per-thread scratch was 1 TB) are refused naming the value and the
+ * limit, and leave the count as it was. */
+static void test_thread_limit(qmm_context *context) {
+    const int max = qmm_max_threads();
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const long want = online < 1 ? 8 : (8 * online > QMM_MAX_THREADS ? QMM_MAX_THREADS : 8 * online);
+    CHECK(max == want, "qmm_max_threads() = %d, want %ld (8 x %ld online, at most %d)", max, want, online,
+          QMM_MAX_THREADS);
+    CHECK(qmm_context_threads(context) <= max, "default threads %d above the limit %d", qmm_context_threads(context),
+          max);
+    CHECK_OK(qmm_context_set_threads(context, max));
+    const int at_max = qmm_context_threads(context);
+    const int refused[] = {max + 1, 2000, 100000, INT_MAX};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        if (refused[i] <= max) continue;
+        CHECK_STATUS(qmm_context_set_threads(context, refused[i]), QMM_ERR_INVALID_ARGUMENT);
+        char want_message[256];
+        snprintf(want_message, sizeof want_message,
+                 "qmm_context_set_threads: threads=%d is above the limit %d (8 x the %ld CPUs online, at most "
+                 "QMM_MAX_THREADS=%d)",
+                 refused[i], max, online, QMM_MAX_THREADS);
+        EXPECT_MESSAGE(want_message);
+        CHECK(qmm_context_threads(context) == at_max, "threads %d after a refused %d, want %d unchanged",
+              qmm_context_threads(context), refused[i], at_max);
+    }
+    /* 16 × 256 × 512 = 2^21 multiply-adds: above the one-thread cut-off, so the team of `max` starts. */
+    check_rng rng = check_rng_make(77);
+    check_qmatrix q;
+    const size_t M = 16, N = 256, K = 512;
+    if (!check_qmatrix_random(&rng, N, K, 4, 64, QMM_F32, &q)) {
+        CHECK(false, "out of memory");
+        return;
+    }
+    float *x = malloc(M * K * sizeof(float)), *out = malloc(M * N * sizeof(float));
+    double *exact = malloc(M * N * sizeof(double)), *abs_dot = malloc(M * N * sizeof(double));
+    qmm_weights *weights = NULL;
+    qmm_buffer *xb = NULL, *ob = NULL;
+    if (x && out && exact && abs_dot) {
+        check_fill_uniform(&rng, x, QMM_F32, M * K, -1.0f, 1.0f);
+        CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+        CHECK_OK(qmm_buffer_create(context, QMM_F32, M * K, &xb));
+        CHECK_OK(qmm_buffer_create(context, QMM_F32, M * N, &ob));
+        if (weights && xb && ob) {
+            CHECK_OK(qmm_buffer_write(xb, x, M * K));
+            const char *kernels[] = {NULL, "cpu.qmm_t.gemm.m32n12.avx512", "cpu.qmm_t.gemm.m16n6.avx2",
+                                     "cpu.qmm_t.scalar.r1"};
+            for (size_t k = 0; k < sizeof kernels / sizeof kernels[0]; k++) {
+                const char *why_not = NULL;
+                if (kernels[k] && qmm_kernel_supports(context, kernels[k], weights, M, QMM_OP_QMM_T, &why_not) != 1)
+                    continue; /* an ISA this CPU lacks */
+                qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = kernels[k]};
+                CHECK_OK(qmm_buffer_poison(ob));
+                CHECK_OK(qmm_matmul(context, weights, xb, M, ob, &options, NULL));
+                CHECK_OK(qmm_buffer_read(ob, out, M * N));
+                CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, 1, exact, abs_dot));
+                CHECK(check_against_oracle("matmul on qmm_max_threads() threads", out, QMM_F32, exact, abs_dot, M * N, K,
+                                           1.0, NULL) == 0,
+                      "%s on %d threads", kernels[k] ? kernels[k] : "the selector's row", at_max);
+            }
+        }
+    }
+    qmm_buffer_destroy(xb);
+    qmm_buffer_destroy(ob);
+    qmm_weights_destroy(weights);
+    free(x);
+    free(out);
+    free(exact);
+    free(abs_dot);
+    check_qmatrix_free(&q);
+    CHECK_OK(qmm_context_set_threads(context, 0));
+}
 
 static void test_context(void) {
     qmm_context *context = (qmm_context *)&context; /* must be reset to NULL on failure */
@@ -40,6 +116,9 @@ static void test_context(void) {
     CHECK_STATUS(qmm_context_set_threads(context, -1), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("qmm_context_set_threads: threads=-1 is negative (0 = the default)");
     CHECK_STATUS(qmm_context_set_threads(NULL, 1), QMM_ERR_INVALID_ARGUMENT);
+    /* Above the limit is refused before the backend's rule (the value is wrong everywhere). */
+    CHECK_STATUS(qmm_context_set_threads(context, INT_MAX), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(qmm_last_error(), "threads=2147483647 is above the limit") != NULL, "message: %s", qmm_last_error());
     CHECK(qmm_context_threads(NULL) == 0, "threads of NULL");
     CHECK(strcmp(qmm_backend_name(QMM_BACKEND_REF), "ref") == 0 && strcmp(qmm_backend_name(QMM_BACKEND_CUDA), "cuda") == 0,
           "backend names");
@@ -89,6 +168,7 @@ static void test_context(void) {
         CHECK(qmm_context_threads(context) == initial, "cpu threads after reset: %d, want %d",
               qmm_context_threads(context), initial);
         CHECK_STATUS(qmm_context_set_threads(context, -2), QMM_ERR_INVALID_ARGUMENT);
+        test_thread_limit(context);
         qmm_context_destroy(context);
     }
 }
