@@ -43,8 +43,8 @@ if command -v compute-sanitizer >/dev/null; then
        QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda compute-sanitizer --tool "$tool" --error-exitcode 1 \
          ./build-gpu/tests/kernels/test_kernels >>"$logs/sanitizer-$tool.log" 2>&1; then
       summary+=("PASS     compute-sanitizer $tool")
-    elif grep -qiE "not supported|unable to|error 999|Device not supported" "$logs/sanitizer-$tool.log"; then
-      summary+=("SKIPPED  compute-sanitizer $tool: $(grep -m1 -iE 'not supported|unable to|error' "$logs/sanitizer-$tool.log")")
+    elif grep -qE "Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)" "$logs/sanitizer-$tool.log"; then
+      summary+=("SKIPPED  compute-sanitizer $tool: $(grep -m1 -E 'Device not supported|error 999|Unable to (initialize|open)|not supported on this' "$logs/sanitizer-$tool.log")")
     else
       summary+=("FAIL     compute-sanitizer $tool (log: $logs/sanitizer-$tool.log)"); fail=1
     fi

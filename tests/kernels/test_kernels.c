@@ -560,17 +560,18 @@ static void run_nonfinite(qmm_context *context, const qmm_kernel_info *info, che
         for (size_t mi = 0; mi < m_count && !large_done; mi++) {
             bool done = false;
             for (size_t qi = 0; qi < 5 && !done; qi++)
-                for (size_t fi = 0; fi < 4 && !done; fi++) {
+                for (size_t fi = 0; fi < 4 && !done; fi++)
+                    for (size_t pd = 0; pd < 3 && !done; pd++) { /* a row may take only some dtypes (mma: f16/bf16) */
                     const size_t N = transpose ? free_order[fi] : quantized_order[qi];
                     const size_t K = transpose ? quantized_order[qi] : free_order[fi];
                     if (!nf_case(context, info, rng, NF_INF_NAN, variant, m_list[mi], N, K, formats[f][0], (int)gs,
-                                 QMM_F32, &tally))
-                        continue; /* this shape is not the row's: the next one */
+                                 dtypes[pd], &tally))
+                        continue; /* this shape or dtype is not the row's: the next one */
                     done = true;
                     for (size_t d = 0; d < 3; d++)
                         for (int kind = 0; kind < NF_KINDS; kind++)
                             for (unsigned v = 0; v < 2; v++) {
-                                if (d == 0 && kind == NF_INF_NAN && v == 0) continue; /* ran above */
+                                if (d == pd && kind == NF_INF_NAN && v == 0) continue; /* ran above */
                                 nf_case(context, info, rng, kind, variant + v, m_list[mi], N, K, formats[f][0],
                                         (int)gs, dtypes[d], &tally);
                             }
