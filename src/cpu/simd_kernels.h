@@ -56,21 +56,24 @@ static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) 
 
 /* ═════════════════════════════ GEMV: qmm_t for small M ═════════════════════════════
  *
- * out[m, n] = Σ_g ( s_g·Σ_{k∈g} q_k·x_k + b_g·Σ_{k∈g} x_k ), the seed's split, vectorised along K.
+ * out[m, n] = Σ_g ( Σ_{k∈g} (s_g·q_k)·x_k + b_g·Σ_{k∈g} x_k ): the seed's split with the scale folded
+ * into the decoded codes, vectorised along K.
  * Memory: decode is bound by reading W (N·K·bits/8 bytes, larger than the LLC for real layers), so
- * every weight byte is loaded once per call: a block of up to GEMV_RW weight rows is decoded in
- * registers and multiplied with up to GEMV_R_MAX rows of x (from L1/L2) before the next block; for
- * M > GEMV_R_MAX the passes over x reuse the block from L1. Registers (per weight row w, x row r):
- * qdot[r][w] — LANES partial sums of q·x inside the current group — and acc[r][w], into which each
- * group folds as acc = fma(s, qdot, acc). Several independent weight rows (GEMV_RW / R) keep the FMA
- * pipes busy when R is small (a single row would wait on its own FMA latency every group).
- * The bias part b·Σx does not depend on the codes: Σx per (row of x, group) is computed once per
- * call (xsum) and b·xsum is a vector dot product over the groups.
- * Roundings per term (docs/kernels.md §2, need ≤ K + 2): s·q·x: G/LANES in qdot, 1 in the fused
- * fold, groups − 1 along acc, 1 adding the bias vector, log2(LANES) in the tree sum, 1 adding the
- * bias tail — at most 9 + groups for G = 32; b·x: Σx in a tree (≤ log2(G/LANES) + log2(LANES) ≤ 7),
- * 1 fused into the bias dot, groups/LANES along it, 1 + log2(LANES) + 1 → ≤ 14 + groups/LANES.
- * Both stay ≤ K + 2 for every K ≥ 32, so the row's slack is 1.
+ * every weight byte is loaded once per call: a block of GEMV_RW weight rows is decoded in registers
+ * and multiplied with up to GEMV_R_MAX rows of x (from L1/L2) before the next block; for
+ * M > GEMV_R_MAX the passes over x reuse the block from L1, and the next block is prefetched.
+ * Decode: per group the codes become s·q directly (AVX-512: a 16-entry table of s·q looked up with
+ * vpermps; AVX2: converted and multiplied by s — the same value, rounded once), so each row of x
+ * costs one FMA per vector of codes and there is no per-group fold: acc[r][w] is one chain along K.
+ * Registers (per x row r, weight row w): acc[r][w], at most 16 of them; with 4 or more rows of x
+ * each x vector is loaded once for all the block's weight rows. The bias part b·Σx does not depend
+ * on the codes: Σx per (row of x, group) is computed once per call (xsum) and b·xsum is a vector
+ * dot product over the groups.
+ * Roundings per term (docs/kernels.md §2, need ≤ K + 2): s·q·x: 1 for s·q, K/LANES along the lane's
+ * FMA chain, 1 adding the bias vector, log2(LANES) in the tree sum, 1 adding the bias tail — at most
+ * K/LANES + 7; b·x: Σx in a tree (≤ log2(G/LANES) + log2(LANES) ≤ 7), 1 fused into the bias dot,
+ * groups/LANES along it, 1 + log2(LANES) + 1 → ≤ 14 + groups/LANES. Both stay ≤ K + 2 for every
+ * K ≥ 32, so the row's slack is 1.
  * Non-finite: a sum that became inf or NaN stays so, hence a finite output means every group's split
  * was finite; an output that is not finite is recomputed by qmm_cpu_qmm_t_output (scalar, the
  * per-group direct-form rule of the oracle).
@@ -87,16 +90,18 @@ typedef struct gemv_plan {
     float *group_f32;   /* [threads][2][GEMV_RW][groups]: the block's scales and biases in f32 */
 } gemv_plan;
 
-/* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R) for whole blocks and (R, 1) for
- * the last rows of N, for each decode path. */
+/* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R, at least 1) for whole blocks and
+ * (R, 1) for the last rows of N, for each decode path. */
 #if GEMV_RW == 8
 #define GEMV_NW_1 8
 #define GEMV_NW_2 4
-#define GEMV_NW_4 2
+#define GEMV_NW_4 4
+#define GEMV_NW_8 2
 #else
 #define GEMV_NW_1 4
 #define GEMV_NW_2 2
 #define GEMV_NW_4 1
+#define GEMV_NW_8 1
 #endif
 #define GR 1
 #define GNW GEMV_NW_1
@@ -110,6 +115,16 @@ typedef struct gemv_plan {
 #define GNW GEMV_NW_4
 #define GFAST 4
 #include "gemv_block.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GFAST 4
+#include "gemv_block.h"
+#if GEMV_R_MAX >= 16
+#define GR 16
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#endif
 #define GR 1
 #define GNW 1
 #define GFAST 4
@@ -124,7 +139,7 @@ typedef struct gemv_plan {
 #define GFAST 4
 #include "gemv_block.h"
 #endif
-#if GEMV_R_MAX >= 8
+#if GEMV_NW_8 != 1
 #define GR 8
 #define GNW 1
 #define GFAST 4
@@ -142,6 +157,16 @@ typedef struct gemv_plan {
 #define GNW GEMV_NW_4
 #define GFAST 8
 #include "gemv_block.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GFAST 8
+#include "gemv_block.h"
+#if GEMV_R_MAX >= 16
+#define GR 16
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#endif
 #define GR 1
 #define GNW 1
 #define GFAST 8
@@ -156,7 +181,7 @@ typedef struct gemv_plan {
 #define GFAST 8
 #include "gemv_block.h"
 #endif
-#if GEMV_R_MAX >= 8
+#if GEMV_NW_8 != 1
 #define GR 8
 #define GNW 1
 #define GFAST 8
@@ -165,22 +190,26 @@ typedef struct gemv_plan {
 
 #define GEMV_CASE(r, nw)                                                                                      \
     if (R == (r) && NW == (nw)) {                                                                             \
-        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, result);                           \
-        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, result);                                        \
+        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result);                \
+        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result);                             \
         return;                                                                                               \
     }
 
 static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
-                          size_t m0, int R, int NW, float *result) {
+                          size_t m0, int R, int NW, size_t pf_stride, float *result) {
     GEMV_CASE(1, GEMV_NW_1)
     GEMV_CASE(2, GEMV_NW_2)
     GEMV_CASE(4, GEMV_NW_4)
+    GEMV_CASE(8, GEMV_NW_8)
+#if GEMV_R_MAX >= 16
+    GEMV_CASE(16, 1)
+#endif
     GEMV_CASE(1, 1)
     GEMV_CASE(2, 1)
 #if GEMV_NW_4 != 1
     GEMV_CASE(4, 1)
 #endif
-#if GEMV_R_MAX >= 8
+#if GEMV_NW_8 != 1
     GEMV_CASE(8, 1)
 #endif
 }
@@ -191,6 +220,11 @@ static int gemv_pass_rows(size_t remaining) {
     int R = 1;
     while (R < GEMV_R_MAX && (size_t)R < remaining) R *= 2;
     return R;
+}
+
+/* Weight rows per register block for R rows of x (at most 16 accumulators, see GEMV_NW_*). */
+static int gemv_block_rows(int R) {
+    return R == 1 ? GEMV_NW_1 : R == 2 ? GEMV_NW_2 : R == 4 ? GEMV_NW_4 : GEMV_NW_8;
 }
 
 static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, int NW, const float *result) {
@@ -274,18 +308,22 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
                 biases[at + g] = qmm_load_f32(call->biases, call->dtype, base + g);
             }
         }
+        /* Prefetch the next block while this one is computed (gemv_block.h): only for rows read in
+         * place from W, long enough that GEMV_PF bytes ahead stays inside the row or the next one. */
+        const size_t row_bytes = K * (size_t)plan.fast / 8;
+        const size_t pf_stride = !plan.unpacked && block + 1 < blocks && row_bytes >= 2 * GEMV_PF ? GEMV_RW * row_bytes : 0;
         float result[GEMV_R_MAX * GEMV_RW];
         for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
-            const int R = gemv_pass_rows(M - m0), NW = GEMV_RW / R;
+            const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
             size_t n = n_begin;
             for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
                 const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, result);
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride, result);
                 gemv_store(&plan, n, m0, R, NW, result);
             }
             for (; n < n_end; n++) {
                 const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, result);
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, result);
                 gemv_store(&plan, n, m0, R, 1, result);
             }
         }
