@@ -68,6 +68,20 @@ static inline void v_decode4_scaled(const uint8_t *bytes, vf s, vf *lo, vf *hi) 
     *hi = _mm256_mul_ps(q_hi, s);
 }
 
+/* qmm_n's direct form: fma(s, q, b) on the converted codes (AVX-512 looks the same values up). */
+static inline vf v_affine_table(vf s, vf b) {
+    (void)b;
+    return s;
+}
+
+static inline void v_decode4_affine(const uint8_t *bytes, vf table, vf s, vf b, vf *lo, vf *hi) {
+    vf q_lo, q_hi;
+    (void)table;
+    v_decode4(bytes, &q_lo, &q_hi);
+    *lo = _mm256_fmadd_ps(s, q_lo, b);
+    *hi = _mm256_fmadd_ps(s, q_hi, b);
+}
+
 static inline vf v_decode8(const uint8_t *bytes) {
     uint64_t eight;
     memcpy(&eight, bytes, sizeof eight);

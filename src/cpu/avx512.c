@@ -74,6 +74,17 @@ static inline void v_decode4_scaled(const uint8_t *bytes, vf table, vf *lo, vf *
     *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(lanes, 4), table);
 }
 
+/* qmm_n's direct form per group: lane q = fma(s, q, b) for q = 0…15 (exactly what fma(s, q, b) on
+ * the converted code gives), looked up like v_decode4_scaled. */
+static inline vf v_affine_table(vf s, vf b) {
+    return _mm512_fmadd_ps(s, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), b);
+}
+
+static inline void v_decode4_affine(const uint8_t *bytes, vf table, vf s, vf b, vf *lo, vf *hi) {
+    (void)s, (void)b;
+    v_decode4_scaled(bytes, table, lo, hi);
+}
+
 static inline vf v_decode8(const uint8_t *bytes) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes)));
 }

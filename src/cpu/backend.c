@@ -10,7 +10,7 @@
  *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel.
  *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
  *   AVX-512 before AVX2 within each family: twice the lanes per instruction where both can run.
- *   Then the qmm_n rows, then (appended by the runtime) the reference rows.
+ *   Then the qmm_n rows (GEMV for M ≤ 8, then tiled), then (appended by the runtime) the reference rows.
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "cpu.h"
@@ -148,6 +148,23 @@ static bool avx2_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_
     return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) && qmm_cpu_has_avx2(why_not, why_not_size);
 }
 
+static bool gemv_n_m(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (call->M <= QMM_CPU_GEMV_N_MAX_M) return true;
+    snprintf(why_not, why_not_size, "M=%zu is above the qmm_n GEMV rows' limit M <= %d (the tiled rows are faster there)",
+             call->M, QMM_CPU_GEMV_N_MAX_M);
+    return false;
+}
+
+static bool avx512_gemv_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size)) return false;
+    return qmm_cpu_has_avx512(why_not, why_not_size) && gemv_n_m(call, why_not, why_not_size);
+}
+
+static bool avx2_gemv_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size)) return false;
+    return qmm_cpu_has_avx2(why_not, why_not_size) && gemv_n_m(call, why_not, why_not_size);
+}
+
 static bool avx512_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
     return !refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size) && qmm_cpu_has_avx512(why_not, why_not_size);
 }
@@ -190,6 +207,12 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
             "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
             scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t),
+    CPU_ROW("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+            "x·Ŵ, M<=16: weights read once, 4 rows of W per pass over an L1-resident out chunk, ŵ by vpermps table",
+            avx512_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx512),
+    CPU_ROW("cpu.qmm_n.gemv.k4.avx2", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+            "x·Ŵ, M<=16 without AVX-512: 4 rows of W per pass over an L1-resident out chunk, ŵ = fma(s,q,b)",
+            avx2_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx2),
     CPU_ROW("cpu.qmm_n.gemm.m12n32.avx512", QMM_OP_QMM_N, "gemm", 12, 32, 256,
             "x·Ŵ: weight rows decoded along N to f32, 12x32 ZMM micro-kernel (m rows x n lanes)",
             avx512_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx512),
@@ -210,4 +233,6 @@ NOT_HERE(qmm_cpu_gemm_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
+NOT_HERE(qmm_cpu_gemv_qmm_n_avx2)
+NOT_HERE(qmm_cpu_gemv_qmm_n_avx512)
 #endif

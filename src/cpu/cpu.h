@@ -21,8 +21,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #define QMM_CPU_THREAD_ID() omp_get_thread_num()
+#define qmm_cpu_team_size() omp_get_num_threads()
 #else
 #define QMM_CPU_THREAD_ID() 0
+#define qmm_cpu_team_size() 1
 #endif
 
 /* What the CPU and the OS support (the OS must save the wider register state: XCR0). */
@@ -82,15 +84,19 @@ qmm_status qmm_cpu_gemm_qmm_n_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_n_avx512(const qmm_call *call);
+qmm_status qmm_cpu_gemv_qmm_n_avx2(const qmm_call *call);
+qmm_status qmm_cpu_gemv_qmm_n_avx512(const qmm_call *call);
 
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
 /* GEMV rows take M up to this; above it the tiled rows are faster (docs/PERF.md, "CPU crossover"). */
 #define QMM_CPU_GEMV_MAX_M 16
+/* The qmm_n GEMV rows take M up to this (docs/PERF.md, "qmm_n GEMV"). */
+#define QMM_CPU_GEMV_N_MAX_M 16
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 7
+#define QMM_CPU_KERNEL_COUNT 9
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);

@@ -648,3 +648,131 @@ qmm_status QMM_ISA(qmm_cpu_gemm_qmm_n)(const qmm_call *call) {
     free(scratch);
     return QMM_OK;
 }
+
+/* ═════════════════════════════ GEMV: qmm_n for small M ═════════════════════════════
+ *
+ * out[m, n] = Σ_k x[m, k]·ŵ[k, n], W [K, N·bits/32] quantized along N (MLX transpose=False).
+ * Memory: each row k of W is contiguous along N, so the kernel walks K in blocks of QMV_N_KB rows
+ * (that many sequential streams, which the hardware prefetcher follows; walking a column slab down K
+ * instead reads one line per 2 KiB stride and waits on DRAM latency for each) over a chunk of
+ * columns whose accumulators out[M][chunk] stay in L1 (≤ 16 KiB). Per vector of columns: the
+ * QMV_N_KB rows' codes are decoded once, then each row of x loads its accumulator, adds its
+ * QMV_N_KB products in k order and stores it — one load and one store per QMV_N_KB FMAs.
+ * Threads take disjoint column ranges (whole 2·LANES blocks), so every output has one owner.
+ * ŵ is MLX's direct form, fma(s, q, b) rounded once (AVX-512: a 16-entry table of fma(s, q, b) per
+ * (row k, group) looked up with vpermps), then one f32 chain per output along K in order k = 0, 1, …:
+ * the tiled qmm_n rows' order exactly, so both give the same bits. Roundings per term: 1 + K ≤ K + 2,
+ * slack 1. The direct form is also the non-finite rule's form, so nothing is recomputed.
+ * Output columns are in decode order inside each 2·LANES block and are put in order at the store.
+ */
+#define QMV_N_KB 4
+
+static inline float load_f32_of(const void *array, qmm_dtype dtype, size_t i) {
+    return dtype == QMM_F32 ? ((const float *)array)[i] : qmm_load_f32(array, dtype, i);
+}
+#define QMV_N_ACC_FLOATS 4096 /* 16 KiB of accumulators per thread */
+
+/* Columns [n0, n0 + width) (width a multiple of 32) for all M rows of x (xf: [M][K] f32) into
+ * acc[M][width]; bytes: scratch of QMV_N_KB·width for the generic widths. */
+static void qmv_n_chunk(const qmm_call *call, const float *xf, size_t n0, size_t width, uint8_t *bytes, float *acc) {
+    const size_t K = call->K, N = call->N, M = call->M, G = (size_t)call->group_size, groups = N / G;
+    const size_t words = qmm_packed_words(N, call->bits);
+    const int fast = fast_bits(call->bits);
+    const size_t step = fast == 4 ? 2 * LANES : LANES;
+    memset(acc, 0, M * width * sizeof(float));
+    for (size_t k0 = 0; k0 < K; k0 += QMV_N_KB) {
+        const int kb = K - k0 < QMV_N_KB ? (int)(K - k0) : QMV_N_KB;
+        const uint8_t *codes[QMV_N_KB];
+        for (int i = 0; i < kb; i++) {
+            const uint32_t *row = call->w + (k0 + (size_t)i) * words;
+            if (fast == 4) codes[i] = (const uint8_t *)row + n0 / 2;
+            else if (call->bits == 8) codes[i] = (const uint8_t *)row + n0;
+            else {
+                qmm_unpack_stream(row + n0 * (size_t)call->bits / 32, width, call->bits, bytes + (size_t)i * width);
+                codes[i] = bytes + (size_t)i * width;
+            }
+        }
+        vf table[QMV_N_KB], s[QMV_N_KB], b[QMV_N_KB];
+#pragma GCC unroll 4
+        for (int i = 0; i < QMV_N_KB; i++) table[i] = s[i] = b[i] = v_zero(); /* set at j = 0 */
+        for (size_t j = 0; j < width; j += step) {
+            if (j == 0 || (n0 + j) % G == 0) { /* a new group (n0 is a multiple of 32, not always of G) */
+                const size_t g = (n0 + j) / G;
+#pragma GCC unroll 4
+                for (int i = 0; i < QMV_N_KB; i++) {
+                    if (i >= kb) break;
+                    s[i] = v_set1(load_f32_of(call->scales, call->dtype, (k0 + (size_t)i) * groups + g));
+                    b[i] = v_set1(load_f32_of(call->biases, call->dtype, (k0 + (size_t)i) * groups + g));
+                    table[i] = fast == 4 ? v_affine_table(s[i], b[i]) : s[i];
+                }
+            }
+            vf w_lo[QMV_N_KB], w_hi[QMV_N_KB];
+#pragma GCC unroll 4
+            for (int i = 0; i < QMV_N_KB; i++) {
+                w_lo[i] = w_hi[i] = v_zero(); /* rows past kb: never read */
+                if (i >= kb) continue;
+                if (fast == 4) v_decode4_affine(codes[i] + j / 2, table[i], s[i], b[i], &w_lo[i], &w_hi[i]);
+                else w_lo[i] = v_fma(s[i], v_decode8(codes[i] + j), b[i]);
+            }
+            for (size_t m = 0; m < M; m++) {
+                float *a = acc + m * width + j;
+                const float *x = xf + m * K + k0;
+                vf a_lo = v_load(a), a_hi = fast == 4 ? v_load(a + LANES) : v_zero();
+#pragma GCC unroll 4
+                for (int i = 0; i < QMV_N_KB; i++) {
+                    if (i >= kb) break;
+                    const vf xv = v_set1(x[i]);
+                    a_lo = v_fma(xv, w_lo[i], a_lo);
+                    if (fast == 4) a_hi = v_fma(xv, w_hi[i], a_hi);
+                }
+                v_store(a, a_lo);
+                if (fast == 4) v_store(a + LANES, a_hi);
+            }
+        }
+    }
+}
+
+qmm_status QMM_ISA(qmm_cpu_gemv_qmm_n)(const qmm_call *call) {
+    const size_t M = call->M, N = call->N, K = call->K;
+    const int threads = qmm_cpu_threads_for(call);
+    const int fast = fast_bits(call->bits);
+    /* Columns per chunk: accumulators of all M rows within QMV_N_ACC_FLOATS, whole 32-column blocks. */
+    size_t chunk = QMV_N_ACC_FLOATS / M / 32 * 32;
+    if (chunk < 32) chunk = 32;
+    qmm_status status = QMM_OK;
+    float *xf = qmm_cpu_scratch(M * K, sizeof(float), "x in f32");
+    float *acc = qmm_cpu_scratch((size_t)threads * M * chunk, sizeof(float), "accumulators");
+    uint8_t *bytes = NULL;
+    if (!xf || !acc) {
+        status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
+        goto cleanup;
+    }
+    if (call->bits != 4 && call->bits != 8 &&
+        !(bytes = qmm_cpu_scratch((size_t)threads * QMV_N_KB * chunk, 1, "unpacked codes"))) {
+        status = QMM_ERR_OUT_OF_MEMORY;
+        goto cleanup;
+    }
+    for (size_t i = 0; i < M * K; i++) xf[i] = qmm_load_f32(call->x, call->dtype, i);
+    /* Each thread owns one contiguous range of whole 32-column blocks, cut into chunks. */
+    const size_t blocks = N / 32;
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
+    {
+        const size_t team = (size_t)qmm_cpu_team_size(), me = (size_t)QMM_CPU_THREAD_ID();
+        const size_t first = blocks * me / team * 32, last = blocks * (me + 1) / team * 32;
+        float *mine = acc + me * M * chunk;
+        uint8_t *my_bytes = bytes ? bytes + me * QMV_N_KB * chunk : NULL;
+        for (size_t n0 = first; n0 < last; n0 += chunk) {
+            const size_t width = last - n0 < chunk ? last - n0 : chunk;
+            qmv_n_chunk(call, xf, n0, width, my_bytes, mine);
+            for (size_t m = 0; m < M; m++)
+                for (size_t j = 0; j < width; j++)
+                    qmm_store_f32(call->out, call->dtype, m * N + n0 + natural_index(fast, j), mine[m * width + j]);
+        }
+    }
+
+cleanup:
+    free(xf);
+    free(acc);
+    free(bytes);
+    return status;
+}
