@@ -27,8 +27,13 @@
 #define qmm_cpu_team_size() 1
 #endif
 
+/* The widest instruction set the rows may use: what the CPU has, capped by the environment variable
+ * QMM_CPU_MAX_ISA=avx2|portable (for running and testing the narrower rows on a wider CPU). */
+enum { QMM_CPU_ISA_PORTABLE = 0, QMM_CPU_ISA_AVX2 = 1, QMM_CPU_ISA_AVX512 = 2 };
+
 /* What the CPU and the OS support (the OS must save the wider register state: XCR0). */
 typedef struct qmm_cpu_features {
+    int max_isa;                                      /* QMM_CPU_ISA_*: the QMM_CPU_MAX_ISA cap */
     bool avx, avx2, fma, f16c;                        /* cpuid + XCR0 bits 1–2 (XMM, YMM state) */
     bool avx512f, avx512bw, avx512vl, avx512dq;       /* cpuid + XCR0 bits 5–7 (opmask, ZMM state) */
     bool avx512bf16, avx512vnni;                      /* noted, not required by any row yet */
