@@ -523,8 +523,9 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
 
 int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
-               *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL;
-    int no_peers = 0, quick = 0;
+               *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL,
+               *threads_text = NULL;
+    int no_peers = 0, quick = 0, threads = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
         {"--m", "-m", &m_text, NULL, NULL, 0, NULL},             {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
@@ -532,6 +533,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},        {"--repeats", NULL, &repeats_text, NULL, NULL, 0, NULL},
         {"--json", NULL, &json_text, NULL, NULL, 0, NULL},       {"--no-peers", NULL, NULL, NULL, NULL, 0, &no_peers},
         {"--quick", NULL, NULL, NULL, NULL, 0, &quick},          {"--tuning", NULL, &tuning_text, NULL, NULL, 0, NULL},
+        {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
     };
     const char *positional[1];
     size_t npositional;
@@ -555,6 +557,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
 
     /* Every option is checked before any work. */
     if ((rc = parse_backend(c, backend_text, &backend_choice))) goto done;
+    if ((rc = parse_threads(c, threads_text, &threads))) goto done;
     if (bits_text && (rc = parse_int(bits_text, &run->bits) ? 0 : usage_error(c, "--bits '%s' is not a number", bits_text)))
         goto done;
     if (group_text &&
@@ -582,6 +585,11 @@ int cmd_bench(const command *c, int argc, char **argv) {
         rc = library_error(c, status);
         goto done;
     }
+    if ((status = apply_threads(run->context, threads)) != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    bench_host_set_threads(threads);
     run->backend = qmm_context_backend(run->context);
     if (tuning_text) {
         if ((status = load_tuning_option(run->context, tuning_text, run->tuning, sizeof run->tuning)) != QMM_OK) {
