@@ -238,10 +238,10 @@ static void bench_script_peers(bench_run *run) {
     } script;
     char venv_python[PATH_MAX];
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", source_dir());
-    script cpu_scripts[] = {{"mlx-cpu", venv_python, "mlx_cpu.py"}};
+    script cpu_scripts[] = {{"mlx-cpu", venv_python, "mlx_cpu.py"}, {"ggml", venv_python, "ggml_cpu.py"}};
     script cuda_scripts[] = {{"torch-int4", "python3", "torch_int4.py"}, {"mlx-cuda", "python3", "mlx_cuda.py"}};
     const script *scripts = run->backend == QMM_BACKEND_CUDA ? cuda_scripts : cpu_scripts;
-    size_t count = run->backend == QMM_BACKEND_CUDA ? 2 : 1;
+    size_t count = 2;
     for (size_t i = 0; i < count; i++) {
         char absent[320] = "";
         if (scripts[i].python[0] == '/' && access(scripts[i].python, X_OK) != 0) {
@@ -257,9 +257,9 @@ static void bench_script_peers(bench_run *run) {
         char command_text[16384];
         snprintf(command_text, sizeof command_text,
                  "'%s' '%s/bench/peers/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
-                 "--cache-bytes %zu%s",
+                 "--cache-bytes %zu --threads %d%s",
                  scripts[i].python, source_dir(), scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
-                 run->repeats, run->quick ? 0 : run->cache_bytes, run->quick ? " --quick" : "");
+                 run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), run->quick ? " --quick" : "");
         fprintf(stderr, "bench peer %s: %s\n", scripts[i].peer, command_text);
         bench_peer_samples samples = {0};
         if (!bench_run_script_peer(command_text, &samples, absent, sizeof absent)) {
@@ -287,7 +287,6 @@ static void bench_script_peers(bench_run *run) {
         }
         bench_peer_samples_free(&samples);
     }
-    if (run->backend != QMM_BACKEND_CUDA) note_absent(run, "ggml", "not implemented yet (PyPI ggml-python 0.0.45)");
 }
 
 /* ───────────────────────────── the table ───────────────────────────── */
