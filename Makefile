@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-asan test-fuzz test-gpu install clean setup-build setup-test
+.PHONY: all build run test test-asan test-fuzz test-gpu install clean setup-build setup-test setup-bench
 
 all: build
 
@@ -17,6 +17,10 @@ setup-build:
 
 setup-test:
 	@scripts/setup.sh test
+
+# The bench peers `make test` does not need (ggml-python builds ggml from source, ~2 minutes).
+setup-bench:
+	@scripts/setup.sh bench
 
 build: setup-build
 	cmake -S . -B build $(CMAKE_FLAGS) >/dev/null

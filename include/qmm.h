@@ -443,6 +443,12 @@ qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M
 size_t qmm_kernel_count(const qmm_context *context);
 /* Errors: QMM_ERR_INVALID_ARGUMENT when index ≥ qmm_kernel_count, or for a NULL or destroyed context. */
 qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_info *info);
+/* Whether row `index` of the context's table can run on this machine at all, whatever the call: 1, or 0 with
+ * a one-line reason in why_not (if not NULL; "this CPU lacks AVX-512BW", "the OS does not enable the ZMM
+ * register state (XCR0)"), valid until the next qmm call on this thread. A row that is not usable refuses
+ * every call with the same reason. Returns -1 with qmm_last_error set for a NULL or destroyed context or
+ * an index ≥ qmm_kernel_count. Thread-safe. */
+int qmm_kernel_usable(const qmm_context *context, size_t index, const char **why_not);
 /* Whether the named kernel supports a call of this shape; when not, why_not (if not NULL) receives a
  * one-line reason ("N=100 is not a multiple of BN=64"), valid until the next qmm call on this thread.
  * Returns 1/0, or -1 with qmm_last_error set when the name is unknown or an argument is invalid (NULL,

@@ -17,6 +17,7 @@ def parse_args(description):
     p.add_argument("--cache-bytes", type=int, default=0, help="copies of the weights total > 2x this")
     p.add_argument("--limit-s", type=float, default=20.0, help="skip a cell whose measurement would take longer")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--threads", type=int, default=0, help="threads for peers that take a count (0: the cores)")
     a = p.parse_args()
     a.shapes = [(n, int(N), int(K)) for n, N, K in (s.split(":") for s in a.shapes.split(","))]
     a.m = [int(v) for v in a.m.split(",")]

@@ -63,6 +63,10 @@ typedef struct qmm_kernel {
     size_t prefer_max_m;
     size_t prefer_min_n;
     bool tune_only;
+    /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
+     * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable
+     * wherever its backend opens. supports() still checks it for every call. */
+    bool (*usable)(char *why_not, size_t why_not_size);
 } qmm_kernel;
 
 /* The reference rows (always last in every table): ref.qmm_t.scalar.r1, ref.qmm_n.scalar.r1. They

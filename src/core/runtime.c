@@ -793,6 +793,27 @@ qmm_status qmm_kernel_get(const qmm_context *context, size_t index, qmm_kernel_i
     return QMM_OK;
 }
 
+int qmm_kernel_usable(const qmm_context *context, size_t index, const char **why_not) {
+    static _Thread_local char reason[256];
+    reason[0] = '\0';
+    if (why_not) *why_not = reason;
+    if (!context) {
+        qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_usable: context is NULL");
+        return -1;
+    }
+    if (context->destroyed) {
+        destroyed_error("qmm_kernel_usable", "the context", "qmm_context_destroy");
+        return -1;
+    }
+    if (index >= context->table_count) {
+        qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_kernel_usable: index %zu is out of range: backend %s has %zu kernels",
+                  index, qmm_backend_name(context->hooks->backend), context->table_count);
+        return -1;
+    }
+    const qmm_kernel *row = context->table[index];
+    return !row->usable || row->usable(reason, sizeof reason) ? 1 : 0;
+}
+
 int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_weights *weights, size_t M, qmm_op op,
                         const char **why_not) {
     static _Thread_local char reason[256];

@@ -10,10 +10,12 @@
 
 #define QMM_ISA(name) name##_avx2
 #define LANES 8
-/* GEMV: up to 4 rows of x per pass and 4 (rows of x) × (weight rows) accumulator pairs: 8 of the 16
- * YMM registers hold qdot and acc, the rest the decoded codes, x and the scale. */
-#define GEMV_R_MAX 4
+/* GEMV: up to 8 rows of x per pass and 4 weight rows per block; at most 8 accumulators of the 16
+ * YMM registers, the rest the scales, the decoded codes and x. GEMV_PF: prefetch distance in bytes
+ * per weight row (avx512.c says why). */
+#define GEMV_R_MAX 8
 #define GEMV_RW 4
+#define GEMV_PF 1024
 /* Tiled: 6 broadcast rows × 2 vectors = 12 accumulators of 16 YMM. */
 #define GEMM_R 6
 typedef __m256 vf;
@@ -53,6 +55,31 @@ static inline void v_decode4(const uint8_t *bytes, vf *lo, vf *hi) {
     const __m256i lanes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)eight));
     *lo = _mm256_cvtepi32_ps(_mm256_and_si256(lanes, _mm256_set1_epi32(0xF)));
     *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(lanes, 4));
+}
+
+/* AVX2 has no 16-entry permute of one register: the "table" is s itself and the codes are converted,
+ * then multiplied: the same s·q, rounded once, as AVX-512's table lookup. */
+static inline vf v_scale_table(vf s) { return s; }
+
+static inline void v_decode4_scaled(const uint8_t *bytes, vf s, vf *lo, vf *hi) {
+    vf q_lo, q_hi;
+    v_decode4(bytes, &q_lo, &q_hi);
+    *lo = _mm256_mul_ps(q_lo, s);
+    *hi = _mm256_mul_ps(q_hi, s);
+}
+
+/* qmm_n's direct form: fma(s, q, b) on the converted codes (AVX-512 looks the same values up). */
+static inline vf v_affine_table(vf s, vf b) {
+    (void)b;
+    return s;
+}
+
+static inline void v_decode4_affine(const uint8_t *bytes, vf table, vf s, vf b, vf *lo, vf *hi) {
+    vf q_lo, q_hi;
+    (void)table;
+    v_decode4(bytes, &q_lo, &q_hi);
+    *lo = _mm256_fmadd_ps(s, q_lo, b);
+    *hi = _mm256_fmadd_ps(s, q_hi, b);
 }
 
 static inline vf v_decode8(const uint8_t *bytes) {

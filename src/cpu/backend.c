@@ -10,7 +10,7 @@
  *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel.
  *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
  *   AVX-512 before AVX2 within each family: twice the lanes per instruction where both can run.
- *   Then the qmm_n rows, then (appended by the runtime) the reference rows.
+ *   Then the qmm_n rows (GEMV for M ≤ 8, then tiled), then (appended by the runtime) the reference rows.
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "cpu.h"
@@ -146,6 +146,23 @@ static bool avx2_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_
     return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) && qmm_cpu_has_avx2(why_not, why_not_size);
 }
 
+static bool gemv_n_m(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (call->M <= QMM_CPU_GEMV_N_MAX_M) return true;
+    snprintf(why_not, why_not_size, "M=%zu is above the qmm_n GEMV rows' limit M <= %d (the tiled rows are faster there)",
+             call->M, QMM_CPU_GEMV_N_MAX_M);
+    return false;
+}
+
+static bool avx512_gemv_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size)) return false;
+    return qmm_cpu_has_avx512(why_not, why_not_size) && gemv_n_m(call, why_not, why_not_size);
+}
+
+static bool avx2_gemv_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size)) return false;
+    return qmm_cpu_has_avx2(why_not, why_not_size) && gemv_n_m(call, why_not, why_not_size);
+}
+
 static bool avx512_qmm_n_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
     return !refuse_op(QMM_OP_QMM_N, call, why_not, why_not_size) && qmm_cpu_has_avx512(why_not, why_not_size);
 }
@@ -160,11 +177,11 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
 
 /* Slack 1 for every row: each one keeps every product term within K + 2 f32 roundings (the counts
  * are beside each kernel in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
-#define CPU_ROW(row_name, row_op, row_family, m, n, k, text, accepts, runs)                                      \
+#define CPU_ROW(row_name, row_op, row_family, m, n, k, text, accepts, runs, isa)                                 \
     {                                                                                                       \
         .info = {.name = row_name, .backend = QMM_BACKEND_CPU, .op = row_op, .family = row_family, .bm = m, \
                  .bn = n, .bk = k, .threads = 1, .tolerance_slack = 1.0, .description = text},             \
-        .supports = accepts, .run = runs,                                                                   \
+        .supports = accepts, .run = runs, .usable = isa,                                                    \
     }
 
 /* Tiles as the harness reads them (docs/kernels.md §5): GEMV rows bm = rows of x per pass, bn = weight
@@ -175,25 +192,31 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
-            avx512_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx512),
+            avx512_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx512, qmm_cpu_has_avx512),
     CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
             "M<=16 without AVX-512: 4 rows of x x 4 weight rows in YMM, split s·Σq·x + b·Σx",
-            avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2),
+            avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2, qmm_cpu_has_avx2),
     CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
             "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
-            avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512),
+            avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512, qmm_cpu_has_avx512),
     CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
             "any M without AVX-512: panel decoded to f32 once, 6x16 YMM micro-kernel",
-            avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2),
+            avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2, qmm_cpu_has_avx2),
     CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
             "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
-            scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t),
+            scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t, NULL),
+    CPU_ROW("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+            "x·Ŵ, M<=16: weights read once, 4 rows of W per pass over an L1-resident out chunk, ŵ by vpermps table",
+            avx512_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx512, qmm_cpu_has_avx512),
+    CPU_ROW("cpu.qmm_n.gemv.k4.avx2", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+            "x·Ŵ, M<=16 without AVX-512: 4 rows of W per pass over an L1-resident out chunk, ŵ = fma(s,q,b)",
+            avx2_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx2, qmm_cpu_has_avx2),
     CPU_ROW("cpu.qmm_n.gemm.m12n32.avx512", QMM_OP_QMM_N, "gemm", 12, 32, 256,
             "x·Ŵ: weight rows decoded along N to f32, 12x32 ZMM micro-kernel (m rows x n lanes)",
-            avx512_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx512),
+            avx512_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx512, qmm_cpu_has_avx512),
     CPU_ROW("cpu.qmm_n.gemm.m6n16.avx2", QMM_OP_QMM_N, "gemm", 6, 16, 256,
             "x·Ŵ without AVX-512: weight rows decoded along N to f32, 6x16 YMM micro-kernel",
-            avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2),
+            avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2, qmm_cpu_has_avx2),
 };
 
 #if !(defined(__x86_64__) || defined(__i386__))
@@ -208,4 +231,6 @@ NOT_HERE(qmm_cpu_gemm_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
+NOT_HERE(qmm_cpu_gemv_qmm_n_avx2)
+NOT_HERE(qmm_cpu_gemv_qmm_n_avx512)
 #endif

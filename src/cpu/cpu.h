@@ -21,12 +21,19 @@
 #ifdef _OPENMP
 #include <omp.h>
 #define QMM_CPU_THREAD_ID() omp_get_thread_num()
+#define qmm_cpu_team_size() omp_get_num_threads()
 #else
 #define QMM_CPU_THREAD_ID() 0
+#define qmm_cpu_team_size() 1
 #endif
+
+/* The widest instruction set the rows may use: what the CPU has, capped by the environment variable
+ * QMM_CPU_MAX_ISA=avx2|portable (for running and testing the narrower rows on a wider CPU). */
+enum { QMM_CPU_ISA_PORTABLE = 0, QMM_CPU_ISA_AVX2 = 1, QMM_CPU_ISA_AVX512 = 2 };
 
 /* What the CPU and the OS support (the OS must save the wider register state: XCR0). */
 typedef struct qmm_cpu_features {
+    int max_isa;                                      /* QMM_CPU_ISA_*: the QMM_CPU_MAX_ISA cap */
     bool avx, avx2, fma, f16c;                        /* cpuid + XCR0 bits 1–2 (XMM, YMM state) */
     bool avx512f, avx512bw, avx512vl, avx512dq;       /* cpuid + XCR0 bits 5–7 (opmask, ZMM state) */
     bool avx512bf16, avx512vnni;                      /* noted, not required by any row yet */
@@ -93,15 +100,19 @@ qmm_status qmm_cpu_gemm_qmm_n_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_n_avx512(const qmm_call *call);
+qmm_status qmm_cpu_gemv_qmm_n_avx2(const qmm_call *call);
+qmm_status qmm_cpu_gemv_qmm_n_avx512(const qmm_call *call);
 
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
 /* GEMV rows take M up to this; above it the tiled rows are faster (docs/PERF.md, "CPU crossover"). */
 #define QMM_CPU_GEMV_MAX_M 16
+/* The qmm_n GEMV rows take M up to this (docs/PERF.md, "qmm_n GEMV"). */
+#define QMM_CPU_GEMV_N_MAX_M 16
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 7
+#define QMM_CPU_KERNEL_COUNT 9
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);

@@ -1,60 +1,97 @@
 /*
  * gemv_block.h — one GEMV register block (simd_kernels.h, "GEMV"), included once per
- * (GR rows of x, GNW weight rows, GFAST decode path) so that qdot and acc are arrays of exactly
- * GR × GNW vectors: small fixed arrays indexed by constants after unrolling live in registers, where
- * arrays sized for the largest case would be kept on the stack (a load and a store per FMA).
+ * (GR rows of x, GNW weight rows, GFAST decode path) so that acc is an array of exactly GR × GNW
+ * vectors: small fixed arrays indexed by constants after unrolling live in registers, where arrays
+ * sized for the largest case would be kept on the stack (a load and a store per FMA).
  *
  * result[r·GNW + w] = row m0 + r of x times weight row rows[w] (codes), with the block's scales and
  * biases already in f32: scales[w·groups + g].
+ *
+ * Per group the codes are decoded straight to s·q (one rounding, shared by every row of x): 4-bit
+ * through a 16-entry table of s·q (AVX-512: one vpermps per 16 codes, and the permute ignores the
+ * index bits above 3, so no mask), 8-bit as q·s. Each row of x then costs one FMA per vector of
+ * codes and no per-group fold, so an accumulator is one chain along all of K.
+ * Prefetch (pf_stride ≠ 0): the rows of a block are read as GNW streams of row_bytes each, which at
+ * K = 5120 (2.5 KiB per 4-bit row) end before the hardware stream prefetcher has ramped up; each row
+ * therefore prefetches GEMV_PF bytes ahead of itself and, near its end, the same position in the
+ * row pf_stride bytes further on (the next block's row).
  */
 #define GEMV_NAME_(r, nw, f) gemv_block_##r##_##nw##_##f
 #define GEMV_NAME(r, nw, f) GEMV_NAME_(r, nw, f)
 
 static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *rows, const float *scales,
-                                      const float *biases, size_t m0, float *result) {
+                                      const float *biases, size_t m0, size_t pf_stride, float *result) {
     const size_t K = p->K, G = p->group_size, groups = p->groups;
+    const size_t group_bytes = G * (size_t)GFAST / 8, row_bytes = K * (size_t)GFAST / 8;
     const float *x0 = p->xp + m0 * K;
     vf acc[GR][GNW];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < GR; r++)
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) acc[r][w] = v_zero();
     for (size_t g = 0; g < groups; g++) {
-        vf qdot[GR][GNW];
+        if (pf_stride) {
+            /* The lines that start in this group's bytes, GEMV_PF ahead (past the row's end: the next block). */
+            const size_t at = g * group_bytes + GEMV_PF;
+            for (size_t line = (at + 63) & ~(size_t)63; line < at + group_bytes; line += 64) {
+                const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
 #pragma GCC unroll 8
-        for (int r = 0; r < GR; r++)
+                for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, _MM_HINT_T0);
+            }
+        }
+        vf table[GNW];
 #pragma GCC unroll 8
-            for (int w = 0; w < GNW; w++) qdot[r][w] = v_zero();
+        for (int w = 0; w < GNW; w++) {
+#if GFAST == 4
+            table[w] = v_scale_table(v_set1(scales[(size_t)w * groups + g]));
+#else
+            table[w] = v_set1(scales[(size_t)w * groups + g]);
+#endif
+        }
         const size_t k_end = (g + 1) * G;
 #if GFAST == 4
         for (size_t k = g * G; k < k_end; k += 2 * LANES) {
+#if GR >= 4
+            /* Many rows of x: decode the GNW weight rows first, then load each x vector once for
+             * all of them (x of 8 rows × K = 1536 does not fit L1, so its loads come from L2). */
+            vf lo[GNW], hi[GNW];
+#pragma GCC unroll 8
+            for (int w = 0; w < GNW; w++) v_decode4_scaled(rows[w] + k / 2, table[w], &lo[w], &hi[w]);
+#pragma GCC unroll 16
+            for (int r = 0; r < GR; r++) {
+                const vf x_lo = v_load(x0 + (size_t)r * K + k), x_hi = v_load(x0 + (size_t)r * K + k + LANES);
+#pragma GCC unroll 8
+                for (int w = 0; w < GNW; w++) {
+                    acc[r][w] = v_fma(lo[w], x_lo, acc[r][w]);
+                    acc[r][w] = v_fma(hi[w], x_hi, acc[r][w]);
+                }
+            }
+#else
 #pragma GCC unroll 8
             for (int w = 0; w < GNW; w++) {
                 vf lo, hi;
-                v_decode4(rows[w] + k / 2, &lo, &hi);
-#pragma GCC unroll 8
+                v_decode4_scaled(rows[w] + k / 2, table[w], &lo, &hi);
+#pragma GCC unroll 16
                 for (int r = 0; r < GR; r++) {
-                    qdot[r][w] = v_fma(lo, v_load(x0 + (size_t)r * K + k), qdot[r][w]);
-                    qdot[r][w] = v_fma(hi, v_load(x0 + (size_t)r * K + k + LANES), qdot[r][w]);
+                    acc[r][w] = v_fma(lo, v_load(x0 + (size_t)r * K + k), acc[r][w]);
+                    acc[r][w] = v_fma(hi, v_load(x0 + (size_t)r * K + k + LANES), acc[r][w]);
                 }
             }
+#endif
         }
 #else
         for (size_t k = g * G; k < k_end; k += LANES) {
+            vf q[GNW];
 #pragma GCC unroll 8
-            for (int w = 0; w < GNW; w++) {
-                const vf q = v_decode8(rows[w] + k);
+            for (int w = 0; w < GNW; w++) q[w] = v_mul(v_decode8(rows[w] + k), table[w]);
+#pragma GCC unroll 16
+            for (int r = 0; r < GR; r++) {
+                const vf x = v_load(x0 + (size_t)r * K + k);
 #pragma GCC unroll 8
-                for (int r = 0; r < GR; r++) qdot[r][w] = v_fma(q, v_load(x0 + (size_t)r * K + k), qdot[r][w]);
+                for (int w = 0; w < GNW; w++) acc[r][w] = v_fma(q[w], x, acc[r][w]);
             }
         }
 #endif
-#pragma GCC unroll 8
-        for (int w = 0; w < GNW; w++) {
-            const vf s = v_set1(scales[(size_t)w * groups + g]);
-#pragma GCC unroll 8
-            for (int r = 0; r < GR; r++) acc[r][w] = v_fma(s, qdot[r][w], acc[r][w]);
-        }
     }
     /* b·Σx: LANES groups at a time into the same lanes, the remainder scalar. */
 #pragma GCC unroll 8
@@ -63,16 +100,16 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
         size_t g = 0;
         for (; g + LANES <= groups; g += LANES) {
             const vf b = v_load(b_row + g);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int r = 0; r < GR; r++) acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * groups + g), acc[r][w]);
         }
         float tail[GR];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < GR; r++) tail[r] = 0.0f;
         for (; g < groups; g++)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int r = 0; r < GR; r++) tail[r] += b_row[g] * p->xsum[(m0 + (size_t)r) * groups + g];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < GR; r++) result[r * GNW + w] = v_hsum(acc[r][w]) + tail[r];
     }
 }

@@ -15,6 +15,8 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -61,6 +63,12 @@ const qmm_cpu_features *qmm_cpu_features_get(void) {
     if (atomic_compare_exchange_strong(&state, &expected, 1)) {
         qmm_cpu_features detected = {0};
         detect(&detected);
+        /* QMM_CPU_MAX_ISA caps what the rows may use (read once, with cpuid), so that the AVX2 and portable
+         * rows can be run and tested on a CPU that has more; an unknown value caps nothing. */
+        const char *cap = getenv("QMM_CPU_MAX_ISA");
+        detected.max_isa = QMM_CPU_ISA_AVX512;
+        if (cap && strcmp(cap, "avx2") == 0) detected.max_isa = QMM_CPU_ISA_AVX2;
+        if (cap && strcmp(cap, "portable") == 0) detected.max_isa = QMM_CPU_ISA_PORTABLE;
         features = detected;
         atomic_store_explicit(&state, 2, memory_order_release);
     } else {
@@ -81,6 +89,7 @@ bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size) {
 #if !(defined(__x86_64__) || defined(__i386__))
     return refuse(why_not, why_not_size, "this CPU is not x86 (no AVX2)");
 #endif
+    if (f->max_isa < QMM_CPU_ISA_AVX2) return refuse(why_not, why_not_size, "AVX2 is disabled by QMM_CPU_MAX_ISA=portable");
     if (!f->os_ymm) return refuse(why_not, why_not_size, "the OS does not enable the YMM register state (XCR0)");
     if (!f->avx2) return refuse(why_not, why_not_size, "this CPU lacks AVX2");
     if (!f->fma) return refuse(why_not, why_not_size, "this CPU lacks FMA");
@@ -91,6 +100,7 @@ bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size) {
 bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size) {
     const qmm_cpu_features *f = qmm_cpu_features_get();
     if (!qmm_cpu_has_avx2(why_not, why_not_size)) return false; /* the AVX-512 file also uses FMA, F16C */
+    if (f->max_isa < QMM_CPU_ISA_AVX512) return refuse(why_not, why_not_size, "AVX-512 is disabled by QMM_CPU_MAX_ISA=avx2");
     if (!f->os_zmm) return refuse(why_not, why_not_size, "the OS does not enable the ZMM register state (XCR0)");
     if (!f->avx512f) return refuse(why_not, why_not_size, "this CPU lacks AVX-512F");
     if (!f->avx512bw) return refuse(why_not, why_not_size, "this CPU lacks AVX-512BW");

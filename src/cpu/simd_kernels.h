@@ -56,21 +56,24 @@ static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) 
 
 /* ═════════════════════════════ GEMV: qmm_t for small M ═════════════════════════════
  *
- * out[m, n] = Σ_g ( s_g·Σ_{k∈g} q_k·x_k + b_g·Σ_{k∈g} x_k ), the seed's split, vectorised along K.
+ * out[m, n] = Σ_g ( Σ_{k∈g} (s_g·q_k)·x_k + b_g·Σ_{k∈g} x_k ): the seed's split with the scale folded
+ * into the decoded codes, vectorised along K.
  * Memory: decode is bound by reading W (N·K·bits/8 bytes, larger than the LLC for real layers), so
- * every weight byte is loaded once per call: a block of up to GEMV_RW weight rows is decoded in
- * registers and multiplied with up to GEMV_R_MAX rows of x (from L1/L2) before the next block; for
- * M > GEMV_R_MAX the passes over x reuse the block from L1. Registers (per weight row w, x row r):
- * qdot[r][w] — LANES partial sums of q·x inside the current group — and acc[r][w], into which each
- * group folds as acc = fma(s, qdot, acc). Several independent weight rows (GEMV_RW / R) keep the FMA
- * pipes busy when R is small (a single row would wait on its own FMA latency every group).
- * The bias part b·Σx does not depend on the codes: Σx per (row of x, group) is computed once per
- * call (xsum) and b·xsum is a vector dot product over the groups.
- * Roundings per term (docs/kernels.md §2, need ≤ K + 2): s·q·x: G/LANES in qdot, 1 in the fused
- * fold, groups − 1 along acc, 1 adding the bias vector, log2(LANES) in the tree sum, 1 adding the
- * bias tail — at most 9 + groups for G = 32; b·x: Σx in a tree (≤ log2(G/LANES) + log2(LANES) ≤ 7),
- * 1 fused into the bias dot, groups/LANES along it, 1 + log2(LANES) + 1 → ≤ 14 + groups/LANES.
- * Both stay ≤ K + 2 for every K ≥ 32, so the row's slack is 1.
+ * every weight byte is loaded once per call: a block of GEMV_RW weight rows is decoded in registers
+ * and multiplied with up to GEMV_R_MAX rows of x (from L1/L2) before the next block; for
+ * M > GEMV_R_MAX the passes over x reuse the block from L1, and the next block is prefetched.
+ * Decode: per group the codes become s·q directly (AVX-512: a 16-entry table of s·q looked up with
+ * vpermps; AVX2: converted and multiplied by s — the same value, rounded once), so each row of x
+ * costs one FMA per vector of codes and there is no per-group fold: acc[r][w] is one chain along K.
+ * Registers (per x row r, weight row w): acc[r][w], at most 16 of them; with 4 or more rows of x
+ * each x vector is loaded once for all the block's weight rows. The bias part b·Σx does not depend
+ * on the codes: Σx per (row of x, group) is computed once per call (xsum) and b·xsum is a vector
+ * dot product over the groups.
+ * Roundings per term (docs/kernels.md §2, need ≤ K + 2): s·q·x: 1 for s·q, K/LANES along the lane's
+ * FMA chain, 1 adding the bias vector, log2(LANES) in the tree sum, 1 adding the bias tail — at most
+ * K/LANES + 7; b·x: Σx in a tree (≤ log2(G/LANES) + log2(LANES) ≤ 7), 1 fused into the bias dot,
+ * groups/LANES along it, 1 + log2(LANES) + 1 → ≤ 14 + groups/LANES. Both stay ≤ K + 2 for every
+ * K ≥ 32, so the row's slack is 1.
  * Non-finite: a sum that became inf or NaN stays so, hence a finite output had no overflow; an output
  * that is not finite is replaced by the f64 direct form (qmm_cpu_finite_or_direct, docs/kernels.md §2).
  */
@@ -86,16 +89,18 @@ typedef struct gemv_plan {
     float *group_f32;   /* [threads][2][GEMV_RW][groups]: the block's scales and biases in f32 */
 } gemv_plan;
 
-/* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R) for whole blocks and (R, 1) for
- * the last rows of N, for each decode path. */
+/* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R, at least 1) for whole blocks and
+ * (R, 1) for the last rows of N, for each decode path. */
 #if GEMV_RW == 8
 #define GEMV_NW_1 8
 #define GEMV_NW_2 4
-#define GEMV_NW_4 2
+#define GEMV_NW_4 4
+#define GEMV_NW_8 2
 #else
 #define GEMV_NW_1 4
 #define GEMV_NW_2 2
 #define GEMV_NW_4 1
+#define GEMV_NW_8 1
 #endif
 #define GR 1
 #define GNW GEMV_NW_1
@@ -109,6 +114,16 @@ typedef struct gemv_plan {
 #define GNW GEMV_NW_4
 #define GFAST 4
 #include "gemv_block.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GFAST 4
+#include "gemv_block.h"
+#if GEMV_R_MAX >= 16
+#define GR 16
+#define GNW 1
+#define GFAST 4
+#include "gemv_block.h"
+#endif
 #define GR 1
 #define GNW 1
 #define GFAST 4
@@ -123,7 +138,7 @@ typedef struct gemv_plan {
 #define GFAST 4
 #include "gemv_block.h"
 #endif
-#if GEMV_R_MAX >= 8
+#if GEMV_NW_8 != 1
 #define GR 8
 #define GNW 1
 #define GFAST 4
@@ -141,6 +156,16 @@ typedef struct gemv_plan {
 #define GNW GEMV_NW_4
 #define GFAST 8
 #include "gemv_block.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GFAST 8
+#include "gemv_block.h"
+#if GEMV_R_MAX >= 16
+#define GR 16
+#define GNW 1
+#define GFAST 8
+#include "gemv_block.h"
+#endif
 #define GR 1
 #define GNW 1
 #define GFAST 8
@@ -155,7 +180,7 @@ typedef struct gemv_plan {
 #define GFAST 8
 #include "gemv_block.h"
 #endif
-#if GEMV_R_MAX >= 8
+#if GEMV_NW_8 != 1
 #define GR 8
 #define GNW 1
 #define GFAST 8
@@ -164,22 +189,26 @@ typedef struct gemv_plan {
 
 #define GEMV_CASE(r, nw)                                                                                      \
     if (R == (r) && NW == (nw)) {                                                                             \
-        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, result);                           \
-        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, result);                                        \
+        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result);                \
+        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result);                             \
         return;                                                                                               \
     }
 
 static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
-                          size_t m0, int R, int NW, float *result) {
+                          size_t m0, int R, int NW, size_t pf_stride, float *result) {
     GEMV_CASE(1, GEMV_NW_1)
     GEMV_CASE(2, GEMV_NW_2)
     GEMV_CASE(4, GEMV_NW_4)
+    GEMV_CASE(8, GEMV_NW_8)
+#if GEMV_R_MAX >= 16
+    GEMV_CASE(16, 1)
+#endif
     GEMV_CASE(1, 1)
     GEMV_CASE(2, 1)
 #if GEMV_NW_4 != 1
     GEMV_CASE(4, 1)
 #endif
-#if GEMV_R_MAX >= 8
+#if GEMV_NW_8 != 1
     GEMV_CASE(8, 1)
 #endif
 }
@@ -190,6 +219,11 @@ static int gemv_pass_rows(size_t remaining) {
     int R = 1;
     while (R < GEMV_R_MAX && (size_t)R < remaining) R *= 2;
     return R;
+}
+
+/* Weight rows per register block for R rows of x (at most 16 accumulators, see GEMV_NW_*). */
+static int gemv_block_rows(int R) {
+    return R == 1 ? GEMV_NW_1 : R == 2 ? GEMV_NW_2 : R == 4 ? GEMV_NW_4 : GEMV_NW_8;
 }
 
 static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, int NW, const float *result) {
@@ -271,18 +305,22 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
                 biases[at + g] = qmm_load_f32(call->biases, call->dtype, base + g);
             }
         }
+        /* Prefetch the next block while this one is computed (gemv_block.h): only for rows read in
+         * place from W, long enough that GEMV_PF bytes ahead stays inside the row or the next one. */
+        const size_t row_bytes = K * (size_t)plan.fast / 8;
+        const size_t pf_stride = !plan.unpacked && block + 1 < blocks && row_bytes >= 2 * GEMV_PF ? GEMV_RW * row_bytes : 0;
         float result[GEMV_R_MAX * GEMV_RW];
         for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
-            const int R = gemv_pass_rows(M - m0), NW = GEMV_RW / R;
+            const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
             size_t n = n_begin;
             for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
                 const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, result);
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride, result);
                 gemv_store(&plan, n, m0, R, NW, result);
             }
             for (; n < n_end; n++) {
                 const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, result);
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, result);
                 gemv_store(&plan, n, m0, R, 1, result);
             }
         }
@@ -610,4 +648,133 @@ qmm_status QMM_ISA(qmm_cpu_gemm_qmm_n)(const qmm_call *call) {
                     gemm_scratch_of(scratch, GEMM_N_BC, QMM_CPU_THREAD_ID()));
     free(scratch);
     return QMM_OK;
+}
+
+/* ═════════════════════════════ GEMV: qmm_n for small M ═════════════════════════════
+ *
+ * out[m, n] = Σ_k x[m, k]·ŵ[k, n], W [K, N·bits/32] quantized along N (MLX transpose=False).
+ * Memory: each row k of W is contiguous along N, so the kernel walks K in blocks of QMV_N_KB rows
+ * (that many sequential streams, which the hardware prefetcher follows; walking a column slab down K
+ * instead reads one line per 2 KiB stride and waits on DRAM latency for each) over a chunk of
+ * columns whose accumulators out[M][chunk] stay in L1 (≤ 16 KiB). Per vector of columns: the
+ * QMV_N_KB rows' codes are decoded once, then each row of x loads its accumulator, adds its
+ * QMV_N_KB products in k order and stores it — one load and one store per QMV_N_KB FMAs.
+ * Threads take disjoint column ranges (whole 2·LANES blocks), so every output has one owner.
+ * ŵ is MLX's direct form, fma(s, q, b) rounded once (AVX-512: a 16-entry table of fma(s, q, b) per
+ * (row k, group) looked up with vpermps), then one f32 chain per output along K in order k = 0, 1, …:
+ * the tiled qmm_n rows' order exactly, so both give the same bits. Roundings per term: 1 + K ≤ K + 2,
+ * slack 1. The direct form is also the non-finite rule's form, so nothing is recomputed.
+ * Output columns are in decode order inside each 2·LANES block and are put in order at the store.
+ */
+#define QMV_N_KB 4
+
+static inline float load_f32_of(const void *array, qmm_dtype dtype, size_t i) {
+    return dtype == QMM_F32 ? ((const float *)array)[i] : qmm_load_f32(array, dtype, i);
+}
+#define QMV_N_ACC_FLOATS 4096 /* 16 KiB of accumulators per thread */
+
+/* Columns [n0, n0 + width) (width a multiple of 32) for all M rows of x (xf: [M][K] f32) into
+ * acc[M][width]; bytes: scratch of QMV_N_KB·width for the generic widths. */
+static void qmv_n_chunk(const qmm_call *call, const float *xf, size_t n0, size_t width, uint8_t *bytes, float *acc) {
+    const size_t K = call->K, N = call->N, M = call->M, G = (size_t)call->group_size, groups = N / G;
+    const size_t words = qmm_packed_words(N, call->bits);
+    const int fast = fast_bits(call->bits);
+    const size_t step = fast == 4 ? 2 * LANES : LANES;
+    memset(acc, 0, M * width * sizeof(float));
+    for (size_t k0 = 0; k0 < K; k0 += QMV_N_KB) {
+        const int kb = K - k0 < QMV_N_KB ? (int)(K - k0) : QMV_N_KB;
+        const uint8_t *codes[QMV_N_KB];
+        for (int i = 0; i < kb; i++) {
+            const uint32_t *row = call->w + (k0 + (size_t)i) * words;
+            if (fast == 4) codes[i] = (const uint8_t *)row + n0 / 2;
+            else if (call->bits == 8) codes[i] = (const uint8_t *)row + n0;
+            else {
+                qmm_unpack_stream(row + n0 * (size_t)call->bits / 32, width, call->bits, bytes + (size_t)i * width);
+                codes[i] = bytes + (size_t)i * width;
+            }
+        }
+        vf table[QMV_N_KB], s[QMV_N_KB], b[QMV_N_KB];
+#pragma GCC unroll 4
+        for (int i = 0; i < QMV_N_KB; i++) table[i] = s[i] = b[i] = v_zero(); /* set at j = 0 */
+        for (size_t j = 0; j < width; j += step) {
+            if (j == 0 || (n0 + j) % G == 0) { /* a new group (n0 is a multiple of 32, not always of G) */
+                const size_t g = (n0 + j) / G;
+#pragma GCC unroll 4
+                for (int i = 0; i < QMV_N_KB; i++) {
+                    if (i >= kb) break;
+                    s[i] = v_set1(load_f32_of(call->scales, call->dtype, (k0 + (size_t)i) * groups + g));
+                    b[i] = v_set1(load_f32_of(call->biases, call->dtype, (k0 + (size_t)i) * groups + g));
+                    table[i] = fast == 4 ? v_affine_table(s[i], b[i]) : s[i];
+                }
+            }
+            vf w_lo[QMV_N_KB], w_hi[QMV_N_KB];
+#pragma GCC unroll 4
+            for (int i = 0; i < QMV_N_KB; i++) {
+                w_lo[i] = w_hi[i] = v_zero(); /* rows past kb: never read */
+                if (i >= kb) continue;
+                if (fast == 4) v_decode4_affine(codes[i] + j / 2, table[i], s[i], b[i], &w_lo[i], &w_hi[i]);
+                else w_lo[i] = v_fma(s[i], v_decode8(codes[i] + j), b[i]);
+            }
+            for (size_t m = 0; m < M; m++) {
+                float *a = acc + m * width + j;
+                const float *x = xf + m * K + k0;
+                vf a_lo = v_load(a), a_hi = fast == 4 ? v_load(a + LANES) : v_zero();
+#pragma GCC unroll 4
+                for (int i = 0; i < QMV_N_KB; i++) {
+                    if (i >= kb) break;
+                    const vf xv = v_set1(x[i]);
+                    a_lo = v_fma(xv, w_lo[i], a_lo);
+                    if (fast == 4) a_hi = v_fma(xv, w_hi[i], a_hi);
+                }
+                v_store(a, a_lo);
+                if (fast == 4) v_store(a + LANES, a_hi);
+            }
+        }
+    }
+}
+
+qmm_status QMM_ISA(qmm_cpu_gemv_qmm_n)(const qmm_call *call) {
+    const size_t M = call->M, N = call->N, K = call->K;
+    const int threads = qmm_cpu_threads_for(call);
+    const int fast = fast_bits(call->bits);
+    /* Columns per chunk: accumulators of all M rows within QMV_N_ACC_FLOATS, whole 32-column blocks. */
+    size_t chunk = QMV_N_ACC_FLOATS / M / 32 * 32;
+    if (chunk < 32) chunk = 32;
+    qmm_status status = QMM_OK;
+    float *xf = qmm_cpu_scratch(M * K, sizeof(float), "x in f32");
+    float *acc = qmm_cpu_scratch((size_t)threads * M * chunk, sizeof(float), "accumulators");
+    uint8_t *bytes = NULL;
+    if (!xf || !acc) {
+        status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
+        goto cleanup;
+    }
+    if (call->bits != 4 && call->bits != 8 &&
+        !(bytes = qmm_cpu_scratch((size_t)threads * QMV_N_KB * chunk, 1, "unpacked codes"))) {
+        status = QMM_ERR_OUT_OF_MEMORY;
+        goto cleanup;
+    }
+    for (size_t i = 0; i < M * K; i++) xf[i] = qmm_load_f32(call->x, call->dtype, i);
+    /* Each thread owns one contiguous range of whole 32-column blocks, cut into chunks. */
+    const size_t blocks = N / 32;
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
+    {
+        const size_t team = (size_t)qmm_cpu_team_size(), me = (size_t)QMM_CPU_THREAD_ID();
+        const size_t first = blocks * me / team * 32, last = blocks * (me + 1) / team * 32;
+        float *mine = acc + me * M * chunk;
+        uint8_t *my_bytes = bytes ? bytes + me * QMV_N_KB * chunk : NULL;
+        for (size_t n0 = first; n0 < last; n0 += chunk) {
+            const size_t width = last - n0 < chunk ? last - n0 : chunk;
+            qmv_n_chunk(call, xf, n0, width, my_bytes, mine);
+            for (size_t m = 0; m < M; m++)
+                for (size_t j = 0; j < width; j++)
+                    qmm_store_f32(call->out, call->dtype, m * N + n0 + natural_index(fast, j),
+                                  qmm_cpu_finite_or_direct(call, mine[m * width + j], m, n0 + natural_index(fast, j)));
+        }
+    }
+
+cleanup:
+    free(xf);
+    free(acc);
+    free(bytes);
+    return status;
 }

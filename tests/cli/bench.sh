@@ -103,4 +103,12 @@ expect_usage_error bench "--no-peers given twice" bench --backend ref --quick --
 expect_ok "--help" bench --help
 check "--help shows the usage" out_has "usage: qmm bench"
 
+# The ggml peer script: without ggml-python (scripts/setup.sh bench installs it into .venv) it answers one
+# "absent" line with the reason, which the bench prints in its header; other --bits are refused the same way.
+if command -v python3 >/dev/null && ! python3 -c 'import ggml' 2>/dev/null; then
+  peer_out=$(python3 "$SRC/bench/peers/ggml_cpu.py" --shapes t:64:128 --m 1 --dtype f32 --quick --threads 1)
+  check "ggml peer without ggml-python: absent, with the reason" \
+    grep -qF '{"peer": "ggml", "absent": "cannot import ggml (ggml-python; scripts/setup.sh bench installs it)' <<<"$peer_out"
+fi
+
 finish

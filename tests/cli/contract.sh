@@ -127,4 +127,23 @@ expect_ok "kernels --backend ref" kernels --backend ref
 check "kernels --backend ref: ref's table" out_matches "^backend ref: [0-9]+ kernels" && [ "$(out_lines_matching '^backend ')" = 1 ]
 expect_usage_error kernels "--backend 'tpu'" kernels --backend tpu
 
+# ── --threads N (run, matmul, bench): a whole number from 1 to 1024, checked before any work
+for bad in 0 -1 5000 two 1.5 ""; do
+  expect_usage_error run "--threads '$bad' is not a whole number from 1 to 1024" run --threads "$bad"
+  expect_usage_error matmul "--threads '$bad' is not a whole number from 1 to 1024" matmul "$FIXTURE" --layer $L -m 1 --threads "$bad"
+  expect_usage_error bench "--threads '$bad' is not a whole number from 1 to 1024" bench --backend ref --quick --threads "$bad"
+done
+expect_ok "matmul --threads 1" matmul "$FIXTURE" --layer $L -m 2 --threads 1
+check "matmul --threads 1: reported" out_matches "^threads +1$"
+expect_library_error run "unsupported" "--threads 2: " run --backend ref --threads 2
+if grep -q "^backend cpu: [0-9]" <<<"$listing"; then
+  expect_ok "run --backend cpu --threads 1" run --backend cpu --threads 1
+  check "run --threads 1: one thread" err_has "backend cpu, 1 thread,"
+  check "run --threads 1: within bound" out_has "7 layers, all within bound"
+  expect_ok "run --backend cpu --threads 3 (more than the cores is allowed)" run --backend cpu --threads 3
+  check "run --threads 3: three threads" err_has "backend cpu, 3 threads,"
+  expect_ok "bench --backend cpu --threads 1" bench --backend cpu --quick --no-peers --threads 1 --m 1
+  check "bench --threads 1: the machine line says 1 thread" out_matches "1 thread[^s]"
+fi
+
 finish

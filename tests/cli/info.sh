@@ -54,6 +54,32 @@ check "kernels: ref.qmm_n row" out_matches "^  ref\.qmm_n\.scalar\.r1 +qmm_n"
 check "kernels: ref.gather.blocks row" out_matches "^  ref\.gather\.blocks\.r1 +gather +blocks"
 check "kernels: ref.gather.scalar row, last" bash -c 'grep -E "^  [a-z]" <<<"$0" | tail -n 1 | grep -qE "^  ref\.gather\.scalar\.r1 +gather"' "$OUT"
 check "kernels: an absent backend says why" out_matches "^backend cuda: (not available \(.+\)|[0-9]+ kernels)"
+check "kernels: every row says whether it is usable here" \
+  [ "$(out_lines_matching '^  [a-z]+\.')" = "$(out_lines_matching '^  [a-z]+\..* usable: (yes|no: .+) ')" ]
+check "kernels: the reference rows are usable" out_matches "^  ref\.qmm_t\.scalar\.r1 .* usable: yes "
+# The CPU rows name the instruction set they lack; QMM_CPU_MAX_ISA caps the ISA, so the "no" answers can be
+# seen on any x86 CPU (on a CPU without AVX-512 they are there without the cap).
+if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
+  if grep -qE "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: yes " <<<"$OUT"; then
+    QMM_CPU_MAX_ISA=avx2 q kernels --backend cpu
+    check "kernels, AVX-512 capped: exit 0" rc_is 0
+    check "kernels, AVX-512 capped: the AVX-512 rows say why not" \
+      out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: AVX-512 is disabled by QMM_CPU_MAX_ISA=avx2 "
+    check "kernels, AVX-512 capped: the AVX2 rows stay usable" out_matches "^  cpu\.qmm_t\.gemv\.r4\.avx2 .* usable: yes "
+    QMM_CPU_MAX_ISA=avx2 q run --backend cpu
+    check "run with AVX-512 capped: the AVX2 GEMV row runs the fixture" out_matches " cpu\.qmm_t\.gemv\.r4\.avx2 "
+    check "run with AVX-512 capped: within bound" out_has "7 layers, all within bound"
+  else
+    check "kernels without AVX-512: the AVX-512 rows say what is missing" \
+      out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: (this CPU lacks|the OS does not enable|this CPU is not x86)"
+  fi
+  if grep -qE "^  cpu\.qmm_t\.gemv\.r4\.avx2 .* usable: yes " <<<"$OUT"; then
+    QMM_CPU_MAX_ISA=portable q kernels --backend cpu
+    check "kernels, capped to portable: the AVX2 rows say why not" \
+      out_matches "^  cpu\.qmm_t\.gemm\.m16n6\.avx2 .* usable: no: AVX2 is disabled by QMM_CPU_MAX_ISA=portable "
+    check "kernels, capped to portable: the portable row is usable" out_matches "^  cpu\.qmm_t\.scalar\.r1 .* usable: yes "
+  fi
+fi
 expect_usage_error kernels "unexpected argument 'x'" kernels x
 
 finish

@@ -398,6 +398,19 @@ static void test_matmul_errors(qmm_context *context, check_rng *rng) {
     CHECK(qmm_kernel_supports(NULL, "ref.qmm_t.scalar.r1", weights, 4, QMM_OP_QMM_T, &why) == -1, "NULL context");
     CHECK(qmm_kernel_supports(context, "ref.qmm_t.scalar.r1", NULL, 4, QMM_OP_QMM_T, NULL) == -1, "NULL weights");
 
+    /* qmm_kernel_usable: the reference rows run anywhere; bad arguments give -1 with a message. */
+    for (size_t i = 0; i < qmm_kernel_count(context); i++)
+        CHECK(qmm_kernel_usable(context, i, &why) == 1 && why && why[0] == '\0', "row %zu usable", i);
+    CHECK(qmm_kernel_usable(context, qmm_kernel_count(context), NULL) == -1, "index out of range");
+    {
+        char want[160];
+        snprintf(want, sizeof want, "qmm_kernel_usable: index %zu is out of range: backend ref has %zu kernels",
+                 qmm_kernel_count(context), qmm_kernel_count(context));
+        EXPECT_MESSAGE(want);
+    }
+    CHECK(qmm_kernel_usable(NULL, 0, &why) == -1, "NULL context");
+    EXPECT_MESSAGE("qmm_kernel_usable: context is NULL");
+
     qmm_buffer_destroy(x);
     qmm_buffer_destroy(out);
     qmm_buffer_destroy(small);

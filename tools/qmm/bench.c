@@ -238,10 +238,10 @@ static void bench_script_peers(bench_run *run) {
     } script;
     char venv_python[PATH_MAX];
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", source_dir());
-    script cpu_scripts[] = {{"mlx-cpu", venv_python, "mlx_cpu.py"}};
+    script cpu_scripts[] = {{"mlx-cpu", venv_python, "mlx_cpu.py"}, {"ggml", venv_python, "ggml_cpu.py"}};
     script cuda_scripts[] = {{"torch-int4", "python3", "torch_int4.py"}, {"mlx-cuda", "python3", "mlx_cuda.py"}};
     const script *scripts = run->backend == QMM_BACKEND_CUDA ? cuda_scripts : cpu_scripts;
-    size_t count = run->backend == QMM_BACKEND_CUDA ? 2 : 1;
+    size_t count = 2;
     for (size_t i = 0; i < count; i++) {
         char absent[320] = "";
         if (scripts[i].python[0] == '/' && access(scripts[i].python, X_OK) != 0) {
@@ -257,9 +257,9 @@ static void bench_script_peers(bench_run *run) {
         char command_text[16384];
         snprintf(command_text, sizeof command_text,
                  "'%s' '%s/bench/peers/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
-                 "--cache-bytes %zu%s",
+                 "--cache-bytes %zu --threads %d%s",
                  scripts[i].python, source_dir(), scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
-                 run->repeats, run->quick ? 0 : run->cache_bytes, run->quick ? " --quick" : "");
+                 run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), run->quick ? " --quick" : "");
         fprintf(stderr, "bench peer %s: %s\n", scripts[i].peer, command_text);
         bench_peer_samples samples = {0};
         if (!bench_run_script_peer(command_text, &samples, absent, sizeof absent)) {
@@ -287,7 +287,6 @@ static void bench_script_peers(bench_run *run) {
         }
         bench_peer_samples_free(&samples);
     }
-    if (run->backend != QMM_BACKEND_CUDA) note_absent(run, "ggml", "not implemented yet (PyPI ggml-python 0.0.45)");
 }
 
 /* ───────────────────────────── the table ───────────────────────────── */
@@ -508,8 +507,9 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
 
 int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
-               *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL;
-    int no_peers = 0, quick = 0;
+               *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL,
+               *threads_text = NULL;
+    int no_peers = 0, quick = 0, threads = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
         {"--m", "-m", &m_text, NULL, NULL, 0, NULL},             {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
@@ -517,6 +517,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},        {"--repeats", NULL, &repeats_text, NULL, NULL, 0, NULL},
         {"--json", NULL, &json_text, NULL, NULL, 0, NULL},       {"--no-peers", NULL, NULL, NULL, NULL, 0, &no_peers},
         {"--quick", NULL, NULL, NULL, NULL, 0, &quick},          {"--tuning", NULL, &tuning_text, NULL, NULL, 0, NULL},
+        {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
     };
     const char *positional[1];
     size_t npositional;
@@ -540,6 +541,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
 
     /* Every option is checked before any work. */
     if ((rc = parse_backend(c, backend_text, &backend_choice))) goto done;
+    if ((rc = parse_threads(c, threads_text, &threads))) goto done;
     if (bits_text && (rc = parse_int(bits_text, &run->bits) ? 0 : usage_error(c, "--bits '%s' is not a number", bits_text)))
         goto done;
     if (group_text &&
@@ -572,6 +574,11 @@ int cmd_bench(const command *c, int argc, char **argv) {
         rc = library_error(c, status);
         goto done;
     }
+    if ((status = apply_threads(run->context, threads)) != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    bench_host_set_threads(threads);
     run->backend = qmm_context_backend(run->context);
     if (tuning_text) {
         if ((status = load_tuning_option(run->context, tuning_text, run->tuning, sizeof run->tuning)) != QMM_OK) {

@@ -20,8 +20,10 @@ typedef struct bench_ceilings {
 
 /* ── host (bench_host.c) */
 
-/* The threads this process may use (its CPU affinity). */
+/* The threads the bench uses: --threads when given (bench_host_set_threads), else the ones this process may
+ * use (its CPU affinity). The ceilings, qmm's context and the OpenBLAS and ggml peers all use this count. */
 int bench_host_threads(void);
+void bench_host_set_threads(int threads);
 /* The last-level cache in bytes (all instances of the highest cache level, from sysfs); 0 when unknown.
  * desc receives e.g. "L3 32 MiB (1 instance)". */
 size_t bench_host_llc_bytes(char *desc, size_t size);

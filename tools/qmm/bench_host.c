@@ -18,7 +18,12 @@
 #include <cblas.h>
 #endif
 
+static int threads_override; /* --threads, 0 = not given */
+
+void bench_host_set_threads(int threads) { threads_override = threads > 0 ? threads : 0; }
+
 int bench_host_threads(void) {
+    if (threads_override) return threads_override;
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     return 1;
@@ -255,6 +260,7 @@ qmm_status bench_openblas_time(float *const *w, size_t copies, size_t N, size_t 
         free(times);
         return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate x and out of the OpenBLAS peer (M=%zu)", M);
     }
+    openblas_set_num_threads(bench_host_threads()); /* the same thread count as qmm (--threads) */
     qmm_status status = fill_random(7, x, QMM_F32, M * K);
     for (int r = -1; status == QMM_OK && r < repeats; r++) { /* r = -1: warm-up */
         double start = now_seconds();

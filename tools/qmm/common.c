@@ -249,6 +249,27 @@ int parse_backend(const command *c, const char *text, int *backend) {
     return usage_error(c, "--backend '%s' is not auto, cuda, cpu or ref", text);
 }
 
+int parse_threads(const command *c, const char *text, int *threads) {
+    unsigned long long value;
+    *threads = 0;
+    if (!text) return 0;
+    if (!parse_unsigned(text, 1, MAX_THREADS, &value))
+        return usage_error(c, "--threads '%s' is not a whole number from 1 to %d", text, MAX_THREADS);
+    *threads = (int)value;
+    return 0;
+}
+
+qmm_status apply_threads(qmm_context *context, int threads) {
+    if (threads <= 0) return QMM_OK;
+    qmm_status status = qmm_context_set_threads(context, threads);
+    if (status != QMM_OK) {
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", qmm_last_error());
+        status = qmm_error(status, "--threads %d: %s", threads, reason);
+    }
+    return status;
+}
+
 qmm_status open_context(int backend, qmm_context **context) {
     *context = NULL;
     if (backend == BACKEND_AUTO) {

@@ -120,6 +120,14 @@ qmm_status open_context_for(int backend, qmm_op op, qmm_context **context);
  * a kernel this build lacks]". Returns the library's status (its message names the file and the rule). */
 qmm_status load_tuning_option(qmm_context *context, const char *path, char *note, size_t size);
 
+/* --threads N: the host threads the CPU kernels use (qmm_context_set_threads). parse_threads reads the
+ * option's text (NULL: 0 = the context's default, the cores this process may use) and refuses anything but a
+ * whole number from 1 to MAX_THREADS; returns 0 or QMM_EXIT_USAGE. apply_threads sets a parsed count (> 0) on
+ * a context: a backend without host threads refuses N > 1 with the library's reason, naming the option. */
+#define MAX_THREADS 1024
+int parse_threads(const command *c, const char *text, int *threads);
+qmm_status apply_threads(qmm_context *context, int threads);
+
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */
 
 typedef struct layer_result {

@@ -14,10 +14,16 @@ static int print_table(const command *c, qmm_context *context) {
         qmm_kernel_info info;
         qmm_status status = qmm_kernel_get(context, i, &info);
         if (status != QMM_OK) return library_error(c, status);
-        char tile[64];
+        const char *why_not = NULL;
+        int usable = qmm_kernel_usable(context, i, &why_not);
+        if (usable < 0) return library_error(c, QMM_ERR_INVALID_ARGUMENT);
+        char tile[64], verdict[300];
         snprintf(tile, sizeof tile, "%dx%dx%d", info.bm, info.bn, info.bk);
-        printf("  %-28s %-6s %-8s tile %-10s threads %-4d slack %-4g %s\n", info.name, qmm_op_name(info.op),
-               info.family, tile, info.threads, info.tolerance_slack, info.description);
+        /* Whether this machine can run the row at all (its ISA), and if not, what it lacks. */
+        if (usable) snprintf(verdict, sizeof verdict, "yes");
+        else snprintf(verdict, sizeof verdict, "no: %s", why_not);
+        printf("  %-28s %-6s %-8s tile %-10s threads %-4d slack %-4g usable: %-4s %s\n", info.name,
+               qmm_op_name(info.op), info.family, tile, info.threads, info.tolerance_slack, verdict, info.description);
     }
     return 0;
 }

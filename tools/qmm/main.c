@@ -42,7 +42,7 @@ static const command commands[] = {
      cmd_quantize},
     {"matmul", "run one layer's product through the runtime and check it against the f64 oracle",
      "usage: qmm matmul DIR --layer NAME -m M [--dtype f32|f16|bf16] [--kernel NAME] [--x FILE.safetensors]\n"
-     "                  [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE]\n"
+     "                  [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE] [--threads N]\n"
      "  out[M, N] = x[M, K] · Ŵᵀ for layer NAME of checkpoint DIR. x is uniform random in [-1, 1) (seed S,\n"
      "  default 42) or read from FILE (the tensor named NAME, else its only tensor; shape [T, K], first M\n"
      "  rows, all T rows (at most 65536) when -m is omitted). --dtype other than the layer's scale dtype\n"
@@ -51,6 +51,7 @@ static const command commands[] = {
      "  GB/s (weights + scales + biases + x + out bytes / time) and the kernel used. Exit 3 when an output is\n"
      "  outside its bound. M: 1 to 65536. --backend auto: the first of cuda, cpu, ref that is available.\n"
      "  --tuning FILE: the selector reads that tuning table (qmm tune); --kernel still wins over it.\n"
+     "  --threads N: host threads of the CPU kernels (1 to 1024; default: the cores this process may use).\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_matmul},
     {"gather", "the MoE product of a layer of experts (top-k routing), checked against the f64 oracle",
@@ -69,7 +70,7 @@ static const command commands[] = {
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_gather},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
-     "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE]\n"
+     "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE] [--threads N]\n"
      "  DIR defaults to the embedded fixture data/" FIXTURE_NAME " (7 linear layers of SmolLM2-135M\n"
      "  block 0, see data/NOTICE). For every quantized layer: x = DIR/activations.safetensors[layer name]\n"
      "  ([T, K], rounded to the layer's scale dtype; seeded random x when absent, marked \"random x\"), the\n"
@@ -77,6 +78,8 @@ static const command commands[] = {
      "  qmm_error_bound. One row per layer: name, M×N×K, format, kernel, max |error|, worst error/bound, µs.\n"
      "  --backend auto (the default): the first of cuda, cpu, ref that is available; a named backend that is\n"
      "  not available is an error (exit 1). --tuning FILE: the selector reads that tuning table (qmm tune).\n"
+     "  --threads N: host threads of the CPU kernels (1 to 1024; default: the cores this process may use; a\n"
+     "  backend without host threads refuses N > 1).\n"
      "  Ends with a verdict line; exit 3 when any layer is outside its bound.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element of each of the first n layers\n"
      "  before the comparison, to prove the verdict can fail.\n",
@@ -84,7 +87,8 @@ static const command commands[] = {
     {"kernels", "list every backend's kernel table in selector order (or why a backend is unavailable)",
      "usage: qmm kernels [--backend auto|cuda|cpu|ref]\n"
      "  For each backend (cuda, cpu, ref): its rows in the order the selector tries them, with op, family,\n"
-     "  tile BMxBNxBK, threads per block, the harness's tolerance slack and a description, or why the\n"
+     "  tile BMxBNxBK, threads per block, the harness's tolerance slack, whether this machine can run it\n"
+     "  (\"usable: yes\", or \"usable: no: this CPU lacks AVX-512BW\") and a description, or why the\n"
      "  backend is not available here. Names follow <backend>.<op>.<family>.<tile>[.<isa>] (docs/kernels.md).\n"
      "  --backend: only that backend's table (auto: the first of cuda, cpu, ref that is available); exit 1\n"
      "  when it is not available.\n",
@@ -92,7 +96,7 @@ static const command commands[] = {
     {"bench", "time every eligible kernel per (shape, M, dtype) against the measured floor and peers",
      "usage: qmm bench [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
      "                 [--bits B] [--group-size G] [--kernel NAME] [--repeats R] [--json FILE|DIR] [--no-peers] [--quick]\n"
-     "                 [--tuning FILE]\n"
+     "                 [--tuning FILE] [--threads N]\n"
      "  For every shape (n×k, out[M, n] = x[M, k]·Ŵᵀ), M and dtype: the median µs of the selector's kernel and of\n"
      "  every other eligible kernel of the backend (each forced by name), effective GB/s (weights + scales + biases\n"
      "  + x + out bytes ÷ time), the floor = max(bytes ÷ copy bandwidth, 2·M·n·k ÷ matrix peak) with both ceilings\n"
@@ -109,7 +113,9 @@ static const command commands[] = {
      "  --json: also write every number to FILE (or DIR/bench-BACKEND-DATE.json, e.g. bench/results/).\n"
      "  --quick: a tiny grid with short ceilings, for tests. Progress goes to stderr; the table to stdout.\n"
      "  --tuning FILE: the selector reads that tuning table (qmm tune); the header says so, and 'selector picked\n"
-     "  the fastest' then judges the tuned selector.\n",
+     "  the fastest' then judges the tuned selector.\n"
+     "  --threads N: threads for qmm's CPU kernels, the ceilings and the OpenBLAS and ggml peers (1 to 1024;\n"
+     "  default: the cores this process may use).\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"

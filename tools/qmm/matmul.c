@@ -11,11 +11,12 @@
 
 int cmd_matmul(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *m_text = NULL, *dtype_text = NULL, *kernel = NULL, *x_path = NULL,
-               *seed_text = NULL, *backend = NULL, *tuning = NULL;
+               *seed_text = NULL, *backend = NULL, *tuning = NULL, *threads_text = NULL;
     flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0, NULL}, {"-m", NULL, &m_text, NULL, NULL, 0, NULL},
                          {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL}, {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},
                          {"--x", NULL, &x_path, NULL, NULL, 0, NULL},         {"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
-                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL}, {"--tuning", NULL, &tuning, NULL, NULL, 0, NULL}};
+                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL}, {"--tuning", NULL, &tuning, NULL, NULL, 0, NULL},
+                         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL}};
     const char *positional[1];
     size_t npositional;
     int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
@@ -33,8 +34,9 @@ int cmd_matmul(const command *c, int argc, char **argv) {
         return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);
     if (tuning && !tuning[0]) return usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
     if (x_path && !x_path[0]) return usage_error(c, "--x is empty (want a safetensors file of activations)");
-    int backend_choice;
+    int backend_choice, threads;
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
+    if ((rc = parse_threads(c, threads_text, &threads))) return rc;
     unsigned long long faults = 0;
     const char *inject = getenv("QMM_RUN_INJECT_FAULT");
     if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
@@ -84,6 +86,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     }
 
     if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+    if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
     if (tuning) {
         char note[1024];
         if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;
@@ -103,6 +106,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if (x_path) printf("x                  %s, M=%zu, rounded to %s\n", x_path, rows, qmm_dtype_name(dtype));
     else printf("x                  random uniform [-1, 1), seed %llu, M=%zu, %s\n", seed, rows, qmm_dtype_name(dtype));
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
+    printf("threads            %d\n", qmm_context_threads(context));
     printf("kernel             %s%s\n", result.kernel.name, kernel ? " (forced)" : " (selector's choice)");
     printf("max |error|        %.3e\n", result.max_abs_error);
     printf("max rel error      %.3e (max |error| / max |exact|)\n",

@@ -41,19 +41,22 @@ static qmm_status find_fixture(char *out, size_t size) {
 }
 
 int cmd_run(const command *c, int argc, char **argv) {
-    const char *seed_text = NULL, *backend = NULL, *tuning = NULL;
-    flag_spec flags[] = {{"--seed", NULL, &seed_text, NULL, NULL, 0, NULL}, {"--backend", NULL, &backend, NULL, NULL, 0, NULL},
+    const char *seed_text = NULL, *backend = NULL, *threads_text = NULL, *tuning = NULL;
+    flag_spec flags[] = {{"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
+                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL},
+                         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
                          {"--tuning", NULL, &tuning, NULL, NULL, 0, NULL}};
     const char *positional[1];
     size_t npositional;
-    int rc = parse_args(c, argc, argv, flags, 3, positional, 1, &npositional);
+    int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
     if (rc) return rc;
     unsigned long long seed = DEFAULT_SEED, faults = 0;
     if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
         return usage_error(c, "--seed '%s' is not a non-negative integer", seed_text);
     if (tuning && !tuning[0]) return usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
-    int backend_choice;
+    int backend_choice, threads;
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
+    if ((rc = parse_threads(c, threads_text, &threads))) return rc;
     const char *inject = getenv("QMM_RUN_INJECT_FAULT");
     if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
         return usage_error(c, "QMM_RUN_INJECT_FAULT='%s' is not a non-negative integer", inject);
@@ -83,14 +86,16 @@ int cmd_run(const command *c, int argc, char **argv) {
         (status = qmm_safetensors_open(activations_path, &activations)) != QMM_OK)
         goto cleanup;
     if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+    if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
     if (tuning) {
         char note[1024];
         if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;
         fprintf(stderr, "qmm run: %s\n", note);
     }
 
-    fprintf(stderr, "qmm run: %s: %zu quantized layers, backend %s, activations %s\n", dir, count,
-            qmm_backend_name(qmm_context_backend(context)), activations ? "activations.safetensors" : "(none)");
+    fprintf(stderr, "qmm run: %s: %zu quantized layers, backend %s, %d thread%s, activations %s\n", dir, count,
+            qmm_backend_name(qmm_context_backend(context)), qmm_context_threads(context),
+            qmm_context_threads(context) == 1 ? "" : "s", activations ? "activations.safetensors" : "(none)");
     if (faults) fprintf(stderr, "qmm run: QMM_RUN_INJECT_FAULT=%llu: corrupting one output of the first %llu layer(s)\n",
                         faults, faults);
     static const int widths[] = {22, 18, 17, 26, 12, 13, 10};
