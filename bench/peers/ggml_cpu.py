@@ -73,8 +73,10 @@ def main():
                                  skipped=f"skipped: would take ~{estimate:.0f} s (> --limit-s {a.limit_s:g})")
                         continue
                 # x (f32), the outputs, the graph and ggml's work buffer (x quantized to 8 bits) in one context.
-                mem = (M * K * 4 + copies * M * N * 4 + 2 * M * K + (copies + 2) * overhead
-                       + ggml.ggml_graph_overhead() + (8 << 20))
+                # ggml's work buffer (x converted for each product's dot-product type) is sized by its own plan;
+                # 4·M·K bytes per copy covers it with room (M = 512 at 4096² needed 0.8 MB above 2·M·K).
+                mem = (M * K * 4 + copies * M * N * 4 + 4 * M * K + (copies + 2) * overhead
+                       + ggml.ggml_graph_overhead() + (32 << 20))
                 ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
                 x = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, K, M)
                 xs = np.ctypeslib.as_array(ctypes.cast(ggml.ggml_get_data(x), ctypes.POINTER(ctypes.c_float)),
