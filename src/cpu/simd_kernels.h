@@ -663,7 +663,8 @@ qmm_status QMM_ISA(qmm_cpu_gemm_qmm_n)(const qmm_call *call) {
  * ŵ is MLX's direct form, fma(s, q, b) rounded once (AVX-512: a 16-entry table of fma(s, q, b) per
  * (row k, group) looked up with vpermps), then one f32 chain per output along K in order k = 0, 1, …:
  * the tiled qmm_n rows' order exactly, so both give the same bits. Roundings per term: 1 + K ≤ K + 2,
- * slack 1. The direct form is also the non-finite rule's form, so nothing is recomputed.
+ * slack 1. Non-finite: an output whose f32 accumulator is not finite is replaced by the f64 direct
+ * form (qmm_cpu_finite_or_direct), as in the tiled rows.
  * Output columns are in decode order inside each 2·LANES block and are put in order at the store.
  */
 #define QMV_N_KB 4
@@ -765,10 +766,14 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_n)(const qmm_call *call) {
         for (size_t n0 = first; n0 < last; n0 += chunk) {
             const size_t width = last - n0 < chunk ? last - n0 : chunk;
             qmv_n_chunk(call, xf, n0, width, my_bytes, mine);
+            /* The non-finite rule (docs/kernels.md §2): an accumulator that overflowed is replaced by the
+             * f64 direct form. */
             for (size_t m = 0; m < M; m++)
-                for (size_t j = 0; j < width; j++)
-                    qmm_store_f32(call->out, call->dtype, m * N + n0 + natural_index(fast, j),
-                                  qmm_cpu_finite_or_direct(call, mine[m * width + j], m, n0 + natural_index(fast, j)));
+                for (size_t j = 0; j < width; j++) {
+                    const size_t n = n0 + natural_index(fast, j);
+                    qmm_store_f32(call->out, call->dtype, m * N + n,
+                                  qmm_cpu_finite_or_direct(call, mine[m * width + j], m, n));
+                }
         }
     }
 

@@ -253,8 +253,9 @@ int parse_threads(const command *c, const char *text, int *threads) {
     unsigned long long value;
     *threads = 0;
     if (!text) return 0;
-    if (!parse_unsigned(text, 1, MAX_THREADS, &value))
-        return usage_error(c, "--threads '%s' is not a whole number from 1 to %d", text, MAX_THREADS);
+    const int limit = qmm_max_threads(); /* 8 × the CPUs online, at most QMM_MAX_THREADS (qmm.h) */
+    if (!parse_unsigned(text, 1, (unsigned long long)limit, &value))
+        return usage_error(c, "--threads '%s' is not a whole number from 1 to %d (8 x the CPUs online)", text, limit);
     *threads = (int)value;
     return 0;
 }

@@ -122,9 +122,8 @@ qmm_status load_tuning_option(qmm_context *context, const char *path, char *note
 
 /* --threads N: the host threads the CPU kernels use (qmm_context_set_threads). parse_threads reads the
  * option's text (NULL: 0 = the context's default, the cores this process may use) and refuses anything but a
- * whole number from 1 to MAX_THREADS; returns 0 or QMM_EXIT_USAGE. apply_threads sets a parsed count (> 0) on
+ * whole number from 1 to qmm_max_threads() (8 × the CPUs online); returns 0 or QMM_EXIT_USAGE. apply_threads sets a parsed count (> 0) on
  * a context: a backend without host threads refuses N > 1 with the library's reason, naming the option. */
-#define MAX_THREADS 1024
 int parse_threads(const command *c, const char *text, int *threads);
 qmm_status apply_threads(qmm_context *context, int threads);
 

@@ -51,7 +51,7 @@ static const command commands[] = {
      "  GB/s (weights + scales + biases + x + out bytes / time) and the kernel used. Exit 3 when an output is\n"
      "  outside its bound. M: 1 to 65536. --backend auto: the first of cuda, cpu, ref that is available.\n"
      "  --tuning FILE: the selector reads that tuning table (qmm tune); --kernel still wins over it.\n"
-     "  --threads N: host threads of the CPU kernels (1 to 1024; default: the cores this process may use).\n"
+     "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use).\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_matmul},
     {"gather", "the MoE product of a layer of experts (top-k routing), checked against the f64 oracle",
@@ -78,7 +78,7 @@ static const command commands[] = {
      "  qmm_error_bound. One row per layer: name, M×N×K, format, kernel, max |error|, worst error/bound, µs.\n"
      "  --backend auto (the default): the first of cuda, cpu, ref that is available; a named backend that is\n"
      "  not available is an error (exit 1). --tuning FILE: the selector reads that tuning table (qmm tune).\n"
-     "  --threads N: host threads of the CPU kernels (1 to 1024; default: the cores this process may use; a\n"
+     "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use; a\n"
      "  backend without host threads refuses N > 1).\n"
      "  Ends with a verdict line; exit 3 when any layer is outside its bound.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element of each of the first n layers\n"
@@ -114,8 +114,8 @@ static const command commands[] = {
      "  --quick: a tiny grid with short ceilings, for tests. Progress goes to stderr; the table to stdout.\n"
      "  --tuning FILE: the selector reads that tuning table (qmm tune); the header says so, and 'selector picked\n"
      "  the fastest' then judges the tuned selector.\n"
-     "  --threads N: threads for qmm's CPU kernels, the ceilings and the OpenBLAS and ggml peers (1 to 1024;\n"
-     "  default: the cores this process may use).\n",
+     "  --threads N: threads for qmm's CPU kernels, the ceilings and the OpenBLAS and ggml peers (1 to 8 x\n"
+     "  the CPUs online; default: the cores this process may use).\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
