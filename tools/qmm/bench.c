@@ -536,31 +536,15 @@ int cmd_bench(const command *c, int argc, char **argv) {
     run->repeats = quick ? 3 : 7;
     char json_path[PATH_MAX] = "";
     int backend_choice;
-    unsigned long long value;
     qmm_status status = QMM_OK;
 
     /* Every option is checked before any work. */
     if ((rc = parse_backend(c, backend_text, &backend_choice))) goto done;
     if ((rc = parse_threads(c, threads_text, &threads))) goto done;
-    if (bits_text && (rc = parse_int(bits_text, &run->bits) ? 0 : usage_error(c, "--bits '%s' is not a number", bits_text)))
+    const measure_option_texts texts = {bits_text, group_text, repeats_text, m_text, dtype_text, shapes_text};
+    if ((rc = parse_measure_options(c, &texts, &run->bits, &run->group_size, &run->repeats, run->ms, &run->m_count,
+                                    run->dtypes, &run->dtype_count)))
         goto done;
-    if (group_text &&
-        (rc = parse_int(group_text, &run->group_size) ? 0 : usage_error(c, "--group-size '%s' is not a number", group_text)))
-        goto done;
-    if (qmm_format_validate(run->bits, run->group_size) != QMM_OK) {
-        rc = usage_error(c, "%s", qmm_last_error());
-        goto done;
-    }
-    if (repeats_text) {
-        if (!parse_unsigned(repeats_text, 1, 1000, &value)) {
-            rc = usage_error(c, "--repeats '%s' is not a whole number in [1, 1000]", repeats_text);
-            goto done;
-        }
-        run->repeats = (int)value;
-    }
-    if (m_text && (rc = parse_size_list(c, "--m", m_text, 1, MAX_M, run->ms, &run->m_count))) goto done;
-    if (dtype_text && (rc = parse_dtype_list(c, dtype_text, run->dtypes, &run->dtype_count))) goto done;
-    if (shapes_text && (rc = check_shapes_option(c, shapes_text))) goto done;
     if (tuning_text && !tuning_text[0]) {
         rc = usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
         goto done;
@@ -619,31 +603,14 @@ int cmd_bench(const command *c, int argc, char **argv) {
         run->m_count = quick ? 2 : cuda ? 5 : 9;
         memcpy(run->ms, list, run->m_count * sizeof *list);
     }
-    if (!dtype_text) {
-        run->dtype_count = quick ? 1 : 2;
-        run->dtypes[0] = cuda ? QMM_F16 : QMM_F32;
-        run->dtypes[1] = QMM_BF16;
-    }
-    if (shapes_text) {
-        if ((status = load_shapes(run->shapes, &run->shape_count, run->group_size, shapes_text)) != QMM_OK) {
-            rc = library_error(c, status);
-            goto done;
-        }
-    } else if (quick) {
-        bench_shape tiny[] = {{"quick.256x512", 256, 512}, {"quick.64x1024", 64, 1024}};
-        for (size_t i = 0; i < 2; i++) {
-            if (tiny[i].K % (size_t)run->group_size != 0) continue;
-            run->shapes[run->shape_count++] = tiny[i];
-        }
-    } else if ((status = load_shapes(run->shapes, &run->shape_count, run->group_size, "seed")) != QMM_OK) {
+    if (!dtype_text) default_measure_dtypes(quick, cuda, run->dtypes, &run->dtype_count);
+    if ((status = load_measure_shapes(shapes_text, quick, run->group_size, run->shapes, &run->shape_count)) != QMM_OK) {
         rc = library_error(c, status);
         goto done;
     }
 
     {
-        size_t used = (size_t)snprintf(run->command_line, sizeof run->command_line, "qmm bench");
-        for (int i = 0; i < argc && used < sizeof run->command_line; i++)
-            used += (size_t)snprintf(run->command_line + used, sizeof run->command_line - used, " %s", argv[i]);
+        format_command_line(run->command_line, sizeof run->command_line, "bench", argc, argv);
         time_t now = time(NULL);
         strftime(run->date, sizeof run->date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     }

@@ -291,3 +291,42 @@ qmm_status operands_create(qmm_context *context, qmm_dtype dtype, size_t M, size
     free(host_x);
     return status;
 }
+
+int parse_measure_options(const command *c, const measure_option_texts *texts, int *bits, int *group_size,
+                          int *repeats, size_t *ms, size_t *m_count, qmm_dtype *dtypes, size_t *dtype_count) {
+    int rc;
+    unsigned long long value;
+    if (texts->bits && !parse_int(texts->bits, bits)) return usage_error(c, "--bits '%s' is not a number", texts->bits);
+    if (texts->group_size && !parse_int(texts->group_size, group_size))
+        return usage_error(c, "--group-size '%s' is not a number", texts->group_size);
+    if (qmm_format_validate(*bits, *group_size) != QMM_OK) return usage_error(c, "%s", qmm_last_error());
+    if (texts->repeats) {
+        if (!parse_unsigned(texts->repeats, 1, 1000, &value))
+            return usage_error(c, "--repeats '%s' is not a whole number in [1, 1000]", texts->repeats);
+        *repeats = (int)value;
+    }
+    if (texts->m && (rc = parse_size_list(c, "--m", texts->m, 1, MAX_M, ms, m_count))) return rc;
+    if (texts->dtype && (rc = parse_dtype_list(c, texts->dtype, dtypes, dtype_count))) return rc;
+    if (texts->shapes && (rc = check_shapes_option(c, texts->shapes))) return rc;
+    return 0;
+}
+
+void default_measure_dtypes(int quick, int cuda, qmm_dtype *dtypes, size_t *count) {
+    *count = quick ? 1 : 2;
+    dtypes[0] = cuda ? QMM_F16 : QMM_F32;
+    dtypes[1] = QMM_BF16;
+}
+
+qmm_status load_measure_shapes(const char *shapes_text, int quick, int group_size, bench_shape *shapes, size_t *count) {
+    if (shapes_text) return load_shapes(shapes, count, group_size, shapes_text);
+    if (!quick) return load_shapes(shapes, count, group_size, "seed");
+    const bench_shape tiny[] = {{"quick.256x512", 256, 512}, {"quick.64x1024", 64, 1024}};
+    for (size_t i = 0; i < 2; i++)
+        if (tiny[i].K % (size_t)group_size == 0) shapes[(*count)++] = tiny[i];
+    return QMM_OK;
+}
+
+void format_command_line(char *out, size_t size, const char *name, int argc, char **argv) {
+    size_t used = (size_t)snprintf(out, size, "qmm %s", name);
+    for (int i = 0; i < argc && used < size; i++) used += (size_t)snprintf(out + used, size - used, " %s", argv[i]);
+}

@@ -32,6 +32,22 @@ int parse_size_list(const command *c, const char *option, const char *text, size
 int parse_dtype_list(const command *c, const char *text, qmm_dtype *values, size_t *count);
 /* --shapes text, before any work: non-empty items, under 2048 bytes. Returns 0 or the usage exit code. */
 int check_shapes_option(const command *c, const char *text);
+
+/* The options qmm bench and qmm tune share, checked before any work (each text may be NULL: the value keeps
+ * its default): --bits and --group-size (a supported pair), --repeats (1 to 1000), --m, --dtype and --shapes.
+ * ms and dtypes hold MAX_LIST values. Returns 0 or the usage exit code after printing why. */
+typedef struct measure_option_texts {
+    const char *bits, *group_size, *repeats, *m, *dtype, *shapes;
+} measure_option_texts;
+int parse_measure_options(const command *c, const measure_option_texts *texts, int *bits, int *group_size,
+                          int *repeats, size_t *ms, size_t *m_count, qmm_dtype *dtypes, size_t *dtype_count);
+/* The dtypes a run measures when --dtype is not given: f32 (f16 on CUDA) and bf16; the first alone with --quick. */
+void default_measure_dtypes(int quick, int cuda, qmm_dtype *dtypes, size_t *count);
+/* The shapes of a run: --shapes (names or files) if given, else two tiny ones with --quick (those whose K is a
+ * multiple of group_size), else the seed's. Errors: those of load_shapes. */
+qmm_status load_measure_shapes(const char *shapes_text, int quick, int group_size, bench_shape *shapes, size_t *count);
+/* "qmm NAME ARGS..." into out[size] (cut at size), for the JSON and the header. */
+void format_command_line(char *out, size_t size, const char *name, int argc, char **argv);
 /* --shapes A,B: each a file of "name N K" lines ('#' comments) or the name of bench/shapes/NAME.txt, appended to
  * shapes[MAX_SHAPES]. Errors name the file, line and rule (K must be a multiple of group_size; a file without a
  * shape, a directory). */
