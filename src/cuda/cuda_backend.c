@@ -37,7 +37,16 @@ typedef struct cuda_state {
     int major, minor; /* compute capability */
     int multiprocessors;
     cudaStream_t stream;
+    /* The mma_tile family's split-K workspace (kernels_tile.cu), allocated with the first repacked weights
+     * (tile_workspace) and kept until the context closes (a captured graph holds these pointers):
+     * QMM_TILE_PARTIAL_FLOATS f32 partial tiles and QMM_TILE_COUNTERS arrival counters (zeroed; each tile's
+     * last split resets its counter). NULL until then: launches fall back to one split. */
+    float *tile_partials;
+    unsigned *tile_counters;
 } cuda_state;
+
+#define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20) /* 16 MiB */
+#define QMM_TILE_COUNTERS ((size_t)16384)
 
 /* The repacked arrays of one weights object (device pointers), or all NULL when its format has no
  * repacked kernel. */
@@ -86,6 +95,8 @@ static void cuda_close(void *state) {
     cudaSetDevice(s->device);
     cudaStreamSynchronize(s->stream);
     cudaStreamDestroy(s->stream);
+    if (s->tile_partials) cudaFree(s->tile_partials);
+    if (s->tile_counters) cudaFree(s->tile_counters);
     free(s);
 }
 
@@ -148,12 +159,37 @@ static void cuda_weights_release(void *state, void *extra) {
     free(e);
 }
 
+/* The mma_tile split-K workspace, allocated with the first weights the tile family reads (never during a
+ * stream capture, and before any graph can hold its pointers) and kept until the context closes. */
+static qmm_status tile_workspace(cuda_state *s) {
+    if (s->tile_partials) return QMM_OK;
+    void *partials = NULL, *counters = NULL;
+    qmm_status status = cuda_alloc(s, QMM_TILE_PARTIAL_FLOATS * sizeof(float), &partials);
+    if (status != QMM_OK) return status;
+    if ((status = cuda_alloc(s, QMM_TILE_COUNTERS * sizeof(unsigned), &counters)) != QMM_OK) {
+        cuda_release(s, partials);
+        return status;
+    }
+    cudaError_t error = cudaMemsetAsync(counters, 0, QMM_TILE_COUNTERS * sizeof(unsigned), s->stream);
+    if (error != cudaSuccess) {
+        cuda_release(s, partials);
+        cuda_release(s, counters);
+        return qmm_error(QMM_ERR_BACKEND, "cudaMemsetAsync of the split-K counters failed: %s (%s:%d)",
+                         cudaGetErrorString(error), __FILE__, __LINE__);
+    }
+    s->tile_partials = partials;
+    s->tile_counters = counters;
+    return QMM_OK;
+}
+
 /* Repacks the matrix for the mma_gemv family (docs/kernels.md §9) and uploads it; formats the family
  * does not read get no extra arrays (*extra = NULL). The packed copy costs the weights' bytes once more
  * on the device (rounded up to 64 bytes per row); the MLX-layout arrays stay for the other kernels. */
 static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, void **extra) {
     *extra = NULL;
     if (!mma_format(matrix)) return QMM_OK;
+    qmm_status workspace = tile_workspace(state);
+    if (workspace != QMM_OK) return workspace;
     const size_t N = matrix->rows, K = matrix->cols, groups = K / (size_t)matrix->group_size;
     const size_t words = qmm_cuda_packed_words_per_row(K, matrix->bits);
     size_t packed_bytes, pairs;
@@ -397,6 +433,60 @@ MMA_ROW(mma_m8n32, 2, 1)
 MMA_ROW(mma_m8n64, 4, 1)
 MMA_ROW(mma_m16n32, 2, 2)
 
+/* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). */
+static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
+    if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
+    int bn, bm, threads;
+    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads);
+    if (call->M > (size_t)65535 * (size_t)bm || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
+        snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %d rows of x, and M, K < 2^31)", call->M, bm);
+        return false;
+    }
+    return true;
+}
+
+/* Splits of K for an mma_tile launch: enough blocks to give every SM `resident` of them when the tiles alone
+ * are too few, each split keeping ≥ 4 super-blocks, within the workspace. 1 when the tiles already fill the
+ * device. QMM_CUDA_SPLITS=n forces n (experiments,
+ * docs/PERF.md). */
+static int tile_splits(const qmm_call *call, int tile) {
+    const cuda_state *s = call->backend_state;
+    int bn, bm, threads;
+    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads);
+    const size_t tiles = ((call->N + (size_t)bn - 1) / (size_t)bn) * ((call->M + (size_t)bm - 1) / (size_t)bm);
+    const size_t super_blocks = (call->K / 32 + (call->bits == 4 ? 3 : 1)) / (call->bits == 4 ? 4 : 2);
+    const size_t resident = tile == 0 ? 3 : 1, target = (size_t)s->multiprocessors * resident;
+    size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
+    const char *forced = getenv("QMM_CUDA_SPLITS");
+    if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
+    if (splits > super_blocks / 4) splits = super_blocks / 4;
+    if (splits > 16) splits = 16;
+    if (tiles > QMM_TILE_COUNTERS) splits = 1;
+    while (splits > 1 && tiles * splits * (size_t)bm * (size_t)bn > QMM_TILE_PARTIAL_FLOATS) splits--;
+    if (splits <= 1 || !s->tile_partials) return 1;
+    return (int)splits;
+}
+
+#define TILE_ROW(NAME, TILE)                                                                                      \
+    static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
+        return tile_supports(call, TILE, why_not, size);                                                          \
+    }                                                                                                             \
+    static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        const cuda_state *s = call->backend_state;                                                                \
+        qmm_cuda_launch launch = launch_of(call);                                                                 \
+        launch.splits = tile_splits(call, TILE);                                                                  \
+        launch.partials = s->tile_partials;                                                                       \
+        launch.counters = s->tile_counters;                                                                       \
+        return launch_status(qmm_cuda_mma_tile_qmm_t(&launch, TILE), #NAME, __FILE__, __LINE__);                 \
+    }
+
+TILE_ROW(tile_m64n64, 0)
+TILE_ROW(tile_m64n128, 1)
+
+#define TILE_INFO(NAME, BM, BN, THREADS, TEXT)                                                                   \
+    {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_tile", .bm = BM, .bn = BN,    \
+     .bk = 128, .threads = THREADS, .tolerance_slack = 2.0, .description = TEXT}
+
 #define MMA_INFO(NAME, BM, BN, TEXT)                                                                             \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = 256, .tolerance_slack = 2.0, .description = TEXT}
@@ -408,7 +498,10 @@ MMA_ROW(mma_m16n32, 2, 2)
  *            (5120² M=1: 11.0 µs vs 11.5 for m8n16; 14336×5120: 21.2 vs 23.6; M=8: 11.3 vs 12.2.)
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N = 4096 (7.9 vs 9.6 µs).
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
- *   m8n32 is there for `qmm tune` and forcing (never the fastest in that sweep).
+ *   M > 16:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
+ *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
+ *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
+ *   m8n32 and mma_tile m64n128 are there for `qmm tune` and forcing.
  *   Then the generic rows, which take every call.
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §9). */
@@ -421,6 +514,12 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .tune_only = true},
+    {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
+                       "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
+     .supports = tile_m64n64_supports, .run = tile_m64n64_run},
+    {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n128", 64, 128, 256,
+                       "tensor-core tile, 128 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
+     .supports = tile_m64n128_supports, .run = tile_m64n128_run, .tune_only = true},
     {.info = {.name = "cuda.qmm_t.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
               .description = "every format: a thread per output feature, the oracle's f32 order bit for bit"},

@@ -34,6 +34,11 @@ typedef struct qmm_cuda_launch {
     void *out;
     void *stream;
     int warps; /* warps per block for the mma family (0: the launcher chooses) */
+    /* mma_tile split-K: splits ≥ 2 needs partials (≥ tiles·splits·BM·BN floats) and counters (≥ tiles,
+     * zero); 0 or 1 = no split. */
+    int splits;
+    float *partials;
+    unsigned *counters;
 } qmm_cuda_launch;
 
 /* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */
@@ -42,6 +47,11 @@ int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
 /* The mma GEMV family: tokens (rows of x) on the MMA's N side, 8·tokens_tiles of them; 16·row_tiles
  * weight rows per warp. Needs bits 4 or 8, dtype f16 or bf16, packed and sb, sm_80 or newer. */
 int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
+/* The mma_tile family (kernels_tile.cu): tile 0 = m64n64 (4 warps), tile 1 = m64n128 (8 warps); any M.
+ * Same needs as mma_gemv. qmm_cuda_mma_tile_shape gives the tile's BN (weight rows), BM (tokens) and
+ * threads per block. */
+int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
+void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads);
 
 /* The repacked layout of the mma family (docs/kernels.md §9): words per row and the repack itself,
  * host side. packed_words(K, bits) = ceil(K / S)·16 with S = 512/bits codes per 64-byte super-block. */

@@ -125,7 +125,7 @@ static void test_chain(qmm_context *context, check_rng *rng) {
 
 /* The selector's choice for each M, and every eligible row agreeing with the oracle at the switch points. */
 static void test_selector_and_switch_points(qmm_context *context, check_rng *rng) {
-    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 64};
+    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 64, 65, 200};
     const qmm_dtype dtypes[] = {QMM_F16, QMM_BF16, QMM_F32};
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
@@ -137,9 +137,10 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
             }
             qmm_kernel_info chosen = {0};
             CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
-            const bool mma = chosen.name && strstr(chosen.name, "mma_gemv") != NULL;
-            CHECK(mma == (dtypes[d] != QMM_F32 && ms[i] <= 16), "M=%zu %s: the selector chose %s", ms[i],
-                  qmm_dtype_name(dtypes[d]), chosen.name ? chosen.name : "?");
+            /* f16/bf16: the GEMV family up to M = 16, the tile family beyond; f32: the generic kernel */
+            const char *family = dtypes[d] == QMM_F32 ? "generic" : ms[i] <= 16 ? "mma_gemv" : "mma_tile";
+            CHECK(chosen.name && strstr(chosen.name, family) != NULL, "M=%zu %s: the selector chose %s, not a %s row",
+                  ms[i], qmm_dtype_name(dtypes[d]), chosen.name ? chosen.name : "?", family);
             for (size_t k = 0; k < qmm_kernel_count(context); k++) {
                 qmm_kernel_info info;
                 CHECK_OK(qmm_kernel_get(context, k, &info));
@@ -154,6 +155,54 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
             }
             product_free(&p);
         }
+}
+
+/* The mma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last split
+ * of each tile adds the partials in split order): against the oracle, the same bits on every run (the order
+ * of the partial sums must not depend on which block finished last), and QMM_CUDA_SPLITS=1 (one split) within
+ * the bound too. */
+static void test_tile_split_k(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, N, K;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {
+        {70, 200, 4096, 4, 64, QMM_F16}, {33, 1000, 2048, 8, 128, QMM_BF16}, {130, 77, 8192, 4, 32, QMM_BF16},
+        {1, 129, 4096, 8, 32, QMM_F16},
+    };
+    static const char *rows[] = {"cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
+                          cases[c].dtype, &p)) {
+            CHECK(false, "split-K: set-up failed");
+            product_free(&p);
+            continue;
+        }
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        void *first = malloc(bytes);
+        for (size_t r = 0; r < 2; r++) {
+            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
+            char label[200];
+            for (int run = 0; run < 3; run++) {
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                snprintf(label, sizeof label, "%s split-K M=%zu N=%zu K=%zu %d-bit gs%d %s run %d", rows[r], p.M, p.N,
+                         p.K, cases[c].bits, cases[c].group_size, qmm_dtype_name(p.dtype), run);
+                product_check(&p, label, 2.0);
+                if (run == 0 && first) memcpy(first, p.host_out, bytes);
+                else CHECK(first && memcmp(first, p.host_out, bytes) == 0, "%s: differs from run 0", label);
+            }
+            setenv("QMM_CUDA_SPLITS", "1", 1);
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+            unsetenv("QMM_CUDA_SPLITS");
+            snprintf(label, sizeof label, "%s one split M=%zu N=%zu K=%zu", rows[r], p.M, p.N, p.K);
+            product_check(&p, label, 2.0);
+        }
+        free(first);
+        product_free(&p);
+    }
 }
 
 /* The same inputs twice give the same bits (no atomics, fixed reduction orders). */
@@ -288,6 +337,7 @@ int main(void) {
     test_chain(context, &rng);
     test_selector_and_switch_points(context, &rng);
     test_determinism(context, &rng);
+    test_tile_split_k(context, &rng);
     test_non_finite(context);
     test_errors(context, &rng);
     qmm_context_destroy(context);

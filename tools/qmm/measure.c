@@ -240,11 +240,15 @@ qmm_status make_master(int bits, int group_size, const bench_shape *shape, qmm_q
 
 int scalar_too_slow(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
                     size_t note_size) {
-    double estimate = (double)M * (double)N * (double)K * (double)copies * (repeats + 1) / SCALAR_MACS_PER_S;
-    if (strcmp(info->family, "scalar") != 0 || estimate <= SCALAR_BUDGET_S) return 0;
-    snprintf(note, note_size,
-             "skipped: the scalar reference row would take ~%.0f s here (M·N·K = %.3g at ~4 GMAC/s, %zu copies × %d runs)",
-             estimate, (double)M * (double)N * (double)K, copies, repeats + 1);
+    /* The scalar reference rows (~4 GMAC/s on a core) and the CUDA generic kernels (the oracle's order, one
+     * thread per output: ~16 GMAC/s measured on the H200 at M = 1, docs/PERF.md) */
+    const bool scalar = strcmp(info->family, "scalar") == 0, generic = strcmp(info->family, "generic") == 0;
+    if (!scalar && !generic) return 0;
+    const double rate = scalar ? SCALAR_MACS_PER_S : GENERIC_MACS_PER_S;
+    double estimate = (double)M * (double)N * (double)K * (double)copies * (repeats + 1) / rate;
+    if (estimate <= SCALAR_BUDGET_S) return 0;
+    snprintf(note, note_size, "skipped: the %s row would take ~%.0f s here (M·N·K = %.3g at ~%.0f GMAC/s, %zu copies × %d runs)",
+             info->family, estimate, (double)M * (double)N * (double)K, rate / 1e9, copies, repeats + 1);
     return 1;
 }
 

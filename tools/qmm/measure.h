@@ -15,6 +15,7 @@
  * repeats over every copy) would take longer than SCALAR_BUDGET_S seconds is skipped and says so. */
 #define SCALAR_MACS_PER_S 4e9
 #define SCALAR_BUDGET_S 10.0
+#define GENERIC_MACS_PER_S 16e9
 
 typedef struct bench_shape {
     char name[64];
@@ -69,7 +70,8 @@ void weight_copies_destroy(qmm_weights **weights, size_t copies);
 /* x [M, K] of seeded random values (DEFAULT_SEED + M) and out [M, N], both dtype (destroy both, also on failure). */
 qmm_status operands_create(qmm_context *context, qmm_dtype dtype, size_t M, size_t N, size_t K, qmm_buffer **x,
                            qmm_buffer **out);
-/* Whether a scalar reference row's measurement would take more than SCALAR_BUDGET_S; then note says so. */
+/* Whether a scalar reference row's (or a CUDA generic row's) measurement would take more than SCALAR_BUDGET_S;
+ * then note says so. */
 int scalar_too_slow(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
                     size_t note_size);
 /* Median µs of one product by `kernel` (NULL: the selector's choice): a chain with one step per weight copy, step

@@ -1,0 +1,301 @@
+/*
+ * kernels_tile.cu — the mma_tile family: tensor-core tiles for M > 16 (batched decode through prefill),
+ * 4- and 8-bit weights with f16/bf16 activations (docs/kernels.md §9.3).
+ *
+ * A block computes BN = 16·WR·WN weight rows × BM = 8·WT·WM tokens. Its WN × WM warps each own a
+ * 16·WR × 8·WT sub-tile: weights on the MMA's M side (m16), tokens on its N side (n8), as in mma_gemv,
+ * so the same exact decoding (codes → f16/bf16 integers in registers) and the same per-group f32 scaling
+ * acc += s·Σq·x + b·Σx apply. What the tile adds is reuse: each super-block of K (64 bytes per weight row,
+ * 128 codes at 4 bits, 64 at 8) is staged once per block in shared memory by a multi-stage cp.async
+ * pipeline — the repacked weight quarters (docs/kernels.md §9.1), the (scale, bias) pair of every 32-code
+ * block, and the block's BM rows of x — and every decoded weight fragment feeds WT token tiles, every x
+ * fragment WR row tiles.
+ *
+ * Shared-memory x is stored [token][16-byte chunk] with the chunk index XOR-ed by (token & 1) << 2: the 8
+ * lanes of a 128-bit load phase read tokens g and g + 1 at the same chunk, which would otherwise hit the
+ * same banks (rows are 128 or 256 bytes long).
+ *
+ * Split-K (grid.z = splits > 1): when BN × BM tiles are too few to fill the SMs, split z takes a contiguous
+ * range of super-blocks and writes its f32 partial tile to a workspace; the last split of a tile to finish
+ * (a per-tile arrival counter) adds the partials in split order 0, 1, … — so the result does not depend on
+ * which block finished last — applies the non-finite rule and stores. With splits = 1 (always, in
+ * batch-invariant mode) each output is reduced in one order that depends on neither M nor the tile shape:
+ * super-blocks in order, within each the group segments in order, each segment's MMAs chained in k order.
+ */
+#include "cuda_internal.h"
+#include "mma_common.cuh"
+
+template <int BITS, typename T, int GS, int WR, int WT, int WN, int WM, int S, int MIN_BLOCKS>
+__global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
+    mma_tile_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
+                    const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
+                    T *__restrict__ out, float *__restrict__ partials, unsigned *__restrict__ counters, int M, int N,
+                    int K, int sb_per_split) {
+    constexpr int BPS = BITS == 4 ? 4 : 2; /* 32-code blocks per super-block */
+    constexpr int WPB = BITS / 4;          /* words per lane per block */
+    constexpr int BPG = GS / 32;           /* blocks per group */
+    constexpr int BN = 16 * WR * WN, BM = 8 * WT * WM;
+    constexpr int XCH = BPS * 4; /* 16-byte chunks of x per token and super-block */
+    constexpr int THREADS = 32 * WN * WM;
+    extern __shared__ uint4 smem[];
+    uint4 *ws = smem;                                           /* [S][BN][4] weight quarters */
+    uint4 *xs = ws + S * BN * 4;                                /* [S][BM][XCH] x, swizzled */
+    uint32_t *sbs = reinterpret_cast<uint32_t *>(xs + S * BM * XCH); /* [S][BN][BPS] (scale, bias) pairs */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wn = warp % WN, wm = warp / WN, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+    const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
+    const unsigned row_quads = (unsigned)super_blocks * 4;
+    const int sb_begin = blockIdx.z * sb_per_split;
+    const int sb_end = min(super_blocks, sb_begin + sb_per_split);
+    const int count = max(0, sb_end - sb_begin);
+    const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
+
+    /* Copies of the block's i-th super-block into stage i % S (always commits a group, maybe empty). Rows
+     * past N, tokens past M and blocks past K are zero-filled (src-size 0): no branch depends on data. Each
+     * thread copies fixed rows, tokens and chunks (the counts divide evenly: static_asserts below), so its
+     * source pointers are computed once here and only move along K per super-block. */
+    constexpr int W_COPIES = BN * 4 / THREADS, X_COPIES = BM * XCH / THREADS, SB_COPIES = BN * BPS / THREADS;
+    static_assert(BN * 4 % THREADS == 0 && BM * XCH % THREADS == 0 && BN * BPS % THREADS == 0 &&
+                      W_COPIES >= 1 && X_COPIES >= 1 && SB_COPIES >= 1,
+                  "every thread copies the same number of chunks");
+    const int w_row = threadIdx.x >> 2, w_quad = threadIdx.x & 3;          /* + k·THREADS/4 rows */
+    const int x_tok = threadIdx.x / XCH, x_chunk = threadIdx.x % XCH;      /* + k·THREADS/XCH tokens */
+    const int sb_row = threadIdx.x / BPS, sb_block = threadIdx.x % BPS;    /* + k·THREADS/BPS rows */
+    const uint4 *w_src = packed + (size_t)min(n0 + w_row, N - 1) * row_quads + w_quad;
+    const T *x_src = x + (size_t)min(m0 + x_tok, M - 1) * K + x_chunk * 8;
+    const uint32_t *sb_src = sb + (size_t)min(n0 + sb_row, N - 1) * groups;
+    const unsigned w_dst = (unsigned)__cvta_generic_to_shared(ws + w_row * 4 + w_quad);
+    const unsigned x_dst = (unsigned)__cvta_generic_to_shared(xs + x_tok * XCH + (x_chunk ^ ((x_tok & 1) << 2)));
+    const unsigned sb_dst = (unsigned)__cvta_generic_to_shared(sbs + sb_row * BPS + sb_block);
+    auto issue = [&](int i) {
+        if (i < count) {
+            const int sbk = sb_begin + i, stage = i % S;
+#pragma unroll
+            for (int k = 0; k < W_COPIES; k++) {
+                const bool ok = n0 + w_row + k * (THREADS / 4) < N;
+                const uint4 *src = w_src + (ok ? (size_t)k * (THREADS / 4) * row_quads + (unsigned)sbk * 4 : 0);
+                const unsigned dst = w_dst + (unsigned)((stage * BN + k * (THREADS / 4)) * 4 * 16);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+            }
+            const bool x_in_k = sbk * BPS + x_chunk / 4 < blocks;
+#pragma unroll
+            for (int k = 0; k < X_COPIES; k++) {
+                /* THREADS/XCH is even, so (token & 1) and the swizzle are the same for every k */
+                const bool ok = x_in_k && m0 + x_tok + k * (THREADS / XCH) < M;
+                const T *src = x_src + (ok ? (size_t)k * (THREADS / XCH) * K + (size_t)sbk * (BPS * 32) : 0);
+                const unsigned dst = x_dst + (unsigned)((stage * BM + k * (THREADS / XCH)) * XCH * 16);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+            }
+            const int blk = sbk * BPS + sb_block;
+#pragma unroll
+            for (int k = 0; k < SB_COPIES; k++) {
+                const bool ok = blk < blocks && n0 + sb_row + k * (THREADS / BPS) < N;
+                const uint32_t *src = sb_src + (ok ? (size_t)k * (THREADS / BPS) * groups + blk / BPG : 0);
+                const unsigned dst = sb_dst + (unsigned)((stage * BN + k * (THREADS / BPS)) * BPS * 4);
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+    static_assert((THREADS / XCH) % 2 == 0, "the x swizzle needs an even token step");
+
+    float acc[WR][WT][4];
+#pragma unroll
+    for (int r = 0; r < WR; r++)
+#pragma unroll
+        for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[r][tt][e] = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) issue(i);
+
+    const int row_base = wn * 16 * WR, tok_base = wm * 8 * WT;
+    for (int i = 0; i < count; i++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(S - 2)); /* this thread's copies of super-block i landed */
+        __syncthreads(); /* everyone's have, and everyone finished super-block i − 1 */
+        issue(i + S - 1); /* into the stage of super-block i − 1 */
+        const int stage = i % S;
+        float cq[WR][WT][4], cx[WT][4];
+#pragma unroll
+        for (int j = 0; j < BPS; j++) {
+            if (j % BPG == 0) { /* a segment (group ∩ super-block) starts */
+#pragma unroll
+                for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        cx[tt][e] = 0.0f;
+#pragma unroll
+                        for (int r = 0; r < WR; r++) cq[r][tt][e] = 0.0f;
+                    }
+            }
+            uint32_t b[WT][4];
+#pragma unroll
+            for (int tt = 0; tt < WT; tt++) {
+                const int tok = tok_base + 8 * tt + g;
+                x_pairs<BITS>(xs[(stage * BM + tok) * XCH + ((4 * j + t) ^ ((tok & 1) << 2))], b[tt]);
+                mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
+                mma_16816(cx[tt], ones, b[tt][2], b[tt][3], T());
+            }
+#pragma unroll
+            for (int r = 0; r < WR; r++) {
+                uint32_t qa[4], qb[4];
+                /* the lane's words of block j, rows g and g + 8 (read here, not held across blocks: registers) */
+                const uint32_t *w0 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + g) * 4 + t);
+                const uint32_t *w1 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + 8 + g) * 4 + t);
+                decode<BITS, T>::run(w0 + j * WPB, qa);
+                decode<BITS, T>::run(w1 + j * WPB, qb);
+                const uint32_t a_first[4] = {qa[0], qb[0], qa[1], qb[1]};
+                const uint32_t a_second[4] = {qa[2], qb[2], qa[3], qb[3]};
+#pragma unroll
+                for (int tt = 0; tt < WT; tt++) {
+                    mma_16816(cq[r][tt], a_first, b[tt][0], b[tt][1], T());
+                    mma_16816(cq[r][tt], a_second, b[tt][2], b[tt][3], T());
+                }
+            }
+            if ((j + 1) % BPG == 0 || j == BPS - 1) { /* the segment ends: acc += s·Σq·x + b·Σx */
+#pragma unroll
+                for (int r = 0; r < WR; r++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float2 s_b =
+                            scale_bias(sbs[(stage * BN + row_base + 16 * r + 8 * h + g) * BPS + j], T());
+#pragma unroll
+                        for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++)
+                                acc[r][tt][2 * h + e] =
+                                    __fmaf_rn(s_b.x, cq[r][tt][2 * h + e], __fmaf_rn(s_b.y, cx[tt][e], acc[r][tt][2 * h + e]));
+                    }
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;");
+
+    /* C fragment: e = 2h + e' is row 16r + 8h + g, token 8tt + 2t + e'. */
+    if (gridDim.z == 1) {
+#pragma unroll
+        for (int r = 0; r < WR; r++)
+#pragma unroll
+            for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int n = n0 + row_base + 16 * r + 8 * (e >> 1) + g, m = m0 + tok_base + 8 * tt + 2 * t + (e & 1);
+                    if (n < N && m < M) {
+                        float v = acc[r][tt][e];
+                        if (!isfinite(v))
+                            v = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
+                                                scales + (size_t)n * groups, biases + (size_t)n * groups, BITS,
+                                                (size_t)K, GS);
+                        store_f32(out, (size_t)m * N + n, v);
+                    }
+                }
+        return;
+    }
+
+    /* Split-K: this split's partial tile, then the last split of the tile to arrive adds them in order. */
+    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float *mine = partials + ((size_t)tile * gridDim.z + blockIdx.z) * (BM * BN);
+#pragma unroll
+    for (int r = 0; r < WR; r++)
+#pragma unroll
+        for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row_base + 16 * r + 8 * (e >> 1) + g, tok = tok_base + 8 * tt + 2 * t + (e & 1);
+                mine[tok * BN + row] = acc[r][tt][e];
+            }
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned arrived;
+    if (threadIdx.x == 0) arrived = atomicAdd(&counters[tile], 1u);
+    __syncthreads();
+    if (arrived != gridDim.z - 1) return;
+    __threadfence(); /* the other splits' partials are visible */
+    const float *all = partials + (size_t)tile * gridDim.z * (BM * BN);
+    for (int i = threadIdx.x; i < BM * BN; i += THREADS) {
+        const int tok = i / BN, row = i % BN, n = n0 + row, m = m0 + tok;
+        if (n >= N || m >= M) continue;
+        float v = 0.0f;
+        for (unsigned z = 0; z < gridDim.z; z++) v += __ldcg(all + (size_t)z * (BM * BN) + i);
+        if (!isfinite(v))
+            v = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), scales + (size_t)n * groups,
+                                biases + (size_t)n * groups, BITS, (size_t)K, GS);
+        store_f32(out, (size_t)m * N + n, v);
+    }
+    if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
+}
+
+/* ───────────────────────────── launcher ───────────────────────────── */
+
+/* The tiles the table uses: id → (WR, WT, WN, WM, stages, blocks per SM the registers must allow). */
+#ifndef QMM_TILE0_STAGES
+#define QMM_TILE0_STAGES 3
+#endif
+#ifndef QMM_TILE0_MIN_BLOCKS
+#define QMM_TILE0_MIN_BLOCKS 3
+#endif
+template <int ID> struct tile_config;
+template <> struct tile_config<0> { /* m64n64: 4 warps of 32 rows × 32 tokens, 3 blocks per SM */
+    static constexpr int WR = 2, WT = 4, WN = 2, WM = 2, S = QMM_TILE0_STAGES, MIN_BLOCKS = QMM_TILE0_MIN_BLOCKS;
+};
+template <> struct tile_config<1> { /* m64n128: 8 warps of 32 rows × 32 tokens (64 rows per warp spill at 4 bits) */
+    static constexpr int WR = 2, WT = 4, WN = 4, WM = 2, S = 4, MIN_BLOCKS = 1;
+};
+
+template <int ID> static void tile_shape(int *bn, int *bm, int *threads) {
+    typedef tile_config<ID> C;
+    *bn = 16 * C::WR * C::WN;
+    *bm = 8 * C::WT * C::WM;
+    *threads = 32 * C::WN * C::WM;
+}
+
+template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm_cuda_launch *c) {
+    typedef tile_config<ID> C;
+    constexpr int BPS = BITS == 4 ? 4 : 2, BN = 16 * C::WR * C::WN, BM = 8 * C::WT * C::WM;
+    constexpr size_t shared = (size_t)C::S * (BN * 64 + BM * BPS * 64 + BN * BPS * 4);
+    auto kernel = mma_tile_kernel<BITS, T, GS, C::WR, C::WT, C::WN, C::WM, C::S, C::MIN_BLOCKS>;
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    /* the opt-in above 48 KB, once per instantiation and device (a bit per device, up to 64 devices) */
+    static unsigned long long attribute_set = 0;
+    if (device >= 64 || !(attribute_set >> device & 1ull)) {
+        error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+        if (error != cudaSuccess) return (int)error;
+        if (device < 64) attribute_set |= 1ull << device;
+    }
+    const int super_blocks = (int)((c->K / 32 + BPS - 1) / BPS);
+    const unsigned tiles_n = (unsigned)((c->N + BN - 1) / BN), tiles_m = (unsigned)((c->M + BM - 1) / BM);
+    int splits = c->splits > 0 ? c->splits : 1;
+    if (splits > super_blocks) splits = super_blocks;
+    const int per_split = (super_blocks + splits - 1) / splits;
+    splits = (super_blocks + per_split - 1) / per_split; /* no empty split */
+    dim3 grid(tiles_n, tiles_m, (unsigned)splits);
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
+    kernel<<<grid, 32 * C::WN * C::WM, shared, (cudaStream_t)c->stream>>>(
+        (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+        (const T *)c->biases, (T *)c->out, c->partials, c->counters, (int)c->M, (int)c->N, (int)c->K, per_split);
+    return (int)cudaGetLastError();
+}
+
+template <int ID> static int dispatch_tile(const qmm_cuda_launch *c) {
+    const bool f16 = c->dtype == 1;
+#define QMM_TILE_GS(BITS, T)                                                                                      \
+    (c->group_size == 32 ? launch_tile<BITS, T, 32, ID>(c)                                                        \
+                         : c->group_size == 64 ? launch_tile<BITS, T, 64, ID>(c) : launch_tile<BITS, T, 128, ID>(c))
+    if (c->bits == 4) return f16 ? QMM_TILE_GS(4, __half) : QMM_TILE_GS(4, __nv_bfloat16);
+    return f16 ? QMM_TILE_GS(8, __half) : QMM_TILE_GS(8, __nv_bfloat16);
+#undef QMM_TILE_GS
+}
+
+extern "C" int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *c, int tile) {
+    return tile == 0 ? dispatch_tile<0>(c) : dispatch_tile<1>(c);
+}
+
+extern "C" void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads) {
+    if (tile == 0) tile_shape<0>(bn, bm, threads);
+    else tile_shape<1>(bn, bm, threads);
+}

@@ -1,0 +1,181 @@
+/*
+ * mma_common.cuh — device helpers shared by the CUDA kernel files (kernels.cu, kernels_tile.cu): dtype loads
+ * and stores, the MLX bit stream, the f64 non-finite rule, and the tensor-core pieces of the mma families
+ * (exact code decoding into f16/bf16 A fragments, x pairing, mma.sync m16n8k16, (scale, bias) widening).
+ * docs/kernels.md §9 describes the repacked layout these helpers read. Not installed.
+ */
+#ifndef QMM_MMA_COMMON_CUH
+#define QMM_MMA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+/* ───────────────────────────── dtype helpers ───────────────────────────── */
+
+__device__ __forceinline__ float load_f32(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load_f32(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float load_f32(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
+/* One rounding to the output dtype, to nearest even; overflow gives ±inf, NaN stays NaN. */
+__device__ __forceinline__ void store_f32(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f32(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ __forceinline__ void store_f32(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* Code j of a packed row (LSB-first bit stream; 3/5/6-bit codes may straddle two words). */
+__device__ __forceinline__ uint32_t code_at(const uint32_t *row, size_t j, int bits) {
+    const size_t bit = j * (size_t)bits;
+    const size_t word = bit >> 5;
+    const unsigned shift = (unsigned)(bit & 31);
+    uint64_t pair = row[word];
+    if (shift + (unsigned)bits > 32) pair |= (uint64_t)row[word + 1] << 32;
+    return (uint32_t)(pair >> shift) & ((1u << bits) - 1u);
+}
+
+/* The non-finite rule (docs/kernels.md §2) for one output of x·Ŵᵀ: Σ_k (s·q_k + b)·x_k in f64 — ŵ formed in
+ * f64 (s·q exact, + b one rounding), f64 products and sum, which cannot overflow for f32 inputs — rounded
+ * to f32. w_row, scales_row, biases_row: row n of the MLX-layout arrays; x_row: row m of x. */
+template <typename T>
+__device__ __noinline__ float direct_output_t(const T *x_row, const uint32_t *w_row, const T *scales_row,
+                                              const T *biases_row, int bits, size_t K, int group_size) {
+    double sum = 0.0;
+    for (size_t k = 0; k < K; k++) {
+        const double s = load_f32(scales_row, k / group_size), b = load_f32(biases_row, k / group_size);
+        sum += (s * (double)code_at(w_row, k, bits) + b) * (double)load_f32(x_row, k);
+    }
+    return (float)sum;
+}
+
+/* The same for one output of x·Ŵ (Ŵ [K, N] quantized along N): column n, rows k of the arrays. */
+template <typename T>
+__device__ __noinline__ float direct_output_n(const T *x_row, const uint32_t *w, const T *scales, const T *biases,
+                                              int bits, size_t N, size_t K, int group_size, size_t n) {
+    const size_t words_per_row = N * (size_t)bits / 32, groups = N / (size_t)group_size, g = n / (size_t)group_size;
+    double sum = 0.0;
+    for (size_t k = 0; k < K; k++) {
+        const double s = load_f32(scales, k * groups + g), b = load_f32(biases, k * groups + g);
+        sum += (s * (double)code_at(w + k * words_per_row, n, bits) + b) * (double)load_f32(x_row, k);
+    }
+    return (float)sum;
+}
+
+template <typename T> struct mma_traits;
+template <> struct mma_traits<__half> {
+    static constexpr uint32_t magic = 0x64006400u; /* 1024.0 in both halves */
+    static constexpr uint32_t ones = 0x3C003C00u;  /* 1.0 */
+};
+template <> struct mma_traits<__nv_bfloat16> {
+    static constexpr uint32_t magic = 0x43004300u; /* 128.0 */
+    static constexpr uint32_t ones = 0x3F803F80u;  /* 1.0 */
+};
+
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t r;
+    /* (a & mask) | magic in one LOP3: LUT = (0xF0 & 0xCC) | 0xAA = 0xEA */
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+    return r;
+}
+
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, __half) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, __nv_bfloat16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Pairs (2 codes) as exact f16/bf16 integers. */
+__device__ __forceinline__ uint32_t sub_magic(uint32_t p, __half) {
+    __half2 r = __hsub2(*reinterpret_cast<__half2 *>(&p), __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+__device__ __forceinline__ uint32_t sub_magic(uint32_t p, __nv_bfloat16) {
+    __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&p),
+                               __halves2bfloat162(__ushort_as_bfloat16(0x4300), __ushort_as_bfloat16(0x4300)));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+/* (magic + 16·c)/16 − magic/16 = c, exact (one rounding of an exact integer). */
+__device__ __forceinline__ uint32_t scale_sub_magic(uint32_t p, __half) {
+    __half2 r = __hfma2(*reinterpret_cast<__half2 *>(&p), __float2half2_rn(1.0f / 16.0f), __float2half2_rn(-64.0f));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* Decodes one lane's 8 codes of a block into the A-operand pairs q[0..3] (see the pairing above). */
+template <int BITS, typename T> struct decode;
+template <> struct decode<4, __half> {
+    /* w: the lane's word of the block (codes c0..c7, 4 bits each). f16 has 10 mantissa bits, so the odd
+     * codes can stay in place (1024 + 16·c) and be scaled down: two shifts fewer. */
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        const uint32_t magic = mma_traits<__half>::magic, hi = w[0] >> 8;
+        q[0] = sub_magic(and_or(w[0], 0x000F000Fu, magic), __half());       /* c0, c4 */
+        q[1] = scale_sub_magic(and_or(w[0], 0x00F000F0u, magic), __half()); /* c1, c5 */
+        q[2] = sub_magic(and_or(hi, 0x000F000Fu, magic), __half());         /* c2, c6 */
+        q[3] = scale_sub_magic(and_or(hi, 0x00F000F0u, magic), __half());   /* c3, c7 */
+    }
+};
+template <> struct decode<4, __nv_bfloat16> {
+    /* bf16 has 7 mantissa bits: 16·c would reach the exponent, so every code is shifted down to bits 0–3
+     * of its half (128 + c, exact for c < 128). */
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        const uint32_t magic = mma_traits<__nv_bfloat16>::magic;
+        q[0] = sub_magic(and_or(w[0], 0x000F000Fu, magic), __nv_bfloat16());       /* c0, c4 */
+        q[1] = sub_magic(and_or(w[0] >> 4, 0x000F000Fu, magic), __nv_bfloat16());  /* c1, c5 */
+        q[2] = sub_magic(and_or(w[0] >> 8, 0x000F000Fu, magic), __nv_bfloat16());  /* c2, c6 */
+        q[3] = sub_magic(and_or(w[0] >> 12, 0x000F000Fu, magic), __nv_bfloat16()); /* c3, c7 */
+    }
+};
+template <> struct decode<8, __half> {
+    /* w[0..1]: codes c0..c3 and c4..c7, 8 bits each; 1024 + c < 2048 is exact in f16. */
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        const uint32_t magic = 0x64006400u;
+        q[0] = sub_magic(and_or(w[0], 0x00FF00FFu, magic), __half());      /* c0, c2 */
+        q[1] = sub_magic(and_or(w[0] >> 8, 0x00FF00FFu, magic), __half()); /* c1, c3 */
+        q[2] = sub_magic(and_or(w[1], 0x00FF00FFu, magic), __half());      /* c4, c6 */
+        q[3] = sub_magic(and_or(w[1] >> 8, 0x00FF00FFu, magic), __half()); /* c5, c7 */
+    }
+};
+template <> struct decode<8, __nv_bfloat16> {
+    /* bf16 has 8 significant bits: 128 + c is not exact for c ≥ 128, so go through f32 (2^23 + c, exact)
+     * and pack two exact integers into bf16x2 (exact: c ≤ 255 has at most 8 significant bits). */
+    static __device__ __forceinline__ uint32_t pair(uint32_t word, int lo_byte, int hi_byte) {
+        const float lo = __uint_as_float(0x4B000000u | ((word >> (8 * lo_byte)) & 0xFFu)) - 8388608.0f;
+        const float hi = __uint_as_float(0x4B000000u | ((word >> (8 * hi_byte)) & 0xFFu)) - 8388608.0f;
+        __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&r);
+    }
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        q[0] = pair(w[0], 0, 2);
+        q[1] = pair(w[0], 1, 3);
+        q[2] = pair(w[1], 0, 2);
+        q[3] = pair(w[1], 1, 3);
+    }
+};
+
+/* The lane's 8 x values (one 128-bit load, halves h0..h7) as the B-operand pairs matching decode<>. */
+template <int BITS> __device__ __forceinline__ void x_pairs(uint4 v, uint32_t b[4]) {
+    if (BITS == 4) { /* (h0,h4) (h1,h5) (h2,h6) (h3,h7) */
+        b[0] = __byte_perm(v.x, v.z, 0x5410);
+        b[1] = __byte_perm(v.x, v.z, 0x7632);
+        b[2] = __byte_perm(v.y, v.w, 0x5410);
+        b[3] = __byte_perm(v.y, v.w, 0x7632);
+    } else { /* (h0,h2) (h1,h3) (h4,h6) (h5,h7) */
+        b[0] = __byte_perm(v.x, v.y, 0x5410);
+        b[1] = __byte_perm(v.x, v.y, 0x7632);
+        b[2] = __byte_perm(v.z, v.w, 0x5410);
+        b[3] = __byte_perm(v.z, v.w, 0x7632);
+    }
+}
+
+/* A (scale, bias) pair of the scale dtype, widened exactly to f32. */
+__device__ __forceinline__ float2 scale_bias(uint32_t pair, __half) {
+    return __half22float2(*reinterpret_cast<const __half2 *>(&pair));
+}
+__device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
+}
+
+#endif /* QMM_MMA_COMMON_CUH */
