@@ -428,8 +428,8 @@ typedef struct qmm_gather_options {
  * position, value and bound; sorted_indices promised but rhs_indices[i] < rhs_indices[i−1]),
  * QMM_ERR_SHAPE (T = 0, B = 0, B > T with lhs_indices NULL, a buffer too small or of another dtype),
  * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND / QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul), and
- * QMM_ERR_UNSUPPORTED when the backend has no gather row ("no kernel of backend cuda computes gather yet":
- * the CUDA table has none, and the reference rows read host memory).
+ * QMM_ERR_UNSUPPORTED when the backend has no gather row ("no kernel of backend B computes gather yet"; every
+ * backend has one today: ref, cpu, and cuda.gather.blocks.auto on CUDA).
  * Source: mlx.core.gather_qmm (mlx/backend/cpu/quantized.cpp, mlx/ops.cpp). */
 qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
                              const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,

@@ -43,6 +43,12 @@ typedef struct cuda_state {
      * last split resets its counter). NULL until then: launches fall back to one split. */
     float *tile_partials;
     unsigned *tile_counters;
+    /* gather scratch (the gathered rows of x and the uploaded lhs indices), grown on demand; a gather is not a
+     * chain step, so no graph holds these pointers */
+    void *gather_x;
+    size_t gather_x_bytes;
+    uint32_t *gather_index;
+    size_t gather_index_count;
 } cuda_state;
 
 #define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20) /* 16 MiB */
@@ -97,6 +103,8 @@ static void cuda_close(void *state) {
     cudaStreamDestroy(s->stream);
     if (s->tile_partials) cudaFree(s->tile_partials);
     if (s->tile_counters) cudaFree(s->tile_counters);
+    if (s->gather_x) cudaFree(s->gather_x);
+    if (s->gather_index) cudaFree(s->gather_index);
     free(s);
 }
 
@@ -432,6 +440,7 @@ MMA_ROW(mma_m8n16, 1, 1)
 MMA_ROW(mma_m8n32, 2, 1)
 MMA_ROW(mma_m8n64, 4, 1)
 MMA_ROW(mma_m16n32, 2, 2)
+MMA_ROW(mma_m32n16, 1, 4)
 
 /* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). */
 static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
@@ -491,6 +500,126 @@ TILE_ROW(tile_m64n128, 1)
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = 256, .tolerance_slack = 2.0, .description = TEXT}
 
+/* ───────────────────────────── gather (MoE) ───────────────────────────── */
+
+/* The qmm_t rows a gather block may run on: the CUDA table's qmm_t rows in selector order (cuda_table, below
+ * the table). */
+static const qmm_kernel *cuda_table(size_t *count);
+static const qmm_kernel *qmm_t_rows[16];
+static size_t qmm_t_row_count;
+
+static void collect_qmm_t_rows(void) {
+    if (qmm_t_row_count) return; /* the same answer every time: a race only writes the same values */
+    size_t rows, count = 0;
+    const qmm_kernel *table = cuda_table(&rows);
+    for (size_t i = 0; i < rows && count < sizeof qmm_t_rows / sizeof qmm_t_rows[0]; i++)
+        if (table[i].info.op == QMM_OP_QMM_T) qmm_t_rows[count++] = &table[i];
+    qmm_t_row_count = count;
+}
+
+/* Grows a device scratch allocation to at least bytes (old contents dropped). cudaFree waits for the device,
+ * so work still reading the old allocation has finished. */
+static qmm_status grow_scratch(cuda_state *s, void **memory, size_t *have, size_t bytes) {
+    if (*have >= bytes) return QMM_OK;
+    if (*memory) cuda_release(s, *memory);
+    *memory = NULL;
+    *have = 0;
+    qmm_status status = cuda_alloc(s, bytes, memory);
+    if (status == QMM_OK) *have = bytes;
+    return status;
+}
+
+/* The qmm_t call of rows i0 … i1−1 of a gather, all of expert e: the expert's slices of the MLX-layout arrays
+ * and of the repacked ones (extra_out), x from x_rows (row i of the gather at row i), out rows i0 …. */
+static qmm_call expert_block_call(const qmm_call *gather, const char *x_rows, size_t i0, size_t i1, uint32_t e,
+                                  cuda_weights_extra *extra_out) {
+    const size_t N = gather->N, K = gather->K, size = qmm_dtype_size(gather->dtype);
+    const size_t words = K * (size_t)gather->bits / 32, groups = K / (size_t)gather->group_size;
+    qmm_call sub = *gather;
+    sub.op = QMM_OP_QMM_T;
+    sub.M = i1 - i0;
+    sub.x = x_rows + i0 * K * size;
+    sub.out = (char *)gather->out + i0 * N * size;
+    sub.w = gather->w + (size_t)e * N * words;
+    sub.scales = (const char *)gather->scales + (size_t)e * N * groups * size;
+    sub.biases = (const char *)gather->biases + (size_t)e * N * groups * size;
+    sub.T = 0;
+    sub.expert_count = 0;
+    sub.lhs_indices = sub.rhs_indices = NULL;
+    sub.rhs_sorted = false;
+    const cuda_weights_extra *extra = gather->weights_extra;
+    sub.weights_extra = NULL;
+    if (extra) {
+        extra_out->packed = extra->packed + (size_t)e * N * qmm_cuda_packed_words_per_row(K, gather->bits);
+        extra_out->sb = (char *)extra->sb + (size_t)e * N * groups * 4;
+        sub.weights_extra = extra_out;
+    }
+    return sub;
+}
+
+/* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
+ * with sorted indices one per expert used, so each expert's weights are read once for all its rows), each on
+ * the CUDA row the selector picks for that block's M (mma_gemv, mma_tile or generic). Rows of x named by
+ * lhs_indices are first gathered into device scratch in pair order (one kernel), so every block's x is
+ * contiguous; with lhs_indices NULL x is used in place. */
+static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
+    if (call->op != QMM_OP_GATHER) {
+        snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
+        return false;
+    }
+    if (call->M > 0x7fffffffu) {
+        snprintf(why_not, size, "B=%zu index pairs exceed the gather grid (2^31 - 1)", call->M);
+        return false;
+    }
+    collect_qmm_t_rows();
+    /* every block is a qmm_t call of this format: ask the rows about the largest possible block */
+    qmm_call probe = expert_block_call(call, call->x, 0, call->M, 0, &(cuda_weights_extra){0});
+    const qmm_kernel *row;
+    if (qmm_select_kernel(qmm_t_rows, qmm_t_row_count, &probe, NULL, &row) != QMM_OK) {
+        snprintf(why_not, size, "no CUDA qmm_t row takes its blocks: %s", qmm_last_error());
+        return false;
+    }
+    return true;
+}
+
+static qmm_status gather_run(const qmm_call *call) {
+    cuda_state *s = call->backend_state;
+    collect_qmm_t_rows();
+    const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
+    const char *x_rows = call->x;
+    if (call->lhs_indices) {
+        qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, B * K * size);
+        if (status == QMM_OK) {
+            size_t have = s->gather_index_count * sizeof(uint32_t);
+            status = grow_scratch(s, (void **)&s->gather_index, &have, B * sizeof(uint32_t));
+            s->gather_index_count = have / sizeof(uint32_t);
+        }
+        if (status != QMM_OK) return status;
+        CUDA_TRY(cudaMemcpyAsync(s->gather_index, call->lhs_indices, B * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                 s->stream));
+        qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, s->gather_index, s->gather_x, B, K * size,
+                                                                 s->stream),
+                                            "gather_rows", __FILE__, __LINE__);
+        if (launched != QMM_OK) return launched;
+        x_rows = s->gather_x;
+    }
+    for (size_t i0 = 0; i0 < B;) {
+        const uint32_t e = call->rhs_indices[i0];
+        size_t i1 = i0 + 1;
+        while (i1 < B && call->rhs_indices[i1] == e) i1++;
+        cuda_weights_extra extra;
+        qmm_call block = expert_block_call(call, x_rows, i0, i1, e, &extra);
+        const qmm_kernel *row;
+        qmm_status status = qmm_select_kernel(qmm_t_rows, qmm_t_row_count, &block, NULL, &row);
+        if (status == QMM_OK) status = row->run(&block);
+        if (status != QMM_OK) return status;
+        i0 = i1;
+    }
+    /* cudaMemcpyAsync from pageable memory has consumed lhs_indices before returning; rhs_indices was read
+     * above: nothing of the caller's host arrays is used after this call returns. */
+    return QMM_OK;
+}
+
 /* Selector order (src/select.c walks it; the hints bound where the selector takes a row unforced), from
  * `qmm bench` on the H200 (docs/PERF.md, 2026-11-30, cp.async version):
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
@@ -498,6 +627,8 @@ TILE_ROW(tile_m64n128, 1)
  *            (5120² M=1: 11.0 µs vs 11.5 for m8n16; 14336×5120: 21.2 vs 23.6; M=8: 11.3 vs 12.2.)
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N = 4096 (7.9 vs 9.6 µs).
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
+ *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
+ *            the register cap of 2 would spill).
  *   M > 16:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
@@ -512,6 +643,8 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .tune_only = true},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
@@ -528,7 +661,16 @@ static const qmm_kernel cuda_kernels[] = {
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
               .description = "every format: a thread per output column, x·(s·q + b) summed over k in f32"},
      .supports = generic_supports, .run = generic_n_run},
+    {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
+              .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
+              .description = "MoE gather: one product per expert block on the CUDA qmm_t row picked for its rows"},
+     .supports = gather_supports, .run = gather_run},
 };
+
+static const qmm_kernel *cuda_table(size_t *count) {
+    *count = sizeof cuda_kernels / sizeof cuda_kernels[0];
+    return cuda_kernels;
+}
 
 /* The GPU's name as the driver gives it ("NVIDIA H200"): what a tuning table measured here records. */
 static qmm_status cuda_device_name(void *state, char *name, size_t size) {

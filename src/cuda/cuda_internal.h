@@ -53,6 +53,9 @@ int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int to
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
 void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads);
 
+/* gather: dst[i, :] = src[indices[i], :] for i < rows (device pointers; row_bytes a multiple of 16, rows < 2^31). */
+int qmm_cuda_gather_rows(const void *src, const uint32_t *indices, void *dst, size_t rows, size_t row_bytes, void *stream);
+
 /* The repacked layout of the mma family (docs/kernels.md §9): words per row and the repack itself,
  * host side. packed_words(K, bits) = ceil(K / S)·16 with S = 512/bits codes per 64-byte super-block. */
 size_t qmm_cuda_packed_words_per_row(size_t K, int bits);

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(256)
 #endif
 
 template <int BITS, typename T, int RT, int TT, int S, int GS>
-__global__ void __launch_bounds__(256, QMM_MMA_MIN_BLOCKS)
+__global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
                     T *__restrict__ out, int M, int N, int K) {
@@ -235,15 +235,22 @@ __global__ void __launch_bounds__(256, QMM_MMA_MIN_BLOCKS)
                 wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
                 sbq[r][h] = stage_sb[((stage * RT + r) * 2 + h) * 32 + lane];
             }
-        uint4 xv[BPS][TT];
-#pragma unroll
-        for (int j = 0; j < BPS; j++)
+        /* x of the super-block: loaded up front for up to 2 token tiles; with more, block by block (the up-front
+         * copy would take 16·TT registers and spill under the 2-blocks-per-SM register cap) */
+        constexpr bool PRELOAD = TT <= 2;
+        uint4 xv[PRELOAD ? BPS : 1][TT];
+        auto load_x = [&](int j, uint4 *dst) {
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) {
                 const int m = tt * 8 + g, blk = sbk * BPS + j;
-                xv[j][tt] = m < M && blk < blocks ? *reinterpret_cast<const uint4 *>(x + m * K + blk * 32 + 8 * t)
-                                                  : make_uint4(0, 0, 0, 0);
+                dst[tt] = m < M && blk < blocks ? *reinterpret_cast<const uint4 *>(x + m * K + blk * 32 + 8 * t)
+                                                : make_uint4(0, 0, 0, 0);
             }
+        };
+        if (PRELOAD) {
+#pragma unroll
+            for (int j = 0; j < BPS; j++) load_x(j, xv[PRELOAD ? j : 0]);
+        }
         float cq[RT][TT][4], cx[TT][4];
 #pragma unroll
         for (int j = 0; j < BPS; j++) {
@@ -258,8 +265,9 @@ __global__ void __launch_bounds__(256, QMM_MMA_MIN_BLOCKS)
                     }
             }
             uint32_t b[TT][4];
+            if (!PRELOAD) load_x(j, xv[0]);
 #pragma unroll
-            for (int tt = 0; tt < TT; tt++) x_pairs<BITS>(xv[j][tt], b[tt]);
+            for (int tt = 0; tt < TT; tt++) x_pairs<BITS>(xv[PRELOAD ? j : 0][tt], b[tt]);
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) {
                 mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
@@ -399,10 +407,30 @@ template <int RT, int TT> static int dispatch_mma_gemv(const qmm_cuda_launch *c)
 
 /* The tiles the table uses (each is 12 instantiations: bits × dtype × group size). */
 extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, int token_tiles) {
+    if (token_tiles == 4) return dispatch_mma_gemv<1, 4>(c);
     if (token_tiles == 2) return dispatch_mma_gemv<2, 2>(c);
     if (row_tiles == 1) return dispatch_mma_gemv<1, 1>(c);
     if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
     return dispatch_mma_gemv<4, 1>(c);
+}
+
+/* ───────────────────────────── gather (MoE) ───────────────────────────── */
+
+/* dst row i = src row indices[i], rows of row_quads 16-byte words (K·dtype size is a multiple of 64 bytes:
+ * K is a multiple of 32). One block per row, looping over the row's words. */
+__global__ void __launch_bounds__(128) gather_rows_kernel(const uint4 *__restrict__ src, const uint32_t *__restrict__ indices,
+                                                          uint4 *__restrict__ dst, size_t row_quads) {
+    const uint4 *from = src + (size_t)indices[blockIdx.x] * row_quads;
+    uint4 *to = dst + (size_t)blockIdx.x * row_quads;
+    for (size_t i = threadIdx.x; i < row_quads; i += blockDim.x) to[i] = from[i];
+}
+
+extern "C" int qmm_cuda_gather_rows(const void *src, const uint32_t *indices, void *dst, size_t rows, size_t row_bytes,
+                                    void *stream) {
+    cudaGetLastError();
+    gather_rows_kernel<<<(unsigned)rows, 128, 0, (cudaStream_t)stream>>>((const uint4 *)src, indices, (uint4 *)dst,
+                                                                         row_bytes / 16);
+    return (int)cudaGetLastError();
 }
 
 /* ───────────────────────────── host-side repack ───────────────────────────── */

@@ -125,7 +125,7 @@ static void test_chain(qmm_context *context, check_rng *rng) {
 
 /* The selector's choice for each M, and every eligible row agreeing with the oracle at the switch points. */
 static void test_selector_and_switch_points(qmm_context *context, check_rng *rng) {
-    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 64, 65, 200};
+    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 200};
     const qmm_dtype dtypes[] = {QMM_F16, QMM_BF16, QMM_F32};
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
@@ -137,8 +137,8 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
             }
             qmm_kernel_info chosen = {0};
             CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
-            /* f16/bf16: the GEMV family up to M = 16, the tile family beyond; f32: the generic kernel */
-            const char *family = dtypes[d] == QMM_F32 ? "generic" : ms[i] <= 16 ? "mma_gemv" : "mma_tile";
+            /* f16/bf16: the GEMV family up to M = 16, a tensor-core row (GEMV or tile) beyond; f32: generic */
+            const char *family = dtypes[d] == QMM_F32 ? "generic" : ms[i] <= 16 ? "mma_gemv" : "mma_";
             CHECK(chosen.name && strstr(chosen.name, family) != NULL, "M=%zu %s: the selector chose %s, not a %s row",
                   ms[i], qmm_dtype_name(dtypes[d]), chosen.name ? chosen.name : "?", family);
             for (size_t k = 0; k < qmm_kernel_count(context); k++) {
@@ -291,6 +291,85 @@ static void test_non_finite(qmm_context *context) {
     }
 }
 
+/* MoE gather on the GPU (cuda.gather.blocks.auto): every token picks `active` distinct experts of E, the pairs
+ * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices; against the f64
+ * oracle, the selector's row named, nothing written past B·N. Formats: the tensor-core rows (4/8-bit f16/bf16)
+ * and the generic one (3-bit, f32). */
+static void test_gather(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t experts, active, T, N, K;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {
+        {16, 4, 5, 96, 256, 4, 64, QMM_BF16}, {16, 4, 40, 200, 512, 8, 32, QMM_F16},
+        {8, 2, 3, 33, 128, 3, 32, QMM_F32},   {32, 8, 1, 768, 2048, 4, 64, QMM_BF16},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
+        const size_t B = T * A, size = qmm_dtype_size(cases[c].dtype);
+        check_qmatrix q;
+        if (!check_qmatrix_random(rng, E * N, K, cases[c].bits, cases[c].group_size, cases[c].dtype, &q)) {
+            CHECK(false, "gather: out of memory");
+            continue;
+        }
+        uint32_t *lhs = malloc(B * sizeof *lhs), *rhs = malloc(B * sizeof *rhs);
+        void *x = malloc(T * K * size), *out = malloc((B * N + 64) * size);
+        double *exact = malloc(B * N * sizeof(double)), *abs_dot = malloc(B * N * sizeof(double));
+        qmm_weights *experts = NULL;
+        qmm_buffer *xb = NULL, *ob = NULL;
+        if (!lhs || !rhs || !x || !out || !exact || !abs_dot) {
+            CHECK(false, "gather: out of memory");
+            goto next;
+        }
+        check_fill_uniform(rng, x, cases[c].dtype, T * K, -1.0f, 1.0f);
+        CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &experts));
+        CHECK_OK(qmm_buffer_create(context, cases[c].dtype, T * K, &xb));
+        CHECK_OK(qmm_buffer_create(context, cases[c].dtype, B * N + 64, &ob));
+        if (!experts || !xb || !ob) goto next;
+        CHECK_OK(qmm_buffer_write(xb, x, T * K));
+        for (int sorted = 0; sorted < 2; sorted++) {
+            /* token t takes experts (t·7 + j·(E/A) + random offset) mod E, j < A: distinct */
+            for (size_t t = 0; t < T; t++) {
+                const size_t shift = (size_t)(check_rng_next(rng) % (E / A));
+                for (size_t j = 0; j < A; j++) {
+                    lhs[t * A + j] = (uint32_t)t;
+                    rhs[t * A + j] = (uint32_t)((t * 7 + j * (E / A) + shift) % E);
+                }
+            }
+            if (sorted) /* a stable sort of the pairs by expert (insertion sort: B is small) */
+                for (size_t i = 1; i < B; i++)
+                    for (size_t j = i; j > 0 && rhs[j - 1] > rhs[j]; j--) {
+                        uint32_t r = rhs[j], l = lhs[j];
+                        rhs[j] = rhs[j - 1], lhs[j] = lhs[j - 1];
+                        rhs[j - 1] = r, lhs[j - 1] = l;
+                    }
+            CHECK_OK(qmm_buffer_poison(ob));
+            qmm_gather_options options = {.sorted_indices = sorted};
+            qmm_kernel_info ran = {0};
+            CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs, rhs, B, ob, &options, &ran));
+            CHECK(ran.name && strcmp(ran.name, "cuda.gather.blocks.auto") == 0, "gather ran %s",
+                  ran.name ? ran.name : "?");
+            CHECK_OK(qmm_buffer_read(ob, out, B * N + 64));
+            CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs, rhs, B, exact, abs_dot));
+            char label[200];
+            snprintf(label, sizeof label, "gather E=%zu N=%zu K=%zu T=%zu B=%zu %d-bit gs%d %s %s", E, N, K, T, B,
+                     cases[c].bits, cases[c].group_size, qmm_dtype_name(cases[c].dtype), sorted ? "sorted" : "unsorted");
+            double worst = 0;
+            size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, B * N, K, 2.0, &worst);
+            CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
+            size_t past = 0;
+            for (size_t i = B * N; i < B * N + 64; i++) past += !isnan(qmm_load_f32(out, cases[c].dtype, i));
+            CHECK(past == 0, "%s: %zu elements written past B·N", label, past);
+        }
+    next:
+        qmm_weights_destroy(experts);
+        qmm_buffer_destroy(xb);
+        qmm_buffer_destroy(ob);
+        free(lhs), free(rhs), free(x), free(out), free(exact), free(abs_dot);
+        check_qmatrix_free(&q);
+    }
+}
+
 static void test_errors(qmm_context *context, check_rng *rng) {
     qmm_context *other = NULL;
     CHECK_STATUS(qmm_context_create(QMM_BACKEND_CUDA, 1000, &other), QMM_ERR_INVALID_ARGUMENT);
@@ -304,15 +383,11 @@ static void test_errors(qmm_context *context, check_rng *rng) {
         CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &ref, NULL), QMM_ERR_NOT_FOUND);
     }
     product_free(&p);
-    /* No CUDA row computes gather yet, and the reference rows are not in a CUDA table (host memory). */
+    /* The reference gather rows are not in a CUDA table (host memory): forcing one is NOT_FOUND. */
     if (product_make(context, rng, 2, 64, 128, 4, 64, QMM_F16, &p)) {
         qmm_weights *experts = NULL;
         const uint32_t rhs[2] = {0, 1};
         CHECK_OK(qmm_weights_create_experts(context, &p.q.m, 2, &experts));
-        CHECK_STATUS(qmm_gather_matmul(context, experts, p.x, p.M, NULL, rhs, 2, p.out, NULL, NULL),
-                     QMM_ERR_UNSUPPORTED);
-        CHECK(strstr(qmm_last_error(), "no kernel of backend cuda computes gather yet") != NULL, "gather on CUDA: %s",
-              qmm_last_error());
         qmm_gather_options forced = {.kernel = "ref.gather.blocks.r1"};
         CHECK_STATUS(qmm_gather_matmul(context, experts, p.x, p.M, NULL, rhs, 2, p.out, &forced, NULL),
                      QMM_ERR_NOT_FOUND);
@@ -338,6 +413,7 @@ int main(void) {
     test_selector_and_switch_points(context, &rng);
     test_determinism(context, &rng);
     test_tile_split_k(context, &rng);
+    test_gather(context, &rng);
     test_non_finite(context);
     test_errors(context, &rng);
     qmm_context_destroy(context);
