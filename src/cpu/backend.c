@@ -198,7 +198,10 @@ typedef struct gather_block {
 static qmm_status cpu_gather_run(const qmm_call *call, const qmm_kernel *const *rows, size_t row_count) {
     size_t count = 0, gathered_max = 0;
     for (size_t i0 = 0; i0 < call->M; i0 = qmm_gather_block_end(call, i0)) count++;
-    gather_block *blocks = malloc(count * sizeof *blocks); /* count ≤ M, and M·N·8 bytes fit in size_t */
+    size_t list_bytes;
+    if (!qmm_mul_size(count, sizeof(gather_block), &list_bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "cpu gather: a list of %zu expert blocks overflows size_t", count);
+    gather_block *blocks = malloc(list_bytes);
     if (!blocks) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cpu gather: no memory for a list of %zu expert blocks", count);
     qmm_status status = QMM_OK;
     size_t b = 0;
@@ -277,10 +280,21 @@ cleanup:
     return status;
 }
 
-/* Each ISA's qmm_t rows in table order: what its gather row's blocks choose among. */
-static const qmm_kernel *const avx512_qmm_t_rows[] = {&qmm_cpu_kernels[0], &qmm_cpu_kernels[2]};
-static const qmm_kernel *const avx2_qmm_t_rows[] = {&qmm_cpu_kernels[1], &qmm_cpu_kernels[3]};
-static const qmm_kernel *const portable_qmm_t_rows[] = {&qmm_cpu_kernels[4]};
+/* Each ISA's qmm_t rows in table order: what its gather row's blocks choose among. The table places these
+ * rows by the same names (designated initializers below), so reordering it cannot point a list elsewhere. */
+enum {
+    ROW_QMM_T_GEMV_AVX512,
+    ROW_QMM_T_GEMV_AVX2,
+    ROW_QMM_T_GEMM_AVX512,
+    ROW_QMM_T_GEMM_AVX2,
+    ROW_QMM_T_SCALAR,
+    ROW_FIRST_OTHER /* the qmm_n and gather rows follow */
+};
+static const qmm_kernel *const avx512_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX512],
+                                                      &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX512]};
+static const qmm_kernel *const avx2_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX2],
+                                                    &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX2]};
+static const qmm_kernel *const portable_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_SCALAR]};
 
 /* A gather row accepts a call when its ISA is here and the rows it drives accept every block. */
 static bool cpu_gather_supports(const qmm_call *call, const qmm_kernel *const *rows, size_t row_count,
@@ -316,22 +330,22 @@ CPU_GATHER(portable, portable_qmm_t_rows)
  * Slack 1 for every row: each keeps every product term within K + 2 f32 roundings (counts beside the
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
-    CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
+    [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
             avx512_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx512, qmm_cpu_has_avx512),
-    CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
+    [ROW_QMM_T_GEMV_AVX2] = CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
             "M<=16 without AVX-512: 4 rows of x x 4 weight rows in YMM, split s·Σq·x + b·Σx",
             avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2, qmm_cpu_has_avx2),
-    CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
+    [ROW_QMM_T_GEMM_AVX512] = CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
             "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
             avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512, qmm_cpu_has_avx512),
-    CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
+    [ROW_QMM_T_GEMM_AVX2] = CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
             "any M without AVX-512: panel decoded to f32 once, 6x16 YMM micro-kernel",
             avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2, qmm_cpu_has_avx2),
-    CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
+    [ROW_QMM_T_SCALAR] = CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
             "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
             scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t, NULL),
-    CPU_ROW("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+    [ROW_FIRST_OTHER] = CPU_ROW("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
             "x·Ŵ, M<=16: weights read once, 4 rows of W per pass over an L1-resident out chunk, ŵ by vpermps table",
             avx512_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx512, qmm_cpu_has_avx512),
     CPU_ROW("cpu.qmm_n.gemv.k4.avx2", QMM_OP_QMM_N, "gemv", 8, 32, 4,
