@@ -134,6 +134,7 @@ if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)
   check "--gather --backend cpu: a CPU gather row selected" out_matches '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +1 +bf16 +[0-9.]+ +(memory|compute) +\* cpu\.gather\.blocks\.'
   check "--gather --backend cpu: the reference row as the baseline" out_matches '^ +ref\.gather\.blocks\.r1 +[0-9.]+'
 fi
+expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"
 expect_usage_error bench "--experts applies to --gather only" bench --backend ref --quick --experts 8
 expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2
 expect_usage_error bench "--experts '0' is not a whole number" bench --backend ref --quick --gather --experts 0

@@ -797,6 +797,10 @@ int cmd_bench(const command *c, int argc, char **argv) {
             goto done;
         }
     }
+    if (tuning_text && gather) { /* the gather rows choose each block's qmm_t row by the table order */
+        rc = usage_error(c, "--tuning does not apply to --gather (a tuning table steers qmm_t and qmm_n calls only)");
+        goto done;
+    }
     if (tuning_text && !tuning_text[0]) {
         rc = usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
         goto done;

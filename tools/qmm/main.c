@@ -120,7 +120,7 @@ static const command commands[] = {
      "  stacked E times (--experts, default 128); --m is T, the tokens (default 1,8,32,128), each routed to K\n"
      "  distinct random experts (--experts-per-token, default 8), B = K·T pairs sorted by expert as MLX's\n"
      "  sorted_indices; bytes = the experts touched + x + out, floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); every\n"
-     "  gather row is timed, the reference rows being the baseline; no peers. Default shapes:\n"
+     "  gather row is timed, the reference rows being the baseline; no peers, no --tuning. Default shapes:\n"
      "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda (no gather row yet).\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
