@@ -187,7 +187,8 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
  * Threads: blocks run in parallel, one thread each (dynamic schedule), when there are at least as many
  * blocks as threads and the whole gather is worth a team (QMM_CPU_PARALLEL_MIN_WORK); otherwise (fewer
  * blocks than threads: one expert's prefill) the blocks run one after another and each uses the context's
- * threads as a qmm_t call would. Decode (one token to 8 experts: 8 blocks of M = 1 of a few hundred KiB
+ * threads as a qmm_t call would. A block with more than 1/threads of the rows (a popular expert in a
+ * prefill chunk) runs first on all the threads, since on one it would outlast the others. Decode (one token to 8 experts: 8 blocks of M = 1 of a few hundred KiB
  * each) thus wakes one team per gather instead of one per block. Either way every output is computed by
  * one thread in the order of its qmm_t row, so the result does not depend on the thread count. */
 typedef struct gather_block {
@@ -233,16 +234,18 @@ static qmm_status cpu_gather_run(const qmm_call *call, const qmm_kernel *const *
             goto cleanup;
         }
     }
-    if (team == 1) {
-        for (b = 0; b < count && status == QMM_OK; b++) {
-            qmm_call block = qmm_gather_block_call(call, blocks[b].i0, blocks[b].i1);
-            if (!block.x) {
-                qmm_gather_block_rows(call, blocks[b].i0, blocks[b].i1, scratch);
-                block.x = scratch;
-            }
-            status = blocks[b].row->run(&block);
+    /* A block with more than its share of the rows (rows·team > B; every block has the same N and K) would
+     * hold one thread past all the others: it runs first, on the context's threads (team == 1: every block). */
+    for (b = 0; b < count && status == QMM_OK; b++) {
+        if (team > 1 && (blocks[b].i1 - blocks[b].i0) * (size_t)team <= call->M) continue;
+        qmm_call block = qmm_gather_block_call(call, blocks[b].i0, blocks[b].i1);
+        if (!block.x) {
+            qmm_gather_block_rows(call, blocks[b].i0, blocks[b].i1, scratch);
+            block.x = scratch;
         }
-    } else {
+        status = blocks[b].row->run(&block);
+    }
+    if (team > 1 && status == QMM_OK) {
         /* Each block on one thread; a failure (a kernel's scratch) keeps its message for the caller's thread. */
         qmm_cpu_state one_thread = {.threads = 1};
         char message[512] = "";
@@ -252,7 +255,7 @@ static qmm_status cpu_gather_run(const qmm_call *call, const qmm_kernel *const *
             int stop;
 #pragma omp atomic read
             stop = failed;
-            if (stop) continue;
+            if (stop || (blocks[k].i1 - blocks[k].i0) * (size_t)team > call->M) continue; /* ran above */
             qmm_call block = qmm_gather_block_call(call, blocks[k].i0, blocks[k].i1);
             block.backend_state = &one_thread;
             if (!block.x) {
