@@ -4,6 +4,7 @@
  *   qmm_gather_validate          the shape and index checks, before any work (oracle and runtime)
  *   qmm_gather_blocks_supported  whether a qmm_t row can run every expert block of a gather call
  *   qmm_gather_run_blocks        a gather call as one qmm_t call per expert block (kernel.h says how)
+ *   qmm_gather_block_end / _call / _rows  its pieces, for a row that schedules the blocks itself (src/cpu/)
  *
  * No arithmetic happens here: blocks are computed by the qmm_t row they are given.
  */
@@ -50,8 +51,7 @@ qmm_status qmm_gather_validate(const char *function, size_t rows, size_t K, qmm_
     return QMM_OK;
 }
 
-/* The end of the expert block that starts at i0. */
-static size_t block_end(const qmm_call *gather, size_t i0) {
+size_t qmm_gather_block_end(const qmm_call *gather, size_t i0) {
     size_t i1 = i0 + 1;
     while (i1 < gather->M && gather->rhs_indices[i1] == gather->rhs_indices[i0]) i1++;
     return i1;
@@ -88,6 +88,24 @@ static qmm_call block_call(const qmm_call *gather, size_t i0, size_t i1) {
     return call;
 }
 
+qmm_call qmm_gather_block_call(const qmm_call *gather, size_t i0, size_t i1) {
+    qmm_call call = block_call(gather, i0, i1);
+    if (block_rows_consecutive(gather, i0, i1)) {
+        const size_t first = gather->lhs_indices ? gather->lhs_indices[i0] : i0;
+        call.x = (const unsigned char *)gather->x + first * gather->K * qmm_dtype_size(gather->dtype);
+    }
+    return call;
+}
+
+void qmm_gather_block_rows(const qmm_call *gather, size_t i0, size_t i1, void *rows) {
+    const size_t row_bytes = gather->K * qmm_dtype_size(gather->dtype);
+    for (size_t i = i0; i < i1; i++) {
+        const size_t row = gather->lhs_indices ? gather->lhs_indices[i] : i;
+        memcpy((unsigned char *)rows + (i - i0) * row_bytes, (const unsigned char *)gather->x + row * row_bytes,
+               row_bytes);
+    }
+}
+
 bool qmm_gather_blocks_supported(const qmm_call *gather, const qmm_kernel *qmm_t_row, char *why_not,
                                  size_t why_not_size) {
     if (gather->op != QMM_OP_GATHER) {
@@ -96,7 +114,7 @@ bool qmm_gather_blocks_supported(const qmm_call *gather, const qmm_kernel *qmm_t
     }
     char reason[256];
     for (size_t i0 = 0; i0 < gather->M;) {
-        const size_t i1 = block_end(gather, i0);
+        const size_t i1 = qmm_gather_block_end(gather, i0);
         qmm_call call = block_call(gather, i0, i1);
         if (!qmm_kernel_accepts(qmm_t_row, &call, reason, sizeof reason)) {
             snprintf(why_not, why_not_size, "expert block rows %zu..%zu (expert %u, M=%zu): %s", i0, i1 - 1,
@@ -115,7 +133,7 @@ qmm_status qmm_gather_run_blocks(const qmm_call *gather, const qmm_kernel *qmm_t
     size_t scratch_rows = 0;
     qmm_status status = QMM_OK;
     for (size_t i0 = 0; i0 < gather->M;) {
-        const size_t i1 = block_end(gather, i0);
+        const size_t i1 = qmm_gather_block_end(gather, i0);
         qmm_call call = block_call(gather, i0, i1);
         const size_t first = gather->lhs_indices ? gather->lhs_indices[i0] : i0;
         if (block_rows_consecutive(gather, i0, i1)) {

@@ -93,6 +93,15 @@ bool qmm_gather_blocks_supported(const qmm_call *gather, const qmm_kernel *qmm_t
                                  size_t why_not_size);
 qmm_status qmm_gather_run_blocks(const qmm_call *gather, const qmm_kernel *qmm_t_row);
 
+/* The pieces of qmm_gather_run_blocks, for a gather row that schedules the blocks itself (the CPU rows run
+ * them on parallel threads, src/cpu/backend.c). qmm_gather_block_end: the end i1 of the block that starts at
+ * i0. qmm_gather_block_call: block [i0, i1)'s qmm_t call (weights, out and backend_state as above), with x in
+ * place when the block's rows are consecutive rows of x, else NULL: then the caller copies them with
+ * qmm_gather_block_rows into host memory of (i1 − i0)·K elements and points x there. Never fail. */
+size_t qmm_gather_block_end(const qmm_call *gather, size_t i0);
+qmm_call qmm_gather_block_call(const qmm_call *gather, size_t i0, size_t i1);
+void qmm_gather_block_rows(const qmm_call *gather, size_t i0, size_t i1, void *rows);
+
 /* What a backend plugs into the runtime. Every hook returns a status with qmm_error() set on failure.
  * `state` is what open() returned (NULL allowed). Memory hooks move bytes; the runtime has checked
  * every size for overflow first. */

@@ -10,7 +10,8 @@
  *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel.
  *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
  *   AVX-512 before AVX2 within each family: twice the lanes per instruction where both can run.
- *   Then the qmm_n rows (GEMV for M ≤ 8, then tiled), then (appended by the runtime) the reference rows.
+ *   Then the qmm_n rows (GEMV for M ≤ 8, then tiled), then the gather rows (one per ISA, each driving that
+ *   ISA's qmm_t rows per expert block), then (appended by the runtime) the reference rows.
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "cpu.h"
@@ -175,6 +176,148 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
     return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size);
 }
 
+/* ───────────────────────────── gather (MoE) ─────────────────────────────
+ *
+ * A CPU gather row walks the call's expert blocks (src/core/gather.c: a maximal run of pairs with one
+ * expert; one per used expert when rhs_indices is sorted) and computes each block as one qmm_t product on
+ * the qmm_t row that the selector itself picks for that block among its ISA's rows (qmm_select_kernel over
+ * the list below, in table order): the GEMV row for a block of M ≤ QMM_CPU_GEMV_MAX_M rows, the tiled row
+ * above. No threshold is repeated here: a block gets exactly the row a plain qmm_t call of its shape gets.
+ *
+ * Threads: blocks run in parallel, one thread each (dynamic schedule), when there are at least as many
+ * blocks as threads and the whole gather is worth a team (QMM_CPU_PARALLEL_MIN_WORK); otherwise (fewer
+ * blocks than threads: one expert's prefill) the blocks run one after another and each uses the context's
+ * threads as a qmm_t call would. A block with more than 1/threads of the rows (a popular expert in a
+ * prefill chunk) runs first on all the threads, since on one it would outlast the others. Decode (one token to 8 experts: 8 blocks of M = 1 of a few hundred KiB
+ * each) thus wakes one team per gather instead of one per block. Either way every output is computed by
+ * one thread in the order of its qmm_t row, so the result does not depend on the thread count. */
+typedef struct gather_block {
+    size_t i0, i1;
+    const qmm_kernel *row; /* the qmm_t row the selector picks for this block */
+} gather_block;
+
+static qmm_status cpu_gather_run(const qmm_call *call, const qmm_kernel *const *rows, size_t row_count) {
+    size_t count = 0, gathered_max = 0;
+    for (size_t i0 = 0; i0 < call->M; i0 = qmm_gather_block_end(call, i0)) count++;
+    size_t list_bytes;
+    if (!qmm_mul_size(count, sizeof(gather_block), &list_bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "cpu gather: a list of %zu expert blocks overflows size_t", count);
+    gather_block *blocks = malloc(list_bytes);
+    if (!blocks) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cpu gather: no memory for a list of %zu expert blocks", count);
+    qmm_status status = QMM_OK;
+    size_t b = 0;
+    for (size_t i0 = 0; i0 < call->M; b++) {
+        const size_t i1 = qmm_gather_block_end(call, i0);
+        const qmm_call block = qmm_gather_block_call(call, i0, i1);
+        blocks[b] = (gather_block){i0, i1, NULL};
+        if ((status = qmm_select_kernel(rows, row_count, &block, NULL, &blocks[b].row)) != QMM_OK) goto cleanup;
+        if (!block.x && i1 - i0 > gathered_max) gathered_max = i1 - i0;
+        i0 = i1;
+    }
+
+    const int threads = qmm_cpu_threads_for(call); /* the whole gather's work: B·N·K */
+    const int team = threads > 1 && count >= (size_t)threads ? threads : 1;
+    /* Rows of x that a block takes out of order are copied to scratch: one slice per thread of the team. */
+    const size_t row_bytes = call->K * qmm_dtype_size(call->dtype); /* T·K·size checked by the runtime */
+    size_t slice = 0, bytes = 0;
+    unsigned char *scratch = NULL;
+    if (gathered_max) {
+        /* Repeated rows make a block larger than x, so this product is checked. */
+        if (!qmm_mul_size(gathered_max, row_bytes, &slice) || !qmm_mul_size(slice, (size_t)team, &bytes)) {
+            status = qmm_error(QMM_ERR_OVERFLOW, "cpu gather: %d × %zu gathered rows of x of %zu bytes overflow size_t",
+                               team, gathered_max, row_bytes);
+            goto cleanup;
+        }
+        if (!(scratch = malloc(bytes))) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cpu gather: no memory for %zu gathered rows of x (%zu bytes)",
+                               (size_t)team * gathered_max, bytes);
+            goto cleanup;
+        }
+    }
+    /* A block with more than its share of the rows (rows·team > B; every block has the same N and K) would
+     * hold one thread past all the others: it runs first, on the context's threads (team == 1: every block). */
+    for (b = 0; b < count && status == QMM_OK; b++) {
+        if (team > 1 && (blocks[b].i1 - blocks[b].i0) * (size_t)team <= call->M) continue;
+        qmm_call block = qmm_gather_block_call(call, blocks[b].i0, blocks[b].i1);
+        if (!block.x) {
+            qmm_gather_block_rows(call, blocks[b].i0, blocks[b].i1, scratch);
+            block.x = scratch;
+        }
+        status = blocks[b].row->run(&block);
+    }
+    if (team > 1 && status == QMM_OK) {
+        /* Each block on one thread; a failure (a kernel's scratch) keeps its message for the caller's thread. */
+        qmm_cpu_state one_thread = {.threads = 1};
+        char message[512] = "";
+        int failed = 0;
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
+        for (size_t k = 0; k < count; k++) {
+            int stop;
+#pragma omp atomic read
+            stop = failed;
+            if (stop || (blocks[k].i1 - blocks[k].i0) * (size_t)team > call->M) continue; /* ran above */
+            qmm_call block = qmm_gather_block_call(call, blocks[k].i0, blocks[k].i1);
+            block.backend_state = &one_thread;
+            if (!block.x) {
+                unsigned char *rows_of_x = scratch + (size_t)QMM_CPU_THREAD_ID() * slice;
+                qmm_gather_block_rows(call, blocks[k].i0, blocks[k].i1, rows_of_x);
+                block.x = rows_of_x;
+            }
+            const qmm_status result = blocks[k].row->run(&block);
+            if (result != QMM_OK) {
+#pragma omp critical(qmm_cpu_gather_failure)
+                if (!failed) {
+                    snprintf(message, sizeof message, "%s", qmm_last_error());
+                    status = result;
+#pragma omp atomic write
+                    failed = 1;
+                }
+            }
+        }
+        if (status != QMM_OK) qmm_error(status, "%s", message);
+    }
+    free(scratch);
+
+cleanup:
+    free(blocks);
+    return status;
+}
+
+/* Each ISA's qmm_t rows in table order: what its gather row's blocks choose among. The table places these
+ * rows by the same names (designated initializers below), so reordering it cannot point a list elsewhere. */
+enum {
+    ROW_QMM_T_GEMV_AVX512,
+    ROW_QMM_T_GEMV_AVX2,
+    ROW_QMM_T_GEMM_AVX512,
+    ROW_QMM_T_GEMM_AVX2,
+    ROW_QMM_T_SCALAR,
+    ROW_FIRST_OTHER /* the qmm_n and gather rows follow */
+};
+static const qmm_kernel *const avx512_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX512],
+                                                      &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX512]};
+static const qmm_kernel *const avx2_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX2],
+                                                    &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX2]};
+static const qmm_kernel *const portable_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_SCALAR]};
+
+/* A gather row accepts a call when its ISA is here and the rows it drives accept every block. */
+static bool cpu_gather_supports(const qmm_call *call, const qmm_kernel *const *rows, size_t row_count,
+                                char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_GATHER, call, why_not, why_not_size)) return false;
+    /* The last row of each list (tiled, or the portable row) takes every qmm_t call its ISA allows. */
+    return qmm_gather_blocks_supported(call, rows[row_count - 1], why_not, why_not_size);
+}
+
+#define CPU_GATHER(isa, list)                                                                                   \
+    static bool isa##_gather_supports(const qmm_call *call, char *why_not, size_t why_not_size) {              \
+        return cpu_gather_supports(call, list, sizeof list / sizeof list[0], why_not, why_not_size);            \
+    }                                                                                                           \
+    static qmm_status isa##_gather_run(const qmm_call *call) {                                                  \
+        return cpu_gather_run(call, list, sizeof list / sizeof list[0]);                                        \
+    }
+CPU_GATHER(avx512, avx512_qmm_t_rows)
+CPU_GATHER(avx2, avx2_qmm_t_rows)
+CPU_GATHER(portable, portable_qmm_t_rows)
+
 /* Slack 1 for every row: each one keeps every product term within K + 2 f32 roundings (the counts
  * are beside each kernel in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 #define CPU_ROW(row_name, row_op, row_family, m, n, k, text, accepts, runs, isa)                                 \
@@ -190,22 +333,22 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
  * Slack 1 for every row: each keeps every product term within K + 2 f32 roundings (counts beside the
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
-    CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
+    [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
             avx512_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx512, qmm_cpu_has_avx512),
-    CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
+    [ROW_QMM_T_GEMV_AVX2] = CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
             "M<=16 without AVX-512: 4 rows of x x 4 weight rows in YMM, split s·Σq·x + b·Σx",
             avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2, qmm_cpu_has_avx2),
-    CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
+    [ROW_QMM_T_GEMM_AVX512] = CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
             "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
             avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512, qmm_cpu_has_avx512),
-    CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
+    [ROW_QMM_T_GEMM_AVX2] = CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
             "any M without AVX-512: panel decoded to f32 once, 6x16 YMM micro-kernel",
             avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2, qmm_cpu_has_avx2),
-    CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
+    [ROW_QMM_T_SCALAR] = CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
             "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
             scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t, NULL),
-    CPU_ROW("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+    [ROW_FIRST_OTHER] = CPU_ROW("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
             "x·Ŵ, M<=16: weights read once, 4 rows of W per pass over an L1-resident out chunk, ŵ by vpermps table",
             avx512_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx512, qmm_cpu_has_avx512),
     CPU_ROW("cpu.qmm_n.gemv.k4.avx2", QMM_OP_QMM_N, "gemv", 8, 32, 4,
@@ -217,6 +360,15 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     CPU_ROW("cpu.qmm_n.gemm.m6n16.avx2", QMM_OP_QMM_N, "gemm", 6, 16, 256,
             "x·Ŵ without AVX-512: weight rows decoded along N to f32, 6x16 YMM micro-kernel",
             avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2, qmm_cpu_has_avx2),
+    CPU_ROW("cpu.gather.blocks.avx512", QMM_OP_GATHER, "blocks", QMM_CPU_GEMV_MAX_M, 12, 256,
+            "MoE gather: per expert block the AVX-512 qmm_t row the selector picks (GEMV M<=16, else tiled), blocks on parallel threads",
+            avx512_gather_supports, avx512_gather_run, qmm_cpu_has_avx512),
+    CPU_ROW("cpu.gather.blocks.avx2", QMM_OP_GATHER, "blocks", QMM_CPU_GEMV_MAX_M, 6, 256,
+            "MoE gather without AVX-512: per expert block the AVX2 qmm_t row the selector picks, blocks on parallel threads",
+            avx2_gather_supports, avx2_gather_run, qmm_cpu_has_avx2),
+    CPU_ROW("cpu.gather.blocks.portable", QMM_OP_GATHER, "blocks", 1, 1, 1,
+            "MoE gather on any CPU (no AVX2): cpu.qmm_t.scalar.r1 per expert block, blocks on parallel threads",
+            portable_gather_supports, portable_gather_run, NULL),
 };
 
 #if !(defined(__x86_64__) || defined(__i386__))

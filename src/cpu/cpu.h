@@ -112,7 +112,7 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 9
+#define QMM_CPU_KERNEL_COUNT 12
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);

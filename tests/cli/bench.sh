@@ -103,6 +103,47 @@ expect_usage_error bench "--no-peers given twice" bench --backend ref --quick --
 expect_ok "--help" bench --help
 check "--help shows the usage" out_has "usage: qmm bench"
 
+# --gather: the MoE gather op on a tiny stack (8 experts, 2 per token, T = 1 and 3): one cell per (shape, T),
+# every gather row timed, the header and JSON say what was measured; the options are checked before any work.
+q bench --backend ref --gather --quick --no-peers --experts 8 --experts-per-token 2 --json "$WORK/gather.json"
+check "--gather: exit 0" rc_is 0
+check "--gather: header names the op" out_has "MoE gather out[i, n] = x[lhs[i], k]·Ŵ[rhs[i]]ᵀ over 8 experts of n×k, 2 distinct experts per token"
+check "--gather: floor over the experts touched" out_has "bytes = the experts a call touches"
+check "--gather: T column" out_matches '^shape +n×k +T +dtype'
+check "--gather: one selected row per cell (2 shapes × 2 T)" [ "$(out_lines_matching '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +[13] +f32 +[0-9.]+ +(memory|compute) +\* ref\.gather\.blocks\.r1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +B=(2|6), [0-9.]+ experts touched')" = 4 ]
+check "--gather: the other gather row too" out_matches '^ +ref\.gather\.scalar\.r1 +[0-9.]+'
+check "--gather: no qmm_t row" bash -c '! grep -q "qmm_t\.scalar" <<<"$1"' _ "$OUT"
+check "--gather: progress names T and B" err_matches '^bench \[4/4\] gather quick\.64x1024 T=3 B=6 f32: ref\.gather\.blocks\.r1'
+if command -v python3 >/dev/null; then
+  check "--gather: JSON" python3 - "$WORK/gather.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["op"] == "gather" and d["gather"] == {"experts": 8, "top_k": 2, "routings": 8}, d.get("gather")
+assert len(d["cells"]) == 4
+for c in d["cells"]:
+    assert c["B"] == 2 * c["T"] and c["M"] == c["T"] and 1 <= c["experts_touched"] <= min(8, c["B"])
+    assert c["flops"] == 2 * c["B"] * c["N"] * c["K"] and c["floor_us"] > 0
+    names = [k["name"] for k in c["kernels"]]
+    assert names == ["ref.gather.blocks.r1", "ref.gather.scalar.r1"], names
+    assert all(k["us"] > 0 for k in c["kernels"])
+PY
+fi
+if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)"; then
+  q bench --backend cpu --gather --quick --no-peers --experts 8 --m 1 --dtype bf16
+  check "--gather --backend cpu: exit 0" rc_is 0
+  check "--gather --backend cpu: a CPU gather row selected" out_matches '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +1 +bf16 +[0-9.]+ +(memory|compute) +\* cpu\.gather\.blocks\.'
+  check "--gather --backend cpu: the reference row as the baseline" out_matches '^ +ref\.gather\.blocks\.r1 +[0-9.]+'
+fi
+expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"
+expect_usage_error bench "--experts applies to --gather only" bench --backend ref --quick --experts 8
+expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2
+expect_usage_error bench "--experts '0' is not a whole number" bench --backend ref --quick --gather --experts 0
+expect_usage_error bench "--experts-per-token 9 is more than --experts 8" bench --backend ref --quick --gather --experts 8 --experts-per-token 9
+expect_usage_error bench "--kernel 'ref.qmm_t.scalar.r1' computes qmm_t; qmm bench --gather measures gather kernels only" \
+  bench --backend ref --quick --gather --kernel ref.qmm_t.scalar.r1
+expect_usage_error bench "--kernel 'ref.gather.scalar.r1' computes gather; qmm bench measures qmm_t (x·Ŵᵀ) kernels only (--gather measures gather kernels)" \
+  bench --backend ref --quick --kernel ref.gather.scalar.r1
+
 # The ggml peer script: without ggml-python (scripts/setup.sh bench installs it into .venv) it answers one
 # "absent" line with the reason, which the bench prints in its header; other --bits are refused the same way.
 if command -v python3 >/dev/null && ! python3 -c 'import ggml' 2>/dev/null; then

@@ -47,6 +47,17 @@ for kernel in ref.gather.blocks.r1 ref.gather.scalar.r1; do
   check "forced $kernel: within bound" out_has "within bound"
 done
 
+# On the CPU backend (when built) the selector takes a CPU gather row; the portable one runs on every CPU.
+if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)"; then
+  expect_ok "gather --backend cpu" gather "$WORK/moe" --layer $L --backend cpu -t 6 -k 3 --seed 7
+  check "gather --backend cpu: a CPU gather row selected" out_matches "^kernel +cpu\.gather\.blocks\."
+  check "gather --backend cpu: within bound" out_matches "^verdict +all 432 outputs within bound"
+  expect_ok "forced cpu.gather.blocks.portable" gather "$WORK/moe" --layer $L --backend cpu -t 4 -k 8 --unsorted \
+    --kernel cpu.gather.blocks.portable
+  check "forced cpu.gather.blocks.portable reported" out_has "cpu.gather.blocks.portable (forced)"
+  check "forced cpu.gather.blocks.portable: within bound" out_has "within bound"
+fi
+
 expect_ok "a 2-D layer is one expert" gather "$WORK/moe" --layer model.layers.0.self_attn.q_proj -k 1 -t 3
 check "one expert" out_has "(1 expert of N=16, K=128)"
 check "one expert: within bound" out_matches "^verdict +all 48 outputs within bound"

@@ -3,7 +3,8 @@
  * (K = 576 and 1536, N up to 1536, M = 16), tiled work items that cross their chunk boundaries (N > 48,
  * M > 256 lanes), odd N (1, 3, 7), and the thread count: every row must give the same bits on 1 and on
  * 2 threads (each output is computed by one thread in one order), and agree with the f64 oracle within
- * the bound. Skipped (with the reason) when the CPU backend is not built.
+ * the bound; the gather rows on MoE patterns large enough for their threads (run_gather_row). Skipped (with
+ * the reason) when the CPU backend is not built.
  */
 #include "check.h"
 #include "internal.h"
@@ -77,6 +78,131 @@ cleanup:
     free(abs_dot);
 }
 
+/* ───────────────────────────── gather rows ─────────────────────────────
+ *
+ * Shapes past the team threshold (B·N·K ≥ 2^20 multiply-adds), which the grid of test_kernels.c never
+ * reaches: blocks on parallel threads (as many blocks as threads or more) and, with one block, one expert's
+ * rows on the context's threads. Each pattern runs on 1 and 2 threads — same bits — and against the f64
+ * oracle; the output is poisoned before every run and guarded past B·N. */
+#define GATHER_EXPERTS 8
+#define GATHER_MAX_PAIRS 96
+#define GATHER_GUARD 16
+
+typedef struct gather_pattern {
+    const char *name;
+    size_t T, B;
+    uint32_t lhs[GATHER_MAX_PAIRS], rhs[GATHER_MAX_PAIRS];
+    bool lhs_null;
+} gather_pattern;
+
+/* Each of T tokens to top_k distinct experts in token order (then stably sorted by expert when `sorted`). */
+static gather_pattern routed(check_rng *rng, const char *name, size_t T, size_t top_k, bool sorted) {
+    gather_pattern p = {.name = name, .T = T};
+    uint32_t lhs[GATHER_MAX_PAIRS], rhs[GATHER_MAX_PAIRS];
+    size_t B = 0;
+    for (size_t t = 0; t < T; t++) {
+        bool taken[GATHER_EXPERTS] = {false};
+        for (size_t j = 0; j < top_k; j++) {
+            uint32_t e = (uint32_t)(check_rng_next(rng) % GATHER_EXPERTS);
+            while (taken[e]) e = (e + 1) % GATHER_EXPERTS;
+            taken[e] = true;
+            lhs[B] = (uint32_t)t;
+            rhs[B++] = e;
+        }
+    }
+    for (uint32_t e = 0; e < (sorted ? GATHER_EXPERTS : 1); e++)
+        for (size_t i = 0; i < B; i++)
+            if (!sorted || rhs[i] == e) {
+                p.lhs[p.B] = lhs[i];
+                p.rhs[p.B++] = rhs[i];
+            }
+    return p;
+}
+
+static void run_gather_case(qmm_context *context, const qmm_kernel_info *info, check_rng *rng, size_t N, size_t K,
+                            format f, const gather_pattern *g) {
+    if (K % (size_t)f.group_size != 0) return;
+    char label[256];
+    snprintf(label, sizeof label, "%s %s %d-bit gs%d E=%d N=%zu K=%zu T=%zu B=%zu (%s)", info->name,
+             qmm_dtype_name(f.dtype), f.bits, f.group_size, GATHER_EXPERTS, N, K, g->T, g->B, g->name);
+    check_qmatrix q;
+    if (!check_qmatrix_random(rng, GATHER_EXPERTS * N, K, f.bits, f.group_size, f.dtype, &q)) {
+        CHECK(false, "%s: out of memory", label);
+        return;
+    }
+    const size_t size = qmm_dtype_size(f.dtype), B = g->B, T = g->T, outputs = B * N + GATHER_GUARD;
+    const uint32_t *lhs = g->lhs_null ? NULL : g->lhs;
+    qmm_weights *weights = NULL;
+    qmm_buffer *xb = NULL, *ob = NULL;
+    void *x = malloc(T * K * size), *one = malloc(outputs * size), *two = malloc(outputs * size);
+    double *exact = malloc(B * N * sizeof(double)), *abs_dot = malloc(B * N * sizeof(double));
+    if (!x || !one || !two || !exact || !abs_dot) {
+        CHECK(false, "%s: out of memory", label);
+        goto cleanup;
+    }
+    CHECK_OK(qmm_weights_create_experts(context, &q.m, GATHER_EXPERTS, &weights));
+    check_fill_uniform(rng, x, f.dtype, T * K, -1.0f, 1.0f);
+    CHECK_OK(qmm_buffer_create(context, f.dtype, T * K, &xb));
+    CHECK_OK(qmm_buffer_create(context, f.dtype, outputs, &ob));
+    if (!weights || !xb || !ob) goto cleanup;
+    CHECK_OK(qmm_buffer_write(xb, x, T * K));
+    qmm_gather_options options = {.kernel = info->name};
+    void *results[2] = {one, two};
+    for (int t = 0; t < 2; t++) {
+        CHECK_OK(qmm_context_set_threads(context, t + 1));
+        CHECK_OK(qmm_buffer_poison(ob));
+        qmm_kernel_info ran = {0};
+        CHECK_OK(qmm_gather_matmul(context, weights, xb, T, lhs, g->rhs, B, ob, &options, &ran));
+        CHECK(ran.name && strcmp(ran.name, info->name) == 0, "%s: ran %s", label, ran.name ? ran.name : "?");
+        CHECK_OK(qmm_buffer_read(ob, results[t], outputs));
+    }
+    CHECK_OK(qmm_context_set_threads(context, 0));
+    CHECK(memcmp(one, two, B * N * size) == 0, "%s: 1 and 2 threads give different bits", label);
+    size_t guard_written = 0;
+    for (size_t i = B * N; i < outputs; i++) guard_written += !isnan(qmm_load_f32(two, f.dtype, i));
+    CHECK(guard_written == 0, "%s: %zu elements written past B·N", label, guard_written);
+    CHECK_OK(qmm_ref_gather_dense_f64(&q.m, GATHER_EXPERTS, x, T, lhs, g->rhs, B, exact, abs_dot));
+    double worst = 0.0;
+    const size_t bad = check_against_oracle(label, two, f.dtype, exact, abs_dot, B * N, K, info->tolerance_slack, &worst);
+    CHECK(bad == 0, "%s: %zu outputs outside the bound (worst error/bound %.3g)", label, bad, worst);
+cleanup:
+    qmm_buffer_destroy(xb);
+    qmm_buffer_destroy(ob);
+    qmm_weights_destroy(weights);
+    check_qmatrix_free(&q);
+    free(x);
+    free(one);
+    free(two);
+    free(exact);
+    free(abs_dot);
+}
+
+static void run_gather_row(qmm_context *context, const qmm_kernel_info *info, check_rng *rng) {
+    static const format formats[] = {{4, 64, QMM_BF16}, {8, 32, QMM_F32}, {3, 128, QMM_F16}};
+    gather_pattern patterns[6];
+    size_t count = 0;
+    patterns[count++] = routed(rng, "decode: 1 token to 8 experts", 1, 8, true);
+    patterns[count++] = routed(rng, "8 tokens top-4, sorted by expert", 8, 4, true);
+    patterns[count++] = routed(rng, "8 tokens top-4, token order", 8, 4, false);
+    gather_pattern one_expert = {.name = "one expert, 40 rows (a tiled block on the context's threads)", .T = 40,
+                                 .B = 40, .lhs_null = true};
+    for (size_t i = 0; i < 40; i++) one_expert.rhs[i] = 5;
+    patterns[count++] = one_expert;
+    /* A tiled block beside GEMV blocks, rows gathered out of order with repeats (scratch per thread). */
+    gather_pattern mixed = {.name = "a 33-row block and single rows, random lhs with repeats", .T = 12};
+    for (size_t i = 0; i < 33; i++) mixed.rhs[mixed.B++] = 1;
+    for (uint32_t e = 2; e < GATHER_EXPERTS; e++) mixed.rhs[mixed.B++] = e;
+    for (size_t i = 0; i < mixed.B; i++) mixed.lhs[i] = (uint32_t)(check_rng_next(rng) % mixed.T);
+    patterns[count++] = mixed;
+    for (size_t p = 0; p < count; p++)
+        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+            run_gather_case(context, info, rng, 256, 1024, formats[f], &patterns[p]);
+            static const size_t odd_n[] = {1, 3, 7};
+            for (size_t n = 0; p == 0 && n < 3; n++) /* odd N, decode */
+                run_gather_case(context, info, rng, odd_n[n], 1536, formats[f], &patterns[p]);
+        }
+}
+
 int main(void) {
     qmm_context *context = NULL;
     if (qmm_context_create(QMM_BACKEND_CPU, 0, &context) != QMM_OK) {
@@ -95,6 +221,12 @@ int main(void) {
         qmm_kernel_info info;
         CHECK_OK(qmm_kernel_get(context, k, &info));
         if (strncmp(info.name, "cpu.", 4) != 0) continue;
+        if (info.op == QMM_OP_GATHER) { /* no qmm_kernel_supports form: ask whether the row can run here */
+            const char *why_not = NULL;
+            if (qmm_kernel_usable(context, k, &why_not) == 1) run_gather_row(context, &info, &rng);
+            printf("  %s%s%s\n", info.name, why_not && why_not[0] ? ": not usable here: " : "", why_not ? why_not : "");
+            continue;
+        }
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) run_case(context, &info, &rng, shapes[s], formats[f]);
         printf("  %s\n", info.name);

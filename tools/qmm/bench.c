@@ -45,6 +45,8 @@ typedef struct bench_cell {
     int selector_fastest; /* 1 yes, 0 no, -1 not decided (fewer than two kernels measured, or --kernel) */
     bench_row rows[MAX_ROWS];
     size_t row_count;
+    size_t pairs;            /* --gather: B = top_k·T index pairs (M holds T) */
+    double experts_touched;  /* --gather: distinct experts per call, averaged over the routings */
 } bench_cell;
 
 typedef struct bench_run {
@@ -52,6 +54,8 @@ typedef struct bench_run {
     qmm_context *context;
     qmm_backend backend;
     int bits, group_size, repeats, quick, peers;
+    int gather;                 /* --gather: the MoE gather op instead of qmm_t (cells' M is T, the tokens) */
+    size_t experts, top_k;      /* --gather: experts per stack, experts per token */
     const char *kernel; /* --kernel, or NULL */
     bench_shape shapes[MAX_SHAPES];
     size_t shape_count;
@@ -180,6 +184,197 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
     return status;
 }
 
+/* ───────────────────────────── --gather ─────────────────────────────
+ *
+ * The MoE gather op (qmm_gather_matmul) on a stack of `experts` experts of one shape (n×k each): per T, 8
+ * routings in which each token picks top_k distinct experts (uniformly, seeded), the pairs sorted by expert
+ * with tokens ascending inside each expert (what MLX's gather_qmm gets with sorted_indices from a router's
+ * argsort). A timed pass calls qmm_gather_matmul once per step, step i on weight copy i mod copies with
+ * routing i mod 8, so the experts a call reads are mostly not in the cache. bytes = the experts a call
+ * touches (weights + scales + biases, averaged over the routings) + x + out; flops = 2·B·n·k. */
+#define GATHER_ROUTINGS 8
+/* A kernel whose probe call says a full measurement would exceed this many seconds gets one pass. */
+#define GATHER_BUDGET_S 5.0
+
+typedef struct gather_routing {
+    uint32_t *lhs, *rhs; /* [B] tokens and experts, sorted by expert */
+    size_t touched;      /* distinct experts */
+} gather_routing;
+
+static uint64_t routing_random(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static qmm_status make_routing(uint64_t seed, size_t T, size_t top_k, size_t experts, gather_routing *routing) {
+    const size_t B = T * top_k;
+    uint32_t *expert_of = malloc(B * sizeof *expert_of);
+    size_t *count = calloc(experts + 1, sizeof *count);
+    unsigned char *taken = calloc(experts, 1);
+    routing->lhs = malloc(B * sizeof *routing->lhs);
+    routing->rhs = malloc(B * sizeof *routing->rhs);
+    routing->touched = 0;
+    qmm_status status = QMM_OK;
+    if (!expert_of || !count || !taken || !routing->lhs || !routing->rhs) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a routing of %zu pairs", B);
+        goto done;
+    }
+    uint64_t state = seed;
+    for (size_t t = 0; t < T; t++) {
+        for (size_t j = 0; j < top_k; j++) { /* distinct experts: the next free one after a taken pick */
+            size_t e = (size_t)(routing_random(&state) % experts);
+            while (taken[e]) e = (e + 1) % experts;
+            taken[e] = 1;
+            expert_of[t * top_k + j] = (uint32_t)e;
+        }
+        for (size_t j = 0; j < top_k; j++) taken[expert_of[t * top_k + j]] = 0;
+    }
+    /* Counting sort by expert, stable: tokens stay ascending inside each expert's block. */
+    for (size_t i = 0; i < B; i++) count[expert_of[i] + 1]++;
+    for (size_t e = 0; e < experts; e++) {
+        routing->touched += count[e + 1] != 0;
+        count[e + 1] += count[e];
+    }
+    for (size_t i = 0; i < B; i++) {
+        const size_t at = count[expert_of[i]]++;
+        routing->lhs[at] = (uint32_t)(i / top_k);
+        routing->rhs[at] = expert_of[i];
+    }
+done:
+    free(expert_of);
+    free(count);
+    free(taken);
+    return status;
+}
+
+/* Median µs of one gather call by `kernel` (NULL: the selector's): a probe call, then a warm-up pass and
+ * `repeats` timed passes of `steps` calls each; when the probe says that would take more than
+ * GATHER_BUDGET_S, one timed pass over the copies only (note says so). */
+static qmm_status time_gather(bench_run *run, qmm_weights **weights, size_t copies, const gather_routing *routings,
+                              qmm_buffer *x, size_t T, size_t B, qmm_buffer *out, const char *kernel, double *us,
+                              char *note, size_t note_size) {
+    qmm_gather_options options = {.kernel = kernel, .sorted_indices = 1};
+    size_t steps = copies > GATHER_ROUTINGS ? copies : GATHER_ROUTINGS;
+    int repeats = run->repeats, warm_up = 1;
+    double started = now_seconds();
+    qmm_status status = qmm_gather_matmul(run->context, weights[0], x, T, routings[0].lhs, routings[0].rhs, B, out,
+                                          &options, NULL);
+    if (status != QMM_OK) return status;
+    const double probe = now_seconds() - started;
+    if (probe * (double)steps * (double)(repeats + 1) > GATHER_BUDGET_S) {
+        steps = copies, repeats = 1, warm_up = 0;
+        snprintf(note, note_size, "one pass of %zu calls (a call took %.2f s)", steps, probe);
+    }
+    double *samples = malloc((size_t)repeats * sizeof *samples);
+    if (!samples) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %d samples", repeats);
+    for (int r = -warm_up; status == QMM_OK && r < repeats; r++) {
+        started = now_seconds();
+        for (size_t i = 0; status == QMM_OK && i < steps; i++) {
+            const gather_routing *routing = &routings[i % GATHER_ROUTINGS];
+            status = qmm_gather_matmul(run->context, weights[i % copies], x, T, routing->lhs, routing->rhs, B, out,
+                                       &options, NULL);
+        }
+        if (r >= 0) samples[r] = (now_seconds() - started) * 1e6 / (double)steps;
+    }
+    if (status == QMM_OK) {
+        qsort(samples, (size_t)repeats, sizeof *samples, compare_doubles);
+        *us = samples[repeats / 2];
+    }
+    free(samples);
+    return status;
+}
+
+/* Every T of one (shape, dtype) for --gather: the selector's gather row and every other gather row. */
+static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, const qmm_qmatrix *stack,
+                                     bench_cell *cells, size_t *done) {
+    const size_t N = shape->N, K = shape->K, element = qmm_dtype_size(stack->dtype), E = run->experts;
+    size_t w_bytes = 0, group_bytes = 0;
+    qmm_status status = qmm_qmatrix_bytes(stack, &w_bytes, &group_bytes);
+    if (status != QMM_OK) return status;
+    const double expert_bytes = (double)(w_bytes + 2 * group_bytes) / (double)E;
+    const size_t copies = copies_for(run->cache_bytes, run->quick, (double)(w_bytes + 2 * group_bytes));
+    qmm_weights **weights = calloc(copies, sizeof *weights);
+    if (!weights) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu weight copies", copies);
+    for (size_t i = 0; status == QMM_OK && i < copies; i++)
+        status = qmm_weights_create_experts(run->context, stack, E, &weights[i]);
+
+    const size_t kernel_count = qmm_kernel_count(run->context);
+    for (size_t mi = 0; status == QMM_OK && mi < run->m_count; mi++) {
+        bench_cell *cell = &cells[mi];
+        const size_t T = run->ms[mi], B = T * run->top_k;
+        gather_routing routings[GATHER_ROUTINGS] = {{0}};
+        double touched = 0.0;
+        for (size_t r = 0; status == QMM_OK && r < GATHER_ROUTINGS; r++) {
+            status = make_routing(DEFAULT_SEED + 1000 * T + r, T, run->top_k, E, &routings[r]);
+            touched += (double)routings[r].touched / GATHER_ROUTINGS;
+        }
+        cell->shape = shape;
+        cell->M = T;
+        cell->pairs = B;
+        cell->experts_touched = touched;
+        cell->dtype = stack->dtype;
+        cell->copies = copies;
+        cell->selector_fastest = -1;
+        cell->bytes = touched * expert_bytes + (double)(T * K + B * N) * (double)element;
+        cell->flops = 2.0 * (double)B * (double)N * (double)K;
+        const double memory_us = cell->bytes / (run->ceilings.copy_gbps * 1e3);
+        const double compute_us = cell->flops / (run->ceilings.peak_gflops * 1e3);
+        cell->compute_bound = compute_us > memory_us;
+        cell->floor_us = cell->compute_bound ? compute_us : memory_us;
+
+        /* x [T, K] and out [B, N] = [T, top_k·N]. */
+        qmm_buffer *x = NULL, *out = NULL;
+        if (status == QMM_OK) status = operands_create(run->context, stack->dtype, T, run->top_k * N, K, &x, &out);
+        qmm_kernel_info chosen = {0};
+        const qmm_gather_options options = {.kernel = NULL, .sorted_indices = 1};
+        if (status == QMM_OK)
+            status = qmm_gather_matmul(run->context, weights[0], x, T, routings[0].lhs, routings[0].rhs, B, out,
+                                       &options, &chosen);
+        if (status == QMM_OK) snprintf(cell->selected, sizeof cell->selected, "%s", chosen.name);
+        for (size_t k = 0; status == QMM_OK && k <= kernel_count; k++) {
+            qmm_kernel_info info;
+            if (k == 0) info = chosen;
+            else if ((status = qmm_kernel_get(run->context, k - 1, &info)) != QMM_OK) break;
+            if (k > 0 && strcmp(info.name, chosen.name) == 0) continue;
+            if (run->kernel && strcmp(info.name, run->kernel) != 0) continue;
+            if (info.op != QMM_OP_GATHER) continue; /* --kernel names a gather row (checked before the work) */
+            bench_row *row = add_row(cell, info.name, 0);
+            if (!row) break;
+            row->selected = k == 0;
+            status = time_gather(run, weights, copies, routings, x, T, B, out, info.name, &row->us, row->note,
+                                 sizeof row->note);
+            if (status == QMM_ERR_UNSUPPORTED) { /* not eligible here: say why when forced, else drop the row */
+                if (run->kernel) snprintf(row->note, sizeof row->note, "not eligible: %s", qmm_last_error());
+                else cell->row_count--;
+                status = QMM_OK;
+            }
+        }
+        qmm_buffer_destroy(x);
+        qmm_buffer_destroy(out);
+        for (size_t r = 0; r < GATHER_ROUTINGS; r++) free(routings[r].lhs), free(routings[r].rhs);
+        if (status != QMM_OK) break;
+        (*done)++;
+        double best = NAN;
+        for (size_t r = 0; r < cell->row_count; r++)
+            if (cell->rows[r].selected) best = cell->rows[r].us;
+        fprintf(stderr, "bench [%zu/%zu] gather %s T=%zu B=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n",
+                *done, run->cell_count, shape->name, T, B, qmm_dtype_name(stack->dtype), cell->selected, best,
+                best / cell->floor_us, cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
+    }
+    weight_copies_destroy(weights, copies);
+    return status;
+}
+
+/* The stacked random weights of `experts` experts of shape n×k (rows = experts·n), deterministic per shape. */
+static qmm_status make_stack(const bench_run *run, const bench_shape *shape, qmm_qmatrix *stack, uint32_t **w,
+                             float **scales, float **biases) {
+    bench_shape stacked = *shape;
+    stacked.N = shape->N * run->experts;
+    return make_master(run->bits, run->group_size, &stacked, stack, w, scales, biases);
+}
+
 /* Peer (a) on the host: OpenBLAS sgemm on the dequantized f32 weights, for every M of a shape; the same time
  * goes into the shape's cells of every dtype (the peer computes in f32 whatever the dtype). */
 static qmm_status bench_openblas_shape(bench_run *run, const qmm_qmatrix *master, bench_cell *cells_of_shape) {
@@ -298,18 +493,31 @@ static void format_us(char *out, size_t size, double us) {
 }
 
 static void print_header(const bench_run *run) {
-    printf("# qmm bench — backend %s on %s; %d-bit group %d; qmm_t out[M, n] = x[M, k]·Ŵᵀ\n", qmm_backend_name(run->backend),
-           run->machine, run->bits, run->group_size);
+    if (run->gather)
+        printf("# qmm bench --gather — backend %s on %s; %d-bit group %d; MoE gather out[i, n] = x[lhs[i], k]·Ŵ[rhs[i]]ᵀ "
+               "over %zu experts of n×k, %zu distinct experts per token, B = %zu·T pairs sorted by expert "
+               "(MLX gather_qmm, sorted_indices)\n", qmm_backend_name(run->backend), run->machine, run->bits,
+               run->group_size, run->experts, run->top_k, run->top_k);
+    else
+        printf("# qmm bench — backend %s on %s; %d-bit group %d; qmm_t out[M, n] = x[M, k]·Ŵᵀ\n",
+               qmm_backend_name(run->backend), run->machine, run->bits, run->group_size);
     printf("# ceilings measured in this run: copy %.1f GB/s (%s)\n", run->ceilings.copy_gbps, run->ceilings.copy_method);
     printf("#                                matrix peak %.1f GFLOP/s (%s)\n", run->ceilings.peak_gflops,
            run->ceilings.peak_method);
-    printf("# floor = max(bytes ÷ copy, 2·M·n·k ÷ peak); bytes = weights + scales + biases + x + out; ×floor = µs ÷ floor\n");
+    if (run->gather)
+        printf("# floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); bytes = the experts a call touches (weights + scales + "
+               "biases, averaged over %d routings) + x + out; ×floor = µs ÷ floor\n", GATHER_ROUTINGS);
+    else
+        printf("# floor = max(bytes ÷ copy, 2·M·n·k ÷ peak); bytes = weights + scales + biases + x + out; ×floor = µs ÷ floor\n");
     if (run->quick)
         printf("# --quick: tiny grid, 2 weight copies (not rotated beyond the cache), short ceilings — a smoke test, not a measurement\n");
     else
         printf("# weights rotate through copies totalling > 2 × %s (%.0f MiB), so every product reads them cold\n",
                run->cache_desc, (double)run->cache_bytes / 1048576.0);
-    if (run->backend == QMM_BACKEND_CUDA)
+    if (run->gather)
+        printf("# timing: qmm_gather_matmul in a loop, call i on weight copy i mod copies with routing i mod %d; host "
+               "clock around the loop ÷ calls, median of %d passes after a warm-up pass\n", GATHER_ROUTINGS, run->repeats);
+    else if (run->backend == QMM_BACKEND_CUDA)
         printf("# timing: one CUDA graph per (cell, kernel) with a step per copy and nothing else, replayed; device time "
                "of the whole replay from events ÷ steps, median of %d replays after a warm-up (host launch gaps excluded)\n",
                run->repeats);
@@ -328,7 +536,7 @@ static void print_header(const bench_run *run) {
 static void print_table(const bench_run *run) {
     print_cell("shape", 26);
     print_cell("n×k", 12);
-    print_cell("M", 5);
+    print_cell(run->gather ? "T" : "M", 5);
     print_cell("dtype", 6);
     print_cell("floor µs", 10);
     print_cell("bound", 8);
@@ -367,6 +575,7 @@ static void print_table(const bench_run *run) {
             }
             print_cell(gbps, 8);
             print_cell(ratio, 8);
+            if (run->gather && r == 0) printf("B=%zu, %.1f experts touched; ", cell->pairs, cell->experts_touched);
             if (row->selected && cell->selector_fastest >= 0)
                 printf("fastest: %s%s%s\n", cell->selector_fastest ? "yes" : "no", row->note[0] ? "; " : "", row->note);
             else
@@ -419,6 +628,13 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
     cJSON *format = cJSON_AddObjectToObject(root, "format");
     cJSON_AddNumberToObject(format, "bits", run->bits);
     cJSON_AddNumberToObject(format, "group_size", run->group_size);
+    cJSON_AddStringToObject(root, "op", run->gather ? "gather" : "qmm_t");
+    if (run->gather) { /* cells' M is T (tokens); B = top_k·T pairs */
+        cJSON *gather = cJSON_AddObjectToObject(root, "gather");
+        cJSON_AddNumberToObject(gather, "experts", (double)run->experts);
+        cJSON_AddNumberToObject(gather, "top_k", (double)run->top_k);
+        cJSON_AddNumberToObject(gather, "routings", GATHER_ROUTINGS);
+    }
     cJSON *ceilings = cJSON_AddObjectToObject(root, "ceilings");
     cJSON_AddItemToObject(ceilings, "copy_gbps", number_or_null(run->ceilings.copy_gbps));
     cJSON_AddStringToObject(ceilings, "copy_method", run->ceilings.copy_method);
@@ -440,6 +656,11 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
         cJSON_AddNumberToObject(item, "N", (double)cell->shape->N);
         cJSON_AddNumberToObject(item, "K", (double)cell->shape->K);
         cJSON_AddNumberToObject(item, "M", (double)cell->M);
+        if (run->gather) {
+            cJSON_AddNumberToObject(item, "T", (double)cell->M);
+            cJSON_AddNumberToObject(item, "B", (double)cell->pairs);
+            cJSON_AddNumberToObject(item, "experts_touched", cell->experts_touched);
+        }
         cJSON_AddStringToObject(item, "dtype", qmm_dtype_name(cell->dtype));
         cJSON_AddNumberToObject(item, "copies", (double)cell->copies);
         cJSON_AddNumberToObject(item, "bytes", cell->bytes);
@@ -508,8 +729,8 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
 int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
                *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL,
-               *threads_text = NULL;
-    int no_peers = 0, quick = 0, threads = 0;
+               *threads_text = NULL, *experts_text = NULL, *top_k_text = NULL;
+    int no_peers = 0, quick = 0, threads = 0, gather = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
         {"--m", "-m", &m_text, NULL, NULL, 0, NULL},             {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
@@ -518,6 +739,8 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--json", NULL, &json_text, NULL, NULL, 0, NULL},       {"--no-peers", NULL, NULL, NULL, NULL, 0, &no_peers},
         {"--quick", NULL, NULL, NULL, NULL, 0, &quick},          {"--tuning", NULL, &tuning_text, NULL, NULL, 0, NULL},
         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
+        {"--gather", NULL, NULL, NULL, NULL, 0, &gather},        {"--experts", NULL, &experts_text, NULL, NULL, 0, NULL},
+        {"--experts-per-token", NULL, &top_k_text, NULL, NULL, 0, NULL},
     };
     const char *positional[1];
     size_t npositional;
@@ -531,6 +754,9 @@ int cmd_bench(const command *c, int argc, char **argv) {
     run->quick = quick;
     run->peers = !no_peers;
     run->kernel = kernel;
+    run->gather = gather;
+    run->experts = 128; /* Qwen3-30B-A3B: 128 experts, 8 per token */
+    run->top_k = 8;
     run->bits = 4;
     run->group_size = 64;
     run->repeats = quick ? 3 : 7;
@@ -545,6 +771,36 @@ int cmd_bench(const command *c, int argc, char **argv) {
     if ((rc = parse_measure_options(c, &texts, &run->bits, &run->group_size, &run->repeats, run->ms, &run->m_count,
                                     run->dtypes, &run->dtype_count)))
         goto done;
+    if ((experts_text || top_k_text) && !gather) {
+        rc = usage_error(c, "%s applies to --gather only", experts_text ? "--experts" : "--experts-per-token");
+        goto done;
+    }
+    {
+        unsigned long long value;
+        if (experts_text) {
+            if (!parse_unsigned(experts_text, 1, 65536, &value)) {
+                rc = usage_error(c, "--experts '%s' is not a whole number in [1, 65536]", experts_text);
+                goto done;
+            }
+            run->experts = (size_t)value;
+        }
+        if (top_k_text) {
+            if (!parse_unsigned(top_k_text, 1, 65536, &value)) {
+                rc = usage_error(c, "--experts-per-token '%s' is not a whole number in [1, 65536]", top_k_text);
+                goto done;
+            }
+            run->top_k = (size_t)value;
+        }
+        if (gather && run->top_k > run->experts) {
+            rc = usage_error(c, "--experts-per-token %zu is more than --experts %zu (each token picks distinct experts)", run->top_k,
+                             run->experts);
+            goto done;
+        }
+    }
+    if (tuning_text && gather) { /* the gather rows choose each block's qmm_t row by the table order */
+        rc = usage_error(c, "--tuning does not apply to --gather (a tuning table steers qmm_t and qmm_n calls only)");
+        goto done;
+    }
     if (tuning_text && !tuning_text[0]) {
         rc = usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
         goto done;
@@ -577,11 +833,17 @@ int cmd_bench(const command *c, int argc, char **argv) {
         for (size_t k = 0; k < qmm_kernel_count(run->context); k++) {
             qmm_kernel_info info;
             if (qmm_kernel_get(run->context, k, &info) == QMM_OK && strcmp(info.name, kernel) == 0)
-                found = info.op == QMM_OP_QMM_T ? 1 : -1;
+                found = info.op == (gather ? QMM_OP_GATHER : QMM_OP_QMM_T) ? 1 : -1 - (int)info.op;
         }
-        if (found < 0) { /* the bench times out = x·Ŵᵀ: a qmm_n row would refuse every cell */
-            rc = usage_error(c, "--kernel '%s' computes %s; qmm bench measures qmm_t (x·Ŵᵀ) kernels only", kernel,
-                             qmm_op_name(QMM_OP_QMM_N));
+        if (found < 0 && gather) { /* --gather times qmm_gather_matmul: only a gather row can run it */
+            rc = usage_error(c, "--kernel '%s' computes %s; qmm bench --gather measures gather kernels only", kernel,
+                             qmm_op_name((qmm_op)(-1 - found)));
+            goto done;
+        }
+        if (found < 0) { /* the bench times out = x·Ŵᵀ: a qmm_n or gather row would refuse every cell */
+            rc = usage_error(c, "--kernel '%s' computes %s; qmm bench measures qmm_t (x·Ŵᵀ) kernels only%s", kernel,
+                             qmm_op_name((qmm_op)(-1 - found)),
+                             found == -1 - (int)QMM_OP_GATHER ? " (--gather measures gather kernels)" : "");
             goto done;
         }
         if (!found) {
@@ -597,14 +859,24 @@ int cmd_bench(const command *c, int argc, char **argv) {
                                                              "bench (nvcc/cuBLAS not found at build time)"));
         goto done;
     }
-    if (!m_text) {
+    if (gather && cuda) {
+        rc = library_error(c, qmm_error(QMM_ERR_UNSUPPORTED, "--gather --backend cuda: no kernel of backend cuda computes "
+                                                             "gather yet"));
+        goto done;
+    }
+    if (!m_text && gather) { /* T, the tokens: decode, then prefill chunks */
+        static const size_t gather_ts[] = {1, 8, 32, 128}, quick_ts[] = {1, 3};
+        run->m_count = quick ? 2 : 4;
+        memcpy(run->ms, quick ? quick_ts : gather_ts, run->m_count * sizeof *run->ms);
+    } else if (!m_text) {
         static const size_t cpu_ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 512}, cuda_ms[] = {1, 2, 4, 8, 16}, quick_ms[] = {1, 3};
         const size_t *list = quick ? quick_ms : cuda ? cuda_ms : cpu_ms;
         run->m_count = quick ? 2 : cuda ? 5 : 9;
         memcpy(run->ms, list, run->m_count * sizeof *list);
     }
     if (!dtype_text) default_measure_dtypes(quick, cuda, run->dtypes, &run->dtype_count);
-    if ((status = load_measure_shapes(shapes_text, quick, run->group_size, run->shapes, &run->shape_count)) != QMM_OK) {
+    if ((status = load_measure_shapes(shapes_text ? shapes_text : gather && !quick ? "qwen3-30b-a3b-experts" : NULL, quick,
+                                      run->group_size, run->shapes, &run->shape_count)) != QMM_OK) {
         rc = library_error(c, status);
         goto done;
     }
@@ -645,8 +917,11 @@ int cmd_bench(const command *c, int argc, char **argv) {
         goto done;
     }
     char openblas[256];
-    int have_openblas = !cuda && run->peers && bench_openblas_available(openblas, sizeof openblas);
-    if (!cuda && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
+    int have_openblas = !cuda && !gather && run->peers && bench_openblas_available(openblas, sizeof openblas);
+    if (!cuda && !gather && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
+    if (gather && run->peers)
+        note_absent(run, "(all)", "--gather has no peers yet (MLX's mx.gather_qmm on the CPU would be the first); the "
+                                  "reference gather rows are the baseline");
 
     size_t done_cells = 0;
     for (size_t s = 0; s < run->shape_count && status == QMM_OK; s++) {
@@ -655,14 +930,16 @@ int cmd_bench(const command *c, int argc, char **argv) {
         qmm_qmatrix master;
         uint32_t *w = NULL;
         float *scales = NULL, *biases = NULL;
-        status = make_master(run->bits, run->group_size, shape, &master, &w, &scales, &biases);
+        status = gather ? make_stack(run, shape, &master, &w, &scales, &biases)
+                        : make_master(run->bits, run->group_size, shape, &master, &w, &scales, &biases);
         for (size_t d = 0; d < run->dtype_count && status == QMM_OK; d++) {
             qmm_qmatrix matrix = master;
             void *converted_scales = NULL, *converted_biases = NULL;
             if (run->dtypes[d] != QMM_F32)
                 status = convert_scales(&master, run->dtypes[d], &matrix, &converted_scales, &converted_biases);
             if (status == QMM_OK)
-                status = bench_dtype(run, shape, &matrix, &cells_of_shape[d * run->m_count], &done_cells);
+                status = gather ? bench_gather_dtype(run, shape, &matrix, &cells_of_shape[d * run->m_count], &done_cells)
+                                : bench_dtype(run, shape, &matrix, &cells_of_shape[d * run->m_count], &done_cells);
             free(converted_scales);
             free(converted_biases);
         }
@@ -675,7 +952,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         rc = library_error(c, status);
         goto done;
     }
-    if (run->peers) bench_script_peers(run);
+    if (run->peers && !gather) bench_script_peers(run);
 
     size_t decided, yes;
     decide_fastest(run, &decided, &yes);

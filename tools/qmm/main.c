@@ -96,7 +96,7 @@ static const command commands[] = {
     {"bench", "time every eligible kernel per (shape, M, dtype) against the measured floor and peers",
      "usage: qmm bench [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
      "                 [--bits B] [--group-size G] [--kernel NAME] [--repeats R] [--json FILE|DIR] [--no-peers] [--quick]\n"
-     "                 [--tuning FILE] [--threads N]\n"
+     "                 [--tuning FILE] [--threads N] [--gather [--experts E] [--experts-per-token K]]\n"
      "  For every shape (n×k, out[M, n] = x[M, k]·Ŵᵀ), M and dtype: the median µs of the selector's kernel and of\n"
      "  every other eligible kernel of the backend (each forced by name), effective GB/s (weights + scales + biases\n"
      "  + x + out bytes ÷ time), the floor = max(bytes ÷ copy bandwidth, 2·M·n·k ÷ matrix peak) with both ceilings\n"
@@ -115,7 +115,13 @@ static const command commands[] = {
      "  --tuning FILE: the selector reads that tuning table (qmm tune); the header says so, and 'selector picked\n"
      "  the fastest' then judges the tuned selector.\n"
      "  --threads N: threads for qmm's CPU kernels, the ceilings and the OpenBLAS and ggml peers (1 to 8 x\n"
-     "  the CPUs online; default: the cores this process may use).\n",
+     "  the CPUs online; default: the cores this process may use).\n"
+     "  --gather: the MoE gather op (qmm_gather_matmul, MLX gather_qmm) instead: each shape is one expert's n×k,\n"
+     "  stacked E times (--experts, default 128); --m is T, the tokens (default 1,8,32,128), each routed to K\n"
+     "  distinct random experts (--experts-per-token, default 8), B = K·T pairs sorted by expert as MLX's\n"
+     "  sorted_indices; bytes = the experts touched + x + out, floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); every\n"
+     "  gather row is timed, the reference rows being the baseline; no peers, no --tuning. Default shapes:\n"
+     "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda (no gather row yet).\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
