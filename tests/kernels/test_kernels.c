@@ -645,6 +645,11 @@ int main(void) {
         for (size_t k = 0; k < qmm_kernel_count(context); k++) {
             qmm_kernel_info info;
             CHECK_OK(qmm_kernel_get(context, k, &info));
+            const char *why_not = NULL;
+            if (qmm_kernel_usable(context, k, &why_not) != 1) { /* e.g. QMM_CPU_MAX_ISA=avx2: the AVX-512 rows */
+                printf("  %-28s SKIPPED: not usable on this machine: %s\n", info.name, why_not ? why_not : "?");
+                continue;
+            }
             if (!getenv("QMM_TEST_NONFINITE_ONLY")) run_kernel(context, &info, &rng);
             run_nonfinite(context, &info, &rng);
             kernels_run++;
