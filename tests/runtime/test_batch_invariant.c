@@ -16,7 +16,7 @@
  *      are memcmp-identical; outputs are poisoned first. On cpu also with 1 and 3 threads, and through a
  *      chain. Rows that declare the same order give the same bits without the option too.
  *   4. The errors of a forced row without the order, or of another order, through qmm_matmul.
- * N = 48, K = 256 (qmm_t; qmm_n reads the same weights as K = 48, N = 256): the 2048-row products stay
+ * N = 52, K = 384 (qmm_t; qmm_n reads the same weights as K = 52, N = 384): the 2048-row products stay
  * cheap on the ref backend.
  */
 #include "check.h"
@@ -102,8 +102,8 @@ static void test_selector(void) {
 
 /* ───────────────────────────── 2. every table ───────────────────────────── */
 
-#define N_T 48  /* weight rows: qmm_t's N, qmm_n's K */
-#define K_T 256 /* weight columns: qmm_t's K, qmm_n's N */
+#define N_T 52  /* weight rows: qmm_t's N, qmm_n's K (ragged against every tile) */
+#define K_T 384 /* weight columns: qmm_t's K, qmm_n's N (two of the CPU tiled rows' K blocks of 256) */
 #define ROWS 2048
 
 static const size_t table_ms[] = {1, 2, 37, 512, 2048};
@@ -389,7 +389,7 @@ static void test_errors(qmm_context *context) {
     /* A row without an order (the AVX-512 GEMV row: refused before its ISA is asked). */
     qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = "cpu.qmm_t.gemv.r8.avx512", .batch_invariant = 1};
     CHECK_STATUS(qmm_matmul(context, weights, x, 4, out, &options, NULL), QMM_ERR_UNSUPPORTED);
-    EXPECT_MESSAGE("forced kernel cpu.qmm_t.gemv.r8.avx512 does not support this call (M=4, N=48, K=256, qmm_t, "
+    EXPECT_MESSAGE("forced kernel cpu.qmm_t.gemv.r8.avx512 does not support this call (M=4, N=52, K=384, qmm_t, "
                    "batch-invariant): kernel cpu.qmm_t.gemv.r8.avx512 does not declare a batch-invariant order (its "
                    "reduction order depends on M or on its tiling), so it refuses batch-invariant calls");
     CHECK_STATUS(qmm_select(context, weights, 4, &options, &(qmm_kernel_info){0}), QMM_ERR_UNSUPPORTED);
