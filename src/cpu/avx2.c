@@ -97,4 +97,20 @@ static inline void v_deinterleave(const vf *pair, vf *even, vf *odd) {
     *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
+/* The ordered GEMV's code source (simd_kernels.h): 8 weight rows' words at one column, one gather. */
+typedef __m256i vi;
+/* Lane i reads row min(i, valid − 1): rows past N repeat the last one, and their results are dropped. */
+static inline vi v_row_index(size_t stride, int valid) {
+    int index[8];
+    for (int i = 0; i < 8; i++) index[i] = (int)((size_t)(i < valid ? i : valid - 1) * stride);
+    return _mm256_loadu_si256((const __m256i *)index);
+}
+static inline vi v_gather_words(const uint32_t *base, vi index) {
+    return _mm256_i32gather_epi32((const int *)base, index, 4);
+}
+/* (words >> shift) & mask as f32 (exact: a code is < 256). */
+static inline vf v_code_field(vi words, int shift, int mask) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words, shift), _mm256_set1_epi32(mask)));
+}
+
 #include "simd_kernels.h"

@@ -97,4 +97,18 @@ static inline void v_deinterleave(const vf *pair, vf *even, vf *odd) {
     *odd = _mm512_permutex2var_ps(pair[0], odd_index, pair[1]);
 }
 
+/* The ordered GEMV's code source (simd_kernels.h): 16 weight rows' words at one column, one gather. */
+typedef __m512i vi;
+/* Lane i reads row min(i, valid − 1): rows past N repeat the last one, and their results are dropped. */
+static inline vi v_row_index(size_t stride, int valid) {
+    int index[16];
+    for (int i = 0; i < 16; i++) index[i] = (int)((size_t)(i < valid ? i : valid - 1) * stride);
+    return _mm512_loadu_si512(index);
+}
+static inline vi v_gather_words(const uint32_t *base, vi index) { return _mm512_i32gather_epi32(index, base, 4); }
+/* (words >> shift) & mask as f32 (exact: a code is < 256). */
+static inline vf v_code_field(vi words, int shift, int mask) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(words, (unsigned)shift), _mm512_set1_epi32(mask)));
+}
+
 #include "simd_kernels.h"

@@ -6,6 +6,8 @@
  * Table order (the selector takes the first row that accepts a call, docs/kernels.md §4):
  *   1. GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M: decode and small prefill are bound by reading the weights;
  *      these read every weight byte once and reuse it for up to 8 rows of x in registers.
+ *   1b. ordered GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M, in the tiled rows' order: after the GEMV rows, so the
+ *      selector reaches them only in batch-invariant mode (which skips the GEMV rows: docs/kernels.md §11).
  *   2. tiled (gemm) rows, any M: above the crossover the FMA units bound the time; these decode a
  *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel.
  *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
@@ -184,7 +186,8 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
  *        qdot = an FMA chain of q·x over the group's k in decode order (each 2·LANES block: even codes, then
  *        odd), Σx a sequential sum in that order, then acc += fma(s, qdot, b·Σx). Each output is one lane of
  *        its own, so M, the tiles and the threads change nothing; the two ISAs' decode orders differ (4-bit).
- *        The GEMV rows (a K-split FMA chain and a tree sum) reduce differently: they declare none.
+ *        The ordered GEMV rows (M ≤ 16) reduce in the same order as their ISA's tiled row, with N in the lanes;
+ *        the GEMV rows (a K-split FMA chain and a tree sum) reduce differently: they declare none.
  *   "fma-chain"  every qmm_n SIMD row, GEMV and tiled, both ISAs: ŵ = fma(s, q, b), then one FMA chain per
  *        output over k = 0, 1, … in order (the same bits, simd_kernels.h).
  *   "oracle"     the portable row: the oracle's order (backend.c is built with -ffp-contract=off). */
@@ -208,6 +211,12 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
             "M<=16 without AVX-512: 4 rows of x x 4 weight rows in YMM, split s·Σq·x + b·Σx",
             avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2, qmm_cpu_has_avx2),
+    CPU_ROW_ORDERED("cpu.qmm_t.gemv_ordered.n16.avx512", QMM_OP_QMM_T, "gemv_ordered", 4, 16, 32,
+            "M<=16 in the AVX-512 tiled row's order (batch-invariant mode): 16 weight rows in the lanes, codes by gather",
+            avx512_gemv_qmm_t_supports, qmm_cpu_gemv_ordered_qmm_t_avx512, qmm_cpu_has_avx512, "split-fma-d32"),
+    CPU_ROW_ORDERED("cpu.qmm_t.gemv_ordered.n8.avx2", QMM_OP_QMM_T, "gemv_ordered", 4, 8, 16,
+            "M<=16 in the AVX2 tiled row's order (batch-invariant mode): 8 weight rows in the lanes, codes by gather",
+            avx2_gemv_qmm_t_supports, qmm_cpu_gemv_ordered_qmm_t_avx2, qmm_cpu_has_avx2, "split-fma-d16"),
     CPU_ROW_ORDERED("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
             "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
             avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512, qmm_cpu_has_avx512, "split-fma-d32"),
@@ -245,4 +254,6 @@ NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx512)
+NOT_HERE(qmm_cpu_gemv_ordered_qmm_t_avx2)
+NOT_HERE(qmm_cpu_gemv_ordered_qmm_t_avx512)
 #endif
