@@ -795,10 +795,11 @@ cleanup:
  *     X    = 0; for the same j: X = X + x[m][k(j)]
  *     t = fma(s, qdot, b·X);  acc = (g = 0) ? t : acc + t;   then the non-finite rule
  * Vectorised across N instead of M or K: LANES weight rows sit in the lanes, so each lane is one output's own
- * chain and M pads nothing. The codes of LANES rows at one column come from one gather of their packed
- * words (4-bit: 8 codes a word, 8-bit and unpacked widths: 4), then a shift, a mask and a conversion per
- * column: about 4 instructions per LANES codes, close to the GEMV rows' cost, where the tiled row at M = 1
- * decodes the weights to f32 panels and uses 1 of its 2·LANES lanes.
+ * chain and M pads nothing. The packed words of LANES rows at one decode block are loaded and transposed
+ * (v_load_words: AVX-512 loads 16 bytes a row and permutes, AVX2 gathers; 4-bit: 8 codes a word, 8-bit and
+ * unpacked widths: 4), then each column is a shift and a table lookup (AVX-512, 4-bit) or a shift, a mask and
+ * a conversion: 2.4× the GEMV rows' time at M = 1 on 4096² (docs/PERF.md), where the tiled row decodes the
+ * weights to f32 panels and uses 1 of its 2·LANES lanes (21×).
  * Rows of x: ORDERED_R at a time share each column's codes (R accumulators).
  */
 #define ORDERED_R 4
@@ -820,8 +821,8 @@ typedef struct ordered_plan {
  * FAST (4 or 8) is a constant, so once the 2·LANES positions of a decode block are unrolled, the word, shift
  * and x offset of each are constants too: the block's words stay in registers. */
 #define ORDERED_ROWS(FAST)                                                                                        \
-    ALWAYS_INLINE void ordered_rows_##FAST(const ordered_plan *p, const uint32_t *base, size_t stride, vi index,   \
-                                           size_t m0, int R, const float *sb, vf *acc) {                         \
+    ALWAYS_INLINE void ordered_rows_##FAST(const ordered_plan *p, const uint32_t *const *rows, size_t m0, int R,   \
+                                           const float *sb, vf *acc) {                                           \
         const size_t K = p->K, G = p->G, groups = p->groups;                                                     \
         enum { PER_WORD = FAST == 4 ? 8 : 4, WIDTH = FAST == 4 ? 4 : 8, MASK = FAST == 4 ? 0xF : 0xFF,           \
                WORDS = 2 * LANES / PER_WORD };                                                                   \
@@ -832,13 +833,13 @@ typedef struct ordered_plan {
                 vi words[WORDS];                                                                                 \
                 if (m0 == 0 && c0 % (16 * PER_WORD) == 0) /* a new 64-byte line of every row: fetch one ahead */ \
                     for (int lane = 0; lane < LANES; lane++)                                                     \
-                        __builtin_prefetch(base + (size_t)lane * stride + c0 / PER_WORD + ORDERED_PF_WORDS);  \
-                _Pragma("GCC unroll 8") for (int i = 0; i < WORDS; i++)                                          \
-                    words[i] = v_gather_words(base + c0 / PER_WORD + (size_t)i, index);                          \
+                        __builtin_prefetch(rows[lane] + c0 / PER_WORD + ORDERED_PF_WORDS);                       \
+                v_load_words(rows, c0 / PER_WORD, WORDS, words);                                                 \
                 const float *x = p->xd + m0 * K + c0;                                                            \
                 _Pragma("GCC unroll 32") for (int j = 0; j < 2 * LANES; j++) {                                   \
                     const int k = (int)natural_index(FAST, (size_t)j);                                           \
-                    const vf q = v_code_field(words[k / PER_WORD], (k % PER_WORD) * WIDTH, MASK);                \
+                    const vf q = FAST == 4 ? v_code4_field(words[k / PER_WORD], (k % PER_WORD) * WIDTH)          \
+                                           : v_code_field(words[k / PER_WORD], (k % PER_WORD) * WIDTH, MASK);    \
                     _Pragma("GCC unroll 4") for (int r = 0; r < ORDERED_R; r++) if (r < R) qdot[r] =             \
                         v_fma(v_set1(x[(size_t)r * K + (size_t)j]), q, qdot[r]);                                 \
                 }                                                                                                \
@@ -877,13 +878,14 @@ static void ordered_block(const ordered_plan *p, size_t n0, float *sb, uint8_t *
         base = (const uint32_t *)bytes;
         stride = K / 4;
     }
-    const vi index = v_row_index(stride, valid);
+    const uint32_t *rows[LANES]; /* lanes past N repeat the last row; their results are dropped */
+    for (int lane = 0; lane < LANES; lane++) rows[lane] = base + (size_t)(lane < valid ? lane : valid - 1) * stride;
     float result[LANES];
     for (size_t m0 = 0; m0 < M; m0 += ORDERED_R) {
         const int R = M - m0 < ORDERED_R ? (int)(M - m0) : ORDERED_R;
         vf acc[ORDERED_R];
-        if (p->fast == 4) ordered_rows_4(p, base, stride, index, m0, R, sb, acc);
-        else ordered_rows_8(p, base, stride, index, m0, R, sb, acc);
+        if (p->fast == 4) ordered_rows_4(p, rows, m0, R, sb, acc);
+        else ordered_rows_8(p, rows, m0, R, sb, acc);
         for (int r = 0; r < R; r++) {
             const size_t m = m0 + (size_t)r;
             v_store(result, acc[r]);
