@@ -384,7 +384,7 @@ typedef struct qmm_matmul_options {
      * order: that of the first row of the table (in table order, hints aside) that declares one and
      * accepts the call (docs/kernels.md "Batch-invariant mode"). The selector and a tuning table choose
      * among those only. On the CPU with AVX2 or AVX-512, qmm_t at M ≤ 16 then runs the ordered GEMV rows
-     * instead of the GEMV rows (another order), which costs time there (2–5× at M ≤ 4); qmm_n and larger M
+     * instead of the GEMV rows (another order), which costs time there (about 2× at M ≤ 4); qmm_n and larger M
      * run the same rows as without the mode.
      * Row i of a product with the mode on is not promised to equal the same row computed with it off. */
     int batch_invariant;
