@@ -373,15 +373,30 @@ typedef enum qmm_op {
 /* "qmm_t", "qmm_n", "gather". */
 const char *qmm_op_name(qmm_op op);
 
-/* Options of one matmul. Zero-initialised means: op qmm_t, selector's choice. */
+/* Options of one matmul. Zero-initialised means: op qmm_t, selector's choice, batch-invariant mode off. */
 typedef struct qmm_matmul_options {
     qmm_op op;
     const char *kernel; /* NULL: the selector chooses; else a registered kernel name, forced */
+    /* Nonzero: batch-invariant mode. The bits of output row i then depend only on row i of x and the
+     * weights (and the context's backend and machine): not on M, not on the other rows of x, not on which
+     * kernel ran, not on the thread count. Only rows that declare a batch-invariant order
+     * (qmm_kernel_info.batch_invariant_order) take such a call, and only those whose order is the call's
+     * order: that of the first row of the table (in table order, hints aside) that declares one and
+     * accepts the call (docs/kernels.md "Batch-invariant mode"). The selector and a tuning table choose
+     * among those only. On the CPU with AVX2 or AVX-512, qmm_t at M ≤ 16 then runs the ordered GEMV rows
+     * instead of the GEMV rows (another order), which costs time there (about 2× at M ≤ 4); qmm_n and larger M
+     * run the same rows as without the mode.
+     * Row i of a product with the mode on is not promised to equal the same row computed with it off. */
+    int batch_invariant;
 } qmm_matmul_options;
 
 /* What one table row is: name `<backend>.<op>.<family>.<tile>[.<isa>]` (docs/kernels.md), its op,
  * family ("scalar", "gemv", "mma", ...), tile BM×BN×BK and threads per block (1 for CPU rows), the
- * error-bound slack the harness applies, and a one-line description. */
+ * error-bound slack the harness applies, a one-line description, and its batch-invariant order: the name
+ * of the one order in which the row reduces every output, whatever M, the other rows of x and its tiling
+ * ("oracle": the reference's f32 order, bit for bit; docs/kernels.md "Batch-invariant mode" lists them), or
+ * NULL when its order depends on M or on the tiling (such a row refuses qmm_matmul_options.batch_invariant).
+ * Two rows with the same order string and op give the same bits for the same call. */
 typedef struct qmm_kernel_info {
     const char *name;
     qmm_backend backend;
@@ -390,14 +405,23 @@ typedef struct qmm_kernel_info {
     int bm, bn, bk, threads;
     double tolerance_slack;
     const char *description;
+    const char *batch_invariant_order;
 } qmm_kernel_info;
 
 /* Enqueues out[M, N] = x[M, K]·Ŵᵀ (or x·Ŵ) on the context. x has M·K elements, out M·N elements, both
  * of the weights' scale dtype. Blocking on the reference backend; asynchronous on devices (read the
  * output with qmm_buffer_read). If info is not NULL it receives the kernel that ran.
+ * With options->batch_invariant nonzero (batch-invariant mode), row i of out is bit for bit the same
+ * whatever M and whatever the other rows of x: the selector (and a tuning table) picks only among rows
+ * that declare the call's batch-invariant order (qmm_kernel_info.batch_invariant_order; the rule in
+ * qmm_matmul_options and docs/kernels.md "Batch-invariant mode"), which may be slower than its choice
+ * without the mode. A forced kernel must declare that order: one that declares none is refused
+ * ("... kernel cpu.qmm_t.gemv.r8.avx512 does not declare a batch-invariant order ..."), and so is one
+ * whose order is not the call's (naming both orders and the row that set the call's).
  * Errors: QMM_ERR_SHAPE (M = 0, a buffer too small, dtype mismatch — message gives the numbers),
  * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND (a forced kernel name not registered),
- * QMM_ERR_UNSUPPORTED (a forced kernel that does not support this call, with its reason),
+ * QMM_ERR_UNSUPPORTED (a forced kernel that does not support this call, with its reason; in
+ * batch-invariant mode also a forced kernel without the call's order),
  * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed handle, an op outside qmm_op, weights or
  * buffers of another context, x and out the same buffer). */
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
@@ -435,7 +459,8 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
                              const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
                              const qmm_gather_options *options, qmm_kernel_info *info);
 
-/* The selector's choice for a call of this shape, without running it. Same errors as qmm_matmul. */
+/* The selector's choice for a call of this shape, without running it (options->batch_invariant and a
+ * forced kernel are honoured as qmm_matmul honours them). Same errors as qmm_matmul. */
 qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M,
                       const qmm_matmul_options *options, qmm_kernel_info *info);
 
@@ -502,7 +527,8 @@ qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain);
 /* Frees the chain and drops its holds on the context, weights and buffers. NULL ok. */
 void qmm_chain_destroy(qmm_chain *chain);
 /* Records one matmul; arguments are validated now, with qmm_matmul's errors (weights or buffers the
- * caller destroyed are refused; the chain's own context is used, destroyed handle or not). */
+ * caller destroyed are refused; the chain's own context is used, destroyed handle or not). The kernel
+ * is chosen now from options as qmm_matmul chooses it (a forced name, batch_invariant). */
 qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                                 qmm_buffer *out, const qmm_matmul_options *options);
 size_t qmm_chain_length(const qmm_chain *chain);

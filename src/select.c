@@ -18,6 +18,13 @@
  * hints and tune_only notwithstanding (a measurement beats a threshold). Otherwise — no entry, or a
  * stale entry whose row refuses the call — the order of step 2 decides: a tuning table never makes a
  * valid call fail.
+ * Batch-invariant calls (qmm_matmul_options.batch_invariant, docs/kernels.md "Batch-invariant mode"): the
+ * call's order is that of the first row of the table, hints aside, that declares a batch-invariant order
+ * and accepts the call (qmm_batch_invariant_row). Steps 1 and 2 and the tuning table then consider only
+ * rows that declare that same order: a forced row without an order, or with another one, fails with
+ * QMM_ERR_UNSUPPORTED saying so; a tuned row without it is passed over; and when the hints pass over
+ * every row of the order, the row that set it runs. So whatever M, every row that can run the call
+ * reduces each output the same way, and row i's bits do not depend on M.
  */
 #include "kernel.h"
 
@@ -29,6 +36,12 @@ bool qmm_kernel_accepts(const qmm_kernel *row, const qmm_call *call, char *why_n
     if (row->info.op != call->op) {
         snprintf(why_not, why_not_size, "kernel %s computes %s, the call is %s", row->info.name,
                  qmm_op_name(row->info.op), qmm_op_name(call->op));
+        return false;
+    }
+    if (call->batch_invariant && !row->info.batch_invariant_order) {
+        snprintf(why_not, why_not_size,
+                 "kernel %s does not declare a batch-invariant order (its reduction order depends on M or on its "
+                 "tiling), so it refuses batch-invariant calls", row->info.name);
         return false;
     }
     if (why_not_size) why_not[0] = '\0';
@@ -85,16 +98,51 @@ qmm_status qmm_select_kernel(const qmm_kernel *const *table, size_t count, const
     return qmm_select_kernel_tuned(table, count, NULL, call, forced, chosen);
 }
 
+qmm_status qmm_batch_invariant_row(const qmm_kernel *const *table, size_t count, const qmm_call *call,
+                                   const qmm_kernel **row) {
+    char why_not[256];
+    for (size_t i = 0; i < count; i++) {
+        if (!table[i]->info.batch_invariant_order) continue;
+        if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not)) {
+            *row = table[i];
+            return QMM_OK;
+        }
+    }
+    return qmm_error(QMM_ERR_UNSUPPORTED,
+                     "no kernel of this table declares a batch-invariant order for this call (M=%zu, N=%zu, K=%zu, %s, "
+                     "%s, %d-bit, group_size %d)", call->M, call->N, call->K, qmm_op_name(call->op),
+                     qmm_dtype_name(call->dtype), call->bits, call->group_size);
+}
+
+/* Whether a row that accepts a batch-invariant call reduces in the call's order (set by `order_row`). */
+static bool same_order(const qmm_kernel *row, const qmm_kernel *order_row) {
+    return order_row == NULL || strcmp(row->info.batch_invariant_order, order_row->info.batch_invariant_order) == 0;
+}
+
 qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count, const qmm_tuning_table *tuning,
                                    const qmm_call *call, const char *forced, const qmm_kernel **chosen) {
     if (!table || !call || !chosen) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select_kernel: null argument");
     char why_not[256];
+    /* Batch-invariant: the row whose order every candidate must share (NULL otherwise). */
+    const qmm_kernel *order_row = NULL;
     if (forced) {
         for (size_t i = 0; i < count; i++) {
             if (strcmp(table[i]->info.name, forced) != 0) continue;
             if (!qmm_kernel_accepts(table[i], call, why_not, sizeof why_not))
-                return qmm_error(QMM_ERR_UNSUPPORTED, "forced kernel %s does not support this call (M=%zu, N=%zu, K=%zu, %s): %s",
-                                 forced, call->M, call->N, call->K, qmm_op_name(call->op), why_not);
+                return qmm_error(QMM_ERR_UNSUPPORTED, "forced kernel %s does not support this call (M=%zu, N=%zu, K=%zu, %s%s): %s",
+                                 forced, call->M, call->N, call->K, qmm_op_name(call->op),
+                                 call->batch_invariant ? ", batch-invariant" : "", why_not);
+            if (call->batch_invariant) {
+                qmm_status status = qmm_batch_invariant_row(table, count, call, &order_row);
+                if (status != QMM_OK) return status; /* unreachable: table[i] declares one and accepts */
+                if (!same_order(table[i], order_row))
+                    return qmm_error(QMM_ERR_UNSUPPORTED,
+                                     "forced kernel %s reduces in batch-invariant order \"%s\", but this call's order is "
+                                     "\"%s\" (that of %s, the first row of the table that declares an order and accepts "
+                                     "the call): mixing the two would make a row's bits depend on which kernel ran",
+                                     forced, table[i]->info.batch_invariant_order, order_row->info.batch_invariant_order,
+                                     order_row->info.name);
+            }
             *chosen = table[i];
             return QMM_OK;
         }
@@ -108,9 +156,14 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
         }
         return qmm_error(QMM_ERR_NOT_FOUND, "kernel \"%s\" is not registered (known: %s)", forced, known);
     }
-    /* The measured table: its row when it accepts the call (a stale entry falls through to the order). */
+    if (call->batch_invariant) {
+        qmm_status status = qmm_batch_invariant_row(table, count, call, &order_row);
+        if (status != QMM_OK) return status;
+    }
+    /* The measured table: its row when it accepts the call (a stale entry falls through to the order),
+     * and under batch-invariant mode only when it reduces in the call's order. */
     const qmm_tuning_entry *entry = qmm_tuning_find(tuning, call);
-    if (entry && qmm_kernel_accepts(entry->row, call, why_not, sizeof why_not)) {
+    if (entry && qmm_kernel_accepts(entry->row, call, why_not, sizeof why_not) && same_order(entry->row, order_row)) {
         *chosen = entry->row;
         return QMM_OK;
     }
@@ -119,10 +172,14 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
         if (table[i]->tune_only || (table[i]->prefer_max_m && call->M > table[i]->prefer_max_m) ||
             call->N < table[i]->prefer_min_n)
             continue;
-        if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not)) {
+        if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not) && same_order(table[i], order_row)) {
             *chosen = table[i];
             return QMM_OK;
         }
+    }
+    if (order_row) { /* the hints passed over every row of the order: the row that set it takes the call */
+        *chosen = order_row;
+        return QMM_OK;
     }
     return qmm_error(QMM_ERR_UNSUPPORTED, "no kernel supports this call (M=%zu, N=%zu, K=%zu, %s); last reason: %s",
                      call->M, call->N, call->K, qmm_op_name(call->op), count ? why_not : "the table is empty");

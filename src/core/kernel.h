@@ -47,8 +47,18 @@ typedef struct qmm_call {
     const uint32_t *lhs_indices; /* [M] rows of x, or NULL for row i */
     const uint32_t *rhs_indices; /* [M] experts */
     bool rhs_sorted;             /* rhs_indices non-decreasing: one block per expert used */
+    /* qmm_matmul_options.batch_invariant: only rows whose info.batch_invariant_order is the call's order
+     * take it (qmm_kernel_accepts refuses rows that declare none; the selector, src/select.c, the rest). */
+    bool batch_invariant;
 } qmm_call;
 
+/* info.batch_invariant_order (include/qmm.h, docs/kernels.md "Batch-invariant mode"): a row declares an
+ * order only when every output it writes is reduced in that one order whatever M, the other rows of x,
+ * its tiling and its threads — and two rows of one op declare the same string only when they give the
+ * same bits. The call's order is that of the first row of the table that declares one and accepts the
+ * call; a row that declares an order must therefore accept every M ≥ 1 for the calls it accepts, or be
+ * followed by rows of the same order that take the other M (tests/runtime/test_batch_invariant.c checks
+ * every table for this). NULL: the row refuses batch-invariant calls. */
 typedef struct qmm_kernel {
     qmm_kernel_info info;
     /* Returns true when the row handles the call; otherwise writes a one-line reason into
@@ -141,8 +151,10 @@ typedef struct qmm_backend_hooks {
     qmm_status (*device_name)(void *state, char *name, size_t size);
 } qmm_backend_hooks;
 
-/* Whether row handles call: the op must match (checked here, once for every caller), then the row's
- * supports(). On false, why_not receives the reason. */
+/* Whether row handles call: the op must match (checked here, once for every caller), for a
+ * batch-invariant call the row must declare an order, then the row's supports(). On false, why_not
+ * receives the reason. (Whether the row's order is the call's is the selector's question: it needs the
+ * table, see qmm_batch_invariant_row.) */
 bool qmm_kernel_accepts(const qmm_kernel *row, const qmm_call *call, char *why_not, size_t why_not_size);
 
 /* One entry of a measured tuning table: for calls of exactly this op, dtype, bits, group_size, N and K
@@ -186,6 +198,11 @@ void qmm_tuning_free(qmm_tuning_table *tuning);
 int qmm_tuning_compare(const qmm_tuning_entry *a, const qmm_tuning_entry *b);
 /* The entry of tuning that matches call, or NULL (src/select.c). */
 const qmm_tuning_entry *qmm_tuning_find(const qmm_tuning_table *tuning, const qmm_call *call);
+
+/* The row that sets a batch-invariant call's order: the first row of table[count] (in order, hints and
+ * tune_only aside) that declares an order and accepts the call. Errors: QMM_ERR_UNSUPPORTED when none does. */
+qmm_status qmm_batch_invariant_row(const qmm_kernel *const *table, size_t count, const qmm_call *call,
+                                   const qmm_kernel **row);
 
 /* The selector: the first row of table[count] that accepts call (or the row named `forced`).
  * Errors: QMM_ERR_NOT_FOUND (forced name unknown), QMM_ERR_UNSUPPORTED (forced row refuses, with its

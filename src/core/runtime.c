@@ -613,6 +613,7 @@ static qmm_status prepare_call(const char *function, const qmm_context *context,
     call->biases = weights->biases;
     call->backend_state = context->state;
     call->weights_extra = weights->extra;
+    call->batch_invariant = options && options->batch_invariant;
     if (M == 0) return qmm_error(QMM_ERR_SHAPE, "%s: M=0, a matmul needs M >= 1 rows of x", function);
     size_t elements;
     if (!qmm_mul_size(M, call->K, &elements) || !qmm_mul_size(elements, qmm_dtype_size(call->dtype), &elements))

@@ -97,4 +97,21 @@ static inline void v_deinterleave(const vf *pair, vf *even, vf *odd) {
     *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
+/* The ordered GEMV's code words (simd_kernels.h). */
+typedef __m256i vi;
+/* (words >> shift) & mask as f32 (exact: a code is < 256). */
+static inline vf v_code_field(vi words, int shift, int mask) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words, shift), _mm256_set1_epi32(mask)));
+}
+/* A 4-bit code field as f32 (AVX-512 looks it up in a table instead). */
+static inline vf v_code4_field(vi words, int shift) { return v_code_field(words, shift, 0xF); }
+/* count words from word `first` of LANES = 8 rows into count vectors (words[i] lane r = rows[r][first + i]):
+ * one gather each (AVX-512 transposes loads instead). */
+static inline void v_load_words(const uint32_t *const *rows, size_t first, int count, vi *words) {
+    const __m256i index = _mm256_setr_epi32(0, (int)(rows[1] - rows[0]), (int)(rows[2] - rows[0]), (int)(rows[3] - rows[0]),
+                                            (int)(rows[4] - rows[0]), (int)(rows[5] - rows[0]), (int)(rows[6] - rows[0]),
+                                            (int)(rows[7] - rows[0]));
+    for (int i = 0; i < count; i++) words[i] = _mm256_i32gather_epi32((const int *)(rows[0] + first + (size_t)i), index, 4);
+}
+
 #include "simd_kernels.h"

@@ -97,4 +97,41 @@ static inline void v_deinterleave(const vf *pair, vf *even, vf *odd) {
     *odd = _mm512_permutex2var_ps(pair[0], odd_index, pair[1]);
 }
 
+/* The ordered GEMV's code words (simd_kernels.h). */
+typedef __m512i vi;
+/* (words >> shift) & mask as f32 (exact: a code is < 256). */
+static inline vf v_code_field(vi words, int shift, int mask) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(words, (unsigned)shift), _mm512_set1_epi32(mask)));
+}
+/* A 4-bit code field as f32 by table: vpermps reads only index bits 0–3, so the shifted word needs no mask and
+ * the lookup of 0.0f … 15.0f replaces the conversion (exact). */
+static inline vf v_code4_field(vi words, int shift) {
+    const vf table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_permutexvar_ps(shift ? _mm512_srli_epi32(words, (unsigned)shift) : words, table);
+}
+/* count (a multiple of 4) words from word `first` of LANES = 16 rows (row r at rows[r]) into count vectors:
+ * words[i] lane r = rows[r][first + i]. Loads instead of gathers: each row's 4 words are one 16-byte load,
+ * four rows fill a ZMM (one load, three inserts), and two two-source permutes and a blend per word pick the
+ * word of all 16 rows (a 16×4 transpose) — about 40 instructions per 4 words against 4 gathers of 16
+ * loads each. */
+static inline void v_load_words(const uint32_t *const *rows, size_t first, int count, vi *words) {
+    for (int w0 = 0; w0 < count; w0 += 4) {
+        __m512i z[4];
+        for (int a = 0; a < 4; a++) {
+            z[a] = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rows[4 * a] + first + (size_t)w0)));
+            z[a] = _mm512_inserti32x4(z[a], _mm_loadu_si128((const __m128i *)(rows[4 * a + 1] + first + (size_t)w0)), 1);
+            z[a] = _mm512_inserti32x4(z[a], _mm_loadu_si128((const __m128i *)(rows[4 * a + 2] + first + (size_t)w0)), 2);
+            z[a] = _mm512_inserti32x4(z[a], _mm_loadu_si128((const __m128i *)(rows[4 * a + 3] + first + (size_t)w0)), 3);
+        }
+        for (int i = 0; i < 4; i++) {
+            /* lanes 0–7: word i of rows 0–3 (z[0]) and 4–7 (z[1]); lanes 8–15: rows 8–11 (z[2]), 12–15 (z[3]). */
+            const __m512i low = _mm512_setr_epi32(i, 4 + i, 8 + i, 12 + i, 16 + i, 20 + i, 24 + i, 28 + i, i, 4 + i,
+                                                  8 + i, 12 + i, 16 + i, 20 + i, 24 + i, 28 + i);
+            const __m512i a = _mm512_permutex2var_epi32(z[0], low, z[1]);
+            const __m512i b = _mm512_permutex2var_epi32(z[2], low, z[3]);
+            words[w0 + i] = _mm512_mask_blend_epi32((__mmask16)0xFF00, a, b);
+        }
+    }
+}
+
 #include "simd_kernels.h"

@@ -6,6 +6,8 @@
  * Table order (the selector takes the first row that accepts a call, docs/kernels.md §4):
  *   1. GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M: decode and small prefill are bound by reading the weights;
  *      these read every weight byte once and reuse it for up to 8 rows of x in registers.
+ *   1b. ordered GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M, in the tiled rows' order: after the GEMV rows, so the
+ *      selector reaches them only in batch-invariant mode (which skips the GEMV rows: docs/kernels.md §11).
  *   2. tiled (gemm) rows, any M: above the crossover the FMA units bound the time; these decode a
  *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel.
  *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
@@ -288,6 +290,8 @@ cleanup:
 enum {
     ROW_QMM_T_GEMV_AVX512,
     ROW_QMM_T_GEMV_AVX2,
+    ROW_QMM_T_GEMV_ORDERED_AVX512, /* batch-invariant mode only (docs/kernels.md §11) */
+    ROW_QMM_T_GEMV_ORDERED_AVX2,
     ROW_QMM_T_GEMM_AVX512,
     ROW_QMM_T_GEMM_AVX2,
     ROW_QMM_T_SCALAR,
@@ -321,9 +325,22 @@ CPU_GATHER(portable, portable_qmm_t_rows)
 /* Slack 1 for every row: each one keeps every product term within K + 2 f32 roundings (the counts
  * are beside each kernel in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 #define CPU_ROW(row_name, row_op, row_family, m, n, k, text, accepts, runs, isa)                                 \
+    CPU_ROW_ORDERED(row_name, row_op, row_family, m, n, k, text, accepts, runs, isa, NULL)
+/* A row with a batch-invariant order (docs/kernels.md "Batch-invariant mode"):
+ *   "split-fma-d32"/"split-fma-d16"  the tiled qmm_t rows (AVX-512 / AVX2): per output and group g in order,
+ *        qdot = an FMA chain of q·x over the group's k in decode order (each 2·LANES block: even codes, then
+ *        odd), Σx a sequential sum in that order, then acc += fma(s, qdot, b·Σx). Each output is one lane of
+ *        its own, so M, the tiles and the threads change nothing; the two ISAs' decode orders differ (4-bit).
+ *        The ordered GEMV rows (M ≤ 16) reduce in the same order as their ISA's tiled row, with N in the lanes;
+ *        the GEMV rows (a K-split FMA chain and a tree sum) reduce differently: they declare none.
+ *   "fma-chain"  every qmm_n SIMD row, GEMV and tiled, both ISAs: ŵ = fma(s, q, b), then one FMA chain per
+ *        output over k = 0, 1, … in order (the same bits, simd_kernels.h).
+ *   "oracle"     the portable row: the oracle's order (backend.c is built with -ffp-contract=off). */
+#define CPU_ROW_ORDERED(row_name, row_op, row_family, m, n, k, text, accepts, runs, isa, order)                 \
     {                                                                                                       \
         .info = {.name = row_name, .backend = QMM_BACKEND_CPU, .op = row_op, .family = row_family, .bm = m, \
-                 .bn = n, .bk = k, .threads = 1, .tolerance_slack = 1.0, .description = text},             \
+                 .bn = n, .bk = k, .threads = 1, .tolerance_slack = 1.0, .description = text,              \
+                 .batch_invariant_order = order},                                                         \
         .supports = accepts, .run = runs, .usable = isa,                                                    \
     }
 
@@ -339,27 +356,33 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     [ROW_QMM_T_GEMV_AVX2] = CPU_ROW("cpu.qmm_t.gemv.r4.avx2", QMM_OP_QMM_T, "gemv", 4, 4, 16,
             "M<=16 without AVX-512: 4 rows of x x 4 weight rows in YMM, split s·Σq·x + b·Σx",
             avx2_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx2, qmm_cpu_has_avx2),
-    [ROW_QMM_T_GEMM_AVX512] = CPU_ROW("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
+    [ROW_QMM_T_GEMV_ORDERED_AVX512] = CPU_ROW_ORDERED("cpu.qmm_t.gemv_ordered.n16.avx512", QMM_OP_QMM_T, "gemv_ordered", 4, 16, 32,
+            "M<=16 in the AVX-512 tiled row's order (batch-invariant mode): 16 weight rows in the lanes, codes by gather",
+            avx512_gemv_qmm_t_supports, qmm_cpu_gemv_ordered_qmm_t_avx512, qmm_cpu_has_avx512, "split-fma-d32"),
+    [ROW_QMM_T_GEMV_ORDERED_AVX2] = CPU_ROW_ORDERED("cpu.qmm_t.gemv_ordered.n8.avx2", QMM_OP_QMM_T, "gemv_ordered", 4, 8, 16,
+            "M<=16 in the AVX2 tiled row's order (batch-invariant mode): 8 weight rows in the lanes, codes by gather",
+            avx2_gemv_qmm_t_supports, qmm_cpu_gemv_ordered_qmm_t_avx2, qmm_cpu_has_avx2, "split-fma-d16"),
+    [ROW_QMM_T_GEMM_AVX512] = CPU_ROW_ORDERED("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
             "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
-            avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512, qmm_cpu_has_avx512),
-    [ROW_QMM_T_GEMM_AVX2] = CPU_ROW("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
+            avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512, qmm_cpu_has_avx512, "split-fma-d32"),
+    [ROW_QMM_T_GEMM_AVX2] = CPU_ROW_ORDERED("cpu.qmm_t.gemm.m16n6.avx2", QMM_OP_QMM_T, "gemm", 16, 6, 256,
             "any M without AVX-512: panel decoded to f32 once, 6x16 YMM micro-kernel",
-            avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2, qmm_cpu_has_avx2),
-    [ROW_QMM_T_SCALAR] = CPU_ROW("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
+            avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2, qmm_cpu_has_avx2, "split-fma-d16"),
+    [ROW_QMM_T_SCALAR] = CPU_ROW_ORDERED("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
             "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
-            scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t, NULL),
-    [ROW_FIRST_OTHER] = CPU_ROW("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+            scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t, NULL, "oracle"),
+    [ROW_FIRST_OTHER] = CPU_ROW_ORDERED("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
             "x·Ŵ, M<=16: weights read once, 4 rows of W per pass over an L1-resident out chunk, ŵ by vpermps table",
-            avx512_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx512, qmm_cpu_has_avx512),
-    CPU_ROW("cpu.qmm_n.gemv.k4.avx2", QMM_OP_QMM_N, "gemv", 8, 32, 4,
+            avx512_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx512, qmm_cpu_has_avx512, "fma-chain"),
+    CPU_ROW_ORDERED("cpu.qmm_n.gemv.k4.avx2", QMM_OP_QMM_N, "gemv", 8, 32, 4,
             "x·Ŵ, M<=16 without AVX-512: 4 rows of W per pass over an L1-resident out chunk, ŵ = fma(s,q,b)",
-            avx2_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx2, qmm_cpu_has_avx2),
-    CPU_ROW("cpu.qmm_n.gemm.m12n32.avx512", QMM_OP_QMM_N, "gemm", 12, 32, 256,
+            avx2_gemv_qmm_n_supports, qmm_cpu_gemv_qmm_n_avx2, qmm_cpu_has_avx2, "fma-chain"),
+    CPU_ROW_ORDERED("cpu.qmm_n.gemm.m12n32.avx512", QMM_OP_QMM_N, "gemm", 12, 32, 256,
             "x·Ŵ: weight rows decoded along N to f32, 12x32 ZMM micro-kernel (m rows x n lanes)",
-            avx512_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx512, qmm_cpu_has_avx512),
-    CPU_ROW("cpu.qmm_n.gemm.m6n16.avx2", QMM_OP_QMM_N, "gemm", 6, 16, 256,
+            avx512_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx512, qmm_cpu_has_avx512, "fma-chain"),
+    CPU_ROW_ORDERED("cpu.qmm_n.gemm.m6n16.avx2", QMM_OP_QMM_N, "gemm", 6, 16, 256,
             "x·Ŵ without AVX-512: weight rows decoded along N to f32, 6x16 YMM micro-kernel",
-            avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2, qmm_cpu_has_avx2),
+            avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2, qmm_cpu_has_avx2, "fma-chain"),
     CPU_ROW("cpu.gather.blocks.avx512", QMM_OP_GATHER, "blocks", QMM_CPU_GEMV_MAX_M, 12, 256,
             "MoE gather: per expert block the AVX-512 qmm_t row the selector picks (GEMV M<=16, else tiled), blocks on parallel threads",
             avx512_gather_supports, avx512_gather_run, qmm_cpu_has_avx512),
@@ -385,4 +408,6 @@ NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx512)
+NOT_HERE(qmm_cpu_gemv_ordered_qmm_t_avx2)
+NOT_HERE(qmm_cpu_gemv_ordered_qmm_t_avx512)
 #endif

@@ -102,6 +102,8 @@ qmm_status qmm_cpu_gemm_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_n_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_n_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_n_avx512(const qmm_call *call);
+qmm_status qmm_cpu_gemv_ordered_qmm_t_avx2(const qmm_call *call);
+qmm_status qmm_cpu_gemv_ordered_qmm_t_avx512(const qmm_call *call);
 
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
@@ -112,7 +114,7 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 12
+#define QMM_CPU_KERNEL_COUNT 14
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);

@@ -783,3 +783,161 @@ cleanup:
     free(bytes);
     return status;
 }
+
+/* ═════════════════════════════ ordered GEMV: qmm_t for small M in the tiled rows' order ═════════════════════════════
+ *
+ * Batch-invariant mode (docs/kernels.md §11) needs, at M ≤ 16, a row that reduces each output exactly as
+ * the tiled qmm_t row of the same ISA does (order "split-fma-d32" / "split-fma-d16"), since that row sets
+ * the order at every larger M; the GEMV rows above split K across lanes and sum with a tree, another order.
+ * Per output (n, m) and group g, in the tiled row's arithmetic (gemm_micro_split):
+ *     qdot = 0; for each position j of the group in decode order (2·LANES-code blocks: even codes, then
+ *            odd; 8-bit and unpacked widths in order): qdot = fma(q[n][k(j)], x[m][k(j)], qdot)
+ *     X    = 0; for the same j: X = X + x[m][k(j)]
+ *     t = fma(s, qdot, b·X);  acc = (g = 0) ? t : acc + t;   then the non-finite rule
+ * Vectorised across N instead of M or K: LANES weight rows sit in the lanes, so each lane is one output's own
+ * chain and M pads nothing. The packed words of LANES rows at one decode block are loaded and transposed
+ * (v_load_words: AVX-512 loads 16 bytes a row and permutes, AVX2 gathers; 4-bit: 8 codes a word, 8-bit and
+ * unpacked widths: 4), then each column is a shift and a table lookup (AVX-512, 4-bit) or a shift, a mask and
+ * a conversion: 2.4× the GEMV rows' time at M = 1 on 4096² (docs/PERF.md), where the tiled row decodes the
+ * weights to f32 panels and uses 1 of its 2·LANES lanes (21×).
+ * Rows of x: ORDERED_R at a time share each column's codes (R accumulators).
+ */
+#define ORDERED_R 4
+/* Prefetch distance along each weight row, in words (1 KiB, as the GEMV rows): LANES rows are LANES streams,
+ * more than the hardware prefetcher follows well. */
+#define ORDERED_PF_WORDS 256
+
+typedef struct ordered_plan {
+    const qmm_call *call;
+    size_t K, G, groups, words;
+    int fast;
+    const float *xd; /* [M][K] x in decode order */
+    const float *xg; /* [M][groups] Σx per group in decode order, sequential */
+    float *sb;       /* [threads][2][groups][LANES] the block's scales, then biases */
+    uint8_t *bytes;  /* generic widths: [threads][LANES][K] codes as bytes; else NULL */
+} ordered_plan;
+
+/* R rows of x from m0 against one block of LANES weight rows: acc[r] = the outputs' f32 accumulators.
+ * FAST (4 or 8) is a constant, so once the 2·LANES positions of a decode block are unrolled, the word, shift
+ * and x offset of each are constants too: the block's words stay in registers. */
+#define ORDERED_ROWS(FAST)                                                                                        \
+    ALWAYS_INLINE void ordered_rows_##FAST(const ordered_plan *p, const uint32_t *const *rows, size_t m0, int R,   \
+                                           const float *sb, vf *acc) {                                           \
+        const size_t K = p->K, G = p->G, groups = p->groups;                                                     \
+        enum { PER_WORD = FAST == 4 ? 8 : 4, WIDTH = FAST == 4 ? 4 : 8, MASK = FAST == 4 ? 0xF : 0xFF,           \
+               WORDS = 2 * LANES / PER_WORD };                                                                   \
+        for (size_t g = 0; g < groups; g++) {                                                                    \
+            vf qdot[ORDERED_R];                                                                                  \
+            _Pragma("GCC unroll 4") for (int r = 0; r < ORDERED_R; r++) qdot[r] = v_zero();                      \
+            for (size_t c0 = g * G; c0 < (g + 1) * G; c0 += 2 * LANES) {                                         \
+                vi words[WORDS];                                                                                 \
+                if (m0 == 0 && c0 % (16 * PER_WORD) == 0) /* a new 64-byte line of every row: fetch one ahead */ \
+                    for (int lane = 0; lane < LANES; lane++)                                                     \
+                        __builtin_prefetch(rows[lane] + c0 / PER_WORD + ORDERED_PF_WORDS);                       \
+                v_load_words(rows, c0 / PER_WORD, WORDS, words);                                                 \
+                const float *x = p->xd + m0 * K + c0;                                                            \
+                _Pragma("GCC unroll 32") for (int j = 0; j < 2 * LANES; j++) {                                   \
+                    const int k = (int)natural_index(FAST, (size_t)j);                                           \
+                    const vf q = FAST == 4 ? v_code4_field(words[k / PER_WORD], (k % PER_WORD) * WIDTH)          \
+                                           : v_code_field(words[k / PER_WORD], (k % PER_WORD) * WIDTH, MASK);    \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < ORDERED_R; r++) if (r < R) qdot[r] =             \
+                        v_fma(v_set1(x[(size_t)r * K + (size_t)j]), q, qdot[r]);                                 \
+                }                                                                                                \
+            }                                                                                                    \
+            const vf s = v_load(sb + g * LANES), b = v_load(sb + (groups + g) * LANES);                          \
+            _Pragma("GCC unroll 4") for (int r = 0; r < ORDERED_R; r++) {                                        \
+                if (r >= R) continue;                                                                            \
+                const vf t = v_fma(s, qdot[r], v_mul(b, v_set1(p->xg[(m0 + (size_t)r) * groups + g])));          \
+                acc[r] = g == 0 ? t : v_add(acc[r], t);                                                          \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+ORDERED_ROWS(4)
+ORDERED_ROWS(8)
+
+static void ordered_block(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes) {
+    const qmm_call *call = p->call;
+    const size_t N = call->N, M = call->M, K = p->K, groups = p->groups;
+    const int valid = N - n0 < (size_t)LANES ? (int)(N - n0) : LANES;
+    /* Scales and biases of the block's rows, lane-major per group (lanes past N repeat the last row). */
+    for (size_t g = 0; g < groups; g++)
+        for (int lane = 0; lane < LANES; lane++) {
+            const size_t n = n0 + (size_t)(lane < valid ? lane : valid - 1);
+            sb[g * LANES + (size_t)lane] = qmm_load_f32(call->scales, call->dtype, n * groups + g);
+            sb[(groups + g) * LANES + (size_t)lane] = qmm_load_f32(call->biases, call->dtype, n * groups + g);
+        }
+    /* Where the codes come from: packed 4- or 8-bit rows in place, else each row unpacked to bytes (= 8-bit). */
+    const uint32_t *base;
+    size_t stride;
+    if (p->fast == 4 || call->bits == 8) {
+        base = call->w + n0 * p->words;
+        stride = p->words;
+    } else {
+        for (int lane = 0; lane < valid; lane++)
+            qmm_unpack_stream(call->w + (n0 + (size_t)lane) * p->words, K, call->bits, bytes + (size_t)lane * K);
+        base = (const uint32_t *)bytes;
+        stride = K / 4;
+    }
+    const uint32_t *rows[LANES]; /* lanes past N repeat the last row; their results are dropped */
+    for (int lane = 0; lane < LANES; lane++) rows[lane] = base + (size_t)(lane < valid ? lane : valid - 1) * stride;
+    float result[LANES];
+    for (size_t m0 = 0; m0 < M; m0 += ORDERED_R) {
+        const int R = M - m0 < ORDERED_R ? (int)(M - m0) : ORDERED_R;
+        vf acc[ORDERED_R];
+        if (p->fast == 4) ordered_rows_4(p, rows, m0, R, sb, acc);
+        else ordered_rows_8(p, rows, m0, R, sb, acc);
+        for (int r = 0; r < R; r++) {
+            const size_t m = m0 + (size_t)r;
+            v_store(result, acc[r]);
+            for (int lane = 0; lane < valid; lane++)
+                qmm_store_f32(call->out, call->dtype, m * N + n0 + (size_t)lane,
+                              qmm_cpu_finite_or_direct(call, result[lane], m, n0 + (size_t)lane));
+        }
+    }
+}
+
+qmm_status QMM_ISA(qmm_cpu_gemv_ordered_qmm_t)(const qmm_call *call) {
+    const size_t M = call->M, N = call->N, K = call->K, G = (size_t)call->group_size, groups = K / G;
+    const int threads = qmm_cpu_threads_for(call);
+    ordered_plan plan = {.call = call, .K = K, .G = G, .groups = groups, .words = qmm_packed_words(K, call->bits),
+                         .fast = fast_bits(call->bits)};
+    qmm_status status = QMM_OK;
+    float *xd = qmm_cpu_scratch(M * K, sizeof(float), "x in decode order");
+    float *xg = qmm_cpu_scratch(M * groups, sizeof(float), "x group sums");
+    float *sb = qmm_cpu_scratch((size_t)threads * 2 * groups * LANES, sizeof(float), "block scales");
+    uint8_t *bytes = NULL;
+    if (!xd || !xg || !sb) {
+        status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
+        goto cleanup;
+    }
+    if (plan.fast != 4 && call->bits != 8 && !(bytes = qmm_cpu_scratch((size_t)threads * LANES * K, 1, "unpacked codes"))) {
+        status = QMM_ERR_OUT_OF_MEMORY;
+        goto cleanup;
+    }
+    /* x in decode order and Σx per group, summed in that order from 0 as the tiled row sums its panel. */
+    for (size_t m = 0; m < M; m++) {
+        for (size_t j = 0; j < K; j++) xd[m * K + j] = qmm_load_f32(call->x, call->dtype, m * K + natural_index(plan.fast, j));
+        for (size_t g = 0; g < groups; g++) {
+            float sum = 0.0f;
+            for (size_t j = g * G; j < (g + 1) * G; j++) sum = sum + xd[m * K + j];
+            xg[m * groups + g] = sum;
+        }
+    }
+    plan.xd = xd;
+    plan.xg = xg;
+    plan.sb = sb;
+    plan.bytes = bytes;
+    const size_t blocks = (N + LANES - 1) / LANES;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
+    for (size_t block = 0; block < blocks; block++) {
+        const size_t me = (size_t)QMM_CPU_THREAD_ID();
+        ordered_block(&plan, block * LANES, sb + me * 2 * groups * LANES, bytes ? bytes + me * LANES * K : NULL);
+    }
+
+cleanup:
+    free(xd);
+    free(xg);
+    free(sb);
+    free(bytes);
+    return status;
+}

@@ -634,6 +634,10 @@ static qmm_status gather_run(const qmm_call *call) {
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
  *   m8n32 and mma_tile m64n128 are there for `qmm tune` and forcing.
  *   Then the generic rows, which take every call.
+ * Batch-invariant order (docs/kernels.md "Batch-invariant mode"): the generic rows compute the oracle's f32
+ * order bit for bit for each output whatever M (8 rows of x per thread, each its own accumulator), so they
+ * declare "oracle" and take every batch-invariant call; the mma_gemv rows declare none (the tensor cores'
+ * internal add order is not IEEE-sequential, and they take only M ≤ 16).
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §9). */
 static const qmm_kernel cuda_kernels[] = {
@@ -655,11 +659,13 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = tile_m64n128_supports, .run = tile_m64n128_run, .tune_only = true},
     {.info = {.name = "cuda.qmm_t.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
-              .description = "every format: a thread per output feature, the oracle's f32 order bit for bit"},
+              .description = "every format: a thread per output feature, the oracle's f32 order bit for bit",
+              .batch_invariant_order = "oracle"},
      .supports = generic_supports, .run = generic_t_run},
     {.info = {.name = "cuda.qmm_n.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_N, .family = "generic",
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
-              .description = "every format: a thread per output column, x·(s·q + b) summed over k in f32"},
+              .description = "every format: a thread per output column, x·(s·q + b) summed over k in f32",
+              .batch_invariant_order = "oracle"},
      .supports = generic_supports, .run = generic_n_run},
     {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,

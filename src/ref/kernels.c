@@ -13,6 +13,11 @@
  *   ref.gather.scalar.r1  the gather oracle qmm_ref_gather_qmm: all pairs grouped by expert, one
  *                         qmm_ref_qmm_t call per used expert (last: always an answer)
  * Both give bit for bit the same outputs: qmm_ref_qmm_t computes each row of x on its own.
+ *
+ * Batch-invariant order "oracle" (docs/kernels.md "Batch-invariant mode") on the qmm_t and qmm_n rows: the
+ * oracle reduces every output in one sequential order whatever M (its blocks of rows only share loads).
+ * The gather rows declare none: qmm_gather_matmul has no batch-invariant option (its rows are row-wise
+ * anyway, qmm_ref_gather_qmm).
  */
 #include "kernel.h"
 
@@ -90,14 +95,16 @@ const qmm_kernel qmm_ref_kernels[] = {
     {
         .info = {.name = "ref.qmm_t.scalar.r1", .backend = QMM_BACKEND_REF, .op = QMM_OP_QMM_T,
                  .family = "scalar", .bm = 1, .bn = 1, .bk = 1, .threads = 1, .tolerance_slack = 1.0,
-                 .description = "scalar oracle x·Ŵᵀ, f32 per-group split acc += s·Σ(q·x) + b·Σx"},
+                 .description = "scalar oracle x·Ŵᵀ, f32 per-group split acc += s·Σ(q·x) + b·Σx",
+                 .batch_invariant_order = "oracle"},
         .supports = ref_qmm_t_supports,
         .run = ref_qmm_t_run,
     },
     {
         .info = {.name = "ref.qmm_n.scalar.r1", .backend = QMM_BACKEND_REF, .op = QMM_OP_QMM_N,
                  .family = "scalar", .bm = 1, .bn = 1, .bk = 1, .threads = 1, .tolerance_slack = 1.0,
-                 .description = "scalar oracle x·Ŵ, f32 sum over k of x·(s·q + b) as MLX CPU _qmm"},
+                 .description = "scalar oracle x·Ŵ, f32 sum over k of x·(s·q + b) as MLX CPU _qmm",
+                 .batch_invariant_order = "oracle"},
         .supports = ref_qmm_n_supports,
         .run = ref_qmm_n_run,
     },

@@ -39,6 +39,32 @@ check "--kernel: exit 0" rc_is 0
 check "--kernel: the forced row" out_matches '\* ref\.qmm_t\.scalar\.r1'
 expect_library_error bench "not found" "--kernel 'nope' is not a kernel of backend ref" bench --backend ref --quick --kernel nope
 
+# --batch-invariant: one more row per cell, marked 'bi', its note the mode's cost; in the JSON too. A forced kernel
+# the mode refuses gets a row saying why.
+q bench --backend ref --quick --no-peers --batch-invariant --json "$WORK/bench-bi.json"
+check "--batch-invariant: exit 0" rc_is 0
+check "--batch-invariant: header" out_has "# --batch-invariant: 'bi' rows are the selector's choice"
+check "--batch-invariant: a bi row per cell" [ "$(out_lines_matching ' bi ref\.qmm_t\.scalar\.r1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +batch-invariant mode \(order "oracle"\): [0-9.]+× the default selector.s time')" = 4 ]
+check "--batch-invariant: the selector is still judged on default rows" out_matches '^selector vs fastest: not decided'
+if command -v python3 >/dev/null; then
+  check "--batch-invariant: JSON" python3 - "$WORK/bench-bi.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["batch_invariant"] is True
+for c in d["cells"]:
+    bi = [k for k in c["kernels"] if k["batch_invariant"]]
+    assert len(bi) == 1 and bi[0]["name"] == "ref.qmm_t.scalar.r1" and bi[0]["us"] > 0, c["kernels"]
+    assert [k for k in c["kernels"] if not k["batch_invariant"]][0]["selected"] is True
+PY
+fi
+q kernels --backend cpu
+if [ "$RC" = 0 ]; then
+  q bench --backend cpu --quick --no-peers --batch-invariant --kernel cpu.qmm_t.gemv.r8.avx512 --m 1
+  check "--batch-invariant --kernel without an order: exit 0" rc_is 0
+  check "--batch-invariant --kernel without an order: the row says why" out_has "not eligible in batch-invariant mode: forced kernel cpu.qmm_t.gemv.r8.avx512 does not support this call"
+fi
+expect_usage_error bench "--batch-invariant given twice" bench --backend ref --quick --batch-invariant --batch-invariant
+
 # shapes files
 printf '# a comment\nmine 128 256   # trailing comment\n\n' >"$WORK/shapes.txt"
 q bench --backend ref --no-peers --shapes "$WORK/shapes.txt" --m 2 --dtype bf16 --repeats 1 --quick

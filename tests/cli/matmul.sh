@@ -33,6 +33,22 @@ expect_ok "forced kernel" matmul "$FIXTURE" --layer blk.0.attn_v -m 3 --kernel r
 check "forced kernel reported" out_has "ref.qmm_t.scalar.r1 (forced)"
 check "forced kernel: within bound" out_has "within bound"
 
+# --batch-invariant: the kernel's order and every row recomputed alone, bit for bit; a forced kernel without
+# an order is refused naming it; the switch twice is a usage error.
+for backend in ref cpu; do
+  q kernels --backend $backend
+  [ "$RC" = 0 ] || continue
+  expect_ok "--batch-invariant ($backend)" matmul "$FIXTURE" --layer blk.0.attn_q -m 37 --dtype bf16 --backend $backend --batch-invariant
+  check "--batch-invariant ($backend): order line" out_matches '^batch-invariant +order "[a-z0-9-]+"; 37 of 37 rows checked alone \(M=1\) are bit for bit the same inside M=37$'
+  check "--batch-invariant ($backend): within bound" out_matches "^verdict +all [0-9]+ outputs within bound"
+done
+q kernels --backend cpu
+if [ "$RC" = 0 ]; then
+  expect_library_error matmul "unsupported" "kernel cpu.qmm_t.gemv.r8.avx512 does not declare a batch-invariant order" \
+    matmul "$FIXTURE" --layer blk.0.attn_q -m 2 --backend cpu --kernel cpu.qmm_t.gemv.r8.avx512 --batch-invariant
+fi
+expect_usage_error matmul "--batch-invariant given twice" matmul "$FIXTURE" --layer blk.0.attn_q -m 2 --batch-invariant --batch-invariant
+
 # x from the activations file: all 16 rows, or the first M.
 expect_ok "--x all rows" matmul "$FIXTURE" --layer blk.0.ffn_down --x "$FIXTURE/activations.safetensors"
 check "--x: M=16" out_matches "^x +.*activations\.safetensors, M=16"

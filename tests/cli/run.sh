@@ -42,4 +42,9 @@ expect_ok "qmm run without activations" run "$WORK/noact" --seed 7
 check "random x on every row" [ "$(out_lines_matching ' random x$')" = 7 ]
 check "verdict (random x)" out_has "7 layers, all within bound"
 
+# --batch-invariant: every layer in the mode, its rows recomputed alone and compared bit for bit.
+expect_ok "qmm run --batch-invariant" run --batch-invariant
+check "--batch-invariant verdict" out_has "7 layers, all within bound; batch-invariant: every row checked alone (M=1) is bit for bit the same inside the product"
+expect_usage_error run "--batch-invariant given twice" run --batch-invariant --batch-invariant
+
 finish

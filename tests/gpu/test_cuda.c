@@ -2,8 +2,10 @@
  * test_cuda.c — the CUDA backend beyond the kernel harness (label "gpu"; `make test-gpu` on a GPU machine):
  * chains captured as graphs and replayed (results, per-step and whole-run device times, re-capture after
  * a step is added), the selector's choices by M, cross-kernel agreement at the selector's switch points,
- * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, and error paths
- * (among them gather, which has no CUDA row yet).
+ * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, error paths
+ * (among them gather, which has no CUDA row yet), and batch-invariant mode (a row alone and inside M = 2, 37,
+ * 512 through the selector, the mma rows refusing it, the same bits as the ref backend's "oracle" rows;
+ * tests/runtime/test_batch_invariant.c also walks the CUDA table when it runs on a GPU machine).
  * The harness (tests/kernels) runs every CUDA row on its case grid in every dtype.
  *
  * Without a usable CUDA device it prints "SKIPPED: <reason>" and exits 77, which CTest reports as skipped.
@@ -402,6 +404,81 @@ static void test_errors(qmm_context *context, check_rng *rng) {
     product_free(&p);
 }
 
+/* Batch-invariant mode on the public API: f16 4-bit gs64, N = K = 1024 (the mma rows would take M ≤ 16). */
+static void test_batch_invariant(qmm_context *context, check_rng *rng) {
+    enum { N = 1024, K = 1024, ROWS = 512 };
+    static const size_t ms[] = {1, 2, 37, 512};
+    product p;
+    if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, &p)) {
+        CHECK(false, "batch-invariant: product_make failed");
+        product_free(&p);
+        return;
+    }
+    uint16_t *alone = malloc((size_t)ROWS * N * sizeof *alone), *got = malloc((size_t)ROWS * N * sizeof *got);
+    qmm_buffer *x_row = NULL, *out_row = NULL;
+    CHECK_OK(qmm_buffer_create(context, QMM_F16, K, &x_row));
+    CHECK_OK(qmm_buffer_create(context, QMM_F16, N, &out_row));
+    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .batch_invariant = 1};
+    qmm_kernel_info info;
+    if (!alone || !got || !x_row || !out_row) goto cleanup;
+    /* Sampled rows alone. */
+    static const size_t rows[] = {0, 1, 7, 8, 36, 255, 511};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        CHECK_OK(qmm_buffer_write(x_row, (const uint16_t *)p.host_x + rows[r] * K, K));
+        CHECK_OK(qmm_buffer_poison(out_row));
+        CHECK_OK(qmm_matmul(context, p.weights, x_row, 1, out_row, &options, &info));
+        CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, "oracle") == 0,
+              "batch-invariant M=1 ran %s", info.name);
+        CHECK_OK(qmm_buffer_read(out_row, alone + rows[r] * N, N));
+    }
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &options, &info));
+        CHECK_OK(qmm_buffer_read(p.out, got, ms[i] * N));
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+            if (rows[r] < ms[i])
+                CHECK(memcmp(got + rows[r] * N, alone + rows[r] * N, N * sizeof *got) == 0,
+                      "batch-invariant: row %zu inside M=%zu (%s) differs from the row alone", rows[r], ms[i], info.name);
+    }
+    /* The ref backend's "oracle" rows give the same bits (the generic rows compute the oracle's order). */
+    {
+        qmm_context *ref = NULL;
+        qmm_weights *ref_weights = NULL;
+        qmm_buffer *ref_x = NULL, *ref_out = NULL;
+        const size_t M = 37;
+        CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &ref));
+        if (ref) {
+            CHECK_OK(qmm_weights_create(ref, &p.q.m, &ref_weights));
+            CHECK_OK(qmm_buffer_create(ref, QMM_F16, M * K, &ref_x));
+            CHECK_OK(qmm_buffer_create(ref, QMM_F16, M * N, &ref_out));
+            CHECK_OK(qmm_buffer_write(ref_x, p.host_x, M * K));
+            CHECK_OK(qmm_matmul(ref, ref_weights, ref_x, M, ref_out, &options, NULL));
+            CHECK_OK(qmm_buffer_read(ref_out, alone, M * N));
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, M, p.out, &options, NULL));
+            CHECK_OK(qmm_buffer_read(p.out, got, M * N));
+            CHECK(memcmp(alone, got, M * N * sizeof *got) == 0, "batch-invariant: cuda and ref (both \"oracle\") differ");
+        }
+        qmm_buffer_destroy(ref_x);
+        qmm_buffer_destroy(ref_out);
+        qmm_weights_destroy(ref_weights);
+        qmm_context_destroy(ref);
+    }
+    /* The mma rows declare no order. */
+    {
+        qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m8n16", .batch_invariant = 1};
+        CHECK_STATUS(qmm_matmul(context, p.weights, p.x, 1, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
+        CHECK(strstr(qmm_last_error(), "kernel cuda.qmm_t.mma_gemv.m8n16 does not declare a batch-invariant order") != NULL,
+              "forced mma row in batch-invariant mode: %s", qmm_last_error());
+    }
+cleanup:
+    qmm_buffer_destroy(x_row);
+    qmm_buffer_destroy(out_row);
+    free(alone);
+    free(got);
+    product_free(&p);
+}
+
 int main(void) {
     qmm_context *context = NULL;
     if (qmm_context_create(QMM_BACKEND_CUDA, 0, &context) != QMM_OK) {
@@ -416,6 +493,7 @@ int main(void) {
     test_gather(context, &rng);
     test_non_finite(context);
     test_errors(context, &rng);
+    test_batch_invariant(context, &rng);
     qmm_context_destroy(context);
     return check_finish("test_cuda");
 }

@@ -74,6 +74,7 @@ class qmm_kernel_info(Structure):
         ("threads", c_int),
         ("tolerance_slack", c_double),
         ("description", c_char_p),
+        ("batch_invariant_order", c_char_p),
     ]
 
 

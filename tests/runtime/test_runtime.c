@@ -324,7 +324,7 @@ static void test_matmul_errors(qmm_context *context, check_rng *rng) {
     snprintf(expected, sizeof expected, "qmm_matmul: x of M*K = %zu*64 f32 elements overflows size_t", SIZE_MAX / 128);
     EXPECT_MESSAGE(expected);
     /* qmm_n: K = 8 rows, N = 64: M = SIZE_MAX/64 keeps x's M·K bytes but not out's M·N. */
-    CHECK_STATUS(qmm_matmul(context, weights, x, SIZE_MAX / 64, out, &(qmm_matmul_options){QMM_OP_QMM_N, NULL}, NULL),
+    CHECK_STATUS(qmm_matmul(context, weights, x, SIZE_MAX / 64, out, &(qmm_matmul_options){.op = QMM_OP_QMM_N}, NULL),
                  QMM_ERR_OVERFLOW);
     snprintf(expected, sizeof expected, "qmm_matmul: out of M*N = %zu*64 f32 elements overflows size_t", SIZE_MAX / 64);
     EXPECT_MESSAGE(expected);

@@ -30,6 +30,7 @@ typedef struct bench_row {
     char name[128];
     int peer;
     int selected;
+    int invariant; /* --batch-invariant: the mode's choice, timed with the option on */
     double us; /* NaN when not measured (note says why) */
     char note[256];
 } bench_row;
@@ -56,7 +57,8 @@ typedef struct bench_run {
     int bits, group_size, repeats, quick, peers;
     int gather;                 /* --gather: the MoE gather op instead of qmm_t (cells' M is T, the tokens) */
     size_t experts, top_k;      /* --gather: experts per stack, experts per token */
-    const char *kernel; /* --kernel, or NULL */
+    int batch_invariant;        /* --batch-invariant: one more row per cell, the mode's choice with the option on */
+    const char *kernel;         /* --kernel, or NULL */
     bench_shape shapes[MAX_SHAPES];
     size_t shape_count;
     size_t ms[MAX_LIST];
@@ -89,6 +91,39 @@ static bench_row *add_row(bench_cell *cell, const char *name, int peer) {
     return row;
 }
 
+/* --batch-invariant: the row of the mode — the selector's choice with qmm_matmul_options.batch_invariant on (or
+ * --kernel's row with it), timed like the others; its note gives the time ÷ the default row's (the selector's, or
+ * --kernel's without the option): the mode's cost. A forced kernel the mode refuses gets a row saying why. */
+static qmm_status bench_invariant_row(bench_run *run, bench_cell *cell, qmm_weights **weights, size_t copies,
+                                      qmm_buffer *x, qmm_buffer *out) {
+    const size_t M = cell->M;
+    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = run->kernel, .batch_invariant = 1};
+    qmm_kernel_info info;
+    qmm_status status = qmm_select(run->context, weights[0], M, &options, &info);
+    bench_row *row = add_row(cell, status == QMM_OK ? info.name : run->kernel ? run->kernel : "(none)", 0);
+    if (!row) return QMM_OK;
+    row->invariant = 1;
+    if (status == QMM_ERR_UNSUPPORTED || status == QMM_ERR_NOT_FOUND) {
+        snprintf(row->note, sizeof row->note, "not eligible in batch-invariant mode: %s", qmm_last_error());
+        return QMM_OK;
+    }
+    if (status != QMM_OK) return status;
+    if (scalar_too_slow(&info, M, cell->shape->N, cell->shape->K, copies, run->repeats, row->note, sizeof row->note))
+        return QMM_OK;
+    status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 1, &row->us);
+    if (status != QMM_OK) return status;
+    double reference = NAN;
+    for (size_t r = 0; r < cell->row_count; r++)
+        if (!cell->rows[r].peer && !cell->rows[r].invariant && (run->kernel || cell->rows[r].selected))
+            reference = cell->rows[r].us;
+    if (isnan(reference))
+        snprintf(row->note, sizeof row->note, "batch-invariant mode (order \"%s\")", info.batch_invariant_order);
+    else
+        snprintf(row->note, sizeof row->note, "batch-invariant mode (order \"%s\"): %.2f× the %s time", info.batch_invariant_order,
+                 row->us / reference, run->kernel ? "kernel's default-mode" : "default selector's");
+    return QMM_OK;
+}
+
 /* Every M of one (shape, dtype): the selector's choice and every eligible kernel (or --kernel only). */
 static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qmm_qmatrix *matrix, bench_cell *cells,
                               size_t *done) {
@@ -119,7 +154,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         qmm_buffer *x = NULL, *out = NULL;
         status = operands_create(run->context, matrix->dtype, M, N, K, &x, &out);
         qmm_kernel_info chosen;
-        qmm_matmul_options options = {QMM_OP_QMM_T, NULL};
+        qmm_matmul_options options = {.op = QMM_OP_QMM_T};
         if (status == QMM_OK) status = qmm_select(run->context, weights[0], M, &options, &chosen);
         if (status == QMM_OK) snprintf(cell->selected, sizeof cell->selected, "%s", chosen.name);
 
@@ -152,8 +187,9 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
                 continue;
             }
             if (scalar_too_slow(&info, M, N, K, copies, run->repeats, row->note, sizeof row->note)) continue;
-            status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, &row->us);
+            status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 0, &row->us);
         }
+        if (status == QMM_OK && run->batch_invariant) status = bench_invariant_row(run, cell, weights, copies, x, out);
         if (status == QMM_OK && run->backend == QMM_BACKEND_CUDA && run->peers) {
             char label[64];
             snprintf(label, sizeof label, "cublas dense %s", qmm_dtype_name(matrix->dtype));
@@ -527,6 +563,9 @@ static void print_header(const bench_run *run) {
     if (run->tuning[0])
         printf("# the selector read a measured %s ('selector picked the fastest' judges the tuned selector)\n",
                run->tuning);
+    if (run->batch_invariant)
+        printf("# --batch-invariant: 'bi' rows are the selector's choice (or --kernel) with qmm_matmul_options.batch_invariant "
+               "on, timed the same way; the note gives its time ÷ the default mode's (the mode's cost)\n");
     printf("# * = the selector's choice; 'fastest' = the selector's kernel is within 5%% of the fastest kernel measured; "
            "GB/s = the quantized problem's bytes ÷ time (also for peers)\n");
     for (size_t i = 0; i < run->absent_count; i++) printf("# peer %s\n", run->absent[i]);
@@ -564,7 +603,8 @@ static void print_table(const bench_run *run) {
                 printf("(no eligible kernel)\n");
                 continue;
             }
-            snprintf(name, sizeof name, "%s%s", row->peer ? "peer " : row->selected ? "* " : "  ", row->name);
+            snprintf(name, sizeof name, "%s%s", row->peer ? "peer " : row->invariant ? "bi " : row->selected ? "* " : "  ",
+                     row->name);
             print_cell(name, 40);
             format_us(us, sizeof us, row->us);
             print_cell(us, 10);
@@ -593,7 +633,7 @@ static void decide_fastest(bench_run *run, size_t *decided, size_t *yes) {
         size_t measured = 0;
         for (size_t r = 0; r < cell->row_count; r++) {
             const bench_row *row = &cell->rows[r];
-            if (row->peer || isnan(row->us)) continue;
+            if (row->peer || row->invariant || isnan(row->us)) continue;
             measured++;
             if (row->us < best) best = row->us;
             if (row->selected) selected = row->us;
@@ -643,6 +683,7 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
     cJSON_AddStringToObject(root, "floor", "max(bytes / copy_gbps, flops / matrix_peak_gflops)");
     cJSON_AddNumberToObject(root, "repeats", run->repeats);
     cJSON_AddBoolToObject(root, "quick", run->quick);
+    cJSON_AddBoolToObject(root, "batch_invariant", run->batch_invariant);
     if (run->load_warning[0]) cJSON_AddStringToObject(root, "warning", run->load_warning + 2);
     if (run->tuning[0]) cJSON_AddStringToObject(root, "tuning", run->tuning);
     cJSON *absent = cJSON_AddArrayToObject(root, "peers_absent");
@@ -677,6 +718,7 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
             cJSON *entry = cJSON_CreateObject();
             cJSON_AddStringToObject(entry, "name", row->name);
             if (!row->peer) cJSON_AddBoolToObject(entry, "selected", row->selected);
+            if (!row->peer) cJSON_AddBoolToObject(entry, "batch_invariant", row->invariant);
             cJSON_AddItemToObject(entry, "us", number_or_null(row->us));
             cJSON_AddItemToObject(entry, "gbps", number_or_null(cell->bytes / (row->us * 1e3)));
             cJSON_AddItemToObject(entry, "x_floor", number_or_null(row->us / cell->floor_us));
@@ -730,7 +772,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
                *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL,
                *threads_text = NULL, *experts_text = NULL, *top_k_text = NULL;
-    int no_peers = 0, quick = 0, threads = 0, gather = 0;
+    int no_peers = 0, quick = 0, threads = 0, gather = 0, batch_invariant = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
         {"--m", "-m", &m_text, NULL, NULL, 0, NULL},             {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
@@ -741,6 +783,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
         {"--gather", NULL, NULL, NULL, NULL, 0, &gather},        {"--experts", NULL, &experts_text, NULL, NULL, 0, NULL},
         {"--experts-per-token", NULL, &top_k_text, NULL, NULL, 0, NULL},
+        {"--batch-invariant", NULL, NULL, NULL, NULL, 0, &batch_invariant},
     };
     const char *positional[1];
     size_t npositional;
@@ -757,6 +800,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
     run->gather = gather;
     run->experts = 128; /* Qwen3-30B-A3B: 128 experts, 8 per token */
     run->top_k = 8;
+    run->batch_invariant = batch_invariant;
     run->bits = 4;
     run->group_size = 64;
     run->repeats = quick ? 3 : 7;
@@ -796,6 +840,10 @@ int cmd_bench(const command *c, int argc, char **argv) {
                              run->experts);
             goto done;
         }
+    }
+    if (batch_invariant && gather) {
+        rc = usage_error(c, "--batch-invariant does not apply to --gather (qmm_gather_matmul has no batch-invariant option)");
+        goto done;
     }
     if (tuning_text && gather) { /* the gather rows choose each block's qmm_t row by the table order */
         rc = usage_error(c, "--tuning does not apply to --gather (a tuning table steers qmm_t and qmm_n calls only)");

@@ -330,13 +330,45 @@ qmm_status open_context_for(int backend, qmm_op op, qmm_context **context) {
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */
 
 /* Runs out = x·Ŵᵀ (x: M×K of matrix->dtype) through the runtime — kernel forced when `kernel` is not
- * NULL, else the selector's choice — compares every output with qmm_ref_dense_f64 (the same x, the
+ * NULL, else the selector's choice, with qmm_matmul_options.batch_invariant = batch_invariant — compares every output with qmm_ref_dense_f64 (the same x, the
  * same scales) under qmm_output_check (the bound with the kernel's documented slack; ±inf where the exact
  * value rounds beyond the dtype's range), then times the product with a chain for about `time_budget`
  * seconds (at least 3 runs). inject_fault changes one output element
- * before the comparison (the QMM_RUN_INJECT_FAULT test hook). */
+ * before the comparison (the QMM_RUN_INJECT_FAULT test hook). With batch_invariant, up to
+ * INVARIANT_SAMPLES rows (all of them when M is smaller; else evenly spaced, first and last included) are
+ * also computed alone (M = 1, the same options) and compared bit for bit with the same rows of the product. */
+#define INVARIANT_SAMPLES 64
+static qmm_status check_invariance(qmm_context *context, qmm_weights *weights, const qmm_qmatrix *matrix,
+                                   const void *x, size_t M, const qmm_matmul_options *options, const void *out_host,
+                                   layer_result *result) {
+    const size_t N = matrix->rows, K = matrix->cols, element = qmm_dtype_size(matrix->dtype);
+    qmm_buffer *x_row = NULL, *out_row = NULL;
+    unsigned char *alone = malloc(N * element);
+    qmm_status status = alone ? QMM_OK : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate one output row");
+    if (status == QMM_OK) status = qmm_buffer_create(context, matrix->dtype, K, &x_row);
+    if (status == QMM_OK) status = qmm_buffer_create(context, matrix->dtype, N, &out_row);
+    const size_t samples = M < INVARIANT_SAMPLES ? M : INVARIANT_SAMPLES;
+    for (size_t s = 0; status == QMM_OK && s < samples; s++) {
+        const size_t row = samples == M ? s : (samples > 1 ? s * (M - 1) / (samples - 1) : 0);
+        if ((status = qmm_buffer_write(x_row, (const unsigned char *)x + row * K * element, K)) != QMM_OK) break;
+        if ((status = qmm_buffer_poison(out_row)) != QMM_OK) break;
+        if ((status = qmm_matmul(context, weights, x_row, 1, out_row, options, NULL)) != QMM_OK) break;
+        if ((status = qmm_buffer_read(out_row, alone, N)) != QMM_OK) break;
+        result->invariant_checked++;
+        if (memcmp(alone, (const unsigned char *)out_host + row * N * element, N * element) != 0) {
+            if (result->invariant_differ == 0) result->first_differ = row;
+            result->invariant_differ++;
+        }
+    }
+    qmm_buffer_destroy(x_row);
+    qmm_buffer_destroy(out_row);
+    free(alone);
+    return status;
+}
+
 qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const void *x, size_t M,
-                         const char *kernel, double time_budget, int inject_fault, layer_result *result) {
+                         const char *kernel, int batch_invariant, double time_budget, int inject_fault,
+                         layer_result *result) {
     qmm_weights *weights = NULL;
     qmm_buffer *x_buffer = NULL, *out_buffer = NULL;
     qmm_chain *chain = NULL;
@@ -361,7 +393,7 @@ qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const 
     /* Poisoned first, so an output the kernel never writes shows up as NaN. */
     if ((status = qmm_buffer_poison(out_buffer)) != QMM_OK) goto cleanup;
 
-    qmm_matmul_options options = {QMM_OP_QMM_T, kernel};
+    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = kernel, .batch_invariant = batch_invariant};
     if ((status = qmm_matmul(context, weights, x_buffer, M, out_buffer, &options, &result->kernel)) != QMM_OK)
         goto cleanup;
 
@@ -374,6 +406,9 @@ qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const 
         goto cleanup;
     }
     if ((status = qmm_buffer_read(out_buffer, out_host, count_out)) != QMM_OK) goto cleanup;
+    if (batch_invariant &&
+        (status = check_invariance(context, weights, matrix, x, M, &options, out_host, result)) != QMM_OK)
+        goto cleanup;
     if ((status = qmm_convert(out_host, matrix->dtype, got, QMM_F32, count_out)) != QMM_OK) goto cleanup;
     if (inject_fault) got[0] += 1.0f + fabsf(got[0]); /* test hook: an error far outside any bound */
 

@@ -140,11 +140,17 @@ typedef struct layer_result {
     double microseconds; /* median device time of one product, from a chain */
     int timing_runs;
     double bytes; /* weights + scales + biases + x + out */
+    /* batch_invariant only: rows of the product recomputed alone (M = 1) and compared bit for bit */
+    size_t invariant_checked;
+    size_t invariant_differ; /* of those, rows whose bits differ from the same row inside the product */
+    size_t first_differ;
 } layer_result;
 
-/* out = x·Ŵᵀ through the runtime, compared with the f64 oracle and timed (common.c says how). */
+/* out = x·Ŵᵀ through the runtime, compared with the f64 oracle and timed (common.c says how).
+ * batch_invariant: qmm_matmul_options.batch_invariant on, and the invariance checked on sampled rows. */
 qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const void *x, size_t M,
-                         const char *kernel, double time_budget, int inject_fault, layer_result *result);
+                         const char *kernel, int batch_invariant, double time_budget, int inject_fault,
+                         layer_result *result);
 /* The first M rows (all T when M is 0) of a float tensor [T, K] or [K], rounded once to dtype, in a
  * malloc'd *x; *rows receives the row count. */
 qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, size_t M, void **x, size_t *rows);

@@ -22,8 +22,9 @@ static int print_table(const command *c, qmm_context *context) {
         /* Whether this machine can run the row at all (its ISA), and if not, what it lacks. */
         if (usable) snprintf(verdict, sizeof verdict, "yes");
         else snprintf(verdict, sizeof verdict, "no: %s", why_not);
-        printf("  %-28s %-6s %-8s tile %-10s threads %-4d slack %-4g usable: %-4s %s\n", info.name,
-               qmm_op_name(info.op), info.family, tile, info.threads, info.tolerance_slack, verdict, info.description);
+        printf("  %-28s %-6s %-8s tile %-10s threads %-4d slack %-4g order %-13s usable: %-4s %s\n", info.name,
+               qmm_op_name(info.op), info.family, tile, info.threads, info.tolerance_slack,
+               info.batch_invariant_order ? info.batch_invariant_order : "-", verdict, info.description);
     }
     return 0;
 }

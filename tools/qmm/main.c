@@ -42,7 +42,7 @@ static const command commands[] = {
      cmd_quantize},
     {"matmul", "run one layer's product through the runtime and check it against the f64 oracle",
      "usage: qmm matmul DIR --layer NAME -m M [--dtype f32|f16|bf16] [--kernel NAME] [--x FILE.safetensors]\n"
-     "                  [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE] [--threads N]\n"
+     "                  [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE] [--threads N] [--batch-invariant]\n"
      "  out[M, N] = x[M, K] · Ŵᵀ for layer NAME of checkpoint DIR. x is uniform random in [-1, 1) (seed S,\n"
      "  default 42) or read from FILE (the tensor named NAME, else its only tensor; shape [T, K], first M\n"
      "  rows, all T rows (at most 65536) when -m is omitted). --dtype other than the layer's scale dtype\n"
@@ -52,6 +52,9 @@ static const command commands[] = {
      "  outside its bound. M: 1 to 65536. --backend auto: the first of cuda, cpu, ref that is available.\n"
      "  --tuning FILE: the selector reads that tuning table (qmm tune); --kernel still wins over it.\n"
      "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use).\n"
+     "  --batch-invariant: batch-invariant mode (qmm_matmul_options.batch_invariant: row i's bits do not depend on M or\n"
+     "  on the other rows; docs/kernels.md): prints the kernel's order and recomputes up to 64 rows alone (M=1),\n"
+     "  comparing them bit for bit with the product (exit 3 when one differs). A --kernel without the order fails.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_matmul},
     {"gather", "the MoE product of a layer of experts (top-k routing), checked against the f64 oracle",
@@ -70,7 +73,7 @@ static const command commands[] = {
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_gather},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
-     "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE] [--threads N]\n"
+     "usage: qmm run [DIR] [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE] [--threads N] [--batch-invariant]\n"
      "  DIR defaults to the embedded fixture data/" FIXTURE_NAME " (7 linear layers of SmolLM2-135M\n"
      "  block 0, see data/NOTICE). For every quantized layer: x = DIR/activations.safetensors[layer name]\n"
      "  ([T, K], rounded to the layer's scale dtype; seeded random x when absent, marked \"random x\"), the\n"
@@ -80,6 +83,8 @@ static const command commands[] = {
      "  not available is an error (exit 1). --tuning FILE: the selector reads that tuning table (qmm tune).\n"
      "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use; a\n"
      "  backend without host threads refuses N > 1).\n"
+     "  --batch-invariant: every product in batch-invariant mode, and up to 64 rows of each recomputed alone (M=1)\n"
+     "  and compared bit for bit (a layer whose rows differ FAILs), as qmm matmul --batch-invariant.\n"
      "  Ends with a verdict line; exit 3 when any layer is outside its bound.\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element of each of the first n layers\n"
      "  before the comparison, to prove the verdict can fail.\n",
@@ -87,7 +92,8 @@ static const command commands[] = {
     {"kernels", "list every backend's kernel table in selector order (or why a backend is unavailable)",
      "usage: qmm kernels [--backend auto|cuda|cpu|ref]\n"
      "  For each backend (cuda, cpu, ref): its rows in the order the selector tries them, with op, family,\n"
-     "  tile BMxBNxBK, threads per block, the harness's tolerance slack, whether this machine can run it\n"
+     "  tile BMxBNxBK, threads per block, the harness's tolerance slack, its batch-invariant order (\"-\": none,\n"
+     "  the row refuses --batch-invariant; docs/kernels.md \"Batch-invariant mode\"), whether this machine can run it\n"
      "  (\"usable: yes\", or \"usable: no: this CPU lacks AVX-512BW\") and a description, or why the\n"
      "  backend is not available here. Names follow <backend>.<op>.<family>.<tile>[.<isa>] (docs/kernels.md).\n"
      "  --backend: only that backend's table (auto: the first of cuda, cpu, ref that is available); exit 1\n"
@@ -96,7 +102,8 @@ static const command commands[] = {
     {"bench", "time every eligible kernel per (shape, M, dtype) against the measured floor and peers",
      "usage: qmm bench [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
      "                 [--bits B] [--group-size G] [--kernel NAME] [--repeats R] [--json FILE|DIR] [--no-peers] [--quick]\n"
-     "                 [--tuning FILE] [--threads N] [--gather [--experts E] [--experts-per-token K]]\n"
+     "                 [--tuning FILE] [--threads N] [--batch-invariant]\n"
+     "                 [--gather [--experts E] [--experts-per-token K]]\n"
      "  For every shape (n×k, out[M, n] = x[M, k]·Ŵᵀ), M and dtype: the median µs of the selector's kernel and of\n"
      "  every other eligible kernel of the backend (each forced by name), effective GB/s (weights + scales + biases\n"
      "  + x + out bytes ÷ time), the floor = max(bytes ÷ copy bandwidth, 2·M·n·k ÷ matrix peak) with both ceilings\n"
@@ -121,7 +128,10 @@ static const command commands[] = {
      "  distinct random experts (--experts-per-token, default 8), B = K·T pairs sorted by expert as MLX's\n"
      "  sorted_indices; bytes = the experts touched + x + out, floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); every\n"
      "  gather row is timed, the reference rows being the baseline; no peers, no --tuning. Default shapes:\n"
-     "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda (no gather row yet).\n",
+     "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda (no gather row yet).\n"
+     "  --batch-invariant: each cell also times batch-invariant mode (qmm_matmul_options.batch_invariant): a row\n"
+     "  marked 'bi' with the kernel the selector (or --kernel) takes in that mode and, in its note, its time ÷ the\n"
+     "  default mode's (the mode's cost); JSON marks it \"batch_invariant\": true.\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"

@@ -12,11 +12,13 @@
 int cmd_matmul(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *m_text = NULL, *dtype_text = NULL, *kernel = NULL, *x_path = NULL,
                *seed_text = NULL, *backend = NULL, *tuning = NULL, *threads_text = NULL;
+    int batch_invariant = 0;
     flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0, NULL}, {"-m", NULL, &m_text, NULL, NULL, 0, NULL},
                          {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL}, {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},
                          {"--x", NULL, &x_path, NULL, NULL, 0, NULL},         {"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
                          {"--backend", NULL, &backend, NULL, NULL, 0, NULL}, {"--tuning", NULL, &tuning, NULL, NULL, 0, NULL},
-                         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL}};
+                         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
+                         {"--batch-invariant", NULL, NULL, NULL, NULL, 0, &batch_invariant}};
     const char *positional[1];
     size_t npositional;
     int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
@@ -94,7 +96,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     }
     fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_name, qmm_backend_name(qmm_context_backend(context)),
             rows);
-    if ((status = check_product(context, &matrix, x, rows, kernel, 0.25, faults > 0, &result)) != QMM_OK) goto cleanup;
+    if ((status = check_product(context, &matrix, x, rows, kernel, batch_invariant, 0.25, faults > 0, &result)) != QMM_OK) goto cleanup;
 
     char format[64];
     format_format(format, sizeof format, &matrix);
@@ -108,6 +110,10 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
     printf("threads            %d\n", qmm_context_threads(context));
     printf("kernel             %s%s\n", result.kernel.name, kernel ? " (forced)" : " (selector's choice)");
+    if (batch_invariant)
+        printf("batch-invariant    order \"%s\"; %zu of %zu rows checked alone (M=1) are bit for bit the same inside "
+               "M=%zu%s\n", result.kernel.batch_invariant_order, result.invariant_checked - result.invariant_differ,
+               result.invariant_checked, rows, result.invariant_differ ? " — FAIL" : "");
     printf("max |error|        %.3e\n", result.max_abs_error);
     printf("max rel error      %.3e (max |error| / max |exact|)\n",
            result.max_exact > 0 ? result.max_abs_error / result.max_exact : result.max_abs_error);
@@ -123,6 +129,9 @@ int cmd_matmul(const command *c, int argc, char **argv) {
         printf("verdict            FAIL: %zu of %zu outputs outside bound (first: row %zu, column %zu)\n",
                result.outside, rows * matrix.rows, result.first_outside / matrix.rows,
                result.first_outside % matrix.rows);
+    } else if (result.invariant_differ) {
+        printf("verdict            FAIL: %zu rows differ from the same row computed alone (first: row %zu)\n",
+               result.invariant_differ, result.first_differ);
     } else {
         printf("verdict            all %zu outputs within bound\n", rows * matrix.rows);
     }
@@ -134,5 +143,5 @@ cleanup:
     free(biases);
     free(x);
     if (status != QMM_OK) return library_error(c, status);
-    return result.outside ? QMM_EXIT_FAIL : QMM_EXIT_OK;
+    return result.outside || result.invariant_differ ? QMM_EXIT_FAIL : QMM_EXIT_OK;
 }

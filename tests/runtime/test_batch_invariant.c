@@ -1,0 +1,438 @@
+/*
+ * test_batch_invariant.c — batch-invariant mode (qmm_matmul_options.batch_invariant, docs/kernels.md
+ * "Batch-invariant mode").
+ *
+ *   1. The selector over fake rows (src/core/kernel.h): a row without an order is refused, forced or not,
+ *      with its message; a row of another order than the call's is refused when forced and passed over
+ *      otherwise; a tuning entry naming either is passed over; hints that pass over every row of the
+ *      order leave the row that set it; without the option nothing changes.
+ *   2. Every table (ref, cpu, and cuda when a device is there), every format (bits × group_size × dtype),
+ *      both ops, M ∈ {1, 2, 37, 512, 2048}: the rows that accept a batch-invariant call all declare one
+ *      order, the same at every M, the selector's choice among them; every row without an order refuses
+ *      it with the message naming it.
+ *   3. The bits: for f32/f16/bf16, 4-bit gs64 and 3-bit gs32, both ops, 2048 random rows of x: sampled rows
+ *      computed alone (M = 1, the selector choosing) and inside M = 2, 37, 512 and 2048 at several positions
+ *      (first, last, tile edges), through the selector and through every kernel that accepts the option,
+ *      are memcmp-identical; outputs are poisoned first. On cpu also with 1 and 3 threads, and through a
+ *      chain. Rows that declare the same order give the same bits without the option too.
+ *   4. The errors of a forced row without the order, or of another order, through qmm_matmul.
+ * N = 52, K = 384 (qmm_t; qmm_n reads the same weights as K = 52, N = 384): the 2048-row products stay
+ * cheap on the ref backend.
+ */
+#include "check.h"
+#include "kernel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPECT_MESSAGE(text)                                                                                 \
+    CHECK(strcmp(qmm_last_error(), (text)) == 0, "message \"%s\", want \"%s\"", qmm_last_error(), (text))
+#define EXPECT_CONTAINS(text)                                                                                \
+    CHECK(strstr(qmm_last_error(), (text)) != NULL, "message \"%s\" lacks \"%s\"", qmm_last_error(), (text))
+
+/* ───────────────────────────── 1. fake rows ───────────────────────────── */
+
+static bool supports_all(const qmm_call *call, char *why_not, size_t size) {
+    (void)call, (void)why_not, (void)size;
+    return true;
+}
+static qmm_status run_nothing(const qmm_call *call) {
+    (void)call;
+    return QMM_OK;
+}
+
+#define FAKE(NAME, ORDER)                                                                                    \
+    {.name = NAME, .backend = QMM_BACKEND_CPU, .op = QMM_OP_QMM_T, .family = "fake", .bm = 1, .bn = 1, .bk = 1, \
+     .threads = 1, .tolerance_slack = 1.0, .description = "test row", .batch_invariant_order = ORDER}
+static const qmm_kernel fake_rows[] = {
+    {.info = FAKE("fake.none", NULL), .supports = supports_all, .run = run_nothing},
+    {.info = FAKE("fake.x.small", "x"), .supports = supports_all, .run = run_nothing, .prefer_max_m = 4},
+    {.info = FAKE("fake.x.tuned", "x"), .supports = supports_all, .run = run_nothing, .tune_only = true},
+    {.info = FAKE("fake.y", "y"), .supports = supports_all, .run = run_nothing},
+};
+static const qmm_kernel *fake_table[] = {&fake_rows[0], &fake_rows[1], &fake_rows[2], &fake_rows[3]};
+
+static const char *pick(const qmm_tuning_table *tuning, size_t M, bool invariant, const char *forced) {
+    qmm_call call = {.op = QMM_OP_QMM_T, .dtype = QMM_F16, .bits = 4, .group_size = 64, .N = 64, .K = 128, .M = M,
+                     .batch_invariant = invariant};
+    const qmm_kernel *chosen = NULL;
+    if (qmm_select_kernel_tuned(fake_table, 4, tuning, &call, forced, &chosen) != QMM_OK) return "(error)";
+    return chosen->info.name;
+}
+
+static void test_selector(void) {
+#define EXPECT_PICK(got, want) CHECK(strcmp((got), (want)) == 0, "picked %s, want %s", (got), (want))
+    EXPECT_PICK(pick(NULL, 1, false, NULL), "fake.none");
+    EXPECT_PICK(pick(NULL, 1, true, NULL), "fake.x.small");
+    /* M = 10: fake.x.small's hint passes it over, fake.x.tuned is tune_only, fake.y has another order: the
+     * row that set the order (fake.x.small) takes it. */
+    EXPECT_PICK(pick(NULL, 10, true, NULL), "fake.x.small");
+    EXPECT_PICK(pick(NULL, 10, false, NULL), "fake.none");
+    /* Forced. */
+    EXPECT_PICK(pick(NULL, 1, true, "fake.x.tuned"), "fake.x.tuned");
+    EXPECT_PICK(pick(NULL, 1, true, "fake.none"), "(error)");
+    EXPECT_MESSAGE("forced kernel fake.none does not support this call (M=1, N=64, K=128, qmm_t, batch-invariant): "
+                   "kernel fake.none does not declare a batch-invariant order (its reduction order depends on M or on "
+                   "its tiling), so it refuses batch-invariant calls");
+    EXPECT_PICK(pick(NULL, 1, true, "fake.y"), "(error)");
+    EXPECT_MESSAGE("forced kernel fake.y reduces in batch-invariant order \"y\", but this call's order is \"x\" (that "
+                   "of fake.x.small, the first row of the table that declares an order and accepts the call): mixing "
+                   "the two would make a row's bits depend on which kernel ran");
+    EXPECT_PICK(pick(NULL, 1, false, "fake.y"), "fake.y");
+    /* A tuning table: an entry naming a row without the order, or of another order, is passed over. */
+    qmm_tuning_entry entry = {.op = QMM_OP_QMM_T, .dtype = QMM_F16, .bits = 4, .group_size = 64, .N = 64, .K = 128,
+                              .m_min = 1, .m_max = 100, .row = &fake_rows[0]};
+    qmm_tuning_table tuning = {.entries = &entry, .count = 1};
+    EXPECT_PICK(pick(&tuning, 10, false, NULL), "fake.none");
+    EXPECT_PICK(pick(&tuning, 10, true, NULL), "fake.x.small");
+    entry.row = &fake_rows[3];
+    EXPECT_PICK(pick(&tuning, 10, false, NULL), "fake.y");
+    EXPECT_PICK(pick(&tuning, 10, true, NULL), "fake.x.small");
+    entry.row = &fake_rows[2]; /* the order's tune_only row: a measurement may pick it */
+    EXPECT_PICK(pick(&tuning, 10, true, NULL), "fake.x.tuned");
+    /* A table without any order. */
+    qmm_call call = {.op = QMM_OP_QMM_T, .dtype = QMM_F16, .bits = 4, .group_size = 64, .N = 64, .K = 128, .M = 3,
+                     .batch_invariant = true};
+    const qmm_kernel *chosen = NULL;
+    CHECK_STATUS(qmm_select_kernel(fake_table, 1, &call, NULL, &chosen), QMM_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("no kernel of this table declares a batch-invariant order for this call (M=3, N=64, K=128, qmm_t, "
+                   "f16, 4-bit, group_size 64)");
+#undef EXPECT_PICK
+}
+
+/* ───────────────────────────── 2. every table ───────────────────────────── */
+
+#define N_T 52  /* weight rows: qmm_t's N, qmm_n's K (ragged against every tile) */
+#define K_T 384 /* weight columns: qmm_t's K, qmm_n's N (two of the CPU tiled rows' K blocks of 256) */
+#define ROWS 2048
+
+static const size_t table_ms[] = {1, 2, 37, 512, 2048};
+#define TABLE_M_COUNT (sizeof table_ms / sizeof table_ms[0])
+
+static qmm_weights *make_weights(qmm_context *context, check_rng *rng, int bits, int group_size, qmm_dtype dtype) {
+    check_qmatrix q;
+    qmm_weights *weights = NULL;
+    if (!check_qmatrix_random(rng, N_T, K_T, bits, group_size, dtype, &q)) {
+        CHECK(false, "check_qmatrix_random failed");
+        return NULL;
+    }
+    CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+    check_qmatrix_free(&q);
+    return weights;
+}
+
+/* One (backend, format, op): the orders of the rows accepting a batch-invariant call at every M are one. */
+static void check_table_orders(qmm_context *context, qmm_weights *weights, qmm_op op, const char *label) {
+    const size_t count = qmm_kernel_count(context);
+    const char *order = NULL; /* the one order of this (backend, format, op) */
+    for (size_t mi = 0; mi < TABLE_M_COUNT; mi++) {
+        const size_t M = table_ms[mi];
+        size_t accepting = 0;
+        for (size_t i = 0; i < count; i++) {
+            qmm_kernel_info info;
+            CHECK_OK(qmm_kernel_get(context, i, &info));
+            if (info.op != op) continue;
+            qmm_matmul_options options = {.op = op, .kernel = info.name, .batch_invariant = 1};
+            qmm_kernel_info got;
+            const qmm_status status = qmm_select(context, weights, M, &options, &got);
+            if (status == QMM_OK) {
+                accepting++;
+                CHECK(info.batch_invariant_order != NULL, "%s M=%zu: %s accepts a batch-invariant call without an order",
+                      label, M, info.name);
+                if (!info.batch_invariant_order) continue;
+                if (!order) order = info.batch_invariant_order;
+                CHECK(strcmp(order, info.batch_invariant_order) == 0,
+                      "%s M=%zu: %s accepts with order \"%s\", another accepting row has \"%s\"", label, M, info.name,
+                      info.batch_invariant_order, order);
+            } else {
+                CHECK(status == QMM_ERR_UNSUPPORTED, "%s M=%zu: forcing %s gave %s (%s)", label, M, info.name,
+                      qmm_status_string(status), qmm_last_error());
+                if (!info.batch_invariant_order) EXPECT_CONTAINS("does not declare a batch-invariant order");
+            }
+        }
+        CHECK(accepting > 0, "%s M=%zu: no row accepts a batch-invariant call", label, M);
+        /* The selector's choice is one of them. */
+        qmm_matmul_options options = {.op = op, .batch_invariant = 1};
+        qmm_kernel_info chosen;
+        CHECK_OK(qmm_select(context, weights, M, &options, &chosen));
+        CHECK(chosen.batch_invariant_order && order && strcmp(chosen.batch_invariant_order, order) == 0,
+              "%s M=%zu: the selector chose %s of order \"%s\", want \"%s\"", label, M, chosen.name,
+              chosen.batch_invariant_order ? chosen.batch_invariant_order : "(none)", order ? order : "(none)");
+    }
+}
+
+static void test_tables(qmm_context *context, const char *backend) {
+    static const int bits_set[] = {2, 3, 4, 5, 6, 8}, group_sizes[] = {32, 64, 128};
+    static const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    check_rng rng = check_rng_make(0x7ab1e);
+    for (size_t b = 0; b < 6; b++)
+        for (size_t g = 0; g < 3; g++)
+            for (size_t d = 0; d < 3; d++) {
+                qmm_weights *weights = make_weights(context, &rng, bits_set[b], group_sizes[g], dtypes[d]);
+                if (!weights) continue;
+                for (int op = 0; op < 2; op++) {
+                    char label[96];
+                    snprintf(label, sizeof label, "%s %s %d-bit gs%d %s", backend, qmm_op_name((qmm_op)op), bits_set[b],
+                             group_sizes[g], qmm_dtype_name(dtypes[d]));
+                    check_table_orders(context, weights, (qmm_op)op, label);
+                }
+                qmm_weights_destroy(weights);
+            }
+}
+
+/* ───────────────────────────── 3. the bits ───────────────────────────── */
+
+/* Rows of x whose single-row output is the reference: first and last rows, and rows at the tiles'
+ * edges (8, 16, 32 lanes) inside the products below. */
+static const size_t sampled_rows[] = {0, 1, 7, 8, 15, 16, 31, 32, 33, 36, 40, 255, 511, 1024, 2010, 2047};
+#define SAMPLED (sizeof sampled_rows / sizeof sampled_rows[0])
+
+/* Products: M rows of x starting at row `first` (so a sampled row sits at several positions). */
+typedef struct window {
+    size_t M, first;
+} window;
+static const window windows[] = {{2, 0}, {2, 2046}, {37, 0}, {37, 5}, {37, 2011}, {512, 0}, {512, 1536}, {2048, 0}};
+#define WINDOWS (sizeof windows / sizeof windows[0])
+
+typedef struct bit_case {
+    qmm_context *context;
+    qmm_weights *weights;
+    qmm_op op;
+    qmm_dtype dtype;
+    size_t N, K, element;
+    qmm_buffer *x_all; /* ROWS × K */
+    qmm_buffer *out;   /* ROWS × N */
+    unsigned char *x_host;
+    unsigned char *single; /* [SAMPLED][N] the reference rows */
+    unsigned char *got;    /* ROWS × N */
+    const char *label;
+} bit_case;
+
+/* out = x rows [first, first + M) · weights with the option on and `kernel` (NULL: the selector); the
+ * window's rows are copied into x_all's start. Returns false when the call failed (already recorded). */
+static bool run_window(bit_case *c, const char *kernel, size_t M, size_t first, char *ran, size_t ran_size) {
+    qmm_matmul_options options = {.op = c->op, .kernel = kernel, .batch_invariant = 1};
+    qmm_kernel_info info;
+    qmm_status status = qmm_buffer_write(c->x_all, c->x_host + first * c->K * c->element, M * c->K);
+    if (status == QMM_OK) status = qmm_buffer_poison(c->out);
+    if (status == QMM_OK) status = qmm_matmul(c->context, c->weights, c->x_all, M, c->out, &options, &info);
+    if (status == QMM_OK) status = qmm_buffer_read(c->out, c->got, M * c->N);
+    CHECK(status == QMM_OK, "%s %s M=%zu: %s", c->label, kernel ? kernel : "selector", M, qmm_last_error());
+    if (status == QMM_OK && ran) snprintf(ran, ran_size, "%s", info.name);
+    return status == QMM_OK;
+}
+
+/* The sampled rows inside the last window run must equal the single-row references. */
+static void compare_window(bit_case *c, const char *who, size_t M, size_t first) {
+    for (size_t s = 0; s < SAMPLED; s++) {
+        const size_t row = sampled_rows[s];
+        if (row < first || row >= first + M) continue;
+        const bool same = memcmp(c->got + (row - first) * c->N * c->element, c->single + s * c->N * c->element,
+                                 c->N * c->element) == 0;
+        CHECK(same, "%s %s: row %zu at position %zu of M=%zu differs from the row alone", c->label, who, row,
+              row - first, M);
+    }
+}
+
+static void check_bits(bit_case *c) {
+    /* The references: each sampled row alone, the selector choosing. */
+    char reference_kernel[128] = "";
+    for (size_t s = 0; s < SAMPLED; s++) {
+        if (!run_window(c, NULL, 1, sampled_rows[s], reference_kernel, sizeof reference_kernel)) return;
+        memcpy(c->single + s * c->N * c->element, c->got, c->N * c->element);
+    }
+    /* The selector at every window. */
+    for (size_t w = 0; w < WINDOWS; w++) {
+        char ran[128];
+        if (!run_window(c, NULL, windows[w].M, windows[w].first, ran, sizeof ran)) continue;
+        char who[200];
+        snprintf(who, sizeof who, "selector (%s, alone: %s)", ran, reference_kernel);
+        compare_window(c, who, windows[w].M, windows[w].first);
+    }
+    /* Every kernel that accepts the option, forced, at every M it accepts (M = 1 included). */
+    const size_t count = qmm_kernel_count(c->context);
+    for (size_t i = 0; i < count; i++) {
+        qmm_kernel_info info;
+        CHECK_OK(qmm_kernel_get(c->context, i, &info));
+        if (info.op != c->op) continue;
+        for (size_t w = 0; w < WINDOWS + 1; w++) {
+            const size_t M = w < WINDOWS ? windows[w].M : 1, first = w < WINDOWS ? windows[w].first : ROWS - 1;
+            qmm_matmul_options options = {.op = c->op, .kernel = info.name, .batch_invariant = 1};
+            qmm_kernel_info chosen;
+            if (qmm_select(c->context, c->weights, M, &options, &chosen) != QMM_OK) continue;
+            if (!run_window(c, info.name, M, first, NULL, 0)) continue;
+            compare_window(c, info.name, M, first);
+        }
+    }
+    /* The thread count (cpu): 1 and 3 threads give the same rows as the default. */
+    if (qmm_context_backend(c->context) == QMM_BACKEND_CPU) {
+        for (int threads = 1; threads <= 3; threads += 2) {
+            CHECK_OK(qmm_context_set_threads(c->context, threads));
+            if (run_window(c, NULL, ROWS, 0, NULL, 0)) {
+                char who[64];
+                snprintf(who, sizeof who, "selector with %d threads", threads);
+                compare_window(c, who, ROWS, 0);
+            }
+        }
+        CHECK_OK(qmm_context_set_threads(c->context, 0));
+    }
+    /* A chain step takes the option: the same kernel as qmm_select, the same rows. */
+    {
+        qmm_chain *chain = NULL;
+        qmm_matmul_options options = {.op = c->op, .batch_invariant = 1};
+        qmm_kernel_info selected, stepped;
+        const size_t M = 37;
+        CHECK_OK(qmm_buffer_write(c->x_all, c->x_host, M * c->K));
+        CHECK_OK(qmm_buffer_poison(c->out));
+        CHECK_OK(qmm_select(c->context, c->weights, M, &options, &selected));
+        CHECK_OK(qmm_chain_create(c->context, &chain));
+        CHECK_OK(qmm_chain_add_matmul(chain, c->weights, c->x_all, M, c->out, &options));
+        CHECK_OK(qmm_chain_run(chain));
+        CHECK_OK(qmm_chain_step(chain, 0, NULL, &stepped));
+        CHECK(strcmp(selected.name, stepped.name) == 0, "%s: the chain ran %s, qmm_select picks %s", c->label,
+              stepped.name, selected.name);
+        CHECK_OK(qmm_buffer_read(c->out, c->got, M * c->N));
+        compare_window(c, "chain", M, 0);
+        qmm_chain_destroy(chain);
+    }
+}
+
+/* Rows that declare the same order give the same bits without the option too (rows of a usable ISA that
+ * accept the call at M = 37): e.g. the portable CPU row and the reference row, both "oracle". */
+static void check_same_order_rows(bit_case *c) {
+    const size_t count = qmm_kernel_count(c->context), M = 37;
+    unsigned char *first_bits = malloc(M * c->N * c->element);
+    if (!first_bits) return;
+    CHECK_OK(qmm_buffer_write(c->x_all, c->x_host, M * c->K));
+    for (size_t i = 0; i < count; i++) {
+        qmm_kernel_info info;
+        CHECK_OK(qmm_kernel_get(c->context, i, &info));
+        if (info.op != c->op || !info.batch_invariant_order) continue;
+        qmm_matmul_options options = {.op = c->op, .kernel = info.name};
+        if (qmm_kernel_supports(c->context, info.name, c->weights, M, c->op, NULL) != 1) continue;
+        CHECK_OK(qmm_buffer_poison(c->out));
+        CHECK_OK(qmm_matmul(c->context, c->weights, c->x_all, M, c->out, &options, NULL));
+        CHECK_OK(qmm_buffer_read(c->out, c->got, M * c->N));
+        /* Compare with the first earlier row of the same order. */
+        for (size_t j = 0; j < i; j++) {
+            qmm_kernel_info earlier;
+            CHECK_OK(qmm_kernel_get(c->context, j, &earlier));
+            if (earlier.op != c->op || !earlier.batch_invariant_order ||
+                strcmp(earlier.batch_invariant_order, info.batch_invariant_order) != 0 ||
+                qmm_kernel_supports(c->context, earlier.name, c->weights, M, c->op, NULL) != 1)
+                continue;
+            qmm_matmul_options again = {.op = c->op, .kernel = earlier.name};
+            CHECK_OK(qmm_buffer_poison(c->out));
+            CHECK_OK(qmm_matmul(c->context, c->weights, c->x_all, M, c->out, &again, NULL));
+            CHECK_OK(qmm_buffer_read(c->out, first_bits, M * c->N));
+            CHECK(memcmp(first_bits, c->got, M * c->N * c->element) == 0,
+                  "%s: %s and %s both declare order \"%s\" but differ at M=%zu", c->label, earlier.name, info.name,
+                  info.batch_invariant_order, M);
+            break; /* one earlier row of the order is enough: the earlier rows were compared among themselves */
+        }
+    }
+    free(first_bits);
+}
+
+static void test_bits(qmm_context *context, const char *backend) {
+    static const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    static const int formats[][2] = {{4, 64}, {3, 32}};
+    check_rng rng = check_rng_make(0xb175);
+    for (size_t d = 0; d < 3; d++)
+        for (size_t f = 0; f < 2; f++) {
+            const qmm_dtype dtype = dtypes[d];
+            qmm_weights *weights = make_weights(context, &rng, formats[f][0], formats[f][1], dtype);
+            if (!weights) continue;
+            for (int op = 0; op < 2; op++) {
+                char label[96];
+                snprintf(label, sizeof label, "%s %s %d-bit gs%d %s", backend, qmm_op_name((qmm_op)op), formats[f][0],
+                         formats[f][1], qmm_dtype_name(dtype));
+                bit_case c = {.context = context, .weights = weights, .op = (qmm_op)op, .dtype = dtype,
+                              .N = op == QMM_OP_QMM_T ? N_T : K_T, .K = op == QMM_OP_QMM_T ? K_T : N_T,
+                              .element = qmm_dtype_size(dtype), .label = label};
+                c.x_host = malloc(ROWS * c.K * c.element);
+                c.single = malloc(SAMPLED * c.N * c.element);
+                c.got = malloc(ROWS * c.N * c.element);
+                if (c.x_host && c.single && c.got) {
+                    check_fill_uniform(&rng, c.x_host, dtype, ROWS * c.K, -1.0f, 1.0f);
+                    CHECK_OK(qmm_buffer_create(context, dtype, ROWS * c.K, &c.x_all));
+                    CHECK_OK(qmm_buffer_create(context, dtype, ROWS * c.N, &c.out));
+                    if (c.x_all && c.out) {
+                        check_bits(&c);
+                        check_same_order_rows(&c);
+                    }
+                } else {
+                    CHECK(false, "%s: out of memory", label);
+                }
+                qmm_buffer_destroy(c.x_all);
+                qmm_buffer_destroy(c.out);
+                free(c.x_host);
+                free(c.single);
+                free(c.got);
+            }
+            qmm_weights_destroy(weights);
+        }
+}
+
+/* ───────────────────────────── 4. errors through qmm_matmul ───────────────────────────── */
+
+static void test_errors(qmm_context *context) {
+    check_rng rng = check_rng_make(0xe7707);
+    qmm_weights *weights = make_weights(context, &rng, 4, 64, QMM_F32);
+    qmm_buffer *x = NULL, *out = NULL;
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, 4 * K_T, &x));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, 4 * N_T, &out));
+    if (!weights || !x || !out) goto cleanup;
+    float host[4 * K_T];
+    check_fill_uniform(&rng, host, QMM_F32, 4 * K_T, -1.0f, 1.0f);
+    CHECK_OK(qmm_buffer_write(x, host, 4 * K_T));
+    /* A row without an order (the AVX-512 GEMV row: refused before its ISA is asked). */
+    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = "cpu.qmm_t.gemv.r8.avx512", .batch_invariant = 1};
+    CHECK_STATUS(qmm_matmul(context, weights, x, 4, out, &options, NULL), QMM_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("forced kernel cpu.qmm_t.gemv.r8.avx512 does not support this call (M=4, N=52, K=384, qmm_t, "
+                   "batch-invariant): kernel cpu.qmm_t.gemv.r8.avx512 does not declare a batch-invariant order (its "
+                   "reduction order depends on M or on its tiling), so it refuses batch-invariant calls");
+    CHECK_STATUS(qmm_select(context, weights, 4, &options, &(qmm_kernel_info){0}), QMM_ERR_UNSUPPORTED);
+    EXPECT_CONTAINS("does not declare a batch-invariant order");
+    /* The same row without the option is fine wherever its ISA is there. */
+    options.batch_invariant = 0;
+    if (qmm_kernel_supports(context, options.kernel, weights, 4, QMM_OP_QMM_T, NULL) == 1)
+        CHECK_OK(qmm_matmul(context, weights, x, 4, out, &options, NULL));
+    /* A row of another order than the call's: the reference row on a CPU whose tiled rows set the order. */
+    qmm_matmul_options invariant = {.op = QMM_OP_QMM_T, .batch_invariant = 1};
+    qmm_kernel_info chosen;
+    CHECK_OK(qmm_select(context, weights, 4, &invariant, &chosen));
+    options = (qmm_matmul_options){.op = QMM_OP_QMM_T, .kernel = "ref.qmm_t.scalar.r1", .batch_invariant = 1};
+    if (chosen.batch_invariant_order && strcmp(chosen.batch_invariant_order, "oracle") != 0) {
+        CHECK_STATUS(qmm_matmul(context, weights, x, 4, out, &options, NULL), QMM_ERR_UNSUPPORTED);
+        char expected[512];
+        snprintf(expected, sizeof expected,
+                 "forced kernel ref.qmm_t.scalar.r1 reduces in batch-invariant order \"oracle\", but this call's order "
+                 "is \"%s\"", chosen.batch_invariant_order);
+        EXPECT_CONTAINS(expected);
+    } else {
+        CHECK_OK(qmm_matmul(context, weights, x, 4, out, &options, NULL));
+    }
+cleanup:
+    qmm_buffer_destroy(x);
+    qmm_buffer_destroy(out);
+    qmm_weights_destroy(weights);
+}
+
+int main(void) {
+    test_selector();
+    static const qmm_backend backends[] = {QMM_BACKEND_REF, QMM_BACKEND_CPU, QMM_BACKEND_CUDA};
+    for (size_t b = 0; b < 3; b++) {
+        qmm_context *context = NULL;
+        const qmm_status status = qmm_context_create(backends[b], 0, &context);
+        if (status != QMM_OK) {
+            printf("SKIPPED backend %s: %s\n", qmm_backend_name(backends[b]), qmm_last_error());
+            continue;
+        }
+        test_tables(context, qmm_backend_name(backends[b]));
+        test_bits(context, qmm_backend_name(backends[b]));
+        if (backends[b] == QMM_BACKEND_CPU) test_errors(context);
+        qmm_context_destroy(context);
+    }
+    return check_finish("test_batch_invariant");
+}
