@@ -472,6 +472,7 @@ static int tile_splits(const qmm_call *call, int tile) {
     if (splits > 16) splits = 16;
     if (tiles > QMM_TILE_COUNTERS) splits = 1;
     while (splits > 1 && tiles * splits * (size_t)bm * (size_t)bn > QMM_TILE_PARTIAL_FLOATS) splits--;
+    if (call->batch_invariant) return 1; /* split-K changes the order of the sum over K */
     if (splits <= 1 || !s->tile_partials) return 1;
     return (int)splits;
 }
@@ -492,9 +493,14 @@ static int tile_splits(const qmm_call *call, int tile) {
 TILE_ROW(tile_m64n64, 0)
 TILE_ROW(tile_m64n128, 1)
 
+/* The mma_tile rows' batch-invariant order (docs/kernels.md §11): per output, the 64-byte super-blocks of K in
+ * order; in each, the group segments in order; a segment's q·x MMAs (and the all-ones Σx MMAs) chained in the
+ * lane-pairing k order; then acc = fma(s, Σq·x, fma(b, Σx, acc)). One split (no split-K) in this mode; the
+ * tile shape, the warp and M do not enter an output's arithmetic. */
+#define TILE_ORDER "tc-segment-fma"
 #define TILE_INFO(NAME, BM, BN, THREADS, TEXT)                                                                   \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_tile", .bm = BM, .bn = BN,    \
-     .bk = 128, .threads = THREADS, .tolerance_slack = 2.0, .description = TEXT}
+     .bk = 128, .threads = THREADS, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = TILE_ORDER}
 
 #define MMA_INFO(NAME, BM, BN, TEXT)                                                                             \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \

@@ -404,10 +404,13 @@ static void test_errors(qmm_context *context, check_rng *rng) {
     product_free(&p);
 }
 
-/* Batch-invariant mode on the public API: f16 4-bit gs64, N = K = 1024 (the mma rows would take M ≤ 16). */
+/* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the mma_tile
+ * rows (order "tc-segment-fma", one split); the mma_gemv rows declare no order. A row alone and inside
+ * M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
-    enum { N = 1024, K = 1024, ROWS = 512 };
-    static const size_t ms[] = {1, 2, 37, 512};
+    enum { N = 1000, K = 1024, ROWS = 2048 };
+    static const size_t ms[] = {1, 2, 37, 512, 2048};
+    static const char *tile_rows[] = {NULL, "cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128"};
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, &p)) {
         CHECK(false, "batch-invariant: product_make failed");
@@ -422,54 +425,74 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     qmm_kernel_info info;
     if (!alone || !got || !x_row || !out_row) goto cleanup;
     /* Sampled rows alone. */
-    static const size_t rows[] = {0, 1, 7, 8, 36, 255, 511};
+    static const size_t rows[] = {0, 1, 7, 8, 36, 63, 64, 255, 511, 2047};
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         CHECK_OK(qmm_buffer_write(x_row, (const uint16_t *)p.host_x + rows[r] * K, K));
         CHECK_OK(qmm_buffer_poison(out_row));
         CHECK_OK(qmm_matmul(context, p.weights, x_row, 1, out_row, &options, &info));
-        CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, "oracle") == 0,
+        CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, "tc-segment-fma") == 0,
               "batch-invariant M=1 ran %s", info.name);
         CHECK_OK(qmm_buffer_read(out_row, alone + rows[r] * N, N));
     }
-    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
-        CHECK_OK(qmm_buffer_poison(p.out));
-        CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &options, &info));
-        CHECK_OK(qmm_buffer_read(p.out, got, ms[i] * N));
-        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
-            if (rows[r] < ms[i])
-                CHECK(memcmp(got + rows[r] * N, alone + rows[r] * N, N * sizeof *got) == 0,
-                      "batch-invariant: row %zu inside M=%zu (%s) differs from the row alone", rows[r], ms[i], info.name);
-    }
-    /* The ref backend's "oracle" rows give the same bits (the generic rows compute the oracle's order). */
-    {
-        qmm_context *ref = NULL;
-        qmm_weights *ref_weights = NULL;
-        qmm_buffer *ref_x = NULL, *ref_out = NULL;
-        const size_t M = 37;
-        CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &ref));
-        if (ref) {
-            CHECK_OK(qmm_weights_create(ref, &p.q.m, &ref_weights));
-            CHECK_OK(qmm_buffer_create(ref, QMM_F16, M * K, &ref_x));
-            CHECK_OK(qmm_buffer_create(ref, QMM_F16, M * N, &ref_out));
-            CHECK_OK(qmm_buffer_write(ref_x, p.host_x, M * K));
-            CHECK_OK(qmm_matmul(ref, ref_weights, ref_x, M, ref_out, &options, NULL));
-            CHECK_OK(qmm_buffer_read(ref_out, alone, M * N));
+    for (size_t k = 0; k < sizeof tile_rows / sizeof tile_rows[0]; k++)
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            qmm_matmul_options forced = options;
+            forced.kernel = tile_rows[k];
             CHECK_OK(qmm_buffer_poison(p.out));
-            CHECK_OK(qmm_matmul(context, p.weights, p.x, M, p.out, &options, NULL));
-            CHECK_OK(qmm_buffer_read(p.out, got, M * N));
-            CHECK(memcmp(alone, got, M * N * sizeof *got) == 0, "batch-invariant: cuda and ref (both \"oracle\") differ");
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info));
+            CHECK_OK(qmm_buffer_read(p.out, got, ms[i] * N));
+            for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+                if (rows[r] < ms[i])
+                    CHECK(memcmp(got + rows[r] * N, alone + rows[r] * N, N * sizeof *got) == 0,
+                          "batch-invariant: row %zu inside M=%zu (%s) differs from the row alone", rows[r], ms[i],
+                          info.name);
+            if (ms[i] == 512) { /* the first 512 rows against the oracle */
+                p.M = 512;
+                product_check(&p, "batch-invariant M=512 against the oracle", 2.0);
+                p.M = ROWS;
+            }
         }
-        qmm_buffer_destroy(ref_x);
-        qmm_buffer_destroy(ref_out);
-        qmm_weights_destroy(ref_weights);
-        qmm_context_destroy(ref);
-    }
-    /* The mma rows declare no order. */
+    /* The mma_gemv rows declare no order. */
     {
         qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m8n16", .batch_invariant = 1};
         CHECK_STATUS(qmm_matmul(context, p.weights, p.x, 1, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
         CHECK(strstr(qmm_last_error(), "kernel cuda.qmm_t.mma_gemv.m8n16 does not declare a batch-invariant order") != NULL,
               "forced mma row in batch-invariant mode: %s", qmm_last_error());
+    }
+    /* f32 takes the generic rows ("oracle"): the ref backend's oracle rows give the same bits. */
+    product_free(&p);
+    if (!product_make(context, rng, 37, N, K, 4, 64, QMM_F32, &p)) {
+        CHECK(false, "batch-invariant: product_make (f32) failed");
+        goto cleanup;
+    }
+    {
+        qmm_context *ref = NULL;
+        qmm_weights *ref_weights = NULL;
+        qmm_buffer *ref_x = NULL, *ref_out = NULL;
+        const size_t M = 37;
+        float *ref_bits = malloc(M * N * sizeof(float)), *cuda_bits = malloc(M * N * sizeof(float));
+        CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &ref));
+        if (ref && ref_bits && cuda_bits) {
+            CHECK_OK(qmm_weights_create(ref, &p.q.m, &ref_weights));
+            CHECK_OK(qmm_buffer_create(ref, QMM_F32, M * K, &ref_x));
+            CHECK_OK(qmm_buffer_create(ref, QMM_F32, M * N, &ref_out));
+            CHECK_OK(qmm_buffer_write(ref_x, p.host_x, M * K));
+            CHECK_OK(qmm_matmul(ref, ref_weights, ref_x, M, ref_out, &options, NULL));
+            CHECK_OK(qmm_buffer_read(ref_out, ref_bits, M * N));
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, M, p.out, &options, &info));
+            CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, "oracle") == 0,
+                  "batch-invariant f32 ran %s", info.name);
+            CHECK_OK(qmm_buffer_read(p.out, cuda_bits, M * N));
+            CHECK(memcmp(ref_bits, cuda_bits, M * N * sizeof(float)) == 0,
+                  "batch-invariant: cuda and ref (both \"oracle\") differ");
+        }
+        free(ref_bits);
+        free(cuda_bits);
+        qmm_buffer_destroy(ref_x);
+        qmm_buffer_destroy(ref_out);
+        qmm_weights_destroy(ref_weights);
+        qmm_context_destroy(ref);
     }
 cleanup:
     qmm_buffer_destroy(x_row);
