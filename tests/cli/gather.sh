@@ -41,7 +41,8 @@ for dtype in f32 f16 bf16; do
 done
 
 for kernel in ref.gather.blocks.r1 ref.gather.scalar.r1; do
-  expect_ok "forced $kernel" gather "$WORK/moe" --layer $L -t 4 -k 8 --kernel $kernel
+  # the reference rows read host memory: they are in the ref and cpu tables, not in a CUDA one (auto may be cuda)
+  expect_ok "forced $kernel" gather "$WORK/moe" --layer $L -t 4 -k 8 --kernel $kernel --backend ref
   check "forced $kernel reported" out_has "$kernel (forced)"
   check "forced $kernel: every expert used" out_has "8 of 8 experts used"
   check "forced $kernel: within bound" out_has "within bound"
@@ -73,7 +74,7 @@ expect_usage_error gather "--layer NAME is required" gather "$WORK/moe"
 expect_usage_error gather "--unsorted takes no value" gather "$WORK/moe" --layer $L --unsorted=1
 expect_library_error gather "not found" "no quantized layer named \"nope\"" gather "$WORK/moe" --layer nope
 expect_library_error gather "" "ref.qmm_t.scalar.r1 computes qmm_t, the call is gather" gather "$WORK/moe" --layer $L \
-  --kernel ref.qmm_t.scalar.r1
+  --kernel ref.qmm_t.scalar.r1 --backend ref
 expect_ok "--help" gather --help
 check "--help prints usage" out_has "usage: qmm gather"
 
