@@ -97,7 +97,14 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
     size_t capacity = 0;
     int number = 0;
     qmm_status status = QMM_OK;
-    while (status == QMM_OK && getline(&line, &capacity, f) != -1) {
+    while (status == QMM_OK) {
+        errno = 0;
+        if (getline(&line, &capacity, f) == -1) {
+            if (errno != 0 || ferror(f)) /* a read error, or a line too long for memory: never a silent end */
+                status = qmm_error(errno == ENOMEM ? QMM_ERR_OUT_OF_MEMORY : QMM_ERR_IO, "%s:%d: cannot read the line: %s",
+                                   path, number + 1, strerror(errno ? errno : EIO));
+            break;
+        }
         number++;
         line[strcspn(line, "#\n")] = '\0';
         char *field[3] = {NULL, NULL, NULL}, *save = NULL;
