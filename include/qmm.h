@@ -772,8 +772,9 @@ void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor);
 
 /* Converts a whole GGUF file (or the tensors whose names start with one of the `count` prefixes, when
  * count > 0) into an MLX checkpoint directory: quantized tensors "X.weight" become layer X
- * (X.weight U32, X.scales, X.biases), float tensors are kept as they are; config.json records the
- * formats and the GGUF general.architecture. Every refusal comes before anything is written and
+ * (X.weight U32, X.scales, X.biases; a tensor with leading dims, e.g. an MoE layer's experts [E, N, K],
+ * becomes a layer of E experts, qmm_layer.experts, weight [E, N, K·bits/32] as MLX's loader shapes it),
+ * float tensors are kept as they are; config.json records the formats and the GGUF general.architecture. Every refusal comes before anything is written and
  * leaves out_dir as it was: those of qmm_gguf_import (an unsupported type stops the conversion,
  * naming the tensor) and of qmm_checkpoint_write (e.g. a float tensor named "x.scales", which no
  * layer owns, or a quantized tensor "bits.weight", whose layer name is a config.json key). */

@@ -147,12 +147,16 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
             return QMM_OK;
         }
         /* Name the known rows so that a typo is easy to fix. */
-        char known[256] = "";
+        char known[448] = ""; /* the CPU table's 16 names take 398 */
         size_t used = 0;
-        for (size_t i = 0; i < count && used < sizeof known; i++) {
-            int written = snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", table[i]->info.name);
-            if (written < 0) break;
-            used += (size_t)written;
+        for (size_t i = 0; i < count; i++) {
+            /* Whole names only: one that does not fit (with room left for ", …") ends the list with "…". */
+            const char *name = table[i]->info.name;
+            if (used + strlen(name) + 2 + sizeof ", …" > sizeof known) {
+                snprintf(known + used, sizeof known - used, "%s…", i ? ", " : "");
+                break;
+            }
+            used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", name);
         }
         return qmm_error(QMM_ERR_NOT_FOUND, "kernel \"%s\" is not registered (known: %s)", forced, known);
     }

@@ -726,6 +726,10 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
         layer_names[layer_count] = copy_string(t->name, length);
         layers[layer_count].matrix = matrix;
         layers[layer_count].name = layer_names[layer_count];
+        /* An MoE tensor [E, N, K] (blk.N.ffn_*_exps) stays a layer of E experts, [E, N, words] as MLX's loader
+         * shapes it, not one matrix of E·N rows; more leading dims fold into E, as qmm_checkpoint_open reads. */
+        layers[layer_count].experts = 1;
+        for (int d = 0; d + 2 < t->ndim; d++) layers[layer_count].experts *= (size_t)t->shape[d];
         layer_count++;
         if (!layer_names[layer_count - 1]) {
             status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a layer name");

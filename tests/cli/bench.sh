@@ -75,6 +75,18 @@ expect_library_error bench "" "$WORK/bad.txt:1: want \"name N K\"" bench --backe
 printf 'odd 128 100\n' >"$WORK/odd.txt"
 expect_library_error bench "" "K=100, not a multiple of --group-size 64" bench --backend ref --quick --shapes "$WORK/odd.txt"
 expect_library_error bench "not found" "--shapes 'nosuch'" bench --backend ref --quick --shapes nosuch
+# Lines of any length: a comment longer than a line buffer is still a comment, and an overlong name or
+# number is named as such (once cut into two fields, it read "got 4 fields" or a comment's tail as a shape).
+{ printf '# %0600d\nlong 128 256 # %0600d\n' 0 0; } >"$WORK/long.txt"
+q bench --backend ref --no-peers --shapes "$WORK/long.txt" --m 1 --dtype bf16 --repeats 1 --quick
+check "--shapes with 600-character comments: exit 0" rc_is 0
+check "--shapes with 600-character comments: its shape" out_matches '^long +128×256 +1 +bf16'
+printf '%0130d 128 256\n' 0 >"$WORK/longname.txt"
+expect_library_error bench "corrupt file" "$WORK/longname.txt:1: shape name '00000000000000000000000000000000…' is longer than 63 characters" \
+  bench --backend ref --quick --shapes "$WORK/longname.txt"
+printf 'n %040d 256\n' 128 >"$WORK/longnumber.txt"
+expect_ok "--shapes: a 40-digit N with leading zeros is 128" bench --backend ref --no-peers --quick --m 1 --dtype bf16 \
+  --repeats 1 --shapes "$WORK/longnumber.txt"
 
 # usage errors, before any work
 expect_usage_error bench "--m '0'" bench --backend ref --quick --m 0

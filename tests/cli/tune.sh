@@ -86,6 +86,16 @@ check "refused --out FIFO: still a FIFO" [ -p "$WORK/t-fifo.json" ]
 # The default path: qmm-tuning-BACKEND.json in the current directory.
 (cd "$WORK" && "$QMM" tune --backend ref --quick --m 1 >/dev/null 2>&1)
 check "default --out: qmm-tuning-ref.json" [ -s "$WORK/qmm-tuning-ref.json" ]
+# Shapes of one n×k (q_proj and o_proj of most models) and a dtype given twice: one entry per (dtype, n×k, M)
+# range, so the table loads (it held overlapping entries, refused by its own loader, and tune said exit 0).
+printf 'q 64 256\no 64 256\n' >"$WORK/same-nk.txt"
+q tune --backend ref --quick --m 1 --dtype bf16,bf16 --shapes "$WORK/same-nk.txt" --out "$WORK/same-nk.json"
+check "same n×k: exit 0" rc_is 0
+check "same n×k: the repeat is named" err_has "shape o (64×256) has the n×k of shape q: measured once, as q"
+check "same n×k: one entry" out_has "wrote 1 entry for 1 cells"
+check "same n×k: the table loaded back" bash -c '! grep -q "not loaded back" <<<"$1"' _ "$OUT"
+q matmul "$FIXTURE" --layer blk.0.attn_q -m 1 --backend ref --tuning "$WORK/same-nk.json"
+check "same n×k: the table loads in matmul" rc_is 0
 q help tune
 check "help tune" out_has "usage: qmm tune"
 finish

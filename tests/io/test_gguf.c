@@ -769,6 +769,41 @@ static void test_real_file(void) {
     qmm_gguf_close(file);
 }
 
+/* A 3-D quantized tensor (an MoE layer's experts, llama.cpp's ffn_*_exps [E, N, K]) converts to a layer of E
+ * experts with weight [E, N, words], as MLX's loader shapes it; it was flattened to one [E·N, words] matrix. */
+static void test_convert_experts(const char *root) {
+    check_rng rng = check_rng_make(301);
+    gguf_builder b = builder_make();
+    kv_string(&b, "general.architecture", "qwen3moe");
+    uint8_t *exps = random_blocks(&rng, 2, 4 * 3 * 2); /* ffn_up_exps Q4_0 [E=4, N=3, K=64] */
+    uint64_t ne[3] = {64, 3, 4};
+    add_tensor(&b, "blk.0.ffn_up_exps.weight", 2, 3, ne, exps, 24 * 18);
+    io_buf image = gguf_finish(&b);
+    char gguf_path[1024], out[1024];
+    snprintf(gguf_path, sizeof gguf_path, "%s/experts.gguf", root);
+    snprintf(out, sizeof out, "%s/experts", root);
+    CHECK(io_write_file(gguf_path, image.data, image.size), "write %s", gguf_path);
+    CHECK_OK(qmm_gguf_convert(gguf_path, out, NULL, 0));
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(out, &ck));
+    if (ck) {
+        qmm_layer layer;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "blk.0.ffn_up_exps", &layer));
+        CHECK(layer.experts == 4 && layer.matrix.rows == 12 && layer.matrix.cols == 64,
+              "experts %zu, rows %zu, cols %zu; want 4 experts of 3 rows, 64 columns", layer.experts, layer.matrix.rows,
+              layer.matrix.cols);
+        qmm_tensor t;
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "blk.0.ffn_up_exps.weight", &t));
+        CHECK(t.ndim == 3 && t.shape[0] == 4 && t.shape[1] == 3 && t.shape[2] == 8, "weight not U32 [4, 3, 8]");
+        CHECK_OK(qmm_checkpoint_find_tensor(ck, "blk.0.ffn_up_exps.scales", &t));
+        CHECK(t.ndim == 3 && t.shape[0] == 4 && t.shape[1] == 3 && t.shape[2] == 2, "scales not [4, 3, 2]");
+    }
+    qmm_checkpoint_close(ck);
+    io_buf_free(&image);
+    builder_free(&b);
+    free(exps);
+}
+
 int main(void) {
     char *root = io_temp_dir("gguf");
     CHECK(root != NULL, "mkdtemp failed");
@@ -780,6 +815,7 @@ int main(void) {
     test_bad_files();
     if (root) {
         test_convert(root);
+        test_convert_experts(root);
         test_owned_name(root);
         test_convert_refusals(root);
         io_remove_tree(root);

@@ -181,9 +181,41 @@ static void test_runtime(check_rng *rng) {
     qmm_context_destroy(other);
 }
 
+/* A forced name that is not registered lists every row of the context's table, whole: the CPU table's 16
+ * names (398 characters) were cut at 255, mid-name, before the gather rows ("cpu.gather.blocks.av)"). */
+static void test_unknown_kernel_names_every_row(check_rng *rng) {
+    qmm_context *context = NULL;
+    CHECK_OK(qmm_context_create(QMM_BACKEND_CPU, 0, &context));
+    if (!context) return;
+    check_qmatrix q;
+    CHECK(check_qmatrix_random(rng, E * N, K, 4, 32, QMM_F32, &q), "matrix");
+    qmm_weights *weights = NULL;
+    qmm_buffer *x = NULL, *out = NULL;
+    CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &weights));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, T * K, &x));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, T * N, &out));
+    char want[512] = "kernel \"nope\" is not registered (known: ";
+    for (size_t i = 0; i < qmm_kernel_count(context); i++) {
+        qmm_kernel_info info;
+        CHECK_OK(qmm_kernel_get(context, i, &info));
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", i ? ", " : "", info.name);
+    }
+    snprintf(want + strlen(want), sizeof want - strlen(want), ")");
+    const uint32_t rhs[T] = {0, 0, 1, 2, 3, 3};
+    qmm_gather_options nope = {.kernel = "nope"};
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, NULL, rhs, T, out, &nope, NULL), QMM_ERR_NOT_FOUND);
+    EXPECT_MESSAGE(want);
+    qmm_buffer_destroy(x);
+    qmm_buffer_destroy(out);
+    qmm_weights_destroy(weights);
+    check_qmatrix_free(&q);
+    qmm_context_destroy(context);
+}
+
 int main(void) {
     check_rng rng = check_rng_make(61);
     test_oracle_rows(&rng);
     test_runtime(&rng);
+    test_unknown_kernel_names_every_row(&rng);
     return check_finish("test_gather");
 }

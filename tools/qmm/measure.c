@@ -91,31 +91,44 @@ static int valid_shape_name(const char *name) {
 static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int group_size, const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return qmm_error(QMM_ERR_IO, "cannot open shapes file '%s': %s", path, strerror(errno));
-    char line[512];
+    /* Whole lines of any length (a long comment is fine), split at blanks: an overlong field is named as
+     * such, never cut into two fields. */
+    char *line = NULL;
+    size_t capacity = 0;
     int number = 0;
     qmm_status status = QMM_OK;
-    while (status == QMM_OK && fgets(line, sizeof line, f)) {
+    while (status == QMM_OK) {
+        errno = 0;
+        if (getline(&line, &capacity, f) == -1) {
+            if (errno != 0 || ferror(f)) /* a read error, or a line too long for memory: never a silent end */
+                status = qmm_error(errno == ENOMEM ? QMM_ERR_OUT_OF_MEMORY : QMM_ERR_IO, "%s:%d: cannot read the line: %s",
+                                   path, number + 1, strerror(errno ? errno : EIO));
+            break;
+        }
         number++;
         line[strcspn(line, "#\n")] = '\0';
-        char name[128], extra[8];
+        char *field[3] = {NULL, NULL, NULL}, *save = NULL;
+        int fields = 0;
+        for (char *token = strtok_r(line, " \t\r\v\f", &save); token; token = strtok_r(NULL, " \t\r\v\f", &save))
+            if (fields++ < 3) field[fields - 1] = token;
+        if (fields == 0) continue;
+        const char *name = field[0], *n_text = field[1], *k_text = field[2];
         unsigned long long N, K;
-        char n_text[32], k_text[32];
-        int fields = sscanf(line, "%127s %31s %31s %7s", name, n_text, k_text, extra);
-        if (fields <= 0) continue;
         if (fields != 3) {
             status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: want \"name N K\" (3 fields), got %d", path, number, fields);
-        } else if (!valid_shape_name(name) || strlen(name) >= sizeof shapes[0].name) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%s' must be 1-63 characters of A-Z a-z 0-9 . _ -",
-                               path, number, name);
-        } else if (!parse_unsigned(n_text, 1, 1u << 30, &N) || !parse_unsigned(k_text, 1, 1u << 30, &K)) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: N='%s' and K='%s' must be whole numbers in [1, 2^30]", path,
-                               number, n_text, k_text);
-        } else if (K % (unsigned long long)group_size != 0) {
-            status = qmm_error(QMM_ERR_SHAPE, "%s:%d: shape %s has K=%llu, not a multiple of --group-size %d", path,
-                               number, name, K, group_size);
+        } else if (!valid_shape_name(name)) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%.64s%s' must be 1-63 characters of A-Z a-z 0-9 . _ -",
+                               path, number, name, strlen(name) > 64 ? "…" : "");
         } else if (strlen(name) >= sizeof shapes[0].name) {
             status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%.32s…' is longer than %zu characters", path, number,
                                name, sizeof shapes[0].name - 1);
+        } else if (!parse_unsigned(n_text, 1, 1u << 30, &N) || !parse_unsigned(k_text, 1, 1u << 30, &K)) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: N='%.32s%s' and K='%.32s%s' must be whole numbers in [1, 2^30]",
+                               path, number, n_text, strlen(n_text) > 32 ? "…" : "", k_text,
+                               strlen(k_text) > 32 ? "…" : "");
+        } else if (K % (unsigned long long)group_size != 0) {
+            status = qmm_error(QMM_ERR_SHAPE, "%s:%d: shape %s has K=%llu, not a multiple of --group-size %d", path,
+                               number, name, K, group_size);
         } else if (*shape_count == MAX_SHAPES) {
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s:%d: more than %d shapes in all", path, number, MAX_SHAPES);
         } else {
@@ -125,6 +138,7 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
             shape->K = (size_t)K;
         }
     }
+    free(line);
     fclose(f);
     return status;
 }

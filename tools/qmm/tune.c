@@ -303,6 +303,25 @@ int cmd_tune(const command *c, int argc, char **argv) {
         rc = library_error(c, status);
         goto done;
     }
+    /* A table holds one answer per (dtype, N, K) and M (its loader refuses overlapping entries): a dtype given
+     * twice is measured once, and a shape with the N×K of an earlier one is not measured again. */
+    unique = 0;
+    for (size_t i = 0; i < run->dtype_count; i++) {
+        size_t j = 0;
+        while (j < unique && run->dtypes[j] != run->dtypes[i]) j++;
+        if (j == unique) run->dtypes[unique++] = run->dtypes[i];
+    }
+    run->dtype_count = unique;
+    unique = 0;
+    for (size_t i = 0; i < run->shape_count; i++) {
+        size_t j = 0;
+        while (j < unique && (run->shapes[j].N != run->shapes[i].N || run->shapes[j].K != run->shapes[i].K)) j++;
+        if (j < unique)
+            fprintf(stderr, "tune: shape %s (%zu×%zu) has the n×k of shape %s: measured once, as %s\n", run->shapes[i].name,
+                    run->shapes[i].N, run->shapes[i].K, run->shapes[j].name, run->shapes[j].name);
+        else run->shapes[unique++] = run->shapes[i];
+    }
+    run->shape_count = unique;
     {
         format_command_line(run->command_line, sizeof run->command_line, "tune", argc, argv);
         time_t now = time(NULL);
