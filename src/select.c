@@ -147,7 +147,7 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
             return QMM_OK;
         }
         /* Name the known rows so that a typo is easy to fix. */
-        char known[448] = ""; /* the CPU table's 16 names take 398 */
+        char known[800] = ""; /* the CPU table's 18 names take about 470 */
         size_t used = 0;
         for (size_t i = 0; i < count; i++) {
             /* Whole names only: one that does not fit (with room left for ", …") ends the list with "…". */

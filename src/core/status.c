@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char last_error[512];
+static _Thread_local char last_error[1024]; /* room for a table of kernel names (select.c) */
 
 const char *qmm_status_string(qmm_status status) {
     switch (status) {
