@@ -47,8 +47,8 @@ typedef struct cuda_state {
      * chain step, so no graph holds these pointers */
     void *gather_x;
     size_t gather_x_bytes;
-    uint32_t *gather_index;
-    size_t gather_index_count;
+    void *gather_index; /* uint32 [gather_index_bytes / 4] */
+    size_t gather_index_bytes;
 } cuda_state;
 
 #define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20) /* 16 MiB */
@@ -594,12 +594,12 @@ static qmm_status gather_run(const qmm_call *call) {
     const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
     const char *x_rows = call->x;
     if (call->lhs_indices) {
-        qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, B * K * size);
-        if (status == QMM_OK) {
-            size_t have = s->gather_index_count * sizeof(uint32_t);
-            status = grow_scratch(s, (void **)&s->gather_index, &have, B * sizeof(uint32_t));
-            s->gather_index_count = have / sizeof(uint32_t);
-        }
+        size_t x_bytes;
+        if (!qmm_mul_size(B, K, &x_bytes) || !qmm_mul_size(x_bytes, size, &x_bytes))
+            return qmm_error(QMM_ERR_OVERFLOW, "cuda.gather.blocks.auto: B=%zu gathered rows of K=%zu overflow size_t", B, K);
+        qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, x_bytes);
+        if (status == QMM_OK)
+            status = grow_scratch(s, &s->gather_index, &s->gather_index_bytes, B * sizeof(uint32_t));
         if (status != QMM_OK) return status;
         CUDA_TRY(cudaMemcpyAsync(s->gather_index, call->lhs_indices, B * sizeof(uint32_t), cudaMemcpyHostToDevice,
                                  s->stream));
