@@ -245,7 +245,7 @@ static void check_bits(bit_case *c) {
     for (size_t w = 0; w < WINDOWS; w++) {
         char ran[128];
         if (!run_window(c, NULL, windows[w].M, windows[w].first, ran, sizeof ran)) continue;
-        char who[200];
+        char who[400];
         snprintf(who, sizeof who, "selector (%s, alone: %s)", ran, reference_kernel);
         compare_window(c, who, windows[w].M, windows[w].first);
     }

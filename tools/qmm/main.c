@@ -69,7 +69,7 @@ static const command commands[] = {
      "  (qmm_ref_gather_dense_f64) under qmm_error_bound. Prints max |error|, max relative error, the worst\n"
      "  error/bound ratio, the median µs of repeated products (host clock) and the kernel. --dtype other than the\n"
      "  layer's scale dtype converts scales and biases (rounded once). Exit 3 when an output is outside its bound.\n"
-     "  --backend auto: the first of cuda, cpu, ref that has a gather kernel (cuda has none yet).\n"
+     "  --backend auto: the first of cuda, cpu, ref that opens and has a gather kernel (all three have one).\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_gather},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
