@@ -57,7 +57,13 @@ if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)
     --kernel cpu.gather.blocks.portable
   check "forced cpu.gather.blocks.portable reported" out_has "cpu.gather.blocks.portable (forced)"
   check "forced cpu.gather.blocks.portable: within bound" out_has "within bound"
+  expect_ok "gather --threads 1" gather "$WORK/moe" --layer $L --backend cpu -t 6 -k 3 --threads 1
+  check "gather --threads 1: reported" out_matches "^threads +1$"
+  check "gather --threads 1: within bound" out_has "within bound"
 fi
+for bad in 0 -1 5000 two ""; do
+  expect_usage_error gather "--threads '$bad' is not a whole number from 1 to " gather "$WORK/moe" --layer $L --threads "$bad"
+done
 
 expect_ok "a 2-D layer is one expert" gather "$WORK/moe" --layer model.layers.0.self_attn.q_proj -k 1 -t 3
 check "one expert" out_has "(1 expert of N=16, K=128)"

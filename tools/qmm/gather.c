@@ -71,7 +71,7 @@ static int compare_doubles(const void *a, const void *b) {
 
 int cmd_gather(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *tokens_text = NULL, *top_k_text = NULL, *dtype_text = NULL, *kernel = NULL,
-               *seed_text = NULL, *backend = NULL;
+               *seed_text = NULL, *backend = NULL, *threads_text = NULL;
     int unsorted = 0;
     flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0, NULL},
                          {"--tokens", "-t", &tokens_text, NULL, NULL, 0, NULL},
@@ -80,7 +80,8 @@ int cmd_gather(const command *c, int argc, char **argv) {
                          {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
                          {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},
                          {"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
-                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL}};
+                         {"--backend", NULL, &backend, NULL, NULL, 0, NULL},
+                         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL}};
     const char *positional[1];
     size_t npositional;
     int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
@@ -97,8 +98,9 @@ int cmd_gather(const command *c, int argc, char **argv) {
     qmm_dtype dtype = QMM_F32;
     if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
         return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);
-    int backend_choice;
+    int backend_choice, threads;
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
+    if ((rc = parse_threads(c, threads_text, &threads))) return rc;
     const char *inject = getenv("QMM_RUN_INJECT_FAULT");
     if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
         return usage_error(c, "QMM_RUN_INJECT_FAULT='%s' is not a non-negative integer", inject);
@@ -151,6 +153,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if ((status = route(seed, T, (size_t)top_k, E, !unsorted, lhs, rhs, &experts_used)) != QMM_OK) goto cleanup;
 
     if ((status = open_context_for(backend_choice, QMM_OP_GATHER, &context)) != QMM_OK) goto cleanup;
+    if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
     fprintf(stderr, "qmm gather: %s on backend %s, %zu expert(s), T=%zu, B=%zu\n", layer_name,
             qmm_backend_name(qmm_context_backend(context)), E, T, B);
     if ((status = qmm_weights_create_experts(context, &matrix, E, &weights)) != QMM_OK) goto cleanup;
@@ -215,6 +218,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
            "used\n", T, top_k, B, seed, unsorted ? "token order (unsorted)" : "sorted by expert", experts_used, E);
     printf("x                  random uniform [-1, 1), seed %llu, T=%zu, %s\n", seed, T, qmm_dtype_name(dtype));
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
+    printf("threads            %d\n", qmm_context_threads(context));
     printf("kernel             %s%s\n", ran.name, kernel ? " (forced)" : " (selector's choice)");
     printf("max |error|        %.3e\n", max_error);
     printf("max rel error      %.3e (max |error| / max |exact|)\n", max_exact > 0 ? max_error / max_exact : max_error);

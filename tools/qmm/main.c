@@ -59,7 +59,7 @@ static const command commands[] = {
      cmd_matmul},
     {"gather", "the MoE product of a layer of experts (top-k routing), checked against the f64 oracle",
      "usage: qmm gather DIR --layer NAME [--tokens T] [--experts-per-token K] [--unsorted] [--dtype f32|f16|bf16]\n"
-     "                  [--kernel NAME] [--seed S] [--backend auto|cuda|cpu|ref]\n"
+     "                  [--kernel NAME] [--seed S] [--backend auto|cuda|cpu|ref] [--threads N]\n"
      "  MLX gather_qmm on layer NAME of checkpoint DIR, a layer of E experts (weight [E, N, K·bits/32], as\n"
      "  mlx-lm's switch_mlp; `qmm info` shows \"E experts\"; a 2-D layer is one expert). T tokens (default 16,\n"
      "  at most 65536) of random x, uniform in [-1, 1) (seed S, default 42), are each routed to K distinct\n"
@@ -70,6 +70,7 @@ static const command commands[] = {
      "  error/bound ratio, the median µs of repeated products (host clock) and the kernel. --dtype other than the\n"
      "  layer's scale dtype converts scales and biases (rounded once). Exit 3 when an output is outside its bound.\n"
      "  --backend auto: the first of cuda, cpu, ref that opens and has a gather kernel (all three have one).\n"
+     "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use).\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_gather},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
