@@ -635,7 +635,7 @@ static qmm_status gather_run(const qmm_call *call) {
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill).
- *   M > 16:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
+ *   M > 32:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
  *   m8n32 and mma_tile m64n128 are there for `qmm tune` and forcing.
