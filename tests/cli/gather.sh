@@ -65,6 +65,13 @@ for bad in 0 -1 5000 two ""; do
   expect_usage_error gather "--threads '$bad' is not a whole number from 1 to " gather "$WORK/moe" --layer $L --threads "$bad"
 done
 
+# matmul and run take an expert layer as one stacked matrix, and say so
+expect_ok "matmul on an expert layer" matmul "$WORK/moe" --layer $L -m 3 --backend ref
+check "matmul on an expert layer: the stacked product is named" out_matches "^note +the layer holds 8 experts of 24 rows: multiplied here as one stacked matrix of 192 rows"
+check "matmul on an expert layer: within bound" out_has "within bound"
+expect_ok "run on an expert checkpoint" run "$WORK/moe" --backend ref
+check "run on an expert checkpoint: the stacked product is named" err_has "$L (8 experts, multiplied as one stacked matrix of 192 rows"
+
 expect_ok "a 2-D layer is one expert" gather "$WORK/moe" --layer model.layers.0.self_attn.q_proj -k 1 -t 3
 check "one expert" out_has "(1 expert of N=16, K=128)"
 check "one expert: within bound" out_matches "^verdict +all 48 outputs within bound"

@@ -102,6 +102,10 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     format_format(format, sizeof format, &matrix);
     printf("layer              %s (N=%zu, K=%zu)\n", layer_name, matrix.rows, matrix.cols);
     printf("format             %s\n", format);
+    if (layer.experts > 1) /* the stacked product: every token against every expert's rows */
+        printf("note               the layer holds %zu experts of %zu rows: multiplied here as one stacked matrix of %zu "
+               "rows (every token by every expert); `qmm gather` routes tokens to experts\n",
+               layer.experts, matrix.rows / layer.experts, matrix.rows);
     if (dtype != stored)
         printf("note               scales/biases converted %s -> %s for --dtype %s (rounded once, to nearest even)\n",
                qmm_dtype_name(stored), qmm_dtype_name(dtype), qmm_dtype_name(dtype));

@@ -124,7 +124,11 @@ int cmd_run(const command *c, int argc, char **argv) {
             }
             if ((status = fill_random(seed + i, x, m->dtype, elements)) != QMM_OK) goto cleanup;
         }
-        fprintf(stderr, "qmm run: %s ...\n", layer.name);
+        if (layer.experts > 1)
+            fprintf(stderr, "qmm run: %s (%zu experts, multiplied as one stacked matrix of %zu rows; qmm gather routes "
+                    "tokens to experts) ...\n", layer.name, layer.experts, m->rows);
+        else
+            fprintf(stderr, "qmm run: %s ...\n", layer.name);
         status = check_product(context, m, x, rows, NULL, batch_invariant, 0.05, i < faults, &result);
         free(x);
         x = NULL;
