@@ -410,7 +410,7 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
         snprintf(why_not, size, "M=%zu exceeds this tile's %zu rows of x", call->M, max_m);
         return false;
     }
-    const size_t quads = (call->K + (call->bits == 4 ? 127 : 63)) / (call->bits == 4 ? 128 : 64) * 4;
+    const size_t quads = qmm_cuda_packed_words_per_row(call->K, call->bits) / 4; /* 16-byte words per row */
     if (call->N > 0x7fffffffu / quads) {
         snprintf(why_not, size, "N=%zu rows of %zu 16-byte words exceed the family's 32-bit offsets (2^31 - 1)", call->N,
                  quads);
@@ -463,7 +463,7 @@ static int tile_splits(const qmm_call *call, int tile) {
     int bn, bm, threads;
     qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads);
     const size_t tiles = ((call->N + (size_t)bn - 1) / (size_t)bn) * ((call->M + (size_t)bm - 1) / (size_t)bm);
-    const size_t super_blocks = (call->K / 32 + (call->bits == 4 ? 3 : 1)) / (call->bits == 4 ? 4 : 2);
+    const size_t super_blocks = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16; /* 64 bytes each */
     const size_t resident = tile == 0 ? 3 : 1, target = (size_t)s->multiprocessors * resident;
     size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
     const char *forced = getenv("QMM_CUDA_SPLITS");
@@ -506,125 +506,9 @@ TILE_ROW(tile_m64n128, 1)
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = 256, .tolerance_slack = 2.0, .description = TEXT}
 
-/* ───────────────────────────── gather (MoE) ───────────────────────────── */
-
-/* The qmm_t rows a gather block may run on: the CUDA table's qmm_t rows in selector order (cuda_table, below
- * the table). */
-static const qmm_kernel *cuda_table(size_t *count);
-static const qmm_kernel *qmm_t_rows[16];
-static size_t qmm_t_row_count;
-
-static void collect_qmm_t_rows(void) {
-    if (qmm_t_row_count) return; /* the same answer every time: a race only writes the same values */
-    size_t rows, count = 0;
-    const qmm_kernel *table = cuda_table(&rows);
-    for (size_t i = 0; i < rows && count < sizeof qmm_t_rows / sizeof qmm_t_rows[0]; i++)
-        if (table[i].info.op == QMM_OP_QMM_T) qmm_t_rows[count++] = &table[i];
-    qmm_t_row_count = count;
-}
-
-/* Grows a device scratch allocation to at least bytes (old contents dropped). cudaFree waits for the device,
- * so work still reading the old allocation has finished. */
-static qmm_status grow_scratch(cuda_state *s, void **memory, size_t *have, size_t bytes) {
-    if (*have >= bytes) return QMM_OK;
-    if (*memory) cuda_release(s, *memory);
-    *memory = NULL;
-    *have = 0;
-    qmm_status status = cuda_alloc(s, bytes, memory);
-    if (status == QMM_OK) *have = bytes;
-    return status;
-}
-
-/* The qmm_t call of rows i0 … i1−1 of a gather, all of expert e: the expert's slices of the MLX-layout arrays
- * and of the repacked ones (extra_out), x from x_rows (row i of the gather at row i), out rows i0 …. */
-static qmm_call expert_block_call(const qmm_call *gather, const char *x_rows, size_t i0, size_t i1, uint32_t e,
-                                  cuda_weights_extra *extra_out) {
-    const size_t N = gather->N, K = gather->K, size = qmm_dtype_size(gather->dtype);
-    const size_t words = K * (size_t)gather->bits / 32, groups = K / (size_t)gather->group_size;
-    qmm_call sub = *gather;
-    sub.op = QMM_OP_QMM_T;
-    sub.M = i1 - i0;
-    sub.x = x_rows + i0 * K * size;
-    sub.out = (char *)gather->out + i0 * N * size;
-    sub.w = gather->w + (size_t)e * N * words;
-    sub.scales = (const char *)gather->scales + (size_t)e * N * groups * size;
-    sub.biases = (const char *)gather->biases + (size_t)e * N * groups * size;
-    sub.T = 0;
-    sub.expert_count = 0;
-    sub.lhs_indices = sub.rhs_indices = NULL;
-    sub.rhs_sorted = false;
-    const cuda_weights_extra *extra = gather->weights_extra;
-    sub.weights_extra = NULL;
-    if (extra) {
-        extra_out->packed = extra->packed + (size_t)e * N * qmm_cuda_packed_words_per_row(K, gather->bits);
-        extra_out->sb = (char *)extra->sb + (size_t)e * N * groups * 4;
-        sub.weights_extra = extra_out;
-    }
-    return sub;
-}
-
-/* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
- * with sorted indices one per expert used, so each expert's weights are read once for all its rows), each on
- * the CUDA row the selector picks for that block's M (mma_gemv, mma_tile or generic). Rows of x named by
- * lhs_indices are first gathered into device scratch in pair order (one kernel), so every block's x is
- * contiguous; with lhs_indices NULL x is used in place. */
-static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
-    if (call->op != QMM_OP_GATHER) {
-        snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
-        return false;
-    }
-    if (call->M > 0x7fffffffu) {
-        snprintf(why_not, size, "B=%zu index pairs exceed the gather grid (2^31 - 1)", call->M);
-        return false;
-    }
-    collect_qmm_t_rows();
-    /* every block is a qmm_t call of this format: ask the rows about the largest possible block */
-    qmm_call probe = expert_block_call(call, call->x, 0, call->M, 0, &(cuda_weights_extra){0});
-    const qmm_kernel *row;
-    if (qmm_select_kernel(qmm_t_rows, qmm_t_row_count, &probe, NULL, &row) != QMM_OK) {
-        snprintf(why_not, size, "no CUDA qmm_t row takes its blocks: %s", qmm_last_error());
-        return false;
-    }
-    return true;
-}
-
-static qmm_status gather_run(const qmm_call *call) {
-    cuda_state *s = call->backend_state;
-    collect_qmm_t_rows();
-    const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
-    const char *x_rows = call->x;
-    if (call->lhs_indices) {
-        size_t x_bytes;
-        if (!qmm_mul_size(B, K, &x_bytes) || !qmm_mul_size(x_bytes, size, &x_bytes))
-            return qmm_error(QMM_ERR_OVERFLOW, "cuda.gather.blocks.auto: B=%zu gathered rows of K=%zu overflow size_t", B, K);
-        qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, x_bytes);
-        if (status == QMM_OK)
-            status = grow_scratch(s, &s->gather_index, &s->gather_index_bytes, B * sizeof(uint32_t));
-        if (status != QMM_OK) return status;
-        CUDA_TRY(cudaMemcpyAsync(s->gather_index, call->lhs_indices, B * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                                 s->stream));
-        qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, s->gather_index, s->gather_x, B, K * size,
-                                                                 s->stream),
-                                            "gather_rows", __FILE__, __LINE__);
-        if (launched != QMM_OK) return launched;
-        x_rows = s->gather_x;
-    }
-    for (size_t i0 = 0; i0 < B;) {
-        const uint32_t e = call->rhs_indices[i0];
-        size_t i1 = i0 + 1;
-        while (i1 < B && call->rhs_indices[i1] == e) i1++;
-        cuda_weights_extra extra;
-        qmm_call block = expert_block_call(call, x_rows, i0, i1, e, &extra);
-        const qmm_kernel *row;
-        qmm_status status = qmm_select_kernel(qmm_t_rows, qmm_t_row_count, &block, NULL, &row);
-        if (status == QMM_OK) status = row->run(&block);
-        if (status != QMM_OK) return status;
-        i0 = i1;
-    }
-    /* cudaMemcpyAsync from pageable memory has consumed lhs_indices before returning; rhs_indices was read
-     * above: nothing of the caller's host arrays is used after this call returns. */
-    return QMM_OK;
-}
+/* cuda.gather.blocks.auto (defined below the table, whose rows it selects among) */
+static bool gather_supports(const qmm_call *call, char *why_not, size_t size);
+static qmm_status gather_run(const qmm_call *call);
 
 /* Selector order (src/select.c walks it; the hints bound where the selector takes a row unforced), from
  * `qmm bench` on the H200 (docs/PERF.md, 2026-11-30, cp.async version):
@@ -679,10 +563,108 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = gather_supports, .run = gather_run},
 };
 
-static const qmm_kernel *cuda_table(size_t *count) {
-    *count = sizeof cuda_kernels / sizeof cuda_kernels[0];
-    return cuda_kernels;
+
+/* ───────────────────────────── gather (MoE) ───────────────────────────── */
+
+/* The table as the selector takes it (pointers, in order), for a gather block's qmm_t call: the selector
+ * passes over rows of another op, this gather row included. */
+#define CUDA_ROW_COUNT (sizeof cuda_kernels / sizeof cuda_kernels[0])
+
+static void collect_rows(const qmm_kernel *rows[CUDA_ROW_COUNT]) {
+    for (size_t i = 0; i < CUDA_ROW_COUNT; i++) rows[i] = &cuda_kernels[i];
 }
+
+/* Grows a device scratch allocation to at least bytes (old contents dropped). cudaFree waits for the device,
+ * so work still reading the old allocation has finished. */
+static qmm_status grow_scratch(cuda_state *s, void **memory, size_t *have, size_t bytes) {
+    if (*have >= bytes) return QMM_OK;
+    if (*memory) cuda_release(s, *memory);
+    *memory = NULL;
+    *have = 0;
+    qmm_status status = cuda_alloc(s, bytes, memory);
+    if (status == QMM_OK) *have = bytes;
+    return status;
+}
+
+/* The qmm_t call of rows i0 … i1−1 of a gather, all of one expert: qmm_gather_block_call's (the expert's slices
+ * of the MLX-layout arrays, out rows i0 …, x in place), plus the slices of the repacked arrays (in extra_out)
+ * and, when the rows of x were gathered into device scratch in pair order, x from there. */
+static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x, size_t i0, size_t i1,
+                                  cuda_weights_extra *extra_out) {
+    qmm_call block = qmm_gather_block_call(gather, i0, i1); /* the expert's MLX-layout slices, out rows i0 … */
+    if (gathered_x) block.x = gathered_x + i0 * gather->K * qmm_dtype_size(gather->dtype);
+    const cuda_weights_extra *extra = gather->weights_extra;
+    if (extra) { /* and of the repacked arrays */
+        const size_t first_row = (size_t)gather->rhs_indices[i0] * gather->N;
+        extra_out->packed = extra->packed + first_row * qmm_cuda_packed_words_per_row(gather->K, gather->bits);
+        extra_out->sb = (char *)extra->sb + first_row * (gather->K / (size_t)gather->group_size) * 4;
+        block.weights_extra = extra_out;
+    }
+    return block;
+}
+
+/* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
+ * with sorted indices one per expert used, so each expert's weights are read once for all its rows), each on
+ * the CUDA row the selector picks for that block's M (mma_gemv, mma_tile or generic). Rows of x named by
+ * lhs_indices are first gathered into device scratch in pair order (one kernel), so every block's x is
+ * contiguous; with lhs_indices NULL x is used in place. */
+static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
+    if (call->op != QMM_OP_GATHER) {
+        snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
+        return false;
+    }
+    if (call->M > 0x7fffffffu) {
+        snprintf(why_not, size, "B=%zu index pairs exceed the gather grid (2^31 - 1)", call->M);
+        return false;
+    }
+    const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
+    collect_rows(cuda_rows);
+    /* every block is a qmm_t call of this format: ask the rows about the largest possible block */
+    qmm_call probe = expert_block_call(call, NULL, 0, call->M, &(cuda_weights_extra){0});
+    const qmm_kernel *row;
+    if (qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &probe, NULL, &row) != QMM_OK) {
+        snprintf(why_not, size, "no CUDA qmm_t row takes its blocks: %s", qmm_last_error());
+        return false;
+    }
+    return true;
+}
+
+static qmm_status gather_run(const qmm_call *call) {
+    cuda_state *s = call->backend_state;
+    const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
+    collect_rows(cuda_rows);
+    const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
+    const char *gathered_x = NULL;
+    if (call->lhs_indices) {
+        size_t x_bytes;
+        if (!qmm_mul_size(B, K, &x_bytes) || !qmm_mul_size(x_bytes, size, &x_bytes))
+            return qmm_error(QMM_ERR_OVERFLOW, "cuda.gather.blocks.auto: B=%zu gathered rows of K=%zu overflow size_t", B, K);
+        qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, x_bytes);
+        if (status == QMM_OK)
+            status = grow_scratch(s, &s->gather_index, &s->gather_index_bytes, B * sizeof(uint32_t));
+        if (status != QMM_OK) return status;
+        CUDA_TRY(cudaMemcpyAsync(s->gather_index, call->lhs_indices, B * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                 s->stream));
+        qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, s->gather_index, s->gather_x, B, K * size,
+                                                                 s->stream),
+                                            "gather_rows", __FILE__, __LINE__);
+        if (launched != QMM_OK) return launched;
+        gathered_x = s->gather_x;
+    }
+    for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
+        i1 = qmm_gather_block_end(call, i0);
+        cuda_weights_extra extra;
+        qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
+        const qmm_kernel *row;
+        qmm_status status = qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &block, NULL, &row);
+        if (status == QMM_OK) status = row->run(&block);
+        if (status != QMM_OK) return status;
+    }
+    /* cudaMemcpyAsync from pageable memory has consumed lhs_indices before returning; rhs_indices was read
+     * above: nothing of the caller's host arrays is used after this call returns. */
+    return QMM_OK;
+}
+
 
 /* The GPU's name as the driver gives it ("NVIDIA H200"): what a tuning table measured here records. */
 static qmm_status cuda_device_name(void *state, char *name, size_t size) {

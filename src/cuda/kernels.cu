@@ -376,17 +376,10 @@ template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_ge
     int warps = c->warps > 0 ? c->warps : (super_blocks < 8 ? super_blocks : 8);
     if (warps < 1) warps = 1;
     const size_t shared = (size_t)warps * S * RT * 2 * 32 * (16 + 4) + (size_t)warps * RT * TT * 4 * 32 * sizeof(float);
-    /* the opt-in above 48 KB, once per instantiation and device (a bit per device, up to 64 devices) */
-    static unsigned long long attribute_set = 0;
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    if (device >= 64 || !(attribute_set >> device & 1ull)) {
-        error = cudaFuncSetAttribute(mma_gemv_kernel<BITS, T, RT, TT, S, GS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     8 * S * RT * 2 * 32 * 20 + 8 * RT * TT * 4 * 32 * 4);
-        if (error != cudaSuccess) return (int)error;
-        if (device < 64) attribute_set |= 1ull << device;
-    }
+    static unsigned long long opted_in = 0; /* the most any launch of this instantiation uses: 8 warps */
+    const int opt_in = shared_memory_opt_in(mma_gemv_kernel<BITS, T, RT, TT, S, GS>,
+                                            8 * S * RT * 2 * 32 * 20 + 8 * RT * TT * 4 * 32 * 4, &opted_in);
+    if (opt_in) return opt_in;
     const unsigned blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
     cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
     mma_gemv_kernel<BITS, T, RT, TT, S, GS><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(

@@ -257,16 +257,9 @@ template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm
     constexpr int BPS = BITS == 4 ? 4 : 2, BN = 16 * C::WR * C::WN, BM = 8 * C::WT * C::WM;
     constexpr size_t shared = (size_t)C::S * (BN * 64 + BM * BPS * 64 + BN * BPS * 4);
     auto kernel = mma_tile_kernel<BITS, T, GS, C::WR, C::WT, C::WN, C::WM, C::S, C::MIN_BLOCKS>;
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    /* the opt-in above 48 KB, once per instantiation and device (a bit per device, up to 64 devices) */
-    static unsigned long long attribute_set = 0;
-    if (device >= 64 || !(attribute_set >> device & 1ull)) {
-        error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
-        if (error != cudaSuccess) return (int)error;
-        if (device < 64) attribute_set |= 1ull << device;
-    }
+    static unsigned long long opted_in = 0;
+    const int opt_in = shared_memory_opt_in(kernel, shared, &opted_in);
+    if (opt_in) return opt_in;
     const int super_blocks = (int)((c->K / 32 + BPS - 1) / BPS);
     const unsigned tiles_n = (unsigned)((c->N + BN - 1) / BN), tiles_m = (unsigned)((c->M + BM - 1) / BM);
     int splits = c->splits > 0 ? c->splits : 1;

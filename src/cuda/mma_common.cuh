@@ -178,4 +178,18 @@ __device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
 }
 
+/* The opt-in to more than 48 KB of dynamic shared memory for `kernel`, once per kernel instantiation and
+ * device (the attribute is per device; `done` is the instantiation's own bit per device, up to 64, above
+ * which it is set every launch). Returns the cudaError_t. */
+template <typename Kernel> static int shared_memory_opt_in(Kernel kernel, size_t bytes, unsigned long long *done) {
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    if (device < 64 && (*done >> device & 1ull)) return 0;
+    error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (error != cudaSuccess) return (int)error;
+    if (device < 64) *done |= 1ull << device;
+    return 0;
+}
+
 #endif /* QMM_MMA_COMMON_CUH */
