@@ -108,7 +108,7 @@ static qmm_status bench_invariant_row(bench_run *run, bench_cell *cell, qmm_weig
         return QMM_OK;
     }
     if (status != QMM_OK) return status;
-    if (scalar_too_slow(&info, M, cell->shape->N, cell->shape->K, copies, run->repeats, row->note, sizeof row->note))
+    if (slow_row_skipped(&info, M, cell->shape->N, cell->shape->K, copies, run->repeats, row->note, sizeof row->note))
         return QMM_OK;
     status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 1, &row->us);
     if (status != QMM_OK) return status;
@@ -186,7 +186,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
                 snprintf(row->note, sizeof row->note, "not eligible: %s", why_not ? why_not : "(no reason given)");
                 continue;
             }
-            if (scalar_too_slow(&info, M, N, K, copies, run->repeats, row->note, sizeof row->note)) continue;
+            if (slow_row_skipped(&info, M, N, K, copies, run->repeats, row->note, sizeof row->note)) continue;
             status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 0, &row->us);
         }
         if (status == QMM_OK && run->batch_invariant) status = bench_invariant_row(run, cell, weights, copies, x, out);

@@ -252,7 +252,7 @@ qmm_status make_master(int bits, int group_size, const bench_shape *shape, qmm_q
     return qmm_qmatrix_validate(matrix);
 }
 
-int scalar_too_slow(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
+int slow_row_skipped(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
                     size_t note_size) {
     /* The scalar reference rows (~4 GMAC/s on a core) and the CUDA generic kernels (the oracle's order, one
      * thread per output: ~16 GMAC/s measured on the H200 at M = 1, docs/PERF.md) */

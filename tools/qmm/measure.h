@@ -72,7 +72,7 @@ qmm_status operands_create(qmm_context *context, qmm_dtype dtype, size_t M, size
                            qmm_buffer **out);
 /* Whether a scalar reference row's (or a CUDA generic row's) measurement would take more than SCALAR_BUDGET_S;
  * then note says so. */
-int scalar_too_slow(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
+int slow_row_skipped(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
                     size_t note_size);
 /* Median µs of one product by `kernel` (NULL: the selector's choice): a chain with one step per weight copy, step
  * timing off, one warm-up run, then `repeats` runs, each giving qmm_chain_elapsed ÷ steps. batch_invariant:

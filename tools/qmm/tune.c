@@ -86,7 +86,7 @@ static qmm_status tune_dtype(tune_run *run, const bench_shape *shape, const qmm_
             }
             if (!supports) continue;
             char skipped[256];
-            if (scalar_too_slow(&info, M, shape->N, shape->K, copies, run->repeats, skipped, sizeof skipped)) {
+            if (slow_row_skipped(&info, M, shape->N, shape->K, copies, run->repeats, skipped, sizeof skipped)) {
                 if (!cell->note[0]) snprintf(cell->note, sizeof cell->note, "%s: %s", info.name, skipped);
                 continue;
             }
