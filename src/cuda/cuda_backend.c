@@ -442,6 +442,30 @@ MMA_ROW(mma_m8n64, 4, 1)
 MMA_ROW(mma_m16n32, 2, 2)
 MMA_ROW(mma_m32n16, 1, 4)
 
+/* ffma_gemv row: f32 activations with 4- or 8-bit weights, on the CUDA cores (kernels_ffma.cu). */
+static bool ffma_supports(const qmm_call *call, char *why_not, size_t size) {
+    if (call->dtype != QMM_F32) {
+        snprintf(why_not, size, "dtype %s: the ffma_gemv row computes f32 activations (f16/bf16 go to the tensor cores)",
+                 qmm_dtype_name(call->dtype));
+        return false;
+    }
+    if (call->bits != 4 && call->bits != 8) {
+        snprintf(why_not, size, "bits=%d: the ffma_gemv row decodes 4- and 8-bit codes only", call->bits);
+        return false;
+    }
+    if (call->M > (size_t)65535 * 8 || call->N > 0x7fffffffu || call->K > 0x7fffffffu) {
+        snprintf(why_not, size, "M=%zu, N=%zu or K=%zu exceeds the ffma_gemv grid (M ≤ 65535·8, N and K < 2^31)", call->M,
+                 call->N, call->K);
+        return false;
+    }
+    return true;
+}
+
+static qmm_status ffma_run(const qmm_call *call) {
+    qmm_cuda_launch launch = launch_of(call);
+    return launch_status(qmm_cuda_ffma_gemv_qmm_t(&launch), "cuda.qmm_t.ffma_gemv.m8n16", __FILE__, __LINE__);
+}
+
 /* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). */
 static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
     if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
@@ -523,6 +547,8 @@ static qmm_status gather_run(const qmm_call *call);
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
  *   m8n32 and mma_tile m64n128 are there for `qmm tune` and forcing.
+ *   f32 activations, 4/8-bit: ffma_gemv m8n16 at every M — the tensor cores take f16/bf16 only, and the
+ *            generic row's one thread per output reads W uncoalesced (100× the HBM floor at decode).
  *   Then the generic rows, which take every call.
  * Batch-invariant order (docs/kernels.md "Batch-invariant mode"): the generic rows compute the oracle's f32
  * order bit for bit for each output whatever M (8 rows of x per thread, each its own accumulator), so they
@@ -547,6 +573,10 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n128", 64, 128, 256,
                        "tensor-core tile, 128 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m64n128_supports, .run = tile_m64n128_run, .tune_only = true},
+    {.info = {.name = "cuda.qmm_t.ffma_gemv.m8n16", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "ffma_gemv",
+              .bm = 8, .bn = 16, .bk = 32, .threads = 128, .tolerance_slack = 1.0,
+              .description = "f32 activations: CUDA-core GEMV, 4 rows/warp, coalesced MLX-layout reads, f32 FMAs, 4/8-bit"},
+     .supports = ffma_supports, .run = ffma_run},
     {.info = {.name = "cuda.qmm_t.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "generic",
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
               .description = "every format: a thread per output feature, the oracle's f32 order bit for bit",

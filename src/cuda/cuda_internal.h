@@ -53,6 +53,10 @@ int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int to
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
 void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads);
 
+/* The ffma_gemv family (kernels_ffma.cu): f32 x, scales, biases and out; 4- or 8-bit codes read in the MLX
+ * layout (w); any M (chunks of 8 rows of x along grid.y, M ≤ 65535·8), any N, any K multiple of the group. */
+int qmm_cuda_ffma_gemv_qmm_t(const qmm_cuda_launch *launch);
+
 /* gather: dst[i, :] = src[indices[i], :] for i < rows (device pointers; row_bytes a multiple of 16, rows < 2^31). */
 int qmm_cuda_gather_rows(const void *src, const uint32_t *indices, void *dst, size_t rows, size_t row_bytes, void *stream);
 

@@ -139,8 +139,8 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
             }
             qmm_kernel_info chosen = {0};
             CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
-            /* f16/bf16: the GEMV family up to M = 16, a tensor-core row (GEMV or tile) beyond; f32: generic */
-            const char *family = dtypes[d] == QMM_F32 ? "generic" : ms[i] <= 16 ? "mma_gemv" : "mma_";
+            /* f16/bf16: the GEMV family up to M = 16, a tensor-core row (GEMV or tile) beyond; f32: ffma_gemv */
+            const char *family = dtypes[d] == QMM_F32 ? "ffma_gemv" : ms[i] <= 16 ? "mma_gemv" : "mma_";
             CHECK(chosen.name && strstr(chosen.name, family) != NULL, "M=%zu %s: the selector chose %s, not a %s row",
                   ms[i], qmm_dtype_name(dtypes[d]), chosen.name ? chosen.name : "?", family);
             for (size_t k = 0; k < qmm_kernel_count(context); k++) {
