@@ -59,7 +59,10 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
             for (int w = 0; w < GNW; w++) v_decode4_scaled(rows[w] + k / 2, table[w], &lo[w], &hi[w]);
 #pragma GCC unroll 16
             for (int r = 0; r < GR; r++) {
-                const vf x_lo = v_load(x0 + (size_t)r * K + k), x_hi = v_load(x0 + (size_t)r * K + k + LANES);
+                vf x_lo = v_load(x0 + (size_t)r * K + k), x_hi = v_load(x0 + (size_t)r * K + k + LANES);
+                /* Keep each x vector in a register for all GNW weight rows: without this barrier gcc folds the
+                 * load into every FMA (a load per FMA, the load port then bounds the loop). */
+                __asm__("" : "+v"(x_lo), "+v"(x_hi));
 #pragma GCC unroll 8
                 for (int w = 0; w < GNW; w++) {
                     acc[r][w] = v_fma(lo[w], x_lo, acc[r][w]);
@@ -86,7 +89,8 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
             for (int w = 0; w < GNW; w++) q[w] = v_mul(v_decode8(rows[w] + k), table[w]);
 #pragma GCC unroll 16
             for (int r = 0; r < GR; r++) {
-                const vf x = v_load(x0 + (size_t)r * K + k);
+                vf x = v_load(x0 + (size_t)r * K + k);
+                __asm__("" : "+v"(x)); /* one load for all GNW weight rows (see the 4-bit loop) */
 #pragma GCC unroll 8
                 for (int w = 0; w < GNW; w++) acc[r][w] = v_fma(q[w], x, acc[r][w]);
             }

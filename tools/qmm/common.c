@@ -333,7 +333,7 @@ qmm_status open_context_for(int backend, qmm_op op, qmm_context **context) {
  * NULL, else the selector's choice, with qmm_matmul_options.batch_invariant = batch_invariant — compares every output with qmm_ref_dense_f64 (the same x, the
  * same scales) under qmm_output_check (the bound with the kernel's documented slack; ±inf where the exact
  * value rounds beyond the dtype's range), then times the product with a chain for about `time_budget`
- * seconds (at least 3 runs). inject_fault changes one output element
+ * seconds (at least 3 runs, median) after as long an untimed warm-up. inject_fault changes one output element
  * before the comparison (the QMM_RUN_INJECT_FAULT test hook). With batch_invariant, up to
  * INVARIANT_SAMPLES rows (all of them when M is smaller; else evenly spaced, first and last included) are
  * also computed alone (M = 1, the same options) and compared bit for bit with the same rows of the product. */
@@ -454,7 +454,16 @@ qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const 
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate timing samples");
         goto cleanup;
     }
+    /* Warm-up, untimed, as long as the timing itself (at least one run): the first runs pay for waking
+     * (or creating) the CPU backend's thread team, and on some machines the OS takes tens of milliseconds
+     * to move a new worker off its master's core — each run of that window costs a scheduler slice (8 ms
+     * measured on a 2-core VM), which became the reported median of the first layer in most runs of
+     * `qmm run` there (a fifth of the budget as warm-up was not enough; as long as the budget was). */
     double start = now_seconds();
+    do {
+        if ((status = qmm_chain_run(chain)) != QMM_OK) goto cleanup;
+    } while (now_seconds() - start < time_budget);
+    start = now_seconds();
     int runs = 0;
     while (runs < MAX_RUNS && (runs < MIN_RUNS || now_seconds() - start < time_budget)) {
         if ((status = qmm_chain_run(chain)) != QMM_OK) goto cleanup;
