@@ -129,7 +129,7 @@ static const command commands[] = {
      "  distinct random experts (--experts-per-token, default 8), B = K·T pairs sorted by expert as MLX's\n"
      "  sorted_indices; bytes = the experts touched + x + out, floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); every\n"
      "  gather row is timed, the reference rows being the baseline; no peers, no --tuning. Default shapes:\n"
-     "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda (no gather row yet).\n"
+     "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda yet (host-clock timing).\n"
      "  --batch-invariant: each cell also times batch-invariant mode (qmm_matmul_options.batch_invariant): a row\n"
      "  marked 'bi' with the kernel the selector (or --kernel) takes in that mode and, in its note, its time ÷ the\n"
      "  default mode's (the mode's cost); JSON marks it \"batch_invariant\": true.\n",
