@@ -17,14 +17,19 @@ def main():
     p.add_argument("-o", "--output", help="PNG to write (default: the JSON's name with .png)")
     a = p.parse_args()
     try:
+        with open(a.results) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"plot.py: cannot read {a.results}: {e}")
+    if not isinstance(d, dict) or not isinstance(d.get("cells"), list):
+        sys.exit(f"plot.py: {a.results} is not a `qmm bench --json` result (no \"cells\" list; a `qmm tune` table?)")
+    try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("plot.py: matplotlib is missing: pip install -r bench/requirements.txt (into .venv)")
-    with open(a.results) as f:
-        d = json.load(f)
     shapes = []
     for c in d["cells"]:
         if c["shape"] not in shapes:

@@ -66,9 +66,10 @@ def fatbin_section(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="the sm version whose device code is kept (default 90)")
-    ap.add_argument("--out", default=".deps/mlx-site-sm90.tar.xz")
+    ap.add_argument("--out", default=".deps/mlx-site-sm90.tar.xz",
+                    help="the tar.xz to write (default .deps/mlx-site-sm90.tar.xz; .deps is git-ignored)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="pack_mlx_cuda.")
     try:

@@ -10,6 +10,16 @@ static int print_table(const command *c, qmm_context *context) {
     size_t count = qmm_kernel_count(context);
     printf("backend %s: %zu kernels, in the order the selector tries them\n",
            qmm_backend_name(qmm_context_backend(context)), count);
+    /* Columns as wide as their widest entry, so long names keep the table aligned. */
+    int name_width = 4, family_width = 6, order_width = 1;
+    for (size_t i = 0; i < count; i++) {
+        qmm_kernel_info info;
+        if (qmm_kernel_get(context, i, &info) != QMM_OK) continue;
+        if ((int)strlen(info.name) > name_width) name_width = (int)strlen(info.name);
+        if ((int)strlen(info.family) > family_width) family_width = (int)strlen(info.family);
+        if (info.batch_invariant_order && (int)strlen(info.batch_invariant_order) > order_width)
+            order_width = (int)strlen(info.batch_invariant_order);
+    }
     for (size_t i = 0; i < count; i++) {
         qmm_kernel_info info;
         qmm_status status = qmm_kernel_get(context, i, &info);
@@ -22,8 +32,8 @@ static int print_table(const command *c, qmm_context *context) {
         /* Whether this machine can run the row at all (its ISA), and if not, what it lacks. */
         if (usable) snprintf(verdict, sizeof verdict, "yes");
         else snprintf(verdict, sizeof verdict, "no: %s", why_not);
-        printf("  %-28s %-6s %-8s tile %-10s threads %-4d slack %-4g order %-13s usable: %-4s %s\n", info.name,
-               qmm_op_name(info.op), info.family, tile, info.threads, info.tolerance_slack,
+        printf("  %-*s %-6s %-*s tile %-10s threads %-4d slack %-4g order %-*s usable: %s — %s\n", name_width, info.name,
+               qmm_op_name(info.op), family_width, info.family, tile, info.threads, info.tolerance_slack, order_width,
                info.batch_invariant_order ? info.batch_invariant_order : "-", verdict, info.description);
     }
     return 0;
