@@ -7,7 +7,8 @@ manylinux x86-64), unpacks both into a site folder, and in libmlx.so's .nv_fatbi
 the payload of every device-code entry whose architecture is not ARCH (default 90: sm_90a, the H200/H100's).
 The ELF layout, the fat-binary headers and the kept entry are untouched, so the CUDA runtime still finds its
 sm_90a code; the zeroed entries (sm_75/80/100a/120a/121a and the PTX) then compress to nothing. Output:
-.deps/mlx-site-sm90.tar.xz (~22 MB; git-ignored under .deps). On the GPU machine:
+.deps/mlx-site-smARCH.tar.xz (~22 MB for sm 90; git-ignored under .deps), written to a temporary file first and
+renamed when complete. On the GPU machine:
 
     tar -xJf .deps/mlx-site-sm90.tar.xz -C /tmp
     ln -sfn "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')" /tmp/site/nvidia  # libmlx's RPATH
@@ -24,6 +25,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 
@@ -68,9 +70,22 @@ def fatbin_section(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="the sm version whose device code is kept (default 90)")
-    ap.add_argument("--out", default=".deps/mlx-site-sm90.tar.xz",
-                    help="the tar.xz to write (default .deps/mlx-site-sm90.tar.xz; .deps is git-ignored)")
+    ap.add_argument("--out", help="the tar.xz to write (default .deps/mlx-site-smARCH.tar.xz; .deps is git-ignored)")
     a = ap.parse_args()
+    if a.arch <= 0:
+        ap.error(f"--arch {a.arch}: an sm version is a positive number (90 for sm_90a)")
+    out = a.out or f".deps/mlx-site-sm{a.arch}.tar.xz"
+    folder = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(out) or out.endswith(os.sep):
+        ap.error(f"--out {out}: is a directory; name the .tar.xz file to write")
+    if not os.path.isdir(folder):
+        if os.path.exists(folder):
+            ap.error(f"--out {out}: {folder} is not a folder")
+        if a.out:
+            ap.error(f"--out {out}: its folder {folder} does not exist")
+        os.makedirs(folder, exist_ok=True)  # the default .deps/
+    if not os.access(folder, os.W_OK):
+        ap.error(f"--out {out}: its folder {folder} is not writable")
     work = tempfile.mkdtemp(prefix="pack_mlx_cuda.")
     try:
         wheels = os.path.join(work, "wheels")
@@ -88,11 +103,21 @@ def main():
         kept, blanked = blank_other_archs(data, offset, size, a.arch)
         if kept == 0:
             raise SystemExit(f"pack_mlx_cuda: libmlx.so has no device code for sm {a.arch}")
-        open(lib, "wb").write(data)
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        subprocess.run(f"tar -cf - -C {work} site | xz -T0 -6 > {a.out}", shell=True, check=True)
+        with open(lib, "wb") as f:
+            f.write(data)
+        # Written beside the target and renamed when complete: an interrupted run leaves no half archive.
+        fd, partial = tempfile.mkstemp(prefix=".pack_mlx_cuda.", suffix=".tar.xz", dir=folder)
+        os.close(fd)
+        try:
+            with tarfile.open(partial, "w:xz", preset=6) as tar:
+                tar.add(site, arcname="site")
+            os.chmod(partial, 0o644)
+            os.replace(partial, out)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
         print(f"pack_mlx_cuda: kept {kept} bytes of sm {a.arch} device code, blanked {blanked}; "
-              f"wrote {a.out} ({os.path.getsize(a.out)} bytes)", file=sys.stderr)
+              f"wrote {out} ({os.path.getsize(out)} bytes)", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -19,9 +19,20 @@ def parse_args(description):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="threads for peers that take a count (0: the cores)")
     a = p.parse_args()
-    a.shapes = [(n, int(N), int(K)) for n, N, K in (s.split(":") for s in a.shapes.split(","))]
-    a.m = [int(v) for v in a.m.split(",")]
+    try:
+        a.shapes = [(n, int(N), int(K)) for n, N, K in (s.split(":") for s in a.shapes.split(","))]
+        a.m = [int(v) for v in a.m.split(",")]
+    except ValueError:
+        p.error("--shapes wants name:N:K,... and --m 1,2,... (whole numbers)")
     a.dtype = a.dtype.split(",")
+    if any(N < 1 or K < 1 for _, N, K in a.shapes) or any(m < 1 for m in a.m):
+        p.error("N, K and M must be at least 1")
+    if any(d not in ("f32", "f16", "bf16") for d in a.dtype):
+        p.error(f"--dtype {','.join(a.dtype)}: each must be f32, f16 or bf16")
+    if a.bits not in (2, 3, 4, 5, 6, 8) or a.group_size not in (32, 64, 128) or any(K % a.group_size for _, _, K in a.shapes):
+        p.error("--bits must be 2-6 or 8, --group-size 32/64/128, and every K a multiple of it")
+    if a.repeats < 1:
+        p.error("--repeats must be at least 1")
     return a
 
 

@@ -94,6 +94,11 @@ expect_usage_error bench "--m '1,,2'" bench --backend ref --quick --m 1,,2
 expect_usage_error bench "'f64' is not f32, f16 or bf16" bench --backend ref --quick --dtype f32,f64
 expect_usage_error bench "bits" bench --backend ref --quick --bits 7
 expect_usage_error bench "--repeats '0'" bench --backend ref --quick --repeats 0
+expect_usage_error bench "--m '1,2,1' names 1 twice" bench --backend ref --quick --m 1,2,1
+expect_usage_error bench "--dtype 'f32,f32' names f32 twice" bench --backend ref --quick --dtype f32,f32
+printf 'same 64 64\nsame 32 64\n' >"$WORK/dup-shapes.txt"
+expect_library_error bench "invalid argument" "shape name 'same' is already used" bench --backend ref --quick --shapes "$WORK/dup-shapes.txt"
+expect_library_error bench "not found" "'/etc/passwd' is not a directory" bench --backend ref --quick --json /etc/passwd/x.json
 expect_usage_error bench "--backend 'gpu'" bench --backend gpu
 expect_usage_error bench "unknown option '--frobnicate'" bench --frobnicate
 expect_library_error bench "not found" "does not exist" bench --backend ref --quick --json "$WORK/no/such/dir/x.json"

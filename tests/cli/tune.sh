@@ -72,7 +72,7 @@ expect_usage_error tune "'f64' is not f32, f16 or bf16" tune --backend ref --qui
 expect_usage_error tune "bits" tune --backend ref --quick --bits 7
 expect_usage_error tune "--repeats" tune --backend ref --quick --repeats 0
 expect_usage_error tune "unknown option" tune --backend ref --quick --peers
-expect_library_error tune "not found" "--out '$WORK/no/t.json': directory '$WORK/no' does not exist" tune --backend ref --quick --out "$WORK/no/t.json"
+expect_library_error tune "not found" "--out '$WORK/no/t.json': '$WORK/no' does not exist" tune --backend ref --quick --out "$WORK/no/t.json"
 expect_library_error tune "I/O error" "--out '$WORK' is a directory" tune --backend ref --quick --out "$WORK"
 check "refused --out: nothing written" [ ! -e "$WORK/no" ]
 ln -s "$WORK/t.json" "$WORK/t-link.json"
@@ -86,10 +86,12 @@ check "refused --out FIFO: still a FIFO" [ -p "$WORK/t-fifo.json" ]
 # The default path: qmm-tuning-BACKEND.json in the current directory.
 (cd "$WORK" && "$QMM" tune --backend ref --quick --m 1 >/dev/null 2>&1)
 check "default --out: qmm-tuning-ref.json" [ -s "$WORK/qmm-tuning-ref.json" ]
-# Shapes of one n×k (q_proj and o_proj of most models) and a dtype given twice: one entry per (dtype, n×k, M)
-# range, so the table loads (it held overlapping entries, refused by its own loader, and tune said exit 0).
+# Shapes of one n×k (q_proj and o_proj of most models): one entry per (dtype, n×k, M) range, so the table
+# loads (it held overlapping entries, refused by its own loader, and tune said exit 0). A dtype or M given
+# twice is a usage error.
 printf 'q 64 256\no 64 256\n' >"$WORK/same-nk.txt"
-q tune --backend ref --quick --m 1 --dtype bf16,bf16 --shapes "$WORK/same-nk.txt" --out "$WORK/same-nk.json"
+expect_usage_error tune "--dtype 'bf16,bf16' names bf16 twice" tune --backend ref --quick --m 1 --dtype bf16,bf16
+q tune --backend ref --quick --m 1 --dtype bf16 --shapes "$WORK/same-nk.txt" --out "$WORK/same-nk.json"
 check "same n×k: exit 0" rc_is 0
 check "same n×k: the repeat is named" err_has "shape o (64×256) has the n×k of shape q: measured once, as q"
 check "same n×k: one entry" out_has "wrote 1 entry for 1 cells"

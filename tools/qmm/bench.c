@@ -209,12 +209,15 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         qmm_buffer_destroy(out);
         if (status != QMM_OK) break;
         (*done)++;
-        double best = NAN;
+        /* the selector's row, or with --kernel the row measured */
+        const bench_row *shown = NULL;
         for (size_t r = 0; r < cell->row_count; r++)
-            if (!cell->rows[r].peer && cell->rows[r].selected) best = cell->rows[r].us;
+            if (!cell->rows[r].peer && (cell->rows[r].selected || (!shown && !isnan(cell->rows[r].us))))
+                if (!shown || cell->rows[r].selected) shown = &cell->rows[r];
+        const double best = shown ? shown->us : NAN;
         fprintf(stderr, "bench [%zu/%zu] %s M=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n", *done,
-                run->cell_count, shape->name, M, qmm_dtype_name(matrix->dtype), cell->selected, best, best / cell->floor_us,
-                cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
+                run->cell_count, shape->name, M, qmm_dtype_name(matrix->dtype), shown ? shown->name : cell->selected, best,
+                best / cell->floor_us, cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
     }
     weight_copies_destroy(weights, copies);
     return status;
@@ -392,11 +395,13 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
         for (size_t r = 0; r < GATHER_ROUTINGS; r++) free(routings[r].lhs), free(routings[r].rhs);
         if (status != QMM_OK) break;
         (*done)++;
-        double best = NAN;
+        const bench_row *shown = NULL; /* the selector's row, or with --kernel the row measured */
         for (size_t r = 0; r < cell->row_count; r++)
-            if (cell->rows[r].selected) best = cell->rows[r].us;
+            if (cell->rows[r].selected || (!shown && !isnan(cell->rows[r].us)))
+                if (!shown || cell->rows[r].selected) shown = &cell->rows[r];
+        const double best = shown ? shown->us : NAN;
         fprintf(stderr, "bench [%zu/%zu] gather %s T=%zu B=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n",
-                *done, run->cell_count, shape->name, T, B, qmm_dtype_name(stack->dtype), cell->selected, best,
+                *done, run->cell_count, shape->name, T, B, qmm_dtype_name(stack->dtype), shown ? shown->name : cell->selected, best,
                 best / cell->floor_us, cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
     }
     weight_copies_destroy(weights, copies);

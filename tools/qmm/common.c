@@ -665,7 +665,8 @@ int check_output_file(const command *c, const char *option, const char *path) {
     else *slash = '\0';
     struct stat info;
     if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode))
-        return library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "%s '%s': directory '%s' does not exist", option, path, dir));
+        return library_error(c, qmm_error(QMM_ERR_NOT_FOUND, "%s '%s': '%s' %s", option, path, dir,
+                                          stat(dir, &info) == 0 ? "is not a directory" : "does not exist"));
     if (access(dir, W_OK | X_OK) != 0)
         return library_error(c, qmm_error(QMM_ERR_IO, "%s '%s': directory '%s' is not writable: %s", option, path, dir,
                                           strerror(errno)));

@@ -88,6 +88,12 @@ static int valid_shape_name(const char *name) {
 }
 
 /* Appends the shapes of one file ("name N K" lines, '#' comments). Errors name the file, line and rule. */
+static bool shape_named(const bench_shape *shapes, size_t count, const char *name) {
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(shapes[i].name, name) == 0) return true;
+    return false;
+}
+
 static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int group_size, const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return qmm_error(QMM_ERR_IO, "cannot open shapes file '%s': %s", path, strerror(errno));
@@ -131,6 +137,10 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
                                number, name, K, group_size);
         } else if (*shape_count == MAX_SHAPES) {
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s:%d: more than %d shapes in all", path, number, MAX_SHAPES);
+        } else if (shape_named(shapes, *shape_count, name)) {
+            /* results (and the peers' lines) are matched to cells by shape name */
+            status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s:%d: shape name '%s' is already used (names must be unique)",
+                               path, number, name);
         } else {
             bench_shape *shape = &shapes[(*shape_count)++];
             memcpy(shape->name, name, strlen(name) + 1); /* fits: checked above */
@@ -258,7 +268,10 @@ int slow_row_skipped(const qmm_kernel_info *info, size_t M, size_t N, size_t K, 
      * thread per output: ~16 GMAC/s measured on the H200 at M = 1, docs/PERF.md) */
     const bool scalar = strcmp(info->family, "scalar") == 0, generic = strcmp(info->family, "generic") == 0;
     if (!scalar && !generic) return 0;
-    const double rate = scalar ? SCALAR_MACS_PER_S : GENERIC_MACS_PER_S;
+    /* cpu.qmm_t.scalar.r1 (portable C in the split form, no FMA contraction) measured 0.3–0.7 GMAC/s on
+     * one core, 8–19× slower than the reference row's loop: its own rate, or a --m 65536 cell runs for minutes */
+    const bool cpu_scalar = scalar && strncmp(info->name, "cpu.", 4) == 0;
+    const double rate = cpu_scalar ? CPU_SCALAR_MACS_PER_S : scalar ? SCALAR_MACS_PER_S : GENERIC_MACS_PER_S;
     double estimate = (double)M * (double)N * (double)K * (double)copies * (repeats + 1) / rate;
     if (estimate <= SCALAR_BUDGET_S) return 0;
     snprintf(note, note_size, "skipped: the %s row would take ~%.0f s here (M·N·K = %.3g at ~%.0f GMAC/s, %zu copies × %d runs)",
@@ -324,7 +337,15 @@ int parse_measure_options(const command *c, const measure_option_texts *texts, i
         *repeats = (int)value;
     }
     if (texts->m && (rc = parse_size_list(c, "--m", texts->m, 1, MAX_M, ms, m_count))) return rc;
+    for (size_t i = 0; texts->m && i < *m_count; i++)
+        for (size_t j = 0; j < i; j++)
+            if (ms[i] == ms[j]) return usage_error(c, "--m '%s' names %zu twice (each M is one cell)", texts->m, ms[i]);
     if (texts->dtype && (rc = parse_dtype_list(c, texts->dtype, dtypes, dtype_count))) return rc;
+    for (size_t i = 0; texts->dtype && i < *dtype_count; i++)
+        for (size_t j = 0; j < i; j++)
+            if (dtypes[i] == dtypes[j])
+                return usage_error(c, "--dtype '%s' names %s twice (each dtype is one cell)", texts->dtype,
+                                   qmm_dtype_name(dtypes[i]));
     if (texts->shapes && (rc = check_shapes_option(c, texts->shapes))) return rc;
     return 0;
 }

@@ -16,6 +16,8 @@
 #define SCALAR_MACS_PER_S 4e9
 #define SCALAR_BUDGET_S 10.0
 #define GENERIC_MACS_PER_S 16e9
+/* cpu.qmm_t.scalar.r1, the portable CPU row (0.3–0.7 GMAC/s measured on one Zen 4 core) */
+#define CPU_SCALAR_MACS_PER_S 0.3e9
 
 typedef struct bench_shape {
     char name[64];
