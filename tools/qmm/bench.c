@@ -211,9 +211,14 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         (*done)++;
         /* the selector's row, or with --kernel the row measured */
         const bench_row *shown = NULL;
-        for (size_t r = 0; r < cell->row_count; r++)
-            if (!cell->rows[r].peer && (cell->rows[r].selected || (!shown && !isnan(cell->rows[r].us))))
-                if (!shown || cell->rows[r].selected) shown = &cell->rows[r];
+        for (size_t r = 0; r < cell->row_count; r++) {
+            if (cell->rows[r].peer || isnan(cell->rows[r].us)) continue;
+            if (cell->rows[r].selected) {
+                shown = &cell->rows[r];
+                break;
+            }
+            if (!shown) shown = &cell->rows[r];
+        }
         const double best = shown ? shown->us : NAN;
         fprintf(stderr, "bench [%zu/%zu] %s M=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n", *done,
                 run->cell_count, shape->name, M, qmm_dtype_name(matrix->dtype), shown ? shown->name : cell->selected, best,
@@ -396,9 +401,14 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
         if (status != QMM_OK) break;
         (*done)++;
         const bench_row *shown = NULL; /* the selector's row, or with --kernel the row measured */
-        for (size_t r = 0; r < cell->row_count; r++)
-            if (cell->rows[r].selected || (!shown && !isnan(cell->rows[r].us)))
-                if (!shown || cell->rows[r].selected) shown = &cell->rows[r];
+        for (size_t r = 0; r < cell->row_count; r++) {
+            if (isnan(cell->rows[r].us)) continue;
+            if (cell->rows[r].selected) {
+                shown = &cell->rows[r];
+                break;
+            }
+            if (!shown) shown = &cell->rows[r];
+        }
         const double best = shown ? shown->us : NAN;
         fprintf(stderr, "bench [%zu/%zu] gather %s T=%zu B=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n",
                 *done, run->cell_count, shape->name, T, B, qmm_dtype_name(stack->dtype), shown ? shown->name : cell->selected, best,
