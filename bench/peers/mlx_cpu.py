@@ -52,24 +52,24 @@ def main(device="cpu", peer="mlx-cpu"):
                         continue
                 x = (mx.random.uniform(-1, 1, (M, K))).astype(dt)
                 mx.eval(x)
+
+                def product(w, sc, bi):
+                    return mx.quantized_matmul(x, w, sc, bi, transpose=True, group_size=a.group_size, bits=a.bits)
+
                 if device == "gpu":
                     # MLX CUDA compiles a kernel for a new (M tile, dtype, format) at its first use (NVRTC, up
                     # to ~30 s): once here, outside every timed run.
-                    w, sc, bi = ws[0]
-                    mx.eval(mx.quantized_matmul(x, w, sc, bi, transpose=True, group_size=a.group_size, bits=a.bits))
+                    mx.eval(product(*ws[0]))
                 samples = []
                 for r in range(a.repeats + 1):
                     t0 = time.perf_counter()
                     if device == "gpu":
                         # The products of every copy built lazily and evaluated together: MLX then runs them back
                         # to back on its stream (as a model's layers run), so no host round trip per product.
-                        mx.eval([mx.quantized_matmul(x, w, sc, bi, transpose=True, group_size=a.group_size,
-                                                     bits=a.bits) for w, sc, bi in ws])
+                        mx.eval([product(*w) for w in ws])
                     else:
-                        for w, sc, bi in ws:
-                            y = mx.quantized_matmul(x, w, sc, bi, transpose=True, group_size=a.group_size,
-                                                    bits=a.bits)
-                            mx.eval(y)
+                        for w in ws:
+                            mx.eval(product(*w))
                     t = (time.perf_counter() - t0) / copies
                     if r > 0:
                         samples.append(t)

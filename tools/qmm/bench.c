@@ -91,6 +91,29 @@ static bench_row *add_row(bench_cell *cell, const char *name, int peer) {
     return row;
 }
 
+/* The row a progress line shows: the selector's measured row, else (--kernel) the first measured one. */
+static const bench_row *progress_row(const bench_cell *cell) {
+    const bench_row *shown = NULL;
+    for (size_t r = 0; r < cell->row_count; r++) {
+        if (cell->rows[r].peer || isnan(cell->rows[r].us)) continue;
+        if (cell->rows[r].selected) return &cell->rows[r];
+        if (!shown) shown = &cell->rows[r];
+    }
+    return shown;
+}
+
+/* The k-th kernel of a cell's measuring order (k = 0 … kernel_count): the selector's choice first, then the
+ * table's other rows in order, only --kernel's when given. 1: *info is a row to consider; 0: skip this k;
+ * -1: qmm_kernel_get failed (*status says why). */
+static int measuring_order(const bench_run *run, size_t k, const qmm_kernel_info *chosen, qmm_kernel_info *info,
+                           qmm_status *status) {
+    if (k == 0) *info = *chosen;
+    else if ((*status = qmm_kernel_get(run->context, k - 1, info)) != QMM_OK) return -1;
+    if (k > 0 && strcmp(info->name, chosen->name) == 0) return 0;
+    if (run->kernel && strcmp(info->name, run->kernel) != 0) return 0;
+    return 1;
+}
+
 /* --batch-invariant: the row of the mode — the selector's choice with qmm_matmul_options.batch_invariant on (or
  * --kernel's row with it), timed like the others; its note gives the time ÷ the default row's (the selector's, or
  * --kernel's without the option): the mode's cost. A forced kernel the mode refuses gets a row saying why. */
@@ -161,10 +184,9 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         /* The selector's row first, then the other eligible rows in table order. */
         for (size_t k = 0; status == QMM_OK && k <= kernel_count; k++) {
             qmm_kernel_info info;
-            if (k == 0) info = chosen;
-            else if ((status = qmm_kernel_get(run->context, k - 1, &info)) != QMM_OK) break;
-            if (k > 0 && strcmp(info.name, chosen.name) == 0) continue;
-            if (run->kernel && strcmp(info.name, run->kernel) != 0) continue;
+            const int order = measuring_order(run, k, &chosen, &info, &status);
+            if (order < 0) break;
+            if (order == 0) continue;
             if (info.op != QMM_OP_QMM_T) {
                 bench_row *row = run->kernel ? add_row(cell, info.name, 0) : NULL;
                 if (row)
@@ -209,16 +231,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         qmm_buffer_destroy(out);
         if (status != QMM_OK) break;
         (*done)++;
-        /* the selector's row, or with --kernel the row measured */
-        const bench_row *shown = NULL;
-        for (size_t r = 0; r < cell->row_count; r++) {
-            if (cell->rows[r].peer || isnan(cell->rows[r].us)) continue;
-            if (cell->rows[r].selected) {
-                shown = &cell->rows[r];
-                break;
-            }
-            if (!shown) shown = &cell->rows[r];
-        }
+        const bench_row *shown = progress_row(cell);
         const double best = shown ? shown->us : NAN;
         fprintf(stderr, "bench [%zu/%zu] %s M=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n", *done,
                 run->cell_count, shape->name, M, qmm_dtype_name(matrix->dtype), shown ? shown->name : cell->selected, best,
@@ -379,10 +392,9 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
         if (status == QMM_OK) snprintf(cell->selected, sizeof cell->selected, "%s", chosen.name);
         for (size_t k = 0; status == QMM_OK && k <= kernel_count; k++) {
             qmm_kernel_info info;
-            if (k == 0) info = chosen;
-            else if ((status = qmm_kernel_get(run->context, k - 1, &info)) != QMM_OK) break;
-            if (k > 0 && strcmp(info.name, chosen.name) == 0) continue;
-            if (run->kernel && strcmp(info.name, run->kernel) != 0) continue;
+            const int order = measuring_order(run, k, &chosen, &info, &status);
+            if (order < 0) break;
+            if (order == 0) continue;
             if (info.op != QMM_OP_GATHER) continue; /* --kernel names a gather row (checked before the work) */
             bench_row *row = add_row(cell, info.name, 0);
             if (!row) break;
@@ -400,15 +412,7 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
         for (size_t r = 0; r < GATHER_ROUTINGS; r++) free(routings[r].lhs), free(routings[r].rhs);
         if (status != QMM_OK) break;
         (*done)++;
-        const bench_row *shown = NULL; /* the selector's row, or with --kernel the row measured */
-        for (size_t r = 0; r < cell->row_count; r++) {
-            if (isnan(cell->rows[r].us)) continue;
-            if (cell->rows[r].selected) {
-                shown = &cell->rows[r];
-                break;
-            }
-            if (!shown) shown = &cell->rows[r];
-        }
+        const bench_row *shown = progress_row(cell);
         const double best = shown ? shown->us : NAN;
         fprintf(stderr, "bench [%zu/%zu] gather %s T=%zu B=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n",
                 *done, run->cell_count, shape->name, T, B, qmm_dtype_name(stack->dtype), shown ? shown->name : cell->selected, best,

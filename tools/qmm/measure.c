@@ -270,7 +270,7 @@ int slow_row_skipped(const qmm_kernel_info *info, size_t M, size_t N, size_t K, 
     if (!scalar && !generic) return 0;
     /* cpu.qmm_t.scalar.r1 (portable C in the split form, no FMA contraction) measured 0.3–0.7 GMAC/s on
      * one core, 8–19× slower than the reference row's loop: its own rate, or a --m 65536 cell runs for minutes */
-    const bool cpu_scalar = scalar && strncmp(info->name, "cpu.", 4) == 0;
+    const bool cpu_scalar = scalar && info->backend == QMM_BACKEND_CPU;
     const double rate = cpu_scalar ? CPU_SCALAR_MACS_PER_S : scalar ? SCALAR_MACS_PER_S : GENERIC_MACS_PER_S;
     double estimate = (double)M * (double)N * (double)K * (double)copies * (repeats + 1) / rate;
     if (estimate <= SCALAR_BUDGET_S) return 0;
