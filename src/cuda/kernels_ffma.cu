@@ -7,7 +7,7 @@
  *
  * A warp owns RPW = 4 weight rows; lane l takes the 16-byte words (quads: 32 codes at 4 bits, 16 at 8)
  * l, l + 32, l + 64, … of each row, so the warp's loads of a row are contiguous and every weight byte is
- * read once, FFMA_U quads of each row in flight per lane. A quad never crosses a group (groups are ≥ 32
+ * read once, the next quad of each row in flight while one is decoded. A quad never crosses a group (groups are ≥ 32
  * codes, aligned). Per code: the code to f32 exactly (byte permute into the mantissa of 2^23, minus 2^23),
  * ŵ = fma(s, q, b) (one rounding), then acc[m] = fma(ŵ, x[m, k], acc[m]) for the MT rows of x of the block
  * (grid.y walks M in chunks of MT): the direct form, each x value loaded once per warp for its 4 rows. The
@@ -23,7 +23,7 @@
 
 #define FFMA_WARPS 4 /* warps per block */
 #define FFMA_RPW 4   /* weight rows per warp */
-#define FFMA_U 2     /* quads of each row in flight per lane */
+#define FFMA_U 1     /* quads of each row per round; the next round is in flight while one is decoded */
 
 /* Byte c (0..3) of `bytes` (a code ≤ 255) as an exact f32: the byte permuted into the low mantissa byte of
  * 2^23 (0x4B0000cc = 2^23 + code), minus 2^23. One PRMT and one FADD. */
@@ -59,13 +59,25 @@ __global__ void __launch_bounds__(FFMA_WARPS * 32)
 #pragma unroll
         for (int m = 0; m < MT; m++) acc[r][m] = 0.0f;
 
+    /* Software pipeline: the next round's quads are loaded before this round's are decoded, so a warp waits
+     * for HBM once at the start instead of once per round (the warps of an SM otherwise start together, load
+     * together and stall together). */
+    uint4 next[FFMA_U][FFMA_RPW];
+    auto load_round = [&](int i0, uint4 (&dst)[FFMA_U][FFMA_RPW]) {
+#pragma unroll
+        for (int u = 0; u < FFMA_U; u++)
+#pragma unroll
+            for (int r = 0; r < FFMA_RPW; r++)
+                dst[u][r] = i0 + 32 * u < quads ? __ldcs(row[r] + i0 + 32 * u) : make_uint4(0, 0, 0, 0);
+    };
+    load_round(lane, next);
     for (int i0 = lane; i0 < quads; i0 += 32 * FFMA_U) {
         uint4 q[FFMA_U][FFMA_RPW];
 #pragma unroll
         for (int u = 0; u < FFMA_U; u++)
 #pragma unroll
-            for (int r = 0; r < FFMA_RPW; r++)
-                q[u][r] = i0 + 32 * u < quads ? __ldcs(row[r] + i0 + 32 * u) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < FFMA_RPW; r++) q[u][r] = next[u][r];
+        load_round(i0 + 32 * FFMA_U, next);
 #pragma unroll
         for (int u = 0; u < FFMA_U; u++) {
             const int i = i0 + 32 * u;

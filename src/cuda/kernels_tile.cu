@@ -25,6 +25,41 @@
 #include "cuda_internal.h"
 #include "mma_common.cuh"
 
+/* The last split's sum of a tile's partials (see the kernel): four neighbouring rows of one token per step
+ * (128-bit loads), the splits' loads of a step issued together — the scalar loop this replaces waited one L2
+ * round trip per output (32 outputs per thread at BM = BN = 64), which dominated small-N shapes at M = 32–128.
+ * Same sums in the same order (0 + p0 + p1 + …). Not inlined: its registers stay out of the main loop's
+ * allocation (the kernel runs under a 168-register cap). */
+template <int BITS, typename T, int GS, int BM, int BN, int THREADS>
+__device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsigned splits, const T *__restrict__ x,
+                                           const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
+                                           const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K,
+                                           int n0, int m0) {
+    static_assert(BN % 4 == 0, "four rows per step");
+    const int groups = K / GS;
+    for (int i4 = threadIdx.x; i4 < BM * BN / 4; i4 += THREADS) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+        for (unsigned z = 0; z < splits; z++) {
+            const float4 p = __ldcg(all + (size_t)z * (BM * BN / 4) + i4);
+            v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+        }
+        const int tok = 4 * i4 / BN, row = 4 * i4 % BN, m = m0 + tok;
+        if (m >= M) continue;
+        const float sums[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int n = n0 + row + c;
+            if (n >= N) break;
+            float value = sums[c];
+            if (!isfinite(value))
+                value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
+                                        scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
+            store_f32(out, (size_t)m * N + n, value);
+        }
+    }
+}
+
 template <int BITS, typename T, int GS, int WR, int WT, int WN, int WM, int S, int MIN_BLOCKS>
 __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     mma_tile_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
@@ -214,17 +249,8 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     __syncthreads();
     if (arrived != gridDim.z - 1) return;
     __threadfence(); /* the other splits' partials are visible */
-    const float *all = partials + (size_t)tile * gridDim.z * (BM * BN);
-    for (int i = threadIdx.x; i < BM * BN; i += THREADS) {
-        const int tok = i / BN, row = i % BN, n = n0 + row, m = m0 + tok;
-        if (n >= N || m >= M) continue;
-        float v = 0.0f;
-        for (unsigned z = 0; z < gridDim.z; z++) v += __ldcg(all + (size_t)z * (BM * BN) + i);
-        if (!isfinite(v))
-            v = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), scales + (size_t)n * groups,
-                                biases + (size_t)n * groups, BITS, (size_t)K, GS);
-        store_f32(out, (size_t)m * N + n, v);
-    }
+    reduce_splits<BITS, T, GS, BM, BN, THREADS>(reinterpret_cast<const float4 *>(partials + (size_t)tile * gridDim.z * (BM * BN)),
+                                                 gridDim.z, x, w_orig, scales, biases, out, M, N, K, n0, m0);
     if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
 }
 
