@@ -8,7 +8,8 @@
  *      not silently measure a different one.
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
- *      prefer_max_m is below M or whose prefer_min_n is above N (a row may handle calls it is not the
+ *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
+ *      when N ≤ prefer_small_n (a row may handle calls it is not the
  *      fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by
  *      their backend and end with rows that accept every valid call (the reference rows, or on CUDA
  *      the generic kernels), so there is always an answer.
@@ -28,6 +29,7 @@
  */
 #include "kernel.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +117,12 @@ qmm_status qmm_batch_invariant_row(const qmm_kernel *const *table, size_t count,
 }
 
 /* Whether a row that accepts a batch-invariant call reduces in the call's order (set by `order_row`). */
+/* The largest M the row's hints let the selector take it for, unforced, at this N (SIZE_MAX: no limit). */
+static size_t preferred_max_m(const qmm_kernel *row, size_t N) {
+    const size_t limit = row->prefer_small_n && N <= row->prefer_small_n ? row->prefer_max_m_small_n : row->prefer_max_m;
+    return limit ? limit : SIZE_MAX;
+}
+
 static bool same_order(const qmm_kernel *row, const qmm_kernel *order_row) {
     return order_row == NULL || strcmp(row->info.batch_invariant_order, order_row->info.batch_invariant_order) == 0;
 }
@@ -173,8 +181,7 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {
-        if (table[i]->tune_only || (table[i]->prefer_max_m && call->M > table[i]->prefer_max_m) ||
-            call->N < table[i]->prefer_min_n)
+        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) || call->N < table[i]->prefer_min_n)
             continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not) && same_order(table[i], order_row)) {
             *chosen = table[i];

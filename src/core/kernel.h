@@ -69,9 +69,13 @@ typedef struct qmm_kernel {
     qmm_status (*run)(const qmm_call *call);
     /* Selector hints (src/select.c), never capabilities: unforced, the selector takes this row only for
      * M ≤ prefer_max_m (0 = no limit) and N ≥ prefer_min_n, and never when tune_only is set (rows kept for
-     * forcing and tuning). */
+     * forcing and tuning). When N ≤ prefer_small_n (0 = no such box), the M limit is
+     * prefer_max_m_small_n instead: a row that stays the fastest to a larger M while the weights have few
+     * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048). */
     size_t prefer_max_m;
     size_t prefer_min_n;
+    size_t prefer_small_n;
+    size_t prefer_max_m_small_n;
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

@@ -407,7 +407,7 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
         return false;
     }
     if (call->M > max_m) {
-        snprintf(why_not, size, "M=%zu exceeds this tile's %zu rows of x", call->M, max_m);
+        snprintf(why_not, size, "M=%zu exceeds this row's %zu rows of x", call->M, max_m);
         return false;
     }
     const size_t quads = qmm_cuda_packed_words_per_row(call->K, call->bits) / 4; /* 16-byte words per row */
@@ -429,7 +429,7 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
 
 #define MMA_ROW(NAME, RT, TT)                                                                                     \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
-        return mma_supports(call, 8 * (TT), why_not, size);                                                       \
+        return mma_supports(call, (TT) == 4 ? (size_t)65535 * 32 : 8 * (TT), why_not, size);                     \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
@@ -542,7 +542,11 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N = 4096 (7.9 vs 9.6 µs).
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
- *            the register cap of 2 would spill).
+ *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
+ *            N ≤ 2048 the selector keeps it up to M = 128: the tile has too few row tiles there and leans on
+ *            split-K (768×2048 M = 64: 6.1 vs 11.8 µs; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
+ *            with M 33–128 within 3 % of the tile or faster; from M = 192 the tile wins; N ≥ 4096 at M = 48
+ *            the tile is 1.3–1.8× faster; docs/PERF.md, third session).
  *   M > 32:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
@@ -553,7 +557,7 @@ static qmm_status gather_run(const qmm_call *call);
  * Batch-invariant order (docs/kernels.md "Batch-invariant mode"): the generic rows compute the oracle's f32
  * order bit for bit for each output whatever M (8 rows of x per thread, each its own accumulator), so they
  * declare "oracle" and take every batch-invariant call; the mma_gemv rows declare none (the tensor cores'
- * internal add order is not IEEE-sequential, and they take only M ≤ 16).
+ * internal add order is not IEEE-sequential, and the small tiles take only M ≤ 8 or 16).
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §9). */
 static const qmm_kernel cuda_kernels[] = {
@@ -564,7 +568,8 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32},
+     .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
+     .prefer_max_m_small_n = 128},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .tune_only = true},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,

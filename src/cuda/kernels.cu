@@ -4,10 +4,11 @@
  * Two families:
  *   generic   every format the oracle handles (bits 2–8, group 32/64/128, f32/f16/bf16, any M, N, K),
  *             plain CUDA-core f32 arithmetic, so that no valid call ever leaves the GPU.
- *   mma_gemv  decode and small M (M ≤ 16) for 4- and 8-bit weights with f16/bf16 activations:
+ *   mma_gemv  decode and small M for 4- and 8-bit weights with f16/bf16 activations:
  *             the codes are decoded in registers into exact f16/bf16 integers and multiplied by x on the
  *             tensor cores (mma.sync m16n8k16, f32 accumulate), weights on the MMA's M side and the
- *             tokens on its N side (8 or 16 of them). Per group the f32 result is scaled:
+ *             tokens on its N side (8, 16 or 32 of them per block; the 32-token tile takes larger M in chunks
+ *             along grid.y). Per group the f32 result is scaled:
  *             acc += s·Σq·x + b·Σx, where Σx comes from a second MMA with an all-ones A operand.
  *
  * Exactness (docs/kernels.md §2): q (≤ 255) and x are exact in f16/bf16, so every product q·x is exact
@@ -176,6 +177,16 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n_base = blockIdx.x * 16 * RT;
+    /* grid.y (the 32-token tile only): chunks of 32 rows of x, each an independent product on the same
+     * weights, for M > 32 — every output is computed the same way whatever chunk it falls in. Not in the
+     * smaller tiles: the offsets cost the gs32 instantiations of m8n64 and m16n32 spills under their
+     * 128-register cap, and those rows serve M ≤ 16. */
+    if (TT == 4) {
+        const int m0 = blockIdx.y * 8 * TT;
+        x += (size_t)m0 * K;
+        out += (size_t)m0 * N;
+        M -= m0;
+    }
     const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
     const unsigned row_quads = (unsigned)super_blocks * 4; /* uint4 per packed row; N·row_quads < 2^31 (supports()) */
     const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
@@ -380,7 +391,7 @@ template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_ge
     const int opt_in = shared_memory_opt_in(mma_gemv_kernel<BITS, T, RT, TT, S, GS>,
                                             8 * S * RT * 2 * 32 * 20 + 8 * RT * TT * 4 * 32 * 4, &opted_in);
     if (opt_in) return opt_in;
-    const unsigned blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
+    const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
     cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
     mma_gemv_kernel<BITS, T, RT, TT, S, GS><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
         (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,

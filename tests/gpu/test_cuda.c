@@ -127,7 +127,7 @@ static void test_chain(qmm_context *context, check_rng *rng) {
 
 /* The selector's choice for each M, and every eligible row agreeing with the oracle at the switch points. */
 static void test_selector_and_switch_points(qmm_context *context, check_rng *rng) {
-    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 200};
+    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200};
     const qmm_dtype dtypes[] = {QMM_F16, QMM_BF16, QMM_F32};
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {

@@ -5,7 +5,8 @@
  *   1. The selector with a hand-made table over fake rows (src/core/kernel.h): an entry changes the
  *      answer exactly where it matches (op, dtype, bits, group_size, N, K, M in range), a stale entry whose
  *      row refuses the call falls back to the order, a tune_only row named by an entry is taken, a forced
- *      name beats the table, and the binary search agrees with a linear scan on random tables.
+ *      name beats the table, and the binary search agrees with a linear scan on random tables. Without a
+ *      table, the rows' hints (prefer_max_m, prefer_min_n, the small-N box) at and around each threshold.
  *   2. The parser over the same fake rows: a good file (entries of another device and of unknown kernels
  *      set aside and counted), and every refusal with its exact status and message.
  *   3. The public API on the ref backend: device name, load / count / clear, a refused file leaves the
@@ -66,6 +67,37 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
     } while (0)
 
 /* ───────────────────────────── 1. the selector ───────────────────────────── */
+
+/* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, and the small-N box
+ * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule). */
+static const qmm_kernel hint_rows[] = {
+    {.info = FAKE("fake.hint.wide", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing, .prefer_max_m = 8,
+     .prefer_min_n = 5120},
+    {.info = FAKE("fake.hint.small", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing, .prefer_max_m = 32,
+     .prefer_small_n = 2048, .prefer_max_m_small_n = 128},
+    {.info = FAKE("fake.hint.any", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing},
+};
+
+static const char *pick_hinted(size_t N, size_t M) {
+    const qmm_kernel *table[] = {&hint_rows[0], &hint_rows[1], &hint_rows[2]}, *chosen = NULL;
+    const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, N, 4096, M);
+    if (qmm_select_kernel_tuned(table, 3, NULL, &call, NULL, &chosen) != QMM_OK) return "(error)";
+    return chosen->info.name;
+}
+
+static void test_hints(void) {
+    static const struct { size_t N, M; const char *want; } cases[] = {
+        {5120, 8, "fake.hint.wide"},   {5120, 9, "fake.hint.small"}, {4096, 1, "fake.hint.small"},
+        {4096, 32, "fake.hint.small"}, {4096, 33, "fake.hint.any"},  {2049, 33, "fake.hint.any"},
+        {2048, 33, "fake.hint.small"}, {2048, 128, "fake.hint.small"}, {2048, 129, "fake.hint.any"},
+        {768, 128, "fake.hint.small"}, {768, 129, "fake.hint.any"},  {1, 100, "fake.hint.small"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = pick_hinted(cases[i].N, cases[i].M);
+        CHECK(strcmp(got, cases[i].want) == 0, "hints: N=%zu M=%zu picked %s, want %s", cases[i].N, cases[i].M, got,
+              cases[i].want);
+    }
+}
 
 static void test_selector(void) {
     qmm_tuning_entry entries[] = {
@@ -463,6 +495,7 @@ int main(void) {
         return 1;
     }
     test_selector();
+    test_hints();
     bool have_parser = parser_available();
     if (have_parser) test_parser();
     test_context(have_parser);
