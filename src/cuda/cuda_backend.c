@@ -36,6 +36,7 @@ typedef struct cuda_state {
     int device;
     int major, minor; /* compute capability */
     int multiprocessors;
+    bool pdl; /* launch the kernels that support it with programmatic dependent launch (docs/kernels.md §9.5) */
     cudaStream_t stream;
     /* The mma_tile family's split-K workspace (kernels_tile.cu), allocated with the first repacked weights
      * (tile_workspace) and kept until the context closes (a captured graph holds these pointers):
@@ -85,6 +86,9 @@ static qmm_status cuda_open(int device, void **state) {
     created->major = properties.major;
     created->minor = properties.minor;
     created->multiprocessors = properties.multiProcessorCount;
+    /* programmatic dependent launch of the GEMV kernels (sm_90 and newer); QMM_CUDA_PDL=0 turns it off */
+    const char *pdl = getenv("QMM_CUDA_PDL");
+    created->pdl = properties.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     error = cudaStreamCreateWithFlags(&created->stream, cudaStreamNonBlocking);
     if (error != cudaSuccess) {
         free(created);
@@ -370,6 +374,7 @@ static qmm_cuda_launch launch_of(const qmm_call *call) {
         .sb = e ? e->sb : NULL,
         .out = call->out,
         .stream = s->stream,
+        .pdl = s->pdl,
     };
     return launch;
 }

@@ -39,6 +39,8 @@ typedef struct qmm_cuda_launch {
     int splits;
     float *partials;
     unsigned *counters;
+    /* launch with programmatic dependent launch (sm_90 and newer; the kernels that support it say so) */
+    int pdl;
 } qmm_cuda_launch;
 
 /* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */

@@ -5,13 +5,14 @@
  *   generic   every format the oracle handles (bits 2–8, group 32/64/128, f32/f16/bf16, any M, N, K),
  *             plain CUDA-core f32 arithmetic, so that no valid call ever leaves the GPU.
  *   mma_gemv  decode and small M for 4- and 8-bit weights with f16/bf16 activations:
- *             the codes are decoded in registers into exact f16/bf16 integers and multiplied by x on the
+ *             the codes are decoded in registers into exact f16/bf16 values (bf16: the integers; f16: the
+ *             subnormals c·2^-24, the scale carrying the 2^24 — mma_decode) and multiplied by x on the
  *             tensor cores (mma.sync m16n8k16, f32 accumulate), weights on the MMA's M side and the
  *             tokens on its N side (8, 16 or 32 of them per block; the 32-token tile takes larger M in chunks
  *             along grid.y). Per group the f32 result is scaled:
  *             acc += s·Σq·x + b·Σx, where Σx comes from a second MMA with an all-ones A operand.
  *
- * Exactness (docs/kernels.md §2): q (≤ 255) and x are exact in f16/bf16, so every product q·x is exact
+ * Exactness (docs/kernels.md §2): q (≤ 255, or q·2^-24) and x are exact in f16/bf16, so every product is exact
  * and the tensor core accumulates it in f32; s·Σq·x, b·Σx and the running sum are f32 FMAs. No value is
  * ever rounded to f16/bf16 before the final store. An output whose f32 accumulator is ±inf or NaN is
  * recomputed in the direct form Σ(s·q + b)·x in f64 and rounded to f32 (the oracle's rule for non-finite
@@ -174,6 +175,7 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
     /* Dynamic shared memory: [NW][S][RT][2][32] uint4 weight stages, [NW][S][RT][2][32] uint32 (scale, bias)
      * stages, then [NW][RT][TT][4][32] floats for the final reduction. */
     extern __shared__ uint4 shared_quads[];
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n_base = blockIdx.x * 16 * RT;
@@ -232,7 +234,28 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
     };
 #pragma unroll
     for (int i = 0; i < S - 1; i++) issue(i);
+    pdl_wait(); /* x and out may belong to the kernel before this one (the weights' first stages are in flight) */
 
+    /* x of a super-block: for up to 2 token tiles loaded up front (PRELOAD); with one token tile also one
+     * super-block ahead (PREFETCH: the loads of the next super-block's x are in flight while this one is
+     * computed — waiting for x was the largest single stall, ncu); with more tiles, block by block (the
+     * up-front copy would take 16·TT registers and spill under the 2-blocks-per-SM register cap). */
+    constexpr bool PRELOAD = TT <= 2, PREFETCH = TT == 1 && RT <= 2; /* (RT = 4 would spill) */
+    auto load_x = [&](int sbk, int j, uint4 *dst) {
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++) {
+            const int m = tt * 8 + g, blk = sbk * BPS + j;
+            dst[tt] = m < M && blk < blocks ? *reinterpret_cast<const uint4 *>(x + m * K + blk * 32 + 8 * t)
+                                            : make_uint4(0, 0, 0, 0);
+        }
+    };
+    uint4 x_next[PREFETCH ? BPS : 1][TT];
+    if (PREFETCH && count > 0) {
+#pragma unroll
+        for (int j = 0; j < BPS; j++) load_x(warp, j, x_next[PREFETCH ? j : 0]);
+    }
+
+#pragma unroll 1
     for (int i = 0; i < count; i++) {
         issue(i + S - 1);
         asm volatile("cp.async.wait_group %0;" ::"n"(S - 1)); /* the i-th super-block's copies have landed */
@@ -246,21 +269,17 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
                 wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
                 sbq[r][h] = stage_sb[((stage * RT + r) * 2 + h) * 32 + lane];
             }
-        /* x of the super-block: loaded up front for up to 2 token tiles; with more, block by block (the up-front
-         * copy would take 16·TT registers and spill under the 2-blocks-per-SM register cap) */
-        constexpr bool PRELOAD = TT <= 2;
         uint4 xv[PRELOAD ? BPS : 1][TT];
-        auto load_x = [&](int j, uint4 *dst) {
+        if (PREFETCH) {
 #pragma unroll
-            for (int tt = 0; tt < TT; tt++) {
-                const int m = tt * 8 + g, blk = sbk * BPS + j;
-                dst[tt] = m < M && blk < blocks ? *reinterpret_cast<const uint4 *>(x + m * K + blk * 32 + 8 * t)
-                                                : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < BPS; j++) xv[PRELOAD ? j : 0][0] = x_next[PREFETCH ? j : 0][0];
+            if (i + 1 < count) {
+#pragma unroll
+                for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
             }
-        };
-        if (PRELOAD) {
+        } else if (PRELOAD) {
 #pragma unroll
-            for (int j = 0; j < BPS; j++) load_x(j, xv[PRELOAD ? j : 0]);
+            for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);
         }
         float cq[RT][TT][4], cx[TT][4];
 #pragma unroll
@@ -276,7 +295,7 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
                     }
             }
             uint32_t b[TT][4];
-            if (!PRELOAD) load_x(j, xv[0]);
+            if (!PRELOAD) load_x(sbk, j, xv[0]);
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) x_pairs<BITS>(xv[PRELOAD ? j : 0][tt], b[tt]);
 #pragma unroll
@@ -287,8 +306,8 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
 #pragma unroll
             for (int r = 0; r < RT; r++) {
                 uint32_t qa[4], qb[4];
-                decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][0]) + j * WPB, qa);
-                decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][1]) + j * WPB, qb);
+                mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][0]) + j * WPB, qa);
+                mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][1]) + j * WPB, qb);
                 /* A fragment: a0 = row g k{2t,2t+1}, a1 = row g+8 same k, a2 = row g k{2t+8,2t+9}, a3 = row g+8. */
                 const uint32_t a_first[4] = {qa[0], qb[0], qa[1], qb[1]};
                 const uint32_t a_second[4] = {qa[2], qb[2], qa[3], qb[3]};
@@ -304,11 +323,12 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const float2 s_b = scale_bias(__shfl_sync(0xffffffffu, sbq[r][h], (lane & ~3) | j), T());
+                        const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
                             for (int e = 0; e < 2; e++)
-                                acc[r][tt][2 * h + e] += s_b.x * cq[r][tt][2 * h + e] + s_b.y * cx[tt][e];
+                                acc[r][tt][2 * h + e] += s * cq[r][tt][2 * h + e] + s_b.y * cx[tt][e];
                     }
             }
         }
@@ -392,11 +412,9 @@ template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_ge
                                             8 * S * RT * 2 * 32 * 20 + 8 * RT * TT * 4 * 32 * 4, &opted_in);
     if (opt_in) return opt_in;
     const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
-    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
-    mma_gemv_kernel<BITS, T, RT, TT, S, GS><<<blocks, warps * 32, shared, (cudaStream_t)c->stream>>>(
-        (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-        (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
-    return (int)cudaGetLastError();
+    return launch_kernel(mma_gemv_kernel<BITS, T, RT, TT, S, GS>, blocks, dim3(warps * 32), shared, c->stream, c->pdl != 0,
+                         (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                         (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
 }
 
 template <int BITS, typename T, int RT, int TT> static int dispatch_group(const qmm_cuda_launch *c) {

@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(FFMA_WARPS * 32)
     ffma_gemv_kernel(const float *__restrict__ x, const uint4 *__restrict__ w, const float *__restrict__ scales,
                      const float *__restrict__ biases, float *__restrict__ out, int M, int N, int K, int group_shift) {
     constexpr int CPQ = 128 / BITS; /* codes per quad */
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n0 = (blockIdx.x * FFMA_WARPS + warp) * FFMA_RPW, m0 = blockIdx.y * MT;
     const int quads = K / CPQ, groups = K >> group_shift;
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(FFMA_WARPS * 32)
                 dst[u][r] = i0 + 32 * u < quads ? __ldcs(row[r] + i0 + 32 * u) : make_uint4(0, 0, 0, 0);
     };
     load_round(lane, next);
+    pdl_wait(); /* x and out may belong to the kernel before this one (the first weights are in flight) */
     for (int i0 = lane; i0 < quads; i0 += 32 * FFMA_U) {
         uint4 q[FFMA_U][FFMA_RPW];
 #pragma unroll
@@ -152,11 +154,9 @@ template <int BITS, int MT> static int launch_ffma(const qmm_cuda_launch *c) {
     while ((1 << group_shift) < c->group_size) group_shift++;
     const unsigned rows_per_block = FFMA_WARPS * FFMA_RPW;
     const dim3 grid((unsigned)((c->N + rows_per_block - 1) / rows_per_block), (unsigned)((c->M + MT - 1) / MT));
-    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
-    ffma_gemv_kernel<BITS, MT><<<grid, FFMA_WARPS * 32, 0, (cudaStream_t)c->stream>>>(
-        (const float *)c->x, (const uint4 *)c->w, (const float *)c->scales, (const float *)c->biases, (float *)c->out,
-        (int)c->M, (int)c->N, (int)c->K, group_shift);
-    return (int)cudaGetLastError();
+    return launch_kernel(ffma_gemv_kernel<BITS, MT>, grid, dim3(FFMA_WARPS * 32), 0, c->stream, c->pdl != 0, (const float *)c->x,
+                         (const uint4 *)c->w, (const float *)c->scales, (const float *)c->biases, (float *)c->out, (int)c->M,
+                         (int)c->N, (int)c->K, group_shift);
 }
 
 template <int BITS> static int dispatch_ffma(const qmm_cuda_launch *c) {

@@ -180,8 +180,8 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 /* the lane's words of block j, rows g and g + 8 (read here, not held across blocks: registers) */
                 const uint32_t *w0 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + g) * 4 + t);
                 const uint32_t *w1 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + 8 + g) * 4 + t);
-                decode<BITS, T>::run(w0 + j * WPB, qa);
-                decode<BITS, T>::run(w1 + j * WPB, qb);
+                mma_decode<BITS, T>::run(w0 + j * WPB, qa);
+                mma_decode<BITS, T>::run(w1 + j * WPB, qb);
                 const uint32_t a_first[4] = {qa[0], qb[0], qa[1], qb[1]};
                 const uint32_t a_second[4] = {qa[2], qb[2], qa[3], qb[3]};
 #pragma unroll
@@ -197,12 +197,13 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                     for (int h = 0; h < 2; h++) {
                         const float2 s_b =
                             scale_bias(sbs[(stage * BN + row_base + 16 * r + 8 * h + g) * BPS + j], T());
+                        const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < WT; tt++)
 #pragma unroll
                             for (int e = 0; e < 2; e++)
                                 acc[r][tt][2 * h + e] =
-                                    __fmaf_rn(s_b.x, cq[r][tt][2 * h + e], __fmaf_rn(s_b.y, cx[tt][e], acc[r][tt][2 * h + e]));
+                                    __fmaf_rn(s, cq[r][tt][2 * h + e], __fmaf_rn(s_b.y, cx[tt][e], acc[r][tt][2 * h + e]));
                     }
             }
         }

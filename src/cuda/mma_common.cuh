@@ -62,6 +62,7 @@ template <typename T> struct mma_traits;
 template <> struct mma_traits<__half> {
     static constexpr uint32_t magic = 0x64006400u; /* 1024.0 in both halves */
     static constexpr uint32_t ones = 0x3C003C00u;  /* 1.0 */
+    static constexpr float subnormal_scale = 16777216.0f; /* 2^24: decode_subnormal's codes are c·2^-24 */
 };
 template <> struct mma_traits<__nv_bfloat16> {
     static constexpr uint32_t magic = 0x43004300u; /* 128.0 */
@@ -155,6 +156,43 @@ template <> struct decode<8, __nv_bfloat16> {
     }
 };
 
+/* f16 only: the same pairs as decode<BITS, __half>, but each code c as the f16 subnormal c·2^-24 (the code's
+ * bits are the half's mantissa bits, exponent field 0) — no magic number to add or subtract. The tensor core
+ * multiplies subnormal f16 operands exactly (every product c·2^-24·x is ≥ 2^-48 in magnitude, an f32 normal),
+ * so the f32 result is exactly 2^-24 times that of the integer codes: the caller multiplies the scale by 2^24
+ * (mma_traits<__half>::subnormal_scale, exact in f32). 4-bit: three shifts and four ANDs per word (c < 16 fits
+ * the 10 mantissa bits at bits 0–3 of each half); 8-bit: one byte permute per pair. */
+template <int BITS> struct decode_subnormal;
+template <> struct decode_subnormal<4> {
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        q[0] = w[0] & 0x000F000Fu;         /* c0, c4 */
+        q[1] = (w[0] >> 4) & 0x000F000Fu;  /* c1, c5 */
+        q[2] = (w[0] >> 8) & 0x000F000Fu;  /* c2, c6 */
+        q[3] = (w[0] >> 12) & 0x000F000Fu; /* c3, c7 */
+    }
+};
+template <> struct decode_subnormal<8> {
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
+        q[0] = __byte_perm(w[0], 0u, 0x4240u); /* c0, c2: bytes 0 and 2, zero above each */
+        q[1] = __byte_perm(w[0], 0u, 0x4341u); /* c1, c3 */
+        q[2] = __byte_perm(w[1], 0u, 0x4240u); /* c4, c6 */
+        q[3] = __byte_perm(w[1], 0u, 0x4341u); /* c5, c7 */
+    }
+};
+
+/* The decoding the mma kernels use: f16 codes as subnormals (decode_subnormal, no magic-number arithmetic),
+ * bf16 codes through the magic number (decode: bf16 subnormals would underflow the f32 products). A segment's
+ * Σq·x from the tensor cores times code_scale is the Σq·x of the integer codes, exactly; callers fold
+ * code_scale into the scale (s·2^24 is exact in f32 for every f16 scale). */
+template <int BITS, typename T> struct mma_decode {
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) { decode<BITS, T>::run(w, q); }
+    static constexpr float code_scale = 1.0f;
+};
+template <int BITS> struct mma_decode<BITS, __half> {
+    static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) { decode_subnormal<BITS>::run(w, q); }
+    static constexpr float code_scale = mma_traits<__half>::subnormal_scale;
+};
+
 /* The lane's 8 x values (one 128-bit load, halves h0..h7) as the B-operand pairs matching decode<>. */
 template <int BITS> __device__ __forceinline__ void x_pairs(uint4 v, uint32_t b[4]) {
     if (BITS == 4) { /* (h0,h4) (h1,h5) (h2,h6) (h3,h7) */
@@ -176,6 +214,44 @@ __device__ __forceinline__ float2 scale_bias(uint32_t pair, __half) {
 }
 __device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
+}
+
+/* Programmatic dependent launch (PTX ISA "griddepcontrol", sm_90; CUDA programming guide, "Programmatic
+ * Dependent Launch"). A kernel launched with launch_kernel(..., pdl = true) may start while the kernel before
+ * it on the stream is still running: it first lets its own successor be scheduled (pdl_launch_dependents),
+ * issues what depends only on the weights (their first pipeline stages), and waits in pdl_wait for the
+ * previous kernel to finish and its writes to be visible before it reads x, writes out or touches a
+ * workspace. Without the launch attribute, or before sm_90, both are no-ops. */
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Launches kernel<<<grid, block, shared, stream>>>(args...), with the programmatic-stream-serialization
+ * attribute when pdl (the kernel must call pdl_wait before it depends on earlier work). Returns the
+ * cudaError_t of the launch. */
+template <typename... Params, typename... Args>
+static int launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, void *stream, bool pdl,
+                         Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared;
+    config.stream = (cudaStream_t)stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = pdl ? 1 : 0;
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
+    const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+    return (int)(error != cudaSuccess ? error : cudaGetLastError());
 }
 
 /* The opt-in to more than 48 KB of dynamic shared memory for `kernel`, once per kernel instantiation and
