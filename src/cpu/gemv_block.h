@@ -4,7 +4,7 @@
  * vectors: small fixed arrays indexed by constants after unrolling live in registers, where arrays
  * sized for the largest case would be kept on the stack (a load and a store per FMA).
  *
- * result[r·GNW + w] = row m0 + r of x times weight row rows[w] (codes), with the block's scales and
+ * result[r·ld + w] = row m0 + r of x times weight row rows[w] (codes), with the block's scales and
  * biases already in f32: scales[w·groups + g].
  *
  * Per group the codes are decoded straight to s·q (one rounding, shared by every row of x): 4-bit
@@ -20,7 +20,7 @@
 #define GEMV_NAME(r, nw, f) GEMV_NAME_(r, nw, f)
 
 static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *rows, const float *scales,
-                                      const float *biases, size_t m0, size_t pf_stride, float *result) {
+                                      const float *biases, size_t m0, size_t pf_stride, float *result, size_t ld) {
     const size_t K = p->K, G = p->group_size, groups = p->groups;
     const size_t group_bytes = G * (size_t)GFAST / 8, row_bytes = K * (size_t)GFAST / 8;
     const float *x0 = p->xp + m0 * K;
@@ -114,7 +114,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 #pragma GCC unroll 16
             for (int r = 0; r < GR; r++) tail[r] += b_row[g] * p->xsum[(m0 + (size_t)r) * groups + g];
 #pragma GCC unroll 16
-        for (int r = 0; r < GR; r++) result[r * GNW + w] = v_hsum(acc[r][w]) + tail[r];
+        for (int r = 0; r < GR; r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]) + tail[r];
     }
 }
 

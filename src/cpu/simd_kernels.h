@@ -54,6 +54,53 @@ static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) 
     }
 }
 
+/* GEMV_RW (4 or 8) f32 results to out[i…] in dtype, when every one is finite (returns 1), narrowed as
+ * qmm_store_f32 narrows (f16: vcvtps2ph with round-to-nearest-even, which is exactly qmm_f32_to_f16 on
+ * finite values, subnormal and overflowing results included; bf16: the same integer rounding as
+ * qmm_f32_to_bf16); else stores nothing and returns 0 (the caller then takes each output through the
+ * non-finite rule). 128/256-bit AVX2 + F16C code, which both ISA files are built with. out may be at any
+ * address (unaligned stores). */
+static int store_run(void *out, qmm_dtype dtype, size_t i, const float *v) {
+#if GEMV_RW == 8
+    const __m256 f = _mm256_loadu_ps(v);
+    const __m256i bits = _mm256_castps_si256(f), exponent = _mm256_set1_epi32(0x7F800000);
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent))) return 0;
+    switch (dtype) {
+    case QMM_F16:
+        _mm_storeu_si128((__m128i *)((uint16_t *)out + i), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+    case QMM_BF16: {
+        /* (x + 0x7FFF + ((x >> 16) & 1)) >> 16, then the 8 low halves packed (packus keeps them: all ≤ 0xFFFF) */
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+        const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+        _mm_storeu_si128((__m128i *)((uint16_t *)out + i), _mm256_castsi256_si128(packed));
+        break;
+    }
+    default: _mm256_storeu_ps((float *)out + i, f); break;
+    }
+#elif GEMV_RW == 4
+    const __m128 f = _mm_loadu_ps(v);
+    const __m128i bits = _mm_castps_si128(f), exponent = _mm_set1_epi32(0x7F800000);
+    if (_mm_movemask_epi8(_mm_cmpeq_epi32(_mm_and_si128(bits, exponent), exponent))) return 0;
+    switch (dtype) {
+    case QMM_F16:
+        _mm_storel_epi64((__m128i *)((uint16_t *)out + i), _mm_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+    case QMM_BF16: {
+        const __m128i odd = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(1));
+        const __m128i h = _mm_srli_epi32(_mm_add_epi32(bits, _mm_add_epi32(odd, _mm_set1_epi32(0x7FFF))), 16);
+        _mm_storel_epi64((__m128i *)((uint16_t *)out + i), _mm_packus_epi32(h, h));
+        break;
+    }
+    default: _mm_storeu_ps((float *)out + i, f); break;
+    }
+#else
+#error "store_run: GEMV_RW must be 4 or 8"
+#endif
+    return 1;
+}
+
 /* ═════════════════════════════ GEMV: qmm_t for small M ═════════════════════════════
  *
  * out[m, n] = Σ_g ( Σ_{k∈g} (s_g·q_k)·x_k + b_g·Σ_{k∈g} x_k ): the seed's split with the scale folded
@@ -189,13 +236,13 @@ typedef struct gemv_plan {
 
 #define GEMV_CASE(r, nw)                                                                                      \
     if (R == (r) && NW == (nw)) {                                                                             \
-        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result);                \
-        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result);                             \
+        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result, ld);            \
+        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result, ld);                         \
         return;                                                                                               \
     }
 
 static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
-                          size_t m0, int R, int NW, size_t pf_stride, float *result) {
+                          size_t m0, int R, int NW, size_t pf_stride, float *result, size_t ld) {
     GEMV_CASE(1, GEMV_NW_1)
     GEMV_CASE(2, GEMV_NW_2)
     GEMV_CASE(4, GEMV_NW_4)
@@ -226,13 +273,19 @@ static int gemv_block_rows(int R) {
     return R == 1 ? GEMV_NW_1 : R == 2 ? GEMV_NW_2 : R == 4 ? GEMV_NW_4 : GEMV_NW_8;
 }
 
-static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, int NW, const float *result) {
+/* The outputs of one pass over a block: tile[r·GEMV_RW + w] = out[m0 + r, n0 + w] for the rows of x that
+ * exist and the `width` weight rows of the block. A whole block's GEMV_RW outputs of one row of x are
+ * contiguous in out: when all are finite they are narrowed together (store_run); otherwise, and for the
+ * last, narrower block of N, each output goes through the non-finite rule and qmm_store_f32 one by one. */
+static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, size_t width, const float *tile) {
     const qmm_call *call = p->call;
-    for (int r = 0; r < R && m0 + (size_t)r < call->M; r++)
-        for (int w = 0; w < NW; w++) {
-            const size_t m = m0 + (size_t)r, n = n0 + (size_t)w;
-            qmm_store_f32(call->out, call->dtype, m * call->N + n, qmm_cpu_finite_or_direct(call, result[r * NW + w], m, n));
-        }
+    for (int r = 0; r < R && m0 + (size_t)r < call->M; r++) {
+        const size_t m = m0 + (size_t)r;
+        const float *v = tile + (size_t)r * GEMV_RW;
+        if (width == GEMV_RW && store_run(call->out, call->dtype, m * call->N + n0, v)) continue;
+        for (size_t w = 0; w < width; w++)
+            qmm_store_f32(call->out, call->dtype, m * call->N + n0 + w, qmm_cpu_finite_or_direct(call, v[w], m, n0 + w));
+    }
 }
 
 qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
@@ -309,20 +362,23 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
          * place from W, long enough that GEMV_PF bytes ahead stays inside the row or the next one. */
         const size_t row_bytes = K * (size_t)plan.fast / 8;
         const size_t pf_stride = !plan.unpacked && block + 1 < blocks && row_bytes >= 2 * GEMV_PF ? GEMV_RW * row_bytes : 0;
-        float result[GEMV_R_MAX * GEMV_RW];
+        /* One pass's outputs of the whole block (rows of x × GEMV_RW), stored together after its last register
+         * block: a row of x's GEMV_RW outputs are contiguous in out. */
+        float tile[GEMV_R_MAX * GEMV_RW];
         for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
             const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
             size_t n = n_begin;
             for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
                 const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride, result);
-                gemv_store(&plan, n, m0, R, NW, result);
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
+                              tile + (n - n_begin), GEMV_RW);
             }
             for (; n < n_end; n++) {
                 const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, result);
-                gemv_store(&plan, n, m0, R, 1, result);
+                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, tile + (n - n_begin),
+                              GEMV_RW);
             }
+            gemv_store(&plan, n_begin, m0, R, n_end - n_begin, tile);
         }
     }
 
