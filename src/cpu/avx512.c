@@ -51,6 +51,18 @@ static inline vf v_load_dtype(const void *array, qmm_dtype dtype, size_t i) {
     }
 }
 
+/* The first count (< LANES) elements i… of an f32/f16/bf16 array as f32, the other lanes 0; nothing past element
+ * i + count − 1 is read (masked loads). */
+static inline vf v_load_dtype_partial(const void *array, qmm_dtype dtype, size_t i, int count) {
+    const __mmask16 mask = (__mmask16)((1u << count) - 1u);
+    switch (dtype) {
+    case QMM_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)array + i));
+    case QMM_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)array + i)), 16));
+    default: return _mm512_maskz_loadu_ps(mask, (const float *)array + i);
+    }
+}
+
 /* 32 codes from 16 bytes: zero-extend each byte to a lane (vpmovzxbd), low nibbles = even codes,
  * high nibbles = odd codes; int → f32 is exact (codes < 256). */
 static inline void v_decode4(const uint8_t *bytes, vf *lo, vf *hi) {

@@ -5,7 +5,7 @@
  * sized for the largest case would be kept on the stack (a load and a store per FMA).
  *
  * result[r·ld + w] = row m0 + r of x times weight row rows[w] (codes), with the block's scales and
- * biases already in f32: scales[w·groups + g].
+ * biases already in f32: scales[w·gstride + g] (zero past groups, as p->xsum).
  *
  * Per group the codes are decoded straight to s·q (one rounding, shared by every row of x): 4-bit
  * through a 16-entry table of s·q (AVX-512: one vpermps per 16 codes, and the permute ignores the
@@ -21,7 +21,7 @@
 
 static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *rows, const float *scales,
                                       const float *biases, size_t m0, size_t pf_stride, float *result, size_t ld) {
-    const size_t K = p->K, G = p->group_size, groups = p->groups;
+    const size_t K = p->K, G = p->group_size, groups = p->groups, gstride = p->gstride;
     const size_t group_bytes = G * (size_t)GFAST / 8, row_bytes = K * (size_t)GFAST / 8;
     const float *x0 = p->xp + m0 * K;
     vf acc[GR][GNW];
@@ -43,9 +43,9 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) {
 #if GFAST == 4
-            table[w] = v_scale_table(v_set1(scales[(size_t)w * groups + g]));
+            table[w] = v_scale_table(v_set1(scales[(size_t)w * gstride + g]));
 #else
-            table[w] = v_set1(scales[(size_t)w * groups + g]);
+            table[w] = v_set1(scales[(size_t)w * gstride + g]);
 #endif
         }
         const size_t k_end = (g + 1) * G;
@@ -97,24 +97,18 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
         }
 #endif
     }
-    /* b·Σx: LANES groups at a time into the same lanes, the remainder scalar. */
+    /* b·Σx: LANES groups at a time into the same lanes; biases and xsum are zero-padded to gstride, so the last
+     * groups % LANES need no scalar tail. */
 #pragma GCC unroll 8
     for (int w = 0; w < GNW; w++) {
-        const float *b_row = biases + (size_t)w * groups;
-        size_t g = 0;
-        for (; g + LANES <= groups; g += LANES) {
+        const float *b_row = biases + (size_t)w * gstride;
+        for (size_t g = 0; g < gstride; g += LANES) {
             const vf b = v_load(b_row + g);
 #pragma GCC unroll 16
-            for (int r = 0; r < GR; r++) acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * groups + g), acc[r][w]);
+            for (int r = 0; r < GR; r++) acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * gstride + g), acc[r][w]);
         }
-        float tail[GR];
 #pragma GCC unroll 16
-        for (int r = 0; r < GR; r++) tail[r] = 0.0f;
-        for (; g < groups; g++)
-#pragma GCC unroll 16
-            for (int r = 0; r < GR; r++) tail[r] += b_row[g] * p->xsum[(m0 + (size_t)r) * groups + g];
-#pragma GCC unroll 16
-        for (int r = 0; r < GR; r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]) + tail[r];
+        for (int r = 0; r < GR; r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]);
     }
 }
 

@@ -6,6 +6,7 @@
  *   vf                the f32 vector type
  *   v_zero v_load v_store v_set1 v_fma(a,b,c)=a·b+c (one rounding) v_add v_mul v_hsum (a log2(LANES)-deep tree)
  *   v_load_dtype(array, dtype, i)     LANES elements i… of an f32/f16/bf16 array as f32 (exact)
+ *   v_load_dtype_partial(array, dtype, i, count)  the first count < LANES of them, the other lanes 0 (reads no further)
  *   v_decode4(bytes, &lo, &hi)        2·LANES 4-bit codes from LANES bytes: lane i of lo = code 2i,
  *                                     lane i of hi = code 2i+1 (one byte holds two codes)
  *   v_decode8(bytes)                  LANES 8-bit codes from LANES bytes, in order
@@ -128,12 +129,13 @@ static int store_run(void *out, qmm_dtype dtype, size_t i, const float *v) {
 typedef struct gemv_plan {
     const qmm_call *call;
     size_t K, group_size, groups;
+    size_t gstride;     /* groups rounded up to LANES: the row stride of xsum and group_f32 (zero-padded) */
     size_t words;       /* packed words per weight row */
     int fast;           /* decode path: 4 or 8 */
     const float *xp;    /* [Mpad][K] x in decode order */
-    const float *xsum;  /* [Mpad][groups] Σx per group */
+    const float *xsum;  /* [Mpad][gstride] Σx per group, 0 past groups */
     uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
-    float *group_f32;   /* [threads][2][GEMV_RW][groups]: the block's scales and biases in f32 */
+    float *group_f32;   /* [threads][2][GEMV_RW][gstride]: the block's scales and biases in f32, 0 past groups */
 } gemv_plan;
 
 /* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R, at least 1) for whole blocks and
@@ -294,12 +296,13 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     gemv_plan plan = {.call = call, .K = K, .group_size = (size_t)call->group_size,
                       .groups = K / (size_t)call->group_size, .words = qmm_packed_words(K, call->bits),
                       .fast = fast_bits(call->bits)};
+    plan.gstride = (plan.groups + LANES - 1) / LANES * LANES;
     const size_t Mpad = (M + GEMV_R_MAX - 1) / GEMV_R_MAX * GEMV_R_MAX;
     qmm_status status = QMM_OK;
     float *xp = qmm_cpu_scratch(Mpad * K, sizeof(float), "x in decode order");
-    float *xsum = qmm_cpu_scratch(Mpad * plan.groups, sizeof(float), "x group sums");
+    float *xsum = qmm_cpu_scratch(Mpad * plan.gstride, sizeof(float), "x group sums");
     uint8_t *unpacked = NULL;
-    float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.groups, sizeof(float), "block scales");
+    float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.gstride, sizeof(float), "block scales");
     if (!xp || !xsum || !group_f32) {
         status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
         goto cleanup;
@@ -314,7 +317,7 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     plan.unpacked = unpacked;
     plan.group_f32 = group_f32;
     memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
-    memset(xsum + M * plan.groups, 0, (Mpad - M) * plan.groups * sizeof(float));
+    memset(xsum, 0, Mpad * plan.gstride * sizeof(float));
     for (size_t m = 0; m < M; m++) {
         convert_x_row(call, m, plan.fast, xp + m * K);
         /* Σx per group from the converted row: the order inside a group does not change Σx's
@@ -323,7 +326,7 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
             vf sum = v_zero();
             for (size_t k = g * plan.group_size; k < (g + 1) * plan.group_size; k += LANES)
                 sum = v_add(sum, v_load(xp + m * K + k));
-            xsum[m * plan.groups + g] = v_hsum(sum);
+            xsum[m * plan.gstride + g] = v_hsum(sum);
         }
     }
 
@@ -344,18 +347,19 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
         }
         /* The block's scales and biases in f32, once for all passes over x: the inner loop then
          * broadcasts straight from L1 instead of converting a scalar per group per row. */
-        float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.groups;
-        float *biases = scales + GEMV_RW * plan.groups;
+        float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.gstride;
+        float *biases = scales + GEMV_RW * plan.gstride;
         for (size_t n = n_begin; n < n_end; n++) {
-            const size_t base = n * plan.groups, at = (n - n_begin) * plan.groups;
+            const size_t base = n * plan.groups, at = (n - n_begin) * plan.gstride;
             size_t g = 0;
             for (; g + LANES <= plan.groups; g += LANES) {
                 v_store(scales + at + g, v_load_dtype(call->scales, call->dtype, base + g));
                 v_store(biases + at + g, v_load_dtype(call->biases, call->dtype, base + g));
             }
-            for (; g < plan.groups; g++) {
-                scales[at + g] = qmm_load_f32(call->scales, call->dtype, base + g);
-                biases[at + g] = qmm_load_f32(call->biases, call->dtype, base + g);
+            if (g < plan.groups) { /* the last groups % LANES, zero-padded to a whole vector */
+                const int rest = (int)(plan.groups - g);
+                v_store(scales + at + g, v_load_dtype_partial(call->scales, call->dtype, base + g, rest));
+                v_store(biases + at + g, v_load_dtype_partial(call->biases, call->dtype, base + g, rest));
             }
         }
         /* Prefetch the next block while this one is computed (gemv_block.h): only for rows read in
@@ -369,12 +373,12 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
             const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
             size_t n = n_begin;
             for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
-                const size_t at = (n - n_begin) * plan.groups;
+                const size_t at = (n - n_begin) * plan.gstride;
                 gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
                               tile + (n - n_begin), GEMV_RW);
             }
             for (; n < n_end; n++) {
-                const size_t at = (n - n_begin) * plan.groups;
+                const size_t at = (n - n_begin) * plan.gstride;
                 gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, tile + (n - n_begin),
                               GEMV_RW);
             }
