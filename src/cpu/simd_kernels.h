@@ -290,6 +290,85 @@ static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, size_t w
     }
 }
 
+/* Rows 0…M−1 of x in decode order into p->xp and their Σx per group into p->xsum; the padding rows up to Mpad
+ * and the padding groups up to gstride zero. */
+static void gemv_prepare_x(const gemv_plan *p, size_t M, size_t Mpad) {
+    const qmm_call *call = p->call;
+    const size_t K = p->K;
+    float *xp = (float *)p->xp, *xsum = (float *)p->xsum;
+    memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
+    memset(xsum, 0, Mpad * p->gstride * sizeof(float));
+    for (size_t m = 0; m < M; m++) {
+        convert_x_row(call, m, p->fast, xp + m * K);
+        /* Σx per group from the converted row: the order inside a group does not change Σx's
+         * error bound (LANES-wide partial sums, then the tree of v_hsum). */
+        for (size_t g = 0; g < p->groups; g++) {
+            vf sum = v_zero();
+            for (size_t k = g * p->group_size; k < (g + 1) * p->group_size; k += LANES)
+                sum = v_add(sum, v_load(xp + m * K + k));
+            xsum[m * p->gstride + g] = v_hsum(sum);
+        }
+    }
+}
+
+/* One block of GEMV_RW weight rows (the last one may be narrower) against all M rows of x. */
+static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
+    const gemv_plan plan = *p;
+    const qmm_call *call = plan.call;
+    const size_t M = call->M, N = call->N, K = plan.K;
+    const size_t n_begin = block * GEMV_RW, n_end = n_begin + GEMV_RW < N ? n_begin + GEMV_RW : N;
+    const uint8_t *rows[GEMV_RW];
+    for (size_t n = n_begin; n < n_end; n++) {
+        const uint32_t *packed = call->w + n * plan.words;
+        if (plan.unpacked) {
+            uint8_t *codes = plan.unpacked + ((size_t)QMM_CPU_THREAD_ID() * GEMV_RW + (n - n_begin)) * K;
+            qmm_unpack_stream(packed, K, call->bits, codes);
+            rows[n - n_begin] = codes;
+        } else {
+            rows[n - n_begin] = (const uint8_t *)packed;
+        }
+    }
+    /* The block's scales and biases in f32, once for all passes over x: the inner loop then
+     * broadcasts straight from L1 instead of converting a scalar per group per row. */
+    float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.gstride;
+    float *biases = scales + GEMV_RW * plan.gstride;
+    for (size_t n = n_begin; n < n_end; n++) {
+        const size_t base = n * plan.groups, at = (n - n_begin) * plan.gstride;
+        size_t g = 0;
+        for (; g + LANES <= plan.groups; g += LANES) {
+            v_store(scales + at + g, v_load_dtype(call->scales, call->dtype, base + g));
+            v_store(biases + at + g, v_load_dtype(call->biases, call->dtype, base + g));
+        }
+        if (g < plan.groups) { /* the last groups % LANES, zero-padded to a whole vector */
+            const int rest = (int)(plan.groups - g);
+            v_store(scales + at + g, v_load_dtype_partial(call->scales, call->dtype, base + g, rest));
+            v_store(biases + at + g, v_load_dtype_partial(call->biases, call->dtype, base + g, rest));
+        }
+    }
+    /* Prefetch the next block while this one is computed (gemv_block.h): only for rows read in
+     * place from W, long enough that GEMV_PF bytes ahead stays inside the row or the next one. */
+    const size_t row_bytes = K * (size_t)plan.fast / 8;
+    const size_t pf_stride = !plan.unpacked && block + 1 < blocks && row_bytes >= 2 * GEMV_PF ? GEMV_RW * row_bytes : 0;
+    /* One pass's outputs of the whole block (rows of x × GEMV_RW), stored together after its last register
+     * block: a row of x's GEMV_RW outputs are contiguous in out. */
+    float tile[GEMV_R_MAX * GEMV_RW];
+    for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
+        const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
+        size_t n = n_begin;
+        for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
+            const size_t at = (n - n_begin) * plan.gstride;
+            gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
+                          tile + (n - n_begin), GEMV_RW);
+        }
+        for (; n < n_end; n++) {
+            const size_t at = (n - n_begin) * plan.gstride;
+            gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, tile + (n - n_begin),
+                          GEMV_RW);
+        }
+        gemv_store(&plan, n_begin, m0, R, n_end - n_begin, tile);
+    }
+}
+
 qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     const size_t M = call->M, N = call->N, K = call->K;
     const int threads = qmm_cpu_threads_for(call);
@@ -299,8 +378,12 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     plan.gstride = (plan.groups + LANES - 1) / LANES * LANES;
     const size_t Mpad = (M + GEMV_R_MAX - 1) / GEMV_R_MAX * GEMV_R_MAX;
     qmm_status status = QMM_OK;
-    float *xp = qmm_cpu_scratch(Mpad * K, sizeof(float), "x in decode order");
-    float *xsum = qmm_cpu_scratch(Mpad * plan.gstride, sizeof(float), "x group sums");
+    /* x in decode order and its group sums: one copy per thread, each made by its thread. One shared copy
+     * written by the first thread before the team starts costs the others a cache-line transfer per line
+     * read (the line last held by the other core), and the team waits for it: ≈ 6 µs per call at M = 16,
+     * K = 1536 on two cores here, against ≈ 2 µs for each thread to convert x itself in parallel. */
+    float *xp = qmm_cpu_scratch((size_t)threads * Mpad * K, sizeof(float), "x in decode order");
+    float *xsum = qmm_cpu_scratch((size_t)threads * Mpad * plan.gstride, sizeof(float), "x group sums");
     uint8_t *unpacked = NULL;
     float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.gstride, sizeof(float), "block scales");
     if (!xp || !xsum || !group_f32) {
@@ -312,78 +395,19 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
         status = QMM_ERR_OUT_OF_MEMORY;
         goto cleanup;
     }
-    plan.xp = xp;
-    plan.xsum = xsum;
     plan.unpacked = unpacked;
     plan.group_f32 = group_f32;
-    memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
-    memset(xsum, 0, Mpad * plan.gstride * sizeof(float));
-    for (size_t m = 0; m < M; m++) {
-        convert_x_row(call, m, plan.fast, xp + m * K);
-        /* Σx per group from the converted row: the order inside a group does not change Σx's
-         * error bound (LANES-wide partial sums, then the tree of v_hsum). */
-        for (size_t g = 0; g < plan.groups; g++) {
-            vf sum = v_zero();
-            for (size_t k = g * plan.group_size; k < (g + 1) * plan.group_size; k += LANES)
-                sum = v_add(sum, v_load(xp + m * K + k));
-            xsum[m * plan.gstride + g] = v_hsum(sum);
-        }
-    }
 
     const size_t blocks = (N + GEMV_RW - 1) / GEMV_RW;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
-    for (size_t block = 0; block < blocks; block++) {
-        const size_t n_begin = block * GEMV_RW, n_end = n_begin + GEMV_RW < N ? n_begin + GEMV_RW : N;
-        const uint8_t *rows[GEMV_RW];
-        for (size_t n = n_begin; n < n_end; n++) {
-            const uint32_t *packed = call->w + n * plan.words;
-            if (plan.unpacked) {
-                uint8_t *codes = plan.unpacked + ((size_t)QMM_CPU_THREAD_ID() * GEMV_RW + (n - n_begin)) * K;
-                qmm_unpack_stream(packed, K, call->bits, codes);
-                rows[n - n_begin] = codes;
-            } else {
-                rows[n - n_begin] = (const uint8_t *)packed;
-            }
-        }
-        /* The block's scales and biases in f32, once for all passes over x: the inner loop then
-         * broadcasts straight from L1 instead of converting a scalar per group per row. */
-        float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.gstride;
-        float *biases = scales + GEMV_RW * plan.gstride;
-        for (size_t n = n_begin; n < n_end; n++) {
-            const size_t base = n * plan.groups, at = (n - n_begin) * plan.gstride;
-            size_t g = 0;
-            for (; g + LANES <= plan.groups; g += LANES) {
-                v_store(scales + at + g, v_load_dtype(call->scales, call->dtype, base + g));
-                v_store(biases + at + g, v_load_dtype(call->biases, call->dtype, base + g));
-            }
-            if (g < plan.groups) { /* the last groups % LANES, zero-padded to a whole vector */
-                const int rest = (int)(plan.groups - g);
-                v_store(scales + at + g, v_load_dtype_partial(call->scales, call->dtype, base + g, rest));
-                v_store(biases + at + g, v_load_dtype_partial(call->biases, call->dtype, base + g, rest));
-            }
-        }
-        /* Prefetch the next block while this one is computed (gemv_block.h): only for rows read in
-         * place from W, long enough that GEMV_PF bytes ahead stays inside the row or the next one. */
-        const size_t row_bytes = K * (size_t)plan.fast / 8;
-        const size_t pf_stride = !plan.unpacked && block + 1 < blocks && row_bytes >= 2 * GEMV_PF ? GEMV_RW * row_bytes : 0;
-        /* One pass's outputs of the whole block (rows of x × GEMV_RW), stored together after its last register
-         * block: a row of x's GEMV_RW outputs are contiguous in out. */
-        float tile[GEMV_R_MAX * GEMV_RW];
-        for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
-            const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
-            size_t n = n_begin;
-            for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
-                const size_t at = (n - n_begin) * plan.gstride;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
-                              tile + (n - n_begin), GEMV_RW);
-            }
-            for (; n < n_end; n++) {
-                const size_t at = (n - n_begin) * plan.gstride;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, tile + (n - n_begin),
-                              GEMV_RW);
-            }
-            gemv_store(&plan, n_begin, m0, R, n_end - n_begin, tile);
-        }
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
+    {
+        const size_t me = (size_t)QMM_CPU_THREAD_ID();
+        gemv_plan mine = plan;
+        mine.xp = xp + me * Mpad * K;
+        mine.xsum = xsum + me * Mpad * plan.gstride;
+        gemv_prepare_x(&mine, M, Mpad);
+#pragma omp for schedule(static) nowait
+        for (size_t block = 0; block < blocks; block++) gemv_run_block(&mine, block, blocks);
     }
 
 cleanup:
