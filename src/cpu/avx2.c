@@ -16,6 +16,8 @@
 #define GEMV_R_MAX 8
 #define GEMV_RW 4
 #define GEMV_PF 1024
+/* Vector registers, for the GEMV blocks' register budget (gemv_block.h). */
+#define GEMV_VREGS 16
 /* Tiled: 6 broadcast rows × 2 vectors = 12 accumulators of 16 YMM. */
 #define GEMM_R 6
 typedef __m256 vf;

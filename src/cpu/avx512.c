@@ -19,6 +19,8 @@
 #define GEMV_R_MAX 8
 #define GEMV_RW 8
 #define GEMV_PF 1024
+/* Vector registers, for the GEMV blocks' register budget (gemv_block.h). */
+#define GEMV_VREGS 32
 /* Tiled: 12 broadcast rows × 2 vectors = 24 accumulators of 32 ZMM. */
 #define GEMM_R 12
 typedef __m512 vf;

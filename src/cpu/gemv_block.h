@@ -29,6 +29,14 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
     for (int r = 0; r < GR; r++)
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) acc[r][w] = v_zero();
+    /* Tables one group ahead where the registers allow: acc, this and the next group's tables, the decoded codes
+     * and x must fit (else gcc spills, e.g. 4 × 4 and 1 × 8 on AVX-512). */
+#define GEMV_PIPELINE_TABLES (GR * GNW + 4 * GNW + 4 <= GEMV_VREGS)
+#if GEMV_PIPELINE_TABLES
+    vf next_table[GNW];
+#pragma GCC unroll 8
+    for (int w = 0; w < GNW; w++) next_table[w] = make_table(scales[(size_t)w * gstride]);
+#endif
     for (size_t g = 0; g < groups; g++) {
         if (pf_stride) {
             /* The lines that start in this group's bytes, GEMV_PF ahead (past the row's end: the next block). */
@@ -40,14 +48,19 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
             }
         }
         vf table[GNW];
+#if GEMV_PIPELINE_TABLES
+        /* This group's tables were made during the previous group; make the next group's now, so that the
+         * broadcast-multiply's latency is off the path from the codes to the FMAs. */
+        const size_t g_next = g + 1 < groups ? g + 1 : g;
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) {
-#if GFAST == 4
-            table[w] = v_scale_table(v_set1(scales[(size_t)w * gstride + g]));
-#else
-            table[w] = v_set1(scales[(size_t)w * gstride + g]);
-#endif
+            table[w] = next_table[w];
+            next_table[w] = make_table(scales[(size_t)w * gstride + g_next]);
         }
+#else
+#pragma GCC unroll 8
+        for (int w = 0; w < GNW; w++) table[w] = make_table(scales[(size_t)w * gstride + g]);
+#endif
         const size_t k_end = (g + 1) * G;
 #if GFAST == 4
         for (size_t k = g * G; k < k_end; k += 2 * LANES) {
@@ -112,6 +125,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
     }
 }
 
+#undef GEMV_PIPELINE_TABLES
 #undef GR
 #undef GNW
 #undef GFAST

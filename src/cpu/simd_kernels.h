@@ -13,6 +13,7 @@
  *   v_deinterleave(src, &even, &odd)  2·LANES floats → the even-indexed ones and the odd-indexed ones
  *   QMM_ISA(name)                     name with the ISA suffix (entry points are per ISA)
  *   GEMV_R_MAX, GEMV_RW               rows of x per pass, and rows of x × weight rows in registers
+ *   GEMV_VREGS                        vector registers (32 ZMM / 16 YMM)
  *   GEMM_R                            broadcast rows of the tiled micro-kernel (see there)
  * Everything here is static except the entry points, so the two inclusions never collide.
  *
@@ -137,6 +138,10 @@ typedef struct gemv_plan {
     uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
     float *group_f32;   /* [threads][2][GEMV_RW][gstride]: the block's scales and biases in f32, 0 past groups */
 } gemv_plan;
+
+/* A group's scale table from its scale: 4-bit codes are looked up in v_scale_table(s), 8-bit codes multiplied
+ * by s (gemv_block.h). */
+#define make_table(s) (GFAST == 4 ? v_scale_table(v_set1(s)) : v_set1(s))
 
 /* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R, at least 1) for whole blocks and
  * (R, 1) for the last rows of N, for each decode path. */
