@@ -385,8 +385,8 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     qmm_status status = QMM_OK;
     /* x in decode order and its group sums: one copy per thread, each made by its thread. One shared copy
      * written by the first thread before the team starts costs the others a cache-line transfer per line
-     * read (the line last held by the other core), and the team waits for it: ≈ 6 µs per call at M = 16,
-     * K = 1536 on two cores here, against ≈ 2 µs for each thread to convert x itself in parallel. */
+     * read (the line last held by the other core), and the team waits for it: ≈ 6 µs per call on two cores
+     * here (the fixture's layers, M = 16), against ≈ 2 µs for each thread to convert x itself in parallel. */
     float *xp = qmm_cpu_scratch((size_t)threads * Mpad * K, sizeof(float), "x in decode order");
     float *xsum = qmm_cpu_scratch((size_t)threads * Mpad * plan.gstride, sizeof(float), "x group sums");
     uint8_t *unpacked = NULL;
