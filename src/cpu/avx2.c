@@ -16,6 +16,8 @@
 #define GEMV_R_MAX 8
 #define GEMV_RW 4
 #define GEMV_PF 1024
+/* Vector registers, for the GEMV blocks' register budget (gemv_block.h). */
+#define GEMV_VREGS 16
 /* Tiled: 6 broadcast rows × 2 vectors = 12 accumulators of 16 YMM. */
 #define GEMM_R 6
 typedef __m256 vf;
@@ -45,6 +47,18 @@ static inline vf v_load_dtype(const void *array, qmm_dtype dtype, size_t i) {
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)array + i))), 16));
     default: return _mm256_loadu_ps((const float *)array + i);
     }
+}
+
+/* The first count (< LANES) elements i… of an f32/f16/bf16 array as f32, the other lanes 0; nothing past element
+ * i + count − 1 is read (f32: a masked load; f16/bf16, which AVX2 cannot mask: copied into a zeroed vector). */
+static inline vf v_load_dtype_partial(const void *array, qmm_dtype dtype, size_t i, int count) {
+    if (dtype == QMM_F16 || dtype == QMM_BF16) {
+        uint16_t padded[LANES] = {0};
+        for (int j = 0; j < count; j++) padded[j] = ((const uint16_t *)array)[i + (size_t)j];
+        return v_load_dtype(padded, dtype, 0);
+    }
+    return _mm256_maskload_ps((const float *)array + i,
+                              _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
 }
 
 /* 16 codes from 8 bytes: zero-extend each byte to a lane (vpmovzxbd), low nibbles = even codes,

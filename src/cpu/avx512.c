@@ -19,6 +19,8 @@
 #define GEMV_R_MAX 8
 #define GEMV_RW 8
 #define GEMV_PF 1024
+/* Vector registers, for the GEMV blocks' register budget (gemv_block.h). */
+#define GEMV_VREGS 32
 /* Tiled: 12 broadcast rows × 2 vectors = 24 accumulators of 32 ZMM. */
 #define GEMM_R 12
 typedef __m512 vf;
@@ -48,6 +50,18 @@ static inline vf v_load_dtype(const void *array, qmm_dtype dtype, size_t i) {
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)array + i))), 16));
     default: return _mm512_loadu_ps((const float *)array + i);
+    }
+}
+
+/* The first count (< LANES) elements i… of an f32/f16/bf16 array as f32, the other lanes 0; nothing past element
+ * i + count − 1 is read (masked loads). */
+static inline vf v_load_dtype_partial(const void *array, qmm_dtype dtype, size_t i, int count) {
+    const __mmask16 mask = (__mmask16)((1u << count) - 1u);
+    switch (dtype) {
+    case QMM_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)array + i));
+    case QMM_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)array + i)), 16));
+    default: return _mm512_maskz_loadu_ps(mask, (const float *)array + i);
     }
 }
 

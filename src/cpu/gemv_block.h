@@ -4,8 +4,8 @@
  * vectors: small fixed arrays indexed by constants after unrolling live in registers, where arrays
  * sized for the largest case would be kept on the stack (a load and a store per FMA).
  *
- * result[r·GNW + w] = row m0 + r of x times weight row rows[w] (codes), with the block's scales and
- * biases already in f32: scales[w·groups + g].
+ * result[r·ld + w] = row m0 + r of x times weight row rows[w] (codes), with the block's scales and
+ * biases already in f32: scales[w·gstride + g] (zero past groups, as p->xsum).
  *
  * Per group the codes are decoded straight to s·q (one rounding, shared by every row of x): 4-bit
  * through a 16-entry table of s·q (AVX-512: one vpermps per 16 codes, and the permute ignores the
@@ -20,8 +20,8 @@
 #define GEMV_NAME(r, nw, f) GEMV_NAME_(r, nw, f)
 
 static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *rows, const float *scales,
-                                      const float *biases, size_t m0, size_t pf_stride, float *result) {
-    const size_t K = p->K, G = p->group_size, groups = p->groups;
+                                      const float *biases, size_t m0, size_t pf_stride, float *result, size_t ld) {
+    const size_t K = p->K, G = p->group_size, groups = p->groups, gstride = p->gstride;
     const size_t group_bytes = G * (size_t)GFAST / 8, row_bytes = K * (size_t)GFAST / 8;
     const float *x0 = p->xp + m0 * K;
     vf acc[GR][GNW];
@@ -29,6 +29,14 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
     for (int r = 0; r < GR; r++)
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) acc[r][w] = v_zero();
+    /* Tables one group ahead where the registers allow: acc, this and the next group's tables, the decoded codes
+     * and x must fit (else gcc spills, e.g. 4 × 4 and 1 × 8 on AVX-512). */
+#define GEMV_PIPELINE_TABLES (GR * GNW + 4 * GNW + 4 <= GEMV_VREGS)
+#if GEMV_PIPELINE_TABLES
+    vf next_table[GNW];
+#pragma GCC unroll 8
+    for (int w = 0; w < GNW; w++) next_table[w] = make_table(scales[(size_t)w * gstride]);
+#endif
     for (size_t g = 0; g < groups; g++) {
         if (pf_stride) {
             /* The lines that start in this group's bytes, GEMV_PF ahead (past the row's end: the next block). */
@@ -40,14 +48,19 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
             }
         }
         vf table[GNW];
+#if GEMV_PIPELINE_TABLES
+        /* This group's tables were made during the previous group; make the next group's now, so that the
+         * broadcast-multiply's latency is off the path from the codes to the FMAs. */
+        const size_t g_next = g + 1 < groups ? g + 1 : g;
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) {
-#if GFAST == 4
-            table[w] = v_scale_table(v_set1(scales[(size_t)w * groups + g]));
-#else
-            table[w] = v_set1(scales[(size_t)w * groups + g]);
-#endif
+            table[w] = next_table[w];
+            next_table[w] = make_table(scales[(size_t)w * gstride + g_next]);
         }
+#else
+#pragma GCC unroll 8
+        for (int w = 0; w < GNW; w++) table[w] = make_table(scales[(size_t)w * gstride + g]);
+#endif
         const size_t k_end = (g + 1) * G;
 #if GFAST == 4
         for (size_t k = g * G; k < k_end; k += 2 * LANES) {
@@ -97,27 +110,22 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
         }
 #endif
     }
-    /* b·Σx: LANES groups at a time into the same lanes, the remainder scalar. */
+    /* b·Σx: LANES groups at a time into the same lanes; biases and xsum are zero-padded to gstride, so the last
+     * groups % LANES need no scalar tail. */
 #pragma GCC unroll 8
     for (int w = 0; w < GNW; w++) {
-        const float *b_row = biases + (size_t)w * groups;
-        size_t g = 0;
-        for (; g + LANES <= groups; g += LANES) {
+        const float *b_row = biases + (size_t)w * gstride;
+        for (size_t g = 0; g < gstride; g += LANES) {
             const vf b = v_load(b_row + g);
 #pragma GCC unroll 16
-            for (int r = 0; r < GR; r++) acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * groups + g), acc[r][w]);
+            for (int r = 0; r < GR; r++) acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * gstride + g), acc[r][w]);
         }
-        float tail[GR];
 #pragma GCC unroll 16
-        for (int r = 0; r < GR; r++) tail[r] = 0.0f;
-        for (; g < groups; g++)
-#pragma GCC unroll 16
-            for (int r = 0; r < GR; r++) tail[r] += b_row[g] * p->xsum[(m0 + (size_t)r) * groups + g];
-#pragma GCC unroll 16
-        for (int r = 0; r < GR; r++) result[r * GNW + w] = v_hsum(acc[r][w]) + tail[r];
+        for (int r = 0; r < GR; r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]);
     }
 }
 
+#undef GEMV_PIPELINE_TABLES
 #undef GR
 #undef GNW
 #undef GFAST

@@ -6,12 +6,14 @@
  *   vf                the f32 vector type
  *   v_zero v_load v_store v_set1 v_fma(a,b,c)=a·b+c (one rounding) v_add v_mul v_hsum (a log2(LANES)-deep tree)
  *   v_load_dtype(array, dtype, i)     LANES elements i… of an f32/f16/bf16 array as f32 (exact)
+ *   v_load_dtype_partial(array, dtype, i, count)  the first count < LANES of them, the other lanes 0 (reads no further)
  *   v_decode4(bytes, &lo, &hi)        2·LANES 4-bit codes from LANES bytes: lane i of lo = code 2i,
  *                                     lane i of hi = code 2i+1 (one byte holds two codes)
  *   v_decode8(bytes)                  LANES 8-bit codes from LANES bytes, in order
  *   v_deinterleave(src, &even, &odd)  2·LANES floats → the even-indexed ones and the odd-indexed ones
  *   QMM_ISA(name)                     name with the ISA suffix (entry points are per ISA)
  *   GEMV_R_MAX, GEMV_RW               rows of x per pass, and rows of x × weight rows in registers
+ *   GEMV_VREGS                        vector registers (32 ZMM / 16 YMM)
  *   GEMM_R                            broadcast rows of the tiled micro-kernel (see there)
  * Everything here is static except the entry points, so the two inclusions never collide.
  *
@@ -54,6 +56,53 @@ static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) 
     }
 }
 
+/* GEMV_RW (4 or 8) f32 results to out[i…] in dtype, when every one is finite (returns 1), narrowed as
+ * qmm_store_f32 narrows (f16: vcvtps2ph with round-to-nearest-even, which is exactly qmm_f32_to_f16 on
+ * finite values, subnormal and overflowing results included; bf16: the same integer rounding as
+ * qmm_f32_to_bf16); else stores nothing and returns 0 (the caller then takes each output through the
+ * non-finite rule). 128/256-bit AVX2 + F16C code, which both ISA files are built with. out may be at any
+ * address (unaligned stores). */
+static int store_run(void *out, qmm_dtype dtype, size_t i, const float *v) {
+#if GEMV_RW == 8
+    const __m256 f = _mm256_loadu_ps(v);
+    const __m256i bits = _mm256_castps_si256(f), exponent = _mm256_set1_epi32(0x7F800000);
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent))) return 0;
+    switch (dtype) {
+    case QMM_F16:
+        _mm_storeu_si128((__m128i *)((uint16_t *)out + i), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+    case QMM_BF16: {
+        /* (x + 0x7FFF + ((x >> 16) & 1)) >> 16, then the 8 low halves packed (packus keeps them: all ≤ 0xFFFF) */
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+        const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+        _mm_storeu_si128((__m128i *)((uint16_t *)out + i), _mm256_castsi256_si128(packed));
+        break;
+    }
+    default: _mm256_storeu_ps((float *)out + i, f); break;
+    }
+#elif GEMV_RW == 4
+    const __m128 f = _mm_loadu_ps(v);
+    const __m128i bits = _mm_castps_si128(f), exponent = _mm_set1_epi32(0x7F800000);
+    if (_mm_movemask_epi8(_mm_cmpeq_epi32(_mm_and_si128(bits, exponent), exponent))) return 0;
+    switch (dtype) {
+    case QMM_F16:
+        _mm_storel_epi64((__m128i *)((uint16_t *)out + i), _mm_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+    case QMM_BF16: {
+        const __m128i odd = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(1));
+        const __m128i h = _mm_srli_epi32(_mm_add_epi32(bits, _mm_add_epi32(odd, _mm_set1_epi32(0x7FFF))), 16);
+        _mm_storel_epi64((__m128i *)((uint16_t *)out + i), _mm_packus_epi32(h, h));
+        break;
+    }
+    default: _mm_storeu_ps((float *)out + i, f); break;
+    }
+#else
+#error "store_run: GEMV_RW must be 4 or 8"
+#endif
+    return 1;
+}
+
 /* ═════════════════════════════ GEMV: qmm_t for small M ═════════════════════════════
  *
  * out[m, n] = Σ_g ( Σ_{k∈g} (s_g·q_k)·x_k + b_g·Σ_{k∈g} x_k ): the seed's split with the scale folded
@@ -81,13 +130,18 @@ static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) 
 typedef struct gemv_plan {
     const qmm_call *call;
     size_t K, group_size, groups;
+    size_t gstride;     /* groups rounded up to LANES: the row stride of xsum and group_f32 (zero-padded) */
     size_t words;       /* packed words per weight row */
     int fast;           /* decode path: 4 or 8 */
     const float *xp;    /* [Mpad][K] x in decode order */
-    const float *xsum;  /* [Mpad][groups] Σx per group */
+    const float *xsum;  /* [Mpad][gstride] Σx per group, 0 past groups */
     uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
-    float *group_f32;   /* [threads][2][GEMV_RW][groups]: the block's scales and biases in f32 */
+    float *group_f32;   /* [threads][2][GEMV_RW][gstride]: the block's scales and biases in f32, 0 past groups */
 } gemv_plan;
+
+/* A group's scale table from its scale: 4-bit codes are looked up in v_scale_table(s), 8-bit codes multiplied
+ * by s (gemv_block.h). */
+#define make_table(s) (GFAST == 4 ? v_scale_table(v_set1(s)) : v_set1(s))
 
 /* The register blocks: (rows of x, weight rows) = (R, GEMV_RW / R, at least 1) for whole blocks and
  * (R, 1) for the last rows of N, for each decode path. */
@@ -189,13 +243,13 @@ typedef struct gemv_plan {
 
 #define GEMV_CASE(r, nw)                                                                                      \
     if (R == (r) && NW == (nw)) {                                                                             \
-        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result);                \
-        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result);                             \
+        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result, ld);            \
+        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result, ld);                         \
         return;                                                                                               \
     }
 
 static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
-                          size_t m0, int R, int NW, size_t pf_stride, float *result) {
+                          size_t m0, int R, int NW, size_t pf_stride, float *result, size_t ld) {
     GEMV_CASE(1, GEMV_NW_1)
     GEMV_CASE(2, GEMV_NW_2)
     GEMV_CASE(4, GEMV_NW_4)
@@ -226,13 +280,98 @@ static int gemv_block_rows(int R) {
     return R == 1 ? GEMV_NW_1 : R == 2 ? GEMV_NW_2 : R == 4 ? GEMV_NW_4 : GEMV_NW_8;
 }
 
-static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, int NW, const float *result) {
+/* The outputs of one pass over a block: tile[r·GEMV_RW + w] = out[m0 + r, n0 + w] for the rows of x that
+ * exist and the `width` weight rows of the block. A whole block's GEMV_RW outputs of one row of x are
+ * contiguous in out: when all are finite they are narrowed together (store_run); otherwise, and for the
+ * last, narrower block of N, each output goes through the non-finite rule and qmm_store_f32 one by one. */
+static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, size_t width, const float *tile) {
     const qmm_call *call = p->call;
-    for (int r = 0; r < R && m0 + (size_t)r < call->M; r++)
-        for (int w = 0; w < NW; w++) {
-            const size_t m = m0 + (size_t)r, n = n0 + (size_t)w;
-            qmm_store_f32(call->out, call->dtype, m * call->N + n, qmm_cpu_finite_or_direct(call, result[r * NW + w], m, n));
+    for (int r = 0; r < R && m0 + (size_t)r < call->M; r++) {
+        const size_t m = m0 + (size_t)r;
+        const float *v = tile + (size_t)r * GEMV_RW;
+        if (width == GEMV_RW && store_run(call->out, call->dtype, m * call->N + n0, v)) continue;
+        for (size_t w = 0; w < width; w++)
+            qmm_store_f32(call->out, call->dtype, m * call->N + n0 + w, qmm_cpu_finite_or_direct(call, v[w], m, n0 + w));
+    }
+}
+
+/* Rows 0…M−1 of x in decode order into p->xp and their Σx per group into p->xsum; the padding rows up to Mpad
+ * and the padding groups up to gstride zero. */
+static void gemv_prepare_x(const gemv_plan *p, size_t M, size_t Mpad) {
+    const qmm_call *call = p->call;
+    const size_t K = p->K;
+    float *xp = (float *)p->xp, *xsum = (float *)p->xsum;
+    memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
+    memset(xsum, 0, Mpad * p->gstride * sizeof(float));
+    for (size_t m = 0; m < M; m++) {
+        convert_x_row(call, m, p->fast, xp + m * K);
+        /* Σx per group from the converted row: the order inside a group does not change Σx's
+         * error bound (LANES-wide partial sums, then the tree of v_hsum). */
+        for (size_t g = 0; g < p->groups; g++) {
+            vf sum = v_zero();
+            for (size_t k = g * p->group_size; k < (g + 1) * p->group_size; k += LANES)
+                sum = v_add(sum, v_load(xp + m * K + k));
+            xsum[m * p->gstride + g] = v_hsum(sum);
         }
+    }
+}
+
+/* One block of GEMV_RW weight rows (the last one may be narrower) against all M rows of x. */
+static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
+    const gemv_plan plan = *p;
+    const qmm_call *call = plan.call;
+    const size_t M = call->M, N = call->N, K = plan.K;
+    const size_t n_begin = block * GEMV_RW, n_end = n_begin + GEMV_RW < N ? n_begin + GEMV_RW : N;
+    const uint8_t *rows[GEMV_RW];
+    for (size_t n = n_begin; n < n_end; n++) {
+        const uint32_t *packed = call->w + n * plan.words;
+        if (plan.unpacked) {
+            uint8_t *codes = plan.unpacked + ((size_t)QMM_CPU_THREAD_ID() * GEMV_RW + (n - n_begin)) * K;
+            qmm_unpack_stream(packed, K, call->bits, codes);
+            rows[n - n_begin] = codes;
+        } else {
+            rows[n - n_begin] = (const uint8_t *)packed;
+        }
+    }
+    /* The block's scales and biases in f32, once for all passes over x: the inner loop then
+     * broadcasts straight from L1 instead of converting a scalar per group per row. */
+    float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.gstride;
+    float *biases = scales + GEMV_RW * plan.gstride;
+    for (size_t n = n_begin; n < n_end; n++) {
+        const size_t base = n * plan.groups, at = (n - n_begin) * plan.gstride;
+        size_t g = 0;
+        for (; g + LANES <= plan.groups; g += LANES) {
+            v_store(scales + at + g, v_load_dtype(call->scales, call->dtype, base + g));
+            v_store(biases + at + g, v_load_dtype(call->biases, call->dtype, base + g));
+        }
+        if (g < plan.groups) { /* the last groups % LANES, zero-padded to a whole vector */
+            const int rest = (int)(plan.groups - g);
+            v_store(scales + at + g, v_load_dtype_partial(call->scales, call->dtype, base + g, rest));
+            v_store(biases + at + g, v_load_dtype_partial(call->biases, call->dtype, base + g, rest));
+        }
+    }
+    /* Prefetch the next block while this one is computed (gemv_block.h): only for rows read in
+     * place from W, long enough that GEMV_PF bytes ahead stays inside the row or the next one. */
+    const size_t row_bytes = K * (size_t)plan.fast / 8;
+    const size_t pf_stride = !plan.unpacked && block + 1 < blocks && row_bytes >= 2 * GEMV_PF ? GEMV_RW * row_bytes : 0;
+    /* One pass's outputs of the whole block (rows of x × GEMV_RW), stored together after its last register
+     * block: a row of x's GEMV_RW outputs are contiguous in out. */
+    float tile[GEMV_R_MAX * GEMV_RW];
+    for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
+        const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
+        size_t n = n_begin;
+        for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
+            const size_t at = (n - n_begin) * plan.gstride;
+            gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
+                          tile + (n - n_begin), GEMV_RW);
+        }
+        for (; n < n_end; n++) {
+            const size_t at = (n - n_begin) * plan.gstride;
+            gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, tile + (n - n_begin),
+                          GEMV_RW);
+        }
+        gemv_store(&plan, n_begin, m0, R, n_end - n_begin, tile);
+    }
 }
 
 qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
@@ -241,12 +380,17 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     gemv_plan plan = {.call = call, .K = K, .group_size = (size_t)call->group_size,
                       .groups = K / (size_t)call->group_size, .words = qmm_packed_words(K, call->bits),
                       .fast = fast_bits(call->bits)};
+    plan.gstride = (plan.groups + LANES - 1) / LANES * LANES;
     const size_t Mpad = (M + GEMV_R_MAX - 1) / GEMV_R_MAX * GEMV_R_MAX;
     qmm_status status = QMM_OK;
-    float *xp = qmm_cpu_scratch(Mpad * K, sizeof(float), "x in decode order");
-    float *xsum = qmm_cpu_scratch(Mpad * plan.groups, sizeof(float), "x group sums");
+    /* x in decode order and its group sums: one copy per thread, each made by its thread. One shared copy
+     * written by the first thread before the team starts costs the others a cache-line transfer per line
+     * read (the line last held by the other core), and the team waits for it: ≈ 6 µs per call on two cores
+     * here (the fixture's layers, M = 16), against ≈ 2 µs for each thread to convert x itself in parallel. */
+    float *xp = qmm_cpu_scratch((size_t)threads * Mpad * K, sizeof(float), "x in decode order");
+    float *xsum = qmm_cpu_scratch((size_t)threads * Mpad * plan.gstride, sizeof(float), "x group sums");
     uint8_t *unpacked = NULL;
-    float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.groups, sizeof(float), "block scales");
+    float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.gstride, sizeof(float), "block scales");
     if (!xp || !xsum || !group_f32) {
         status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
         goto cleanup;
@@ -256,74 +400,19 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
         status = QMM_ERR_OUT_OF_MEMORY;
         goto cleanup;
     }
-    plan.xp = xp;
-    plan.xsum = xsum;
     plan.unpacked = unpacked;
     plan.group_f32 = group_f32;
-    memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
-    memset(xsum + M * plan.groups, 0, (Mpad - M) * plan.groups * sizeof(float));
-    for (size_t m = 0; m < M; m++) {
-        convert_x_row(call, m, plan.fast, xp + m * K);
-        /* Σx per group from the converted row: the order inside a group does not change Σx's
-         * error bound (LANES-wide partial sums, then the tree of v_hsum). */
-        for (size_t g = 0; g < plan.groups; g++) {
-            vf sum = v_zero();
-            for (size_t k = g * plan.group_size; k < (g + 1) * plan.group_size; k += LANES)
-                sum = v_add(sum, v_load(xp + m * K + k));
-            xsum[m * plan.groups + g] = v_hsum(sum);
-        }
-    }
 
     const size_t blocks = (N + GEMV_RW - 1) / GEMV_RW;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
-    for (size_t block = 0; block < blocks; block++) {
-        const size_t n_begin = block * GEMV_RW, n_end = n_begin + GEMV_RW < N ? n_begin + GEMV_RW : N;
-        const uint8_t *rows[GEMV_RW];
-        for (size_t n = n_begin; n < n_end; n++) {
-            const uint32_t *packed = call->w + n * plan.words;
-            if (plan.unpacked) {
-                uint8_t *codes = plan.unpacked + ((size_t)QMM_CPU_THREAD_ID() * GEMV_RW + (n - n_begin)) * K;
-                qmm_unpack_stream(packed, K, call->bits, codes);
-                rows[n - n_begin] = codes;
-            } else {
-                rows[n - n_begin] = (const uint8_t *)packed;
-            }
-        }
-        /* The block's scales and biases in f32, once for all passes over x: the inner loop then
-         * broadcasts straight from L1 instead of converting a scalar per group per row. */
-        float *scales = plan.group_f32 + (size_t)QMM_CPU_THREAD_ID() * 2 * GEMV_RW * plan.groups;
-        float *biases = scales + GEMV_RW * plan.groups;
-        for (size_t n = n_begin; n < n_end; n++) {
-            const size_t base = n * plan.groups, at = (n - n_begin) * plan.groups;
-            size_t g = 0;
-            for (; g + LANES <= plan.groups; g += LANES) {
-                v_store(scales + at + g, v_load_dtype(call->scales, call->dtype, base + g));
-                v_store(biases + at + g, v_load_dtype(call->biases, call->dtype, base + g));
-            }
-            for (; g < plan.groups; g++) {
-                scales[at + g] = qmm_load_f32(call->scales, call->dtype, base + g);
-                biases[at + g] = qmm_load_f32(call->biases, call->dtype, base + g);
-            }
-        }
-        /* Prefetch the next block while this one is computed (gemv_block.h): only for rows read in
-         * place from W, long enough that GEMV_PF bytes ahead stays inside the row or the next one. */
-        const size_t row_bytes = K * (size_t)plan.fast / 8;
-        const size_t pf_stride = !plan.unpacked && block + 1 < blocks && row_bytes >= 2 * GEMV_PF ? GEMV_RW * row_bytes : 0;
-        float result[GEMV_R_MAX * GEMV_RW];
-        for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
-            const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
-            size_t n = n_begin;
-            for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
-                const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride, result);
-                gemv_store(&plan, n, m0, R, NW, result);
-            }
-            for (; n < n_end; n++) {
-                const size_t at = (n - n_begin) * plan.groups;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, result);
-                gemv_store(&plan, n, m0, R, 1, result);
-            }
-        }
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
+    {
+        const size_t me = (size_t)QMM_CPU_THREAD_ID();
+        gemv_plan mine = plan;
+        mine.xp = xp + me * Mpad * K;
+        mine.xsum = xsum + me * Mpad * plan.gstride;
+        gemv_prepare_x(&mine, M, Mpad);
+#pragma omp for schedule(static) nowait
+        for (size_t block = 0; block < blocks; block++) gemv_run_block(&mine, block, blocks);
     }
 
 cleanup:
