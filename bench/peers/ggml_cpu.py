@@ -74,8 +74,9 @@ def main():
                         continue
                 # x (f32), the outputs, the graph and ggml's work buffer (x quantized to 8 bits) in one context.
                 # ggml's work buffer (x converted for each product's dot-product type) is sized by its own plan;
-                # 4·M·K bytes per copy covers it with room (M = 512 at 4096² needed 0.8 MB above 2·M·K).
-                mem = (M * K * 4 + copies * M * N * 4 + 4 * M * K + (copies + 2) * overhead
+                # 8·M·K bytes cover it with room (4·M·K fell 3 MB short at M = 512, K = 14336 with Q4_1: ggml
+                # stopped with "not enough space in the context's memory pool" and a segmentation fault).
+                mem = (M * K * 4 + copies * M * N * 4 + 8 * M * K + (copies + 2) * overhead
                        + ggml.ggml_graph_overhead() + (32 << 20))
                 ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
                 x = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, K, M)
