@@ -128,4 +128,48 @@ static inline void v_load_words(const uint32_t *const *rows, size_t first, int c
     for (int i = 0; i < count; i++) words[i] = _mm256_i32gather_epi32((const int *)(rows[0] + first + (size_t)i), index, 4);
 }
 
+/* The nibble-plane decode of the M ≤ 2 GEMV (gemv_planes.h): a chunk is 8·LANES = 64 codes = 32 bytes = 8 dwords;
+ * code 8i + j of the chunk is nibble j of dword i. */
+#define GEMV_PLANES 1
+static inline vi v_load_chunk(const uint8_t *bytes) { return _mm256_loadu_si256((const __m256i *)bytes); }
+/* The first `words` (< 8) dwords of a chunk, the rest 0; reads nothing past them. */
+static inline vi v_load_chunk_partial(const uint8_t *bytes, int words) {
+    return _mm256_maskload_epi32((const int *)bytes, _mm256_cmpgt_epi32(_mm256_set1_epi32(words), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+/* Nibble j of every dword as f32: j < 7 masked in place, (v & 0xF << 4j) = q·16^j, exact in f32 (4 significant
+ * bits, < 2^28 < 2^31: the signed conversion is right); j = 7 shifted down (q·2^28 would not fit a signed int).
+ * One integer op and one conversion, no shuffle; x carries the 16^-j (gemv_prepare_x_planes). */
+static inline vf v_nibble(vi v, int j) {
+    return _mm256_cvtepi32_ps(j == 7 ? _mm256_srli_epi32(v, 28) : _mm256_and_si256(v, _mm256_set1_epi32((int)(0xFu << (4 * j)))));
+}
+/* The scales of chunk c's lanes: lane i holds codes 8i … 8i + 7, i.e. group (64c + 8i)/G of the row (s = the row's
+ * scales in f32, zero-padded to whole vectors of groups). group_size is a constant where this is inlined. */
+static inline vf v_chunk_scale(const float *s, size_t c, size_t group_size) {
+    if (group_size == 128) return _mm256_set1_ps(s[c / 2]);
+    if (group_size == 64) return _mm256_set1_ps(s[c]);
+    return _mm256_insertf128_ps(_mm256_set1_ps(s[2 * c]), _mm_set1_ps(s[2 * c + 1]), 1);
+}
+/* The 8 planes of a chunk of x: lane i of plane[j] = src[8i + j] (an 8 × 8 transpose: 24 shuffles, where 8 gathers
+ * would load every element on its own). */
+static inline void v_planes_of_chunk(const float *src, vf plane[8]) {
+    __m256 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + 8 * i);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);     /* r_i0 r_(i+1)0 r_i1 r_(i+1)1 | the same for elements 4, 5 */
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); /* elements 2, 3 | 6, 7 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            u[i + 2 * h] = _mm256_shuffle_ps(t[i + h], t[i + 2 + h], _MM_SHUFFLE(1, 0, 1, 0));
+            u[i + 2 * h + 1] = _mm256_shuffle_ps(t[i + h], t[i + 2 + h], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+    /* u[0..3]: rows 0–3 of elements 0, 1, 2, 3 (low half) and 4, 5, 6, 7 (high half); u[4..7] rows 4–7. */
+    for (int j = 0; j < 4; j++) {
+        plane[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+        plane[j + 4] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+}
+/* Every lane of a equals (==, so NaN never does) the same lane of b. */
+static inline int v_same(vf a, vf b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)) == 0xFF; }
+
 #include "simd_kernels.h"

@@ -28,6 +28,11 @@
 #ifndef LANES
 #error "define the vector vocabulary (avx2.c, avx512.c) before including simd_kernels.h"
 #endif
+/* GEMV_PLANES 1: the ISA file also defines the nibble-plane vocabulary (vi, v_load_chunk, v_load_chunk_partial,
+ * v_nibble, v_chunk_scale, v_gather_stride8, v_same) and the M ≤ 2 4-bit GEMV uses it (gemv_planes.h). */
+#ifndef GEMV_PLANES
+#define GEMV_PLANES 0
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -133,7 +138,9 @@ typedef struct gemv_plan {
     size_t gstride;     /* groups rounded up to LANES: the row stride of xsum and group_f32 (zero-padded) */
     size_t words;       /* packed words per weight row */
     int fast;           /* decode path: 4 or 8 */
-    const float *xp;    /* [Mpad][K] x in decode order */
+    const float *xp;    /* [Mpad][K] x in decode order, or [Mpad][xstride] in nibble-plane order (planes) */
+    size_t xstride;     /* planes: K rounded up to a whole chunk of 8·LANES codes (zero-padded) */
+    int planes;         /* 1: 4-bit, M ≤ 2, x exact in plane order: the nibble-plane blocks (gemv_planes.h) */
     const float *xsum;  /* [Mpad][gstride] Σx per group, 0 past groups */
     uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
     float *group_f32;   /* [threads][2][GEMV_RW][gstride]: the block's scales and biases in f32, 0 past groups */
@@ -248,8 +255,83 @@ typedef struct gemv_plan {
         return;                                                                                               \
     }
 
+#if GEMV_PLANES
+/* The nibble-plane blocks (4-bit, 1 or 2 rows of x; gemv_planes.h), one per group size. Weight rows per block:
+ * v, part and acc per weight row, x, the plane and the masks must fit the registers. */
+#ifndef PLANES_NW_1
+#define PLANES_NW_1 GEMV_NW_1
+#endif
+#ifndef PLANES_NW_2
+#define PLANES_NW_2 GEMV_NW_2
+#endif
+#define GR 1
+#define GNW PLANES_NW_1
+#define GG 32
+#include "gemv_planes.h"
+#define GR 2
+#define GNW PLANES_NW_2
+#define GG 32
+#include "gemv_planes.h"
+#define GR 1
+#define GNW 1
+#define GG 32
+#include "gemv_planes.h"
+#define GR 2
+#define GNW 1
+#define GG 32
+#include "gemv_planes.h"
+#define GR 1
+#define GNW PLANES_NW_1
+#define GG 64
+#include "gemv_planes.h"
+#define GR 2
+#define GNW PLANES_NW_2
+#define GG 64
+#include "gemv_planes.h"
+#define GR 1
+#define GNW 1
+#define GG 64
+#include "gemv_planes.h"
+#define GR 2
+#define GNW 1
+#define GG 64
+#include "gemv_planes.h"
+#define GR 1
+#define GNW PLANES_NW_1
+#define GG 128
+#include "gemv_planes.h"
+#define GR 2
+#define GNW PLANES_NW_2
+#define GG 128
+#include "gemv_planes.h"
+#define GR 1
+#define GNW 1
+#define GG 128
+#include "gemv_planes.h"
+#define GR 2
+#define GNW 1
+#define GG 128
+#include "gemv_planes.h"
+
+#define GEMV_PLANES_CASE(r, nw)                                                                               \
+    if (R == (r) && NW == (nw)) {                                                                             \
+        if (p->group_size == 32) GEMV_PLANES_NAME(r, nw, 32)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+        else if (p->group_size == 64) GEMV_PLANES_NAME(r, nw, 64)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+        else GEMV_PLANES_NAME(r, nw, 128)(p, rows, scales, biases, m0, pf_stride, result, ld);               \
+        return;                                                                                               \
+    }
+#endif
+
 static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
                           size_t m0, int R, int NW, size_t pf_stride, float *result, size_t ld) {
+#if GEMV_PLANES
+    if (p->planes) {
+        GEMV_PLANES_CASE(1, PLANES_NW_1)
+        GEMV_PLANES_CASE(2, PLANES_NW_2)
+        GEMV_PLANES_CASE(1, 1)
+        GEMV_PLANES_CASE(2, 1)
+    }
+#endif
     GEMV_CASE(1, GEMV_NW_1)
     GEMV_CASE(2, GEMV_NW_2)
     GEMV_CASE(4, GEMV_NW_4)
@@ -275,8 +357,18 @@ static int gemv_pass_rows(size_t remaining) {
     return R;
 }
 
+/* Rows of x (and of xp, xsum) the passes over M rows read: whole passes of GEMV_R_MAX, then the last pass's rows
+ * rounded up to a power of two; the padding rows among them must be zero. */
+static size_t gemv_rows_read(size_t M) {
+    const size_t rest = M % GEMV_R_MAX;
+    return M - rest + (rest ? (size_t)gemv_pass_rows(rest) : 0);
+}
+
 /* Weight rows per register block for R rows of x (at most 16 accumulators, see GEMV_NW_*). */
-static int gemv_block_rows(int R) {
+static int gemv_block_rows(const gemv_plan *p, int R) {
+#if GEMV_PLANES
+    if (p->planes) return R == 1 ? PLANES_NW_1 : PLANES_NW_2;
+#endif
     return R == 1 ? GEMV_NW_1 : R == 2 ? GEMV_NW_2 : R == 4 ? GEMV_NW_4 : GEMV_NW_8;
 }
 
@@ -295,14 +387,66 @@ static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, size_t w
     }
 }
 
-/* Rows 0…M−1 of x in decode order into p->xp and their Σx per group into p->xsum; the padding rows up to Mpad
- * and the padding groups up to gstride zero. */
-static void gemv_prepare_x(const gemv_plan *p, size_t M, size_t Mpad) {
+#if GEMV_PLANES
+/* Rows 0…M−1 of x in nibble-plane order (gemv_planes.h) into p->xp (row stride xstride, zero past K) and Σx per
+ * group into p->xsum; the rows up to Mread (what the passes read, gemv_rows_read) and the groups up to gstride zero.
+ * Chunk c of a row, plane j, lane i holds x(c·8·LANES + 8i + j)·16^-j (plane 7 unscaled), which the plane's codes
+ * q·16^j meet: the product is exactly q·x when x·16^-j is exact, i.e. not rounded into the subnormal range (|x| ≥
+ * 2^-102, or 0). Returns 0 — and the caller takes the table decode for the whole call — if some scaled x is not
+ * (or is NaN: ±inf in x makes one). Row Mread of xp is the scratch for the row in natural order (f32, zero-padded to
+ * xstride), from which the planes are transposed. Σx sums the natural order. */
+static int gemv_prepare_x_planes(const gemv_plan *p, size_t M, size_t Mread) {
+    static const float down[7] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f};
+    static const float up[7] = {1.0f, 0x1p4f, 0x1p8f, 0x1p12f, 0x1p16f, 0x1p20f, 0x1p24f};
+    const qmm_call *call = p->call;
+    const size_t K = p->K, xstride = p->xstride, chunk = 8 * LANES;
+    float *xp = (float *)p->xp, *xsum = (float *)p->xsum, *natural = xp + Mread * xstride;
+    memset(xp + M * xstride, 0, (Mread - M) * xstride * sizeof(float));
+    memset(xsum, 0, Mread * p->gstride * sizeof(float));
+    memset(natural + K, 0, (xstride - K) * sizeof(float));
+    int exact = 1;
+    for (size_t m = 0; m < M; m++) {
+        for (size_t k = 0; k < K; k += LANES) v_store(natural + k, v_load_dtype(call->x, call->dtype, m * K + k));
+        for (size_t g = 0; g < p->groups; g++) {
+            vf sum = v_zero();
+            for (size_t k = g * p->group_size; k < (g + 1) * p->group_size; k += LANES) sum = v_add(sum, v_load(natural + k));
+            xsum[m * p->gstride + g] = v_hsum(sum);
+        }
+        float *dst = xp + m * xstride;
+        for (size_t c = 0; c < xstride; c += chunk) {
+            vf plane[8];
+            v_planes_of_chunk(natural + c, plane);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                vf v = plane[j];
+                if (j > 0 && j < 7) {
+                    const vf scaled = v_mul(v, v_set1(down[j]));
+                    exact &= v_same(v_mul(scaled, v_set1(up[j])), v);
+                    v = scaled;
+                }
+                v_store(dst + c + (size_t)j * LANES, v);
+            }
+        }
+    }
+    return exact;
+}
+#endif
+
+/* Rows 0…M−1 of x in decode order into p->xp and their Σx per group into p->xsum; the padding rows up to Mread
+ * (what the passes read, gemv_rows_read) and the padding groups up to gstride zero. */
+static void gemv_prepare_x(gemv_plan *p, size_t M, size_t Mread) {
     const qmm_call *call = p->call;
     const size_t K = p->K;
     float *xp = (float *)p->xp, *xsum = (float *)p->xsum;
-    memset(xp + M * K, 0, (Mpad - M) * K * sizeof(float));
-    memset(xsum, 0, Mpad * p->gstride * sizeof(float));
+#if GEMV_PLANES
+    if (p->planes) {
+        if (gemv_prepare_x_planes(p, M, Mread)) return;
+        p->planes = 0; /* an x value that 16^-j would round: the table decode for this call (each thread decides
+                        * on the same x, so all alike) */
+    }
+#endif
+    memset(xp + M * K, 0, (Mread - M) * K * sizeof(float));
+    memset(xsum, 0, Mread * p->gstride * sizeof(float));
     for (size_t m = 0; m < M; m++) {
         convert_x_row(call, m, p->fast, xp + m * K);
         /* Σx per group from the converted row: the order inside a group does not change Σx's
@@ -358,7 +502,7 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
      * block: a row of x's GEMV_RW outputs are contiguous in out. */
     float tile[GEMV_R_MAX * GEMV_RW];
     for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
-        const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(R);
+        const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(&plan, R);
         size_t n = n_begin;
         for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
             const size_t at = (n - n_begin) * plan.gstride;
@@ -382,12 +526,21 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
                       .fast = fast_bits(call->bits)};
     plan.gstride = (plan.groups + LANES - 1) / LANES * LANES;
     const size_t Mpad = (M + GEMV_R_MAX - 1) / GEMV_R_MAX * GEMV_R_MAX;
+    /* M ≤ 2 (one pass of 1 or 2 rows of x), 4-bit, where the ISA has it: decode by nibble planes (gemv_planes.h).
+     * There the table decode binds the time (M = 1: 7–8 GB/s of weights per core, well under a core's share of
+     * the memory); from 4 rows of x on its cost is shared by the rows and it stays (docs/PERF.md). */
+    plan.planes = GEMV_PLANES && call->bits == 4 && M <= 2;
+    plan.xstride = (K + 8 * LANES - 1) / (8 * LANES) * (8 * LANES);
+    /* Room for either layout of x: Mpad·K (decode order), or Mpad rows of xstride in plane order and the row in
+     * natural order that gemv_prepare_x_planes builds them from. */
+    const size_t Mread = gemv_rows_read(M);
+    const size_t xp_per_thread = plan.planes ? (Mread + 1) * plan.xstride : Mpad * K;
     qmm_status status = QMM_OK;
     /* x in decode order and its group sums: one copy per thread, each made by its thread. One shared copy
      * written by the first thread before the team starts costs the others a cache-line transfer per line
      * read (the line last held by the other core), and the team waits for it: ≈ 6 µs per call on two cores
      * here (the fixture's layers, M = 16), against ≈ 2 µs for each thread to convert x itself in parallel. */
-    float *xp = qmm_cpu_scratch((size_t)threads * Mpad * K, sizeof(float), "x in decode order");
+    float *xp = qmm_cpu_scratch((size_t)threads * xp_per_thread, sizeof(float), "x in decode order");
     float *xsum = qmm_cpu_scratch((size_t)threads * Mpad * plan.gstride, sizeof(float), "x group sums");
     uint8_t *unpacked = NULL;
     float *group_f32 = qmm_cpu_scratch((size_t)threads * 2 * GEMV_RW * plan.gstride, sizeof(float), "block scales");
@@ -408,9 +561,9 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     {
         const size_t me = (size_t)QMM_CPU_THREAD_ID();
         gemv_plan mine = plan;
-        mine.xp = xp + me * Mpad * K;
+        mine.xp = xp + me * xp_per_thread;
         mine.xsum = xsum + me * Mpad * plan.gstride;
-        gemv_prepare_x(&mine, M, Mpad);
+        gemv_prepare_x(&mine, M, Mread);
 #pragma omp for schedule(static) nowait
         for (size_t block = 0; block < blocks; block++) gemv_run_block(&mine, block, blocks);
     }

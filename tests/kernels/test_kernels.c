@@ -76,6 +76,7 @@ static value_set m_values(const qmm_kernel_info *info) {
     const size_t bm = tile_of(info->bm);
     value_set set = {{0}, 0};
     set_add(&set, 1, 1);
+    set_add(&set, 2, 1); /* the CPU GEMV's nibble-plane path runs M ≤ 2 (docs/kernels.md §8) */
     set_add(&set, bm - 1, 1);
     set_add(&set, bm, 1);
     set_add(&set, bm + 1, 1);
@@ -115,9 +116,12 @@ typedef struct kernel_tally {
     char first_refusal[600];
 } kernel_tally;
 
-/* One weight matrix (rows × cols, format) against every M of the grid. */
+/* One weight matrix (rows × cols, format) against every M of the grid. tiny_x: x uniform in [-1e-37, 1e-37) instead
+ * (f32 and bf16 hold it): below 2^-102, where x·16^-j would round, so the CPU GEMV's nibble-plane path must take the
+ * table decode (docs/kernels.md §8); with every x that small the bound is small too, and the rounding shows. */
 static void run_matrix(qmm_context *context, const qmm_kernel_info *info, check_rng *rng, size_t N, size_t K,
-                       int bits, int group_size, qmm_dtype dtype, const value_set *ms, kernel_tally *tally) {
+                       int bits, int group_size, qmm_dtype dtype, const value_set *ms, kernel_tally *tally,
+                       bool tiny_x) {
     const bool transpose = info->op == QMM_OP_QMM_T;
     check_qmatrix q;
     if (!check_qmatrix_random(rng, transpose ? N : K, transpose ? K : N, bits, group_size, dtype, &q)) {
@@ -130,8 +134,8 @@ static void run_matrix(qmm_context *context, const qmm_kernel_info *info, check_
     for (size_t mi = 0; weights && mi < ms->count; mi++) {
         const size_t M = ms->values[mi];
         char label[192];
-        snprintf(label, sizeof label, "%s %s %d-bit gs%d M=%zu N=%zu K=%zu", info->name, qmm_dtype_name(dtype), bits,
-                 group_size, M, N, K);
+        snprintf(label, sizeof label, "%s %s %d-bit gs%d M=%zu N=%zu K=%zu%s", info->name, qmm_dtype_name(dtype), bits,
+                 group_size, M, N, K, tiny_x ? " (tiny x)" : "");
         const char *why_not = NULL;
         int supported = qmm_kernel_supports(context, info->name, weights, M, info->op, &why_not);
         CHECK(supported >= 0, "%s: qmm_kernel_supports failed: %s", label, qmm_last_error());
@@ -148,6 +152,8 @@ static void run_matrix(qmm_context *context, const qmm_kernel_info *info, check_
             goto next;
         }
         check_fill_uniform(rng, x, dtype, M * K, -1.0f, 1.0f);
+        if (tiny_x)
+            for (size_t i = 0; i < M * K; i++) qmm_store_f32(x, dtype, i, qmm_load_f32(x, dtype, i) * 1e-37f);
         CHECK_OK(qmm_buffer_create(context, dtype, M * K, &xb));
         CHECK_OK(qmm_buffer_create(context, dtype, M * N + GUARD, &ob));
         if (!xb || !ob) goto next;
@@ -616,9 +622,15 @@ static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_
                                               all_dtypes[d], &ms, &tally);
                         else
                             run_matrix(context, info, rng, N, K, all_bits[b], all_group_sizes[g], all_dtypes[d], &ms,
-                                       &tally);
+                                       &tally, false);
                     }
             }
+    /* x values too small to scale by 16^-j exactly (qmm_t, 4-bit, f32 and bf16, every group size). */
+    if (info->op == QMM_OP_QMM_T)
+        for (size_t d = 0; d < 3; d += 2)
+            for (size_t g = 0; g < 3; g++)
+                run_matrix(context, info, rng, 7, 640 + (size_t)all_group_sizes[g], 4, all_group_sizes[g],
+                           all_dtypes[d], &ms, &tally, true);
     printf("  %-28s %6zu cases ran, %zu not supported, %zu failed, worst error/bound %.3f\n", info->name, tally.ran,
            tally.not_supported, tally.failed, tally.worst);
     if (tally.not_supported) printf("    first refusal: %s\n", tally.first_refusal);
