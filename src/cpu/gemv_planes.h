@@ -59,8 +59,10 @@ static void GEMV_PLANES_NAME(GR, GNW, GG)(const gemv_plan *p, const uint8_t *con
         }
         const float *xc = x0 + c * chunk;
         vf part[GR][GNW];
+        /* Plane 7 (a shift) first, so the last plane's AND may overwrite v: v, part and acc then fit the registers. */
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
+        for (int jj = 0; jj < 8; jj++) {
+            const int j = (jj + 7) % 8;
             vf x[GR];
 #pragma GCC unroll 8
             for (int r = 0; r < GR; r++) x[r] = v_load(xc + (size_t)r * xstride + (size_t)j * LANES);
@@ -68,7 +70,7 @@ static void GEMV_PLANES_NAME(GR, GNW, GG)(const gemv_plan *p, const uint8_t *con
             for (int w = 0; w < GNW; w++) {
                 const vf q = v_nibble(v[w], j);
 #pragma GCC unroll 8
-                for (int r = 0; r < GR; r++) part[r][w] = j == 0 ? v_mul(q, x[r]) : v_fma(q, x[r], part[r][w]);
+                for (int r = 0; r < GR; r++) part[r][w] = jj == 0 ? v_mul(q, x[r]) : v_fma(q, x[r], part[r][w]);
             }
         }
 #pragma GCC unroll 8
