@@ -114,6 +114,7 @@ _SIGNATURES = {
     "qmm_context_destroy": (None, [c_void_p]),
     "qmm_kernel_count": (c_size_t, [c_void_p]),
     "qmm_kernel_get": (c_int, [c_void_p, c_size_t, POINTER(qmm_kernel_info)]),
+    "qmm_kernel_usable": (c_int, [c_void_p, c_size_t, POINTER(c_char_p)]),
     "qmm_weights_create_experts": (c_int, [c_void_p, POINTER(qmm_qmatrix), c_size_t, POINTER(c_void_p)]),
     "qmm_weights_destroy": (None, [c_void_p]),
     "qmm_buffer_create": (c_int, [c_void_p, c_int, c_size_t, POINTER(c_void_p)]),
@@ -272,8 +273,8 @@ class Qmm:
         return exact, abs_dot
 
     def gather_kernels(self, backend):
-        """(name, tolerance_slack) of the gather rows of a backend's table ([] when the backend cannot be
-        created here)."""
+        """(name, tolerance_slack) of the gather rows of a backend's table that can run on this machine
+        (qmm_kernel_usable: not the AVX-512 rows on a CPU without it); [] when the backend cannot be created here."""
         context = c_void_p()
         if self.fn("qmm_context_create")(backend, 0, ctypes.byref(context)) != 0:
             return []
@@ -282,7 +283,7 @@ class Qmm:
             for i in range(self.fn("qmm_kernel_count")(context)):
                 info = qmm_kernel_info()
                 self.call("qmm_kernel_get", context, i, ctypes.byref(info))
-                if info.op == QMM_OP_GATHER:
+                if info.op == QMM_OP_GATHER and self.fn("qmm_kernel_usable")(context, i, None) == 1:
                     names.append((info.name.decode(), info.tolerance_slack))
             return names
         finally:
