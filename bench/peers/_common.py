@@ -6,8 +6,11 @@ import math
 import sys
 
 
-def parse_args(description):
+def parse_args(description, add_arguments=None):
+    """The common command line; add_arguments(parser), when given, adds a script's own options first."""
     p = argparse.ArgumentParser(description=description)
+    if add_arguments:
+        add_arguments(p)
     p.add_argument("--shapes", required=True, help="name:N:K,... (out[M, N] = x[M, K] @ W[N, K].T)")
     p.add_argument("--m", required=True, help="1,2,4,...")
     p.add_argument("--dtype", required=True, help="f32,f16,bf16")
