@@ -169,7 +169,32 @@ for c in d["cells"]:
     names = [k["name"] for k in c["kernels"]]
     assert names == ["ref.gather.blocks.r1", "ref.gather.scalar.r1"], names
     assert all(k["us"] > 0 for k in c["kernels"])
+    assert c["peers"] == [], c["peers"]  # --no-peers
+assert d["peers_absent"] == [], d["peers_absent"]
 PY
+fi
+check "--gather --no-peers: no peer row" bash -c '! grep -q "peer mlx-gather-cpu" <<<"$1"' _ "$OUT"
+# --gather with peers: MLX's mx.gather_qmm on the CPU (bench/peers/mlx_gather_cpu.py through .venv) gets a row
+# under every cell, in the JSON too; without .venv or MLX the header lists it as absent, with the reason.
+q bench --backend ref --gather --quick --experts 8 --experts-per-token 2 --m 1 --dtype f32 --json "$WORK/gather-peer.json"
+check "--gather with peers: exit 0" rc_is 0
+if [ -x "$SRC/.venv/bin/python" ] && "$SRC/.venv/bin/python" -c 'import mlx.core' 2>/dev/null; then
+  check "--gather: the MLX gather_qmm peer row under each cell" \
+    [ "$(out_lines_matching '^ +peer mlx-gather-cpu +[0-9.]+ +[0-9.]+ +[0-9.]+ +mlx [0-9.]+ cpu gather_qmm')" = 2 ]
+  check "--gather: the peer got the stack and the routing" err_has "--experts 8 --experts-per-token 2 --quick"
+  if command -v python3 >/dev/null; then
+    check "--gather: the peer in the JSON" python3 - "$WORK/gather-peer.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert len(d["cells"]) == 2 and d["peers_absent"] == [], d["peers_absent"]
+for c in d["cells"]:
+    assert [p["name"] for p in c["peers"]] == ["mlx-gather-cpu"], c["peers"]
+    p = c["peers"][0]
+    assert p["us"] > 0 and abs(p["x_floor"] - p["us"] / c["floor_us"]) < 1e-9 and "gather_qmm" in p["note"]
+PY
+  fi
+else
+  check "--gather: the MLX gather_qmm peer absent, with the reason" out_matches '^# peer mlx-gather-cpu: absent: .+'
 fi
 if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)"; then
   q bench --backend cpu --gather --quick --no-peers --experts 8 --m 1 --dtype bf16
@@ -193,6 +218,12 @@ if command -v python3 >/dev/null && ! python3 -c 'import ggml' 2>/dev/null; then
   peer_out=$(python3 "$SRC/bench/peers/ggml_cpu.py" --shapes t:64:128 --m 1 --dtype f32 --quick --threads 1)
   check "ggml peer without ggml-python: absent, with the reason" \
     grep -qF '{"peer": "ggml", "absent": "cannot import ggml (ggml-python; scripts/setup.sh bench installs it)' <<<"$peer_out"
+fi
+# The MLX gather peer script without MLX: one "absent" line with the reason.
+if command -v python3 >/dev/null && ! python3 -c 'import mlx.core' 2>/dev/null; then
+  peer_out=$(python3 "$SRC/bench/peers/mlx_gather_cpu.py" --shapes t:64:128 --m 1 --dtype f32 --quick --experts 4 --experts-per-token 2)
+  check "MLX gather peer without MLX: absent, with the reason" \
+    grep -qF '{"peer": "mlx-gather-cpu", "absent": "cannot import mlx.core (' <<<"$peer_out"
 fi
 
 finish

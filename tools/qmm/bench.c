@@ -469,7 +469,8 @@ static void note_absent(bench_run *run, const char *peer, const char *reason) {
     snprintf(run->absent[run->absent_count++], sizeof run->absent[0], "%s: absent: %s", peer, reason);
 }
 
-/* The script peers of the backend, each run once over the whole grid; their samples go to the cells. */
+/* The script peers of the backend (--gather: of the gather op), each run once over the whole grid; their samples
+ * go to the cells, matched by (shape, M, dtype) — for --gather M is T. */
 static void bench_script_peers(bench_run *run) {
     char shapes[8192] = "", ms[512] = "", dtypes[128] = "";
     size_t used = 0;
@@ -490,8 +491,12 @@ static void bench_script_peers(bench_run *run) {
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", source_dir());
     script cpu_scripts[] = {{"mlx-cpu", venv_python, "mlx_cpu.py"}, {"ggml", venv_python, "ggml_cpu.py"}};
     script cuda_scripts[] = {{"torch-int4", "python3", "torch_int4.py"}, {"mlx-cuda", "python3", "mlx_cuda.py"}};
-    const script *scripts = run->backend == QMM_BACKEND_CUDA ? cuda_scripts : cpu_scripts;
-    size_t count = 2;
+    script gather_scripts[] = {{"mlx-gather-cpu", venv_python, "mlx_gather_cpu.py"}};
+    const script *scripts = run->gather ? gather_scripts : run->backend == QMM_BACKEND_CUDA ? cuda_scripts : cpu_scripts;
+    size_t count = run->gather ? sizeof gather_scripts / sizeof gather_scripts[0] : 2;
+    char extra[128] = ""; /* --gather: the stack and the routing */
+    if (run->gather)
+        snprintf(extra, sizeof extra, " --experts %zu --experts-per-token %zu", run->experts, run->top_k);
     for (size_t i = 0; i < count; i++) {
         char absent[320] = "";
         if (scripts[i].python[0] == '/' && access(scripts[i].python, X_OK) != 0) {
@@ -507,9 +512,9 @@ static void bench_script_peers(bench_run *run) {
         char command_text[16384];
         snprintf(command_text, sizeof command_text,
                  "'%s' '%s/bench/peers/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
-                 "--cache-bytes %zu --threads %d%s",
+                 "--cache-bytes %zu --threads %d%s%s",
                  scripts[i].python, source_dir(), scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
-                 run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), run->quick ? " --quick" : "");
+                 run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), extra, run->quick ? " --quick" : "");
         fprintf(stderr, "bench peer %s: %s\n", scripts[i].peer, command_text);
         bench_peer_samples samples = {0};
         if (!bench_run_script_peer(command_text, &samples, absent, sizeof absent)) {
@@ -987,9 +992,6 @@ int cmd_bench(const command *c, int argc, char **argv) {
     char openblas[256];
     int have_openblas = !cuda && !gather && run->peers && bench_openblas_available(openblas, sizeof openblas);
     if (!cuda && !gather && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
-    if (gather && run->peers)
-        note_absent(run, "(all)", "--gather has no peers yet (MLX's mx.gather_qmm on the CPU would be the first); the "
-                                  "reference gather rows are the baseline");
 
     size_t done_cells = 0;
     for (size_t s = 0; s < run->shape_count && status == QMM_OK; s++) {
@@ -1020,7 +1022,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         rc = library_error(c, status);
         goto done;
     }
-    if (run->peers && !gather) bench_script_peers(run);
+    if (run->peers) bench_script_peers(run);
 
     size_t decided, yes;
     decide_fastest(run, &decided, &yes);
