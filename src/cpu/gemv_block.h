@@ -20,7 +20,8 @@
 #define GEMV_NAME(r, nw, f) GEMV_NAME_(r, nw, f)
 
 static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *rows, const float *scales,
-                                      const float *biases, size_t m0, size_t pf_stride, float *result, size_t ld) {
+                                      const float *biases, size_t m0, size_t pf_stride, float *result, size_t ld,
+                                      size_t g0, size_t g1, vf *carry) {
     const size_t K = p->K, G = p->group_size, groups = p->groups, gstride = p->gstride;
     const size_t group_bytes = G * (size_t)GFAST / 8, row_bytes = K * (size_t)GFAST / 8;
     const float *x0 = p->xp + m0 * K;
@@ -28,16 +29,16 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 #pragma GCC unroll 16
     for (int r = 0; r < GR; r++)
 #pragma GCC unroll 8
-        for (int w = 0; w < GNW; w++) acc[r][w] = v_zero();
+        for (int w = 0; w < GNW; w++) acc[r][w] = g0 ? carry[w * GR + r] : v_zero();
     /* Tables one group ahead where the registers allow: acc, this and the next group's tables, the decoded codes
      * and x must fit (else gcc spills, e.g. 4 × 4 and 1 × 8 on AVX-512). */
 #define GEMV_PIPELINE_TABLES (GR * GNW + 4 * GNW + 4 <= GEMV_VREGS)
 #if GEMV_PIPELINE_TABLES
     vf next_table[GNW];
 #pragma GCC unroll 8
-    for (int w = 0; w < GNW; w++) next_table[w] = make_table(scales[(size_t)w * gstride]);
+    for (int w = 0; w < GNW; w++) next_table[w] = make_table(scales[(size_t)w * gstride + g0]);
 #endif
-    for (size_t g = 0; g < groups; g++) {
+    for (size_t g = g0; g < g1; g++) {
         if (pf_stride) {
             /* The lines that start in this group's bytes, GEMV_PF ahead (past the row's end: the next block). */
             const size_t at = g * group_bytes + GEMV_PF;
@@ -51,7 +52,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 #if GEMV_PIPELINE_TABLES
         /* This group's tables were made during the previous group; make the next group's now, so that the
          * broadcast-multiply's latency is off the path from the codes to the FMAs. */
-        const size_t g_next = g + 1 < groups ? g + 1 : g;
+        const size_t g_next = g + 1 < g1 ? g + 1 : g;
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) {
             table[w] = next_table[w];
@@ -109,6 +110,13 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
             }
         }
 #endif
+    }
+    if (g1 < groups) { /* a K segment (gemv_run_block): the accumulators carry to the next one, exactly */
+#pragma GCC unroll 8
+        for (int w = 0; w < GNW; w++)
+#pragma GCC unroll 16
+            for (int r = 0; r < GR; r++) carry[w * GR + r] = acc[r][w];
+        return;
     }
     /* b·Σx: LANES groups at a time into the same lanes; biases and xsum are zero-padded to gstride, so the last
      * groups % LANES need no scalar tail. */
