@@ -517,8 +517,9 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
     /* One pass's outputs of the whole block (rows of x × GEMV_RW), stored together after its last register
      * block: a row of x's GEMV_RW outputs are contiguous in out. */
     float tile[GEMV_R_MAX * GEMV_RW];
-    /* The accumulators of every register block of a pass between K segments: [weight row][row of x]. */
-    vf carry[GEMV_RW * GEMV_R_MAX];
+    /* The accumulators of every register block of a pass between K segments: [weight row][row of x][2]
+     * (gemv_block.h's two sets, where it keeps two). */
+    vf carry[2 * GEMV_RW * GEMV_R_MAX];
     for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
         const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(&plan, R);
         /* K segments: with many rows of x each register block (NW weight rows) reads R rows × K of x, which at
@@ -532,12 +533,12 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
             for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
                 const size_t at = (n - n_begin) * plan.gstride;
                 gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
-                              tile + (n - n_begin), GEMV_RW, g0, g1, carry + (n - n_begin) * (size_t)R);
+                              tile + (n - n_begin), GEMV_RW, g0, g1, carry + 2 * (n - n_begin) * (size_t)R);
             }
             for (; n < n_end; n++) {
                 const size_t at = (n - n_begin) * plan.gstride;
                 gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0,
-                              tile + (n - n_begin), GEMV_RW, g0, g1, carry + (n - n_begin) * (size_t)R);
+                              tile + (n - n_begin), GEMV_RW, g0, g1, carry + 2 * (n - n_begin) * (size_t)R);
             }
         }
         gemv_store(&plan, n_begin, m0, R, n_end - n_begin, tile);

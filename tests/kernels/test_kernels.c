@@ -95,7 +95,9 @@ static value_set free_values(size_t tile) {
     return set;
 }
 
-static value_set quantized_values(size_t tile, size_t group_size) {
+/* long_k: also a K past 1024 (the GEMV rows, whose passes of 4 rows of x walk K in segments of 1024 codes on AVX2;
+ * only there, as the scalar rows would take long at that K). */
+static value_set quantized_values(size_t tile, size_t group_size, bool long_k) {
     const size_t lcm = tile / gcd(tile, group_size) * group_size;
     value_set set = {{0}, 0};
     set_add(&set, group_size, group_size);
@@ -105,6 +107,7 @@ static value_set quantized_values(size_t tile, size_t group_size) {
     set_add(&set, 2 * lcm + group_size, group_size);
     set_add(&set, 576, group_size); /* not a power of two, and a real model's K (SmolLM2-135M) */
     set_add(&set, 640, group_size); /* the same for group_size 128, where 576 is not a multiple */
+    if (long_k) set_add(&set, 1536 + group_size, group_size); /* past a whole K segment of the CPU GEMV at 4 rows of x */
     return set;
 }
 
@@ -612,7 +615,8 @@ static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_
 #ifdef SANITIZED_BUILD
                 if ((b + g) % 3 != d) continue;
 #endif
-                const value_set quantized = quantized_values(quantized_tile, (size_t)all_group_sizes[g]);
+                const value_set quantized = quantized_values(quantized_tile, (size_t)all_group_sizes[g],
+                                                            transpose && strcmp(info->family, "gemv") == 0);
                 for (size_t qi = 0; qi < quantized.count && (!reduced || qi < 3); qi++)
                     for (size_t fi = 0; fi < frees.count && (!reduced || fi < 3); fi++) {
                         const size_t N = transpose ? frees.values[fi] : quantized.values[qi];
