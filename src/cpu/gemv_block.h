@@ -20,38 +20,24 @@
 #define GEMV_NAME(r, nw, f) GEMV_NAME_(r, nw, f)
 
 static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *rows, const float *scales,
-                                      const float *biases, size_t m0, size_t pf_stride, float *result, size_t ld,
-                                      size_t g0, size_t g1, vf *carry) {
+                                      const float *biases, size_t m0, size_t pf_stride, float *result, size_t ld) {
     const size_t K = p->K, G = p->group_size, groups = p->groups, gstride = p->gstride;
     const size_t group_bytes = G * (size_t)GFAST / 8, row_bytes = K * (size_t)GFAST / 8;
     const float *x0 = p->xp + m0 * K;
-    /* GEMV_ACC2: a second set of accumulators (the odd codes' FMAs of 4-bit, every other vector of 8-bit) where
-     * the registers allow it, when GR·GNW alone is fewer chains than the FMA pipes' latency × throughput (8 on
-     * Zen 3 / Zen 4): AVX2's 4 × 1 block ran its FMAs one chain after another at half the pipes' rate (AVX2 only:
-     * the AVX-512 blocks keep ≥ 8 chains but for the last rows of N). */
-#define GEMV_ACC2 (GEMV_VREGS == 16 && GR * GNW < 8 && 2 * GR * GNW + 3 * GNW + 2 <= GEMV_VREGS)
     vf acc[GR][GNW];
-#if GEMV_ACC2
-    vf acc2[GR][GNW];
-#endif
 #pragma GCC unroll 16
     for (int r = 0; r < GR; r++)
 #pragma GCC unroll 8
-        for (int w = 0; w < GNW; w++) {
-            acc[r][w] = g0 ? carry[2 * (w * GR + r)] : v_zero();
-#if GEMV_ACC2
-            acc2[r][w] = g0 ? carry[2 * (w * GR + r) + 1] : v_zero();
-#endif
-        }
+        for (int w = 0; w < GNW; w++) acc[r][w] = v_zero();
     /* Tables one group ahead where the registers allow: acc, this and the next group's tables, the decoded codes
      * and x must fit (else gcc spills, e.g. 4 × 4 and 1 × 8 on AVX-512). */
 #define GEMV_PIPELINE_TABLES (GR * GNW + 4 * GNW + 4 <= GEMV_VREGS)
 #if GEMV_PIPELINE_TABLES
     vf next_table[GNW];
 #pragma GCC unroll 8
-    for (int w = 0; w < GNW; w++) next_table[w] = make_table(scales[(size_t)w * gstride + g0]);
+    for (int w = 0; w < GNW; w++) next_table[w] = make_table(scales[(size_t)w * gstride]);
 #endif
-    for (size_t g = g0; g < g1; g++) {
+    for (size_t g = 0; g < groups; g++) {
         if (pf_stride) {
             /* The lines that start in this group's bytes, GEMV_PF ahead (past the row's end: the next block). */
             const size_t at = g * group_bytes + GEMV_PF;
@@ -65,7 +51,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 #if GEMV_PIPELINE_TABLES
         /* This group's tables were made during the previous group; make the next group's now, so that the
          * broadcast-multiply's latency is off the path from the codes to the FMAs. */
-        const size_t g_next = g + 1 < g1 ? g + 1 : g;
+        const size_t g_next = g + 1 < groups ? g + 1 : g;
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) {
             table[w] = next_table[w];
@@ -93,11 +79,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 #pragma GCC unroll 8
                 for (int w = 0; w < GNW; w++) {
                     acc[r][w] = v_fma(lo[w], x_lo, acc[r][w]);
-#if GEMV_ACC2
-                    acc2[r][w] = v_fma(hi[w], x_hi, acc2[r][w]);
-#else
                     acc[r][w] = v_fma(hi[w], x_hi, acc[r][w]);
-#endif
                 }
             }
 #else
@@ -108,11 +90,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 #pragma GCC unroll 16
                 for (int r = 0; r < GR; r++) {
                     acc[r][w] = v_fma(lo, v_load(x0 + (size_t)r * K + k), acc[r][w]);
-#if GEMV_ACC2
-                    acc2[r][w] = v_fma(hi, v_load(x0 + (size_t)r * K + k + LANES), acc2[r][w]);
-#else
                     acc[r][w] = v_fma(hi, v_load(x0 + (size_t)r * K + k + LANES), acc[r][w]);
-#endif
                 }
             }
 #endif
@@ -127,35 +105,11 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
                 vf x = v_load(x0 + (size_t)r * K + k);
                 __asm__("" : "+v"(x)); /* one load for all GNW weight rows (see the 4-bit loop) */
 #pragma GCC unroll 8
-                for (int w = 0; w < GNW; w++) {
-#if GEMV_ACC2
-                    if ((k / LANES) & 1) acc2[r][w] = v_fma(q[w], x, acc2[r][w]);
-                    else
-#endif
-                        acc[r][w] = v_fma(q[w], x, acc[r][w]);
-                }
+                for (int w = 0; w < GNW; w++) acc[r][w] = v_fma(q[w], x, acc[r][w]);
             }
         }
 #endif
     }
-    if (g1 < groups) { /* a K segment (gemv_run_block): the accumulators carry to the next one, exactly */
-#pragma GCC unroll 8
-        for (int w = 0; w < GNW; w++)
-#pragma GCC unroll 16
-            for (int r = 0; r < GR; r++) {
-                carry[2 * (w * GR + r)] = acc[r][w];
-#if GEMV_ACC2
-                carry[2 * (w * GR + r) + 1] = acc2[r][w];
-#endif
-            }
-        return;
-    }
-#if GEMV_ACC2
-#pragma GCC unroll 16
-    for (int r = 0; r < GR; r++)
-#pragma GCC unroll 8
-        for (int w = 0; w < GNW; w++) acc[r][w] = v_add(acc[r][w], acc2[r][w]);
-#endif
     /* b·Σx: LANES groups at a time into the same lanes; biases and xsum are zero-padded to gstride, so the last
      * groups % LANES need no scalar tail. */
 #pragma GCC unroll 8
@@ -172,7 +126,6 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
 }
 
 #undef GEMV_PIPELINE_TABLES
-#undef GEMV_ACC2
 #undef GR
 #undef GNW
 #undef GFAST

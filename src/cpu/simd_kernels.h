@@ -250,8 +250,8 @@ typedef struct gemv_plan {
 
 #define GEMV_CASE(r, nw)                                                                                      \
     if (R == (r) && NW == (nw)) {                                                                             \
-        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result, ld, g0, g1, carry); \
-        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result, ld, g0, g1, carry);          \
+        if (p->fast == 4) GEMV_NAME(r, nw, 4)(p, rows, scales, biases, m0, pf_stride, result, ld);            \
+        else GEMV_NAME(r, nw, 8)(p, rows, scales, biases, m0, pf_stride, result, ld);                         \
         return;                                                                                               \
     }
 
@@ -322,11 +322,8 @@ typedef struct gemv_plan {
     }
 #endif
 
-/* One register block over groups [g0, g1) of K (all of them, or one K segment: carry holds the accumulators
- * between segments, gemv_run_block). The plane blocks take whole rows only. */
 static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
-                          size_t m0, int R, int NW, size_t pf_stride, float *result, size_t ld, size_t g0, size_t g1,
-                          vf *carry) {
+                          size_t m0, int R, int NW, size_t pf_stride, float *result, size_t ld) {
 #if GEMV_PLANES
     if (p->planes) {
         GEMV_PLANES_CASE(1, PLANES_NW_1)
@@ -365,19 +362,6 @@ static int gemv_pass_rows(size_t remaining) {
 static size_t gemv_rows_read(size_t M) {
     const size_t rest = M % GEMV_R_MAX;
     return M - rest + (rest ? (size_t)gemv_pass_rows(rest) : 0);
-}
-
-/* Groups per K segment of a pass with R rows of x (gemv_run_block): R rows × the segment of x in f32 within
- * GEMV_SEG_BYTES (half of L1), whole groups; all of K when it fits, or when R < 4 (few rows of x: each block
- * reads at most 2 rows × K of x, and a segment boundary costs a store and a load of the accumulators). */
-#ifndef GEMV_SEG_BYTES
-#define GEMV_SEG_BYTES 16384
-#endif
-static size_t gemv_segment_groups(const gemv_plan *p, int R) {
-    if (R < 4) return p->groups;
-    const size_t codes = GEMV_SEG_BYTES / (sizeof(float) * (size_t)R);
-    const size_t seg = codes / p->group_size ? codes / p->group_size : 1;
-    return seg >= p->groups ? p->groups : seg;
 }
 
 /* Weight rows per register block for R rows of x (at most 16 accumulators, see GEMV_NW_*). */
@@ -517,29 +501,18 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
     /* One pass's outputs of the whole block (rows of x × GEMV_RW), stored together after its last register
      * block: a row of x's GEMV_RW outputs are contiguous in out. */
     float tile[GEMV_R_MAX * GEMV_RW];
-    /* The accumulators of every register block of a pass between K segments: [weight row][row of x][2]
-     * (gemv_block.h's two sets, where it keeps two). */
-    vf carry[2 * GEMV_RW * GEMV_R_MAX];
     for (size_t m0 = 0; m0 < M; m0 += GEMV_R_MAX) {
         const int R = gemv_pass_rows(M - m0), NW = gemv_block_rows(&plan, R);
-        /* K segments: with many rows of x each register block (NW weight rows) reads R rows × K of x, which at
-         * large K comes from L2 (8 rows × K = 4096: 128 KiB) for every block; walking K in segments whose
-         * R rows of x fit L1 lets the block's GEMV_RW / NW register blocks share each segment from L1. The
-         * accumulators carry between segments exactly (same bits as one pass over K). */
-        const size_t seg = plan.planes ? plan.groups : gemv_segment_groups(&plan, R);
-        for (size_t g0 = 0; g0 < plan.groups; g0 += seg) {
-            const size_t g1 = g0 + seg < plan.groups ? g0 + seg : plan.groups;
-            size_t n = n_begin;
-            for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
-                const size_t at = (n - n_begin) * plan.gstride;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
-                              tile + (n - n_begin), GEMV_RW, g0, g1, carry + 2 * (n - n_begin) * (size_t)R);
-            }
-            for (; n < n_end; n++) {
-                const size_t at = (n - n_begin) * plan.gstride;
-                gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0,
-                              tile + (n - n_begin), GEMV_RW, g0, g1, carry + 2 * (n - n_begin) * (size_t)R);
-            }
+        size_t n = n_begin;
+        for (; n + (size_t)NW <= n_end; n += (size_t)NW) {
+            const size_t at = (n - n_begin) * plan.gstride;
+            gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, NW, pf_stride,
+                          tile + (n - n_begin), GEMV_RW);
+        }
+        for (; n < n_end; n++) {
+            const size_t at = (n - n_begin) * plan.gstride;
+            gemv_dispatch(&plan, rows + (n - n_begin), scales + at, biases + at, m0, R, 1, 0, tile + (n - n_begin),
+                          GEMV_RW);
         }
         gemv_store(&plan, n_begin, m0, R, n_end - n_begin, tile);
     }

@@ -95,8 +95,7 @@ static value_set free_values(size_t tile) {
     return set;
 }
 
-/* long_k: also a K past 1024 (the GEMV rows, whose passes of 4 rows of x walk K in segments of 1024 codes on AVX2;
- * only there, as the scalar rows would take long at that K). */
+/* long_k: also a K past 1536, the fixture's (the GEMV rows only: the scalar rows would take long at that K). */
 static value_set quantized_values(size_t tile, size_t group_size, bool long_k) {
     const size_t lcm = tile / gcd(tile, group_size) * group_size;
     value_set set = {{0}, 0};
@@ -107,7 +106,7 @@ static value_set quantized_values(size_t tile, size_t group_size, bool long_k) {
     set_add(&set, 2 * lcm + group_size, group_size);
     set_add(&set, 576, group_size); /* not a power of two, and a real model's K (SmolLM2-135M) */
     set_add(&set, 640, group_size); /* the same for group_size 128, where 576 is not a multiple */
-    if (long_k) set_add(&set, 1536 + group_size, group_size); /* past a whole K segment of the CPU GEMV at 4 rows of x */
+    if (long_k) set_add(&set, 1536 + group_size, group_size); /* the fixture's K and more: a long walk along K */
     return set;
 }
 
