@@ -59,9 +59,27 @@ PY
 fi
 q kernels --backend cpu
 if [ "$RC" = 0 ]; then
-  q bench --backend cpu --quick --no-peers --batch-invariant --kernel cpu.qmm_t.gemv.r8.avx512 --m 1
-  check "--batch-invariant --kernel without an order: exit 0" rc_is 0
-  check "--batch-invariant --kernel without an order: the row says why" out_has "not eligible in batch-invariant mode: forced kernel cpu.qmm_t.gemv.r8.avx512 does not support this call"
+  # A GEMV row (no batch-invariant order) that this CPU can run: the AVX-512 one, else the AVX2 one.
+  KERNELS=$OUT
+  GEMV_ROW=
+  for row in cpu.qmm_t.gemv.r8.avx512 cpu.qmm_t.gemv.r4.avx2; do
+    if printf '%s\n' "$KERNELS" | grep -q "$row .*usable: yes"; then GEMV_ROW=$row; break; fi
+  done
+  if [ -n "$GEMV_ROW" ]; then
+    q bench --backend cpu --quick --no-peers --batch-invariant --kernel "$GEMV_ROW" --m 1
+    check "--batch-invariant --kernel without an order: exit 0" rc_is 0
+    check "--batch-invariant --kernel without an order: the row says why" out_has "not eligible in batch-invariant mode: forced kernel $GEMV_ROW does not support this call"
+  fi
+  # A forced kernel this CPU cannot run is refused before the work (every cell would be "not eligible").
+  if ! printf '%s\n' "$KERNELS" | grep -q "cpu.qmm_t.gemv.r8.avx512 .*usable: yes"; then
+    expect_library_error bench "unsupported" "--kernel 'cpu.qmm_t.gemv.r8.avx512' cannot run on this machine" \
+      bench --backend cpu --quick --no-peers --kernel cpu.qmm_t.gemv.r8.avx512 --m 1
+  fi
+fi
+# --json where no file can be created (procfs refuses, even to root): refused before the work.
+if [ -d /proc ] && [ -e /proc/version ]; then
+  expect_library_error bench "I/O error" "cannot write there (checked before the work)" \
+    bench --backend ref --quick --no-peers --json /proc/version
 fi
 expect_usage_error bench "--batch-invariant given twice" bench --backend ref --quick --batch-invariant --batch-invariant
 

@@ -902,10 +902,19 @@ int cmd_bench(const command *c, int argc, char **argv) {
     if (json_text && (rc = resolve_json_path(c, json_text, run->backend, json_path, sizeof json_path))) goto done;
     if (kernel) {
         int found = 0;
+        const char *why_not = NULL;
         for (size_t k = 0; k < qmm_kernel_count(run->context); k++) {
             qmm_kernel_info info;
-            if (qmm_kernel_get(run->context, k, &info) == QMM_OK && strcmp(info.name, kernel) == 0)
+            if (qmm_kernel_get(run->context, k, &info) == QMM_OK && strcmp(info.name, kernel) == 0) {
                 found = info.op == (gather ? QMM_OP_GATHER : QMM_OP_QMM_T) ? 1 : -1 - (int)info.op;
+                if (qmm_kernel_usable(run->context, k, &why_not) == 1) why_not = NULL;
+                else if (!why_not) why_not = "not usable here";
+            }
+        }
+        if (found > 0 && why_not) { /* every cell would say "not eligible": refuse before the work, as matmul does */
+            rc = library_error(c, qmm_error(QMM_ERR_UNSUPPORTED, "--kernel '%s' cannot run on this machine: %s", kernel,
+                                            why_not));
+            goto done;
         }
         if (found < 0 && gather) { /* --gather times qmm_gather_matmul: only a gather row can run it */
             rc = usage_error(c, "--kernel '%s' computes %s; qmm bench --gather measures gather kernels only", kernel,

@@ -670,6 +670,14 @@ int check_output_file(const command *c, const char *option, const char *path) {
     if (access(dir, W_OK | X_OK) != 0)
         return library_error(c, qmm_error(QMM_ERR_IO, "%s '%s': directory '%s' is not writable: %s", option, path, dir,
                                           strerror(errno)));
+    /* access() says yes to root everywhere, and a file system may still refuse a new file (/proc): create the
+     * temporary file the write will use, then remove it, so that a long run is not lost at its end. */
+    qmm_atomic_file probe = {-1, NULL, NULL};
+    qmm_status probed = qmm_atomic_begin(&probe, path);
+    qmm_atomic_abort(&probe);
+    if (probed != QMM_OK)
+        return library_error(c, qmm_error(QMM_ERR_IO, "%s '%s': cannot write there (checked before the work): %s",
+                                          option, path, qmm_last_error()));
     return 0;
 }
 

@@ -3,6 +3,9 @@
  */
 #include "common.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 /* ───────────────────────────── qmm kernels ───────────────────────────── */
 
 /* One backend's rows in the order the selector tries them. Returns 0 or the exit code. */
@@ -51,6 +54,11 @@ int cmd_kernels(const command *c, int argc, char **argv) {
     if (rc) return rc;
     int backend_choice;
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
+    /* The library reads QMM_CPU_MAX_ISA silently (an unknown value caps nothing); say so here, where a typo
+     * would otherwise test rows other than the ones meant. */
+    const char *cap = getenv("QMM_CPU_MAX_ISA");
+    if (cap && strcmp(cap, "avx2") != 0 && strcmp(cap, "portable") != 0)
+        printf("note: QMM_CPU_MAX_ISA='%s' is neither 'avx2' nor 'portable', so it caps nothing\n", cap);
     qmm_context *context = NULL;
     if (backend) {
         qmm_status status = open_context(backend_choice, &context);

@@ -50,6 +50,8 @@ static const command commands[] = {
      "  against qmm_ref_dense_f64, the worst error/bound ratio (qmm_error_bound), the median µs of chain runs,\n"
      "  GB/s (weights + scales + biases + x + out bytes / time) and the kernel used. Exit 3 when an output is\n"
      "  outside its bound. M: 1 to 65536. --backend auto: the first of cuda, cpu, ref that is available.\n"
+     "  Inputs must be finite once in the dtype (x, scales, biases: no inf/NaN, x not beyond the dtype's range);\n"
+     "  otherwise the command refuses (exit 1) rather than judge the outputs.\n"
      "  --tuning FILE: the selector reads that tuning table (qmm tune); --kernel still wins over it.\n"
      "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use).\n"
      "  --batch-invariant: batch-invariant mode (qmm_matmul_options.batch_invariant: row i's bits do not depend on M or\n"
