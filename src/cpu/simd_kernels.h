@@ -29,7 +29,7 @@
 #error "define the vector vocabulary (avx2.c, avx512.c) before including simd_kernels.h"
 #endif
 /* GEMV_PLANES 1: the ISA file also defines the nibble-plane vocabulary (vi, v_load_chunk, v_load_chunk_partial,
- * v_nibble, v_chunk_scale, v_gather_stride8, v_same) and the M ≤ 2 4-bit GEMV uses it (gemv_planes.h). */
+ * v_nibble, v_chunk_scale, v_planes_of_chunk, v_same) and the M ≤ 2 4-bit GEMV uses it (gemv_planes.h). */
 #ifndef GEMV_PLANES
 #define GEMV_PLANES 0
 #endif
@@ -393,7 +393,8 @@ static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, size_t w
  * Chunk c of a row, plane j, lane i holds x(c·8·LANES + 8i + j)·16^-j (plane 7 unscaled), which the plane's codes
  * q·16^j meet: the product is exactly q·x when x·16^-j is exact, i.e. not rounded into the subnormal range (|x| ≥
  * 2^-102, or 0). Returns 0 — and the caller takes the table decode for the whole call — if some scaled x is not
- * (or is NaN: ±inf in x makes one). Row Mread of xp is the scratch for the row in natural order (f32, zero-padded to
+ * (NaN or ±inf in planes 1–6 fail the check too; in planes 0 and 7, which are not scaled, they reach the output as
+ * NaN or ±inf, and the non-finite rule recomputes it, as on the table decode). Row Mread of xp is the scratch for the row in natural order (f32, zero-padded to
  * xstride), from which the planes are transposed. Σx sums the natural order. */
 static int gemv_prepare_x_planes(const gemv_plan *p, size_t M, size_t Mread) {
     static const float down[7] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f};
