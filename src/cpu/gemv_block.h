@@ -110,19 +110,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
         }
 #endif
     }
-    /* b·Σx: LANES groups at a time into the same lanes; biases and xsum are zero-padded to gstride, so the last
-     * groups % LANES need no scalar tail. */
-#pragma GCC unroll 8
-    for (int w = 0; w < GNW; w++) {
-        const float *b_row = biases + (size_t)w * gstride;
-        for (size_t g = 0; g < gstride; g += LANES) {
-            const vf b = v_load(b_row + g);
-#pragma GCC unroll 16
-            for (int r = 0; r < GR; r++) acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * gstride + g), acc[r][w]);
-        }
-#pragma GCC unroll 16
-        for (int r = 0; r < GR; r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]);
-    }
+    GEMV_BIAS_AND_STORE(GR, GNW) /* b·Σx and the tree sums (simd_kernels.h) */
 }
 
 #undef GEMV_PIPELINE_TABLES

@@ -146,6 +146,21 @@ typedef struct gemv_plan {
     float *group_f32;   /* [threads][2][GEMV_RW][gstride]: the block's scales and biases in f32, 0 past groups */
 } gemv_plan;
 
+/* The end of every GEMV register block (gemv_block.h, gemv_planes.h): acc[r][w] += b·Σx, LANES groups at a time into
+ * the same lanes (biases and xsum are zero-padded to gstride, so the last groups % LANES need no scalar tail), then
+ * the tree sum of each accumulator into result[r·ld + w]. A macro, not a function: acc is the block's exact-size
+ * register array. */
+#define GEMV_BIAS_AND_STORE(GR_, GNW_)                                                                          \
+    _Pragma("GCC unroll 8") for (int w = 0; w < (GNW_); w++) {                                                \
+        const float *b_row = biases + (size_t)w * gstride;                                                    \
+        for (size_t g = 0; g < gstride; g += LANES) {                                                         \
+            const vf b = v_load(b_row + g);                                                                   \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (GR_); r++)                                          \
+                acc[r][w] = v_fma(b, v_load(p->xsum + (m0 + (size_t)r) * gstride + g), acc[r][w]);            \
+        }                                                                                                     \
+        _Pragma("GCC unroll 16") for (int r = 0; r < (GR_); r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]); \
+    }
+
 /* A group's scale table from its scale: 4-bit codes are looked up in v_scale_table(s), 8-bit codes multiplied
  * by s (gemv_block.h). */
 #define make_table(s) (GFAST == 4 ? v_scale_table(v_set1(s)) : v_set1(s))
@@ -387,6 +402,16 @@ static void gemv_store(const gemv_plan *p, size_t n0, size_t m0, int R, size_t w
     }
 }
 
+/* Σx per group of one row of x (any order inside each group: the order does not change Σx's error bound) into
+ * dst[0 … groups): LANES-wide partial sums, then the tree of v_hsum. */
+static void gemv_group_sums(const gemv_plan *p, const float *row, float *dst) {
+    for (size_t g = 0; g < p->groups; g++) {
+        vf sum = v_zero();
+        for (size_t k = g * p->group_size; k < (g + 1) * p->group_size; k += LANES) sum = v_add(sum, v_load(row + k));
+        dst[g] = v_hsum(sum);
+    }
+}
+
 #if GEMV_PLANES
 /* Rows 0…M−1 of x in nibble-plane order (gemv_planes.h) into p->xp (row stride xstride, zero past K) and Σx per
  * group into p->xsum; the rows up to Mread (what the passes read, gemv_rows_read) and the groups up to gstride zero.
@@ -408,11 +433,7 @@ static int gemv_prepare_x_planes(const gemv_plan *p, size_t M, size_t Mread) {
     int exact = 1;
     for (size_t m = 0; m < M; m++) {
         for (size_t k = 0; k < K; k += LANES) v_store(natural + k, v_load_dtype(call->x, call->dtype, m * K + k));
-        for (size_t g = 0; g < p->groups; g++) {
-            vf sum = v_zero();
-            for (size_t k = g * p->group_size; k < (g + 1) * p->group_size; k += LANES) sum = v_add(sum, v_load(natural + k));
-            xsum[m * p->gstride + g] = v_hsum(sum);
-        }
+        gemv_group_sums(p, natural, xsum + m * p->gstride);
         float *dst = xp + m * xstride;
         for (size_t c = 0; c < xstride; c += chunk) {
             vf plane[8];
@@ -450,14 +471,7 @@ static void gemv_prepare_x(gemv_plan *p, size_t M, size_t Mread) {
     memset(xsum, 0, Mread * p->gstride * sizeof(float));
     for (size_t m = 0; m < M; m++) {
         convert_x_row(call, m, p->fast, xp + m * K);
-        /* Σx per group from the converted row: the order inside a group does not change Σx's
-         * error bound (LANES-wide partial sums, then the tree of v_hsum). */
-        for (size_t g = 0; g < p->groups; g++) {
-            vf sum = v_zero();
-            for (size_t k = g * p->group_size; k < (g + 1) * p->group_size; k += LANES)
-                sum = v_add(sum, v_load(xp + m * K + k));
-            xsum[m * p->gstride + g] = v_hsum(sum);
-        }
+        gemv_group_sums(p, xp + m * K, xsum + m * p->gstride);
     }
 }
 
