@@ -59,3 +59,20 @@ def copies_for(cache_bytes, bytes_per_copy, quick=False):
 def progress(text):
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def import_mlx(peer, device="cpu"):
+    """mlx.core with `device` (cpu or gpu) as the default device and one tiny product evaluated on it; the peer
+    is reported absent (and the script exits) when mlx cannot be imported or cannot run there."""
+    try:
+        import mlx.core as mx
+    except Exception as e:  # noqa: BLE001
+        absent(peer, f"cannot import mlx.core ({e.__class__.__name__}: {e})")
+    try:
+        if device == "gpu" and not mx.is_available(mx.gpu):
+            absent(peer, "mlx has no GPU device here (mlx-cuda not installed, or no GPU)")
+        mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
+        mx.eval(mx.ones((2,)) + 1)
+    except Exception as e:  # noqa: BLE001
+        absent(peer, f"mlx cannot run on {device}: {e}")
+    return mx

@@ -14,23 +14,12 @@ import sys
 import time
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from _common import absent, copies_for, emit, parse_args, progress  # noqa: E402
+from _common import copies_for, emit, import_mlx, parse_args, progress  # noqa: E402
 
 
 def main(device="cpu", peer="mlx-cpu"):
     a = parse_args(__doc__)
-    try:
-        import mlx.core as mx
-    except Exception as e:  # noqa: BLE001
-        absent(peer, f"cannot import mlx.core ({e.__class__.__name__}: {e})")
-    try:
-        dev = mx.gpu if device == "gpu" else mx.cpu
-        if device == "gpu" and not mx.is_available(mx.gpu):
-            absent(peer, "mlx has no GPU device here (mlx-cuda not installed, or no GPU)")
-        mx.set_default_device(dev)
-        mx.eval(mx.ones((2,)) + 1)
-    except Exception as e:  # noqa: BLE001
-        absent(peer, f"mlx cannot run on {device}: {e}")
+    mx = import_mlx(peer, device)
     dtypes = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
     note_version = f"mlx {mx.__version__} {device}"
     for name, N, K in a.shapes:

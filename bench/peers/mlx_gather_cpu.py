@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from _common import absent, copies_for, emit, parse_args, progress  # noqa: E402
+from _common import absent, copies_for, emit, import_mlx, parse_args, progress  # noqa: E402
 
 PEER = "mlx-gather-cpu"
 ROUTINGS = 8  # GATHER_ROUTINGS in tools/qmm/bench.c
@@ -63,15 +63,7 @@ def main():
     E, top_k = a.experts, a.experts_per_token
     if not 1 <= top_k <= E:
         absent(PEER, f"--experts-per-token {top_k} must be in [1, --experts {E}]")
-    try:
-        import mlx.core as mx
-    except Exception as e:  # noqa: BLE001
-        absent(PEER, f"cannot import mlx.core ({e.__class__.__name__}: {e})")
-    try:
-        mx.set_default_device(mx.cpu)
-        mx.eval(mx.ones((2,)) + 1)
-    except Exception as e:  # noqa: BLE001
-        absent(PEER, f"mlx cannot run on cpu: {e}")
+    mx = import_mlx(PEER)
     if not hasattr(mx, "gather_qmm"):
         absent(PEER, f"mlx {mx.__version__} has no mx.gather_qmm")
     dtypes = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
