@@ -36,7 +36,9 @@ typedef struct cuda_state {
     int device;
     int major, minor; /* compute capability */
     int multiprocessors;
+    size_t shared_optin; /* sharedMemPerBlockOptin */
     bool pdl; /* launch the kernels that support it with programmatic dependent launch (docs/kernels.md §9.5) */
+    int forced_warps; /* QMM_CUDA_WARPS: the mma_gemv family's warps per block (0: the launcher's rule) */
     cudaStream_t stream;
     /* The mma_tile family's split-K workspace (kernels_tile.cu), allocated with the first repacked weights
      * (tile_workspace) and kept until the context closes (a captured graph holds these pointers):
@@ -59,7 +61,7 @@ typedef struct cuda_state {
  * repacked kernel. */
 typedef struct cuda_weights_extra {
     uint32_t *packed; /* [N, qmm_cuda_packed_words_per_row(K, bits)] */
-    void *sb;         /* [N, K/group_size] (scale, bias) pairs of the scale dtype */
+    void *sb;         /* (scale, bias) pairs in the tiled layout (qmm_cuda_repack_sb) */
 } cuda_weights_extra;
 
 /* ───────────────────────────── hooks ───────────────────────────── */
@@ -86,9 +88,14 @@ static qmm_status cuda_open(int device, void **state) {
     created->major = properties.major;
     created->minor = properties.minor;
     created->multiprocessors = properties.multiProcessorCount;
+    created->shared_optin = properties.sharedMemPerBlockOptin;
     /* programmatic dependent launch of the GEMV kernels (sm_90 and newer); QMM_CUDA_PDL=0 turns it off */
     const char *pdl = getenv("QMM_CUDA_PDL");
     created->pdl = properties.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+    /* QMM_CUDA_WARPS=n (1–16) forces the mma_gemv family's warps per block (experiments, docs/PERF.md) */
+    const char *warps = getenv("QMM_CUDA_WARPS");
+    created->forced_warps = warps && *warps ? (int)strtol(warps, NULL, 10) : 0;
+    if (created->forced_warps < 0 || created->forced_warps > 16) created->forced_warps = 0;
     error = cudaStreamCreateWithFlags(&created->stream, cudaStreamNonBlocking);
     if (error != cudaSuccess) {
         free(created);
@@ -202,25 +209,24 @@ static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, v
     if (!mma_format(matrix)) return QMM_OK;
     qmm_status workspace = tile_workspace(state);
     if (workspace != QMM_OK) return workspace;
-    const size_t N = matrix->rows, K = matrix->cols, groups = K / (size_t)matrix->group_size;
+    const size_t N = matrix->rows, K = matrix->cols;
     const size_t words = qmm_cuda_packed_words_per_row(K, matrix->bits);
-    size_t packed_bytes, pairs;
-    if (!qmm_mul_size(N, words, &packed_bytes) || !qmm_mul_size(packed_bytes, 4, &packed_bytes) ||
-        !qmm_mul_size(N, groups, &pairs))
+    /* (N + 15)·words·4 bytes bound both arrays: the packed rows, and the pairs (≤ 4 per row and super-block of
+     * 16 packed words, for ceil(N/16)·16 rows) */
+    size_t bound;
+    if (N > SIZE_MAX - 15 || !qmm_mul_size(N + 15, words, &bound) || !qmm_mul_size(bound, 4, &bound))
         return qmm_error(QMM_ERR_OVERFLOW, "the repacked weights of a %zu×%zu matrix overflow size_t", N, K);
+    const size_t packed_bytes = N * words * 4, pairs = qmm_cuda_sb_words(N, K, matrix->bits, matrix->group_size);
     qmm_status status = QMM_OK;
     uint32_t *host_packed = malloc(packed_bytes);
-    uint16_t *host_sb = malloc(pairs * 4);
+    uint32_t *host_sb = malloc(pairs * 4);
     cuda_weights_extra *created = calloc(1, sizeof *created);
     if (!host_packed || !host_sb || !created) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "no host memory to repack a %zu×%zu matrix", N, K);
         goto cleanup;
     }
     qmm_cuda_repack(matrix->w, N, K, matrix->bits, host_packed);
-    for (size_t i = 0; i < pairs; i++) { /* scales and biases may sit at any byte offset (safetensors views) */
-        memcpy(&host_sb[2 * i], (const unsigned char *)matrix->scales + 2 * i, 2);
-        memcpy(&host_sb[2 * i + 1], (const unsigned char *)matrix->biases + 2 * i, 2);
-    }
+    qmm_cuda_repack_sb(matrix->scales, matrix->biases, N, K, matrix->bits, matrix->group_size, host_sb);
     if ((status = cuda_alloc(state, packed_bytes, (void **)&created->packed)) != QMM_OK) goto cleanup;
     if ((status = cuda_alloc(state, pairs * 4, &created->sb)) != QMM_OK) goto cleanup;
     if ((status = cuda_upload(state, created->packed, host_packed, packed_bytes)) != QMM_OK) goto cleanup;
@@ -374,8 +380,11 @@ static qmm_cuda_launch launch_of(const qmm_call *call) {
         .sb = e ? e->sb : NULL,
         .out = call->out,
         .stream = s->stream,
+        .multiprocessors = s->multiprocessors,
+        .shared_optin = s->shared_optin,
         .pdl = s->pdl,
     };
+    launch.warps = s->forced_warps;
     return launch;
 }
 
@@ -540,11 +549,14 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size);
 static qmm_status gather_run(const qmm_call *call);
 
 /* Selector order (src/select.c walks it; the hints bound where the selector takes a row unforced), from
- * `qmm bench` on the H200 (docs/PERF.md, 2026-11-30, cp.async version):
+ * `qmm bench` on the H200 (docs/PERF.md, 2026-11-30, cp.async version; M ≤ 8 revised in the sixth session,
+ * with the launcher's warps-per-block rule, over the 120 seed and Qwen3 cells M ≤ 8: 115 within 5 % of the
+ * fastest row, 101 with the earlier m8n64/m8n16 split):
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
- *            row tiles; with N ≥ 5120 there are still ≥ 80 blocks of 8 warps to fill 132 SMs.
- *            (5120² M=1: 11.0 µs vs 11.5 for m8n16; 14336×5120: 21.2 vs 23.6; M=8: 11.3 vs 12.2.)
- *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N = 4096 (7.9 vs 9.6 µs).
+ *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16).
+ *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
+ *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
+ *            faster than m8n32).
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
@@ -555,7 +567,7 @@ static qmm_status gather_run(const qmm_call *call);
  *   M > 32:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
- *   m8n32 and mma_tile m64n128 are there for `qmm tune` and forcing.
+ *   mma_tile m64n128 is there for `qmm tune` and forcing.
  *   f32 activations, 4/8-bit: ffma_gemv m8n16 at every M — the tensor cores take f16/bf16 only, and the
  *            generic row's one thread per output reads W uncoalesced (100× the HBM floor at decode).
  *   Then the generic rows, which take every call.
@@ -568,6 +580,8 @@ static qmm_status gather_run(const qmm_call *call);
 static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
@@ -575,8 +589,6 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},
-    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n32_supports, .run = mma_m8n32_run, .tune_only = true},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m64n64_supports, .run = tile_m64n64_run},
@@ -634,10 +646,12 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
     qmm_call block = qmm_gather_block_call(gather, i0, i1); /* the expert's MLX-layout slices, out rows i0 … */
     if (gathered_x) block.x = gathered_x + i0 * gather->K * qmm_dtype_size(gather->dtype);
     const cuda_weights_extra *extra = gather->weights_extra;
-    if (extra) { /* and of the repacked arrays */
+    /* and of the repacked arrays, where the expert starts on a 16-row tile of the pairs' layout (N a multiple of
+     * 16, as every MoE model's is); otherwise the block goes without them, to the generic row */
+    if (extra && gather->N % 16 == 0) {
         const size_t first_row = (size_t)gather->rhs_indices[i0] * gather->N;
         extra_out->packed = extra->packed + first_row * qmm_cuda_packed_words_per_row(gather->K, gather->bits);
-        extra_out->sb = (char *)extra->sb + first_row * (gather->K / (size_t)gather->group_size) * 4;
+        extra_out->sb = (uint32_t *)extra->sb + qmm_cuda_sb_words(first_row, gather->K, gather->bits, gather->group_size);
         block.weights_extra = extra_out;
     }
     return block;

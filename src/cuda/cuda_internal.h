@@ -17,7 +17,7 @@ extern "C" {
  *   w        uint32 [rows, cols·bits/32]  MLX layout (device)
  *   scales, biases dtype [rows, cols/group_size] (device)
  *   packed   the repacked weights of the mma family, or NULL (docs/kernels.md §9)
- *   sb       (scale, bias) pairs [N, K/group_size] of dtype, interleaved, or NULL
+ *   sb       (scale, bias) pairs in the tiled layout of qmm_cuda_repack_sb, or NULL
  *   out      dtype [M, N] (device)
  *   stream   cudaStream_t */
 typedef struct qmm_cuda_launch {
@@ -33,7 +33,9 @@ typedef struct qmm_cuda_launch {
     const void *sb;
     void *out;
     void *stream;
-    int warps; /* warps per block for the mma family (0: the launcher chooses) */
+    int warps;           /* warps per block for the mma family (0: the launcher chooses) */
+    int multiprocessors; /* SMs of the device (the launchers size their grids by it; 0: unknown) */
+    size_t shared_optin; /* the most dynamic shared memory a block may opt in to on the device (0: unknown) */
     /* mma_tile split-K: splits ≥ 2 needs partials (≥ tiles·splits·BM·BN floats) and counters (≥ tiles,
      * zero); 0 or 1 = no split. */
     int splits;
@@ -67,6 +69,13 @@ int qmm_cuda_gather_rows(const void *src, const uint32_t *indices, void *dst, si
 size_t qmm_cuda_packed_words_per_row(size_t K, int bits);
 /* Repacks w [N, K·bits/32] (MLX layout) into out [N, packed_words_per_row] (zero-filled tail). */
 void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *out);
+/* The (scale, bias) pairs in the tiled layout the mma families read (docs/kernels.md §9, "sb_tiled"):
+ * [ceil(N/16) row tiles][super-blocks][16 rows][G] uint32 pairs (scale in the low half, bias in the high),
+ * G = max(1, 512/bits/group_size) pairs per row and super-block, zero past N and past K: a warp's pairs for
+ * one super-block and 16 rows are one run of 64·G bytes. scales, biases: [N, K/group_size] of a 2-byte
+ * dtype, at any byte offset. qmm_cuda_sb_words gives out's length in uint32. */
+size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size);
+void qmm_cuda_repack_sb(const void *scales, const void *biases, size_t N, size_t K, int bits, int group_size, uint32_t *out);
 
 #ifdef __cplusplus
 }

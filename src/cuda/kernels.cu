@@ -21,6 +21,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
+
+#include <atomic>
 
 #include "cuda_internal.h"
 #include "mma_common.cuh"
@@ -164,8 +167,16 @@ __global__ void __launch_bounds__(256)
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
 
+/* Warps per block: up to 16 for the 8- and 16-token tiles (so that a grid of few row tiles can still spread K
+ * over every warp an SM holds), 8 for the 32-token tile. The register cap is the same as 2 blocks of 8 warps
+ * (65536 / 512 = 128 per thread); the launcher picks the count (gemv_warps). */
+template <int TT> struct mma_gemv_limits {
+    static constexpr int max_warps = TT >= 4 ? 8 : 16;
+    static constexpr int min_blocks = TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS * 8 / max_warps;
+};
+
 template <int BITS, typename T, int RT, int TT, int S, int GS>
-__global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
+__global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_limits<TT>::min_blocks)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
                     T *__restrict__ out, int M, int N, int K) {
@@ -206,12 +217,14 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
 
     /* Warp w takes super-blocks w, w + NW, w + 2·NW, ... through an S-stage cp.async pipeline in its own
      * shared memory: the weight quarters (L2 only: each weight byte is read once) and the (scale, bias)
-     * pairs of S − 1 super-blocks are in flight while one is computed. Each lane reads back only what it
-     * copied itself, so a lane's own cp.async.wait_group is all the synchronisation needed. Lane t holds
-     * the pair of block t % BPS of the super-block for rows g and g + 8; the quad shares them by shuffle.
-     * Blocks past the end of K are computed on zeros (zero-filled copies, zero x): no branch depends on
-     * data, so the quad shuffles always run converged. */
+     * pairs of S − 1 super-blocks are in flight while one is computed. A lane reads back the weight quarters
+     * it copied itself; the pairs come as 16-byte chunks that other lanes read, so the warp synchronises
+     * (__syncwarp) after its wait for a stage and before it overwrites the stage read the step before.
+     * Blocks past the end of K are computed on zeros (zero-filled copies, zero pairs, zero x). */
     const int count = warp < super_blocks ? (super_blocks - warp + NW - 1) / NW : 0;
+    constexpr int GSB = sb_pairs_per_super_block(BITS, GS); /* (scale, bias) pairs per row and super-block */
+    constexpr int SB_CHUNKS = 4 * RT * GSB;                   /* 16-byte chunks of them per warp and super-block */
+    const int row_tile0 = n_base / 16, row_tiles = (N + 15) / 16;
     auto issue = [&](int i) { /* copies of the warp's i-th super-block into stage i % S (always commits) */
         if (i < count) {
             const int sbk = warp + i * NW, stage = i % S;
@@ -219,16 +232,25 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
             for (int r = 0; r < RT; r++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int n = n_base + 16 * r + 8 * h + g, blk = sbk * BPS + t % BPS;
+                    const int n = n_base + 16 * r + 8 * h + g;
                     const bool row = n < N;
                     const uint4 *src_w = packed + (row ? (unsigned)n * row_quads + (unsigned)sbk * 4 + t : 0u);
-                    const uint32_t *src_sb = sb + (row && blk < blocks ? (unsigned)n * groups + blk / BPG : 0u);
                     const unsigned dst_w = (unsigned)__cvta_generic_to_shared(stage_w + ((stage * RT + r) * 2 + h) * 32 + lane);
-                    const unsigned dst_sb = (unsigned)__cvta_generic_to_shared(stage_sb + ((stage * RT + r) * 2 + h) * 32 + lane);
                     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst_w), "l"(src_w), "r"(row ? 16 : 0));
-                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst_sb), "l"(src_sb),
-                                 "r"(row && blk < blocks ? 4 : 0));
                 }
+            /* the pairs of the warp's 16·RT rows: RT runs of 16·GSB pairs (sb_tiled layout, docs/kernels.md §9) */
+#pragma unroll
+            for (int c0 = 0; c0 < SB_CHUNKS; c0 += 32) {
+                const int c = c0 + lane, r = c / (4 * GSB), tile = row_tile0 + r;
+                if (c < SB_CHUNKS) {
+                    const bool ok = tile < row_tiles;
+                    const uint4 *src = reinterpret_cast<const uint4 *>(
+                                           sb + (ok ? ((size_t)tile * super_blocks + sbk) * (16 * GSB) : 0)) +
+                                       (ok ? c % (4 * GSB) : 0);
+                    const unsigned dst = (unsigned)__cvta_generic_to_shared(stage_sb + stage * RT * 16 * GSB + 4 * c);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+                }
+            }
         }
         asm volatile("cp.async.commit_group;");
     };
@@ -257,18 +279,17 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
 
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
+        __syncwarp(); /* every lane has read the stage issue() now refills (the (scale, bias) pairs are shared) */
         issue(i + S - 1);
         asm volatile("cp.async.wait_group %0;" ::"n"(S - 1)); /* the i-th super-block's copies have landed */
+        __syncwarp(); /* ... those of every lane */
         const int sbk = warp + i * NW, stage = i % S;
         uint4 wq[RT][2];
-        uint32_t sbq[RT][2];
 #pragma unroll
         for (int r = 0; r < RT; r++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
-                sbq[r][h] = stage_sb[((stage * RT + r) * 2 + h) * 32 + lane];
-            }
+            for (int h = 0; h < 2; h++) wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
+        const uint32_t *sb_stage = stage_sb + stage * RT * 16 * GSB; /* [16·RT rows][GSB] pairs */
         uint4 xv[PRELOAD ? BPS : 1][TT];
         if (PREFETCH) {
 #pragma unroll
@@ -302,6 +323,7 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
             for (int tt = 0; tt < TT; tt++) {
                 mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
                 mma_16816(cx[tt], ones, b[tt][2], b[tt][3], T());
+                mma_decode<BITS, T>::scale_x(b[tt]); /* after Σx: the pairs the Σq·x MMAs take */
             }
 #pragma unroll
             for (int r = 0; r < RT; r++) {
@@ -322,13 +344,14 @@ __global__ void __launch_bounds__(256, TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS)
                 for (int r = 0; r < RT; r++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const float2 s_b = scale_bias(__shfl_sync(0xffffffffu, sbq[r][h], (lane & ~3) | j), T());
+                        const float2 s_b = scale_bias(sb_stage[(16 * r + 8 * h + g) * GSB + j / BPG], T());
                         const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
-                            for (int e = 0; e < 2; e++)
-                                acc[r][tt][2 * h + e] += s * cq[r][tt][2 * h + e] + s_b.y * cx[tt][e];
+                            for (int e = 0; e < 2; e++) /* two FMAs (the tile family's order) */
+                                acc[r][tt][2 * h + e] =
+                                    __fmaf_rn(s, cq[r][tt][2 * h + e], __fmaf_rn(s_b.y, cx[tt][e], acc[r][tt][2 * h + e]));
                     }
             }
         }
@@ -398,21 +421,60 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
     }
 }
 
+/* Warps per block for an mma_gemv launch of `blocks` blocks (docs/kernels.md §9.1, "Warps per block"): the
+ * most warps (≤ max_warps) for which every block is resident at once — one wave, all blocks streaming their
+ * rows together — as long as that leaves ≥ 4 warps per block; else 8 (several waves). Then ≤ super_blocks
+ * (warp w takes super-blocks w, w + W, ...). Measured on the H200 against 4, 8 and 16 warps for every row,
+ * seed and Qwen3 shape, M = 1–16 (docs/PERF.md, sixth session): within 0.8 % of each cell's best count
+ * (geomean), where a fixed 8 was 11 % off (1024×5120: 64 blocks of 16 warps 2.8 µs, of 8 warps 3.5).
+ * occupancy[w] caches the blocks of w warps one SM holds (per instantiation; the first device's answer
+ * serves every device of the process). */
+template <typename Kernel>
+static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, size_t shared_per_warp, size_t shared_per_block,
+                      int max_warps, int multiprocessors, std::atomic<int> *occupancy) {
+    if (multiprocessors <= 0) multiprocessors = 1;
+    int chosen = 0;
+    for (int w = max_warps; w >= 4 && !chosen; w--) {
+        int resident = occupancy[w].load(std::memory_order_relaxed);
+        if (resident == 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, w * 32,
+                                                              shared_per_warp * (size_t)w + shared_per_block) != cudaSuccess) {
+                cudaGetLastError();
+                resident = -1;
+            }
+            occupancy[w].store(resident, std::memory_order_relaxed);
+        }
+        if (resident > 0 && (size_t)resident * (size_t)multiprocessors >= blocks) chosen = w;
+    }
+    if (!chosen) chosen = max_warps < 8 ? max_warps : 8;
+    if (chosen > super_blocks) chosen = super_blocks;
+    return chosen < 1 ? 1 : chosen;
+}
+
 template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
-    /* Pipeline depth (S − 1 super-blocks in flight per warp) and 2 blocks per SM: the H200 sweep of
-     * docs/PERF.md found 4/3/2 stages with room for 2 blocks per SM faster than deeper pipelines at 1 block
-     * (27648×5120 M=1: 38.5 → 32.6 µs) — more warps resident hide the MMA and decode latency better. */
+    /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
+     * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
+     * warps resident hide the MMA and decode latency better. */
     constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
-    const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
-    int warps = c->warps > 0 ? c->warps : (super_blocks < 8 ? super_blocks : 8);
-    if (warps < 1) warps = 1;
-    const size_t shared = (size_t)warps * S * RT * 2 * 32 * (16 + 4) + (size_t)warps * RT * TT * 4 * 32 * sizeof(float);
-    static unsigned long long opted_in = 0; /* the most any launch of this instantiation uses: 8 warps */
-    const int opt_in = shared_memory_opt_in(mma_gemv_kernel<BITS, T, RT, TT, S, GS>,
-                                            8 * S * RT * 2 * 32 * 20 + 8 * RT * TT * 4 * 32 * 4, &opted_in);
+    constexpr size_t per_warp = (size_t)S * RT * 2 * 32 * (16 + 4) + (size_t)RT * TT * 4 * 32 * sizeof(float);
+    /* at most 16 warps (the 8- and 16-token tiles; 8 for the 32-token tile), and no more than the device's
+     * shared memory holds (16 warps of the 64-row tile take 192 KB: an H100/H200 has 227, an A100 163) */
+    int max_warps = mma_gemv_limits<TT>::max_warps;
+    if (c->shared_optin > 0 && (size_t)max_warps * per_warp > c->shared_optin) max_warps = (int)(c->shared_optin / per_warp);
+    if (max_warps < 8) max_warps = 8; /* 8 warps of every tile fit in 99 KB (an sm_80 block may have 163 KB) */
+    auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS>;
+    static unsigned long long opted_in = 0; /* the most any launch of this instantiation uses: max_warps warps */
+    const int opt_in = shared_memory_opt_in(kernel, (size_t)max_warps * per_warp, &opted_in);
     if (opt_in) return opt_in;
+    const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
     const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
-    return launch_kernel(mma_gemv_kernel<BITS, T, RT, TT, S, GS>, blocks, dim3(warps * 32), shared, c->stream, c->pdl != 0,
+    static std::atomic<int> occupancy[mma_gemv_limits<TT>::max_warps + 1];
+    int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
+                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, super_blocks, per_warp, 0, max_warps,
+                                          c->multiprocessors, occupancy);
+    if (warps > super_blocks) warps = super_blocks;
+    if (warps < 1) warps = 1;
+    return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
 }
@@ -463,6 +525,30 @@ extern "C" int qmm_cuda_gather_rows(const void *src, const uint32_t *indices, vo
 extern "C" size_t qmm_cuda_packed_words_per_row(size_t K, int bits) {
     const size_t codes_per_super_block = 512 / (size_t)bits; /* 64 bytes */
     return (K + codes_per_super_block - 1) / codes_per_super_block * 16;
+}
+
+extern "C" size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size) {
+    const size_t super_blocks = qmm_cuda_packed_words_per_row(K, bits) / 16;
+    return (N + 15) / 16 * super_blocks * 16 * (size_t)sb_pairs_per_super_block(bits, group_size);
+}
+
+extern "C" void qmm_cuda_repack_sb(const void *scales, const void *biases, size_t N, size_t K, int bits, int group_size,
+                                   uint32_t *out) {
+    const size_t super_blocks = qmm_cuda_packed_words_per_row(K, bits) / 16, groups = K / (size_t)group_size;
+    const size_t gsb = (size_t)sb_pairs_per_super_block(bits, group_size), codes = 512 / (size_t)bits;
+    const unsigned char *s = (const unsigned char *)scales, *b = (const unsigned char *)biases;
+    for (size_t tile = 0; tile < (N + 15) / 16; tile++)
+        for (size_t sbk = 0; sbk < super_blocks; sbk++)
+            for (size_t row = 0; row < 16; row++)
+                for (size_t i = 0; i < gsb; i++) {
+                    const size_t n = 16 * tile + row, group = sbk * codes / (size_t)group_size + i;
+                    uint16_t pair[2] = {0, 0}; /* rows past N and groups past K: zero */
+                    if (n < N && group < groups) { /* the arrays may sit at any byte offset (safetensors views) */
+                        memcpy(&pair[0], s + 2 * (n * groups + group), 2);
+                        memcpy(&pair[1], b + 2 * (n * groups + group), 2);
+                    }
+                    memcpy(&out[((tile * super_blocks + sbk) * 16 + row) * gsb + i], pair, 4);
+                }
 }
 
 extern "C" void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *out) {

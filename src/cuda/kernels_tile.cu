@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     extern __shared__ uint4 smem[];
     uint4 *ws = smem;                                           /* [S][BN][4] weight quarters */
     uint4 *xs = ws + S * BN * 4;                                /* [S][BM][XCH] x, swizzled */
-    uint32_t *sbs = reinterpret_cast<uint32_t *>(xs + S * BM * XCH); /* [S][BN][BPS] (scale, bias) pairs */
+    constexpr int GSB = sb_pairs_per_super_block(BITS, GS);          /* pairs per row and super-block */
+    uint32_t *sbs = reinterpret_cast<uint32_t *>(xs + S * BM * XCH); /* [S][BN][GSB] (scale, bias) pairs */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wn = warp % WN, wm = warp / WN, g = lane >> 2, t = lane & 3;
@@ -91,19 +92,18 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
      * past N, tokens past M and blocks past K are zero-filled (src-size 0): no branch depends on data. Each
      * thread copies fixed rows, tokens and chunks (the counts divide evenly: static_asserts below), so its
      * source pointers are computed once here and only move along K per super-block. */
-    constexpr int W_COPIES = BN * 4 / THREADS, X_COPIES = BM * XCH / THREADS, SB_COPIES = BN * BPS / THREADS;
-    static_assert(BN * 4 % THREADS == 0 && BM * XCH % THREADS == 0 && BN * BPS % THREADS == 0 &&
-                      W_COPIES >= 1 && X_COPIES >= 1 && SB_COPIES >= 1,
+    constexpr int W_COPIES = BN * 4 / THREADS, X_COPIES = BM * XCH / THREADS;
+    constexpr int SB_CHUNKS = BN / 16 * 4 * GSB; /* 16-byte chunks of pairs: BN/16 runs of 16·GSB pairs */
+    static_assert(BN * 4 % THREADS == 0 && BM * XCH % THREADS == 0 && W_COPIES >= 1 && X_COPIES >= 1,
                   "every thread copies the same number of chunks");
     const int w_row = threadIdx.x >> 2, w_quad = threadIdx.x & 3;          /* + k·THREADS/4 rows */
     const int x_tok = threadIdx.x / XCH, x_chunk = threadIdx.x % XCH;      /* + k·THREADS/XCH tokens */
-    const int sb_row = threadIdx.x / BPS, sb_block = threadIdx.x % BPS;    /* + k·THREADS/BPS rows */
     const uint4 *w_src = packed + (size_t)min(n0 + w_row, N - 1) * row_quads + w_quad;
     const T *x_src = x + (size_t)min(m0 + x_tok, M - 1) * K + x_chunk * 8;
-    const uint32_t *sb_src = sb + (size_t)min(n0 + sb_row, N - 1) * groups;
+    const int sb_tile = n0 / 16 + (int)threadIdx.x / (4 * GSB), row_tiles = (N + 15) / 16; /* + k·THREADS/(4·GSB) */
     const unsigned w_dst = (unsigned)__cvta_generic_to_shared(ws + w_row * 4 + w_quad);
     const unsigned x_dst = (unsigned)__cvta_generic_to_shared(xs + x_tok * XCH + (x_chunk ^ ((x_tok & 1) << 2)));
-    const unsigned sb_dst = (unsigned)__cvta_generic_to_shared(sbs + sb_row * BPS + sb_block);
+    const unsigned sb_dst = (unsigned)__cvta_generic_to_shared(sbs + 4 * threadIdx.x);
     auto issue = [&](int i) {
         if (i < count) {
             const int sbk = sb_begin + i, stage = i % S;
@@ -123,13 +123,17 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 const unsigned dst = x_dst + (unsigned)((stage * BM + k * (THREADS / XCH)) * XCH * 16);
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
             }
-            const int blk = sbk * BPS + sb_block;
 #pragma unroll
-            for (int k = 0; k < SB_COPIES; k++) {
-                const bool ok = blk < blocks && n0 + sb_row + k * (THREADS / BPS) < N;
-                const uint32_t *src = sb_src + (ok ? (size_t)k * (THREADS / BPS) * groups + blk / BPG : 0);
-                const unsigned dst = sb_dst + (unsigned)((stage * BN + k * (THREADS / BPS)) * BPS * 4);
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
+            for (int c0 = 0; c0 < SB_CHUNKS; c0 += THREADS) { /* the sb_tiled layout (docs/kernels.md §9) */
+                if (c0 + (int)threadIdx.x < SB_CHUNKS) {
+                    const int tile = sb_tile + c0 / (4 * GSB);
+                    const bool ok = tile < row_tiles;
+                    const uint4 *src = reinterpret_cast<const uint4 *>(
+                                           sb + (ok ? ((size_t)tile * super_blocks + sbk) * (16 * GSB) : 0)) +
+                                       (ok ? (threadIdx.x % (4 * GSB)) : 0);
+                    const unsigned dst = sb_dst + (unsigned)((stage * BN * GSB + 4 * c0) * 4);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+                }
             }
         }
         asm volatile("cp.async.commit_group;");
@@ -173,6 +177,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 x_pairs<BITS>(xs[(stage * BM + tok) * XCH + ((4 * j + t) ^ ((tok & 1) << 2))], b[tt]);
                 mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
                 mma_16816(cx[tt], ones, b[tt][2], b[tt][3], T());
+                mma_decode<BITS, T>::scale_x(b[tt]); /* after Σx: the pairs the Σq·x MMAs take */
             }
 #pragma unroll
             for (int r = 0; r < WR; r++) {
@@ -196,7 +201,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const float2 s_b =
-                            scale_bias(sbs[(stage * BN + row_base + 16 * r + 8 * h + g) * BPS + j], T());
+                            scale_bias(sbs[(stage * BN + row_base + 16 * r + 8 * h + g) * GSB + j / BPG], T());
                         const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < WT; tt++)
