@@ -2,7 +2,8 @@
  * test_cuda.c — the CUDA backend beyond the kernel harness (label "gpu"; `make test-gpu` on a GPU machine):
  * chains captured as graphs and replayed (results, per-step and whole-run device times, re-capture after
  * a step is added), the selector's choices by M, cross-kernel agreement at the selector's switch points,
- * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, error paths
+ * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, f16 x beyond 4094 on
+ * every row (the in-place 4-bit decode's x·16 overflows there), error paths
  * (among them gather, which has no CUDA row yet), and batch-invariant mode (a row alone and inside M = 2, 37,
  * 512 through the selector, the mma rows refusing it, the same bits as the ref backend's "oracle" rows;
  * tests/runtime/test_batch_invariant.c also walks the CUDA table when it runs on a GPU machine).
@@ -293,6 +294,46 @@ static void test_non_finite(qmm_context *context) {
     }
 }
 
+/* f16 activations beyond 4094: the mma rows' in-place 4-bit decode multiplies half of x by 16 (docs/kernels.md
+ * §9.1), which overflows there; the outputs such x touch must still come out as the oracle's (through the f64
+ * non-finite rule), through every CUDA row that takes the call, with poisoned outputs. x: uniform in [-1, 1)
+ * with ±(4095 … 65000) at a few k of each row (the exact outputs stay finite or, beyond f16, become ±inf as in
+ * the oracle). */
+static void test_large_f16_x(qmm_context *context, check_rng *rng) {
+    const size_t Ms[] = {1, 5, 16}, K = 256, N = 96;
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+            product p;
+            if (!product_make(context, rng, Ms[i], N, K, bits, 64, QMM_F16, &p)) {
+                CHECK(false, "large f16 x: set-up failed");
+                product_free(&p);
+                continue;
+            }
+            uint16_t *x = p.host_x;
+            for (size_t m = 0; m < p.M; m++)
+                for (size_t j = 0; j < 3; j++) {
+                    const size_t k = (m * 37 + j * 91 + 5) % K;
+                    const float v = 4095.0f + (float)((m * 7919 + j * 104729) % 60905);
+                    x[m * K + k] = qmm_f32_to_f16(j == 1 ? -v : v);
+                }
+            CHECK_OK(qmm_buffer_write(p.x, p.host_x, p.M * K));
+            CHECK_OK(qmm_ref_dense_f64(&p.q.m, p.host_x, p.M, 1, p.exact, p.abs_dot));
+            for (size_t k = 0; k < qmm_kernel_count(context); k++) {
+                qmm_kernel_info info;
+                CHECK_OK(qmm_kernel_get(context, k, &info));
+                if (info.op != QMM_OP_QMM_T || qmm_kernel_supports(context, info.name, p.weights, p.M, info.op, NULL) != 1)
+                    continue;
+                qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = info.name};
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                char label[160];
+                snprintf(label, sizeof label, "large f16 x, %s, %d-bit, M=%zu", info.name, bits, p.M);
+                product_check(&p, label, info.tolerance_slack);
+            }
+            product_free(&p);
+        }
+}
+
 /* MoE gather on the GPU (cuda.gather.blocks.auto): every token picks `active` distinct experts of E, the pairs
  * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices; against the f64
  * oracle, the selector's row named, nothing written past B·N. Formats: the tensor-core rows (4/8-bit f16/bf16)
@@ -515,6 +556,7 @@ int main(void) {
     test_tile_split_k(context, &rng);
     test_gather(context, &rng);
     test_non_finite(context);
+    test_large_f16_x(context, &rng);
     test_errors(context, &rng);
     test_batch_invariant(context, &rng);
     qmm_context_destroy(context);
