@@ -39,11 +39,6 @@
 
 int bench_cuda_built(void) { return 1; }
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 qmm_status bench_cuda_machine(char *name, size_t size, size_t *l2_bytes) {
     qmm_status status = QMM_OK;
     struct cudaDeviceProp p;

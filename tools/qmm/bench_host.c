@@ -234,11 +234,6 @@ qmm_status bench_host_ceilings(int quick, bench_ceilings *c) {
 
 /* ───────────────────────────── OpenBLAS ───────────────────────────── */
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int bench_openblas_available(char *why, size_t size) {
 #ifdef QMM_BENCH_OPENBLAS
     snprintf(why, size, "OpenBLAS %s", openblas_get_config());

@@ -229,7 +229,8 @@ double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int compare_doubles(const void *a, const void *b) {
+/* qsort order for doubles, ascending (every timing median of the CLI). */
+int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }

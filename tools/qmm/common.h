@@ -103,6 +103,8 @@ void print_cell(const char *text, int width);
 qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count);
 /* CLOCK_MONOTONIC in seconds. */
 double now_seconds(void);
+/* qsort order for doubles, ascending (the medians of every timing in the CLI). */
+int compare_doubles(const void *a, const void *b);
 
 /* --backend auto|cuda|cpu|ref: a qmm_backend, or BACKEND_AUTO = the first of cuda, cpu, ref whose context can
  * be created. parse_backend reads the option's text (NULL: auto) into *backend; returns 0 or QMM_EXIT_USAGE. */

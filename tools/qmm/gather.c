@@ -64,11 +64,6 @@ cleanup:
     return status;
 }
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int cmd_gather(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *tokens_text = NULL, *top_k_text = NULL, *dtype_text = NULL, *kernel = NULL,
                *seed_text = NULL, *backend = NULL, *threads_text = NULL;

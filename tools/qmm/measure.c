@@ -17,11 +17,6 @@ const char *source_dir(void) {
     return dir && dir[0] ? dir : QMM_SOURCE_DIR;
 }
 
-int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* splitmix64, for the random weights. */
 static uint64_t next_random(uint64_t *state) {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
