@@ -134,7 +134,7 @@ static void verify_layers(const qmm_checkpoint *ck, const made_layer *layers, si
         CHECK(memcmp(m->w, l->w, l->rows * l->words * 4) == 0 && memcmp(m->scales, l->scales, scale_bytes) == 0 &&
                   memcmp(m->biases, l->biases, scale_bytes) == 0,
               "%s: layer \"%s\": bytes differ", step, l->name);
-        char name[112];
+        char name[sizeof l->name + sizeof ".weight"];
         snprintf(name, sizeof name, "%s.weight", l->name);
         qmm_tensor t;
         CHECK(qmm_checkpoint_find_tensor(ck, name, &t) == QMM_OK && t.ndim == l->ndim &&
