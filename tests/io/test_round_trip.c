@@ -135,7 +135,7 @@ static void verify_layers(const qmm_checkpoint *ck, const made_layer *layers, si
                   memcmp(m->biases, l->biases, scale_bytes) == 0,
               "%s: layer \"%s\": bytes differ", step, l->name);
         char name[sizeof l->name + sizeof ".weight"];
-        snprintf(name, sizeof name, "%s.weight", l->name);
+        snprintf(name, sizeof name, "%.95s.weight", l->name); /* l->name holds ≤ 95 bytes */
         qmm_tensor t;
         CHECK(qmm_checkpoint_find_tensor(ck, name, &t) == QMM_OK && t.ndim == l->ndim &&
                   (l->ndim == 2 || (t.shape[0] == l->lead[0] && t.shape[1] == l->lead[1])),
