@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(256)
  * (65536 / 512 = 128 per thread); the launcher picks the count (gemv_warps). */
 template <int TT> struct mma_gemv_limits {
     static constexpr int max_warps = TT >= 4 ? 8 : 16;
-    static constexpr int min_blocks = TT >= 4 ? 1 : QMM_MMA_MIN_BLOCKS * 8 / max_warps;
+    static constexpr int min_blocks = TT >= 4 ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
 template <int BITS, typename T, int RT, int TT, int S, int GS>
@@ -244,9 +244,11 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                 const int c = c0 + lane, r = c / (4 * GSB), tile = row_tile0 + r;
                 if (c < SB_CHUNKS) {
                     const bool ok = tile < row_tiles;
-                    const uint4 *src = reinterpret_cast<const uint4 *>(
-                                           sb + (ok ? ((size_t)tile * super_blocks + sbk) * (16 * GSB) : 0)) +
-                                       (ok ? c % (4 * GSB) : 0);
+                    /* in 16-byte units, < N·row_quads < 2^31 as the weights' offsets (supports()) */
+                    const uint4 *src = reinterpret_cast<const uint4 *>(sb) +
+                                       (ok ? ((unsigned)tile * (unsigned)super_blocks + (unsigned)sbk) * (4u * GSB) +
+                                                 (unsigned)(c % (4 * GSB))
+                                           : 0u);
                     const unsigned dst = (unsigned)__cvta_generic_to_shared(stage_sb + stage * RT * 16 * GSB + 4 * c);
                     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
                 }
@@ -323,7 +325,6 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
             for (int tt = 0; tt < TT; tt++) {
                 mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
                 mma_16816(cx[tt], ones, b[tt][2], b[tt][3], T());
-                mma_decode<BITS, T>::scale_x(b[tt]); /* after Σx: the pairs the Σq·x MMAs take */
             }
 #pragma unroll
             for (int r = 0; r < RT; r++) {
@@ -344,7 +345,14 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                 for (int r = 0; r < RT; r++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const float2 s_b = scale_bias(sb_stage[(16 * r + 8 * h + g) * GSB + j / BPG], T());
+                        const uint32_t *at = sb_stage + (16 * r + 8 * h + g) * GSB + j / BPG;
+                        uint32_t pair = *at;
+                        if (GSB == 4) { /* groups of 32 at 4 bits: read here, not hoisted to the top of the step
+                                         * (asm volatile stays among the MMAs): 4 segments × 8 pairs held at once
+                                         * spilled m8n64's registers (144 bytes; 24 this way) */
+                            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(pair) : "r"((unsigned)__cvta_generic_to_shared(at)));
+                        }
+                        const float2 s_b = scale_bias(pair, T());
                         const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
@@ -427,22 +435,22 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
  * (warp w takes super-blocks w, w + W, ...). Measured on the H200 against 4, 8 and 16 warps for every row,
  * seed and Qwen3 shape, M = 1–16 (docs/PERF.md, sixth session): within 0.8 % of each cell's best count
  * (geomean), where a fixed 8 was 11 % off (1024×5120: 64 blocks of 16 warps 2.8 µs, of 8 warps 3.5).
- * occupancy[w] caches the blocks of w warps one SM holds (per instantiation; the first device's answer
- * serves every device of the process). */
+ * occupancy[w] caches the blocks of w warps one SM holds (per instantiation and device; NULL: ask each time). */
 template <typename Kernel>
 static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, size_t shared_per_warp, size_t shared_per_block,
                       int max_warps, int multiprocessors, std::atomic<int> *occupancy) {
     if (multiprocessors <= 0) multiprocessors = 1;
     int chosen = 0;
     for (int w = max_warps; w >= 4 && !chosen; w--) {
-        int resident = occupancy[w].load(std::memory_order_relaxed);
+        int resident = occupancy ? occupancy[w].load(std::memory_order_relaxed) : 0;
         if (resident == 0) {
             if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, w * 32,
                                                               shared_per_warp * (size_t)w + shared_per_block) != cudaSuccess) {
                 cudaGetLastError();
                 resident = -1;
             }
-            occupancy[w].store(resident, std::memory_order_relaxed);
+            if (resident == 0) resident = -1; /* cached as "does not fit" */
+            if (occupancy) occupancy[w].store(resident, std::memory_order_relaxed);
         }
         if (resident > 0 && (size_t)resident * (size_t)multiprocessors >= blocks) chosen = w;
     }
@@ -468,10 +476,13 @@ template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_ge
     if (opt_in) return opt_in;
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
     const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
-    static std::atomic<int> occupancy[mma_gemv_limits<TT>::max_warps + 1];
+    /* per device (the first 8; others ask every launch): blocks of w warps one SM holds, 0 = not asked yet */
+    static std::atomic<int> occupancy[8][mma_gemv_limits<TT>::max_warps + 1];
+    int device = 0;
+    if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
                              : gemv_warps(kernel, (size_t)blocks.x * blocks.y, super_blocks, per_warp, 0, max_warps,
-                                          c->multiprocessors, occupancy);
+                                          c->multiprocessors, device >= 0 && device < 8 ? occupancy[device] : nullptr);
     if (warps > super_blocks) warps = super_blocks;
     if (warps < 1) warps = 1;
     return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,

@@ -177,7 +177,6 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 x_pairs<BITS>(xs[(stage * BM + tok) * XCH + ((4 * j + t) ^ ((tok & 1) << 2))], b[tt]);
                 mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
                 mma_16816(cx[tt], ones, b[tt][2], b[tt][3], T());
-                mma_decode<BITS, T>::scale_x(b[tt]); /* after Σx: the pairs the Σq·x MMAs take */
             }
 #pragma unroll
             for (int r = 0; r < WR; r++) {

@@ -167,27 +167,18 @@ template <> struct decode<8, __nv_bfloat16> {
  * bits in the mantissa) — no magic number to add or subtract. The tensor core multiplies subnormal f16
  * operands exactly (every product is ≥ 2^-48 in magnitude, an f32 normal), so the f32 result is an exact
  * power of two times that of the integer codes, which the caller folds into the scale (code_scale below).
- * 4-bit: the codes at bits 0–3 of a half (c0, c4; after one shift by 8, c2, c6) stay there as c·2^-24, and the
- * codes at bits 4–7 (c1, c5; c3, c7) stay there too, as 16c·2^-24 — one shift and four ANDs per word. The pairs
- * at bits 0–3 then meet x·16 (scale_x: exact in f16 unless |x| > 4094, where the product's ±inf or NaN sends the
- * output to the f64 non-finite rule), so every product is c·x·2^-20. 8-bit: one byte permute per pair, c·2^-24. */
+ * 4-bit: every code lands at bits 4–7 of its half, as 16c·2^-24 = c·2^-20 (c1, c5 are there already; c0, c4
+ * shift up by 4, c2, c6 down by 4, c3, c7 down by 8): three shifts and four ANDs per word, and x is used as it
+ * is (no scaling of x, which could overflow f16). 8-bit: one byte permute per pair, c·2^-24. */
 template <int BITS> struct decode_subnormal;
 template <> struct decode_subnormal<4> {
     static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
-        const uint32_t hi = w[0] >> 8;
-        q[0] = w[0] & 0x000F000Fu; /* c0, c4 as c·2^-24 (meets x·16) */
-        q[1] = w[0] & 0x00F000F0u; /* c1, c5 as 16c·2^-24 */
-        q[2] = hi & 0x000F000Fu;   /* c2, c6 as c·2^-24 (meets x·16) */
-        q[3] = hi & 0x00F000F0u;   /* c3, c7 as 16c·2^-24 */
+        q[0] = (w[0] << 4) & 0x00F000F0u; /* c0, c4 */
+        q[1] = w[0] & 0x00F000F0u;        /* c1, c5 */
+        q[2] = (w[0] >> 4) & 0x00F000F0u; /* c2, c6 */
+        q[3] = (w[0] >> 8) & 0x00F000F0u; /* c3, c7 */
     }
     static constexpr float code_scale = 1048576.0f; /* 2^20 */
-    static __device__ __forceinline__ void scale_x(uint32_t b[4]) {
-        const __half2 sixteen = __halves2half2(__ushort_as_half(0x4C00), __ushort_as_half(0x4C00));
-        __half2 b0 = __hmul2(*reinterpret_cast<const __half2 *>(&b[0]), sixteen);
-        __half2 b2 = __hmul2(*reinterpret_cast<const __half2 *>(&b[2]), sixteen);
-        b[0] = *reinterpret_cast<uint32_t *>(&b0);
-        b[2] = *reinterpret_cast<uint32_t *>(&b2);
-    }
 };
 template <> struct decode_subnormal<8> {
     static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
@@ -197,23 +188,19 @@ template <> struct decode_subnormal<8> {
         q[3] = __byte_perm(w[1], 0u, 0x4341u); /* c5, c7 */
     }
     static constexpr float code_scale = mma_traits<__half>::subnormal_scale; /* 2^24 */
-    static __device__ __forceinline__ void scale_x(uint32_t *) {}
 };
 
 /* The decoding the mma kernels use: f16 codes as subnormals (decode_subnormal, no magic-number arithmetic),
- * bf16 codes through the magic number (decode: bf16 subnormals would underflow the f32 products). A kernel
- * pairs x (x_pairs), runs the all-ones Σx MMAs on those pairs, then calls scale_x on them before the Σq·x
- * MMAs; a segment's Σq·x from the tensor cores times code_scale is then the Σq·x of the integer codes,
- * exactly (callers fold code_scale into the scale: s·2^24 is exact in f32 for every f16 scale). */
+ * bf16 codes through the magic number (decode: bf16 subnormals would underflow the f32 products). A segment's
+ * Σq·x from the tensor cores times code_scale is the Σq·x of the integer codes, exactly (callers fold
+ * code_scale into the scale: s·2^24 is exact in f32 for every f16 scale). */
 template <int BITS, typename T> struct mma_decode {
     static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) { decode<BITS, T>::run(w, q); }
     static constexpr float code_scale = 1.0f;
-    static __device__ __forceinline__ void scale_x(uint32_t *) {}
 };
 template <int BITS> struct mma_decode<BITS, __half> {
     static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) { decode_subnormal<BITS>::run(w, q); }
     static constexpr float code_scale = decode_subnormal<BITS>::code_scale;
-    static __device__ __forceinline__ void scale_x(uint32_t b[4]) { decode_subnormal<BITS>::scale_x(b); }
 };
 
 /* The lane's 8 x values (one 128-bit load, halves h0..h7) as the B-operand pairs matching decode<>. */

@@ -2,8 +2,8 @@
  * test_cuda.c — the CUDA backend beyond the kernel harness (label "gpu"; `make test-gpu` on a GPU machine):
  * chains captured as graphs and replayed (results, per-step and whole-run device times, re-capture after
  * a step is added), the selector's choices by M, cross-kernel agreement at the selector's switch points,
- * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, f16 x beyond 4094 on
- * every row (the in-place 4-bit decode's x·16 overflows there), error paths
+ * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, large f16 x on every row,
+ * error paths
  * (among them gather, which has no CUDA row yet), and batch-invariant mode (a row alone and inside M = 2, 37,
  * 512 through the selector, the mma rows refusing it, the same bits as the ref backend's "oracle" rows;
  * tests/runtime/test_batch_invariant.c also walks the CUDA table when it runs on a GPU machine).
@@ -294,17 +294,24 @@ static void test_non_finite(qmm_context *context) {
     }
 }
 
-/* f16 activations beyond 4094: the mma rows' in-place 4-bit decode multiplies half of x by 16 (docs/kernels.md
- * §9.1), which overflows there; the outputs such x touch must still come out as the oracle's (through the f64
- * non-finite rule), through every CUDA row that takes the call, with poisoned outputs. x: uniform in [-1, 1)
- * with ±(4095 … 65000) at a few k of each row (the exact outputs stay finite or, beyond f16, become ±inf as in
- * the oracle). */
+/* Large f16 activations (up to ±65000 at a few k of each row, the rest uniform in [-1, 1)) through every CUDA row
+ * that takes the call, with poisoned outputs, against the oracle: the f16 decode keeps x as it is (an earlier
+ * version multiplied half of x by 16, which overflowed above 4094 and sent whole rows to the slow f64 rule);
+ * the exact outputs stay finite or, beyond f16, become ±inf as in the oracle. Groups of 32 (m8n64 copies its
+ * pairs in two rounds), 8-bit groups of 128 (a pair stored with two super-blocks) and K = 1024 (split-K in the
+ * tile rows). */
 static void test_large_f16_x(qmm_context *context, check_rng *rng) {
-    const size_t Ms[] = {1, 5, 16}, K = 256, N = 96;
-    for (int bits = 4; bits <= 8; bits += 4)
+    static const struct {
+        int bits, group_size;
+        size_t K;
+    } formats[] = {{4, 32, 1024}, {4, 64, 256}, {8, 64, 256}, {8, 128, 1024}};
+    const size_t Ms[] = {1, 5, 16}, N = 96;
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
         for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
             product p;
-            if (!product_make(context, rng, Ms[i], N, K, bits, 64, QMM_F16, &p)) {
+            const size_t K = formats[f].K;
+            const int bits = formats[f].bits;
+            if (!product_make(context, rng, Ms[i], N, K, bits, formats[f].group_size, QMM_F16, &p)) {
                 CHECK(false, "large f16 x: set-up failed");
                 product_free(&p);
                 continue;
@@ -327,7 +334,8 @@ static void test_large_f16_x(qmm_context *context, check_rng *rng) {
                 CHECK_OK(qmm_buffer_poison(p.out));
                 CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
                 char label[160];
-                snprintf(label, sizeof label, "large f16 x, %s, %d-bit, M=%zu", info.name, bits, p.M);
+                snprintf(label, sizeof label, "large f16 x, %s, %d-bit gs%d K=%zu, M=%zu", info.name, bits,
+                         formats[f].group_size, K, p.M);
                 product_check(&p, label, info.tolerance_slack);
             }
             product_free(&p);
