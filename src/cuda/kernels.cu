@@ -6,13 +6,14 @@
  *             plain CUDA-core f32 arithmetic, so that no valid call ever leaves the GPU.
  *   mma_gemv  decode and small M for 4- and 8-bit weights with f16/bf16 activations:
  *             the codes are decoded in registers into exact f16/bf16 values (bf16: the integers; f16: the
- *             subnormals c·2^-24, the scale carrying the 2^24 — mma_decode) and multiplied by x on the
- *             tensor cores (mma.sync m16n8k16, f32 accumulate), weights on the MMA's M side and the
+ *             subnormals c·2^-20 (4-bit) or c·2^-24 (8-bit), the scale carrying the power of two —
+ *             mma_decode) and multiplied by x on the tensor cores (mma.sync m16n8k16, f32 accumulate),
+ *             weights on the MMA's M side and the
  *             tokens on its N side (8, 16 or 32 of them per block; the 32-token tile takes larger M in chunks
  *             along grid.y). Per group the f32 result is scaled:
- *             acc += s·Σq·x + b·Σx, where Σx comes from a second MMA with an all-ones A operand.
+ *             acc = fma(s, Σq·x, fma(b, Σx, acc)), Σx from a second MMA with an all-ones A operand.
  *
- * Exactness (docs/kernels.md §2): q (≤ 255, or q·2^-24) and x are exact in f16/bf16, so every product is exact
+ * Exactness (docs/kernels.md §2): q (≤ 255, or q·2^-20 / q·2^-24) and x are exact in f16/bf16, so every product is exact
  * and the tensor core accumulates it in f32; s·Σq·x, b·Σx and the running sum are f32 FMAs. No value is
  * ever rounded to f16/bf16 before the final store. An output whose f32 accumulator is ±inf or NaN is
  * recomputed in the direct form Σ(s·q + b)·x in f64 and rounded to f32 (the oracle's rule for non-finite
