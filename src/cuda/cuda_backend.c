@@ -70,6 +70,11 @@ static qmm_status cuda_open(int device, void **state) {
     *state = NULL;
     int count = 0;
     cudaError_t error = cudaGetDeviceCount(&count);
+    if (error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "no CUDA device: %s (cudaGetDeviceCount: %s)",
+                         error == cudaErrorNoDevice ? "the driver sees no CUDA-capable GPU"
+                                                    : "no NVIDIA driver is loaded, or it is older than this CUDA runtime",
+                         cudaGetErrorString(error));
     if (error != cudaSuccess)
         return qmm_error(QMM_ERR_UNSUPPORTED, "no CUDA device: cudaGetDeviceCount failed: %s", cudaGetErrorString(error));
     if (count == 0) return qmm_error(QMM_ERR_UNSUPPORTED, "no CUDA device: the driver reports 0 devices");
