@@ -385,11 +385,11 @@ static qmm_cuda_launch launch_of(const qmm_call *call) {
         .sb = e ? e->sb : NULL,
         .out = call->out,
         .stream = s->stream,
+        .warps = s->forced_warps,
         .multiprocessors = s->multiprocessors,
         .shared_optin = s->shared_optin,
         .pdl = s->pdl,
     };
-    launch.warps = s->forced_warps;
     return launch;
 }
 

@@ -245,11 +245,9 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                 const int c = c0 + lane, r = c / (4 * GSB), tile = row_tile0 + r;
                 if (c < SB_CHUNKS) {
                     const bool ok = tile < row_tiles;
-                    /* in 16-byte units, < N·row_quads < 2^31 as the weights' offsets (supports()) */
+                    /* 32-bit offsets: < N·row_quads < 2^31 16-byte units, as the weights' (supports()) */
                     const uint4 *src = reinterpret_cast<const uint4 *>(sb) +
-                                       (ok ? ((unsigned)tile * (unsigned)super_blocks + (unsigned)sbk) * (4u * GSB) +
-                                                 (unsigned)(c % (4 * GSB))
-                                           : 0u);
+                                       (ok ? sb_tiled_run<unsigned>(tile, super_blocks, sbk, GSB) + (unsigned)(c % (4 * GSB)) : 0u);
                     const unsigned dst = (unsigned)__cvta_generic_to_shared(stage_sb + stage * RT * 16 * GSB + 4 * c);
                     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
                 }
@@ -432,21 +430,21 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
 
 /* Warps per block for an mma_gemv launch of `blocks` blocks (docs/kernels.md §9.1, "Warps per block"): the
  * most warps (≤ max_warps) for which every block is resident at once — one wave, all blocks streaming their
- * rows together — as long as that leaves ≥ 4 warps per block; else 8 (several waves). Then ≤ super_blocks
- * (warp w takes super-blocks w, w + W, ...). Measured on the H200 against 4, 8 and 16 warps for every row,
+ * rows together — as long as that leaves ≥ 4 warps per block; else 8 (several waves); the launcher then caps
+ * it at the super-blocks. Measured on the H200 against 4, 8 and 16 warps for every row,
  * seed and Qwen3 shape, M = 1–16 (docs/PERF.md, sixth session): within 0.8 % of each cell's best count
  * (geomean), where a fixed 8 was 11 % off (1024×5120: 64 blocks of 16 warps 2.8 µs, of 8 warps 3.5).
  * occupancy[w] caches the blocks of w warps one SM holds (per instantiation and device; NULL: ask each time). */
 template <typename Kernel>
-static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, size_t shared_per_warp, size_t shared_per_block,
-                      int max_warps, int multiprocessors, std::atomic<int> *occupancy) {
+static int gemv_warps(Kernel kernel, size_t blocks, size_t shared_per_warp, int max_warps, int multiprocessors,
+                      std::atomic<int> *occupancy) {
     if (multiprocessors <= 0) multiprocessors = 1;
     int chosen = 0;
     for (int w = max_warps; w >= 4 && !chosen; w--) {
         int resident = occupancy ? occupancy[w].load(std::memory_order_relaxed) : 0;
         if (resident == 0) {
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, w * 32,
-                                                              shared_per_warp * (size_t)w + shared_per_block) != cudaSuccess) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, w * 32, shared_per_warp * (size_t)w) !=
+                cudaSuccess) {
                 cudaGetLastError();
                 resident = -1;
             }
@@ -455,9 +453,7 @@ static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, size_t sha
         }
         if (resident > 0 && (size_t)resident * (size_t)multiprocessors >= blocks) chosen = w;
     }
-    if (!chosen) chosen = max_warps < 8 ? max_warps : 8;
-    if (chosen > super_blocks) chosen = super_blocks;
-    return chosen < 1 ? 1 : chosen;
+    return chosen ? chosen : max_warps < 8 ? max_warps : 8;
 }
 
 template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
@@ -482,9 +478,9 @@ template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_ge
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
-                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, super_blocks, per_warp, 0, max_warps,
-                                          c->multiprocessors, device >= 0 && device < 8 ? occupancy[device] : nullptr);
-    if (warps > super_blocks) warps = super_blocks;
+                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, per_warp, max_warps, c->multiprocessors,
+                                          device >= 0 && device < 8 ? occupancy[device] : nullptr);
+    if (warps > super_blocks) warps = super_blocks; /* warp w takes super-blocks w, w + W, ...: none left idle */
     if (warps < 1) warps = 1;
     return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
@@ -559,7 +555,7 @@ extern "C" void qmm_cuda_repack_sb(const void *scales, const void *biases, size_
                         memcpy(&pair[0], s + 2 * (n * groups + group), 2);
                         memcpy(&pair[1], b + 2 * (n * groups + group), 2);
                     }
-                    memcpy(&out[((tile * super_blocks + sbk) * 16 + row) * gsb + i], pair, 4);
+                    memcpy(&out[4 * sb_tiled_run<size_t>(tile, super_blocks, sbk, (int)gsb) + row * gsb + i], pair, 4);
                 }
 }
 

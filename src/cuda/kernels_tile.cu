@@ -128,9 +128,9 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 if (c0 + (int)threadIdx.x < SB_CHUNKS) {
                     const int tile = sb_tile + c0 / (4 * GSB);
                     const bool ok = tile < row_tiles;
-                    const uint4 *src = reinterpret_cast<const uint4 *>(
-                                           sb + (ok ? ((size_t)tile * super_blocks + sbk) * (16 * GSB) : 0)) +
-                                       (ok ? (threadIdx.x % (4 * GSB)) : 0);
+                    const uint4 *src =
+                        reinterpret_cast<const uint4 *>(sb + (ok ? 4 * sb_tiled_run<size_t>(tile, super_blocks, sbk, GSB) : 0)) +
+                        (ok ? (threadIdx.x % (4 * GSB)) : 0);
                     const unsigned dst = sb_dst + (unsigned)((stage * BN * GSB + 4 * c0) * 4);
                     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
                 }

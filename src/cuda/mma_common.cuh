@@ -64,6 +64,12 @@ __device__ __noinline__ float direct_output_n(const T *x_row, const uint32_t *w,
 __host__ __device__ constexpr int sb_pairs_per_super_block(int bits, int group_size) {
     return 512 / bits / group_size > 1 ? 512 / bits / group_size : 1;
 }
+/* Where the pairs of row tile `tile` (16 rows) and super-block sbk start in that layout, in 16-byte units
+ * (4 pairs; I: the kernel's offset type): [row tiles][super_blocks][16 rows][gsb] — every run is 4·gsb units. The kernels add the chunk
+ * within the run; the host repack (qmm_cuda_repack_sb) multiplies by 4 for pairs. */
+template <typename I> __host__ __device__ constexpr I sb_tiled_run(I tile, I super_blocks, I sbk, int gsb) {
+    return (tile * super_blocks + sbk) * (I)(4 * gsb);
+}
 
 template <typename T> struct mma_traits;
 template <> struct mma_traits<__half> {

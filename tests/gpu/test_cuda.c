@@ -71,6 +71,22 @@ static void product_check(product *p, const char *label, double slack) {
     CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
 }
 
+/* Every CUDA qmm_t row that takes p's call, forced, outputs poisoned first, against the oracle in p. */
+static void check_every_row(qmm_context *context, product *p, const char *what) {
+    for (size_t k = 0; k < qmm_kernel_count(context); k++) {
+        qmm_kernel_info info;
+        CHECK_OK(qmm_kernel_get(context, k, &info));
+        if (info.op != QMM_OP_QMM_T || qmm_kernel_supports(context, info.name, p->weights, p->M, info.op, NULL) != 1)
+            continue;
+        qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = info.name};
+        CHECK_OK(qmm_buffer_poison(p->out));
+        CHECK_OK(qmm_matmul(context, p->weights, p->x, p->M, p->out, &options, NULL));
+        char label[200];
+        snprintf(label, sizeof label, "%s, %s", what, info.name);
+        product_check(p, label, info.tolerance_slack);
+    }
+}
+
 static void test_chain(qmm_context *context, check_rng *rng) {
     product a, b;
     if (!product_make(context, rng, 3, 1000, 2048, 4, 64, QMM_F16, &a) ||
@@ -144,18 +160,9 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
             const char *family = dtypes[d] == QMM_F32 ? "ffma_gemv" : ms[i] <= 16 ? "mma_gemv" : "mma_";
             CHECK(chosen.name && strstr(chosen.name, family) != NULL, "M=%zu %s: the selector chose %s, not a %s row",
                   ms[i], qmm_dtype_name(dtypes[d]), chosen.name ? chosen.name : "?", family);
-            for (size_t k = 0; k < qmm_kernel_count(context); k++) {
-                qmm_kernel_info info;
-                CHECK_OK(qmm_kernel_get(context, k, &info));
-                if (info.op != QMM_OP_QMM_T || qmm_kernel_supports(context, info.name, p.weights, p.M, info.op, NULL) != 1)
-                    continue;
-                qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = info.name};
-                CHECK_OK(qmm_buffer_poison(p.out));
-                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-                char label[160];
-                snprintf(label, sizeof label, "%s M=%zu %s", info.name, p.M, qmm_dtype_name(dtypes[d]));
-                product_check(&p, label, info.tolerance_slack);
-            }
+            char what[64];
+            snprintf(what, sizeof what, "switch points M=%zu %s", p.M, qmm_dtype_name(dtypes[d]));
+            check_every_row(context, &p, what);
             product_free(&p);
         }
 }
@@ -325,19 +332,9 @@ static void test_large_f16_x(qmm_context *context, check_rng *rng) {
                 }
             CHECK_OK(qmm_buffer_write(p.x, p.host_x, p.M * K));
             CHECK_OK(qmm_ref_dense_f64(&p.q.m, p.host_x, p.M, 1, p.exact, p.abs_dot));
-            for (size_t k = 0; k < qmm_kernel_count(context); k++) {
-                qmm_kernel_info info;
-                CHECK_OK(qmm_kernel_get(context, k, &info));
-                if (info.op != QMM_OP_QMM_T || qmm_kernel_supports(context, info.name, p.weights, p.M, info.op, NULL) != 1)
-                    continue;
-                qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = info.name};
-                CHECK_OK(qmm_buffer_poison(p.out));
-                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-                char label[160];
-                snprintf(label, sizeof label, "large f16 x, %s, %d-bit gs%d K=%zu, M=%zu", info.name, bits,
-                         formats[f].group_size, K, p.M);
-                product_check(&p, label, info.tolerance_slack);
-            }
+            char what[96];
+            snprintf(what, sizeof what, "large f16 x, %d-bit gs%d K=%zu, M=%zu", bits, formats[f].group_size, K, p.M);
+            check_every_row(context, &p, what);
             product_free(&p);
         }
 }
