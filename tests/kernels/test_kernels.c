@@ -665,6 +665,11 @@ int main(void) {
                 printf("  %-28s SKIPPED: not usable on this machine: %s\n", info.name, why_not ? why_not : "?");
                 continue;
             }
+            const char *selected = getenv("QMM_TEST_KERNEL"); /* a part of the names to run (device time) */
+            if (selected && *selected && !strstr(info.name, selected)) {
+                printf("  %-28s SKIPPED: not selected by QMM_TEST_KERNEL=%s\n", info.name, selected);
+                continue;
+            }
             if (!getenv("QMM_TEST_NONFINITE_ONLY")) run_kernel(context, &info, &rng);
             run_nonfinite(context, &info, &rng);
             kernels_run++;
