@@ -9,7 +9,8 @@
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
- *      when N ≤ prefer_small_n (a row may handle calls it is not the
+ *      when N ≤ prefer_small_n, rows whose prefer_min_m is above M, and rows whose prefer_min_tiles exceeds
+ *      the call's ceil(M/bm)·ceil(N/bn) tiles (a row may handle calls it is not the
  *      fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by
  *      their backend and end with rows that accept every valid call (the reference rows, or on CUDA
  *      the generic kernels), so there is always an answer.
@@ -123,6 +124,14 @@ static size_t preferred_max_m(const qmm_kernel *row, size_t N) {
     return limit ? limit : SIZE_MAX;
 }
 
+/* Whether the call has the tiles of the row's bm × bn its prefer_min_tiles hint asks for. */
+static bool enough_tiles(const qmm_kernel *row, const qmm_call *call) {
+    if (!row->prefer_min_tiles) return true;
+    const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
+    const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
+    return tiles >= row->prefer_min_tiles;
+}
+
 static bool same_order(const qmm_kernel *row, const qmm_kernel *order_row) {
     return order_row == NULL || strcmp(row->info.batch_invariant_order, order_row->info.batch_invariant_order) == 0;
 }
@@ -181,7 +190,8 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {
-        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) || call->N < table[i]->prefer_min_n)
+        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) || call->M < table[i]->prefer_min_m ||
+            call->N < table[i]->prefer_min_n || !enough_tiles(table[i], call))
             continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not) && same_order(table[i], order_row)) {
             *chosen = table[i];

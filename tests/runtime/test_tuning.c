@@ -68,8 +68,14 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
 
 /* ───────────────────────────── 1. the selector ───────────────────────────── */
 
-/* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, and the small-N box
- * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule). */
+/* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, the small-N box
+ * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles (the
+ * CUDA wgmma row's: here 64 tiles of 128 × 128, after the small-N box). */
+static qmm_kernel_info tiled_info(void) {
+    qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
+    info.bm = 128, info.bn = 128;
+    return info;
+}
 static const qmm_kernel hint_rows[] = {
     {.info = FAKE("fake.hint.wide", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing, .prefer_max_m = 8,
      .prefer_min_n = 5120},
@@ -79,9 +85,11 @@ static const qmm_kernel hint_rows[] = {
 };
 
 static const char *pick_hinted(size_t N, size_t M) {
-    const qmm_kernel *table[] = {&hint_rows[0], &hint_rows[1], &hint_rows[2]}, *chosen = NULL;
+    qmm_kernel tiled = {.info = tiled_info(), .supports = supports_all, .run = run_nothing, .prefer_min_m = 33,
+                        .prefer_min_tiles = 64};
+    const qmm_kernel *table[] = {&hint_rows[0], &hint_rows[1], &tiled, &hint_rows[2]}, *chosen = NULL;
     const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, N, 4096, M);
-    if (qmm_select_kernel_tuned(table, 3, NULL, &call, NULL, &chosen) != QMM_OK) return "(error)";
+    if (qmm_select_kernel_tuned(table, 4, NULL, &call, NULL, &chosen) != QMM_OK) return "(error)";
     return chosen->info.name;
 }
 
@@ -91,6 +99,11 @@ static void test_hints(void) {
         {4096, 32, "fake.hint.small"}, {4096, 33, "fake.hint.any"},  {2049, 33, "fake.hint.any"},
         {2048, 33, "fake.hint.small"}, {2048, 128, "fake.hint.small"}, {2048, 129, "fake.hint.any"},
         {768, 128, "fake.hint.small"}, {768, 129, "fake.hint.any"},  {1, 100, "fake.hint.small"},
+        /* 64 tiles of 128 × 128: 8192 rows at M ≤ 128, 4096 at M = 256, 1024 at M = 1024 (897 … 1024) */
+        {8192, 33, "fake.hint.tiles"}, {8064, 33, "fake.hint.any"}, {4096, 256, "fake.hint.tiles"},
+        {4096, 128, "fake.hint.any"},  {1024, 1024, "fake.hint.tiles"}, {1024, 896, "fake.hint.any"},
+        {2048, 128, "fake.hint.small"}, /* the small-N box comes first in the table */
+        {16384, 32, "fake.hint.small"}, {16384, 33, "fake.hint.tiles"}, /* prefer_min_m = 33 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *got = pick_hinted(cases[i].N, cases[i].M);
