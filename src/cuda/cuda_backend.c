@@ -536,6 +536,35 @@ static int tile_splits(const qmm_call *call, int tile) {
 TILE_ROW(tile_m64n64, 0)
 TILE_ROW(tile_m64n128, 1)
 
+/* wgmma_tile rows (kernels_wgmma.cu): sm_90a code, so a compute capability 9.0 device. */
+static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
+    const cuda_state *s = call->backend_state;
+    if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
+    if (s->major != 9) {
+        snprintf(why_not, size, "wgmma is Hopper's (sm_90a code): the device has compute capability %d.%d", s->major,
+                 s->minor);
+        return false;
+    }
+    if (call->M > (size_t)65535 * tokens || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
+        snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %zu rows of x, and M, K < 2^31)", call->M,
+                 tokens);
+        return false;
+    }
+    return true;
+}
+
+#define WGMMA_ROW(NAME, TOKENS)                                                                                   \
+    static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
+        return wgmma_supports(call, TOKENS, why_not, size);                                                       \
+    }                                                                                                             \
+    static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        qmm_cuda_launch launch = launch_of(call);                                                                 \
+        return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
+    }
+
+WGMMA_ROW(wgmma_m128n128, 128)
+WGMMA_ROW(wgmma_m64n128, 64)
+
 /* The mma_tile rows' batch-invariant order (docs/kernels.md §11): per output, the 64-byte super-blocks of K in
  * order; in each, the group segments in order; a segment's q·x MMAs (and the all-ones Σx MMAs) chained in the
  * lane-pairing k order; then acc = fma(s, Σq·x, fma(b, Σx, acc)). One split (no split-K) in this mode; the
@@ -563,6 +592,16 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
+ *   On Hopper, before the rest where their hints allow, by tiles of 128 weight rows (the seventh session's
+ *   sweep, 330 cells, docs/PERF.md):
+ *   M ≥ 65, ≥ 80 tiles of 128 × 128 tokens: wgmma_tile m128n128 — wgmma with the decoded weights in registers,
+ *            x by TMA: 1.06–1.78× faster than mma_tile in the 76 cells it takes (5120² M = 2048 f16: 358 vs
+ *            567 µs; 12288×4096 M = 128: 60 vs 91); with fewer tiles most SMs idle (no split-K; 4096² M = 256,
+ *            64 tiles: 60 µs vs 44 for m64n128).
+ *   M ≥ 17, ≥ 96 tiles of 128 × 64 tokens: wgmma_tile m64n128 — the same kernel with 64 tokens per block, twice
+ *            the blocks (14336×5120 M = 32: 55 vs 69 µs for m32n16; 4096² M = 256: 44 vs 61 for mma_tile). Not
+ *            where the tiles come to just over one wave (17408×5120 M = 32–64, 136 tiles: 106 µs vs 83 for
+ *            mma_tile — left as it is, 4 cells of 330).
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128: the tile has too few row tiles there and leans on
@@ -591,6 +630,14 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
+    {.info = {.name = "cuda.qmm_t.wgmma_tile.m128n128", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T,
+              .family = "wgmma_tile", .bm = 128, .bn = 128, .bk = 128, .threads = 384, .tolerance_slack = 2.0,
+              .description = "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"},
+     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65, .prefer_min_tiles = 80},
+    {.info = {.name = "cuda.qmm_t.wgmma_tile.m64n128", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T,
+              .family = "wgmma_tile", .bm = 64, .bn = 128, .bk = 128, .threads = 384, .tolerance_slack = 2.0,
+              .description = "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"},
+     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 17, .prefer_min_tiles = 96},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},

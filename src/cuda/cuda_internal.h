@@ -57,6 +57,11 @@ int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int to
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
 void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads);
 
+/* The wgmma_tile family (kernels_wgmma.cu, sm_90a): 128 weight rows × `tokens` (64 or 128) rows of x per block,
+ * wgmma with the decoded weights in registers; any M (≤ 65535 tiles), any N, any K multiple of the group. Same
+ * needs as mma_gemv, and a Hopper (compute capability 9.0) device. */
+int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *launch, int tokens);
+
 /* The ffma_gemv family (kernels_ffma.cu): f32 x, scales, biases and out; 4- or 8-bit codes read in the MLX
  * layout (w); any M (chunks of 8 rows of x along grid.y, M ≤ 65535·8), any N, any K multiple of the group. */
 int qmm_cuda_ffma_gemv_qmm_t(const qmm_cuda_launch *launch);

@@ -167,6 +167,43 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
         }
 }
 
+/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 with ≥ 80 tiles of 128 × 128, m64n128 from M = 17
+ * with ≥ 96 tiles of 128 × 64 — on either side of each threshold the selector's choice, and every row that
+ * takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. */
+static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, N;
+        const char *want; /* NULL: neither wgmma row */
+    } cases[] = {
+        {65, 10240, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 80 tiles */
+        {65, 10112, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 79 tiles of 128 tokens, 158 of 64 */
+        {17, 12288, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 96 tiles of 64 tokens */
+        {17, 12160, NULL},                             /* 95 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        product p;
+        if (!product_make(context, rng, cases[i].M, cases[i].N, 256, 4, 64, QMM_BF16, &p)) {
+            CHECK(false, "wgmma switch: set-up failed");
+            product_free(&p);
+            continue;
+        }
+        const int hopper = qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m128n128", p.weights, p.M, QMM_OP_QMM_T,
+                                               NULL) == 1;
+        qmm_kernel_info chosen = {0};
+        CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
+        const char *name = chosen.name ? chosen.name : "?";
+        if (hopper && cases[i].want)
+            CHECK(strcmp(name, cases[i].want) == 0, "wgmma switch: M=%zu N=%zu chose %s, want %s", cases[i].M, cases[i].N,
+                  name, cases[i].want);
+        else
+            CHECK(strstr(name, "wgmma") == NULL, "wgmma switch: M=%zu N=%zu chose %s", cases[i].M, cases[i].N, name);
+        char what[64];
+        snprintf(what, sizeof what, "wgmma switch M=%zu N=%zu", cases[i].M, cases[i].N);
+        check_every_row(context, &p, what);
+        product_free(&p);
+    }
+}
+
 /* The mma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last split
  * of each tile adds the partials in split order): against the oracle, the same bits on every run (the order
  * of the partial sums must not depend on which block finished last), and QMM_CUDA_SPLITS=1 (one split) within
@@ -559,6 +596,7 @@ int main(void) {
     test_selector_and_switch_points(context, &rng);
     test_determinism(context, &rng);
     test_tile_split_k(context, &rng);
+    test_wgmma_switch(context, &rng);
     test_gather(context, &rng);
     test_non_finite(context);
     test_large_f16_x(context, &rng);

@@ -1,0 +1,468 @@
+/*
+ * kernels_wgmma.cu — the wgmma_tile family: Hopper tensor-core tiles for prefill and large batches, 4- and 8-bit
+ * weights with f16/bf16 activations, sm_90a only (docs/kernels.md §9.6).
+ *
+ * A block computes 128 weight rows × TOKS tokens (128 or 64) with three warpgroups (PTX ISA §9.7.15,
+ * "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), one 64-byte super-block of K per pipeline stage
+ * (128 codes at 4 bits, 64 at 8):
+ *   - warpgroup 2, the producer: per stage, x arrives by TMA (cp.async.bulk.tensor, 128-byte swizzle, zeros past
+ *     M and K), the weight quarters and (scale, bias) pairs by 16-byte cp.async; then each thread permutes one
+ *     token's row in place into the k order the decoded weights come in (below), each warp sums x per group
+ *     segment on the tensor cores (an all-ones mma.sync: Σx in f32), and the stage is handed over on its
+ *     "full" mbarrier.
+ *   - warpgroups 0 and 1, the consumers, each own 64 weight rows. Per segment (group ∩ super-block) a warp decodes
+ *     its 16 rows' codes exactly into f16/bf16 A fragments in registers (the mma families' decoding,
+ *     mma_common.cuh) and the warpgroup issues `wgmma.mma_async` m64nTOKSk16 with A from registers and x from
+ *     shared memory into a segment accumulator; then acc = fma(s, Σq·x, fma(b, Σx, acc)) in f32 — the split form
+ *     of docs/kernels.md §6, no f16 intermediate. A stage is handed back on its "empty" mbarrier by every
+ *     consumer thread.
+ * Weights on the wgmma's M side (64 rows per warpgroup), tokens on its N side, so the same A fragments as
+ * mma.sync m16n8k16 (each warp of the warpgroup holds 16 rows) and the accumulator layout of m16n8 tiles side by
+ * side. The k order: a lane's word of a 32-code block holds codes 8t … 8t+7; the decoding pairs them as
+ * (c0, c4), (c1, c5), (c2, c6), (c3, c7) (4-bit) or (c0, c2), (c1, c3), (c4, c6), (c5, c7) (8-bit), which the
+ * fragment puts at k = 2t, 2t+8, 16+2t, 24+2t — so x is stored with the same pairs at those k (x_pairs, the
+ * GEMV's own pairing), and every product meets its own x.
+ *
+ * Edges: weight rows past N and blocks past K are zero-filled copies (zero pairs), tokens past M zero rows of x;
+ * only outputs inside [M, N] are stored. Each output's f32 accumulator goes through the non-finite rule (§2).
+ */
+#include "cuda_internal.h"
+#include "mma_common.cuh"
+
+#include <cuda.h> /* CUtensorMap and its enums (types only: the encoder is fetched from the runtime) */
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+/* wgmma and setmaxnreg exist in sm_90a code only; the sm_80 image gets empty kernels (supports() refuses there). */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QMM_WGMMA_DEVICE 1
+#else
+#define QMM_WGMMA_DEVICE 0
+#endif
+
+namespace {
+
+constexpr int WG_ROWS = 128;    /* weight rows per block: two consumer warpgroups of 64 */
+constexpr int WG_STAGES = 4;    /* super-blocks in flight (44 KB each at 4 bits, TOKS = 128) */
+constexpr int WG_THREADS = 384; /* consumers 0–255, producer 256–383 */
+
+#if QMM_WGMMA_DEVICE /* the device helpers: sm_90a code only */
+__device__ __forceinline__ uint32_t smem_address(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* mbarrier (PTX ISA §9.7.13.15), CTA scope. */
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* Waits for the phase of the given parity to complete. A wait that outlasts any real one (2^28 polls, each of
+ * which may suspend) traps — a launch error the caller reports — rather than hang the device. */
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done, polls = 0;
+    do {
+        if (++polls == (1u << 28)) __trap();
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* A shared-memory matrix descriptor (PTX ISA §9.7.15.5.1) for a K-major operand in the 128-byte swizzle: rows of
+ * 128 bytes (64 f16/bf16 values of k), 8-row core groups 1024 bytes apart (the stride byte offset); the leading
+ * byte offset is unused in this mode. addr: the operand's first row at the k offset wanted (+32 bytes per k16). */
+__device__ __forceinline__ uint64_t descriptor_sw128(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* Keeps the compiler from moving reads of an accumulator register above the wait that makes it valid. */
+__device__ __forceinline__ void register_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/* D (m64 × TOKS, f32) {+}= A (m64 × k16 from registers, f16/bf16) · B (k16 × TOKS, K-major in shared memory,
+ * 128-byte swizzle). accumulate = 0 overwrites D. Generated operand lists (one per TOKS and dtype). */
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate, __half) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate, __nv_bfloat16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, int accumulate, __half) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+                 "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+                 "%62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+                   "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+                   "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+                   "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, int accumulate, __nv_bfloat16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+                 "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+                 "%62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+                   "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+                   "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+                   "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+#endif /* QMM_WGMMA_DEVICE */
+
+/* Shared-memory layout of one stage (all offsets multiples of 16; the stage size a multiple of 1024, so each
+ * stage's x tile starts 1024-aligned as the swizzle wants). */
+template <int BITS, int GS, int TOKS> struct wgmma_layout {
+    static constexpr int KS = 512 / BITS;                         /* codes per super-block (stage) */
+    static constexpr int BPS = KS / 32;                           /* 32-code blocks per stage: 4 or 2 */
+    static constexpr int BPG = GS / 32;                           /* blocks per group */
+    static constexpr int SEG_BLOCKS = BPG < BPS ? BPG : BPS;      /* blocks per segment (group ∩ stage) */
+    static constexpr int SEG = BPS / SEG_BLOCKS;                  /* segments per stage */
+    static constexpr int GSB = sb_pairs_per_super_block(BITS, GS); /* pairs per row and stage (= SEG) */
+    static constexpr int X_BYTES = TOKS * KS * 2;                 /* [KS/64 columns][TOKS rows][128 bytes] */
+    static constexpr int W_BYTES = WG_ROWS * 64;                  /* [128 rows][4 quarters of 16 bytes] */
+    static constexpr int SB_BYTES = WG_ROWS * GSB * 4;            /* [8 row tiles][16 rows][GSB] pairs */
+    static constexpr int XSUM_BYTES = SEG * TOKS * 4;             /* [SEG][TOKS] f32 */
+    static constexpr int W_AT = X_BYTES, SB_AT = W_AT + W_BYTES, XSUM_AT = SB_AT + SB_BYTES;
+    static constexpr int STAGE = (XSUM_AT + XSUM_BYTES + 1023) / 1024 * 1024;
+    static constexpr int SHARED = WG_STAGES * STAGE + 3 * WG_STAGES * 8 + 1024; /* + barriers + alignment slack */
+    static_assert(GSB == SEG, "one (scale, bias) pair per row and segment");
+};
+
+#if QMM_WGMMA_DEVICE
+/* The A fragments of segment sg of a stage (SB blocks of 32 codes): wq0/wq1 are the lane's 16-byte quarters of
+ * rows g and g + 8; per block, k16 steps h = 0, 1 (the pairing of the file comment). */
+template <int BITS, typename T, int SB>
+__device__ __forceinline__ void decode_segment(const uint4 &wq0, const uint4 &wq1, int sg, uint32_t (&frag)[SB][2][4]) {
+#pragma unroll
+    for (int jb = 0; jb < SB; jb++) {
+        const int j = sg * SB + jb;
+        uint32_t qa[4], qb[4];
+        mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq0) + j * (BITS / 4), qa);
+        mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq1) + j * (BITS / 4), qb);
+        frag[jb][0][0] = qa[0], frag[jb][0][1] = qb[0], frag[jb][0][2] = qa[1], frag[jb][0][3] = qb[1];
+        frag[jb][1][0] = qa[2], frag[jb][1][1] = qb[2], frag[jb][1][2] = qa[3], frag[jb][1][3] = qb[3];
+    }
+}
+
+/* The segment's wgmmas into part (the first overwrites it), committed as one group. x_at: the stage's x tile. */
+template <typename T, int TOKS, int SB>
+__device__ __forceinline__ void issue_segment(float (&part)[TOKS / 2], const uint32_t (&frag)[SB][2][4], uint32_t x_at,
+                                              int sg) {
+    wgmma_fence();
+#pragma unroll
+    for (int jb = 0; jb < SB; jb++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k0 = 32 * (sg * SB + jb) + 16 * h; /* virtual k within the stage */
+            const uint64_t desc = descriptor_sw128(x_at + (k0 / 64) * (TOKS * 128) + (k0 % 64) * 2);
+            wgmma_rs(part, frag[jb][h], desc, jb + h > 0 ? 1 : 0, T());
+        }
+    wgmma_commit();
+}
+#endif /* QMM_WGMMA_DEVICE */
+
+template <int BITS, typename T, int GS, int TOKS>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
+                      const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
+                      const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K) {
+#if QMM_WGMMA_DEVICE
+    using L = wgmma_layout<BITS, GS, TOKS>;
+    extern __shared__ uint8_t shared_raw[];
+    /* 1024-aligned for the swizzle (offset from the array itself, so the compiler keeps shared-space accesses) */
+    uint8_t *shared = shared_raw + ((1024u - (smem_address(shared_raw) & 1023u)) & 1023u);
+    /* mbarriers: full[s] at 8s (the stage is ready for the consumers), empty[s] at 8(S + s) (they are done with
+     * it), x_full[s] at 8(2S + s) (its x tile has arrived) */
+    const uint32_t bars = smem_address(shared + WG_STAGES * L::STAGE);
+    const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * TOKS;
+    const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
+    const int groups = K / GS;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WG_STAGES; s++) {
+            mbarrier_init(bars + 8 * s, 128);                   /* the 128 producer threads */
+            mbarrier_init(bars + 8 * (WG_STAGES + s), 256);    /* the 256 consumer threads */
+            mbarrier_init(bars + 8 * (2 * WG_STAGES + s), 1);  /* the TMA issuer's expect_tx */
+        }
+    }
+    __syncthreads();
+    const int warpgroup = threadIdx.x >> 7;
+
+    if (warpgroup == 2) {
+        /* ───── producer ───── */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 88;"); /* registers to the consumers (PTX ISA §9.7.17.1) */
+        const int p = threadIdx.x - 256;
+        const unsigned row_quads = (unsigned)super_blocks * 4;
+        const int row_tiles = (N + 15) / 16, tile0 = n0 / 16;
+        /* Per stage: the x tile of TOKS rows by KS values arrives by TMA (cp.async.bulk.tensor, PTX ISA §9.7.9.25) in
+         * the 128-byte swizzle: value k of token tok at byte (k / 64)·TOKS·128 + tok·128 + (((k % 64) / 8) ^ (tok & 7))·16
+         * + (k % 8)·2 — rows past M and values past K zero. Weight quarters and pairs come by cp.async, with the
+         * addresses that do not change from stage to stage worked out once:
+         *  - weight quarters: rows p/4 + 32c (c < 4), quarter p & 3 — 4 lanes per row, 64 contiguous bytes;
+         *  - pairs: thread p < 32·GSB copies chunk p % (4·GSB) of row tile p / (4·GSB). */
+        const uint4 *w_src[4];
+        bool w_ok[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int n = n0 + p / 4 + 32 * c;
+            w_ok[c] = n < N;
+            w_src[c] = packed + (w_ok[c] ? (size_t)n * row_quads + (unsigned)(p & 3) : 0);
+        }
+        const int sb_tile = p / (4 * L::GSB);
+        const bool sb_ok = p < 32 * L::GSB && tile0 + sb_tile < row_tiles;
+        const uint4 *sb_src = reinterpret_cast<const uint4 *>(sb) +
+                              (sb_ok ? sb_tiled_run<size_t>(tile0 + sb_tile, super_blocks, 0, L::GSB) + p % (4 * L::GSB) : 0);
+        /* All copies of stage i, after the consumers have handed its buffer back; always commits a group. */
+        auto issue = [&](int i) {
+            if (i < super_blocks) {
+                const int s = i % WG_STAGES;
+                if (i >= WG_STAGES) mbarrier_wait(bars + 8 * (WG_STAGES + s), ((i / WG_STAGES) - 1) & 1);
+                const uint32_t stage = smem_address(shared + s * L::STAGE);
+                if (p == 0) {
+                    const uint32_t x_full = bars + 8 * (2 * WG_STAGES + s);
+                    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(x_full),
+                                 "r"(L::X_BYTES)
+                                 : "memory");
+#pragma unroll
+                    for (int column = 0; column < L::KS / 64; column++)
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+                                         stage + column * (TOKS * 128)),
+                                     "l"(&x_map), "r"(i * L::KS + 64 * column), "r"(m0), "r"(x_full)
+                                     : "memory");
+                }
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(stage + L::W_AT + (p + 128 * c) * 16),
+                                 "l"(w_src[c] + (w_ok[c] ? 4 * i : 0)), "r"(w_ok[c] ? 16 : 0));
+                if (p < 32 * L::GSB)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(stage + L::SB_AT + p * 16),
+                                 "l"(sb_src + (sb_ok ? 4 * L::GSB * i : 0)), "r"(sb_ok ? 16 : 0));
+            }
+            asm volatile("cp.async.commit_group;");
+        };
+        constexpr int AHEAD = WG_STAGES - 1; /* stages whose copies are issued before the first is prepared */
+#pragma unroll
+        for (int d = 0; d < AHEAD; d++) issue(d);
+        const uint32_t ones = mma_traits<T>::ones, ones4[4] = {ones, ones, ones, ones};
+        for (int i = 0; i < super_blocks; i++) {
+            const int s = i % WG_STAGES;
+            /* this thread's copies of stage i have landed (stages i + 1 … i + AHEAD − 1 may still be in flight) */
+            asm volatile("cp.async.wait_group %0;" ::"n"(AHEAD - 1));
+            mbarrier_wait(bars + 8 * (2 * WG_STAGES + s), (i / WG_STAGES) & 1); /* and the stage's x tile */
+            uint8_t *stage = shared + s * L::STAGE;
+            if (p < TOKS) {
+                /* Thread p permutes token p's row in place: the four 16-byte pieces of a 32-code block become the
+                 * four of the decoded weights' k order (x_pairs: piece c's a-th pair goes to word 4a + c). */
+                uint8_t *row = stage + p * 128;
+                const int x7 = p & 7;
+#pragma unroll
+                for (int blk = 0; blk < L::BPS; blk++) {
+                    uint8_t *column = row + (blk / 2) * (TOKS * 128);
+                    uint4 v[4];
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        v[c] = *reinterpret_cast<const uint4 *>(column + ((((blk & 1) * 4 + c) ^ x7) * 16));
+                    uint32_t b[4][4];
+#pragma unroll
+                    for (int c = 0; c < 4; c++) x_pairs<BITS>(v[c], b[c]);
+#pragma unroll
+                    for (int a = 0; a < 4; a++)
+                        *reinterpret_cast<uint4 *>(column + ((((blk & 1) * 4 + a) ^ x7) * 16)) =
+                            make_uint4(b[0][a], b[1][a], b[2][a], b[3][a]);
+                }
+                __syncwarp();
+                /* Σx per segment on the tensor cores (an all-ones A, x as B — exact products, f32 sums): warp pw
+                 * takes its 32 tokens, 4 groups of 8, one ldmatrix.x4 (the block's four pieces of 8 tokens) and two
+                 * MMAs per group and block; lanes 0–3 (row 0 of C) write tokens 2t, 2t + 1 of each group. */
+                const int pw = p >> 5, lane = p & 31;
+                float c[4][4];
+#pragma unroll
+                for (int blk = 0; blk < L::BPS; blk++) {
+                    if (blk % L::SEG_BLOCKS == 0) {
+#pragma unroll
+                        for (int tg = 0; tg < 4; tg++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) c[tg][e] = 0.0f;
+                    }
+#pragma unroll
+                    for (int tg = 0; tg < 4; tg++) {
+                        const int tok = 32 * pw + 8 * tg + (lane & 7), piece = (blk & 1) * 4 + (lane >> 3);
+                        const uint32_t at = smem_address(stage + (blk / 2) * (TOKS * 128) + tok * 128 + ((piece ^ (lane & 7)) * 16));
+                        uint32_t r[4];
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                                     : "r"(at));
+                        mma_16816(c[tg], ones4, r[0], r[1], T());
+                        mma_16816(c[tg], ones4, r[2], r[3], T());
+                    }
+                    if ((blk + 1) % L::SEG_BLOCKS == 0 && lane < 4) {
+                        float *xsum = reinterpret_cast<float *>(stage + L::XSUM_AT) + (blk / L::SEG_BLOCKS) * TOKS + 32 * pw + 2 * lane;
+#pragma unroll
+                        for (int tg = 0; tg < 4; tg++) *reinterpret_cast<float2 *>(xsum + 8 * tg) = make_float2(c[tg][0], c[tg][1]);
+                    }
+                }
+            }
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the stores, visible to wgmma's reads */
+            mbarrier_arrive(bars + 8 * s);
+            /* then the copies AHEAD stages on, into the buffer the consumers finish with now: the preparation of
+             * stage i + 1 runs while they compute stage i */
+            issue(i + AHEAD);
+        }
+        asm volatile("cp.async.wait_all;");
+        return;
+    }
+
+    /* ───── consumers ───── */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;"); /* the 80 × 128 the producer frees from the launch's 168 */
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const int row_w = 64 * warpgroup + 16 * warp; /* the warp's first row in the block */
+    float acc[TOKS / 2], part[TOKS / 2];
+#pragma unroll
+    for (int e = 0; e < TOKS / 2; e++) acc[e] = 0.0f;
+#pragma unroll 1
+    for (int i = 0; i < super_blocks; i++) {
+        const int s = i % WG_STAGES;
+        mbarrier_wait(bars + 8 * s, (i / WG_STAGES) & 1);
+        const uint8_t *stage = shared + s * L::STAGE;
+        const uint4 *ws = reinterpret_cast<const uint4 *>(stage + L::W_AT);
+        const uint4 wq0 = ws[(row_w + g) * 4 + t], wq1 = ws[(row_w + g + 8) * 4 + t];
+        const uint32_t *pairs = reinterpret_cast<const uint32_t *>(stage + L::SB_AT) + (row_w + g) * L::GSB;
+        const float *xsum = reinterpret_cast<const float *>(stage + L::XSUM_AT);
+        const uint32_t x_at = smem_address(stage);
+#pragma unroll
+        for (int sg = 0; sg < L::SEG; sg++) {
+            uint32_t a[L::SEG_BLOCKS][2][4];
+            decode_segment<BITS, T, L::SEG_BLOCKS>(wq0, wq1, sg, a);
+            issue_segment<T, TOKS, L::SEG_BLOCKS>(part, a, x_at, sg);
+            wgmma_wait_all();
+#pragma unroll
+            for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
+            /* acc = fma(s, Σq·x, fma(b, Σx, acc)) for rows g and g + 8, tokens 8j + 2t and 8j + 2t + 1 */
+            const float2 sb0 = scale_bias(pairs[sg], T()), sb1 = scale_bias(pairs[8 * L::GSB + sg], T());
+            const float s0 = sb0.x * mma_decode<BITS, T>::code_scale, s1 = sb1.x * mma_decode<BITS, T>::code_scale;
+#pragma unroll
+            for (int j = 0; j < TOKS / 8; j++) {
+                const float2 xs = *reinterpret_cast<const float2 *>(xsum + sg * TOKS + 8 * j + 2 * t);
+                acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], __fmaf_rn(sb0.y, xs.x, acc[4 * j + 0]));
+                acc[4 * j + 1] = __fmaf_rn(s0, part[4 * j + 1], __fmaf_rn(sb0.y, xs.y, acc[4 * j + 1]));
+                acc[4 * j + 2] = __fmaf_rn(s1, part[4 * j + 2], __fmaf_rn(sb1.y, xs.x, acc[4 * j + 2]));
+                acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], __fmaf_rn(sb1.y, xs.y, acc[4 * j + 3]));
+            }
+        }
+        mbarrier_arrive(bars + 8 * (WG_STAGES + s)); /* every thread: an arrive releases its own reads only */
+    }
+
+    /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
+#pragma unroll
+    for (int j = 0; j < TOKS / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int m = m0 + 8 * j + 2 * t + (e & 1), n = n0 + row_w + g + 8 * (e >> 1);
+            if (m < M && n < N) {
+                float value = acc[4 * j + e];
+                if (!isfinite(value))
+                    value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
+                                            scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
+                store_f32(out, (size_t)m * N + n, value);
+            }
+        }
+#endif
+}
+
+/* The TMA descriptor of x [M, K] (f16/bf16): boxes of `tokens` rows by 64 values, 128-byte swizzle, zeros outside
+ * (CUDA driver API cuTensorMapEncodeTiled, fetched once through the runtime so that nothing links libcuda).
+ * Returns a cudaError_t: cudaErrorInvalidValue when the driver refuses the map (e.g. x not 16-byte aligned). */
+static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, int tokens) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        void *function = nullptr;
+        const cudaError_t error = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                                                   cudaEnableDefault, &found);
+        if (error != cudaSuccess) return (int)error;
+        if (found != cudaDriverEntryPointSuccess || !function) return (int)cudaErrorNotSupported;
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)function;
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)c->K, (cuuint64_t)c->M};
+    const cuuint64_t strides[1] = {(cuuint64_t)c->K * 2}; /* bytes between rows */
+    const cuuint32_t box[2] = {64, (cuuint32_t)tokens}, element_strides[2] = {1, 1};
+    const CUresult result = encode(map, c->dtype == 1 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                   const_cast<void *>(c->x), dims, strides, box, element_strides,
+                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return result == CUDA_SUCCESS ? 0 : (int)cudaErrorInvalidValue;
+}
+
+template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
+    using L = wgmma_layout<BITS, GS, TOKS>;
+    auto kernel = wgmma_tile_kernel<BITS, T, GS, TOKS>;
+    static unsigned long long opted_in = 0;
+    const int opt_in = shared_memory_opt_in(kernel, (size_t)L::SHARED, &opted_in);
+    if (opt_in) return opt_in;
+    CUtensorMap x_map;
+    const int map = x_tensor_map(&x_map, c, TOKS);
+    if (map) return map;
+    const dim3 grid((unsigned)((c->N + WG_ROWS - 1) / WG_ROWS), (unsigned)((c->M + TOKS - 1) / TOKS));
+    return launch_kernel(kernel, grid, dim3(WG_THREADS), (size_t)L::SHARED, c->stream, false, x_map, (const T *)c->x,
+                         (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                         (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
+}
+
+template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {
+    switch (c->group_size) {
+    case 32: return launch_wgmma<BITS, T, 32, TOKS>(c);
+    case 64: return launch_wgmma<BITS, T, 64, TOKS>(c);
+    default: return launch_wgmma<BITS, T, 128, TOKS>(c);
+    }
+}
+
+template <int TOKS> static int wgmma_dispatch(const qmm_cuda_launch *c) {
+    if (c->bits == 4) return c->dtype == 1 ? wgmma_group<4, __half, TOKS>(c) : wgmma_group<4, __nv_bfloat16, TOKS>(c);
+    return c->dtype == 1 ? wgmma_group<8, __half, TOKS>(c) : wgmma_group<8, __nv_bfloat16, TOKS>(c);
+}
+
+} /* namespace */
+
+extern "C" int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *c, int tokens) {
+    return tokens == 64 ? wgmma_dispatch<64>(c) : wgmma_dispatch<128>(c);
+}
