@@ -540,8 +540,8 @@ TILE_ROW(tile_m64n128, 1)
 static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
     const cuda_state *s = call->backend_state;
     if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
-    if (s->major != 9) {
-        snprintf(why_not, size, "wgmma is Hopper's (sm_90a code): the device has compute capability %d.%d", s->major,
+    if (s->major != 9 || s->minor != 0) {
+        snprintf(why_not, size, "wgmma is Hopper's (sm_90a code, compute capability 9.0): the device has %d.%d", s->major,
                  s->minor);
         return false;
     }

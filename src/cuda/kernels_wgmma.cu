@@ -31,9 +31,10 @@
 
 #include <cuda.h> /* CUtensorMap and its enums (types only: the encoder is fetched from the runtime) */
 #include <cudaTypedefs.h>
+#include <atomic>
 #include <stdint.h>
 
-/* wgmma and setmaxnreg exist in sm_90a code only; the sm_80 image gets empty kernels (supports() refuses there). */
+/* wgmma exists in sm_90a code only; the sm_80 image gets kernels that trap (supports() refuses there). */
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define QMM_WGMMA_DEVICE 1
 #else
@@ -43,7 +44,7 @@
 namespace {
 
 constexpr int WG_ROWS = 128;    /* weight rows per block: two consumer warpgroups of 64 */
-constexpr int WG_STAGES = 4;    /* super-blocks in flight (44 KB each at 4 bits, TOKS = 128) */
+constexpr int WG_STAGES = 4;    /* super-blocks in flight (42–44 KiB each at 4 bits, TOKS = 128) */
 constexpr int WG_THREADS = 384; /* consumers 0–255, producer 256–383 */
 
 #if QMM_WGMMA_DEVICE /* the device helpers: sm_90a code only */
@@ -57,7 +58,8 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 /* Waits for the phase of the given parity to complete. A wait that outlasts any real one (2^28 polls, each of
- * which may suspend) traps — a launch error the caller reports — rather than hang the device. */
+ * which may suspend) traps rather than hang the device: the launch fails with a sticky error (the caller gets
+ * QMM_ERR_BACKEND, and the context's later calls fail too). Only a defect of this file could get there. */
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
     uint32_t done, polls = 0;
     do {
@@ -224,13 +226,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             mbarrier_init(bars + 8 * (WG_STAGES + s), 256);    /* the 256 consumer threads */
             mbarrier_init(bars + 8 * (2 * WG_STAGES + s), 1);  /* the TMA issuer's expect_tx */
         }
+        /* the initialised barriers, visible to the other threads and to the async proxy (TMA's complete_tx) */
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
     }
     __syncthreads();
     const int warpgroup = threadIdx.x >> 7;
 
     if (warpgroup == 2) {
         /* ───── producer ───── */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 88;"); /* registers to the consumers (PTX ISA §9.7.17.1) */
         const int p = threadIdx.x - 256;
         const unsigned row_quads = (unsigned)super_blocks * 4;
         const int row_tiles = (N + 15) / 16, tile0 = n0 / 16;
@@ -353,7 +356,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     }
 
     /* ───── consumers ───── */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;"); /* the 80 × 128 the producer frees from the launch's 168 */
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int row_w = 64 * warpgroup + 16 * warp; /* the warp's first row in the block */
     float acc[TOKS / 2], part[TOKS / 2];
@@ -406,6 +408,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 store_f32(out, (size_t)m * N + n, value);
             }
         }
+#elif defined(__CUDA_ARCH__)
+    __trap(); /* device code without sm_90a features (supports() should have refused): fail, never return silently */
 #endif
 }
 
@@ -413,15 +417,21 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * (CUDA driver API cuTensorMapEncodeTiled, fetched once through the runtime so that nothing links libcuda).
  * Returns a cudaError_t: cudaErrorInvalidValue when the driver refuses the map (e.g. x not 16-byte aligned). */
 static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, int tokens) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> cached{nullptr}; /* the same value from any thread */
+    PFN_cuTensorMapEncodeTiled_v12000 encode = cached.load(std::memory_order_acquire);
     if (!encode) {
         cudaDriverEntryPointQueryResult found;
         void *function = nullptr;
+#if CUDART_VERSION >= 12050
         const cudaError_t error = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
                                                                    cudaEnableDefault, &found);
+#else
+        const cudaError_t error = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault, &found);
+#endif
         if (error != cudaSuccess) return (int)error;
         if (found != cudaDriverEntryPointSuccess || !function) return (int)cudaErrorNotSupported;
         encode = (PFN_cuTensorMapEncodeTiled_v12000)function;
+        cached.store(encode, std::memory_order_release);
     }
     const cuuint64_t dims[2] = {(cuuint64_t)c->K, (cuuint64_t)c->M};
     const cuuint64_t strides[1] = {(cuuint64_t)c->K * 2}; /* bytes between rows */

@@ -388,6 +388,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     } cases[] = {
         {16, 4, 5, 96, 256, 4, 64, QMM_BF16}, {16, 4, 40, 200, 512, 8, 32, QMM_F16},
         {8, 2, 3, 33, 128, 3, 32, QMM_F32},   {32, 8, 1, 768, 2048, 4, 64, QMM_BF16},
+        /* about 600 tokens per expert on 1536 rows: 120 tiles of 128 × 64, the wgmma m64n128 row on Hopper */
+        {2, 1, 1200, 1536, 256, 4, 64, QMM_F16},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
