@@ -30,13 +30,16 @@ static int print_table(const command *c, qmm_context *context) {
         const char *why_not = NULL;
         int usable = qmm_kernel_usable(context, i, &why_not);
         if (usable < 0) return library_error(c, QMM_ERR_INVALID_ARGUMENT);
-        char tile[64], verdict[300];
+        char tile[64], verdict[300], block[16];
         snprintf(tile, sizeof tile, "%dx%dx%d", info.bm, info.bn, info.bk);
+        /* threads per GPU block; a host row runs on the context's threads (qmm_context_create), so "-" */
+        if (info.backend == QMM_BACKEND_CUDA) snprintf(block, sizeof block, "%d", info.threads);
+        else snprintf(block, sizeof block, "-");
         /* Whether this machine can run the row at all (its ISA), and if not, what it lacks. */
         if (usable) snprintf(verdict, sizeof verdict, "yes");
         else snprintf(verdict, sizeof verdict, "no: %s", why_not);
-        printf("  %-*s %-6s %-*s tile %-10s threads %-4d slack %-4g order %-*s usable: %s — %s\n", name_width, info.name,
-               qmm_op_name(info.op), family_width, info.family, tile, info.threads, info.tolerance_slack, order_width,
+        printf("  %-*s %-6s %-*s tile %-10s block threads %-4s slack %-4g order %-*s usable: %s — %s\n", name_width,
+               info.name, qmm_op_name(info.op), family_width, info.family, tile, block, info.tolerance_slack, order_width,
                info.batch_invariant_order ? info.batch_invariant_order : "-", verdict, info.description);
     }
     return 0;

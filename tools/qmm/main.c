@@ -95,7 +95,8 @@ static const command commands[] = {
     {"kernels", "list every backend's kernel table in selector order (or why a backend is unavailable)",
      "usage: qmm kernels [--backend auto|cuda|cpu|ref]\n"
      "  For each backend (cuda, cpu, ref): its rows in the order the selector tries them, with op, family,\n"
-     "  tile BMxBNxBK, threads per block, the harness's tolerance slack, its batch-invariant order (\"-\": none,\n"
+     "  tile BMxBNxBK, threads per GPU block (\"-\" for host rows, which run on the context's threads), the\n"
+     "  harness's tolerance slack, its batch-invariant order (\"-\": none,\n"
      "  the row refuses --batch-invariant; docs/kernels.md \"Batch-invariant mode\"), whether this machine can run it\n"
      "  (\"usable: yes\", or \"usable: no: this CPU lacks AVX-512BW\") and a description, or why the\n"
      "  backend is not available here. Names follow <backend>.<op>.<family>.<tile>[.<isa>] (docs/kernels.md).\n"
