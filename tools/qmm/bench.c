@@ -500,8 +500,9 @@ static void bench_script_peers(bench_run *run) {
     for (size_t i = 0; i < count; i++) {
         char absent[320] = "";
         if (scripts[i].python[0] == '/' && access(scripts[i].python, X_OK) != 0) {
-            snprintf(absent, sizeof absent, "the project's venv is missing (%s; scripts/setup.sh test creates it)",
-                     scripts[i].python);
+            /* the ggml peer's package is installed by `setup.sh bench` only (README "Benchmarks") */
+            snprintf(absent, sizeof absent, "the project's venv is missing (%s; scripts/setup.sh %s creates it)",
+                     scripts[i].python, strcmp(scripts[i].peer, "ggml") == 0 ? "bench" : "test");
             note_absent(run, scripts[i].peer, absent);
             continue;
         }

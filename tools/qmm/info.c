@@ -4,8 +4,10 @@
 #include "common.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 /* ───────────────────────────── qmm info ───────────────────────────── */
@@ -171,12 +173,15 @@ int cmd_info(const command *c, int argc, char **argv) {
     /* Reading a FIFO or a device below could block forever; the readers accept only regular files. */
     if (!S_ISREG(st.st_mode))
         return library_error(c, qmm_error(QMM_ERR_IO, "'%s' is neither a regular file nor a directory", path));
-    /* The GGUF magic decides, not the extension. */
+    /* The GGUF magic decides, or a .gguf name (so that a broken .gguf is reported as a GGUF file, "bad GGUF
+     * magic", not as a malformed safetensors file). */
     unsigned char magic[4] = {0};
     FILE *f = fopen(path, "rb");
     if (!f) return library_error(c, qmm_error(QMM_ERR_IO, "cannot open '%s': %s", path, strerror(errno)));
     size_t got = fread(magic, 1, 4, f);
     fclose(f);
-    if (got == 4 && memcmp(magic, "GGUF", 4) == 0) return info_gguf(c, path);
+    const size_t length = strlen(path);
+    const bool gguf_name = length >= 5 && strcasecmp(path + length - 5, ".gguf") == 0;
+    if ((got == 4 && memcmp(magic, "GGUF", 4) == 0) || gguf_name) return info_gguf(c, path);
     return info_safetensors(c, path);
 }

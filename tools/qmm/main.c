@@ -185,6 +185,10 @@ static int cmd_help(const command *c, int argc, char **argv) {
         return 0;
     }
     if (argc > 1) return usage_error(c, "expected at most one COMMAND");
+    if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) { /* qmm help --help: help's own usage */
+        fputs(c->usage, stdout);
+        return 0;
+    }
     const command *target = find_command(argv[0]);
     if (!target) return usage_error(c, "unknown command '%s'", argv[0]);
     fputs(target->usage, stdout);
