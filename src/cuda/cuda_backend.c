@@ -485,16 +485,23 @@ static qmm_status ffma_run(const qmm_call *call) {
     return launch_status(qmm_cuda_ffma_gemv_qmm_t(&launch), "cuda.qmm_t.ffma_gemv.m8n16", __FILE__, __LINE__);
 }
 
+/* The tile families' grid: tiles of `tokens` rows of x along grid.y (at most 65535), and M, K < 2^31 (int
+ * offsets in the kernels). */
+static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
+    if (call->M > (size_t)65535 * tokens || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
+        snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %zu rows of x, and M, K < 2^31)", call->M,
+                 tokens);
+        return false;
+    }
+    return true;
+}
+
 /* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). */
 static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
     if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
     int bn, bm, threads;
     qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads);
-    if (call->M > (size_t)65535 * (size_t)bm || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
-        snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %d rows of x, and M, K < 2^31)", call->M, bm);
-        return false;
-    }
-    return true;
+    return tile_grid_supports(call, (size_t)bm, why_not, size);
 }
 
 /* Splits of K for an mma_tile launch: enough blocks to give every SM `resident` of them when the tiles alone
@@ -545,12 +552,7 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
                  s->minor);
         return false;
     }
-    if (call->M > (size_t)65535 * tokens || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
-        snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %zu rows of x, and M, K < 2^31)", call->M,
-                 tokens);
-        return false;
-    }
-    return true;
+    return tile_grid_supports(call, tokens, why_not, size);
 }
 
 #define WGMMA_ROW(NAME, TOKENS)                                                                                   \
@@ -573,6 +575,11 @@ WGMMA_ROW(wgmma_m64n128, 64)
 #define TILE_INFO(NAME, BM, BN, THREADS, TEXT)                                                                   \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_tile", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = THREADS, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = TILE_ORDER}
+
+/* wgmma_tile rows: BM tokens × 128 weight rows per block of 3 warpgroups; no batch-invariant order (§9.6). */
+#define WGMMA_INFO(NAME, BM, TEXT)                                                                               \
+    {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "wgmma_tile", .bm = BM, .bn = 128, \
+     .bk = 128, .threads = 384, .tolerance_slack = 2.0, .description = TEXT}
 
 #define MMA_INFO(NAME, BM, BN, TEXT)                                                                             \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
@@ -630,13 +637,11 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
-    {.info = {.name = "cuda.qmm_t.wgmma_tile.m128n128", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T,
-              .family = "wgmma_tile", .bm = 128, .bn = 128, .bk = 128, .threads = 384, .tolerance_slack = 2.0,
-              .description = "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"},
+    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
+                        "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
      .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65, .prefer_min_tiles = 80},
-    {.info = {.name = "cuda.qmm_t.wgmma_tile.m64n128", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T,
-              .family = "wgmma_tile", .bm = 64, .bn = 128, .bk = 128, .threads = 384, .tolerance_slack = 2.0,
-              .description = "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"},
+    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
+                        "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
      .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 17, .prefer_min_tiles = 96},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,

@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                     const bool row = n < N;
                     const uint4 *src_w = packed + (row ? (unsigned)n * row_quads + (unsigned)sbk * 4 + t : 0u);
                     const unsigned dst_w = (unsigned)__cvta_generic_to_shared(stage_w + ((stage * RT + r) * 2 + h) * 32 + lane);
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst_w), "l"(src_w), "r"(row ? 16 : 0));
+                    cp_async_16(dst_w, src_w, row);
                 }
             /* the pairs of the warp's 16·RT rows: RT runs of 16·GSB pairs (sb_tiled layout, docs/kernels.md §9) */
 #pragma unroll
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                     const uint4 *src = reinterpret_cast<const uint4 *>(sb) +
                                        (ok ? sb_tiled_run<unsigned>(tile, super_blocks, sbk, GSB) + (unsigned)(c % (4 * GSB)) : 0u);
                     const unsigned dst = (unsigned)__cvta_generic_to_shared(stage_sb + stage * RT * 16 * GSB + 4 * c);
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+                    cp_async_16(dst, src, ok);
                 }
             }
         }
@@ -327,16 +327,13 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
             }
 #pragma unroll
             for (int r = 0; r < RT; r++) {
-                uint32_t qa[4], qb[4];
-                mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][0]) + j * WPB, qa);
-                mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq[r][1]) + j * WPB, qb);
-                /* A fragment: a0 = row g k{2t,2t+1}, a1 = row g+8 same k, a2 = row g k{2t+8,2t+9}, a3 = row g+8. */
-                const uint32_t a_first[4] = {qa[0], qb[0], qa[1], qb[1]};
-                const uint32_t a_second[4] = {qa[2], qb[2], qa[3], qb[3]};
+                uint32_t a[2][4];
+                block_a_fragments<BITS, T>(reinterpret_cast<const uint32_t *>(&wq[r][0]) + j * WPB,
+                                           reinterpret_cast<const uint32_t *>(&wq[r][1]) + j * WPB, a);
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++) {
-                    mma_16816(cq[r][tt], a_first, b[tt][0], b[tt][1], T());
-                    mma_16816(cq[r][tt], a_second, b[tt][2], b[tt][3], T());
+                    mma_16816(cq[r][tt], a[0], b[tt][0], b[tt][1], T());
+                    mma_16816(cq[r][tt], a[1], b[tt][2], b[tt][3], T());
                 }
             }
             if ((j + 1) % BPG == 0 || j == BPS - 1) { /* the segment ends: acc += s·Σq·x + b·Σx */

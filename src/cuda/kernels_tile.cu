@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 const bool ok = n0 + w_row + k * (THREADS / 4) < N;
                 const uint4 *src = w_src + (ok ? (size_t)k * (THREADS / 4) * row_quads + (unsigned)sbk * 4 : 0);
                 const unsigned dst = w_dst + (unsigned)((stage * BN + k * (THREADS / 4)) * 4 * 16);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+                cp_async_16(dst, src, ok);
             }
             const bool x_in_k = sbk * BPS + x_chunk / 4 < blocks;
 #pragma unroll
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 const bool ok = x_in_k && m0 + x_tok + k * (THREADS / XCH) < M;
                 const T *src = x_src + (ok ? (size_t)k * (THREADS / XCH) * K + (size_t)sbk * (BPS * 32) : 0);
                 const unsigned dst = x_dst + (unsigned)((stage * BM + k * (THREADS / XCH)) * XCH * 16);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+                cp_async_16(dst, src, ok);
             }
 #pragma unroll
             for (int c0 = 0; c0 < SB_CHUNKS; c0 += THREADS) { /* the sb_tiled layout (docs/kernels.md §9) */
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                         reinterpret_cast<const uint4 *>(sb + (ok ? 4 * sb_tiled_run<size_t>(tile, super_blocks, sbk, GSB) : 0)) +
                         (ok ? (threadIdx.x % (4 * GSB)) : 0);
                     const unsigned dst = sb_dst + (unsigned)((stage * BN * GSB + 4 * c0) * 4);
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+                    cp_async_16(dst, src, ok);
                 }
             }
         }
@@ -180,18 +180,15 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
             }
 #pragma unroll
             for (int r = 0; r < WR; r++) {
-                uint32_t qa[4], qb[4];
                 /* the lane's words of block j, rows g and g + 8 (read here, not held across blocks: registers) */
                 const uint32_t *w0 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + g) * 4 + t);
                 const uint32_t *w1 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + 8 + g) * 4 + t);
-                mma_decode<BITS, T>::run(w0 + j * WPB, qa);
-                mma_decode<BITS, T>::run(w1 + j * WPB, qb);
-                const uint32_t a_first[4] = {qa[0], qb[0], qa[1], qb[1]};
-                const uint32_t a_second[4] = {qa[2], qb[2], qa[3], qb[3]};
+                uint32_t a[2][4];
+                block_a_fragments<BITS, T>(w0 + j * WPB, w1 + j * WPB, a);
 #pragma unroll
                 for (int tt = 0; tt < WT; tt++) {
-                    mma_16816(cq[r][tt], a_first, b[tt][0], b[tt][1], T());
-                    mma_16816(cq[r][tt], a_second, b[tt][2], b[tt][3], T());
+                    mma_16816(cq[r][tt], a[0], b[tt][0], b[tt][1], T());
+                    mma_16816(cq[r][tt], a[1], b[tt][2], b[tt][3], T());
                 }
             }
             if ((j + 1) % BPG == 0 || j == BPS - 1) { /* the segment ends: acc += s·Σq·x + b·Σx */

@@ -85,71 +85,42 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 __device__ __forceinline__ void register_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
 /* D (m64 × TOKS, f32) {+}= A (m64 × k16 from registers, f16/bf16) · B (k16 × TOKS, K-major in shared memory,
- * 128-byte swizzle). accumulate = 0 overwrites D. Generated operand lists (one per TOKS and dtype). */
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate, __half) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate, __nv_bfloat16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, int accumulate, __half) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
-                 "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
-                 "%62, %63"
-                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-                   "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-                   "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-                   "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, int accumulate, __nv_bfloat16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-                 "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
-                 "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
-                 "%62, %63"
-                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-                   "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-                   "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-                   "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-}
+ * 128-byte swizzle). accumulate = 0 overwrites D. One overload per TOKS and dtype. */
+/* The accumulator operands: d[0..31] (m64n64) or d[0..63] (m64n128), and their %-lists in the instruction. */
+#define QMM_WGMMA_D32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+    "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), \
+    "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
+    "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), \
+    "+f"(d[31])
+#define QMM_WGMMA_D64 QMM_WGMMA_D32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), \
+    "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), \
+    "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), \
+    "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), \
+    "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define QMM_WGMMA_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define QMM_WGMMA_R64 QMM_WGMMA_R32 ", " "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+/* One overload of wgmma_rs: TOKS tokens (the instruction's N), the accumulator operands D and their list R, the
+ * A registers' list A, the descriptor's and the accumulate flag's operands; TY the PTX type of A and B. */
+#define QMM_WGMMA_RS(TOKS, D, R, A, DESC, ACC, TY, CTYPE)                                                            \
+    __device__ __forceinline__ void wgmma_rs(float(&d)[TOKS / 2], const uint32_t(&a)[4], uint64_t desc, int accumulate, \
+                                             CTYPE) {                                                                \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                                \
+                     "wgmma.mma_async.sync.aligned.m64n" #TOKS "k16.f32." TY "." TY " {" R "}, {" A "}, " DESC       \
+                     ", p, 1, 1, 0;\n}\n"                                                                            \
+                     : D                                                                                             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));                      \
+    }
+QMM_WGMMA_RS(64, QMM_WGMMA_D32, QMM_WGMMA_R32, "%32, %33, %34, %35", "%36", "%37", "f16", __half)
+QMM_WGMMA_RS(64, QMM_WGMMA_D32, QMM_WGMMA_R32, "%32, %33, %34, %35", "%36", "%37", "bf16", __nv_bfloat16)
+QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%69", "f16", __half)
+QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%69", "bf16", __nv_bfloat16)
+#undef QMM_WGMMA_RS
+#undef QMM_WGMMA_D32
+#undef QMM_WGMMA_D64
+#undef QMM_WGMMA_R32
+#undef QMM_WGMMA_R64
 #endif /* QMM_WGMMA_DEVICE */
 
 /* Shared-memory layout of one stage (all offsets multiples of 16; the stage size a multiple of 1024, so each
@@ -179,11 +150,8 @@ __device__ __forceinline__ void decode_segment(const uint4 &wq0, const uint4 &wq
 #pragma unroll
     for (int jb = 0; jb < SB; jb++) {
         const int j = sg * SB + jb;
-        uint32_t qa[4], qb[4];
-        mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq0) + j * (BITS / 4), qa);
-        mma_decode<BITS, T>::run(reinterpret_cast<const uint32_t *>(&wq1) + j * (BITS / 4), qb);
-        frag[jb][0][0] = qa[0], frag[jb][0][1] = qb[0], frag[jb][0][2] = qa[1], frag[jb][0][3] = qb[1];
-        frag[jb][1][0] = qa[2], frag[jb][1][1] = qb[2], frag[jb][1][2] = qa[3], frag[jb][1][3] = qb[3];
+        block_a_fragments<BITS, T>(reinterpret_cast<const uint32_t *>(&wq0) + j * (BITS / 4),
+                                   reinterpret_cast<const uint32_t *>(&wq1) + j * (BITS / 4), frag[jb]);
     }
 }
 
@@ -275,11 +243,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 }
 #pragma unroll
                 for (int c = 0; c < 4; c++)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(stage + L::W_AT + (p + 128 * c) * 16),
-                                 "l"(w_src[c] + (w_ok[c] ? 4 * i : 0)), "r"(w_ok[c] ? 16 : 0));
+                    cp_async_16(stage + L::W_AT + (p + 128 * c) * 16, w_src[c] + (w_ok[c] ? 4 * i : 0), w_ok[c]);
                 if (p < 32 * L::GSB)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(stage + L::SB_AT + p * 16),
-                                 "l"(sb_src + (sb_ok ? 4 * L::GSB * i : 0)), "r"(sb_ok ? 16 : 0));
+                    cp_async_16(stage + L::SB_AT + p * 16, sb_src + (sb_ok ? 4 * L::GSB * i : 0), sb_ok);
             }
             asm volatile("cp.async.commit_group;");
         };

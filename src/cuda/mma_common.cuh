@@ -71,6 +71,12 @@ template <typename I> __host__ __device__ constexpr I sb_tiled_run(I tile, I sup
     return (tile * super_blocks + sbk) * (I)(4 * gsb);
 }
 
+/* A 16-byte cp.async that keeps the data out of L1 (PTX ISA "cp.async", .cg): src to the shared address dst, or
+ * zeros when !ok (src-size 0; src is then not read but must still be a valid address). */
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+
 template <typename T> struct mma_traits;
 template <> struct mma_traits<__half> {
     static constexpr uint32_t magic = 0x64006400u; /* 1024.0 in both halves */
@@ -208,6 +214,19 @@ template <int BITS> struct mma_decode<BITS, __half> {
     static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) { decode_subnormal<BITS>::run(w, q); }
     static constexpr float code_scale = decode_subnormal<BITS>::code_scale;
 };
+
+/* The A fragments of one 32-code block from a lane's words of rows g (wg) and g + 8 (wg8), decoded by
+ * mma_decode: a[0] for the block's first k16 step, a[1] for its second, each in the register layout of
+ * mma.sync m16n8k16 and of wgmma's register A (a0 = row g k{2t,2t+1}, a1 = row g+8 same k, a2 = row g
+ * k{2t+8,2t+9}, a3 = row g+8), k in the pairing of decode<> (x_pairs gives the matching B). */
+template <int BITS, typename T>
+__device__ __forceinline__ void block_a_fragments(const uint32_t *wg, const uint32_t *wg8, uint32_t (&a)[2][4]) {
+    uint32_t qa[4], qb[4];
+    mma_decode<BITS, T>::run(wg, qa);
+    mma_decode<BITS, T>::run(wg8, qb);
+    a[0][0] = qa[0], a[0][1] = qb[0], a[0][2] = qa[1], a[0][3] = qb[1];
+    a[1][0] = qa[2], a[1][1] = qb[2], a[1][2] = qa[3], a[1][3] = qb[3];
+}
 
 /* The lane's 8 x values (one 128-bit load, halves h0..h7) as the B-operand pairs matching decode<>. */
 template <int BITS> __device__ __forceinline__ void x_pairs(uint4 v, uint32_t b[4]) {
