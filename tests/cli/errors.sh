@@ -28,6 +28,8 @@ check "no command: exit 2" rc_is 2
 check "no command: overview on stderr" err_has "usage: qmm COMMAND"
 expect_usage_error "" "unknown command 'frobnicate'" frobnicate
 expect_usage_error help "unknown command 'nope'" help nope
+expect_ok "qmm help --help" help --help
+check "help --help prints help's usage" out_has "usage: qmm help [COMMAND]"
 
 # unknown flags, missing values, extra arguments
 expect_usage_error run "unknown option '--bogus'" run --bogus
@@ -104,6 +106,8 @@ check "convert of a nonexistent file writes nothing" [ ! -e "$WORK/out/model.saf
 expect_library_error quantize "" "" quantize "$WORK/nonexistent.safetensors" "$WORK/q" --bits 4 --group-size 32
 expect_library_error info "" "" info "$WORK/garbage.bin"
 expect_library_error info "" "" info "$WORK/huge-header.safetensors"
+printf 'junk' >"$WORK/broken.gguf" # a .gguf name without the magic: reported as a GGUF file
+expect_library_error info "corrupt file" "bad GGUF magic" info "$WORK/broken.gguf"
 expect_library_error convert "" "" convert "$WORK/garbage.bin" "$WORK/out2"
 expect_library_error convert "" "" convert "$FIXTURE/model.safetensors" "$WORK/out3"
 expect_library_error run "" "" run "$WORK"  # a directory that is not a checkpoint

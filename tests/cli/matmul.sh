@@ -22,6 +22,8 @@ for layer in blk.0.attn_q blk.0.ffn_down; do
         check "$name: no conversion note" bash -c '! grep -q "^note" <<<"$0"' "$OUT"
       else
         check "$name: conversion note" out_has "scales/biases converted f16 -> $dtype"
+        if [ $dtype = f32 ]; then want="(exact: f32 holds every f16 and bf16 value)"; else want="(rounded once, to nearest even)"; fi
+        check "$name: the conversion says whether it rounds" out_has "$want"
       fi
     done
   done

@@ -229,6 +229,12 @@ double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype) {
+    printf("note               scales/biases converted %s -> %s for --dtype %s (%s)\n", qmm_dtype_name(stored),
+           qmm_dtype_name(dtype), qmm_dtype_name(dtype),
+           dtype == QMM_F32 ? "exact: f32 holds every f16 and bf16 value" : "rounded once, to nearest even");
+}
+
 /* qsort order for doubles, ascending (every timing median of the CLI). */
 int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -207,9 +207,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     printf("layer              %s (%zu expert%s of N=%zu, K=%zu)\n", layer_name, E, E == 1 ? "" : "s", N, K);
     printf("format             %s\n", format);
     if (dtype != stored)
-        printf("note               scales/biases converted %s -> %s for --dtype %s (%s)\n", qmm_dtype_name(stored),
-               qmm_dtype_name(dtype), qmm_dtype_name(dtype),
-               dtype == QMM_F32 ? "exact: f32 holds every f16 and bf16 value" : "rounded once, to nearest even");
+        print_scale_conversion(stored, dtype);
     printf("routing            T=%zu tokens × %llu experts per token = B=%zu pairs, seed %llu, %s; %zu of %zu experts "
            "used\n", T, top_k, B, seed, unsorted ? "token order (unsorted)" : "sorted by expert", experts_used, E);
     printf("x                  random uniform [-1, 1), seed %llu, T=%zu, %s\n", seed, T, qmm_dtype_name(dtype));

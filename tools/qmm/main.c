@@ -180,17 +180,16 @@ static const command *find_command(const char *name) {
 }
 
 static int cmd_help(const command *c, int argc, char **argv) {
-    if (argc == 0) {
+    const char *positional[1];
+    size_t npositional;
+    const int rc = parse_args(c, argc, argv, NULL, 0, positional, 1, &npositional); /* --help: help's own usage */
+    if (rc) return rc;
+    if (npositional == 0) {
         print_overview(stdout);
         return 0;
     }
-    if (argc > 1) return usage_error(c, "expected at most one COMMAND");
-    if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) { /* qmm help --help: help's own usage */
-        fputs(c->usage, stdout);
-        return 0;
-    }
-    const command *target = find_command(argv[0]);
-    if (!target) return usage_error(c, "unknown command '%s'", argv[0]);
+    const command *target = find_command(positional[0]);
+    if (!target) return usage_error(c, "unknown command '%s'", positional[0]);
     fputs(target->usage, stdout);
     return 0;
 }

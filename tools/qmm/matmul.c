@@ -107,9 +107,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
                "rows (every token by every expert); `qmm gather` routes tokens to experts\n",
                layer.experts, matrix.rows / layer.experts, matrix.rows);
     if (dtype != stored)
-        printf("note               scales/biases converted %s -> %s for --dtype %s (%s)\n", qmm_dtype_name(stored),
-               qmm_dtype_name(dtype), qmm_dtype_name(dtype),
-               dtype == QMM_F32 ? "exact: f32 holds every f16 and bf16 value" : "rounded once, to nearest even");
+        print_scale_conversion(stored, dtype);
     if (x_path) printf("x                  %s, M=%zu, rounded to %s\n", x_path, rows, qmm_dtype_name(dtype));
     else printf("x                  random uniform [-1, 1), seed %llu, M=%zu, %s\n", seed, rows, qmm_dtype_name(dtype));
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
