@@ -60,7 +60,7 @@ typedef struct cuda_state {
 /* The repacked arrays of one weights object (device pointers), or all NULL when its format has no
  * repacked kernel. */
 typedef struct cuda_weights_extra {
-    uint32_t *packed; /* [N, qmm_cuda_packed_words_per_row(K, bits)] */
+    uint32_t *packed; /* tiles of 16 rows (qmm_cuda_repack): ceil(N/16)·16·qmm_cuda_packed_words_per_row(K, bits) */
     void *sb;         /* (scale, bias) pairs in the tiled layout (qmm_cuda_repack_sb) */
 } cuda_weights_extra;
 
@@ -206,9 +206,9 @@ static qmm_status tile_workspace(cuda_state *s) {
     return QMM_OK;
 }
 
-/* Repacks the matrix for the mma_gemv family (docs/kernels.md §9) and uploads it; formats the family
- * does not read get no extra arrays (*extra = NULL). The packed copy costs the weights' bytes once more
- * on the device (rounded up to 64 bytes per row); the MLX-layout arrays stay for the other kernels. */
+/* Repacks the matrix for the mma families (docs/kernels.md §9) and uploads it; formats they do not read get no
+ * extra arrays (*extra = NULL). The packed copy costs the weights' bytes once more on the device (rounded up to
+ * 64 bytes per row and 16 rows); the MLX-layout arrays stay for the other kernels. */
 static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, void **extra) {
     *extra = NULL;
     if (!mma_format(matrix)) return QMM_OK;
@@ -216,12 +216,12 @@ static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, v
     if (workspace != QMM_OK) return workspace;
     const size_t N = matrix->rows, K = matrix->cols;
     const size_t words = qmm_cuda_packed_words_per_row(K, matrix->bits);
-    /* (N + 15)·words·4 bytes bound both arrays: the packed rows, and the pairs (≤ 4 per row and super-block of
-     * 16 packed words, for ceil(N/16)·16 rows) */
+    /* (N + 15)·words·4 bytes bound both arrays: the packed rows (tiles of 16 rows, the last one zero-filled), and
+     * the pairs (≤ 4 per row and super-block of 16 packed words, for ceil(N/16)·16 rows) */
     size_t bound;
     if (N > SIZE_MAX - 15 || !qmm_mul_size(N + 15, words, &bound) || !qmm_mul_size(bound, 4, &bound))
         return qmm_error(QMM_ERR_OVERFLOW, "the repacked weights of a %zu×%zu matrix overflow size_t", N, K);
-    const size_t packed_bytes = N * words * 4, pairs = qmm_cuda_sb_words(N, K, matrix->bits, matrix->group_size);
+    const size_t packed_bytes = (N + 15) / 16 * 16 * words * 4, pairs = qmm_cuda_sb_words(N, K, matrix->bits, matrix->group_size);
     qmm_status status = QMM_OK;
     uint32_t *host_packed = malloc(packed_bytes);
     uint32_t *host_sb = malloc(pairs * 4);
@@ -430,9 +430,9 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
         return false;
     }
     const size_t quads = qmm_cuda_packed_words_per_row(call->K, call->bits) / 4; /* 16-byte words per row */
-    if (call->N > 0x7fffffffu / quads) {
-        snprintf(why_not, size, "N=%zu rows of %zu 16-byte words exceed the family's 32-bit offsets (2^31 - 1)", call->N,
-                 quads);
+    if ((call->N + 15) / 16 * 16 > 0x7fffffffu / quads) {
+        snprintf(why_not, size, "N=%zu rows (in tiles of 16) of %zu 16-byte words exceed the family's 32-bit offsets "
+                 "(2^31 - 1)", call->N, quads);
         return false;
     }
     if (!call->weights_extra) {
@@ -499,8 +499,8 @@ static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_no
 /* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). */
 static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
     if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
-    int bn, bm, threads;
-    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads);
+    int bn, bm, threads, resident;
+    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads, &resident);
     return tile_grid_supports(call, (size_t)bm, why_not, size);
 }
 
@@ -510,11 +510,11 @@ static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t 
  * docs/PERF.md). */
 static int tile_splits(const qmm_call *call, int tile) {
     const cuda_state *s = call->backend_state;
-    int bn, bm, threads;
-    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads);
+    int bn, bm, threads, blocks_per_sm;
+    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads, &blocks_per_sm);
     const size_t tiles = ((call->N + (size_t)bn - 1) / (size_t)bn) * ((call->M + (size_t)bm - 1) / (size_t)bm);
     const size_t super_blocks = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16; /* 64 bytes each */
-    const size_t resident = tile == 0 ? 3 : 1, target = (size_t)s->multiprocessors * resident;
+    const size_t target = (size_t)s->multiprocessors * (size_t)blocks_per_sm;
     size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
     const char *forced = getenv("QMM_CUDA_SPLITS");
     if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
@@ -542,6 +542,8 @@ static int tile_splits(const qmm_call *call, int tile) {
 
 TILE_ROW(tile_m64n64, 0)
 TILE_ROW(tile_m64n128, 1)
+TILE_ROW(tile_m16n256, 2)
+TILE_ROW(tile_m32n256, 3)
 
 /* wgmma_tile rows (kernels_wgmma.cu): sm_90a code, so a compute capability 9.0 device. */
 static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
@@ -605,6 +607,13 @@ static qmm_status gather_run(const qmm_call *call);
  *            x by TMA: 1.06–1.78× faster than mma_tile in the 76 cells it takes (5120² M = 2048 f16: 358 vs
  *            567 µs; 12288×4096 M = 128: 60 vs 91); with fewer tiles most SMs idle (no split-K; 4096² M = 256,
  *            64 tiles: 60 µs vs 44 for m64n128).
+ *   M 17–32, N ≥ 12288: mma_tile m16n256 — 256 weight rows per block of 8 warps that share x through shared
+ *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.5× faster than
+ *            the wgmma row and m32n16 there (27648×5120 M = 32 bf16: 89.6 vs 110.0 µs; 17408×5120: 73.4 vs
+ *            109.2; 12288×4096: 40.3 vs 45.6); with fewer rows m32n16 is as fast or faster (4096×12288: 36.9 vs
+ *            40.1). From M = 33 it runs x in three or more tiles and loses (27648×5120 M = 64: 164 vs 110). The
+ *            eighth session's A/B (docs/PERF.md). mma_tile m32n256 (the same with 32 tokens, one block per SM)
+ *            is for `qmm tune` and forcing: the fastest only on 27648×5120 at M = 32 (80.3 µs).
  *   M ≥ 17, ≥ 96 tiles of 128 × 64 tokens: wgmma_tile m64n128 — the same kernel with 64 tokens per block, twice
  *            the blocks (14336×5120 M = 32: 55 vs 69 µs for m32n16; 4096² M = 256: 44 vs 61 for mma_tile). Not
  *            where the tiles come to just over one wave (17408×5120 M = 32–64, 136 tiles: 106 µs vs 83 for
@@ -640,6 +649,10 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
      .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65, .prefer_min_tiles = 80},
+    {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
+                       "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
+     .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,
+     .prefer_min_n = 12288},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
      .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 17, .prefer_min_tiles = 96},
@@ -649,6 +662,9 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m64n64_supports, .run = tile_m64n64_run},
+    {.info = TILE_INFO("cuda.qmm_t.mma_tile.m32n256", 32, 256, 256,
+                       "tensor-core tile, 256 rows x 32 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
+     .supports = tile_m32n256_supports, .run = tile_m32n256_run, .tune_only = true},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n128", 64, 128, 256,
                        "tensor-core tile, 128 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m64n128_supports, .run = tile_m64n128_run, .tune_only = true},

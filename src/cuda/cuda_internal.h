@@ -51,11 +51,12 @@ int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
 /* The mma GEMV family: tokens (rows of x) on the MMA's N side, 8·tokens_tiles of them; 16·row_tiles
  * weight rows per warp. Needs bits 4 or 8, dtype f16 or bf16, packed and sb, sm_80 or newer. */
 int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
-/* The mma_tile family (kernels_tile.cu): tile 0 = m64n64 (4 warps), tile 1 = m64n128 (8 warps); any M.
- * Same needs as mma_gemv. qmm_cuda_mma_tile_shape gives the tile's BN (weight rows), BM (tokens) and
- * threads per block. */
+/* The mma_tile family (kernels_tile.cu): tile 0 = m64n64 (4 warps), 1 = m64n128 (8 warps), 2 = m16n256 (8 warps),
+ * 3 = m32n256 (8 warps); any M. Same needs as mma_gemv.
+ * qmm_cuda_mma_tile_shape gives the tile's BN (weight rows), BM (tokens), threads per block and the blocks per SM
+ * its register cap is set for. */
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
-void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads);
+void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads, int *resident);
 
 /* The wgmma_tile family (kernels_wgmma.cu, sm_90a): 128 weight rows × `tokens` (64 or 128) rows of x per block,
  * wgmma with the decoded weights in registers; any M (≤ 65535 tiles), any N, any K multiple of the group. Same
@@ -72,7 +73,8 @@ int qmm_cuda_gather_rows(const void *src, const uint32_t *indices, void *dst, si
 /* The repacked layout of the mma family (docs/kernels.md §9): words per row and the repack itself,
  * host side. packed_words(K, bits) = ceil(K / S)·16 with S = 512/bits codes per 64-byte super-block. */
 size_t qmm_cuda_packed_words_per_row(size_t K, int bits);
-/* Repacks w [N, K·bits/32] (MLX layout) into out [N, packed_words_per_row] (zero-filled tail). */
+/* Repacks w [N, K·bits/32] (MLX layout) into out: ceil(N/16) row tiles of [super-blocks][16 rows][16 words]
+ * (packed_tiled_quad; ceil(N/16)·16·packed_words_per_row words, rows past N and the tail of K zero). */
 void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *out);
 /* The (scale, bias) pairs in the tiled layout the mma families read (docs/kernels.md §9, "sb_tiled"):
  * [ceil(N/16) row tiles][super-blocks][16 rows][G] uint32 pairs (scale in the low half, bias in the high),

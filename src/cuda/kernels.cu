@@ -202,7 +202,6 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
         M -= m0;
     }
     const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
-    const unsigned row_quads = (unsigned)super_blocks * 4; /* uint4 per packed row; N·row_quads < 2^31 (supports()) */
     const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
     uint4 *stage_w = shared_quads + (size_t)warp * S * RT * 2 * 32;
     uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
@@ -235,7 +234,8 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                 for (int h = 0; h < 2; h++) {
                     const int n = n_base + 16 * r + 8 * h + g;
                     const bool row = n < N;
-                    const uint4 *src_w = packed + (row ? (unsigned)n * row_quads + (unsigned)sbk * 4 + t : 0u);
+                    /* 32-bit offsets: < ceil(N/16)·16·super_blocks·4 16-byte units < 2^31 (supports()) */
+                    const uint4 *src_w = packed + (row ? packed_tiled_quad<unsigned>(n, super_blocks, sbk) + t : 0u);
                     const unsigned dst_w = (unsigned)__cvta_generic_to_shared(stage_w + ((stage * RT + r) * 2 + h) * 32 + lane);
                     cp_async_16(dst_w, src_w, row);
                 }
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                 const int c = c0 + lane, r = c / (4 * GSB), tile = row_tile0 + r;
                 if (c < SB_CHUNKS) {
                     const bool ok = tile < row_tiles;
-                    /* 32-bit offsets: < N·row_quads < 2^31 16-byte units, as the weights' (supports()) */
+                    /* 32-bit offsets, as the weights' (supports()) */
                     const uint4 *src = reinterpret_cast<const uint4 *>(sb) +
                                        (ok ? sb_tiled_run<unsigned>(tile, super_blocks, sbk, GSB) + (unsigned)(c % (4 * GSB)) : 0u);
                     const unsigned dst = (unsigned)__cvta_generic_to_shared(stage_sb + stage * RT * 16 * GSB + 4 * c);
@@ -558,16 +558,16 @@ extern "C" void qmm_cuda_repack_sb(const void *scales, const void *biases, size_
 
 extern "C" void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *out) {
     const size_t words = K * (size_t)bits / 32, packed = qmm_cuda_packed_words_per_row(K, bits);
-    const size_t blocks_per_super = bits == 4 ? 4 : 2, words_per_lane = (size_t)bits / 4;
+    const size_t super_blocks = packed / 16, blocks_per_super = bits == 4 ? 4 : 2, words_per_lane = (size_t)bits / 4;
+    memset(out, 0, (N + 15) / 16 * 16 * packed * sizeof(uint32_t)); /* the zero tail of K and rows past N */
     for (size_t n = 0; n < N; n++) {
         const uint32_t *src = w + n * words;
-        uint32_t *dst = out + n * packed;
-        for (size_t i = 0; i < packed; i++) dst[i] = 0;
         for (size_t block = 0; block < K / 32; block++) {
             const size_t super = block / blocks_per_super, j = block % blocks_per_super;
+            uint32_t *dst = out + 4 * packed_tiled_quad<size_t>(n, super_blocks, super);
             for (size_t t = 0; t < 4; t++)
                 for (size_t e = 0; e < words_per_lane; e++)
-                    dst[super * 16 + 4 * t + j * words_per_lane + e] = src[block * (size_t)bits + t * words_per_lane + e];
+                    dst[4 * t + j * words_per_lane + e] = src[block * (size_t)bits + t * words_per_lane + e];
         }
     }
 }

@@ -82,7 +82,6 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     const int wn = warp % WN, wm = warp / WN, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
     const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
-    const unsigned row_quads = (unsigned)super_blocks * 4;
     const int sb_begin = blockIdx.z * sb_per_split;
     const int sb_end = min(super_blocks, sb_begin + sb_per_split);
     const int count = max(0, sb_end - sb_begin);
@@ -92,13 +91,18 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
      * past N, tokens past M and blocks past K are zero-filled (src-size 0): no branch depends on data. Each
      * thread copies fixed rows, tokens and chunks (the counts divide evenly: static_asserts below), so its
      * source pointers are computed once here and only move along K per super-block. */
-    constexpr int W_COPIES = BN * 4 / THREADS, X_COPIES = BM * XCH / THREADS;
+    /* x: BM·XCH chunks; with fewer chunks than threads (the 16-token tiles at 8 bits) the threads past them copy none */
+    constexpr int W_COPIES = BN * 4 / THREADS, X_COPIES = (BM * XCH + THREADS - 1) / THREADS;
+    constexpr bool X_ALL = BM * XCH >= THREADS; /* every thread copies x */
     constexpr int SB_CHUNKS = BN / 16 * 4 * GSB; /* 16-byte chunks of pairs: BN/16 runs of 16·GSB pairs */
-    static_assert(BN * 4 % THREADS == 0 && BM * XCH % THREADS == 0 && W_COPIES >= 1 && X_COPIES >= 1,
+    static_assert(BN * 4 % THREADS == 0 && W_COPIES >= 1 && (BM * XCH % THREADS == 0 || THREADS % (BM * XCH) == 0),
                   "every thread copies the same number of chunks");
     const int w_row = threadIdx.x >> 2, w_quad = threadIdx.x & 3;          /* + k·THREADS/4 rows */
     const int x_tok = threadIdx.x / XCH, x_chunk = threadIdx.x % XCH;      /* + k·THREADS/XCH tokens */
-    const uint4 *w_src = packed + (size_t)min(n0 + w_row, N - 1) * row_quads + w_quad;
+    /* row w_row + k·THREADS/4 of the block: tile (n0 + w_row)/16 + k·THREADS/64, the same row within its tile
+     * (the tiled layout, packed_tiled_quad); rows past N clamped to a valid address (not read) */
+    static_assert(THREADS % 64 == 0, "the copies step whole row tiles");
+    const uint4 *w_src = packed + packed_tiled_quad<size_t>((size_t)min(n0 + w_row, N - 1), (size_t)super_blocks, 0) + w_quad;
     const T *x_src = x + (size_t)min(m0 + x_tok, M - 1) * K + x_chunk * 8;
     const int sb_tile = n0 / 16 + (int)threadIdx.x / (4 * GSB), row_tiles = (N + 15) / 16; /* + k·THREADS/(4·GSB) */
     const unsigned w_dst = (unsigned)__cvta_generic_to_shared(ws + w_row * 4 + w_quad);
@@ -110,13 +114,13 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
 #pragma unroll
             for (int k = 0; k < W_COPIES; k++) {
                 const bool ok = n0 + w_row + k * (THREADS / 4) < N;
-                const uint4 *src = w_src + (ok ? (size_t)k * (THREADS / 4) * row_quads + (unsigned)sbk * 4 : 0);
+                const uint4 *src = w_src + (ok ? ((size_t)k * (THREADS / 64) * super_blocks + (unsigned)sbk) * 64 : 0);
                 const unsigned dst = w_dst + (unsigned)((stage * BN + k * (THREADS / 4)) * 4 * 16);
                 cp_async_16(dst, src, ok);
             }
             const bool x_in_k = sbk * BPS + x_chunk / 4 < blocks;
 #pragma unroll
-            for (int k = 0; k < X_COPIES; k++) {
+            for (int k = 0; k < X_COPIES && (X_ALL || x_tok < BM); k++) {
                 /* THREADS/XCH is even, so (token & 1) and the swizzle are the same for every k */
                 const bool ok = x_in_k && m0 + x_tok + k * (THREADS / XCH) < M;
                 const T *src = x_src + (ok ? (size_t)k * (THREADS / XCH) * K + (size_t)sbk * (BPS * 32) : 0);
@@ -272,12 +276,24 @@ template <> struct tile_config<0> { /* m64n64: 4 warps of 32 rows × 32 tokens, 
 template <> struct tile_config<1> { /* m64n128: 8 warps of 32 rows × 32 tokens (64 rows per warp spill at 4 bits) */
     static constexpr int WR = 2, WT = 4, WN = 4, WM = 2, S = 4, MIN_BLOCKS = 1;
 };
+/* The small-M tiles (M 9–64, where the product is still bound by the weights' bytes): every warp of the block
+ * takes all BM tokens and its own 32 rows, so the block's x — read from L2 once per 256 weight rows, not once
+ * per warp as in mma_gemv (whose 16-row warps at 32 tokens read 8 bytes of x per byte of weights) — is shared
+ * through shared memory by 8 warps. Two blocks per SM (a 128-register cap). */
+template <> struct tile_config<2> { /* m16n256: 8 warps of 32 rows × 16 tokens */
+    static constexpr int WR = 2, WT = 2, WN = 8, WM = 1, S = 4, MIN_BLOCKS = 2;
+};
+template <> struct tile_config<3> { /* m32n256: 8 warps of 32 rows × 32 tokens (one block per SM: two would spill) */
+    static constexpr int WR = 2, WT = 4, WN = 8, WM = 1, S = 4, MIN_BLOCKS = 1;
+};
 
-template <int ID> static void tile_shape(int *bn, int *bm, int *threads) {
+
+template <int ID> static void tile_shape(int *bn, int *bm, int *threads, int *resident) {
     typedef tile_config<ID> C;
     *bn = 16 * C::WR * C::WN;
     *bm = 8 * C::WT * C::WM;
     *threads = 32 * C::WN * C::WM;
+    *resident = C::MIN_BLOCKS;
 }
 
 template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm_cuda_launch *c) {
@@ -313,10 +329,19 @@ template <int ID> static int dispatch_tile(const qmm_cuda_launch *c) {
 }
 
 extern "C" int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *c, int tile) {
-    return tile == 0 ? dispatch_tile<0>(c) : dispatch_tile<1>(c);
+    switch (tile) {
+    case 0: return dispatch_tile<0>(c);
+    case 1: return dispatch_tile<1>(c);
+    case 2: return dispatch_tile<2>(c);
+    default: return dispatch_tile<3>(c);
+    }
 }
 
-extern "C" void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads) {
-    if (tile == 0) tile_shape<0>(bn, bm, threads);
-    else tile_shape<1>(bn, bm, threads);
+extern "C" void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads, int *resident) {
+    switch (tile) {
+    case 0: tile_shape<0>(bn, bm, threads, resident); break;
+    case 1: tile_shape<1>(bn, bm, threads, resident); break;
+    case 2: tile_shape<2>(bn, bm, threads, resident); break;
+    default: tile_shape<3>(bn, bm, threads, resident); break;
+    }
 }

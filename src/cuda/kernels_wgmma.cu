@@ -203,13 +203,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (warpgroup == 2) {
         /* ───── producer ───── */
         const int p = threadIdx.x - 256;
-        const unsigned row_quads = (unsigned)super_blocks * 4;
         const int row_tiles = (N + 15) / 16, tile0 = n0 / 16;
         /* Per stage: the x tile of TOKS rows by KS values arrives by TMA (cp.async.bulk.tensor, PTX ISA §9.7.9.25) in
          * the 128-byte swizzle: value k of token tok at byte (k / 64)·TOKS·128 + tok·128 + (((k % 64) / 8) ^ (tok & 7))·16
          * + (k % 8)·2 — rows past M and values past K zero. Weight quarters and pairs come by cp.async, with the
          * addresses that do not change from stage to stage worked out once:
-         *  - weight quarters: rows p/4 + 32c (c < 4), quarter p & 3 — 4 lanes per row, 64 contiguous bytes;
+         *  - weight quarters: rows p/4 + 32c (c < 4), quarter p & 3 — 4 lanes per row, each warp two 1 KB runs of the
+         *    tiled layout (packed_tiled_quad);
          *  - pairs: thread p < 32·GSB copies chunk p % (4·GSB) of row tile p / (4·GSB). */
         const uint4 *w_src[4];
         bool w_ok[4];
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         for (int c = 0; c < 4; c++) {
             const int n = n0 + p / 4 + 32 * c;
             w_ok[c] = n < N;
-            w_src[c] = packed + (w_ok[c] ? (size_t)n * row_quads + (unsigned)(p & 3) : 0);
+            w_src[c] = packed + (w_ok[c] ? packed_tiled_quad<size_t>(n, super_blocks, 0) + (unsigned)(p & 3) : 0);
         }
         const int sb_tile = p / (4 * L::GSB);
         const bool sb_ok = p < 32 * L::GSB && tile0 + sb_tile < row_tiles;
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 }
 #pragma unroll
                 for (int c = 0; c < 4; c++)
-                    cp_async_16(stage + L::W_AT + (p + 128 * c) * 16, w_src[c] + (w_ok[c] ? 4 * i : 0), w_ok[c]);
+                    cp_async_16(stage + L::W_AT + (p + 128 * c) * 16, w_src[c] + (w_ok[c] ? 64 * i : 0), w_ok[c]);
                 if (p < 32 * L::GSB)
                     cp_async_16(stage + L::SB_AT + p * 16, sb_src + (sb_ok ? 4 * L::GSB * i : 0), sb_ok);
             }

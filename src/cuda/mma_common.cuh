@@ -71,6 +71,14 @@ template <typename I> __host__ __device__ constexpr I sb_tiled_run(I tile, I sup
     return (tile * super_blocks + sbk) * (I)(4 * gsb);
 }
 
+/* The repacked weights' tiled layout (qmm_cuda_repack, docs/kernels.md §9): [row tiles of 16][super-blocks][16 rows]
+ * [4 quarters of 16 bytes], so that the 16 rows of a tile have each super-block in one contiguous 1 KB run (DRAM
+ * pages are then opened for 1 KB, not for one row's 64 bytes). Where row n's super-block sbk starts, in 16-byte
+ * units (I: the kernel's offset type; the host repack multiplies by 4 for words). */
+template <typename I> __host__ __device__ constexpr I packed_tiled_quad(I n, I super_blocks, I sbk) {
+    return ((n / 16) * super_blocks + sbk) * 64 + (n % 16) * 4;
+}
+
 /* A 16-byte cp.async that keeps the data out of L1 (PTX ISA "cp.async", .cg): src to the shared address dst, or
  * zeros when !ok (src-size 0; src is then not read but must still be a valid address). */
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void *src, bool ok) {

@@ -168,8 +168,10 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
 }
 
 /* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 with ≥ 80 tiles of 128 × 128, m64n128 from M = 17
- * with ≥ 96 tiles of 128 × 64 — on either side of each threshold the selector's choice, and every row that
- * takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. */
+ * with ≥ 96 tiles of 128 × 64 (from M = 33 where N ≥ 12288: mma_tile m16n256 comes first there up to M = 32) — on
+ * either side of each threshold the selector's choice, and every row that takes the call against the oracle.
+ * Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile m16n256's box (M 17–32,
+ * N ≥ 12288, any device with the mma family) on each of its sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N;
@@ -177,7 +179,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } cases[] = {
         {65, 10240, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 80 tiles */
         {65, 10112, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 79 tiles of 128 tokens, 158 of 64 */
-        {17, 12288, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 96 tiles of 64 tokens */
+        {33, 12288, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 96 tiles of 64 tokens, M past m16n256's 32 */
+        {17, 12161, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 96 tiles, N below m16n256's 12288 */
         {17, 12160, NULL},                             /* 95 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -202,6 +205,29 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         check_every_row(context, &p, what);
         product_free(&p);
     }
+    static const struct {
+        size_t M, N;
+        bool want; /* the selector takes mma_tile m16n256 */
+    } box[] = {{17, 12288, true}, {32, 12288, true}, {33, 12288, false}, {16, 12288, false}, {32, 12272, false}};
+    for (size_t i = 0; i < sizeof box / sizeof box[0]; i++) {
+        product p;
+        if (!product_make(context, rng, box[i].M, box[i].N, 256, 4, 64, QMM_F16, &p)) {
+            CHECK(false, "m16n256 box: set-up failed");
+            product_free(&p);
+            continue;
+        }
+        qmm_kernel_info chosen = {0};
+        CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
+        const char *name = chosen.name ? chosen.name : "?";
+        const bool took = strcmp(name, "cuda.qmm_t.mma_tile.m16n256") == 0;
+        CHECK(took == box[i].want, "m16n256 box: M=%zu N=%zu chose %s", box[i].M, box[i].N, name);
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
+        char what[64];
+        snprintf(what, sizeof what, "m16n256 box M=%zu N=%zu (%s)", box[i].M, box[i].N, name);
+        product_check(&p, what, 2.0);
+        product_free(&p);
+    }
 }
 
 /* The mma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last split
@@ -217,7 +243,8 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
         {70, 200, 4096, 4, 64, QMM_F16}, {33, 1000, 2048, 8, 128, QMM_BF16}, {130, 77, 8192, 4, 32, QMM_BF16},
         {1, 129, 4096, 8, 32, QMM_F16},
     };
-    static const char *rows[] = {"cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128"};
+    static const char *rows[] = {"cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128", "cuda.qmm_t.mma_tile.m16n256",
+                                 "cuda.qmm_t.mma_tile.m32n256"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
@@ -228,7 +255,7 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
         }
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
-        for (size_t r = 0; r < 2; r++) {
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
             qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
             char label[200];
             for (int run = 0; run < 3; run++) {
