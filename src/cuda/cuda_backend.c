@@ -36,7 +36,8 @@ typedef struct cuda_state {
     int device;
     int major, minor; /* compute capability */
     int multiprocessors;
-    size_t shared_optin; /* sharedMemPerBlockOptin */
+    size_t shared_optin;  /* sharedMemPerBlockOptin */
+    size_t shared_per_sm; /* sharedMemPerMultiprocessor */
     bool pdl; /* launch the kernels that support it with programmatic dependent launch (docs/kernels.md §9.5) */
     int forced_warps; /* QMM_CUDA_WARPS: the mma_gemv family's warps per block (0: the launcher's rule) */
     cudaStream_t stream;
@@ -94,6 +95,7 @@ static qmm_status cuda_open(int device, void **state) {
     created->minor = properties.minor;
     created->multiprocessors = properties.multiProcessorCount;
     created->shared_optin = properties.sharedMemPerBlockOptin;
+    created->shared_per_sm = properties.sharedMemPerMultiprocessor;
     /* programmatic dependent launch of the GEMV kernels (sm_90 and newer); QMM_CUDA_PDL=0 turns it off */
     const char *pdl = getenv("QMM_CUDA_PDL");
     created->pdl = properties.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
@@ -496,11 +498,19 @@ static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_no
     return true;
 }
 
-/* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). */
+/* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). A tile whose block needs
+ * more shared memory than the device lets a block have (m32n256 at 4 bits: 112 KB, above sm_86/89's 99 KB) refuses. */
 static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
+    const cuda_state *s = call->backend_state;
     if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
     int bn, bm, threads, resident;
-    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads, &resident);
+    size_t shared;
+    qmm_cuda_mma_tile_shape(tile, call->bits, &bn, &bm, &threads, &resident, &shared);
+    if (shared > s->shared_optin) {
+        snprintf(why_not, size, "the tile's block needs %zu bytes of shared memory at %d bits, the device allows %zu",
+                 shared, call->bits, s->shared_optin);
+        return false;
+    }
     return tile_grid_supports(call, (size_t)bm, why_not, size);
 }
 
@@ -511,7 +521,12 @@ static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t 
 static int tile_splits(const qmm_call *call, int tile) {
     const cuda_state *s = call->backend_state;
     int bn, bm, threads, blocks_per_sm;
-    qmm_cuda_mma_tile_shape(tile, &bn, &bm, &threads, &blocks_per_sm);
+    size_t shared;
+    qmm_cuda_mma_tile_shape(tile, call->bits, &bn, &bm, &threads, &blocks_per_sm, &shared);
+    /* the blocks one SM holds: the register cap's count, fewer where shared memory (1 KB per block for the driver)
+     * runs out first (m16n256: 2 on an H100/H200, 1 on an A100) */
+    const size_t by_shared = s->shared_per_sm / (shared + 1024);
+    if (by_shared >= 1 && by_shared < (size_t)blocks_per_sm) blocks_per_sm = (int)by_shared;
     const size_t tiles = ((call->N + (size_t)bn - 1) / (size_t)bn) * ((call->M + (size_t)bm - 1) / (size_t)bm);
     const size_t super_blocks = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16; /* 64 bytes each */
     const size_t target = (size_t)s->multiprocessors * (size_t)blocks_per_sm;
@@ -608,12 +623,13 @@ static qmm_status gather_run(const qmm_call *call);
  *            567 µs; 12288×4096 M = 128: 60 vs 91); with fewer tiles most SMs idle (no split-K; 4096² M = 256,
  *            64 tiles: 60 µs vs 44 for m64n128).
  *   M 17–32, N ≥ 12288: mma_tile m16n256 — 256 weight rows per block of 8 warps that share x through shared
- *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.5× faster than
- *            the wgmma row and m32n16 there (27648×5120 M = 32 bf16: 89.6 vs 110.0 µs; 17408×5120: 73.4 vs
- *            109.2; 12288×4096: 40.3 vs 45.6); with fewer rows m32n16 is as fast or faster (4096×12288: 36.9 vs
- *            40.1). From M = 33 it runs x in three or more tiles and loses (27648×5120 M = 64: 164 vs 110). The
- *            eighth session's A/B (docs/PERF.md). mma_tile m32n256 (the same with 32 tokens, one block per SM)
- *            is for `qmm tune` and forcing: the fastest only on 27648×5120 at M = 32 (80.3 µs).
+ *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.7× faster than
+ *            the wgmma row and m32n16 there (the eighth session's sweep, bf16 at M = 32: 27648×5120 90 vs 110 µs;
+ *            17408×5120 68 vs 109; 12288×4096 40.5 vs 45.6). With fewer rows m32n16 is as fast or faster
+ *            (4096×12288: 36.9 vs 40.1), except at long K (5120×14336, 5120×17408: m16n256 10–16 % faster, not
+ *            taken: no hint on K). From M = 33 it runs x in three or more tiles and loses (27648×5120 M = 64: 164
+ *            vs 110). mma_tile m32n256 (the same with 32 tokens, one block per SM) is for `qmm tune` and
+ *            forcing: the fastest only on 27648×5120 at M = 32 (79–81 µs).
  *   M ≥ 17, ≥ 96 tiles of 128 × 64 tokens: wgmma_tile m64n128 — the same kernel with 64 tokens per block, twice
  *            the blocks (14336×5120 M = 32: 55 vs 69 µs for m32n16; 4096² M = 256: 44 vs 61 for mma_tile). Not
  *            where the tiles come to just over one wave (17408×5120 M = 32–64, 136 tiles: 106 µs vs 83 for

@@ -53,10 +53,10 @@ int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
 int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
 /* The mma_tile family (kernels_tile.cu): tile 0 = m64n64 (4 warps), 1 = m64n128 (8 warps), 2 = m16n256 (8 warps),
  * 3 = m32n256 (8 warps); any M. Same needs as mma_gemv.
- * qmm_cuda_mma_tile_shape gives the tile's BN (weight rows), BM (tokens), threads per block and the blocks per SM
- * its register cap is set for. */
+ * qmm_cuda_mma_tile_shape gives the tile's BN (weight rows), BM (tokens), threads per block, the blocks per SM
+ * its register cap is set for and its dynamic shared memory per block at `bits` (bytes). */
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
-void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads, int *resident);
+void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads, int *resident, size_t *shared);
 
 /* The wgmma_tile family (kernels_wgmma.cu, sm_90a): 128 weight rows × `tokens` (64 or 128) rows of x per block,
  * wgmma with the decoded weights in registers; any M (≤ 65535 tiles), any N, any K multiple of the group. Same

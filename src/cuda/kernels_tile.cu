@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     constexpr bool X_ALL = BM * XCH >= THREADS; /* every thread copies x */
     constexpr int SB_CHUNKS = BN / 16 * 4 * GSB; /* 16-byte chunks of pairs: BN/16 runs of 16·GSB pairs */
     static_assert(BN * 4 % THREADS == 0 && W_COPIES >= 1 && (BM * XCH % THREADS == 0 || THREADS % (BM * XCH) == 0),
-                  "every thread copies the same number of chunks");
+                  "every thread copies the same number of weight chunks, and of x chunks or none");
     const int w_row = threadIdx.x >> 2, w_quad = threadIdx.x & 3;          /* + k·THREADS/4 rows */
     const int x_tok = threadIdx.x / XCH, x_chunk = threadIdx.x % XCH;      /* + k·THREADS/XCH tokens */
     /* row w_row + k·THREADS/4 of the block: tile (n0 + w_row)/16 + k·THREADS/64, the same row within its tile
@@ -114,7 +114,8 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
 #pragma unroll
             for (int k = 0; k < W_COPIES; k++) {
                 const bool ok = n0 + w_row + k * (THREADS / 4) < N;
-                const uint4 *src = w_src + (ok ? ((size_t)k * (THREADS / 64) * super_blocks + (unsigned)sbk) * 64 : 0);
+                /* 32-bit: < ceil(N/16)·16·super_blocks·4 < 2^31 16-byte units (supports()) */
+                const uint4 *src = w_src + (ok ? ((unsigned)k * (THREADS / 64) * (unsigned)super_blocks + (unsigned)sbk) * 64u : 0u);
                 const unsigned dst = w_dst + (unsigned)((stage * BN + k * (THREADS / 4)) * 4 * 16);
                 cp_async_16(dst, src, ok);
             }
@@ -276,10 +277,10 @@ template <> struct tile_config<0> { /* m64n64: 4 warps of 32 rows × 32 tokens, 
 template <> struct tile_config<1> { /* m64n128: 8 warps of 32 rows × 32 tokens (64 rows per warp spill at 4 bits) */
     static constexpr int WR = 2, WT = 4, WN = 4, WM = 2, S = 4, MIN_BLOCKS = 1;
 };
-/* The small-M tiles (M 9–64, where the product is still bound by the weights' bytes): every warp of the block
- * takes all BM tokens and its own 32 rows, so the block's x — read from L2 once per 256 weight rows, not once
- * per warp as in mma_gemv (whose 16-row warps at 32 tokens read 8 bytes of x per byte of weights) — is shared
- * through shared memory by 8 warps. Two blocks per SM (a 128-register cap). */
+/* The small-M tiles (the selector takes m16n256 for M 17–32 with N ≥ 12288; m32n256 is for tuning and forcing):
+ * every warp of the block takes all BM tokens and its own 32 rows, so the block's x — read from L2 once per 256
+ * weight rows, not once per warp as in mma_gemv (whose 16-row warps at 32 tokens read 8 bytes of x per byte of
+ * weights) — is shared through shared memory by 8 warps. */
 template <> struct tile_config<2> { /* m16n256: 8 warps of 32 rows × 16 tokens */
     static constexpr int WR = 2, WT = 2, WN = 8, WM = 1, S = 4, MIN_BLOCKS = 2;
 };
@@ -288,18 +289,27 @@ template <> struct tile_config<3> { /* m32n256: 8 warps of 32 rows × 32 tokens 
 };
 
 
-template <int ID> static void tile_shape(int *bn, int *bm, int *threads, int *resident) {
+/* Dynamic shared memory of a tile's block: S stages of the BN rows' weight quarters, the BM tokens' x and the
+ * pairs (room for 4 per row and super-block). */
+template <int ID> static constexpr size_t tile_shared(int bits) {
+    typedef tile_config<ID> C;
+    return (size_t)C::S * (16 * C::WR * C::WN * 64 + 8 * C::WT * C::WM * (bits == 4 ? 4 : 2) * 64 +
+                           16 * C::WR * C::WN * (bits == 4 ? 4 : 2) * 4);
+}
+
+template <int ID> static void tile_shape(int bits, int *bn, int *bm, int *threads, int *resident, size_t *shared) {
     typedef tile_config<ID> C;
     *bn = 16 * C::WR * C::WN;
     *bm = 8 * C::WT * C::WM;
     *threads = 32 * C::WN * C::WM;
     *resident = C::MIN_BLOCKS;
+    *shared = tile_shared<ID>(bits);
 }
 
 template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm_cuda_launch *c) {
     typedef tile_config<ID> C;
     constexpr int BPS = BITS == 4 ? 4 : 2, BN = 16 * C::WR * C::WN, BM = 8 * C::WT * C::WM;
-    constexpr size_t shared = (size_t)C::S * (BN * 64 + BM * BPS * 64 + BN * BPS * 4);
+    constexpr size_t shared = tile_shared<ID>(BITS);
     auto kernel = mma_tile_kernel<BITS, T, GS, C::WR, C::WT, C::WN, C::WM, C::S, C::MIN_BLOCKS>;
     static unsigned long long opted_in = 0;
     const int opt_in = shared_memory_opt_in(kernel, shared, &opted_in);
@@ -337,11 +347,12 @@ extern "C" int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *c, int tile) {
     }
 }
 
-extern "C" void qmm_cuda_mma_tile_shape(int tile, int *bn, int *bm, int *threads, int *resident) {
+extern "C" void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads, int *resident,
+                                        size_t *shared) {
     switch (tile) {
-    case 0: tile_shape<0>(bn, bm, threads, resident); break;
-    case 1: tile_shape<1>(bn, bm, threads, resident); break;
-    case 2: tile_shape<2>(bn, bm, threads, resident); break;
-    default: tile_shape<3>(bn, bm, threads, resident); break;
+    case 0: tile_shape<0>(bits, bn, bm, threads, resident, shared); break;
+    case 1: tile_shape<1>(bits, bn, bm, threads, resident, shared); break;
+    case 2: tile_shape<2>(bits, bn, bm, threads, resident, shared); break;
+    default: tile_shape<3>(bits, bn, bm, threads, resident, shared); break;
     }
 }

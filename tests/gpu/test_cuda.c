@@ -206,12 +206,14 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         product_free(&p);
     }
     static const struct {
-        size_t M, N;
+        size_t M, N, K;
         bool want; /* the selector takes mma_tile m16n256 */
-    } box[] = {{17, 12288, true}, {32, 12288, true}, {33, 12288, false}, {16, 12288, false}, {32, 12272, false}};
+    } box[] = {{17, 12288, 256, true},  {32, 12288, 256, true},   {33, 12288, 256, false},
+               {16, 12288, 256, false}, {32, 12272, 256, false},
+               {32, 12288, 5120, true}}; /* 96 tiles of 256 × 16: K split in three */
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++) {
         product p;
-        if (!product_make(context, rng, box[i].M, box[i].N, 256, 4, 64, QMM_F16, &p)) {
+        if (!product_make(context, rng, box[i].M, box[i].N, box[i].K, 4, 64, QMM_F16, &p)) {
             CHECK(false, "m16n256 box: set-up failed");
             product_free(&p);
             continue;
@@ -223,8 +225,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         CHECK(took == box[i].want, "m16n256 box: M=%zu N=%zu chose %s", box[i].M, box[i].N, name);
         CHECK_OK(qmm_buffer_poison(p.out));
         CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
-        char what[64];
-        snprintf(what, sizeof what, "m16n256 box M=%zu N=%zu (%s)", box[i].M, box[i].N, name);
+        char what[128];
+        snprintf(what, sizeof what, "m16n256 box M=%zu N=%zu K=%zu (%s)", box[i].M, box[i].N, box[i].K, name);
         product_check(&p, what, 2.0);
         product_free(&p);
     }
@@ -522,7 +524,8 @@ static void test_errors(qmm_context *context, check_rng *rng) {
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 1024, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 2048};
-    static const char *tile_rows[] = {NULL, "cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128"};
+    static const char *tile_rows[] = {NULL, "cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128",
+                                      "cuda.qmm_t.mma_tile.m16n256", "cuda.qmm_t.mma_tile.m32n256"};
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, &p)) {
         CHECK(false, "batch-invariant: product_make failed");
