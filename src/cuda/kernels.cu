@@ -131,7 +131,8 @@ __global__ void __launch_bounds__(256)
 /*
  * The repacked weights (built once at weights-create time by qmm_cuda_repack, docs/kernels.md §9).
  * A row of K codes is cut into 64-byte super-blocks of S = 512/bits codes (4-bit: 128 codes = 4 blocks
- * of 32; 8-bit: 64 codes = 2 blocks). Lane t (0..3) of a 4-lane quad loads the super-block's 16-byte
+ * of 32; 8-bit: 64 codes = 2 blocks), stored in tiles of 16 rows (packed_tiled_quad: each super-block of a
+ * tile's 16 rows is one contiguous 1 KB run). Lane t (0..3) of a 4-lane quad loads the super-block's 16-byte
  * quarter t with one 128-bit load; quarter t holds "its" 8 codes (codes 8t..8t+7) of every block:
  *
  *   4-bit, original words of one super-block:  b0w0 b0w1 b0w2 b0w3 | b1w0 .. b1w3 | b2w0 .. | b3w0 .. b3w3
