@@ -980,12 +980,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         goto done;
     }
     {
-        double load = 0.0;
-        FILE *f = fopen("/proc/loadavg", "r");
-        if (f) {
-            if (fscanf(f, "%lf", &load) != 1) load = 0.0;
-            fclose(f);
-        }
+        const double load = load_average();
         if (load > 0.5 * bench_host_threads())
             snprintf(run->load_warning, sizeof run->load_warning,
                      "# warning: load average %.2f on %d threads when the run started: other processes compete for the "

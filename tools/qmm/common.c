@@ -229,6 +229,16 @@ double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double load_average(void) {
+    double load = 0.0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &load) != 1) load = 0.0;
+        fclose(f);
+    }
+    return load;
+}
+
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype) {
     printf("note               scales/biases converted %s -> %s for --dtype %s (%s)\n", qmm_dtype_name(stored),
            qmm_dtype_name(dtype), qmm_dtype_name(dtype),

@@ -103,6 +103,8 @@ void print_cell(const char *text, int width);
 qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count);
 /* CLOCK_MONOTONIC in seconds. */
 double now_seconds(void);
+/* The 1-minute load average (/proc/loadavg), or 0 where it cannot be read. */
+double load_average(void);
 /* The "note" line of qmm matmul and qmm gather when --dtype converts the layer's scales and biases. */
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype);
 /* qsort order for doubles, ascending (the medians of every timing in the CLI). */
