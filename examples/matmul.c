@@ -35,8 +35,8 @@ int main(int argc, char **argv) {
     static uint32_t packed[N * K * BITS / 32];
     static uint16_t scales[N * K / GROUP], biases[N * K / GROUP];
     srand(1);
-    for (size_t i = 0; i < N * K; i++) w[i] = qmm_f32_to_f16((float)rand() / RAND_MAX * 2.0f - 1.0f);
-    for (size_t i = 0; i < M * K; i++) x[i] = qmm_f32_to_f16((float)rand() / RAND_MAX * 2.0f - 1.0f);
+    for (size_t i = 0; i < N * K; i++) w[i] = qmm_f32_to_f16((float)rand() / (float)RAND_MAX * 2.0f - 1.0f);
+    for (size_t i = 0; i < M * K; i++) x[i] = qmm_f32_to_f16((float)rand() / (float)RAND_MAX * 2.0f - 1.0f);
 
     /* mx.quantize(w, group_size=64, bits=4) */
     if (qmm_quantize(w, QMM_F16, N, K, BITS, GROUP, QMM_CONVENTION_CPU, packed, scales, biases) != QMM_OK)

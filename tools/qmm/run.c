@@ -16,12 +16,10 @@ static int is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* The embedded fixture: the source tree this binary was built from, else the installed share dir
- * (<prefix>/bin/qmm -> <prefix>/share/qmm/). */
+/* The embedded fixture: the installed share dir next to this binary (<prefix>/bin/qmm -> <prefix>/share/qmm/: an
+ * installed qmm uses its own copy), else the source tree it was built from (a build-tree binary). */
 static qmm_status find_fixture(char *out, size_t size) {
     char exe[2048], installed[4096] = "";
-    snprintf(out, size, "%s/data/%s", QMM_SOURCE_DIR, FIXTURE_NAME);
-    if (is_dir(out)) return QMM_OK;
     ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
     char *slash = NULL;
     if (length > 0) {
@@ -36,8 +34,10 @@ static qmm_status find_fixture(char *out, size_t size) {
             return QMM_OK;
         }
     }
+    snprintf(out, size, "%s/data/%s", QMM_SOURCE_DIR, FIXTURE_NAME);
+    if (is_dir(out)) return QMM_OK;
     return qmm_error(QMM_ERR_NOT_FOUND, "the fixture %s is in neither %s nor %s; pass a checkpoint DIR", FIXTURE_NAME,
-                     out, installed[0] ? installed : "the install share dir");
+                     installed[0] ? installed : "the install share dir", out);
 }
 
 int cmd_run(const command *c, int argc, char **argv) {
