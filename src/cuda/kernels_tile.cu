@@ -288,7 +288,6 @@ template <> struct tile_config<3> { /* m32n256: 8 warps of 32 rows × 32 tokens 
     static constexpr int WR = 2, WT = 4, WN = 8, WM = 1, S = 4, MIN_BLOCKS = 1;
 };
 
-
 /* Dynamic shared memory of a tile's block: S stages of the BN rows' weight quarters, the BM tokens' x and the
  * pairs (room for 4 per row and super-block). */
 template <int ID> static constexpr size_t tile_shared(int bits) {
