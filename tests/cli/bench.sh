@@ -12,6 +12,8 @@ check "header names the floor" out_has "# floor = max(bytes ÷ copy, 2·M·n·k 
 check "table header" out_matches '^shape +n×k +M +dtype +floor µs +bound +kernel or peer +µs +GB/s +×floor +note'
 check "one selected row per cell (2 shapes × 2 M × 1 dtype)" [ "$(out_lines_matching '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +[0-9]+ +f32 +[0-9.]+ +(memory|compute) +\* ref\.qmm_t\.scalar\.r1 +[0-9.]+ +[0-9.]+ +[0-9.]+')" = 4 ]
 check "says how long it took" out_matches '^bench took [0-9.]+ s \(4 cells\)'
+check "summary header" out_has "summary by M: the selector's kernel over every shape and dtype"
+check "summary: a line per M with its cells and ×floor range" [ "$(out_lines_matching '^[13] +2 +[0-9.]+–[0-9.]+ ')" = 2 ]
 check "says where the JSON went" out_has "results written to $WORK/bench.json"
 check "progress on stderr" err_matches '^bench \[4/4\] quick\.64x1024 M=3 f32: ref\.qmm_t\.scalar\.r1'
 check "no progress on stdout" bash -c "! grep -q '^bench \[' <<<\"\$1\"" _ "$OUT"

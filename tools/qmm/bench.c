@@ -649,6 +649,80 @@ static void print_table(const bench_run *run) {
     }
 }
 
+/* The selector's row of a cell (the forced kernel's under --kernel), or NULL. */
+static const bench_row *selected_row(const bench_cell *cell) {
+    for (size_t r = 0; r < cell->row_count; r++)
+        if (cell->rows[r].selected && !cell->rows[r].peer && !cell->rows[r].invariant) return &cell->rows[r];
+    return NULL;
+}
+
+/* After the table, one line per M (T with --gather) over every shape and dtype: the cells, the range of the
+ * selector's time ÷ floor, and for each peer the cells where qmm is faster of those where both have a time —
+ * the figures the issues' targets are stated in, so a run can be read against them without a script. */
+static void print_summary(const bench_run *run) {
+    enum { MAX_PEERS = 8 };
+    const char *peers[MAX_PEERS];
+    int widths[MAX_PEERS];
+    size_t peer_count = 0;
+    for (size_t k = 0; k < run->cell_count; k++)
+        for (size_t r = 0; r < run->cells[k].row_count; r++) {
+            const bench_row *row = &run->cells[k].rows[r];
+            if (!row->peer) continue;
+            size_t p = 0;
+            while (p < peer_count && strcmp(peers[p], row->name) != 0) p++;
+            if (p == peer_count && peer_count < MAX_PEERS) peers[peer_count++] = row->name;
+        }
+    printf("summary by %s: the selector's kernel over every shape and dtype — time ÷ floor, and the cells where it is "
+           "faster than each peer, of those where both have a time\n", run->gather ? "T" : "M");
+    print_cell(run->gather ? "T" : "M", 7);
+    print_cell("cells", 7);
+    print_cell("×floor", 14);
+    for (size_t p = 0; p < peer_count; p++) {
+        char header[80];
+        snprintf(header, sizeof header, "vs %s", peers[p]);
+        widths[p] = (int)strlen(header) + 2 > 12 ? (int)strlen(header) + 2 : 12;
+        print_cell(header, widths[p]);
+    }
+    printf("\n");
+    for (size_t i = 0; i < run->m_count; i++) {
+        size_t cells = 0, wins[MAX_PEERS] = {0}, both[MAX_PEERS] = {0};
+        double low = INFINITY, high = -INFINITY;
+        for (size_t k = 0; k < run->cell_count; k++) {
+            const bench_cell *cell = &run->cells[k];
+            if (!cell->shape || cell->M != run->ms[i]) continue;
+            cells++;
+            const bench_row *mine = selected_row(cell);
+            if (!mine || isnan(mine->us)) continue;
+            const double ratio = mine->us / cell->floor_us;
+            low = ratio < low ? ratio : low;
+            high = ratio > high ? ratio : high;
+            for (size_t r = 0; r < cell->row_count; r++) {
+                const bench_row *row = &cell->rows[r];
+                if (!row->peer || isnan(row->us)) continue;
+                for (size_t p = 0; p < peer_count; p++)
+                    if (strcmp(peers[p], row->name) == 0) {
+                        both[p]++;
+                        wins[p] += mine->us < row->us;
+                    }
+            }
+        }
+        char text[48];
+        snprintf(text, sizeof text, "%zu", run->ms[i]);
+        print_cell(text, 7);
+        snprintf(text, sizeof text, "%zu", cells);
+        print_cell(text, 7);
+        if (low <= high) snprintf(text, sizeof text, "%.2f–%.2f", low, high);
+        else snprintf(text, sizeof text, "—");
+        print_cell(text, 14);
+        for (size_t p = 0; p < peer_count; p++) {
+            if (both[p]) snprintf(text, sizeof text, "%zu/%zu", wins[p], both[p]);
+            else snprintf(text, sizeof text, "—");
+            print_cell(text, widths[p]);
+        }
+        printf("\n");
+    }
+}
+
 /* Whether the selector's row is within FASTEST_MARGIN of the fastest kernel row measured in each cell. */
 static void decide_fastest(bench_run *run, size_t *decided, size_t *yes) {
     *decided = *yes = 0;
@@ -1034,6 +1108,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
     double elapsed = now_seconds() - run->started;
     print_header(run);
     print_table(run);
+    print_summary(run);
     if (decided)
         printf("selector picked the fastest kernel (or one within 5%%) in %zu of %zu cells with two or more kernels "
                "measured (%.0f%%)\n", yes, decided, 100.0 * (double)yes / (double)decided);
