@@ -91,6 +91,14 @@ static bench_row *add_row(bench_cell *cell, const char *name, int peer) {
     return row;
 }
 
+/* The selector's row of a cell, or under --kernel the forced kernel's (the one kernel row); NULL when none. */
+static const bench_row *selected_row(const bench_run *run, const bench_cell *cell) {
+    for (size_t r = 0; r < cell->row_count; r++)
+        if (!cell->rows[r].peer && !cell->rows[r].invariant && (run->kernel || cell->rows[r].selected))
+            return &cell->rows[r];
+    return NULL;
+}
+
 /* The row a progress line shows: the selector's measured row, else (--kernel) the first measured one. */
 static const bench_row *progress_row(const bench_cell *cell) {
     const bench_row *shown = NULL;
@@ -135,10 +143,8 @@ static qmm_status bench_invariant_row(bench_run *run, bench_cell *cell, qmm_weig
         return QMM_OK;
     status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 1, &row->us);
     if (status != QMM_OK) return status;
-    double reference = NAN;
-    for (size_t r = 0; r < cell->row_count; r++)
-        if (!cell->rows[r].peer && !cell->rows[r].invariant && (run->kernel || cell->rows[r].selected))
-            reference = cell->rows[r].us;
+    const bench_row *selected = selected_row(run, cell);
+    const double reference = selected ? selected->us : NAN;
     if (isnan(reference))
         snprintf(row->note, sizeof row->note, "batch-invariant mode (order \"%s\")", info.batch_invariant_order);
     else
@@ -649,13 +655,6 @@ static void print_table(const bench_run *run) {
     }
 }
 
-/* The selector's row of a cell (the forced kernel's under --kernel), or NULL. */
-static const bench_row *selected_row(const bench_cell *cell) {
-    for (size_t r = 0; r < cell->row_count; r++)
-        if (cell->rows[r].selected && !cell->rows[r].peer && !cell->rows[r].invariant) return &cell->rows[r];
-    return NULL;
-}
-
 /* After the table, one line per M (T with --gather) over every shape and dtype: the cells, the range of the
  * selector's time ÷ floor, and for each peer the cells where qmm is faster of those where both have a time —
  * the figures the issues' targets are stated in, so a run can be read against them without a script. */
@@ -691,7 +690,7 @@ static void print_summary(const bench_run *run) {
             const bench_cell *cell = &run->cells[k];
             if (!cell->shape || cell->M != run->ms[i]) continue;
             cells++;
-            const bench_row *mine = selected_row(cell);
+            const bench_row *mine = selected_row(run, cell);
             if (!mine || isnan(mine->us)) continue;
             const double ratio = mine->us / cell->floor_us;
             low = ratio < low ? ratio : low;
