@@ -235,12 +235,12 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                 for (int h = 0; h < 2; h++) {
                     const int n = n_base + 16 * r + 8 * h + g;
                     const bool row = n < N;
-                    /* packed_tiled_quad(n, super_blocks, sbk) + t with n's tile row_tile0 + r and row 8h + g in it
-                     * (n_base is a multiple of 16); 32-bit offsets: < ceil(N/16)·16·super_blocks·4 16-byte units
-                     * < 2^31 (supports()) */
+                    /* n is row 8h + g of row tile row_tile0 + r (n_base is a multiple of 16: no division, which
+                     * cost registers); 32-bit offsets: < ceil(N/16)·16·super_blocks·4 16-byte units < 2^31
+                     * (supports()) */
                     const uint4 *src_w =
-                        packed + (row ? ((unsigned)(row_tile0 + r) * (unsigned)super_blocks + (unsigned)sbk) * 64u +
-                                            (unsigned)(8 * h + g) * 4u + (unsigned)t
+                        packed + (row ? packed_tile_quad<unsigned>((unsigned)(row_tile0 + r), (unsigned)(8 * h + g),
+                                                                   (unsigned)super_blocks, (unsigned)sbk) + (unsigned)t
                                       : 0u);
                     const unsigned dst_w = (unsigned)__cvta_generic_to_shared(stage_w + ((stage * RT + r) * 2 + h) * 32 + lane);
                     cp_async_16(dst_w, src_w, row);

@@ -75,8 +75,11 @@ template <typename I> __host__ __device__ constexpr I sb_tiled_run(I tile, I sup
  * [4 quarters of 16 bytes], so that the 16 rows of a tile have each super-block in one contiguous 1 KB run (DRAM
  * pages are then opened for 1 KB, not for one row's 64 bytes). Where row n's super-block sbk starts, in 16-byte
  * units (I: the kernel's offset type; the host repack multiplies by 4 for words). */
+template <typename I> __host__ __device__ constexpr I packed_tile_quad(I tile, I row, I super_blocks, I sbk) {
+    return (tile * super_blocks + sbk) * 64 + row * 4; /* row `row` (0–15) of row tile `tile` */
+}
 template <typename I> __host__ __device__ constexpr I packed_tiled_quad(I n, I super_blocks, I sbk) {
-    return ((n / 16) * super_blocks + sbk) * 64 + (n % 16) * 4;
+    return packed_tile_quad<I>(n / 16, n % 16, super_blocks, sbk);
 }
 
 /* A 16-byte cp.async that keeps the data out of L1 (PTX ISA "cp.async", .cg): src to the shared address dst, or
