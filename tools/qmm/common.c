@@ -239,6 +239,16 @@ double load_average(void) {
     return load;
 }
 
+void warn_if_loaded(const command *c, qmm_context *context) {
+    const int threads = qmm_context_threads(context);
+    const double load = load_average();
+    if (qmm_context_backend(context) == QMM_BACKEND_CUDA || threads <= 1 || load <= 0.5 * threads) return;
+    /* not "qmm CMD: kind: message", the form of an error */
+    fprintf(stderr, "qmm %s: load average %.2f with %d threads — a warning: other processes compete for the cores, "
+            "so times may be far above the idle figures (a descheduled thread holds its team back); --threads 1 "
+            "suffers least\n", c->name, load, threads);
+}
+
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype) {
     printf("note               scales/biases converted %s -> %s for --dtype %s (%s)\n", qmm_dtype_name(stored),
            qmm_dtype_name(dtype), qmm_dtype_name(dtype),

@@ -105,6 +105,10 @@ qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count);
 double now_seconds(void);
 /* The 1-minute load average (/proc/loadavg), or 0 where it cannot be read. */
 double load_average(void);
+/* For the commands that print host-timed CPU products (run, matmul, gather, tune): a warning on stderr when the
+ * load average exceeds half the context's threads (and it has more than one) — a thread of the team descheduled
+ * inside a product holds the others back by a scheduler slice, so times can read milliseconds. No-op on CUDA. */
+void warn_if_loaded(const command *c, qmm_context *context);
 /* The "note" line of qmm matmul and qmm gather when --dtype converts the layer's scales and biases. */
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype);
 /* qsort order for doubles, ascending (the medians of every timing in the CLI). */

@@ -149,6 +149,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
 
     if ((status = open_context_for(backend_choice, QMM_OP_GATHER, &context)) != QMM_OK) goto cleanup;
     if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
+    warn_if_loaded(c, context);
     fprintf(stderr, "qmm gather: %s on backend %s, %zu expert(s), T=%zu, B=%zu\n", layer_name,
             qmm_backend_name(qmm_context_backend(context)), E, T, B);
     if ((status = qmm_weights_create_experts(context, &matrix, E, &weights)) != QMM_OK) goto cleanup;

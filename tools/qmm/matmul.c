@@ -89,6 +89,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
 
     if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
     if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
+    warn_if_loaded(c, context);
     if (tuning) {
         char note[1024];
         if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;

@@ -98,14 +98,7 @@ int cmd_run(const command *c, int argc, char **argv) {
     fprintf(stderr, "qmm run: %s: %zu quantized layers, backend %s, %d thread%s, activations %s\n", dir, count,
             qmm_backend_name(qmm_context_backend(context)), qmm_context_threads(context),
             qmm_context_threads(context) == 1 ? "" : "s", activations ? "activations.safetensors" : "(none)");
-    /* A CPU product on a busy machine: a thread of the team descheduled inside it holds the others until it runs
-     * again (a scheduler slice, milliseconds), so the µs column can be hundreds of times the idle figure. */
-    const double load = load_average();
-    if (qmm_context_backend(context) != QMM_BACKEND_CUDA && qmm_context_threads(context) > 1 &&
-        load > 0.5 * qmm_context_threads(context))
-        fprintf(stderr, "qmm run: warning: load average %.2f with %d threads: other processes compete for the cores, "
-                "so the µs column may be far above the idle figures (a descheduled thread holds its team back); "
-                "--threads 1 suffers least\n", load, qmm_context_threads(context));
+    warn_if_loaded(c, context);
     if (faults) fprintf(stderr, "qmm run: QMM_RUN_INJECT_FAULT=%llu: corrupting one output of the first %llu layer(s)\n",
                         faults, faults);
     static const int widths[] = {22, 18, 17, 26, 12, 13, 10};

@@ -281,6 +281,7 @@ int cmd_tune(const command *c, int argc, char **argv) {
         goto done;
     }
     run->backend = qmm_context_backend(run->context);
+    warn_if_loaded(c, run->context); /* a table measured on a busy machine picks by noise */
     const int cuda = run->backend == QMM_BACKEND_CUDA;
     if (out_text) snprintf(out_path, sizeof out_path, "%s", out_text);
     else snprintf(out_path, sizeof out_path, "qmm-tuning-%s.json", qmm_backend_name(run->backend));
