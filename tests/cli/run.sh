@@ -19,6 +19,15 @@ check "a kernel name on every row" [ "$(out_lines_matching '^blk\.0\.[a-z_]+ +[0
 check "no FAIL" bash -c '! grep -q FAIL <<<"$0"' "$OUT"
 check "progress on stderr" err_has "qmm run:"
 
+# A loaded machine (pretended): the CPU timings get a warning, unless one thread runs (nothing to hold back).
+QMM_TEST_LOAD_AVERAGE=8 q run --backend cpu --threads 2
+check "load 8 on 2 threads: still exit 0" rc_is 0
+check "load 8 on 2 threads: warned" err_has "qmm run: load average 8.00 with 2 threads — a warning"
+QMM_TEST_LOAD_AVERAGE=8 q run --backend cpu --threads 1
+check "load 8 on 1 thread: no warning" bash -c '! grep -q "a warning" <<<"$0"' "$ERR"
+QMM_TEST_LOAD_AVERAGE=0.5 q run --backend cpu --threads 2
+check "load 0.5 on 2 threads: no warning" bash -c '! grep -q "a warning" <<<"$0"' "$ERR"
+
 # An explicit DIR and an explicit backend give the same verdict.
 expect_ok "qmm run DIR --backend ref" run "$FIXTURE" --backend ref
 check "verdict (explicit DIR)" out_has "7 layers, all within bound"

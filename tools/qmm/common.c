@@ -230,6 +230,8 @@ double now_seconds(void) {
 }
 
 double load_average(void) {
+    const char *forced = getenv("QMM_TEST_LOAD_AVERAGE"); /* the tests' hook: a load to pretend */
+    if (forced && *forced) return strtod(forced, NULL);
     double load = 0.0;
     FILE *f = fopen("/proc/loadavg", "r");
     if (f) {

@@ -103,7 +103,8 @@ void print_cell(const char *text, int width);
 qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count);
 /* CLOCK_MONOTONIC in seconds. */
 double now_seconds(void);
-/* The 1-minute load average (/proc/loadavg), or 0 where it cannot be read. */
+/* The 1-minute load average (/proc/loadavg), or 0 where it cannot be read; QMM_TEST_LOAD_AVERAGE=x pretends x
+ * (tests). */
 double load_average(void);
 /* For the commands that print host-timed CPU products (run, matmul, gather, tune): a warning on stderr when the
  * load average exceeds half the context's threads (and it has more than one) — a thread of the team descheduled
