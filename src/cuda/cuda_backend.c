@@ -171,9 +171,11 @@ static qmm_status cuda_synchronize(void *state) {
     return QMM_OK;
 }
 
-/* Whether the mma_gemv family can read a matrix of this format (and so whether to repack it). */
+/* Whether a tensor-core family can read a matrix of this format (and so whether to repack it): f16/bf16 for the
+ * mma_gemv, mma_tile and wgmma_tile rows, f32 for mma_tile_bf16x3. */
 static bool mma_format(const qmm_qmatrix *format) {
-    return (format->bits == 4 || format->bits == 8) && (format->dtype == QMM_F16 || format->dtype == QMM_BF16) &&
+    return (format->bits == 4 || format->bits == 8) &&
+           (format->dtype == QMM_F16 || format->dtype == QMM_BF16 || format->dtype == QMM_F32) &&
            format->cols <= 0x7fffffff && format->rows <= 0x7fffffff;
 }
 
@@ -219,11 +221,13 @@ static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, v
     const size_t N = matrix->rows, K = matrix->cols;
     const size_t words = qmm_cuda_packed_words_per_row(K, matrix->bits);
     /* (N + 15)·words·4 bytes bound both arrays: the packed rows (tiles of 16 rows, the last one zero-filled), and
-     * the pairs (≤ 4 per row and super-block of 16 packed words, for ceil(N/16)·16 rows) */
+     * the pairs (≤ 4 per row and super-block of 16 packed words, ≤ 2 words each, for ceil(N/16)·16 rows) */
     size_t bound;
     if (N > SIZE_MAX - 15 || !qmm_mul_size(N + 15, words, &bound) || !qmm_mul_size(bound, 4, &bound))
         return qmm_error(QMM_ERR_OVERFLOW, "the repacked weights of a %zu×%zu matrix overflow size_t", N, K);
-    const size_t packed_bytes = (N + 15) / 16 * 16 * words * 4, pairs = qmm_cuda_sb_words(N, K, matrix->bits, matrix->group_size);
+    const int scale_bytes = (int)qmm_dtype_size(matrix->dtype);
+    const size_t packed_bytes = (N + 15) / 16 * 16 * words * 4,
+                 pairs = qmm_cuda_sb_words(N, K, matrix->bits, matrix->group_size, scale_bytes);
     qmm_status status = QMM_OK;
     uint32_t *host_packed = malloc(packed_bytes);
     uint32_t *host_sb = malloc(pairs * 4);
@@ -233,7 +237,7 @@ static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, v
         goto cleanup;
     }
     qmm_cuda_repack(matrix->w, N, K, matrix->bits, host_packed);
-    qmm_cuda_repack_sb(matrix->scales, matrix->biases, N, K, matrix->bits, matrix->group_size, host_sb);
+    qmm_cuda_repack_sb(matrix->scales, matrix->biases, N, K, matrix->bits, matrix->group_size, scale_bytes, host_sb);
     if ((status = cuda_alloc(state, packed_bytes, (void **)&created->packed)) != QMM_OK) goto cleanup;
     if ((status = cuda_alloc(state, pairs * 4, &created->sb)) != QMM_OK) goto cleanup;
     if ((status = cuda_upload(state, created->packed, host_packed, packed_bytes)) != QMM_OK) goto cleanup;
@@ -415,20 +419,12 @@ static qmm_status generic_n_run(const qmm_call *call) {
     return launch_status(qmm_cuda_generic_qmm_n(&launch), "cuda.qmm_n.generic.m8n256", __FILE__, __LINE__);
 }
 
-/* mma_gemv rows: row_tiles × 16 weight rows per warp, token_tiles × 8 rows of x. */
-static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size_t size) {
+/* What every tensor-core row needs besides its dtype: 4- or 8-bit codes, the repacked arrays within 32-bit offsets,
+ * mma.sync (sm_80). */
+static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) {
     const cuda_state *s = call->backend_state;
     if (call->bits != 4 && call->bits != 8) {
-        snprintf(why_not, size, "bits=%d: the mma_gemv family decodes 4- and 8-bit codes only", call->bits);
-        return false;
-    }
-    if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
-        snprintf(why_not, size, "dtype %s: the mma_gemv family multiplies f16 or bf16 on the tensor cores (f32 runs on "
-                 "the generic kernel at f32 accuracy)", qmm_dtype_name(call->dtype));
-        return false;
-    }
-    if (call->M > max_m) {
-        snprintf(why_not, size, "M=%zu exceeds this row's %zu rows of x", call->M, max_m);
+        snprintf(why_not, size, "bits=%d: the tensor-core families decode 4- and 8-bit codes only", call->bits);
         return false;
     }
     const size_t quads = qmm_cuda_packed_words_per_row(call->K, call->bits) / 4; /* 16-byte words per row */
@@ -446,6 +442,59 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
         return false;
     }
     return true;
+}
+
+/* mma_tile_n (kernels_n.cu): qmm_n on the tensor cores from the MLX-layout arrays, f16/bf16, 4/8-bit, any M, N, K. */
+static bool tile_n_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
+    const cuda_state *s = call->backend_state;
+    if (call->bits != 4 && call->bits != 8) {
+        snprintf(why_not, size, "bits=%d: the mma_tile_n row decodes 4- and 8-bit codes only", call->bits);
+        return false;
+    }
+    if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
+        snprintf(why_not, size, "dtype %s: the mma_tile_n row multiplies f16 or bf16 (x·s as bf16 parts); f32 qmm_n runs "
+                 "on the generic row", qmm_dtype_name(call->dtype));
+        return false;
+    }
+    int bn, bm, bk;
+    qmm_cuda_mma_tile_n_shape(tile, &bn, &bm, &bk);
+    if (call->M > (size_t)65535 * (size_t)bm || call->M > 0x7fffffffu || call->N > 0x7fffffffu ||
+        call->K > 0x7fffffffu) {
+        snprintf(why_not, size, "M=%zu, N=%zu or K=%zu exceeds the mma_tile_n grid (65535 tiles of %d rows of x; M, N, "
+                 "K < 2^31)", call->M, call->N, call->K, bm);
+        return false;
+    }
+    if (s->major < 8) {
+        snprintf(why_not, size, "mma.sync m16n8k16 needs compute capability 8.0, the device has %d.%d", s->major, s->minor);
+        return false;
+    }
+    return true;
+}
+
+#define TILE_N_ROW(NAME, TILE)                                                                                    \
+    static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
+        return tile_n_supports(call, TILE, why_not, size);                                                        \
+    }                                                                                                             \
+    static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        qmm_cuda_launch launch = launch_of(call);                                                                 \
+        return launch_status(qmm_cuda_mma_tile_qmm_n(&launch, TILE), #NAME, __FILE__, __LINE__);                 \
+    }
+
+TILE_N_ROW(tile_n_m32n64, 0)
+TILE_N_ROW(tile_n_m8n128, 1)
+
+/* mma_gemv rows: row_tiles × 16 weight rows per warp, token_tiles × 8 rows of x (and the f16/bf16 tile rows). */
+static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size_t size) {
+    if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
+        snprintf(why_not, size, "dtype %s: this family multiplies f16 or bf16 on the tensor cores (f32 runs on "
+                 "mma_tile_bf16x3, ffma_gemv or the generic kernel, at f32 accuracy)", qmm_dtype_name(call->dtype));
+        return false;
+    }
+    if (call->M > max_m) {
+        snprintf(why_not, size, "M=%zu exceeds this row's %zu rows of x", call->M, max_m);
+        return false;
+    }
+    return repacked_supports(call, why_not, size);
 }
 
 #define MMA_ROW(NAME, RT, TT)                                                                                     \
@@ -499,10 +548,19 @@ static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_no
 }
 
 /* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). A tile whose block needs
- * more shared memory than the device lets a block have (m32n256 at 4 bits: 112 KB, above sm_86/89's 99 KB) refuses. */
+ * more shared memory than the device lets a block have (m32n256 at 4 bits: 112 KB, above sm_86/89's 99 KB) refuses.
+ * Tile 4 (mma_tile_bf16x3) takes f32 only, the others f16 and bf16. */
 static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
     const cuda_state *s = call->backend_state;
-    if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
+    if (tile == 4) {
+        if (call->dtype != QMM_F32) {
+            snprintf(why_not, size, "dtype %s: the mma_tile_bf16x3 row takes f32 activations (as three bf16 parts); "
+                     "f16 and bf16 go to the other tensor-core rows", qmm_dtype_name(call->dtype));
+            return false;
+        }
+        if (!repacked_supports(call, why_not, size)) return false;
+    } else if (!mma_supports(call, SIZE_MAX, why_not, size))
+        return false;
     int bn, bm, threads, resident;
     size_t shared;
     qmm_cuda_mma_tile_shape(tile, call->bits, &bn, &bm, &threads, &resident, &shared);
@@ -559,6 +617,7 @@ TILE_ROW(tile_m64n64, 0)
 TILE_ROW(tile_m64n128, 1)
 TILE_ROW(tile_m16n256, 2)
 TILE_ROW(tile_m32n256, 3)
+TILE_ROW(tile_bf16x3_m32n128, 4)
 
 /* wgmma_tile rows (kernels_wgmma.cu): sm_90a code, so a compute capability 9.0 device. */
 static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
@@ -589,6 +648,14 @@ WGMMA_ROW(wgmma_m64n128, 64)
  * lane-pairing k order; then acc = fma(s, Σq·x, fma(b, Σx, acc)). One split (no split-K) in this mode; the
  * tile shape, the warp and M do not enter an output's arithmetic. */
 #define TILE_ORDER "tc-segment-fma"
+/* mma_tile_bf16x3 (f32): the same order, each segment's products of the three x parts chained hi, mid, lo per k16
+ * step, then Σq·x and Σx scaled back by 2^-24 (exact) before the same two FMAs. */
+#define TILE_BF16X3_ORDER "tc-bf16x3-segment-fma"
+/* mma_tile_n (qmm_n): per output, k in steps of 16 in order, the x·s parts' MMAs chained into one accumulator and the
+ * bias MMA into another, then their sum scaled by 2^-48 (kernels_n.cu). */
+#define TILE_N_ORDER "tc-n-xs-parts"
+/* The smallest M for which the selector takes mma_tile_bf16x3 over ffma_gemv (f32). */
+#define F32_TILE_MIN_M 4
 #define TILE_INFO(NAME, BM, BN, THREADS, TEXT)                                                                   \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_tile", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = THREADS, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = TILE_ORDER}
@@ -644,8 +711,15 @@ static qmm_status gather_run(const qmm_call *call);
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
  *   mma_tile m64n128 is there for `qmm tune` and forcing.
- *   f32 activations, 4/8-bit: ffma_gemv m8n16 at every M — the tensor cores take f16/bf16 only, and the
- *            generic row's one thread per output reads W uncoalesced (100× the HBM floor at decode).
+ *   f32 activations, 4/8-bit, M ≥ F32_TILE_MIN_M (4): mma_tile_bf16x3 m32n128 — x as three exact bf16 parts on
+ *            the tensor cores (docs/kernels.md §9.7); the ninth session's f32 sweep (seed shapes): at M = 4 faster
+ *            than ffma_gemv on 3 of 5 shapes (27648×5120: 145 vs 172 µs; 5120²: 38.2 vs 35.4), from M = 8 on all
+ *            (2.0–3.9× at M = 16, 10× from M = 64);
+ *   f32 activations, 4/8-bit, smaller M: ffma_gemv m8n16 — CUDA-core FMAs on the MLX layout, where the tile's 32
+ *            tokens would be mostly empty; the generic row's one thread per output reads W uncoalesced (100× the
+ *            HBM floor at decode).
+ *   qmm_n (x·Ŵ), f16/bf16, 4/8-bit: mma_tile_n m8n128 for M ≤ 8, m32n64 beyond (the generic row's one thread
+ *            per output column is ~16 GMAC/s: 2.5 ms for 5120² at M = 1, where m32n64 took 110–120 µs).
  *   Then the generic rows, which take every call.
  * Batch-invariant order (docs/kernels.md "Batch-invariant mode"): the generic rows compute the oracle's f32
  * order bit for bit for each output whatever M (8 rows of x per thread, each its own accumulator), so they
@@ -684,6 +758,12 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n128", 64, 128, 256,
                        "tensor-core tile, 128 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m64n128_supports, .run = tile_m64n128_run, .tune_only = true},
+    {.info = {.name = "cuda.qmm_t.mma_tile_bf16x3.m32n128", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T,
+              .family = "mma_tile_bf16x3", .bm = 32, .bn = 128, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
+              .description = "f32 activations on the tensor cores: x as three bf16 parts (exact), 128 rows x 32 tokens, "
+                             "cp.async pipeline, split-K, 4/8-bit",
+              .batch_invariant_order = TILE_BF16X3_ORDER},
+     .supports = tile_bf16x3_m32n128_supports, .run = tile_bf16x3_m32n128_run, .prefer_min_m = F32_TILE_MIN_M},
     {.info = {.name = "cuda.qmm_t.ffma_gemv.m8n16", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "ffma_gemv",
               .bm = 8, .bn = 16, .bk = 32, .threads = 128, .tolerance_slack = 1.0,
               .description = "f32 activations: CUDA-core GEMV, 4 rows/warp, coalesced MLX-layout reads, f32 FMAs, 4/8-bit"},
@@ -693,6 +773,18 @@ static const qmm_kernel cuda_kernels[] = {
               .description = "every format: a thread per output feature, the oracle's f32 order bit for bit",
               .batch_invariant_order = "oracle"},
      .supports = generic_supports, .run = generic_t_run},
+    {.info = {.name = "cuda.qmm_n.mma_tile_n.m8n128", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_N,
+              .family = "mma_tile_n", .bm = 8, .bn = 128, .bk = 64, .threads = 128, .tolerance_slack = 2.0,
+              .description = "x*W on the tensor cores: x*s as exact bf16 parts, biases as an MMA, MLX layout read "
+                             "as it is, 128 columns x 8 tokens, 4/8-bit f16/bf16",
+              .batch_invariant_order = TILE_N_ORDER},
+     .supports = tile_n_m8n128_supports, .run = tile_n_m8n128_run, .prefer_max_m = 8},
+    {.info = {.name = "cuda.qmm_n.mma_tile_n.m32n64", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_N,
+              .family = "mma_tile_n", .bm = 32, .bn = 64, .bk = 64, .threads = 128, .tolerance_slack = 2.0,
+              .description = "x*W on the tensor cores: x*s as exact bf16 parts, biases as an MMA, MLX layout read "
+                             "as it is, 64 columns x 32 tokens, 4/8-bit f16/bf16",
+              .batch_invariant_order = TILE_N_ORDER},
+     .supports = tile_n_m32n64_supports, .run = tile_n_m32n64_run},
     {.info = {.name = "cuda.qmm_n.generic.m8n256", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_N, .family = "generic",
               .bm = 8, .bn = 256, .bk = 1, .threads = 256, .tolerance_slack = 1.0,
               .description = "every format: a thread per output column, x·(s·q + b) summed over k in f32",
@@ -740,7 +832,8 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
     if (extra && gather->N % 16 == 0) {
         const size_t first_row = (size_t)gather->rhs_indices[i0] * gather->N;
         extra_out->packed = extra->packed + first_row * qmm_cuda_packed_words_per_row(gather->K, gather->bits);
-        extra_out->sb = (uint32_t *)extra->sb + qmm_cuda_sb_words(first_row, gather->K, gather->bits, gather->group_size);
+        extra_out->sb = (uint32_t *)extra->sb + qmm_cuda_sb_words(first_row, gather->K, gather->bits, gather->group_size,
+                                                                  (int)qmm_dtype_size(gather->dtype));
         block.weights_extra = extra_out;
     }
     return block;

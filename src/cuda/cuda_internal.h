@@ -52,7 +52,8 @@ int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
  * weight rows per warp. Needs bits 4 or 8, dtype f16 or bf16, packed and sb, sm_80 or newer. */
 int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
 /* The mma_tile family (kernels_tile.cu): tile 0 = m64n64 (4 warps), 1 = m64n128 (8 warps), 2 = m16n256 (8 warps),
- * 3 = m32n256 (8 warps); any M. Same needs as mma_gemv.
+ * 3 = m32n256 (8 warps), f16/bf16; tile 4 = m32n128 (4 warps), f32 only (bf16x3: docs/kernels.md §9.7); any M.
+ * Otherwise the same needs as mma_gemv (packed and sb of the weights' dtype).
  * qmm_cuda_mma_tile_shape gives the tile's BN (weight rows), BM (tokens), threads per block, the blocks per SM
  * its register cap is set for and its dynamic shared memory per block at `bits` (bytes). */
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
@@ -62,6 +63,13 @@ void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads,
  * wgmma with the decoded weights in registers; any M (≤ 65535 tiles), any N, any K multiple of the group. Same
  * needs as mma_gemv, and a Hopper (compute capability 9.0) device. */
 int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *launch, int tokens);
+
+/* The mma_tile_n rows (kernels_n.cu): x·Ŵ (qmm_n) on the tensor cores, reading w, scales and biases in the MLX layout
+ * ([K, N·bits/32], [K, N/group_size]; no repacked arrays); tile 0 = m32n64, 1 = m8n128. bits 4 or 8, dtype f16 or
+ * bf16, any M ≤ 65535·bm, N a multiple of the group, any K (M, N, K < 2^31).
+ * qmm_cuda_mma_tile_n_shape gives a tile's block: bn columns of out, bm rows of x, bk rows k per pipeline stage. */
+int qmm_cuda_mma_tile_qmm_n(const qmm_cuda_launch *launch, int tile);
+void qmm_cuda_mma_tile_n_shape(int tile, int *bn, int *bm, int *bk);
 
 /* The ffma_gemv family (kernels_ffma.cu): f32 x, scales, biases and out; 4- or 8-bit codes read in the MLX
  * layout (w); any M (chunks of 8 rows of x along grid.y, M ≤ 65535·8), any N, any K multiple of the group. */
@@ -77,12 +85,14 @@ size_t qmm_cuda_packed_words_per_row(size_t K, int bits);
  * (packed_tiled_quad; ceil(N/16)·16·packed_words_per_row words, rows past N and the tail of K zero). */
 void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *out);
 /* The (scale, bias) pairs in the tiled layout the mma families read (docs/kernels.md §9, "sb_tiled"):
- * [ceil(N/16) row tiles][super-blocks][16 rows][G] uint32 pairs (scale in the low half, bias in the high),
- * G = max(1, 512/bits/group_size) pairs per row and super-block, zero past N and past K: a warp's pairs for
- * one super-block and 16 rows are one run of 64·G bytes. scales, biases: [N, K/group_size] of a 2-byte
- * dtype, at any byte offset. qmm_cuda_sb_words gives out's length in uint32. */
-size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size);
-void qmm_cuda_repack_sb(const void *scales, const void *biases, size_t N, size_t K, int bits, int group_size, uint32_t *out);
+ * [ceil(N/16) row tiles][super-blocks][16 rows][G] pairs, G = max(1, 512/bits/group_size) pairs per row and
+ * super-block, zero past N and past K: a warp's pairs for one super-block and 16 rows are one run of 16·G pairs.
+ * scale_bytes 2 (f16/bf16): a pair is one uint32, scale in the low half, bias in the high; scale_bytes 4 (f32):
+ * two uint32, the scale's bits then the bias's. scales, biases: [N, K/group_size] of that dtype, at any byte
+ * offset. qmm_cuda_sb_words gives out's length in uint32. */
+size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size, int scale_bytes);
+void qmm_cuda_repack_sb(const void *scales, const void *biases, size_t N, size_t K, int bits, int group_size,
+                        int scale_bytes, uint32_t *out);
 
 #ifdef __cplusplus
 }

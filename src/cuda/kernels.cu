@@ -538,27 +538,30 @@ extern "C" size_t qmm_cuda_packed_words_per_row(size_t K, int bits) {
     return (K + codes_per_super_block - 1) / codes_per_super_block * 16;
 }
 
-extern "C" size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size) {
+extern "C" size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size, int scale_bytes) {
     const size_t super_blocks = qmm_cuda_packed_words_per_row(K, bits) / 16;
-    return (N + 15) / 16 * super_blocks * 16 * (size_t)sb_pairs_per_super_block(bits, group_size);
+    return (N + 15) / 16 * super_blocks * 16 * (size_t)sb_pairs_per_super_block(bits, group_size) *
+           (size_t)(scale_bytes / 2);
 }
 
 extern "C" void qmm_cuda_repack_sb(const void *scales, const void *biases, size_t N, size_t K, int bits, int group_size,
-                                   uint32_t *out) {
+                                   int scale_bytes, uint32_t *out) {
     const size_t super_blocks = qmm_cuda_packed_words_per_row(K, bits) / 16, groups = K / (size_t)group_size;
     const size_t gsb = (size_t)sb_pairs_per_super_block(bits, group_size), codes = 512 / (size_t)bits;
+    const size_t size = (size_t)scale_bytes, words = size / 2; /* 32-bit words per pair: 1 (16-bit), 2 (f32) */
     const unsigned char *s = (const unsigned char *)scales, *b = (const unsigned char *)biases;
     for (size_t tile = 0; tile < (N + 15) / 16; tile++)
         for (size_t sbk = 0; sbk < super_blocks; sbk++)
             for (size_t row = 0; row < 16; row++)
                 for (size_t i = 0; i < gsb; i++) {
                     const size_t n = 16 * tile + row, group = sbk * codes / (size_t)group_size + i;
-                    uint16_t pair[2] = {0, 0}; /* rows past N and groups past K: zero */
+                    unsigned char pair[8] = {0}; /* rows past N and groups past K: zero */
                     if (n < N && group < groups) { /* the arrays may sit at any byte offset (safetensors views) */
-                        memcpy(&pair[0], s + 2 * (n * groups + group), 2);
-                        memcpy(&pair[1], b + 2 * (n * groups + group), 2);
+                        memcpy(pair, s + size * (n * groups + group), size);
+                        memcpy(pair + size, b + size * (n * groups + group), size);
                     }
-                    memcpy(&out[4 * sb_tiled_run<size_t>(tile, super_blocks, sbk, (int)gsb) + row * gsb + i], pair, 4);
+                    memcpy(&out[4 * sb_tiled_run<size_t>(tile, super_blocks, sbk, (int)(gsb * words)) + (row * gsb + i) * words],
+                           pair, 4 * words);
                 }
 }
 

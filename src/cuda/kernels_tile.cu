@@ -1,6 +1,7 @@
 /*
  * kernels_tile.cu — the mma_tile family: tensor-core tiles for M > 16 (batched decode through prefill),
- * 4- and 8-bit weights with f16/bf16 activations (docs/kernels.md §9.3).
+ * 4- and 8-bit weights with f16/bf16 activations (docs/kernels.md §9.3), and f32 activations as three bf16 parts
+ * (tile 4, the mma_tile_bf16x3 row, §9.7).
  *
  * A block computes BN = 16·WR·WN weight rows × BM = 8·WT·WM tokens. Its WN × WM warps each own a
  * 16·WR × 8·WT sub-tile: weights on the MMA's M side (m16), tokens on its N side (n8), as in mma_gemv,
@@ -60,6 +61,17 @@ __device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsig
     }
 }
 
+/* What the tile multiplies for activations of type T: 16-bit x as it is (one part), f32 x as three bf16 parts
+ * (split_bf16x3, docs/kernels.md §9.7) with the codes decoded to bf16 integers. */
+template <typename T> struct tile_x {
+    typedef T mma;
+    static constexpr int parts = 1;
+};
+template <> struct tile_x<float> {
+    typedef __nv_bfloat16 mma;
+    static constexpr int parts = 3;
+};
+
 template <int BITS, typename T, int GS, int WR, int WT, int WN, int WM, int S, int MIN_BLOCKS>
 __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     mma_tile_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
@@ -70,13 +82,19 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     constexpr int WPB = BITS / 4;          /* words per lane per block */
     constexpr int BPG = GS / 32;           /* blocks per group */
     constexpr int BN = 16 * WR * WN, BM = 8 * WT * WM;
-    constexpr int XCH = BPS * 4; /* 16-byte chunks of x per token and super-block */
+    typedef typename tile_x<T>::mma MT;          /* the MMA's operand type */
+    constexpr int XP = tile_x<T>::parts;         /* x parts per value: 1, or 3 for f32 */
+    constexpr bool F32 = XP == 3;
+    constexpr int XB = (int)sizeof(T) / 2;       /* x and (scale, bias) size in 16-bit units: 1, or 2 for f32 */
+    constexpr int XCH = BPS * 4 * XB;            /* 16-byte chunks of x per token and super-block */
+    constexpr int XSW = F32 ? 1 : 4;             /* the swizzle's chunk bit (see x_dst) */
     constexpr int THREADS = 32 * WN * WM;
     extern __shared__ uint4 smem[];
     uint4 *ws = smem;                                           /* [S][BN][4] weight quarters */
     uint4 *xs = ws + S * BN * 4;                                /* [S][BM][XCH] x, swizzled */
     constexpr int GSB = sb_pairs_per_super_block(BITS, GS);          /* pairs per row and super-block */
-    uint32_t *sbs = reinterpret_cast<uint32_t *>(xs + S * BM * XCH); /* [S][BN][GSB] (scale, bias) pairs */
+    constexpr int GSBW = GSB * XB;                                   /* their 32-bit words (f32: scale, bias) */
+    uint32_t *sbs = reinterpret_cast<uint32_t *>(xs + S * BM * XCH); /* [S][BN][GSBW] (scale, bias) pairs */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wn = warp % WN, wm = warp / WN, g = lane >> 2, t = lane & 3;
@@ -85,7 +103,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     const int sb_begin = blockIdx.z * sb_per_split;
     const int sb_end = min(super_blocks, sb_begin + sb_per_split);
     const int count = max(0, sb_end - sb_begin);
-    const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
+    const uint32_t ones[4] = {mma_traits<MT>::ones, mma_traits<MT>::ones, mma_traits<MT>::ones, mma_traits<MT>::ones};
 
     /* Copies of the block's i-th super-block into stage i % S (always commits a group, maybe empty). Rows
      * past N, tokens past M and blocks past K are zero-filled (src-size 0): no branch depends on data. Each
@@ -94,7 +112,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     /* x: BM·XCH chunks; with fewer chunks than threads (the 16-token tiles at 8 bits) the threads past them copy none */
     constexpr int W_COPIES = BN * 4 / THREADS, X_COPIES = (BM * XCH + THREADS - 1) / THREADS;
     constexpr bool X_ALL = BM * XCH >= THREADS; /* every thread copies x */
-    constexpr int SB_CHUNKS = BN / 16 * 4 * GSB; /* 16-byte chunks of pairs: BN/16 runs of 16·GSB pairs */
+    constexpr int SB_CHUNKS = BN / 16 * 4 * GSBW; /* 16-byte chunks of pairs: BN/16 runs of 16·GSBW words */
     static_assert(BN * 4 % THREADS == 0 && W_COPIES >= 1 && (BM * XCH % THREADS == 0 || THREADS % (BM * XCH) == 0),
                   "every thread copies the same number of weight chunks, and of x chunks or none");
     const int w_row = threadIdx.x >> 2, w_quad = threadIdx.x & 3;          /* + k·THREADS/4 rows */
@@ -103,10 +121,12 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
      * (the tiled layout, packed_tiled_quad); rows past N clamped to a valid address (not read) */
     static_assert(THREADS % 64 == 0, "the copies step whole row tiles");
     const uint4 *w_src = packed + packed_tiled_quad<size_t>((size_t)min(n0 + w_row, N - 1), (size_t)super_blocks, 0) + w_quad;
-    const T *x_src = x + (size_t)min(m0 + x_tok, M - 1) * K + x_chunk * 8;
-    const int sb_tile = n0 / 16 + (int)threadIdx.x / (4 * GSB), row_tiles = (N + 15) / 16; /* + k·THREADS/(4·GSB) */
+    const T *x_src = x + (size_t)min(m0 + x_tok, M - 1) * K + x_chunk * (16 / (int)sizeof(T));
+    const int sb_tile = n0 / 16 + (int)threadIdx.x / (4 * GSBW), row_tiles = (N + 15) / 16; /* + k·THREADS/(4·GSBW) */
     const unsigned w_dst = (unsigned)__cvta_generic_to_shared(ws + w_row * 4 + w_quad);
-    const unsigned x_dst = (unsigned)__cvta_generic_to_shared(xs + x_tok * XCH + (x_chunk ^ ((x_tok & 1) << 2)));
+    /* swizzle: a lane's x of block j is chunk 4j + t (16-bit x) or chunks 2(4j + t) and + 1 (f32); the 8 lanes of a
+     * 128-bit load phase read tokens g and g + 1, whose rows would put those chunks in the same banks */
+    const unsigned x_dst = (unsigned)__cvta_generic_to_shared(xs + x_tok * XCH + (x_chunk ^ ((x_tok & 1) * XSW)));
     const unsigned sb_dst = (unsigned)__cvta_generic_to_shared(sbs + 4 * threadIdx.x);
     auto issue = [&](int i) {
         if (i < count) {
@@ -119,7 +139,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 const unsigned dst = w_dst + (unsigned)((stage * BN + k * (THREADS / 4)) * 4 * 16);
                 cp_async_16(dst, src, ok);
             }
-            const bool x_in_k = sbk * BPS + x_chunk / 4 < blocks;
+            const bool x_in_k = sbk * BPS + x_chunk / (4 * XB) < blocks;
 #pragma unroll
             for (int k = 0; k < X_COPIES && (X_ALL || x_tok < BM); k++) {
                 /* THREADS/XCH is even, so (token & 1) and the swizzle are the same for every k */
@@ -131,12 +151,12 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
 #pragma unroll
             for (int c0 = 0; c0 < SB_CHUNKS; c0 += THREADS) { /* the sb_tiled layout (docs/kernels.md §9) */
                 if (c0 + (int)threadIdx.x < SB_CHUNKS) {
-                    const int tile = sb_tile + c0 / (4 * GSB);
+                    const int tile = sb_tile + c0 / (4 * GSBW);
                     const bool ok = tile < row_tiles;
                     const uint4 *src =
-                        reinterpret_cast<const uint4 *>(sb + (ok ? 4 * sb_tiled_run<size_t>(tile, super_blocks, sbk, GSB) : 0)) +
-                        (ok ? (threadIdx.x % (4 * GSB)) : 0);
-                    const unsigned dst = sb_dst + (unsigned)((stage * BN * GSB + 4 * c0) * 4);
+                        reinterpret_cast<const uint4 *>(sb + (ok ? 4 * sb_tiled_run<size_t>(tile, super_blocks, sbk, GSBW) : 0)) +
+                        (ok ? (threadIdx.x % (4 * GSBW)) : 0);
+                    const unsigned dst = sb_dst + (unsigned)((stage * BN * GSBW + 4 * c0) * 4);
                     cp_async_16(dst, src, ok);
                 }
             }
@@ -175,13 +195,29 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                         for (int r = 0; r < WR; r++) cq[r][tt][e] = 0.0f;
                     }
             }
-            uint32_t b[WT][4];
+            uint32_t b[WT][XP][4]; /* B pairs per token tile and x part */
 #pragma unroll
             for (int tt = 0; tt < WT; tt++) {
                 const int tok = tok_base + 8 * tt + g;
-                x_pairs<BITS>(xs[(stage * BM + tok) * XCH + ((4 * j + t) ^ ((tok & 1) << 2))], b[tt]);
-                mma_16816(cx[tt], ones, b[tt][0], b[tt][1], T());
-                mma_16816(cx[tt], ones, b[tt][2], b[tt][3], T());
+                if constexpr (F32) {
+                    const float4 *row = reinterpret_cast<const float4 *>(xs + (stage * BM + tok) * XCH);
+                    const int c = 2 * (4 * j + t), sw = tok & 1;
+                    const float4 v0 = row[c ^ sw], v1 = row[(c + 1) ^ sw];
+                    const float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+                    uint32_t parts[3][4];
+                    x_pairs_bf16x3<BITS>(f, parts);
+#pragma unroll
+                    for (int p = 0; p < XP; p++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) b[tt][p][e] = parts[p][e];
+                } else {
+                    x_pairs<BITS>(xs[(stage * BM + tok) * XCH + ((4 * j + t) ^ ((tok & 1) << 2))], b[tt][0]);
+                }
+#pragma unroll
+                for (int p = 0; p < XP; p++) {
+                    mma_16816(cx[tt], ones, b[tt][p][0], b[tt][p][1], MT());
+                    mma_16816(cx[tt], ones, b[tt][p][2], b[tt][p][3], MT());
+                }
             }
 #pragma unroll
             for (int r = 0; r < WR; r++) {
@@ -189,27 +225,45 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 const uint32_t *w0 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + g) * 4 + t);
                 const uint32_t *w1 = reinterpret_cast<const uint32_t *>(ws + (stage * BN + row_base + 16 * r + 8 + g) * 4 + t);
                 uint32_t a[2][4];
-                block_a_fragments<BITS, T>(w0 + j * WPB, w1 + j * WPB, a);
+                block_a_fragments<BITS, MT>(w0 + j * WPB, w1 + j * WPB, a);
 #pragma unroll
-                for (int tt = 0; tt < WT; tt++) {
-                    mma_16816(cq[r][tt], a[0], b[tt][0], b[tt][1], T());
-                    mma_16816(cq[r][tt], a[1], b[tt][2], b[tt][3], T());
-                }
+                for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+                    for (int p = 0; p < XP; p++) {
+                        mma_16816(cq[r][tt], a[0], b[tt][p][0], b[tt][p][1], MT());
+                        mma_16816(cq[r][tt], a[1], b[tt][p][2], b[tt][p][3], MT());
+                    }
             }
             if ((j + 1) % BPG == 0 || j == BPS - 1) { /* the segment ends: acc += s·Σq·x + b·Σx */
+                if constexpr (F32) { /* Σx and Σq·x of x·2^24 (split_bf16x3): back by 2^-24, exactly */
+#pragma unroll
+                    for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            if (e < 2) cx[tt][e] *= 0x1p-24f; /* rows g and g + 8 of the all-ones product agree */
+#pragma unroll
+                            for (int r = 0; r < WR; r++) cq[r][tt][e] *= 0x1p-24f;
+                        }
+                }
 #pragma unroll
                 for (int r = 0; r < WR; r++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const float2 s_b =
-                            scale_bias(sbs[(stage * BN + row_base + 16 * r + 8 * h + g) * GSB + j / BPG], T());
-                        const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
+                        const uint32_t *pair = sbs + (stage * BN + row_base + 16 * r + 8 * h + g) * GSBW + XB * (j / BPG);
+                        float s, bias;
+                        if constexpr (F32) {
+                            s = __uint_as_float(pair[0]), bias = __uint_as_float(pair[1]);
+                        } else {
+                            const float2 s_b = scale_bias(pair[0], T());
+                            s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
+                            bias = s_b.y;
+                        }
 #pragma unroll
                         for (int tt = 0; tt < WT; tt++)
 #pragma unroll
                             for (int e = 0; e < 2; e++)
                                 acc[r][tt][2 * h + e] =
-                                    __fmaf_rn(s, cq[r][tt][2 * h + e], __fmaf_rn(s_b.y, cx[tt][e], acc[r][tt][2 * h + e]));
+                                    __fmaf_rn(s, cq[r][tt][2 * h + e], __fmaf_rn(bias, cx[tt][e], acc[r][tt][2 * h + e]));
                     }
             }
         }
@@ -270,12 +324,15 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
 #ifndef QMM_TILE0_MIN_BLOCKS
 #define QMM_TILE0_MIN_BLOCKS 3
 #endif
+/* F32: the tile takes f32 activations (bf16x3, tile_x<float>) and only those; the others f16 and bf16. */
 template <int ID> struct tile_config;
 template <> struct tile_config<0> { /* m64n64: 4 warps of 32 rows × 32 tokens, 3 blocks per SM */
     static constexpr int WR = 2, WT = 4, WN = 2, WM = 2, S = QMM_TILE0_STAGES, MIN_BLOCKS = QMM_TILE0_MIN_BLOCKS;
+    static constexpr bool F32 = false;
 };
 template <> struct tile_config<1> { /* m64n128: 8 warps of 32 rows × 32 tokens (64 rows per warp spill at 4 bits) */
     static constexpr int WR = 2, WT = 4, WN = 4, WM = 2, S = 4, MIN_BLOCKS = 1;
+    static constexpr bool F32 = false;
 };
 /* The small-M tiles (the selector takes m16n256 for M 17–32 with N ≥ 12288; m32n256 is for tuning and forcing):
  * every warp of the block takes all BM tokens and its own 32 rows, so the block's x — read from L2 once per 256
@@ -283,17 +340,29 @@ template <> struct tile_config<1> { /* m64n128: 8 warps of 32 rows × 32 tokens 
  * weights) — is shared through shared memory by 8 warps. */
 template <> struct tile_config<2> { /* m16n256: 8 warps of 32 rows × 16 tokens */
     static constexpr int WR = 2, WT = 2, WN = 8, WM = 1, S = 4, MIN_BLOCKS = 2;
+    static constexpr bool F32 = false;
 };
 template <> struct tile_config<3> { /* m32n256: 8 warps of 32 rows × 32 tokens (one block per SM: two would spill) */
     static constexpr int WR = 2, WT = 4, WN = 8, WM = 1, S = 4, MIN_BLOCKS = 1;
+    static constexpr bool F32 = false;
+};
+/* f32 activations (docs/kernels.md §9.7): m32n128, 4 warps of 64 rows × 16 tokens, 2 blocks per SM. Each x value is
+ * split into three bf16 parts by every warp that reads it, so a warp takes 4 row tiles per token tile (the split and
+ * the Σx products amortised over 64 rows); x takes 4 bytes a value in shared memory, so 32 tokens per stage (16 KB
+ * at 4 bits) and 3 stages keep two blocks on an SM. */
+template <> struct tile_config<4> {
+    static constexpr int WR = 4, WT = 2, WN = 2, WM = 2, S = 3, MIN_BLOCKS = 2;
+    static constexpr bool F32 = true;
 };
 
-/* Dynamic shared memory of a tile's block: S stages of the BN rows' weight quarters, the BM tokens' x and the
- * pairs (room for 4 per row and super-block). */
+/* Dynamic shared memory of a tile's block: S stages of the BN rows' weight quarters, the BM tokens' x (64 bytes per
+ * 32 codes, twice that for f32) and the pairs (room for 4 per row and super-block at 4 bits, 2 at 8; 4 or 8 bytes
+ * each). */
 template <int ID> static constexpr size_t tile_shared(int bits) {
     typedef tile_config<ID> C;
-    return (size_t)C::S * (16 * C::WR * C::WN * 64 + 8 * C::WT * C::WM * (bits == 4 ? 4 : 2) * 64 +
-                           16 * C::WR * C::WN * (bits == 4 ? 4 : 2) * 4);
+    constexpr int XB = C::F32 ? 2 : 1;
+    return (size_t)C::S * (16 * C::WR * C::WN * 64 + 8 * C::WT * C::WM * (bits == 4 ? 4 : 2) * 64 * XB +
+                           16 * C::WR * C::WN * (bits == 4 ? 4 : 2) * 4 * XB);
 }
 
 template <int ID> static void tile_shape(int bits, int *bn, int *bm, int *threads, int *resident, size_t *shared) {
@@ -327,13 +396,20 @@ template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm
     return (int)cudaGetLastError();
 }
 
+/* Only the dtypes a tile takes are instantiated (CI compiles every instantiation on 2 cores). */
 template <int ID> static int dispatch_tile(const qmm_cuda_launch *c) {
-    const bool f16 = c->dtype == 1;
 #define QMM_TILE_GS(BITS, T)                                                                                      \
     (c->group_size == 32 ? launch_tile<BITS, T, 32, ID>(c)                                                        \
                          : c->group_size == 64 ? launch_tile<BITS, T, 64, ID>(c) : launch_tile<BITS, T, 128, ID>(c))
-    if (c->bits == 4) return f16 ? QMM_TILE_GS(4, __half) : QMM_TILE_GS(4, __nv_bfloat16);
-    return f16 ? QMM_TILE_GS(8, __half) : QMM_TILE_GS(8, __nv_bfloat16);
+    if constexpr (tile_config<ID>::F32) {
+        if (c->dtype != 0) return (int)cudaErrorInvalidValue; /* supports() refuses these */
+        return c->bits == 4 ? QMM_TILE_GS(4, float) : QMM_TILE_GS(8, float);
+    } else {
+        if (c->dtype == 0) return (int)cudaErrorInvalidValue;
+        const bool f16 = c->dtype == 1;
+        if (c->bits == 4) return f16 ? QMM_TILE_GS(4, __half) : QMM_TILE_GS(4, __nv_bfloat16);
+        return f16 ? QMM_TILE_GS(8, __half) : QMM_TILE_GS(8, __nv_bfloat16);
+    }
 #undef QMM_TILE_GS
 }
 
@@ -342,7 +418,8 @@ extern "C" int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *c, int tile) {
     case 0: return dispatch_tile<0>(c);
     case 1: return dispatch_tile<1>(c);
     case 2: return dispatch_tile<2>(c);
-    default: return dispatch_tile<3>(c);
+    case 3: return dispatch_tile<3>(c);
+    default: return dispatch_tile<4>(c);
     }
 }
 
@@ -352,6 +429,7 @@ extern "C" void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, in
     case 0: tile_shape<0>(bits, bn, bm, threads, resident, shared); break;
     case 1: tile_shape<1>(bits, bn, bm, threads, resident, shared); break;
     case 2: tile_shape<2>(bits, bn, bm, threads, resident, shared); break;
-    default: tile_shape<3>(bits, bn, bm, threads, resident, shared); break;
+    case 3: tile_shape<3>(bits, bn, bm, threads, resident, shared); break;
+    default: tile_shape<4>(bits, bn, bm, threads, resident, shared); break;
     }
 }

@@ -254,6 +254,43 @@ template <int BITS> __device__ __forceinline__ void x_pairs(uint4 v, uint32_t b[
     }
 }
 
+/* f32 activations on the bf16 tensor cores (the mma_tile_bf16x3 row, docs/kernels.md §9.7): two f32 values a, b
+ * (the low and high halves of a B-operand pair) scaled by 2^24 and cut into three bf16x2 pairs with
+ * hi + mid + lo = v·2^24 exactly. Why exact: hi = rn(v') takes the top 8 significant bits, v' − hi is exact in f32
+ * and has at most 16 significant bits, mid takes the next 8 and the rest (≤ 8 bits) is lo exactly. Why 2^24: every
+ * part is then a normal bf16 (a nonzero f32 has no bit below 2^-149, so v·2^24 has none below 2^-125), and every
+ * product with a code (≤ 255) a normal f32 — no subnormal reaches the tensor core, whatever it does with them.
+ * Large |v| (from about 2^96, where a part times a code or a sum of them leaves f32's range; v·2^24 itself overflows
+ * from 2^104) gives inf or NaN, never a wrong finite value: the output is then non-finite and the kernel's
+ * non-finite rule recomputes it in f64 from the original arrays. A code·part product is exact in f32 (8 × 8 bits), so the
+ * tensor core sums exact products of the integer codes and v·2^24, which the kernel scales back by 2^-24. */
+/* Two f32 values a, b as P bf16x2 pairs, parts[0] = rn(·) and each next part the rounding of what the previous ones
+ * left: the sum of the parts is a (low halves) and b (high halves) exactly when a and b have at most 8·P significant
+ * bits and every part is a normal bf16 (the callers scale first so that they are). */
+template <int P> __device__ __forceinline__ void split_bf16_parts(float a, float b, uint32_t (&parts)[P]) {
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        parts[p] = *reinterpret_cast<uint32_t *>(&h);
+        if (p + 1 < P) a -= __low2float(h), b -= __high2float(h); /* exact: the bits rn(·) did not keep */
+    }
+}
+__device__ __forceinline__ void split_bf16x3(float a, float b, uint32_t &hi, uint32_t &mid, uint32_t &lo) {
+    uint32_t parts[3];
+    split_bf16_parts<3>(a * 16777216.0f, b * 16777216.0f, parts); /* 2^24: exact below overflow */
+    hi = parts[0], mid = parts[1], lo = parts[2];
+}
+/* The lane's 8 f32 x values f[0..7] (codes 8t..8t+7 of a block) as three sets of B-operand pairs matching decode<>'s
+ * pairing (x_pairs' for 16-bit x): parts[p][0..3] for p = hi, mid, lo. */
+template <int BITS> __device__ __forceinline__ void x_pairs_bf16x3(const float (&f)[8], uint32_t (&parts)[3][4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        /* 4-bit: (f0,f4) (f1,f5) (f2,f6) (f3,f7); 8-bit: (f0,f2) (f1,f3) (f4,f6) (f5,f7) */
+        const int lo_index = BITS == 4 ? i : (i & 1) + 4 * (i >> 1), hi_index = BITS == 4 ? i + 4 : lo_index + 2;
+        split_bf16x3(f[lo_index], f[hi_index], parts[0][i], parts[1][i], parts[2][i]);
+    }
+}
+
 /* A (scale, bias) pair of the scale dtype, widened exactly to f32. */
 __device__ __forceinline__ float2 scale_bias(uint32_t pair, __half) {
     return __half22float2(*reinterpret_cast<const __half2 *>(&pair));

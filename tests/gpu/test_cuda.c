@@ -144,7 +144,7 @@ static void test_chain(qmm_context *context, check_rng *rng) {
 
 /* The selector's choice for each M, and every eligible row agreeing with the oracle at the switch points. */
 static void test_selector_and_switch_points(qmm_context *context, check_rng *rng) {
-    const size_t ms[] = {1, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200};
+    const size_t ms[] = {1, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200};
     const qmm_dtype dtypes[] = {QMM_F16, QMM_BF16, QMM_F32};
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
@@ -156,8 +156,11 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
             }
             qmm_kernel_info chosen = {0};
             CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
-            /* f16/bf16: the GEMV family up to M = 16, a tensor-core row (GEMV or tile) beyond; f32: ffma_gemv */
-            const char *family = dtypes[d] == QMM_F32 ? "ffma_gemv" : ms[i] <= 16 ? "mma_gemv" : "mma_";
+            /* f16/bf16: the GEMV family up to M = 16, a tensor-core row (GEMV or tile) beyond; f32: ffma_gemv up to
+             * M = 3, mma_tile_bf16x3 from M = 4 (F32_TILE_MIN_M in cuda_backend.c) */
+            const char *family = dtypes[d] == QMM_F32 ? (ms[i] < 4 ? "ffma_gemv" : "mma_tile_bf16x3")
+                                 : ms[i] <= 16       ? "mma_gemv"
+                                                     : "mma_";
             CHECK(chosen.name && strstr(chosen.name, family) != NULL, "M=%zu %s: the selector chose %s, not a %s row",
                   ms[i], qmm_dtype_name(dtypes[d]), chosen.name ? chosen.name : "?", family);
             char what[64];
@@ -243,10 +246,12 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
         qmm_dtype dtype;
     } cases[] = {
         {70, 200, 4096, 4, 64, QMM_F16}, {33, 1000, 2048, 8, 128, QMM_BF16}, {130, 77, 8192, 4, 32, QMM_BF16},
-        {1, 129, 4096, 8, 32, QMM_F16},
+        {1, 129, 4096, 8, 32, QMM_F16},   {70, 200, 4096, 4, 64, QMM_F32},  {33, 1000, 2048, 8, 128, QMM_F32},
+        {130, 77, 8192, 4, 32, QMM_F32},  {1, 129, 4096, 8, 32, QMM_F32},
     };
+    /* the f16/bf16 tiles, and the f32 tile (mma_tile_bf16x3) for the f32 cases */
     static const char *rows[] = {"cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128", "cuda.qmm_t.mma_tile.m16n256",
-                                 "cuda.qmm_t.mma_tile.m32n256"};
+                                 "cuda.qmm_t.mma_tile.m32n256", "cuda.qmm_t.mma_tile_bf16x3.m32n128"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
@@ -258,6 +263,7 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
         for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            if ((cases[c].dtype == QMM_F32) != (strstr(rows[r], "bf16x3") != NULL)) continue;
             qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
             char label[200];
             for (int run = 0; run < 3; run++) {
@@ -423,7 +429,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
         const size_t B = T * A, size = qmm_dtype_size(cases[c].dtype);
-        check_qmatrix q;
+        check_qmatrix q = {0};
         if (!check_qmatrix_random(rng, E * N, K, cases[c].bits, cases[c].group_size, cases[c].dtype, &q)) {
             CHECK(false, "gather: out of memory");
             continue;
@@ -521,6 +527,78 @@ static void test_errors(qmm_context *context, check_rng *rng) {
 /* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the mma_tile
  * rows (order "tc-segment-fma", one split); the mma_gemv rows declare no order. A row alone and inside
  * M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
+/* x·Ŵ (qmm_n) on the tensor cores: the selector takes mma_tile_n (m8n128 up to M = 8, m32n64 beyond) for f16/bf16
+ * 4/8-bit, against the oracle with outputs poisoned (K = 7 and 333: x rows not 16-byte aligned, element-wise
+ * copies; K past a stage of 64; N over several blocks and a partial one), and in batch-invariant mode a row alone
+ * (m8n128) and inside M = 33–130 (m32n64) give the same bits. */
+static void test_qmm_n(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, K, N;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {
+        {1, 4096, 4096, 4, 64, QMM_F16}, {37, 333, 1024, 4, 32, QMM_BF16}, {130, 1000, 576, 8, 32, QMM_BF16},
+        {5, 7, 128, 8, 128, QMM_F16},    {64, 256, 4160, 4, 64, QMM_BF16}, {33, 2048, 768, 8, 64, QMM_F16},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const size_t M = cases[c].M, K = cases[c].K, N = cases[c].N, size = qmm_dtype_size(cases[c].dtype);
+        check_qmatrix q = {0};
+        qmm_weights *weights = NULL;
+        qmm_buffer *xb = NULL, *ob = NULL, *x1 = NULL, *o1 = NULL;
+        void *x = malloc(M * K * size), *out = malloc(M * N * size), *alone = malloc(N * size);
+        double *exact = malloc(M * N * sizeof *exact), *abs_dot = malloc(M * N * sizeof *abs_dot);
+        if (!check_qmatrix_random(rng, K, N, cases[c].bits, cases[c].group_size, cases[c].dtype, &q) || !x || !out ||
+            !alone || !exact || !abs_dot) {
+            CHECK(false, "qmm_n: set-up failed");
+            goto next;
+        }
+        check_fill_uniform(rng, x, cases[c].dtype, M * K, -1.0f, 1.0f);
+        CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, 0, exact, abs_dot));
+        CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+        CHECK_OK(qmm_buffer_create(context, cases[c].dtype, M * K, &xb));
+        CHECK_OK(qmm_buffer_create(context, cases[c].dtype, M * N, &ob));
+        CHECK_OK(qmm_buffer_create(context, cases[c].dtype, K, &x1));
+        CHECK_OK(qmm_buffer_create(context, cases[c].dtype, N, &o1));
+        if (!weights || !xb || !ob || !x1 || !o1) goto next;
+        CHECK_OK(qmm_buffer_write(xb, x, M * K));
+        for (int invariant = 0; invariant < 2; invariant++) {
+            qmm_matmul_options options = {.op = QMM_OP_QMM_N, .batch_invariant = invariant};
+            qmm_kernel_info info = {0};
+            char label[200];
+            snprintf(label, sizeof label, "qmm_n M=%zu K=%zu N=%zu %d-bit gs%d %s%s", M, K, N, cases[c].bits,
+                     cases[c].group_size, qmm_dtype_name(cases[c].dtype), invariant ? " batch-invariant" : "");
+            CHECK_OK(qmm_buffer_poison(ob));
+            CHECK_OK(qmm_matmul(context, weights, xb, M, ob, &options, &info));
+            const char *want = M <= 8 ? "cuda.qmm_n.mma_tile_n.m8n128" : "cuda.qmm_n.mma_tile_n.m32n64";
+            CHECK(info.name && strcmp(info.name, want) == 0, "%s ran %s, not %s", label, info.name ? info.name : "?",
+                  want);
+            CHECK_OK(qmm_buffer_read(ob, out, M * N));
+            double worst = 0;
+            size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, M * N, K, 2.0, &worst);
+            CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
+            if (!invariant) continue;
+            /* the last row and row 0 alone, the same bits as inside M */
+            const size_t rows[] = {0, M - 1};
+            for (size_t r = 0; r < 2; r++) {
+                CHECK_OK(qmm_buffer_write(x1, (const char *)x + rows[r] * K * size, K));
+                CHECK_OK(qmm_buffer_poison(o1));
+                CHECK_OK(qmm_matmul(context, weights, x1, 1, o1, &options, NULL));
+                CHECK_OK(qmm_buffer_read(o1, alone, N));
+                CHECK(memcmp(alone, (const char *)out + rows[r] * N * size, N * size) == 0,
+                      "%s: row %zu alone differs from the row inside M=%zu", label, rows[r], M);
+            }
+        }
+    next:
+        qmm_weights_destroy(weights);
+        qmm_buffer_destroy(xb);
+        qmm_buffer_destroy(ob);
+        qmm_buffer_destroy(x1);
+        qmm_buffer_destroy(o1);
+        check_qmatrix_free(&q);
+        free(x), free(out), free(alone), free(exact), free(abs_dot);
+    }
+}
+
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 1024, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 2048};
@@ -574,12 +652,51 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         CHECK(strstr(qmm_last_error(), "kernel cuda.qmm_t.mma_gemv.m8n16 does not declare a batch-invariant order") != NULL,
               "forced mma row in batch-invariant mode: %s", qmm_last_error());
     }
-    /* f32 takes the generic rows ("oracle"): the ref backend's oracle rows give the same bits. */
+    /* f32 takes mma_tile_bf16x3 ("tc-bf16x3-segment-fma") at every M, M = 1 included (ffma_gemv declares no order):
+     * sampled rows alone, then inside M = 2, 37 and 512, identical bits, and M = 512 against the oracle. */
     product_free(&p);
-    if (!product_make(context, rng, 37, N, K, 4, 64, QMM_F32, &p)) {
+    if (!product_make(context, rng, 512, N, K, 4, 64, QMM_F32, &p)) {
         CHECK(false, "batch-invariant: product_make (f32) failed");
         goto cleanup;
     }
+    {
+        static const size_t rows32[] = {0, 1, 7, 31, 32, 36, 255, 511}, ms32[] = {2, 37, 512};
+        float *alone32 = malloc(512 * (size_t)N * sizeof *alone32), *got32 = malloc(512 * (size_t)N * sizeof *got32);
+        qmm_buffer *x32 = NULL, *out32 = NULL;
+        CHECK_OK(qmm_buffer_create(context, QMM_F32, K, &x32));
+        CHECK_OK(qmm_buffer_create(context, QMM_F32, N, &out32));
+        for (size_t r = 0; alone32 && got32 && x32 && out32 && r < sizeof rows32 / sizeof rows32[0]; r++) {
+            CHECK_OK(qmm_buffer_write(x32, (const float *)p.host_x + rows32[r] * K, K));
+            CHECK_OK(qmm_buffer_poison(out32));
+            CHECK_OK(qmm_matmul(context, p.weights, x32, 1, out32, &options, &info));
+            CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, "tc-bf16x3-segment-fma") == 0,
+                  "batch-invariant f32 M=1 ran %s", info.name);
+            CHECK_OK(qmm_buffer_read(out32, alone32 + rows32[r] * N, N));
+        }
+        for (size_t i = 0; alone32 && got32 && x32 && out32 && i < sizeof ms32 / sizeof ms32[0]; i++) {
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, ms32[i], p.out, &options, &info));
+            CHECK_OK(qmm_buffer_read(p.out, got32, ms32[i] * N));
+            for (size_t r = 0; r < sizeof rows32 / sizeof rows32[0]; r++)
+                if (rows32[r] < ms32[i])
+                    CHECK(memcmp(got32 + rows32[r] * N, alone32 + rows32[r] * N, N * sizeof *got32) == 0,
+                          "batch-invariant f32: row %zu inside M=%zu (%s) differs from the row alone", rows32[r], ms32[i],
+                          info.name);
+        }
+        product_check(&p, "batch-invariant f32 M=512 against the oracle", 2.0);
+        /* ffma_gemv declares no order; the generic row's "oracle" is not the order of f32 calls any more */
+        qmm_matmul_options forced = options;
+        forced.kernel = "cuda.qmm_t.ffma_gemv.m8n16";
+        CHECK_STATUS(qmm_matmul(context, p.weights, p.x, 1, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
+        forced.kernel = "cuda.qmm_t.generic.m8n256";
+        CHECK_STATUS(qmm_matmul(context, p.weights, p.x, 1, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
+        free(alone32);
+        free(got32);
+        qmm_buffer_destroy(x32);
+        qmm_buffer_destroy(out32);
+    }
+    /* Outside batch-invariant mode the generic row still computes the oracle's f32 order: the ref backend's rows
+     * give the same bits. */
     {
         qmm_context *ref = NULL;
         qmm_weights *ref_weights = NULL;
@@ -588,6 +705,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         float *ref_bits = malloc(M * N * sizeof(float)), *cuda_bits = malloc(M * N * sizeof(float));
         CHECK_OK(qmm_context_create(QMM_BACKEND_REF, 0, &ref));
         if (ref && ref_bits && cuda_bits) {
+            qmm_matmul_options generic = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.generic.m8n256"};
             CHECK_OK(qmm_weights_create(ref, &p.q.m, &ref_weights));
             CHECK_OK(qmm_buffer_create(ref, QMM_F32, M * K, &ref_x));
             CHECK_OK(qmm_buffer_create(ref, QMM_F32, M * N, &ref_out));
@@ -595,12 +713,10 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
             CHECK_OK(qmm_matmul(ref, ref_weights, ref_x, M, ref_out, &options, NULL));
             CHECK_OK(qmm_buffer_read(ref_out, ref_bits, M * N));
             CHECK_OK(qmm_buffer_poison(p.out));
-            CHECK_OK(qmm_matmul(context, p.weights, p.x, M, p.out, &options, &info));
-            CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, "oracle") == 0,
-                  "batch-invariant f32 ran %s", info.name);
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, M, p.out, &generic, &info));
             CHECK_OK(qmm_buffer_read(p.out, cuda_bits, M * N));
             CHECK(memcmp(ref_bits, cuda_bits, M * N * sizeof(float)) == 0,
-                  "batch-invariant: cuda and ref (both \"oracle\") differ");
+                  "cuda's generic row and ref's batch-invariant (\"oracle\") rows differ");
         }
         free(ref_bits);
         free(cuda_bits);
@@ -634,6 +750,7 @@ int main(void) {
     test_large_f16_x(context, &rng);
     test_errors(context, &rng);
     test_batch_invariant(context, &rng);
+    test_qmm_n(context, &rng);
     qmm_context_destroy(context);
     return check_finish("test_cuda");
 }

@@ -70,48 +70,57 @@ static void test_weights(check_rng *rng) {
             }
 }
 
-/* The pairs: [ceil(N/16) row tiles][super-blocks][16 rows][G] uint32, scale in the low half, bias in the high,
- * G = max(1, 512/bits/group_size), the group of pair i in super-block s being s·(512/bits)/group_size + i. */
+/* The pairs: [ceil(N/16) row tiles][super-blocks][16 rows][G] pairs, G = max(1, 512/bits/group_size), the group of
+ * pair i in super-block s being s·(512/bits)/group_size + i. 16-bit scales (f16/bf16): a pair is one uint32, scale
+ * in the low half, bias in the high; f32: two uint32, scale then bias. */
 static void test_pairs(check_rng *rng) {
-    static const int bits_list[] = {4, 8}, group_sizes[] = {32, 64, 128};
+    static const int bits_list[] = {4, 8}, group_sizes[] = {32, 64, 128}, scale_sizes[] = {2, 4};
     static const size_t N = 37, K = 1152;
     for (size_t b = 0; b < 2; b++)
-        for (size_t g = 0; g < 3; g++) {
-            const int bits = bits_list[b], group_size = group_sizes[g];
-            const size_t groups = K / (size_t)group_size, codes = 512 / (size_t)bits;
-            const size_t super_blocks = qmm_cuda_packed_words_per_row(K, bits) / 16;
-            const size_t pairs_per = codes / (size_t)group_size > 1 ? codes / (size_t)group_size : 1;
-            const size_t words = qmm_cuda_sb_words(N, K, bits, group_size);
-            uint16_t *scales = malloc(N * groups * 2), *biases = malloc(N * groups * 2);
-            uint32_t *out = malloc((words + GUARD_WORDS) * sizeof *out);
-            if (!scales || !biases || !out) {
-                CHECK(false, "out of memory");
+        for (size_t g = 0; g < 3; g++)
+            for (size_t z = 0; z < 2; z++) {
+                const int bits = bits_list[b], group_size = group_sizes[g], size = scale_sizes[z];
+                const size_t groups = K / (size_t)group_size, codes = 512 / (size_t)bits, per = (size_t)size / 2;
+                const size_t super_blocks = qmm_cuda_packed_words_per_row(K, bits) / 16;
+                const size_t pairs_per = codes / (size_t)group_size > 1 ? codes / (size_t)group_size : 1;
+                const size_t words = qmm_cuda_sb_words(N, K, bits, group_size, size);
+                /* scales and biases as raw words of the dtype's size (any bits: the repack copies them) */
+                uint32_t *scales = malloc(N * groups * 4), *biases = malloc(N * groups * 4);
+                uint32_t *out = malloc((words + GUARD_WORDS) * sizeof *out);
+                if (!scales || !biases || !out) {
+                    CHECK(false, "out of memory");
+                    free(scales), free(biases), free(out);
+                    return;
+                }
+                for (size_t i = 0; i < N * groups; i++) {
+                    scales[i] = (uint32_t)check_rng_next(rng) | 1u;
+                    biases[i] = (uint32_t)check_rng_next(rng) | 1u;
+                }
+                /* the dtype's view: uint16 or uint32 elements */
+                uint16_t *scales16 = (uint16_t *)scales, *biases16 = (uint16_t *)biases;
+                for (size_t i = 0; i < words + GUARD_WORDS; i++) out[i] = POISON;
+                qmm_cuda_repack_sb(scales, biases, N, K, bits, group_size, size, out);
+                size_t wrong = 0, guard = 0;
+                CHECK(words == (N + 15) / 16 * super_blocks * 16 * pairs_per * per, "pairs %d-bit gs%d %d-byte: %zu words",
+                      bits, group_size, size, words);
+                for (size_t n = 0; n < (N + 15) / 16 * 16; n++)
+                    for (size_t s = 0; s < super_blocks; s++)
+                        for (size_t i = 0; i < pairs_per; i++) {
+                            const size_t group = s * codes / (size_t)group_size + i, at = n * groups + group;
+                            const bool in = n < N && group < groups;
+                            const size_t first = ((((n / 16) * super_blocks + s) * 16 + n % 16) * pairs_per + i) * per;
+                            if (size == 2)
+                                wrong += out[first] != (in ? (uint32_t)scales16[at] | (uint32_t)biases16[at] << 16 : 0u);
+                            else
+                                wrong += out[first] != (in ? scales[at] : 0u) || out[first + 1] != (in ? biases[at] : 0u);
+                        }
+                for (size_t i = words; i < words + GUARD_WORDS; i++) guard += out[i] != POISON;
+                CHECK(wrong == 0, "pairs %d-bit gs%d %d-byte N=%zu K=%zu: %zu pairs misplaced", bits, group_size, size, N,
+                      K, wrong);
+                CHECK(guard == 0, "pairs %d-bit gs%d %d-byte: %zu words written past the array", bits, group_size, size,
+                      guard);
                 free(scales), free(biases), free(out);
-                return;
             }
-            for (size_t i = 0; i < N * groups; i++) {
-                scales[i] = (uint16_t)(check_rng_next(rng) | 1u);
-                biases[i] = (uint16_t)(check_rng_next(rng) | 1u);
-            }
-            for (size_t i = 0; i < words + GUARD_WORDS; i++) out[i] = POISON;
-            qmm_cuda_repack_sb(scales, biases, N, K, bits, group_size, out);
-            size_t wrong = 0, guard = 0;
-            CHECK(words == (N + 15) / 16 * super_blocks * 16 * pairs_per, "pairs %d-bit gs%d: %zu words", bits, group_size,
-                  words);
-            for (size_t n = 0; n < (N + 15) / 16 * 16; n++)
-                for (size_t s = 0; s < super_blocks; s++)
-                    for (size_t i = 0; i < pairs_per; i++) {
-                        const size_t group = s * codes / (size_t)group_size + i;
-                        const uint32_t want = n < N && group < groups ? (uint32_t)scales[n * groups + group] |
-                                                                            (uint32_t)biases[n * groups + group] << 16
-                                                                      : 0u;
-                        wrong += out[(((n / 16) * super_blocks + s) * 16 + n % 16) * pairs_per + i] != want;
-                    }
-            for (size_t i = words; i < words + GUARD_WORDS; i++) guard += out[i] != POISON;
-            CHECK(wrong == 0, "pairs %d-bit gs%d N=%zu K=%zu: %zu pairs misplaced", bits, group_size, N, K, wrong);
-            CHECK(guard == 0, "pairs %d-bit gs%d: %zu words written past the array", bits, group_size, guard);
-            free(scales), free(biases), free(out);
-        }
 }
 
 int main(void) {
