@@ -471,12 +471,36 @@ static bool tile_n_supports(const qmm_call *call, int tile, char *why_not, size_
     return true;
 }
 
+/* Splits of K for an mma_tile_n launch (the workspace of the mma_tile family): enough blocks for 4 per SM (its
+ * register and shared-memory budget) when the tiles alone are too few, each split keeping ≥ 4 stages of 64 rows k,
+ * at most 16, within the workspace; 1 in batch-invariant mode, or before any repacked weights made the workspace. */
+static int tile_n_splits(const qmm_call *call, int tile) {
+    const cuda_state *s = call->backend_state;
+    int bn, bm, bk;
+    qmm_cuda_mma_tile_n_shape(tile, &bn, &bm, &bk);
+    const size_t tiles = ((call->N + (size_t)bn - 1) / (size_t)bn) * ((call->M + (size_t)bm - 1) / (size_t)bm);
+    const size_t stages = (call->K + (size_t)bk - 1) / (size_t)bk, target = (size_t)s->multiprocessors * 4;
+    size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
+    const char *forced = getenv("QMM_CUDA_SPLITS");
+    if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
+    if (splits > stages / 4) splits = stages / 4;
+    if (splits > 16) splits = 16;
+    if (tiles > QMM_TILE_COUNTERS) splits = 1;
+    while (splits > 1 && tiles * splits * (size_t)bm * (size_t)bn > QMM_TILE_PARTIAL_FLOATS) splits--;
+    if (call->batch_invariant || splits <= 1 || !s->tile_partials) return 1;
+    return (int)splits;
+}
+
 #define TILE_N_ROW(NAME, TILE)                                                                                    \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
         return tile_n_supports(call, TILE, why_not, size);                                                        \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        const cuda_state *s = call->backend_state;                                                                \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
+        launch.splits = tile_n_splits(call, TILE);                                                                \
+        launch.partials = s->tile_partials;                                                                       \
+        launch.counters = s->tile_counters;                                                                       \
         return launch_status(qmm_cuda_mma_tile_qmm_n(&launch, TILE), #NAME, __FILE__, __LINE__);                 \
     }
 
@@ -718,8 +742,10 @@ static qmm_status gather_run(const qmm_call *call);
  *   f32 activations, 4/8-bit, smaller M: ffma_gemv m8n16 — CUDA-core FMAs on the MLX layout, where the tile's 32
  *            tokens would be mostly empty; the generic row's one thread per output reads W uncoalesced (100× the
  *            HBM floor at decode).
- *   qmm_n (x·Ŵ), f16/bf16, 4/8-bit: mma_tile_n m8n128 for M ≤ 8, m32n64 beyond (the generic row's one thread
- *            per output column is ~16 GMAC/s: 2.5 ms for 5120² at M = 1, where m32n64 took 110–120 µs).
+ *   qmm_n (x·Ŵ), f16/bf16, 4/8-bit: mma_tile_n m8n128 for M ≤ 16, m32n64 beyond — with split-K, on the H200
+ *            (ninth session, seed shapes, 4-bit g64): m8n128 1.2–3.1× faster than m32n64 at M = 1 (27648×5120:
+ *            66–73 vs 170–199 µs), 1.1–1.3× at M = 16 (in two token tiles); the generic row's one thread per output
+ *            column is ~16 GMAC/s (5120² M = 1: 2.5 ms, m8n128 18–20 µs).
  *   Then the generic rows, which take every call.
  * Batch-invariant order (docs/kernels.md "Batch-invariant mode"): the generic rows compute the oracle's f32
  * order bit for bit for each output whatever M (8 rows of x per thread, each its own accumulator), so they
@@ -778,7 +804,7 @@ static const qmm_kernel cuda_kernels[] = {
               .description = "x*W on the tensor cores: x*s as exact bf16 parts, biases as an MMA, MLX layout read "
                              "as it is, 128 columns x 8 tokens, 4/8-bit f16/bf16",
               .batch_invariant_order = TILE_N_ORDER},
-     .supports = tile_n_m8n128_supports, .run = tile_n_m8n128_run, .prefer_max_m = 8},
+     .supports = tile_n_m8n128_supports, .run = tile_n_m8n128_run, .prefer_max_m = 16},
     {.info = {.name = "cuda.qmm_n.mma_tile_n.m32n64", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_N,
               .family = "mma_tile_n", .bm = 32, .bn = 64, .bk = 64, .threads = 128, .tolerance_slack = 2.0,
               .description = "x*W on the tensor cores: x*s as exact bf16 parts, biases as an MMA, MLX layout read "

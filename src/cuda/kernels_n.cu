@@ -21,9 +21,12 @@
  * (4-bit) or two neighbouring bytes (8-bit) of the word of row k, and its k slots 2t, 2t + 1, 2t + 8, 2t + 9 are
  * the natural k order, which x, the scales and the biases follow.
  *
+ * Split-K (grid.z > 1, where the blocks of N × M are too few for the SMs): split z takes a contiguous range of
+ * stages and writes Σq·x' + Σb·x of its range to a workspace; the last split of a tile to arrive adds them in split
+ * order and finishes the outputs (the mma_tile family's scheme, kernels_tile.cu).
  * Order (batch-invariant, docs/kernels.md §11): per output, k in steps of 16 in order; in each, the x' parts' MMAs
  * chained (hi, then lo …) into one accumulator and the bias MMA into another; then the sum and the scaling. The
- * tile shape, the warp and M do not enter it (no split-K).
+ * tile shape, the warp and M do not enter it (one split in batch-invariant mode).
  */
 #include "cuda_internal.h"
 #include "mma_common.cuh"
@@ -92,7 +95,8 @@ template <> struct tile_n_config<1> { static constexpr int WT = 1, WN = 4, WM = 
 template <int BITS, typename T, int GS, int WT, int WN, int WM>
 __global__ void __launch_bounds__(32 * WN * WM, 4)
     mma_tile_n_kernel(const T *__restrict__ x, const uint32_t *__restrict__ w, const T *__restrict__ scales,
-                      const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K, int x_vectors) {
+                      const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K, int x_vectors,
+                      float *__restrict__ partials, unsigned *__restrict__ counters, int stages_per_split) {
     constexpr int THREADS = 32 * WN * WM;
     constexpr int BN = 16 * WR * WN, BM = 8 * WT * WM; /* columns × tokens per block */
     constexpr int P = n_traits<T>::parts;
@@ -108,7 +112,9 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
     const int wn = warp % WN, wm = warp / WN, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
     const int words_per_row = N / 32 * BITS, groups = N / GS, g0 = n0 / GS;
-    const int count = (K + KS - 1) / KS;
+    /* split z (grid.z) takes stages [z·stages_per_split, …) of the ceil(K/KS) */
+    const int stage_begin = blockIdx.z * stages_per_split;
+    const int count = max(0, min((K + KS - 1) / KS - stage_begin, stages_per_split));
 
     /* The copies of stage i (rows k = i·KS …): codes and x by cp.async (zeros past K, N and M); the scales and biases
      * (any alignment) through registers into `pending`, stored to shared memory by store_pending. */
@@ -119,7 +125,7 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
     /* entry j of this thread: index threadIdx.x + j·THREADS < NG·KS, group index / KS, row index % KS */
     auto issue = [&](int i) {
         if (i < count) {
-            const int stage = i % STAGES, k_base = i * KS;
+            const int stage = i % STAGES, k_base = (stage_begin + i) * KS;
 #pragma unroll
             for (int c = threadIdx.x; c < KS * WCH; c += THREADS) {
                 const int row = c / WCH, chunk = c % WCH, k = k_base + row;
@@ -229,32 +235,69 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
     }
     asm volatile("cp.async.wait_all;");
 
-    /* C: e = 2h + e' is MMA row g + 8h — column col_base + 16r + 2g + h — and token 8tt + 2t + e'. */
+    /* C: e = 2h + e' is MMA row g + 8h — column col_base + 16r + 2g + h — and token 8tt + 2t + e'. The output is
+     * (Σq·x' + Σb·x)·2^-48, or the f64 direct form where that is not finite. */
+    auto finish = [&](int m, int n, float sum) {
+        float v = sum * X_UNSCALE;
+        if (!isfinite(v))
+            v = direct_output_n(x + (size_t)m * K, w, scales, biases, BITS, (size_t)N, (size_t)K, GS, (size_t)n);
+        store_f32(out, (size_t)m * N + n, v);
+    };
+    if (gridDim.z == 1) {
+#pragma unroll
+        for (int r = 0; r < WR; r++)
+#pragma unroll
+            for (int tt = 0; tt < WT; tt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int n = n0 + col_base + 16 * r + 2 * g + (e >> 1), m = m0 + tok_base + 8 * tt + 2 * t + (e & 1);
+                    if (n < N && m < M) finish(m, n, acc[r][tt][e] + accb[tt][e & 1] * n_traits<T>::bias_unscale);
+                }
+        return;
+    }
+    /* Split-K: this split's sums to the workspace; the last split of the tile to arrive adds them in split order
+     * 0, 1, … (the result does not depend on which block finished last) and finishes the outputs. */
+    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float *mine = partials + ((size_t)tile * gridDim.z + blockIdx.z) * (BM * BN);
 #pragma unroll
     for (int r = 0; r < WR; r++)
 #pragma unroll
         for (int tt = 0; tt < WT; tt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int n = n0 + col_base + 16 * r + 2 * g + (e >> 1), m = m0 + tok_base + 8 * tt + 2 * t + (e & 1);
-                if (n < N && m < M) {
-                    float v = (acc[r][tt][e] + accb[tt][e & 1] * n_traits<T>::bias_unscale) * X_UNSCALE;
-                    if (!isfinite(v))
-                        v = direct_output_n(x + (size_t)m * K, w, scales, biases, BITS, (size_t)N, (size_t)K, GS,
-                                            (size_t)n);
-                    store_f32(out, (size_t)m * N + n, v);
-                }
-            }
+            for (int e = 0; e < 4; e++)
+                mine[(tok_base + 8 * tt + 2 * t + (e & 1)) * BN + col_base + 16 * r + 2 * g + (e >> 1)] =
+                    acc[r][tt][e] + accb[tt][e & 1] * n_traits<T>::bias_unscale;
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned arrived;
+    if (threadIdx.x == 0) arrived = atomicAdd(&counters[tile], 1u);
+    __syncthreads();
+    if (arrived != gridDim.z - 1) return;
+    __threadfence(); /* the other splits' sums are visible */
+    const float *all = partials + (size_t)tile * gridDim.z * (BM * BN);
+    for (int i = threadIdx.x; i < BM * BN; i += THREADS) {
+        const int m = m0 + i / BN, n = n0 + i % BN;
+        if (m >= M || n >= N) continue;
+        float sum = 0.0f;
+        for (unsigned z = 0; z < gridDim.z; z++) sum += __ldcg(all + (size_t)z * (BM * BN) + i);
+        finish(m, n, sum);
+    }
+    if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
 }
 
 template <int BITS, typename T, int GS, int ID> int launch_n(const qmm_cuda_launch *c) {
     typedef tile_n_config<ID> C;
     constexpr int BN = 16 * WR * C::WN, BM = 8 * C::WT * C::WM;
-    dim3 grid((unsigned)((c->N + BN - 1) / BN), (unsigned)((c->M + BM - 1) / BM));
+    const int stages = (int)((c->K + KS - 1) / KS);
+    int splits = c->splits > 0 ? c->splits : 1;
+    if (splits > stages) splits = stages;
+    const int per_split = (stages + splits - 1) / splits;
+    splits = (stages + per_split - 1) / per_split; /* no empty split */
+    dim3 grid((unsigned)((c->N + BN - 1) / BN), (unsigned)((c->M + BM - 1) / BM), (unsigned)splits);
     const int x_vectors = c->K % 8 == 0 && (uintptr_t)c->x % 16 == 0;
     return launch_kernel(mma_tile_n_kernel<BITS, T, GS, C::WT, C::WN, C::WM>, grid, dim3(32 * C::WN * C::WM), 0,
                          c->stream, false, (const T *)c->x, c->w, (const T *)c->scales, (const T *)c->biases,
-                         (T *)c->out, (int)c->M, (int)c->N, (int)c->K, x_vectors);
+                         (T *)c->out, (int)c->M, (int)c->N, (int)c->K, x_vectors, c->partials, c->counters, per_split);
 }
 
 template <int ID> int dispatch_n(const qmm_cuda_launch *c) {

@@ -527,10 +527,11 @@ static void test_errors(qmm_context *context, check_rng *rng) {
 /* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the mma_tile
  * rows (order "tc-segment-fma", one split); the mma_gemv rows declare no order. A row alone and inside
  * M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
-/* x·Ŵ (qmm_n) on the tensor cores: the selector takes mma_tile_n (m8n128 up to M = 8, m32n64 beyond) for f16/bf16
+/* x·Ŵ (qmm_n) on the tensor cores: the selector takes mma_tile_n (m8n128 up to M = 16, m32n64 beyond) for f16/bf16
  * 4/8-bit, against the oracle with outputs poisoned (K = 7 and 333: x rows not 16-byte aligned, element-wise
- * copies; K past a stage of 64; N over several blocks and a partial one), and in batch-invariant mode a row alone
- * (m8n128) and inside M = 33–130 (m32n64) give the same bits. */
+ * copies; K past a stage of 64; N over several blocks and a partial one; split-K as the launcher picks it, twice
+ * with the same bits, and 3 splits forced), and in batch-invariant mode (one split) a row alone (m8n128) and inside
+ * M = 33–130 (m32n64) give the same bits. */
 static void test_qmm_n(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, K, N;
@@ -569,14 +570,31 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
                      cases[c].group_size, qmm_dtype_name(cases[c].dtype), invariant ? " batch-invariant" : "");
             CHECK_OK(qmm_buffer_poison(ob));
             CHECK_OK(qmm_matmul(context, weights, xb, M, ob, &options, &info));
-            const char *want = M <= 8 ? "cuda.qmm_n.mma_tile_n.m8n128" : "cuda.qmm_n.mma_tile_n.m32n64";
+            const char *want = M <= 16 ? "cuda.qmm_n.mma_tile_n.m8n128" : "cuda.qmm_n.mma_tile_n.m32n64";
             CHECK(info.name && strcmp(info.name, want) == 0, "%s ran %s, not %s", label, info.name ? info.name : "?",
                   want);
             CHECK_OK(qmm_buffer_read(ob, out, M * N));
             double worst = 0;
             size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, M * N, K, 2.0, &worst);
             CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
-            if (!invariant) continue;
+            if (!invariant) {
+                /* split-K where the tiles are few: the same bits on a second run (the partials are added in split
+                 * order), and with 3 splits forced against the oracle */
+                void *again = malloc(M * N * size);
+                CHECK_OK(qmm_buffer_poison(ob));
+                CHECK_OK(qmm_matmul(context, weights, xb, M, ob, &options, NULL));
+                if (again) CHECK_OK(qmm_buffer_read(ob, again, M * N));
+                CHECK(again && memcmp(again, out, M * N * size) == 0, "%s: a second run differs", label);
+                free(again);
+                setenv("QMM_CUDA_SPLITS", "3", 1);
+                CHECK_OK(qmm_buffer_poison(ob));
+                CHECK_OK(qmm_matmul(context, weights, xb, M, ob, &options, NULL));
+                unsetenv("QMM_CUDA_SPLITS");
+                CHECK_OK(qmm_buffer_read(ob, out, M * N));
+                bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, M * N, K, 2.0, &worst);
+                CHECK(bad == 0, "%s, 3 splits: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
+                continue;
+            }
             /* the last row and row 0 alone, the same bits as inside M */
             const size_t rows[] = {0, M - 1};
             for (size_t r = 0; r < 2; r++) {
