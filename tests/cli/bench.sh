@@ -85,6 +85,26 @@ if [ -d /proc ] && [ -e /proc/version ]; then
 fi
 expect_usage_error bench "--batch-invariant given twice" bench --backend ref --quick --batch-invariant --batch-invariant
 
+# --op n: qmm_n (x·Ŵ) cells on the same shapes — the header says so, every row is a qmm_n row, the JSON's op is
+# qmm_n; bad values, --gather, a kernel of the other op and a shape whose n is not a multiple of the group refuse.
+q bench --backend ref --quick --no-peers --op n --json "$WORK/bench-n.json"
+check "--op n: exit 0" rc_is 0
+check "--op n: header" out_has "qmm_n out[M, n] = x[M, k]·Ŵ, Ŵ [k, n] quantized along n"
+check "--op n: a selected qmm_n row per cell" [ "$(out_lines_matching '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +[0-9]+ +f32 +[0-9.]+ +(memory|compute) +\* ref\.qmm_n\.scalar\.r1 +[0-9.]+')" = 4 ]
+check "--op n: no qmm_t row" bash -c "! grep -q 'qmm_t' <<<\"\$1\"" _ "$OUT"
+if command -v python3 >/dev/null; then
+  check "--op n: JSON op" python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["op"] == "qmm_n", d["op"]; assert all(k["name"].startswith("ref.qmm_n.") for c in d["cells"] for k in c["kernels"])' "$WORK/bench-n.json"
+fi
+expect_usage_error bench "--op 'x' is not t (qmm_t, x·Ŵᵀ) or n (qmm_n, x·Ŵ)" bench --backend ref --quick --op x
+expect_usage_error bench "--op does not apply to --gather" bench --backend ref --quick --op n --gather
+expect_usage_error bench "--kernel 'ref.qmm_t.scalar.r1' computes qmm_t; this run measures qmm_n kernels" \
+  bench --backend ref --quick --op n --kernel ref.qmm_t.scalar.r1
+expect_usage_error bench "--kernel 'ref.qmm_n.scalar.r1' computes qmm_n; this run measures qmm_t kernels (--op n measures qmm_n kernels)" \
+  bench --backend ref --quick --kernel ref.qmm_n.scalar.r1
+printf 'odd 100 256\n' >"$WORK/odd.txt"
+expect_usage_error bench "--op n: shape odd has n=100, not a multiple of --group-size 64" \
+  bench --backend ref --quick --op n --shapes "$WORK/odd.txt"
+
 # shapes files
 printf '# a comment\nmine 128 256   # trailing comment\n\n' >"$WORK/shapes.txt"
 q bench --backend ref --no-peers --shapes "$WORK/shapes.txt" --m 2 --dtype bf16 --repeats 1 --quick
@@ -157,9 +177,6 @@ printf 'one 64 128\n' >"$WORK/one.txt"
 printf '# only a comment\n' >"$WORK/none.txt"
 expect_library_error bench "corrupt file" "shapes file '$WORK/none.txt' has no shapes" \
   bench --backend ref --quick --no-peers --m 1 --shapes "$WORK/one.txt,$WORK/none.txt"
-# --kernel naming a qmm_n row: the bench measures qmm_t only.
-expect_usage_error bench "--kernel 'ref.qmm_n.scalar.r1' computes qmm_n; qmm bench measures qmm_t" \
-  bench --backend ref --quick --no-peers --kernel ref.qmm_n.scalar.r1
 # A switch given twice is a usage error, as any other option given twice.
 expect_usage_error bench "--quick given twice" bench --backend ref --quick --quick
 expect_usage_error bench "--no-peers given twice" bench --backend ref --quick --no-peers --no-peers
@@ -229,7 +246,7 @@ expect_usage_error bench "--experts '0' is not a whole number" bench --backend r
 expect_usage_error bench "--experts-per-token 9 is more than --experts 8" bench --backend ref --quick --gather --experts 8 --experts-per-token 9
 expect_usage_error bench "--kernel 'ref.qmm_t.scalar.r1' computes qmm_t; qmm bench --gather measures gather kernels only" \
   bench --backend ref --quick --gather --kernel ref.qmm_t.scalar.r1
-expect_usage_error bench "--kernel 'ref.gather.scalar.r1' computes gather; qmm bench measures qmm_t (x·Ŵᵀ) kernels only (--gather measures gather kernels)" \
+expect_usage_error bench "--kernel 'ref.gather.scalar.r1' computes gather; this run measures qmm_t kernels (--gather measures gather kernels)" \
   bench --backend ref --quick --kernel ref.gather.scalar.r1
 
 # The ggml peer script: without ggml-python (scripts/setup.sh bench installs it into .venv) it answers one

@@ -56,6 +56,7 @@ typedef struct bench_run {
     qmm_backend backend;
     int bits, group_size, repeats, quick, peers;
     int gather;                 /* --gather: the MoE gather op instead of qmm_t (cells' M is T, the tokens) */
+    qmm_op op;                  /* --op: qmm_t (x·Ŵᵀ, W [n, k]) or qmm_n (x·Ŵ, W [k, n] quantized along n) */
     size_t experts, top_k;      /* --gather: experts per stack, experts per token */
     int batch_invariant;        /* --batch-invariant: one more row per cell, the mode's choice with the option on */
     const char *kernel;         /* --kernel, or NULL */
@@ -128,7 +129,7 @@ static int measuring_order(const bench_run *run, size_t k, const qmm_kernel_info
 static qmm_status bench_invariant_row(bench_run *run, bench_cell *cell, qmm_weights **weights, size_t copies,
                                       qmm_buffer *x, qmm_buffer *out) {
     const size_t M = cell->M;
-    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = run->kernel, .batch_invariant = 1};
+    qmm_matmul_options options = {.op = run->op, .kernel = run->kernel, .batch_invariant = 1};
     qmm_kernel_info info;
     qmm_status status = qmm_select(run->context, weights[0], M, &options, &info);
     bench_row *row = add_row(cell, status == QMM_OK ? info.name : run->kernel ? run->kernel : "(none)", 0);
@@ -141,7 +142,7 @@ static qmm_status bench_invariant_row(bench_run *run, bench_cell *cell, qmm_weig
     if (status != QMM_OK) return status;
     if (slow_row_skipped(&info, M, cell->shape->N, cell->shape->K, copies, run->repeats, row->note, sizeof row->note))
         return QMM_OK;
-    status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 1, &row->us);
+    status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, run->op, info.name, 1, &row->us);
     if (status != QMM_OK) return status;
     const bench_row *selected = selected_row(run, cell);
     const double reference = selected ? selected->us : NAN;
@@ -183,7 +184,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         qmm_buffer *x = NULL, *out = NULL;
         status = operands_create(run->context, matrix->dtype, M, N, K, &x, &out);
         qmm_kernel_info chosen;
-        qmm_matmul_options options = {.op = QMM_OP_QMM_T};
+        qmm_matmul_options options = {.op = run->op};
         if (status == QMM_OK) status = qmm_select(run->context, weights[0], M, &options, &chosen);
         if (status == QMM_OK) snprintf(cell->selected, sizeof cell->selected, "%s", chosen.name);
 
@@ -193,15 +194,15 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
             const int order = measuring_order(run, k, &chosen, &info, &status);
             if (order < 0) break;
             if (order == 0) continue;
-            if (info.op != QMM_OP_QMM_T) {
+            if (info.op != run->op) {
                 bench_row *row = run->kernel ? add_row(cell, info.name, 0) : NULL;
                 if (row)
-                    snprintf(row->note, sizeof row->note, "not eligible: its op is %s; qmm bench measures qmm_t",
-                             qmm_op_name(info.op));
+                    snprintf(row->note, sizeof row->note, "not eligible: its op is %s; this run measures %s (--op)",
+                             qmm_op_name(info.op), qmm_op_name(run->op));
                 continue;
             }
             const char *why_not = NULL;
-            int supports = qmm_kernel_supports(run->context, info.name, weights[0], M, QMM_OP_QMM_T, &why_not);
+            int supports = qmm_kernel_supports(run->context, info.name, weights[0], M, run->op, &why_not);
             if (supports < 0) {
                 status = QMM_ERR_INVALID_ARGUMENT;
                 break;
@@ -215,7 +216,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
                 continue;
             }
             if (slow_row_skipped(&info, M, N, K, copies, run->repeats, row->note, sizeof row->note)) continue;
-            status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 0, &row->us);
+            status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, run->op, info.name, 0, &row->us);
         }
         if (status == QMM_OK && run->batch_invariant) status = bench_invariant_row(run, cell, weights, copies, x, out);
         if (status == QMM_OK && run->backend == QMM_BACKEND_CUDA && run->peers) {
@@ -439,7 +440,9 @@ static qmm_status make_stack(const bench_run *run, const bench_shape *shape, qmm
 /* Peer (a) on the host: OpenBLAS sgemm on the dequantized f32 weights, for every M of a shape; the same time
  * goes into the shape's cells of every dtype (the peer computes in f32 whatever the dtype). */
 static qmm_status bench_openblas_shape(bench_run *run, const qmm_qmatrix *master, bench_cell *cells_of_shape) {
-    const size_t N = master->rows, K = master->cols;
+    /* the master is n×k for qmm_t, k×n for qmm_n (--op n): dequantized as it is, multiplied with or without Ŵ's transpose */
+    const int k_by_n = run->op == QMM_OP_QMM_N;
+    const size_t N = k_by_n ? master->cols : master->rows, K = k_by_n ? master->rows : master->cols;
     double dense_bytes = (double)N * (double)K * sizeof(float);
     size_t copies = copies_for(run->cache_bytes, run->quick, dense_bytes);
     float **w = calloc(copies, sizeof *w);
@@ -452,7 +455,7 @@ static qmm_status bench_openblas_shape(bench_run *run, const qmm_qmatrix *master
     }
     for (size_t mi = 0; status == QMM_OK && mi < run->m_count; mi++) {
         double us = NAN;
-        status = bench_openblas_time(w, copies, N, K, run->ms[mi], run->repeats, &us);
+        status = bench_openblas_time(w, copies, N, K, run->ms[mi], k_by_n, run->repeats, &us);
         if (status != QMM_OK) break;
         fprintf(stderr, "bench peer openblas %s M=%zu: %.1f µs\n", cells_of_shape[0].shape->name,
                 run->ms[mi], us);
@@ -566,8 +569,10 @@ static void print_header(const bench_run *run) {
                "(MLX gather_qmm, sorted_indices)\n", qmm_backend_name(run->backend), run->machine, run->bits,
                run->group_size, run->experts, run->top_k, run->top_k);
     else
-        printf("# qmm bench — backend %s on %s; %d-bit group %d; qmm_t out[M, n] = x[M, k]·Ŵᵀ\n",
-               qmm_backend_name(run->backend), run->machine, run->bits, run->group_size);
+        printf("# qmm bench — backend %s on %s; %d-bit group %d; %s\n", qmm_backend_name(run->backend), run->machine,
+               run->bits, run->group_size,
+               run->op == QMM_OP_QMM_N ? "qmm_n out[M, n] = x[M, k]·Ŵ, Ŵ [k, n] quantized along n (MLX transpose=False)"
+                                       : "qmm_t out[M, n] = x[M, k]·Ŵᵀ");
     printf("# ceilings measured in this run: copy %.1f GB/s (%s)\n", run->ceilings.copy_gbps, run->ceilings.copy_method);
     printf("#                                matrix peak %.1f GFLOP/s (%s)\n", run->ceilings.peak_gflops,
            run->ceilings.peak_method);
@@ -766,7 +771,7 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
     cJSON *format = cJSON_AddObjectToObject(root, "format");
     cJSON_AddNumberToObject(format, "bits", run->bits);
     cJSON_AddNumberToObject(format, "group_size", run->group_size);
-    cJSON_AddStringToObject(root, "op", run->gather ? "gather" : "qmm_t");
+    cJSON_AddStringToObject(root, "op", run->gather ? "gather" : qmm_op_name(run->op));
     if (run->gather) { /* cells' M is T (tokens); B = top_k·T pairs */
         cJSON *gather = cJSON_AddObjectToObject(root, "gather");
         cJSON_AddNumberToObject(gather, "experts", (double)run->experts);
@@ -869,7 +874,7 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
 int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
                *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL,
-               *threads_text = NULL, *experts_text = NULL, *top_k_text = NULL;
+               *threads_text = NULL, *experts_text = NULL, *top_k_text = NULL, *op_text = NULL;
     int no_peers = 0, quick = 0, threads = 0, gather = 0, batch_invariant = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
@@ -882,6 +887,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--gather", NULL, NULL, NULL, NULL, 0, &gather},        {"--experts", NULL, &experts_text, NULL, NULL, 0, NULL},
         {"--experts-per-token", NULL, &top_k_text, NULL, NULL, 0, NULL},
         {"--batch-invariant", NULL, NULL, NULL, NULL, 0, &batch_invariant},
+        {"--op", NULL, &op_text, NULL, NULL, 0, NULL},
     };
     const char *positional[1];
     size_t npositional;
@@ -939,6 +945,19 @@ int cmd_bench(const command *c, int argc, char **argv) {
             goto done;
         }
     }
+    run->op = QMM_OP_QMM_T;
+    if (op_text) {
+        if (gather) {
+            rc = usage_error(c, "--op does not apply to --gather (the gather op is x·Ŵᵀ per pair)");
+            goto done;
+        }
+        if (strcmp(op_text, "t") == 0 || strcmp(op_text, "qmm_t") == 0) run->op = QMM_OP_QMM_T;
+        else if (strcmp(op_text, "n") == 0 || strcmp(op_text, "qmm_n") == 0) run->op = QMM_OP_QMM_N;
+        else {
+            rc = usage_error(c, "--op '%s' is not t (qmm_t, x·Ŵᵀ) or n (qmm_n, x·Ŵ)", op_text);
+            goto done;
+        }
+    }
     if (batch_invariant && gather) {
         rc = usage_error(c, "--batch-invariant does not apply to --gather (qmm_gather_matmul has no batch-invariant option)");
         goto done;
@@ -980,7 +999,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         for (size_t k = 0; k < qmm_kernel_count(run->context); k++) {
             qmm_kernel_info info;
             if (qmm_kernel_get(run->context, k, &info) == QMM_OK && strcmp(info.name, kernel) == 0) {
-                found = info.op == (gather ? QMM_OP_GATHER : QMM_OP_QMM_T) ? 1 : -1 - (int)info.op;
+                found = info.op == (gather ? QMM_OP_GATHER : run->op) ? 1 : -1 - (int)info.op;
                 if (qmm_kernel_usable(run->context, k, &why_not) == 1) why_not = NULL;
                 else if (!why_not) why_not = "not usable here";
             }
@@ -995,10 +1014,13 @@ int cmd_bench(const command *c, int argc, char **argv) {
                              qmm_op_name((qmm_op)(-1 - found)));
             goto done;
         }
-        if (found < 0) { /* the bench times out = x·Ŵᵀ: a qmm_n or gather row would refuse every cell */
-            rc = usage_error(c, "--kernel '%s' computes %s; qmm bench measures qmm_t (x·Ŵᵀ) kernels only%s", kernel,
-                             qmm_op_name((qmm_op)(-1 - found)),
-                             found == -1 - (int)QMM_OP_GATHER ? " (--gather measures gather kernels)" : "");
+        if (found < 0) { /* the run times one op: a row of another op would refuse every cell */
+            const qmm_op theirs = (qmm_op)(-1 - found);
+            rc = usage_error(c, "--kernel '%s' computes %s; this run measures %s kernels%s", kernel, qmm_op_name(theirs),
+                             qmm_op_name(run->op),
+                             theirs == QMM_OP_GATHER ? " (--gather measures gather kernels)"
+                             : theirs == QMM_OP_QMM_N ? " (--op n measures qmm_n kernels)"
+                                                      : " (--op t, the default, measures qmm_t kernels)");
             goto done;
         }
         if (!found) {
@@ -1037,6 +1059,12 @@ int cmd_bench(const command *c, int argc, char **argv) {
         goto done;
     }
 
+    for (size_t s = 0; run->op == QMM_OP_QMM_N && s < run->shape_count; s++)
+        if (run->shapes[s].N % (size_t)run->group_size != 0) { /* qmm_n quantizes along n */
+            rc = usage_error(c, "--op n: shape %s has n=%zu, not a multiple of --group-size %d (qmm_n's Ŵ [k, n] is "
+                             "quantized along n)", run->shapes[s].name, run->shapes[s].N, run->group_size);
+            goto done;
+        }
     {
         format_command_line(run->command_line, sizeof run->command_line, "bench", argc, argv);
         time_t now = time(NULL);
@@ -1078,8 +1106,11 @@ int cmd_bench(const command *c, int argc, char **argv) {
         qmm_qmatrix master;
         uint32_t *w = NULL;
         float *scales = NULL, *biases = NULL;
+        /* qmm_n (--op n): the same n×k problem with Ŵ stored k×n, quantized along n */
+        bench_shape stored = *shape;
+        if (run->op == QMM_OP_QMM_N) stored.N = shape->K, stored.K = shape->N;
         status = gather ? make_stack(run, shape, &master, &w, &scales, &biases)
-                        : make_master(run->bits, run->group_size, shape, &master, &w, &scales, &biases);
+                        : make_master(run->bits, run->group_size, &stored, &master, &w, &scales, &biases);
         for (size_t d = 0; d < run->dtype_count && status == QMM_OK; d++) {
             qmm_qmatrix matrix = master;
             void *converted_scales = NULL, *converted_biases = NULL;
@@ -1100,7 +1131,13 @@ int cmd_bench(const command *c, int argc, char **argv) {
         rc = library_error(c, status);
         goto done;
     }
-    if (run->peers) bench_script_peers(run);
+    if (run->peers && run->op == QMM_OP_QMM_N) { /* the peer scripts time x·Ŵᵀ */
+        const char *why = "--op n: the peer script times x·Ŵᵀ (qmm_t) only";
+        if (cuda) note_absent(run, "torch-int4", why), note_absent(run, "mlx-cuda", why);
+        else note_absent(run, "mlx-cpu", why), note_absent(run, "ggml", why);
+    } else if (run->peers) {
+        bench_script_peers(run);
+    }
 
     size_t decided, yes;
     decide_fastest(run, &decided, &yes);

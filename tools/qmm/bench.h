@@ -39,9 +39,11 @@ float bench_peak_avx512(long iterations, double *flops);
 float bench_peak_avx2(long iterations, double *flops);
 
 /* OpenBLAS (peer a): whether it was linked in (else why not), and the median µs of one
- * cblas_sgemm out[M, N] = x[M, K]·W[N, K]ᵀ, W rotating through `copies` dense f32 arrays. */
+ * cblas_sgemm out[M, N] = x[M, K]·W[N, K]ᵀ (w_is_k_by_n: out = x·W with W [K, N], for qmm_n), W rotating through
+ * `copies` dense f32 arrays. */
 int bench_openblas_available(char *why, size_t size);
-qmm_status bench_openblas_time(float *const *w, size_t copies, size_t N, size_t K, size_t M, int repeats, double *us);
+qmm_status bench_openblas_time(float *const *w, size_t copies, size_t N, size_t K, size_t M, int w_is_k_by_n,
+                               int repeats, double *us);
 
 /* ── CUDA (bench_cuda.c; stubs answer "not built" when the library has no CUDA backend) */
 

@@ -244,7 +244,8 @@ int bench_openblas_available(char *why, size_t size) {
 #endif
 }
 
-qmm_status bench_openblas_time(float *const *w, size_t copies, size_t N, size_t K, size_t M, int repeats, double *us) {
+qmm_status bench_openblas_time(float *const *w, size_t copies, size_t N, size_t K, size_t M, int w_is_k_by_n,
+                               int repeats, double *us) {
 #ifdef QMM_BENCH_OPENBLAS
     *us = NAN;
     float *x = malloc(M * K * sizeof *x), *out = malloc(M * N * sizeof *out);
@@ -260,8 +261,8 @@ qmm_status bench_openblas_time(float *const *w, size_t copies, size_t N, size_t 
     for (int r = -1; status == QMM_OK && r < repeats; r++) { /* r = -1: warm-up */
         double start = now_seconds();
         for (size_t i = 0; i < copies; i++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x, (int)K, w[i], (int)K,
-                        0.0f, out, (int)N);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, w_is_k_by_n ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K,
+                        1.0f, x, (int)K, w[i], w_is_k_by_n ? (int)N : (int)K, 0.0f, out, (int)N);
         if (r >= 0) times[r] = (now_seconds() - start) * 1e6 / (double)copies;
     }
     if (status == QMM_OK) {
@@ -273,7 +274,7 @@ qmm_status bench_openblas_time(float *const *w, size_t copies, size_t N, size_t 
     free(times);
     return status;
 #else
-    (void)w, (void)copies, (void)N, (void)K, (void)M, (void)repeats;
+    (void)w, (void)copies, (void)N, (void)K, (void)M, (void)w_is_k_by_n, (void)repeats;
     *us = NAN;
     return qmm_error(QMM_ERR_UNSUPPORTED, "OpenBLAS was not linked in");
 #endif

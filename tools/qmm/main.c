@@ -106,7 +106,7 @@ static const command commands[] = {
     {"bench", "time every eligible kernel per (shape, M, dtype) against the measured floor and peers",
      "usage: qmm bench [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
      "                 [--bits B] [--group-size G] [--kernel NAME] [--repeats R] [--json FILE|DIR] [--no-peers] [--quick]\n"
-     "                 [--tuning FILE] [--threads N] [--batch-invariant]\n"
+     "                 [--tuning FILE] [--threads N] [--batch-invariant] [--op t|n]\n"
      "                 [--gather [--experts E] [--experts-per-token K]]\n"
      "  For every shape (n×k, out[M, n] = x[M, k]·Ŵᵀ), M and dtype: the median µs of the selector's kernel and of\n"
      "  every other eligible kernel of the backend (each forced by name), effective GB/s (weights + scales + biases\n"
@@ -136,7 +136,10 @@ static const command commands[] = {
      "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda yet (host-clock timing).\n"
      "  --batch-invariant: each cell also times batch-invariant mode (qmm_matmul_options.batch_invariant): a row\n"
      "  marked 'bi' with the kernel the selector (or --kernel) takes in that mode and, in its note, its time ÷ the\n"
-     "  default mode's (the mode's cost); JSON marks it \"batch_invariant\": true.\n",
+     "  default mode's (the mode's cost); JSON marks it \"batch_invariant\": true.\n"
+     "  --op n: time qmm_n (x·Ŵ, MLX transpose=False) instead: the same n×k problems with Ŵ stored k×n, quantized\n"
+     "  along n (n must be a multiple of the group size); peers: OpenBLAS (cpu) and cuBLAS dense (cuda) on the same\n"
+     "  product, the peer scripts (x·Ŵᵀ only) listed as absent.\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"

@@ -199,12 +199,12 @@ qmm_status load_shapes(bench_shape *shapes, size_t *shape_count, int group_size,
 /* Median µs of one product: a chain with one step per weight copy, one warm-up run, then `repeats` runs,
  * each giving qmm_chain_elapsed ÷ steps. batch_invariant: qmm_matmul_options.batch_invariant of every step. */
 qmm_status time_kernel(qmm_context *context, int repeats, qmm_weights **weights, size_t copies, qmm_buffer *x, size_t M,
-                       qmm_buffer *out, const char *kernel, int batch_invariant, double *us) {
+                       qmm_buffer *out, qmm_op op, const char *kernel, int batch_invariant, double *us) {
     qmm_chain *chain = NULL;
     double *samples = malloc((size_t)repeats * sizeof *samples);
     qmm_status status = samples ? qmm_chain_create(context, &chain)
                                 : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %d samples", repeats);
-    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = kernel, .batch_invariant = batch_invariant};
+    qmm_matmul_options options = {.op = op, .kernel = kernel, .batch_invariant = batch_invariant};
     /* Whole-chain timing: on CUDA the graph then holds only the kernels (no event nodes between steps), and host
      * backends synchronize once per run. */
     if (status == QMM_OK) status = qmm_chain_set_step_timing(chain, 0);

@@ -75,10 +75,10 @@ qmm_status operands_create(qmm_context *context, qmm_dtype dtype, size_t M, size
  * then note says so. */
 int slow_row_skipped(const qmm_kernel_info *info, size_t M, size_t N, size_t K, size_t copies, int repeats, char *note,
                     size_t note_size);
-/* Median µs of one product by `kernel` (NULL: the selector's choice): a chain with one step per weight copy, step
- * timing off, one warm-up run, then `repeats` runs, each giving qmm_chain_elapsed ÷ steps. batch_invariant:
- * every step with qmm_matmul_options.batch_invariant set (qmm bench --batch-invariant). */
+/* Median µs of one product (op qmm_t or qmm_n) by `kernel` (NULL: the selector's choice): a chain with one step per
+ * weight copy, step timing off, one warm-up run, then `repeats` runs, each giving qmm_chain_elapsed ÷ steps.
+ * batch_invariant: every step with qmm_matmul_options.batch_invariant set (qmm bench --batch-invariant). */
 qmm_status time_kernel(qmm_context *context, int repeats, qmm_weights **weights, size_t copies, qmm_buffer *x, size_t M,
-                       qmm_buffer *out, const char *kernel, int batch_invariant, double *us);
+                       qmm_buffer *out, qmm_op op, const char *kernel, int batch_invariant, double *us);
 
 #endif

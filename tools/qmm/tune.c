@@ -91,7 +91,7 @@ static qmm_status tune_dtype(tune_run *run, const bench_shape *shape, const qmm_
                 continue;
             }
             double us = NAN;
-            if ((status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, info.name, 0, &us)) != QMM_OK)
+            if ((status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, QMM_OP_QMM_T, info.name, 0, &us)) != QMM_OK)
                 break;
             cell->measured++;
             if (strcmp(info.name, cell->order) == 0) cell->order_us = us;
