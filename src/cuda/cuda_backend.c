@@ -459,9 +459,9 @@ static bool tile_n_supports(const qmm_call *call, int tile, char *why_not, size_
     int bn, bm, bk;
     qmm_cuda_mma_tile_n_shape(tile, &bn, &bm, &bk);
     if (call->M > (size_t)65535 * (size_t)bm || call->M > 0x7fffffffu || call->N > 0x7fffffffu ||
-        call->K > 0x7fffffffu) {
-        snprintf(why_not, size, "M=%zu, N=%zu or K=%zu exceeds the mma_tile_n grid (65535 tiles of %d rows of x; M, N, "
-                 "K < 2^31)", call->M, call->N, call->K, bm);
+        call->K > 0x7fffffffu - (size_t)bk) {
+        snprintf(why_not, size, "M=%zu, N=%zu or K=%zu exceeds the mma_tile_n grid (65535 tiles of %d rows of x; M, N < "
+                 "2^31, K < 2^31 - %d: int offsets)", call->M, call->N, call->K, bm, bk);
         return false;
     }
     if (s->major < 8) {
@@ -672,8 +672,9 @@ WGMMA_ROW(wgmma_m64n128, 64)
  * lane-pairing k order; then acc = fma(s, Σq·x, fma(b, Σx, acc)). One split (no split-K) in this mode; the
  * tile shape, the warp and M do not enter an output's arithmetic. */
 #define TILE_ORDER "tc-segment-fma"
-/* mma_tile_bf16x3 (f32): the same order, each segment's products of the three x parts chained hi, mid, lo per k16
- * step, then Σq·x and Σx scaled back by 2^-24 (exact) before the same two FMAs. */
+/* mma_tile_bf16x3 (f32): the same order with three x parts: per 32-code block, the hi part's MMAs over both k16
+ * steps, then mid's, then lo's (into one accumulator; Σx the same), then Σq·x and Σx scaled back by 2^-24 (exact)
+ * before the same two FMAs. */
 #define TILE_BF16X3_ORDER "tc-bf16x3-segment-fma"
 /* mma_tile_n (qmm_n): per output, k in steps of 16 in order, the x·s parts' MMAs chained into one accumulator and the
  * bias MMA into another, then their sum scaled by 2^-48 (kernels_n.cu). */

@@ -10,13 +10,16 @@
  *    and of bf16 values down to 2^-150 (smaller ones underflow in the oracle's f32 arithmetic too). The codes are
  *    decoded to exact bf16 integers, and the tensor cores (mma.sync m16n8k16, f32 accumulate) sum exact products.
  *  - Σ_k b·x is one more MMA per k16 step with the biases as A (exact in their own dtype; the 16 rows of a warp's
- *    tile share a group, so every row of A is the same) and x as B (bf16: x·2^48, exact in bf16's range; f16's
- *    products need no scaling).
- *  - out = (Σq·x' + Σb·x)·2^-48. An output that is not finite (an inf or NaN in x, or a part that overflowed:
- *    |x·s| ≥ 2^80) is recomputed in the oracle's direct form in f64 (direct_output_n).
+ *    tile share a group, so every row of A is the same) and x as B — bf16: b·2^32 and x·2^16, exact and normal for
+ *    every nonzero bf16 below 2^96 and 2^112 (no subnormal operand reaches the tensor core); f16 as they are (f16
+ *    operands, subnormal ones included, give exact normal f32 products, as mma_decode's f16 codes rely on).
+ *  - out = (Σq·x' + Σb·x [·2^48 for f16])·2^-48. An output that is not finite — an inf or NaN in x, or values so
+ *    large that a scaled operand, a product or a sum overflows (|x·s| from about 2^72, |s| from 2^80, bf16 |b| from
+ *    2^96 or |x| from 2^112) — is recomputed in the oracle's direct form in f64 (direct_output_n): never a wrong
+ *    finite value.
  * The weights are read in the MLX layout as they are (no repack: the same weights serve qmm_t, whose tensor-core
- * rows read the repacked copy): a stage holds KS = 64 rows k of the block's BN = 64 columns, 32 bytes (4-bit) or
- * 64 (8-bit) per row, copied with cp.async. A 16-row tile of the MMA takes 16 consecutive columns with rows g and
+ * rows read the repacked copy): a stage holds KS = 64 rows k of the block's BN columns (64 or 128), BN·bits/8 bytes
+ * per row, copied with cp.async. A 16-row tile of the MMA takes 16 consecutive columns with rows g and
  * g + 8 on columns 2g and 2g + 1 (C's rows follow the same map), so a lane's two codes of one k sit in one byte
  * (4-bit) or two neighbouring bytes (8-bit) of the word of row k, and its k slots 2t, 2t + 1, 2t + 8, 2t + 9 are
  * the natural k order, which x, the scales and the biases follow.
@@ -48,7 +51,8 @@ template <> struct n_traits<__half> {
     static __device__ __forceinline__ float2 widen(uint32_t pair) {
         return __half22float2(*reinterpret_cast<const __half2 *>(&pair));
     }
-    /* the bias MMA's B: x as it is (f16 products of f16 values are normal f32 numbers) */
+    /* the bias MMA's A and B: b and x as they are (f16 products of f16 values are normal f32 numbers) */
+    static __device__ __forceinline__ uint32_t bias_a(uint32_t pair) { return pair; }
     static __device__ __forceinline__ uint32_t bias_b(uint32_t pair) { return pair; }
     static constexpr float bias_unscale = X_SCALE; /* Σb·x brought to the scale of Σq·x' */
 };
@@ -57,12 +61,14 @@ template <> struct n_traits<__nv_bfloat16> {
     static __device__ __forceinline__ float2 widen(uint32_t pair) {
         return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
     }
-    /* x·2^48 in bf16 (exact up to bf16's range; beyond it inf, and the output takes the f64 rule) */
-    static __device__ __forceinline__ uint32_t bias_b(uint32_t pair) {
-        __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&pair),
-                                   __float2bfloat162_rn(X_SCALE));
+    /* b·2^32 and x·2^16 in bf16: exact, normal for every nonzero bf16 (≥ 2^-133), and b·x·2^48 like Σq·x'; beyond
+     * bf16's range inf, and the output takes the f64 rule */
+    static __device__ __forceinline__ uint32_t scaled(uint32_t pair, float factor) {
+        __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&pair), __float2bfloat162_rn(factor));
         return *reinterpret_cast<uint32_t *>(&r);
     }
+    static __device__ __forceinline__ uint32_t bias_a(uint32_t pair) { return scaled(pair, 4294967296.0f); } /* 2^32 */
+    static __device__ __forceinline__ uint32_t bias_b(uint32_t pair) { return scaled(pair, 65536.0f); }      /* 2^16 */
     static constexpr float bias_unscale = 1.0f;
 };
 
@@ -209,8 +215,9 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
                                    a[r][3]);
             }
             /* the biases of the warp's group at the lane's k slots: the bias MMA's A (every row the same) */
-            const uint32_t b01 = *reinterpret_cast<const uint32_t *>(&bs[stage][group_slot][k0 + 2 * t]);
-            const uint32_t b89 = *reinterpret_cast<const uint32_t *>(&bs[stage][group_slot][k0 + 2 * t + 8]);
+            const uint32_t b01 = n_traits<T>::bias_a(*reinterpret_cast<const uint32_t *>(&bs[stage][group_slot][k0 + 2 * t]));
+            const uint32_t b89 =
+                n_traits<T>::bias_a(*reinterpret_cast<const uint32_t *>(&bs[stage][group_slot][k0 + 2 * t + 8]));
             const uint32_t ab[4] = {b01, b01, b89, b89};
             const float2 s01 = *reinterpret_cast<const float2 *>(&ss[stage][group_slot][k0 + 2 * t]);
             const float2 s89 = *reinterpret_cast<const float2 *>(&ss[stage][group_slot][k0 + 2 * t + 8]);

@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
 #pragma unroll
                 for (int tt = 0; tt < WT; tt++)
 #pragma unroll
-                    for (int p = 0; p < XP; p++) {
+                    for (int p = 0; p < XP; p++) { /* f32: part p over both k16 steps, parts in order hi, mid, lo */
                         mma_16816(cq[r][tt], a[0], b[tt][p][0], b[tt][p][1], MT());
                         mma_16816(cq[r][tt], a[1], b[tt][p][2], b[tt][p][3], MT());
                     }

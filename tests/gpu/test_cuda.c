@@ -524,22 +524,25 @@ static void test_errors(qmm_context *context, check_rng *rng) {
     product_free(&p);
 }
 
-/* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the mma_tile
- * rows (order "tc-segment-fma", one split); the mma_gemv rows declare no order. A row alone and inside
- * M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
 /* x·Ŵ (qmm_n) on the tensor cores: the selector takes mma_tile_n (m8n128 up to M = 16, m32n64 beyond) for f16/bf16
  * 4/8-bit, against the oracle with outputs poisoned (K = 7 and 333: x rows not 16-byte aligned, element-wise
- * copies; K past a stage of 64; N over several blocks and a partial one; split-K as the launcher picks it, twice
- * with the same bits, and 3 splits forced), and in batch-invariant mode (one split) a row alone (m8n128) and inside
- * M = 33–130 (m32n64) give the same bits. */
+ * copies; K past a stage of 64; N over several blocks and a partial last block of either tile; split-K as the
+ * launcher picks it, twice with the same bits, and 3 splits forced where K has ≥ 12 stages; x with +inf and huge
+ * values, through split-K, where the non-finite rule finishes the outputs in the last split; tiny bf16 x, ~1e-37),
+ * and in batch-invariant mode (one split) a row alone (m8n128) and inside M = 17–130 (m32n64) give the same bits. */
 static void test_qmm_n(qmm_context *context, check_rng *rng) {
+    enum { PLAIN, SPECIAL, TINY }; /* x uniform in [-1, 1); with +inf and huge values in rows 0 and 1; times 1e-37 */
     static const struct {
         size_t M, K, N;
         int bits, group_size;
         qmm_dtype dtype;
+        int x;
     } cases[] = {
-        {1, 4096, 4096, 4, 64, QMM_F16}, {37, 333, 1024, 4, 32, QMM_BF16}, {130, 1000, 576, 8, 32, QMM_BF16},
-        {5, 7, 128, 8, 128, QMM_F16},    {64, 256, 4160, 4, 64, QMM_BF16}, {33, 2048, 768, 8, 64, QMM_F16},
+        {1, 4096, 4096, 4, 64, QMM_F16, PLAIN},   {37, 333, 1024, 4, 32, QMM_BF16, PLAIN},
+        {130, 1000, 576, 8, 32, QMM_BF16, PLAIN}, {5, 7, 128, 8, 128, QMM_F16, PLAIN},
+        {64, 256, 4128, 4, 32, QMM_BF16, PLAIN},  {33, 2048, 768, 8, 64, QMM_F16, PLAIN},
+        {9, 1024, 4160, 4, 64, QMM_F16, SPECIAL}, {17, 1024, 4128, 8, 32, QMM_BF16, SPECIAL},
+        {3, 1024, 640, 4, 128, QMM_BF16, TINY},   {20, 768, 1024, 8, 64, QMM_BF16, TINY},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t M = cases[c].M, K = cases[c].K, N = cases[c].N, size = qmm_dtype_size(cases[c].dtype);
@@ -554,6 +557,13 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
             goto next;
         }
         check_fill_uniform(rng, x, cases[c].dtype, M * K, -1.0f, 1.0f);
+        for (size_t i = 0; i < M * K; i++) {
+            const float v = qmm_load_f32(x, cases[c].dtype, i);
+            if (cases[c].x == TINY) qmm_store_f32(x, cases[c].dtype, i, v * 1e-37f);
+            if (cases[c].x == SPECIAL && i == 3) qmm_store_f32(x, cases[c].dtype, i, INFINITY); /* row 0 */
+            if (cases[c].x == SPECIAL && i >= K && i < K + 8) /* row 1: f16's largest, bf16's 1e30 */
+                qmm_store_f32(x, cases[c].dtype, i, (i % 2 ? -1.0f : 1.0f) * (cases[c].dtype == QMM_F16 ? 65504.0f : 1e30f));
+        }
         CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, 0, exact, abs_dot));
         CHECK_OK(qmm_weights_create(context, &q.m, &weights));
         CHECK_OK(qmm_buffer_create(context, cases[c].dtype, M * K, &xb));
@@ -566,11 +576,15 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
             qmm_matmul_options options = {.op = QMM_OP_QMM_N, .batch_invariant = invariant};
             qmm_kernel_info info = {0};
             char label[200];
-            snprintf(label, sizeof label, "qmm_n M=%zu K=%zu N=%zu %d-bit gs%d %s%s", M, K, N, cases[c].bits,
-                     cases[c].group_size, qmm_dtype_name(cases[c].dtype), invariant ? " batch-invariant" : "");
+            snprintf(label, sizeof label, "qmm_n M=%zu K=%zu N=%zu %d-bit gs%d %s%s%s", M, K, N, cases[c].bits,
+                     cases[c].group_size, qmm_dtype_name(cases[c].dtype),
+                     cases[c].x == SPECIAL ? " inf/huge x" : cases[c].x == TINY ? " tiny x" : "",
+                     invariant ? " batch-invariant" : "");
             CHECK_OK(qmm_buffer_poison(ob));
             CHECK_OK(qmm_matmul(context, weights, xb, M, ob, &options, &info));
             const char *want = M <= 16 ? "cuda.qmm_n.mma_tile_n.m8n128" : "cuda.qmm_n.mma_tile_n.m32n64";
+            if (cases[c].x == PLAIN && !invariant) CHECK(qmm_kernel_supports(context, want, weights, M, QMM_OP_QMM_N, NULL) == 1,
+                                                         "%s: %s refuses", label, want);
             CHECK(info.name && strcmp(info.name, want) == 0, "%s ran %s, not %s", label, info.name ? info.name : "?",
                   want);
             CHECK_OK(qmm_buffer_read(ob, out, M * N));
@@ -602,6 +616,7 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
                 CHECK_OK(qmm_buffer_poison(o1));
                 CHECK_OK(qmm_matmul(context, weights, x1, 1, o1, &options, NULL));
                 CHECK_OK(qmm_buffer_read(o1, alone, N));
+                /* NaN outputs (inf·0 in the non-finite rows) compare as bits too: the same rule gives the same NaN */
                 CHECK(memcmp(alone, (const char *)out + rows[r] * N * size, N * size) == 0,
                       "%s: row %zu alone differs from the row inside M=%zu", label, rows[r], M);
             }
@@ -617,6 +632,9 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the mma_tile
+ * rows (order "tc-segment-fma", one split); the mma_gemv rows declare no order. A row alone and inside
+ * M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 1024, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 2048};
@@ -683,6 +701,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         qmm_buffer *x32 = NULL, *out32 = NULL;
         CHECK_OK(qmm_buffer_create(context, QMM_F32, K, &x32));
         CHECK_OK(qmm_buffer_create(context, QMM_F32, N, &out32));
+        CHECK(alone32 && got32 && x32 && out32, "batch-invariant f32: set-up failed");
         for (size_t r = 0; alone32 && got32 && x32 && out32 && r < sizeof rows32 / sizeof rows32[0]; r++) {
             CHECK_OK(qmm_buffer_write(x32, (const float *)p.host_x + rows32[r] * K, K));
             CHECK_OK(qmm_buffer_poison(out32));
