@@ -350,8 +350,11 @@ template <> struct tile_config<3> { /* m32n256: 8 warps of 32 rows × 32 tokens 
  * split into three bf16 parts by every warp that reads it, so a warp takes 4 row tiles per token tile (the split and
  * the Σx products amortised over 64 rows); x takes 4 bytes a value in shared memory, so 32 tokens per stage (16 KB
  * at 4 bits) and 3 stages keep two blocks on an SM. */
+#ifndef QMM_TILE4_STAGES
+#define QMM_TILE4_STAGES 3
+#endif
 template <> struct tile_config<4> {
-    static constexpr int WR = 4, WT = 2, WN = 2, WM = 2, S = 3, MIN_BLOCKS = 2;
+    static constexpr int WR = 4, WT = 2, WN = 2, WM = 2, S = QMM_TILE4_STAGES, MIN_BLOCKS = 2;
     static constexpr bool F32 = true;
 };
 
