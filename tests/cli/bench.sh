@@ -102,8 +102,12 @@ expect_usage_error bench "--kernel 'ref.qmm_t.scalar.r1' computes qmm_t; this ru
 expect_usage_error bench "--kernel 'ref.qmm_n.scalar.r1' computes qmm_n; this run measures qmm_t kernels (--op n measures qmm_n kernels)" \
   bench --backend ref --quick --kernel ref.qmm_n.scalar.r1
 printf 'odd 100 256\n' >"$WORK/odd.txt"
-expect_usage_error bench "--op n: shape odd has n=100, not a multiple of --group-size 64" \
+expect_library_error bench "bad shape" "--op n: shape odd has n=100, not a multiple of --group-size 64" \
   bench --backend ref --quick --op n --shapes "$WORK/odd.txt"
+# the --quick grid keeps the shapes whose n is a multiple of the group (quick.256x512 at group 128)
+q bench --backend ref --quick --no-peers --op n --group-size 128
+check "--op n --group-size 128 --quick: exit 0" rc_is 0
+check "--op n --group-size 128 --quick: quick.256x512 only" [ "$(out_lines_matching '^quick\.256x512 .*\* ref\.qmm_n\.scalar\.r1')" = 2 ]
 
 # shapes files
 printf '# a comment\nmine 128 256   # trailing comment\n\n' >"$WORK/shapes.txt"

@@ -98,6 +98,12 @@ check "same n×k: one entry" out_has "wrote 1 entry for 1 cells"
 check "same n×k: the table loaded back" bash -c '! grep -q "not loaded back" <<<"$1"' _ "$OUT"
 q matmul "$FIXTURE" --layer blk.0.attn_q -m 1 --backend ref --tuning "$WORK/same-nk.json"
 check "same n×k: the table loads in matmul" rc_is 0
+# --threads: the CPU kernels' threads while measuring (the loaded-machine warning names it); bad values refused.
+q tune --backend cpu --quick --m 1 --dtype f32 --threads 1 --out "$WORK/one-thread.json"
+check "--threads 1: exit 0" rc_is 0
+check "--threads 1: a table" out_matches '^wrote [0-9]+ entr(y|ies) for [0-9]+ cells'
+expect_usage_error tune "--threads '0' is not a whole number from 1 to" tune --backend cpu --quick --threads 0
 q help tune
 check "help tune" out_has "usage: qmm tune"
+check "help tune: --threads" out_has "--threads N"
 finish

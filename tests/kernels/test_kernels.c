@@ -120,7 +120,8 @@ typedef struct kernel_tally {
 
 /* One weight matrix (rows × cols, format) against every M of the grid. tiny_x: x uniform in [-1e-37, 1e-37) instead
  * (f32 and bf16 hold it): below 2^-102, where x·16^-j would round, so the CPU GEMV's nibble-plane path must take the
- * table decode (docs/kernels.md §8); with every x that small the bound is small too, and the rounding shows. */
+ * table decode (docs/kernels.md §8), and the CUDA tensor-core rows' scaled parts must stay exact (§9.7, §9.8); with
+ * every x that small the bound is small too, and the rounding shows. */
 static void run_matrix(qmm_context *context, const qmm_kernel_info *info, check_rng *rng, size_t N, size_t K,
                        int bits, int group_size, qmm_dtype dtype, const value_set *ms, kernel_tally *tally,
                        bool tiny_x) {
@@ -628,12 +629,16 @@ static void run_kernel(qmm_context *context, const qmm_kernel_info *info, check_
                                        &tally, false);
                     }
             }
-    /* x values too small to scale by 16^-j exactly (qmm_t, 4-bit, f32 and bf16, every group size). */
-    if (info->op == QMM_OP_QMM_T)
+    /* x values too small to scale by 16^-j exactly, products near f32's subnormal range (4-bit, f32 and bf16, every
+     * group size): qmm_t with K = 640 + group, qmm_n with N = 640 + group and K = 70 (two 64-row stages of the CUDA
+     * qmm_n tiles, which scale x·s before cutting it into parts). */
+    if (info->op == QMM_OP_QMM_T || info->op == QMM_OP_QMM_N)
         for (size_t d = 0; d < 3; d += 2)
-            for (size_t g = 0; g < 3; g++)
-                run_matrix(context, info, rng, 7, 640 + (size_t)all_group_sizes[g], 4, all_group_sizes[g],
+            for (size_t g = 0; g < 3; g++) {
+                const size_t wide = 640 + (size_t)all_group_sizes[g];
+                run_matrix(context, info, rng, transpose ? 7 : wide, transpose ? wide : 70, 4, all_group_sizes[g],
                            all_dtypes[d], &ms, &tally, true);
+            }
     printf("  %-28s %6zu cases ran, %zu not supported, %zu failed, worst error/bound %.3f\n", info->name, tally.ran,
            tally.not_supported, tally.failed, tally.worst);
     if (tally.not_supported) printf("    first refusal: %s\n", tally.first_refusal);

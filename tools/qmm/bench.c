@@ -990,6 +990,11 @@ int cmd_bench(const command *c, int argc, char **argv) {
             rc = library_error(c, status);
             goto done;
         }
+        if (run->op == QMM_OP_QMM_N) { /* a table's entries each name their op; `qmm tune` writes qmm_t entries */
+            const size_t used = strlen(run->tuning);
+            snprintf(run->tuning + used, sizeof run->tuning - used, " (each steers calls of its own op only: qmm_t "
+                     "entries, such as qmm tune writes, do not apply to --op n)");
+        }
         fprintf(stderr, "bench: %s\n", run->tuning);
     }
     if (json_text && (rc = resolve_json_path(c, json_text, run->backend, json_path, sizeof json_path))) goto done;
@@ -1059,12 +1064,22 @@ int cmd_bench(const command *c, int argc, char **argv) {
         goto done;
     }
 
-    for (size_t s = 0; run->op == QMM_OP_QMM_N && s < run->shape_count; s++)
-        if (run->shapes[s].N % (size_t)run->group_size != 0) { /* qmm_n quantizes along n */
-            rc = usage_error(c, "--op n: shape %s has n=%zu, not a multiple of --group-size %d (qmm_n's Ŵ [k, n] is "
-                             "quantized along n)", run->shapes[s].name, run->shapes[s].N, run->group_size);
-            goto done;
+    /* qmm_n quantizes along n: a shape whose n is not a multiple of the group is a bad shape, as one whose k is not
+     * for qmm_t (the --quick grid drops it, as it drops those; at least quick.256x512 stays) */
+    if (run->op == QMM_OP_QMM_N) {
+        size_t kept = 0;
+        for (size_t s = 0; s < run->shape_count; s++) {
+            if (run->shapes[s].N % (size_t)run->group_size == 0) {
+                run->shapes[kept++] = run->shapes[s];
+            } else if (shapes_text || !quick) {
+                rc = library_error(c, qmm_error(QMM_ERR_SHAPE, "--op n: shape %s has n=%zu, not a multiple of --group-size "
+                                                              "%d (qmm_n's Ŵ [k, n] is quantized along n)",
+                                                run->shapes[s].name, run->shapes[s].N, run->group_size));
+                goto done;
+            }
         }
+        run->shape_count = kept;
+    }
     {
         format_command_line(run->command_line, sizeof run->command_line, "bench", argc, argv);
         time_t now = time(NULL);

@@ -143,7 +143,7 @@ static const command commands[] = {
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
-     "                [--bits B] [--group-size G] [--repeats R] [--out FILE] [--quick]\n"
+     "                [--bits B] [--group-size G] [--repeats R] [--out FILE] [--quick] [--threads N]\n"
      "  For every shape (n×k, qmm_t out[M, n] = x[M, k]·Ŵᵀ), dtype and M: times every eligible kernel of the backend,\n"
      "  each forced by name, as qmm bench does (weights rotating beyond the cache, chains, median of R runs; no\n"
      "  peers; scalar reference rows whose measurement would take more than ~10 s are not timed). Consecutive M\n"
@@ -156,7 +156,9 @@ static const command commands[] = {
      "  bench, run and matmul) refuses another backend's table and sets aside entries of another device.\n"
      "  --shapes: files of \"name N K\" lines, or names of bench/shapes/NAME.txt (seed, qwen3); default seed.\n"
      "  --m: default 1,2,4,8,16,32,64,128,512 (cpu, ref), 1,2,3,4,6,8,12,16 (cuda). --dtype: default f32,bf16\n"
-     "  (cpu, ref), f16,bf16 (cuda). --bits/--group-size: default 4/64. --quick: a tiny grid, for tests.\n",
+     "  (cpu, ref), f16,bf16 (cuda). --bits/--group-size: default 4/64. --quick: a tiny grid, for tests.\n"
+     "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may\n"
+     "  use) — a table measured with N threads is for runs with N threads.\n",
      cmd_tune},
     {"help", "print this list, or a command's usage", "usage: qmm help [COMMAND]\n", cmd_help},
 };

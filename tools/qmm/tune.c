@@ -244,14 +244,14 @@ static int compare_sizes(const void *a, const void *b) {
 
 int cmd_tune(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
-               *group_text = NULL, *repeats_text = NULL, *out_text = NULL;
-    int quick = 0;
+               *group_text = NULL, *repeats_text = NULL, *out_text = NULL, *threads_text = NULL;
+    int quick = 0, threads = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
         {"--m", "-m", &m_text, NULL, NULL, 0, NULL},             {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
         {"--bits", NULL, &bits_text, NULL, NULL, 0, NULL},       {"--group-size", NULL, &group_text, NULL, NULL, 0, NULL},
         {"--repeats", NULL, &repeats_text, NULL, NULL, 0, NULL}, {"--out", "-o", &out_text, NULL, NULL, 0, NULL},
-        {"--quick", NULL, NULL, NULL, NULL, 0, &quick},
+        {"--quick", NULL, NULL, NULL, NULL, 0, &quick},          {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
     };
     const char *positional[1];
     size_t npositional;
@@ -271,12 +271,17 @@ int cmd_tune(const command *c, int argc, char **argv) {
 
     /* Every option is checked before any work. */
     if ((rc = parse_backend(c, backend_text, &backend_choice))) goto done;
+    if ((rc = parse_threads(c, threads_text, &threads))) goto done;
     const measure_option_texts texts = {bits_text, group_text, repeats_text, m_text, dtype_text, shapes_text};
     if ((rc = parse_measure_options(c, &texts, &run->bits, &run->group_size, &run->repeats, run->ms, &run->m_count,
                                     run->dtypes, &run->dtype_count)))
         goto done;
 
     if ((status = open_context(backend_choice, &run->context)) != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    if ((status = apply_threads(run->context, threads)) != QMM_OK) {
         rc = library_error(c, status);
         goto done;
     }
