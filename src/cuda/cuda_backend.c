@@ -471,24 +471,47 @@ static bool tile_n_supports(const qmm_call *call, int tile, char *why_not, size_
     return true;
 }
 
-/* Splits of K for an mma_tile_n launch (the workspace of the mma_tile family): enough blocks for 4 per SM (its
- * register and shared-memory budget) when the tiles alone are too few, each split keeping ≥ 4 stages of 64 rows k,
- * at most 16, within the workspace; 1 in batch-invariant mode, or before any repacked weights made the workspace. */
+/* Splits of K for a split-K launch of the tile families (mma_tile, mma_tile_n; the workspace of tile_workspace): enough
+ * blocks to give every SM `blocks_per_sm` of them when the bm × bn tiles alone are too few, each split keeping ≥ 4 of
+ * the `units` along K (64-byte super-blocks, or stages), at most 16, within the workspace. 1 when the tiles already
+ * fill the device, in batch-invariant mode (split-K changes the order of the sum over K), or before any repacked
+ * weights made the workspace. QMM_CUDA_SPLITS=n forces n (experiments, docs/PERF.md). */
+static int split_k_count(const qmm_call *call, size_t bn, size_t bm, size_t blocks_per_sm, size_t units,
+                         const cuda_state *s) {
+    const size_t tiles = ((call->N + bn - 1) / bn) * ((call->M + bm - 1) / bm);
+    const size_t target = (size_t)s->multiprocessors * blocks_per_sm;
+    size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
+    const char *forced = getenv("QMM_CUDA_SPLITS");
+    if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
+    if (splits > units / 4) splits = units / 4;
+    if (splits > 16) splits = 16;
+    if (tiles > QMM_TILE_COUNTERS) splits = 1;
+    while (splits > 1 && tiles * splits * bm * bn > QMM_TILE_PARTIAL_FLOATS) splits--;
+    if (call->batch_invariant || splits <= 1 || !s->tile_partials) return 1;
+    return (int)splits;
+}
+
+/* Splits of K for an mma_tile launch (split_k_count): the blocks one SM holds by the register cap, fewer where shared
+ * memory (1 KB per block for the driver) runs out first (m16n256: 2 on an H100/H200, 1 on an A100); 64-byte
+ * super-blocks as the units. */
+static int tile_splits(const qmm_call *call, int tile) {
+    const cuda_state *s = call->backend_state;
+    int bn, bm, threads, blocks_per_sm;
+    size_t shared;
+    qmm_cuda_mma_tile_shape(tile, call->bits, &bn, &bm, &threads, &blocks_per_sm, &shared);
+    const size_t by_shared = s->shared_per_sm / (shared + 1024);
+    if (by_shared >= 1 && by_shared < (size_t)blocks_per_sm) blocks_per_sm = (int)by_shared;
+    const size_t super_blocks = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16; /* 64 bytes each */
+    return split_k_count(call, (size_t)bn, (size_t)bm, (size_t)blocks_per_sm, super_blocks, s);
+}
+
+/* Splits of K for an mma_tile_n launch (split_k_count): 4 blocks per SM (its register and shared-memory budget),
+ * stages of 64 rows k as the units. */
 static int tile_n_splits(const qmm_call *call, int tile) {
     const cuda_state *s = call->backend_state;
     int bn, bm, bk;
     qmm_cuda_mma_tile_n_shape(tile, &bn, &bm, &bk);
-    const size_t tiles = ((call->N + (size_t)bn - 1) / (size_t)bn) * ((call->M + (size_t)bm - 1) / (size_t)bm);
-    const size_t stages = (call->K + (size_t)bk - 1) / (size_t)bk, target = (size_t)s->multiprocessors * 4;
-    size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
-    const char *forced = getenv("QMM_CUDA_SPLITS");
-    if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
-    if (splits > stages / 4) splits = stages / 4;
-    if (splits > 16) splits = 16;
-    if (tiles > QMM_TILE_COUNTERS) splits = 1;
-    while (splits > 1 && tiles * splits * (size_t)bm * (size_t)bn > QMM_TILE_PARTIAL_FLOATS) splits--;
-    if (call->batch_invariant || splits <= 1 || !s->tile_partials) return 1;
-    return (int)splits;
+    return split_k_count(call, (size_t)bn, (size_t)bm, 4, (call->K + (size_t)bk - 1) / (size_t)bk, s);
 }
 
 #define TILE_N_ROW(NAME, TILE)                                                                                    \
@@ -594,34 +617,6 @@ static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t 
         return false;
     }
     return tile_grid_supports(call, (size_t)bm, why_not, size);
-}
-
-/* Splits of K for an mma_tile launch: enough blocks to give every SM `resident` of them when the tiles alone
- * are too few, each split keeping ≥ 4 super-blocks, within the workspace. 1 when the tiles already fill the
- * device. QMM_CUDA_SPLITS=n forces n (experiments,
- * docs/PERF.md). */
-static int tile_splits(const qmm_call *call, int tile) {
-    const cuda_state *s = call->backend_state;
-    int bn, bm, threads, blocks_per_sm;
-    size_t shared;
-    qmm_cuda_mma_tile_shape(tile, call->bits, &bn, &bm, &threads, &blocks_per_sm, &shared);
-    /* the blocks one SM holds: the register cap's count, fewer where shared memory (1 KB per block for the driver)
-     * runs out first (m16n256: 2 on an H100/H200, 1 on an A100) */
-    const size_t by_shared = s->shared_per_sm / (shared + 1024);
-    if (by_shared >= 1 && by_shared < (size_t)blocks_per_sm) blocks_per_sm = (int)by_shared;
-    const size_t tiles = ((call->N + (size_t)bn - 1) / (size_t)bn) * ((call->M + (size_t)bm - 1) / (size_t)bm);
-    const size_t super_blocks = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16; /* 64 bytes each */
-    const size_t target = (size_t)s->multiprocessors * (size_t)blocks_per_sm;
-    size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
-    const char *forced = getenv("QMM_CUDA_SPLITS");
-    if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
-    if (splits > super_blocks / 4) splits = super_blocks / 4;
-    if (splits > 16) splits = 16;
-    if (tiles > QMM_TILE_COUNTERS) splits = 1;
-    while (splits > 1 && tiles * splits * (size_t)bm * (size_t)bn > QMM_TILE_PARTIAL_FLOATS) splits--;
-    if (call->batch_invariant) return 1; /* split-K changes the order of the sum over K */
-    if (splits <= 1 || !s->tile_partials) return 1;
-    return (int)splits;
 }
 
 #define TILE_ROW(NAME, TILE)                                                                                      \

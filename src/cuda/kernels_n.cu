@@ -274,13 +274,7 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
             for (int e = 0; e < 4; e++)
                 mine[(tok_base + 8 * tt + 2 * t + (e & 1)) * BN + col_base + 16 * r + 2 * g + (e >> 1)] =
                     acc[r][tt][e] + accb[tt][e & 1] * n_traits<T>::bias_unscale;
-    __threadfence();
-    __syncthreads();
-    __shared__ unsigned arrived;
-    if (threadIdx.x == 0) arrived = atomicAdd(&counters[tile], 1u);
-    __syncthreads();
-    if (arrived != gridDim.z - 1) return;
-    __threadfence(); /* the other splits' sums are visible */
+    if (!split_arrived_last(counters, tile)) return;
     const float *all = partials + (size_t)tile * gridDim.z * (BM * BN);
     for (int i = threadIdx.x; i < BM * BN; i += THREADS) {
         const int m = m0 + i / BN, n = n0 + i % BN;
@@ -295,11 +289,8 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
 template <int BITS, typename T, int GS, int ID> int launch_n(const qmm_cuda_launch *c) {
     typedef tile_n_config<ID> C;
     constexpr int BN = 16 * WR * C::WN, BM = 8 * C::WT * C::WM;
-    const int stages = (int)((c->K + KS - 1) / KS);
-    int splits = c->splits > 0 ? c->splits : 1;
-    if (splits > stages) splits = stages;
-    const int per_split = (stages + splits - 1) / splits;
-    splits = (stages + per_split - 1) / per_split; /* no empty split */
+    int per_split;
+    const int splits = split_count((int)((c->K + KS - 1) / KS), c->splits, &per_split);
     dim3 grid((unsigned)((c->N + BN - 1) / BN), (unsigned)((c->M + BM - 1) / BM), (unsigned)splits);
     const int x_vectors = c->K % 8 == 0 && (uintptr_t)c->x % 16 == 0;
     return launch_kernel(mma_tile_n_kernel<BITS, T, GS, C::WT, C::WN, C::WM>, grid, dim3(32 * C::WN * C::WM), 0,

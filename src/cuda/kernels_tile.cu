@@ -303,13 +303,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                 const int row = row_base + 16 * r + 8 * (e >> 1) + g, tok = tok_base + 8 * tt + 2 * t + (e & 1);
                 mine[tok * BN + row] = acc[r][tt][e];
             }
-    __threadfence();
-    __syncthreads();
-    __shared__ unsigned arrived;
-    if (threadIdx.x == 0) arrived = atomicAdd(&counters[tile], 1u);
-    __syncthreads();
-    if (arrived != gridDim.z - 1) return;
-    __threadfence(); /* the other splits' partials are visible */
+    if (!split_arrived_last(counters, tile)) return;
     reduce_splits<BITS, T, GS, BM, BN, THREADS>(reinterpret_cast<const float4 *>(partials + (size_t)tile * gridDim.z * (BM * BN)),
                                                  gridDim.z, x, w_orig, scales, biases, out, M, N, K, n0, m0);
     if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
@@ -387,10 +381,8 @@ template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm
     if (opt_in) return opt_in;
     const int super_blocks = (int)((c->K / 32 + BPS - 1) / BPS);
     const unsigned tiles_n = (unsigned)((c->N + BN - 1) / BN), tiles_m = (unsigned)((c->M + BM - 1) / BM);
-    int splits = c->splits > 0 ? c->splits : 1;
-    if (splits > super_blocks) splits = super_blocks;
-    const int per_split = (super_blocks + splits - 1) / splits;
-    splits = (super_blocks + per_split - 1) / per_split; /* no empty split */
+    int per_split;
+    const int splits = split_count(super_blocks, c->splits, &per_split);
     dim3 grid(tiles_n, tiles_m, (unsigned)splits);
     cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
     kernel<<<grid, 32 * C::WN * C::WM, shared, (cudaStream_t)c->stream>>>(

@@ -299,6 +299,27 @@ __device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
 }
 
+/* Split-K of the tile kernels (kernels_tile.cu, kernels_n.cu). split_count: the launch's splits of `units` along K
+ * (super-blocks or stages) — at most the `requested` (≥ 1), none empty; *per_split units each. split_arrived_last:
+ * called by every thread of a block after it wrote its partial tile; true in the last split of `tile` to arrive (a
+ * per-tile counter), which then sees the other splits' partials, adds them in split order and resets the counter. */
+static inline int split_count(int units, int requested, int *per_split) {
+    int splits = requested > 0 ? requested : 1;
+    if (splits > units) splits = units > 0 ? units : 1;
+    *per_split = (units + splits - 1) / splits;
+    return *per_split > 0 ? (units + *per_split - 1) / *per_split : 1; /* no empty split */
+}
+__device__ __forceinline__ bool split_arrived_last(unsigned *counters, unsigned tile) {
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned arrived;
+    if (threadIdx.x == 0) arrived = atomicAdd(&counters[tile], 1u);
+    __syncthreads();
+    if (arrived != gridDim.z - 1) return false;
+    __threadfence(); /* the other splits' partials are visible */
+    return true;
+}
+
 /* Programmatic dependent launch (PTX ISA "griddepcontrol", sm_90; CUDA programming guide, "Programmatic
  * Dependent Launch"). A kernel launched with launch_kernel(..., pdl = true) may start while the kernel before
  * it on the stream is still running: it first lets its own successor be scheduled (pdl_launch_dependents),
