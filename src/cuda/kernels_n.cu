@@ -1,5 +1,5 @@
 /*
- * kernels_n.cu — x·Ŵ (qmm_n, MLX quantized_matmul with transpose=False) on the tensor cores: the mma_tile_n row
+ * kernels_n.cu — x·Ŵ (qmm_n, MLX quantized_matmul with transpose=False) on the tensor cores: the mma_tile_n rows
  * (docs/kernels.md §9.8). 4- and 8-bit codes, f16/bf16 activations, any M, any N (a multiple of the group), any K.
  *
  * Ŵ is [K, N], quantized along N: ŵ[k, n] = s[k, g]·q[k, n] + b[k, g] with g = n / group_size. The scale varies
