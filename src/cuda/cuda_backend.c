@@ -419,14 +419,23 @@ static qmm_status generic_n_run(const qmm_call *call) {
     return launch_status(qmm_cuda_generic_qmm_n(&launch), "cuda.qmm_n.generic.m8n256", __FILE__, __LINE__);
 }
 
-/* What every tensor-core row needs besides its dtype: 4- or 8-bit codes, the repacked arrays within 32-bit offsets,
- * mma.sync (sm_80). */
-static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) {
+/* What every tensor-core row needs besides its dtype: 4- or 8-bit codes and mma.sync (sm_80). */
+static bool tensor_core_supports(const qmm_call *call, char *why_not, size_t size) {
     const cuda_state *s = call->backend_state;
     if (call->bits != 4 && call->bits != 8) {
         snprintf(why_not, size, "bits=%d: the tensor-core families decode 4- and 8-bit codes only", call->bits);
         return false;
     }
+    if (s->major < 8) {
+        snprintf(why_not, size, "mma.sync m16n8k16 needs compute capability 8.0, the device has %d.%d", s->major, s->minor);
+        return false;
+    }
+    return true;
+}
+
+/* ... and of the rows that read the repacked arrays: those arrays, within 32-bit offsets. */
+static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) {
+    if (!tensor_core_supports(call, why_not, size)) return false;
     const size_t quads = qmm_cuda_packed_words_per_row(call->K, call->bits) / 4; /* 16-byte words per row */
     if ((call->N + 15) / 16 * 16 > 0x7fffffffu / quads) {
         snprintf(why_not, size, "N=%zu rows (in tiles of 16) of %zu 16-byte words exceed the family's 32-bit offsets "
@@ -437,8 +446,15 @@ static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) 
         snprintf(why_not, size, "the weights were not repacked for the mma family (N or K above 2^31 - 1)");
         return false;
     }
-    if (s->major < 8) {
-        snprintf(why_not, size, "mma.sync m16n8k16 needs compute capability 8.0, the device has %d.%d", s->major, s->minor);
+    return true;
+}
+
+/* The tile families' grid: tiles of `tokens` rows of x along grid.y (at most 65535), and M, K < 2^31 (int
+ * offsets in the kernels). */
+static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
+    if (call->M > (size_t)65535 * tokens || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
+        snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %zu rows of x, and M, K < 2^31)", call->M,
+                 tokens);
         return false;
     }
     return true;
@@ -446,11 +462,7 @@ static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) 
 
 /* mma_tile_n (kernels_n.cu): qmm_n on the tensor cores from the MLX-layout arrays, f16/bf16, 4/8-bit, any M, N, K. */
 static bool tile_n_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
-    const cuda_state *s = call->backend_state;
-    if (call->bits != 4 && call->bits != 8) {
-        snprintf(why_not, size, "bits=%d: the mma_tile_n row decodes 4- and 8-bit codes only", call->bits);
-        return false;
-    }
+    if (!tensor_core_supports(call, why_not, size)) return false;
     if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
         snprintf(why_not, size, "dtype %s: the mma_tile_n row multiplies f16 or bf16 (x·s as bf16 parts); f32 qmm_n runs "
                  "on the generic row", qmm_dtype_name(call->dtype));
@@ -458,17 +470,12 @@ static bool tile_n_supports(const qmm_call *call, int tile, char *why_not, size_
     }
     int bn, bm, bk;
     qmm_cuda_mma_tile_n_shape(tile, &bn, &bm, &bk);
-    if (call->M > (size_t)65535 * (size_t)bm || call->M > 0x7fffffffu || call->N > 0x7fffffffu ||
-        call->K > 0x7fffffffu - (size_t)bk) {
-        snprintf(why_not, size, "M=%zu, N=%zu or K=%zu exceeds the mma_tile_n grid (65535 tiles of %d rows of x; M, N < "
-                 "2^31, K < 2^31 - %d: int offsets)", call->M, call->N, call->K, bm, bk);
+    if (call->N > 0x7fffffffu || call->K > 0x7fffffffu - (size_t)bk) {
+        snprintf(why_not, size, "N=%zu or K=%zu exceeds the mma_tile_n row's int offsets (N < 2^31, K < 2^31 - %d)",
+                 call->N, call->K, bk);
         return false;
     }
-    if (s->major < 8) {
-        snprintf(why_not, size, "mma.sync m16n8k16 needs compute capability 8.0, the device has %d.%d", s->major, s->minor);
-        return false;
-    }
-    return true;
+    return tile_grid_supports(call, (size_t)bm, why_not, size);
 }
 
 /* Splits of K for a split-K launch of the tile families (mma_tile, mma_tile_n; the workspace of tile_workspace): enough
@@ -583,16 +590,6 @@ static qmm_status ffma_run(const qmm_call *call) {
     return launch_status(qmm_cuda_ffma_gemv_qmm_t(&launch), "cuda.qmm_t.ffma_gemv.m8n16", __FILE__, __LINE__);
 }
 
-/* The tile families' grid: tiles of `tokens` rows of x along grid.y (at most 65535), and M, K < 2^31 (int
- * offsets in the kernels). */
-static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
-    if (call->M > (size_t)65535 * tokens || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
-        snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %zu rows of x, and M, K < 2^31)", call->M,
-                 tokens);
-        return false;
-    }
-    return true;
-}
 
 /* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). A tile whose block needs
  * more shared memory than the device lets a block have (m32n256 at 4 bits: 112 KB, above sm_86/89's 99 KB) refuses.

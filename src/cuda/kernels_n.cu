@@ -85,11 +85,9 @@ template <> __device__ __forceinline__ void column_pairs<4>(uint32_t wa, uint32_
 }
 template <> __device__ __forceinline__ void column_pairs<8>(uint32_t wa, uint32_t wb, int byte, uint32_t &lo,
                                                             uint32_t &hi) {
-    /* 8-bit codes through f32 (2^23 + c, exact), then packed: bf16 holds every integer ≤ 255 */
-    const float a0 = __uint_as_float(0x4B000000u | ((wa >> (8 * byte)) & 0xFFu)) - 8388608.0f;
-    const float b0 = __uint_as_float(0x4B000000u | ((wb >> (8 * byte)) & 0xFFu)) - 8388608.0f;
-    const float a1 = __uint_as_float(0x4B000000u | ((wa >> (8 * byte + 8)) & 0xFFu)) - 8388608.0f;
-    const float b1 = __uint_as_float(0x4B000000u | ((wb >> (8 * byte + 8)) & 0xFFu)) - 8388608.0f;
+    /* 8-bit codes through f32 (byte_code, exact), then packed: bf16 holds every integer ≤ 255 */
+    const float a0 = byte_code(wa, byte), b0 = byte_code(wb, byte);
+    const float a1 = byte_code(wa, byte + 1), b1 = byte_code(wb, byte + 1);
     __nv_bfloat162 l = __floats2bfloat162_rn(a0, b0), h = __floats2bfloat162_rn(a1, b1);
     lo = *reinterpret_cast<uint32_t *>(&l), hi = *reinterpret_cast<uint32_t *>(&h);
 }
@@ -195,7 +193,6 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
 
     const int col_base = wn * 16 * WR, tok_base = wm * 8 * WT;
     const int group_slot = BN / GS > 1 ? col_base / GS : 0; /* the warp's 32 columns lie in one group */
-    /* the byte of row k's words that holds columns 2g, 2g + 1 of the warp's tile r: word (col_base + 16r + 2g)·BITS/32 */
     for (int i = 0; i < count; i++) {
         store_pending(); /* stage (i + STAGES − 2) % STAGES: free since iteration i − 1's barrier */
         asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
@@ -208,7 +205,7 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
             /* A: the codes of the warp's two 16-column tiles, k slots 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3) */
             uint32_t a[WR][4];
 #pragma unroll
-            for (int r = 0; r < WR; r++) {
+            for (int r = 0; r < WR; r++) { /* columns 2g, 2g + 1 of tile r: byte `byte` of word `word` of a row k */
                 const int col = col_base + 16 * r + 2 * g, word = col * BITS / 32, byte = (col * BITS % 32) / 8;
                 column_pairs<BITS>(ws[stage][k0 + 2 * t][word], ws[stage][k0 + 2 * t + 1][word], byte, a[r][0], a[r][1]);
                 column_pairs<BITS>(ws[stage][k0 + 2 * t + 8][word], ws[stage][k0 + 2 * t + 9][word], byte, a[r][2],

@@ -204,12 +204,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
                     const int c = 2 * (4 * j + t), sw = tok & 1;
                     const float4 v0 = row[c ^ sw], v1 = row[(c + 1) ^ sw];
                     const float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-                    uint32_t parts[3][4];
-                    x_pairs_bf16x3<BITS>(f, parts);
-#pragma unroll
-                    for (int p = 0; p < XP; p++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) b[tt][p][e] = parts[p][e];
+                    x_pairs_bf16x3<BITS>(f, b[tt]);
                 } else {
                     x_pairs<BITS>(xs[(stage * BM + tok) * XCH + ((4 * j + t) ^ ((tok & 1) << 2))], b[tt][0]);
                 }

@@ -169,13 +169,15 @@ template <> struct decode<8, __half> {
         q[3] = sub_magic(and_or(w[1] >> 8, 0x00FF00FFu, magic), __half()); /* c5, c7 */
     }
 };
+/* The 8-bit code in byte `byte` of a word as an exact f32 integer (2^23 + c − 2^23). */
+__device__ __forceinline__ float byte_code(uint32_t word, int byte) {
+    return __uint_as_float(0x4B000000u | ((word >> (8 * byte)) & 0xFFu)) - 8388608.0f;
+}
 template <> struct decode<8, __nv_bfloat16> {
-    /* bf16 has 8 significant bits: 128 + c is not exact for c ≥ 128, so go through f32 (2^23 + c, exact)
-     * and pack two exact integers into bf16x2 (exact: c ≤ 255 has at most 8 significant bits). */
+    /* bf16 has 8 significant bits: 128 + c is not exact for c ≥ 128, so go through f32 (byte_code) and pack two
+     * exact integers into bf16x2 (exact: c ≤ 255 has at most 8 significant bits). */
     static __device__ __forceinline__ uint32_t pair(uint32_t word, int lo_byte, int hi_byte) {
-        const float lo = __uint_as_float(0x4B000000u | ((word >> (8 * lo_byte)) & 0xFFu)) - 8388608.0f;
-        const float hi = __uint_as_float(0x4B000000u | ((word >> (8 * hi_byte)) & 0xFFu)) - 8388608.0f;
-        __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+        __nv_bfloat162 r = __floats2bfloat162_rn(byte_code(word, lo_byte), byte_code(word, hi_byte));
         return *reinterpret_cast<uint32_t *>(&r);
     }
     static __device__ __forceinline__ void run(const uint32_t *w, uint32_t q[4]) {
@@ -254,16 +256,6 @@ template <int BITS> __device__ __forceinline__ void x_pairs(uint4 v, uint32_t b[
     }
 }
 
-/* f32 activations on the bf16 tensor cores (the mma_tile_bf16x3 row, docs/kernels.md §9.7): two f32 values a, b
- * (the low and high halves of a B-operand pair) scaled by 2^24 and cut into three bf16x2 pairs with
- * hi + mid + lo = v·2^24 exactly. Why exact: hi = rn(v') takes the top 8 significant bits, v' − hi is exact in f32
- * and has at most 16 significant bits, mid takes the next 8 and the rest (≤ 8 bits) is lo exactly. Why 2^24: every
- * part is then a normal bf16 (a nonzero f32 has no bit below 2^-149, so v·2^24 has none below 2^-125), and every
- * product with a code (≤ 255) a normal f32 — no subnormal reaches the tensor core, whatever it does with them.
- * Large |v| (from about 2^96, where a part times a code or a sum of them leaves f32's range; v·2^24 itself overflows
- * from 2^104) gives inf or NaN, never a wrong finite value: the output is then non-finite and the kernel's
- * non-finite rule recomputes it in f64 from the original arrays. A code·part product is exact in f32 (8 × 8 bits), so the
- * tensor core sums exact products of the integer codes and v·2^24, which the kernel scales back by 2^-24. */
 /* Two f32 values a, b as P bf16x2 pairs, parts[0] = rn(·) and each next part the rounding of what the previous ones
  * left: the sum of the parts is a (low halves) and b (high halves) exactly when a and b have at most 8·P significant
  * bits and every part is a normal bf16 (the callers scale first so that they are). */
@@ -275,6 +267,16 @@ template <int P> __device__ __forceinline__ void split_bf16_parts(float a, float
         if (p + 1 < P) a -= __low2float(h), b -= __high2float(h); /* exact: the bits rn(·) did not keep */
     }
 }
+/* f32 activations on the bf16 tensor cores (the mma_tile_bf16x3 row, docs/kernels.md §9.7): two f32 values a, b
+ * (the low and high halves of a B-operand pair) scaled by 2^24 and cut into three bf16x2 pairs with
+ * hi + mid + lo = v·2^24 exactly. Why exact: hi = rn(v') takes the top 8 significant bits, v' − hi is exact in f32
+ * and has at most 16 significant bits, mid takes the next 8 and the rest (≤ 8 bits) is lo exactly. Why 2^24: every
+ * part is then a normal bf16 (a nonzero f32 has no bit below 2^-149, so v·2^24 has none below 2^-125), and every
+ * product with a code (≤ 255) a normal f32 — no subnormal reaches the tensor core, whatever it does with them.
+ * Large |v| (from about 2^96, where a part times a code or a sum of them leaves f32's range; v·2^24 itself overflows
+ * from 2^104) gives inf or NaN, never a wrong finite value: the output is then non-finite and the kernel's
+ * non-finite rule recomputes it in f64 from the original arrays. A code·part product is exact in f32 (8 × 8 bits), so the
+ * tensor core sums exact products of the integer codes and v·2^24, which the kernel scales back by 2^-24. */
 __device__ __forceinline__ void split_bf16x3(float a, float b, uint32_t &hi, uint32_t &mid, uint32_t &lo) {
     uint32_t parts[3];
     split_bf16_parts<3>(a * 16777216.0f, b * 16777216.0f, parts); /* 2^24: exact below overflow */
