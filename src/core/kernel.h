@@ -74,13 +74,16 @@ typedef struct qmm_kernel {
      * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048). prefer_min_m (0 = no
      * limit): only for M ≥ prefer_min_m. prefer_min_tiles (0 = no limit): only when the call has at least that
      * many tiles of the row's bm × bn, ceil(M/bm)·ceil(N/bn) — a large tile that is the fastest once there are
-     * enough of them to spread over the device (the CUDA wgmma tiles). */
+     * enough of them to spread over the device (the CUDA wgmma tiles). prefer_min_tiles_k (0 = no limit): only
+     * when those tiles times K reach it — the work a large tile needs to fill the device, split-K included (few
+     * tiles with a long K split well, few with a short K do not). */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
     size_t prefer_small_n;
     size_t prefer_max_m_small_n;
     size_t prefer_min_tiles;
+    size_t prefer_min_tiles_k;
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

@@ -478,6 +478,21 @@ static bool tile_n_supports(const qmm_call *call, int tile, char *why_not, size_
     return tile_grid_supports(call, (size_t)bm, why_not, size);
 }
 
+/* The limits every split-K count keeps (split_k_count, wgmma_splits): QMM_CUDA_SPLITS=n replaces the wanted
+ * `splits`; then ≥ 4 units (super-blocks or stages) per split, at most 16, a counter per tile and the partial tiles
+ * (tile_floats f32 each) within the workspace; 1 in batch-invariant mode or before the workspace exists. */
+static int split_limits(const qmm_call *call, const cuda_state *s, size_t tiles, size_t tile_floats, size_t units,
+                        size_t splits) {
+    const char *forced = getenv("QMM_CUDA_SPLITS");
+    if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
+    if (splits > units / 4) splits = units / 4;
+    if (splits > 16) splits = 16;
+    if (tiles > QMM_TILE_COUNTERS) splits = 1;
+    while (splits > 1 && tiles * splits * tile_floats > QMM_TILE_PARTIAL_FLOATS) splits--;
+    if (call->batch_invariant || splits <= 1 || !s->tile_partials) return 1;
+    return (int)splits;
+}
+
 /* Splits of K for a split-K launch of the tile families (mma_tile, mma_tile_n; the workspace of tile_workspace): enough
  * blocks to give every SM `blocks_per_sm` of them when the bm × bn tiles alone are too few, each split keeping ≥ 4 of
  * the `units` along K (64-byte super-blocks, or stages), at most 16, within the workspace. 1 when the tiles already
@@ -487,15 +502,7 @@ static int split_k_count(const qmm_call *call, size_t bn, size_t bm, size_t bloc
                          const cuda_state *s) {
     const size_t tiles = ((call->N + bn - 1) / bn) * ((call->M + bm - 1) / bm);
     const size_t target = (size_t)s->multiprocessors * blocks_per_sm;
-    size_t splits = tiles >= target ? 1 : (target + tiles - 1) / tiles;
-    const char *forced = getenv("QMM_CUDA_SPLITS");
-    if (forced && *forced) splits = (size_t)strtoul(forced, NULL, 10);
-    if (splits > units / 4) splits = units / 4;
-    if (splits > 16) splits = 16;
-    if (tiles > QMM_TILE_COUNTERS) splits = 1;
-    while (splits > 1 && tiles * splits * bm * bn > QMM_TILE_PARTIAL_FLOATS) splits--;
-    if (call->batch_invariant || splits <= 1 || !s->tile_partials) return 1;
-    return (int)splits;
+    return split_limits(call, s, tiles, bm * bn, units, tiles >= target ? 1 : (target + tiles - 1) / tiles);
 }
 
 /* Splits of K for an mma_tile launch (split_k_count): the blocks one SM holds by the register cap, fewer where shared
@@ -647,12 +654,34 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
     return tile_grid_supports(call, tokens, why_not, size);
 }
 
+/* Splits of K for a wgmma_tile launch. Its block has an SM to itself (384 threads at 168 registers, 100–170 KB of
+ * shared memory), so a grid of fewer tiles than SMs leaves SMs idle, and every split adds a fixed cost (its pipeline
+ * filling and draining, the partial tile written and summed). The count minimises waves × (super-blocks per split +
+ * 8), the 8 fitted to the tenth session's A/B on the H200 (docs/PERF.md: 40 tiles of 5120² at M = 128 → 3 splits,
+ * 43 vs 77 µs; 112 tiles of 14336×5120 → 1, where 7 splits cost 1.2×) — then split_limits (QMM_CUDA_SPLITS, at
+ * most 16, ≥ 4 super-blocks per split, the workspace). */
+static int wgmma_splits(const qmm_call *call, size_t tokens) {
+    const cuda_state *s = call->backend_state;
+    const size_t tiles = ((call->N + 127) / 128) * ((call->M + tokens - 1) / tokens);
+    const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16, sms = (size_t)s->multiprocessors;
+    size_t best = 1, best_cost = SIZE_MAX;
+    for (size_t splits = 1; sms > 0 && splits <= 16 && (splits == 1 || splits <= units / 4); splits++) {
+        const size_t waves = (tiles * splits + sms - 1) / sms, cost = waves * ((units + splits - 1) / splits + 8);
+        if (cost < best_cost) best = splits, best_cost = cost;
+    }
+    return split_limits(call, s, tiles, tokens * 128, units, best);
+}
+
 #define WGMMA_ROW(NAME, TOKENS)                                                                                   \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        const cuda_state *s = call->backend_state;                                                                \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
+        launch.splits = wgmma_splits(call, TOKENS);                                                               \
+        launch.partials = s->tile_partials;                                                                       \
+        launch.counters = s->tile_counters;                                                                       \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
     }
 
@@ -701,11 +730,12 @@ static qmm_status gather_run(const qmm_call *call);
  *            faster than m8n32).
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
  *   On Hopper, before the rest where their hints allow, by tiles of 128 weight rows (the seventh session's
- *   sweep, 330 cells, docs/PERF.md):
- *   M ≥ 65, ≥ 80 tiles of 128 × 128 tokens: wgmma_tile m128n128 — wgmma with the decoded weights in registers,
- *            x by TMA: 1.06–1.78× faster than mma_tile in the 76 cells it takes (5120² M = 2048 f16: 358 vs
- *            567 µs; 12288×4096 M = 128: 60 vs 91); with fewer tiles most SMs idle (no split-K; 4096² M = 256,
- *            64 tiles: 60 µs vs 44 for m64n128).
+ *   sweep, 330 cells; the tenth session's with split-K in the wgmma rows, docs/PERF.md):
+ *   M ≥ 65, ≥ 32 tiles of 128 × 128 tokens, K ≥ 4096: wgmma_tile m128n128 — wgmma with the decoded weights in
+ *            registers, x by TMA, split-K where the tiles leave SMs idle (wgmma_splits): the fastest row in every
+ *            bf16 cell with N ≥ 4096 at M = 128 (5120² : 43 vs 53 µs for mma_tile m64n64, 4096×12288: 60 vs 86;
+ *            5120² M = 2048 f16: 358 vs 567). K < 4096 (the 30B-A3B experts' 2048 and 768) splits too little: the
+ *            other rows are faster there.
  *   M 17–32, N ≥ 12288: mma_tile m16n256 — 256 weight rows per block of 8 warps that share x through shared
  *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.7× faster than
  *            the wgmma row and m32n16 there (the eighth session's sweep, bf16 at M = 32: 27648×5120 90 vs 110 µs;
@@ -714,16 +744,16 @@ static qmm_status gather_run(const qmm_call *call);
  *            taken: no hint on K). From M = 33 it runs x in three or more tiles and loses (27648×5120 M = 64: 164
  *            vs 110). mma_tile m32n256 (the same with 32 tokens, one block per SM) is for `qmm tune` and
  *            forcing: the fastest only on 27648×5120 at M = 32 (79–81 µs).
- *   M ≥ 17, ≥ 96 tiles of 128 × 64 tokens: wgmma_tile m64n128 — the same kernel with 64 tokens per block, twice
- *            the blocks (14336×5120 M = 32: 55 vs 69 µs for m32n16; 4096² M = 256: 44 vs 61 for mma_tile). Not
- *            where the tiles come to just over one wave (17408×5120 M = 32–64, 136 tiles: 106 µs vs 83 for
- *            mma_tile — left as it is, 4 cells of 330).
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128: the tile has too few row tiles there and leans on
  *            split-K (768×2048 M = 64: 6.1 vs 11.8 µs; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
  *            with M 33–128 within 3 % of the tile or faster; from M = 192 the tile wins; N ≥ 4096 at M = 48
  *            the tile is 1.3–1.8× faster; docs/PERF.md, third session).
+ *   M ≥ 33, ≥ 32 tiles of 128 × 64 tokens: wgmma_tile m64n128 — the same kernel with 64 tokens per block, split-K
+ *            likewise: the fastest row at M = 64 for N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60
+ *            vs 79), except where the tiles come to just over one wave (17408×5120 M = 64, 136 tiles: 108 vs 92
+ *            for m64n64), and at M = 256–512 on the small-N shapes (1024×4096 M = 256: 20.1 vs 25.9).
  *   M > 32:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
@@ -757,17 +787,19 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
-     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65, .prefer_min_tiles = 80},
+     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65,
+     .prefer_min_tiles_k = 32 * 4096},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
                        "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,
      .prefer_min_n = 12288},
-    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
-                        "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
-     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 17, .prefer_min_tiles = 96},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},
+    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
+                        "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
+     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 33,
+     .prefer_min_tiles_k = 128 * 768},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m64n64_supports, .run = tile_m64n64_run},

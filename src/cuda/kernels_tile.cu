@@ -26,41 +26,6 @@
 #include "cuda_internal.h"
 #include "mma_common.cuh"
 
-/* The last split's sum of a tile's partials (see the kernel): four neighbouring rows of one token per step
- * (128-bit loads), the splits' loads of a step issued together — the scalar loop this replaces waited one L2
- * round trip per output (32 outputs per thread at BM = BN = 64), which dominated small-N shapes at M = 32–128.
- * Same sums in the same order (0 + p0 + p1 + …). Not inlined: its registers stay out of the main loop's
- * allocation (the kernel runs under a 168-register cap). */
-template <int BITS, typename T, int GS, int BM, int BN, int THREADS>
-__device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsigned splits, const T *__restrict__ x,
-                                           const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
-                                           const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K,
-                                           int n0, int m0) {
-    static_assert(BN % 4 == 0, "four rows per step");
-    const int groups = K / GS;
-    for (int i4 = threadIdx.x; i4 < BM * BN / 4; i4 += THREADS) {
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-        for (unsigned z = 0; z < splits; z++) {
-            const float4 p = __ldcg(all + (size_t)z * (BM * BN / 4) + i4);
-            v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
-        }
-        const int tok = 4 * i4 / BN, row = 4 * i4 % BN, m = m0 + tok;
-        if (m >= M) continue;
-        const float sums[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int n = n0 + row + c;
-            if (n >= N) break;
-            float value = sums[c];
-            if (!isfinite(value))
-                value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
-                                        scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
-            store_f32(out, (size_t)m * N + n, value);
-        }
-    }
-}
-
 /* What the tile multiplies for activations of type T: 16-bit x as it is (one part), f32 x as three bf16 parts
  * (split_bf16x3, docs/kernels.md §9.7) with the codes decoded to bf16 integers. */
 template <typename T> struct tile_x {

@@ -172,11 +172,31 @@ __device__ __forceinline__ void issue_segment(float (&part)[TOKS / 2], const uin
 }
 #endif /* QMM_WGMMA_DEVICE */
 
+/* Split-K's end for the consumers (threads 0–255), from this split's partial tile in shared memory ([TOKS tokens][128
+ * rows] f32): the tile to its place in the workspace (16-byte stores), the arrival on the tile's counter and, in the
+ * last split to arrive, the sum of the tile's partials in split order (reduce_splits: the non-finite rule, the stores).
+ * Not inlined: under the consumers' 168-register cap this code in the kernel body made the main loop spill. */
 template <int BITS, typename T, int GS, int TOKS>
+__device__ __noinline__ void split_finish(const float *tile_partial, float *partials, unsigned *counters, const T *x,
+                                          const uint32_t *w_orig, const T *scales, const T *biases, T *out, int M, int N,
+                                          int K, int n0, int m0) {
+    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float4 *mine = reinterpret_cast<float4 *>(partials + ((size_t)tile * gridDim.z + blockIdx.z) * (TOKS * WG_ROWS));
+    block_barrier<256>(); /* every consumer's part of the tile is in shared memory */
+    for (int i = threadIdx.x; i < TOKS * WG_ROWS / 4; i += 256) mine[i] = reinterpret_cast<const float4 *>(tile_partial)[i];
+    if (!split_arrived_last<256>(counters, tile)) return;
+    reduce_splits<BITS, T, GS, TOKS, WG_ROWS, 256>(
+        reinterpret_cast<const float4 *>(partials + (size_t)tile * gridDim.z * (TOKS * WG_ROWS)), gridDim.z, x, w_orig,
+        scales, biases, out, M, N, K, n0, m0);
+    if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
+}
+
+template <int BITS, typename T, int GS, int TOKS, bool SPLIT>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
-                      const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K) {
+                      const T *__restrict__ biases, T *__restrict__ out, float *__restrict__ partials,
+                      unsigned *__restrict__ counters, int M, int N, int K, int sb_per_split) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, TOKS>;
     extern __shared__ uint8_t shared_raw[];
@@ -188,6 +208,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * TOKS;
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int groups = K / GS;
+    /* SPLIT (split-K, grid.z splits): this block's contiguous range of super-blocks, `count` of them from sb_begin. A
+     * separate instantiation: the split epilogue's code in the one kernel made the consumers' main loop spill under
+     * their 168-register cap. */
+    const int sb_begin = SPLIT ? (int)blockIdx.z * sb_per_split : 0;
+    const int count = SPLIT ? max(0, min(super_blocks, sb_begin + sb_per_split) - sb_begin) : super_blocks;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
             mbarrier_init(bars + 8 * s, 128);                   /* the 128 producer threads */
@@ -224,8 +249,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const uint4 *sb_src = reinterpret_cast<const uint4 *>(sb) +
                               (sb_ok ? sb_tiled_run<size_t>(tile0 + sb_tile, super_blocks, 0, L::GSB) + p % (4 * L::GSB) : 0);
         /* All copies of stage i, after the consumers have handed its buffer back; always commits a group. */
-        auto issue = [&](int i) {
-            if (i < super_blocks) {
+        auto issue = [&](int i) { /* the block's i-th super-block: sb_begin + i of the row */
+            if (i < count) {
                 const int s = i % WG_STAGES;
                 if (i >= WG_STAGES) mbarrier_wait(bars + 8 * (WG_STAGES + s), ((i / WG_STAGES) - 1) & 1);
                 const uint32_t stage = smem_address(shared + s * L::STAGE);
@@ -238,14 +263,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     for (int column = 0; column < L::KS / 64; column++)
                         asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
                                          stage + column * (TOKS * 128)),
-                                     "l"(&x_map), "r"(i * L::KS + 64 * column), "r"(m0), "r"(x_full)
+                                     "l"(&x_map), "r"((sb_begin + i) * L::KS + 64 * column), "r"(m0), "r"(x_full)
                                      : "memory");
                 }
 #pragma unroll
                 for (int c = 0; c < 4; c++)
-                    cp_async_16(stage + L::W_AT + (p + 128 * c) * 16, w_src[c] + (w_ok[c] ? 64 * i : 0), w_ok[c]);
+                    cp_async_16(stage + L::W_AT + (p + 128 * c) * 16, w_src[c] + (w_ok[c] ? 64 * (sb_begin + i) : 0), w_ok[c]);
                 if (p < 32 * L::GSB)
-                    cp_async_16(stage + L::SB_AT + p * 16, sb_src + (sb_ok ? 4 * L::GSB * i : 0), sb_ok);
+                    cp_async_16(stage + L::SB_AT + p * 16, sb_src + (sb_ok ? 4 * L::GSB * (sb_begin + i) : 0), sb_ok);
             }
             asm volatile("cp.async.commit_group;");
         };
@@ -253,7 +278,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
         for (int d = 0; d < AHEAD; d++) issue(d);
         const uint32_t ones = mma_traits<T>::ones, ones4[4] = {ones, ones, ones, ones};
-        for (int i = 0; i < super_blocks; i++) {
+        for (int i = 0; i < count; i++) {
             const int s = i % WG_STAGES;
             /* this thread's copies of stage i have landed (stages i + 1 … i + AHEAD − 1 may still be in flight) */
             asm volatile("cp.async.wait_group %0;" ::"n"(AHEAD - 1));
@@ -328,7 +353,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
     for (int e = 0; e < TOKS / 2; e++) acc[e] = 0.0f;
 #pragma unroll 1
-    for (int i = 0; i < super_blocks; i++) {
+    for (int i = 0; i < count; i++) {
         const int s = i % WG_STAGES;
         mbarrier_wait(bars + 8 * s, (i / WG_STAGES) & 1);
         const uint8_t *stage = shared + s * L::STAGE;
@@ -360,20 +385,33 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         mbarrier_arrive(bars + 8 * (WG_STAGES + s)); /* every thread: an arrive releases its own reads only */
     }
 
-    /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
+    if constexpr (SPLIT) {
+        /* split-K: the partial tile into shared memory — the stages' buffers, once both consumer warpgroups are past
+         * their last stage (the producer issues no more) — then split_finish */
+        block_barrier<256>();
+        float *tile_partial = reinterpret_cast<float *>(shared);
 #pragma unroll
-    for (int j = 0; j < TOKS / 8; j++)
+        for (int j = 0; j < TOKS / 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int m = m0 + 8 * j + 2 * t + (e & 1), n = n0 + row_w + g + 8 * (e >> 1);
-            if (m < M && n < N) {
-                float value = acc[4 * j + e];
-                if (!isfinite(value))
-                    value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
-                                            scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
-                store_f32(out, (size_t)m * N + n, value);
+            for (int e = 0; e < 4; e++)
+                tile_partial[(8 * j + 2 * t + (e & 1)) * WG_ROWS + row_w + g + 8 * (e >> 1)] = acc[4 * j + e];
+        split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+    } else {
+        /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
+#pragma unroll
+        for (int j = 0; j < TOKS / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int m = m0 + 8 * j + 2 * t + (e & 1), n = n0 + row_w + g + 8 * (e >> 1);
+                if (m < M && n < N) {
+                    float value = acc[4 * j + e];
+                    if (!isfinite(value))
+                        value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
+                                                scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
+                    store_f32(out, (size_t)m * N + n, value);
+                }
             }
-        }
+    }
 #elif defined(__CUDA_ARCH__)
     __trap(); /* device code without sm_90a features (supports() should have refused): fail, never return silently */
 #endif
@@ -411,17 +449,20 @@ static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, int tokens) 
 
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
     using L = wgmma_layout<BITS, GS, TOKS>;
-    auto kernel = wgmma_tile_kernel<BITS, T, GS, TOKS>;
-    static unsigned long long opted_in = 0;
-    const int opt_in = shared_memory_opt_in(kernel, (size_t)L::SHARED, &opted_in);
+    int per_split;
+    const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), c->splits, &per_split);
+    auto kernel = splits > 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true> : wgmma_tile_kernel<BITS, T, GS, TOKS, false>;
+    static unsigned long long opted_in[2] = {0, 0};
+    const int opt_in = shared_memory_opt_in(kernel, (size_t)L::SHARED, &opted_in[splits > 1]);
     if (opt_in) return opt_in;
     CUtensorMap x_map;
     const int map = x_tensor_map(&x_map, c, TOKS);
     if (map) return map;
-    const dim3 grid((unsigned)((c->N + WG_ROWS - 1) / WG_ROWS), (unsigned)((c->M + TOKS - 1) / TOKS));
+    const dim3 grid((unsigned)((c->N + WG_ROWS - 1) / WG_ROWS), (unsigned)((c->M + TOKS - 1) / TOKS), (unsigned)splits);
     return launch_kernel(kernel, grid, dim3(WG_THREADS), (size_t)L::SHARED, c->stream, false, x_map, (const T *)c->x,
                          (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-                         (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
+                         (const T *)c->biases, (T *)c->out, c->partials, c->counters, (int)c->M, (int)c->N, (int)c->K,
+                         per_split);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {

@@ -301,25 +301,69 @@ __device__ __forceinline__ float2 scale_bias(uint32_t pair, __nv_bfloat16) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
 }
 
-/* Split-K of the tile kernels (kernels_tile.cu, kernels_n.cu). split_count: the launch's splits of `units` along K
- * (super-blocks or stages) — at most the `requested` (≥ 1), none empty; *per_split units each. split_arrived_last:
- * called by every thread of a block after it wrote its partial tile; true in the last split of `tile` to arrive (a
- * per-tile counter), which then sees the other splits' partials, adds them in split order and resets the counter. */
+/* Split-K of the tile kernels (kernels_tile.cu, kernels_n.cu, kernels_wgmma.cu). split_count: the launch's splits of
+ * `units` along K (super-blocks or stages) — at most the `requested` (≥ 1), none empty; *per_split units each.
+ * split_arrived_last: called by every thread of a block (or threads 0 … THREADS − 1) after it wrote its partial tile;
+ * true in the last split of `tile` to arrive (a per-tile counter), which then sees the other splits' partials, adds
+ * them in split order and resets the counter. */
 static inline int split_count(int units, int requested, int *per_split) {
     int splits = requested > 0 ? requested : 1;
     if (splits > units) splits = units > 0 ? units : 1;
     *per_split = (units + splits - 1) / splits;
     return *per_split > 0 ? (units + *per_split - 1) / *per_split : 1; /* no empty split */
 }
-__device__ __forceinline__ bool split_arrived_last(unsigned *counters, unsigned tile) {
+template <int THREADS = 0> __device__ __forceinline__ void block_barrier() {
+    if constexpr (THREADS == 0)
+        __syncthreads();
+    else /* threads 0 … THREADS − 1 only (the wgmma tile's consumers; its producer has returned): named barrier 1 */
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+}
+template <int THREADS = 0> __device__ __forceinline__ bool split_arrived_last(unsigned *counters, unsigned tile) {
     __threadfence();
-    __syncthreads();
+    block_barrier<THREADS>();
     __shared__ unsigned arrived;
     if (threadIdx.x == 0) arrived = atomicAdd(&counters[tile], 1u);
-    __syncthreads();
+    block_barrier<THREADS>();
     if (arrived != gridDim.z - 1) return false;
     __threadfence(); /* the other splits' partials are visible */
     return true;
+}
+
+/* The last split's sum of a tile's partials ([split][BM tokens][BN rows] f32 from `all`, the tile's first split; the
+ * tile starts at row n0, token m0; threads 0 … THREADS − 1 take part), stored with the non-finite rule applied:
+ * four neighbouring rows of one token per step
+ * (128-bit loads), the splits' loads of a step issued together — the scalar loop this replaces waited one L2
+ * round trip per output (32 outputs per thread at BM = BN = 64), which dominated small-N shapes at M = 32–128.
+ * Same sums in the same order (0 + p0 + p1 + …). Not inlined: its registers stay out of the main loop's
+ * allocation (the kernel runs under a 168-register cap). */
+template <int BITS, typename T, int GS, int BM, int BN, int THREADS>
+__device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsigned splits, const T *__restrict__ x,
+                                           const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
+                                           const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K,
+                                           int n0, int m0) {
+    static_assert(BN % 4 == 0, "four rows per step");
+    const int groups = K / GS;
+    for (int i4 = threadIdx.x; i4 < BM * BN / 4; i4 += THREADS) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+        for (unsigned z = 0; z < splits; z++) {
+            const float4 p = __ldcg(all + (size_t)z * (BM * BN / 4) + i4);
+            v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+        }
+        const int tok = 4 * i4 / BN, row = 4 * i4 % BN, m = m0 + tok;
+        if (m >= M) continue;
+        const float sums[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int n = n0 + row + c;
+            if (n >= N) break;
+            float value = sums[c];
+            if (!isfinite(value))
+                value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
+                                        scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
+            store_f32(out, (size_t)m * N + n, value);
+        }
+    }
 }
 
 /* Programmatic dependent launch (PTX ISA "griddepcontrol", sm_90; CUDA programming guide, "Programmatic

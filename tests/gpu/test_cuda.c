@@ -170,25 +170,27 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
         }
 }
 
-/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 with ≥ 80 tiles of 128 × 128, m64n128 from M = 17
- * with ≥ 96 tiles of 128 × 64 (from M = 33 where N ≥ 12288: mma_tile m16n256 comes first there up to M = 32) — on
- * either side of each threshold the selector's choice, and every row that takes the call against the oracle.
- * Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile m16n256's box (M 17–32,
+/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
+ * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
+ * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
+ * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile m16n256's box (M 17–32,
  * N ≥ 12288, any device with the mma family) on each of its sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
-        size_t M, N;
+        size_t M, N, K;
         const char *want; /* NULL: neither wgmma row */
     } cases[] = {
-        {65, 10240, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 80 tiles */
-        {65, 10112, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 79 tiles of 128 tokens, 158 of 64 */
-        {33, 12288, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 96 tiles of 64 tokens, M past m16n256's 32 */
-        {17, 12161, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 96 tiles, N below m16n256's 12288 */
-        {17, 12160, NULL},                             /* 95 */
+        {65, 4096, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 32 tiles, K 4096 (split-K: 4 splits) */
+        {65, 3968, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 31 tiles of 128 tokens, 62 of 64 */
+        {65, 4096, 4032, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles × K 4032 */
+        {33, 4096, 3072, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles of 64 tokens × K 3072 = 128 × 768 */
+        {33, 4096, 3008, NULL},                             /* 32 × 3008: below it, mma_tile m64n64 */
+        {32, 12161, 256, NULL},                             /* M ≤ 32: mma_gemv m32n16 */
+        {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         product p;
-        if (!product_make(context, rng, cases[i].M, cases[i].N, 256, 4, 64, QMM_BF16, &p)) {
+        if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, 4, 64, QMM_BF16, &p)) {
             CHECK(false, "wgmma switch: set-up failed");
             product_free(&p);
             continue;
@@ -204,7 +206,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         else
             CHECK(strstr(name, "wgmma") == NULL, "wgmma switch: M=%zu N=%zu chose %s", cases[i].M, cases[i].N, name);
         char what[64];
-        snprintf(what, sizeof what, "wgmma switch M=%zu N=%zu", cases[i].M, cases[i].N);
+        snprintf(what, sizeof what, "wgmma switch M=%zu N=%zu K=%zu", cases[i].M, cases[i].N, cases[i].K);
         check_every_row(context, &p, what);
         product_free(&p);
     }
@@ -235,10 +237,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* The mma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last split
- * of each tile adds the partials in split order): against the oracle, the same bits on every run (the order
+/* The mma_tile and wgmma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last
+ * split of each tile adds the partials in split order): against the oracle, the same bits on every run (the order
  * of the partial sums must not depend on which block finished last), and QMM_CUDA_SPLITS=1 (one split) within
- * the bound too. */
+ * the bound too. The wgmma rows where the device has them (Hopper). */
 static void test_tile_split_k(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -250,8 +252,10 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
         {130, 77, 8192, 4, 32, QMM_F32},  {1, 129, 4096, 8, 32, QMM_F32},
     };
     /* the f16/bf16 tiles, and the f32 tile (mma_tile_bf16x3) for the f32 cases */
-    static const char *rows[] = {"cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128", "cuda.qmm_t.mma_tile.m16n256",
-                                 "cuda.qmm_t.mma_tile.m32n256", "cuda.qmm_t.mma_tile_bf16x3.m32n128"};
+    static const char *rows[] = {"cuda.qmm_t.mma_tile.m64n64",         "cuda.qmm_t.mma_tile.m64n128",
+                                 "cuda.qmm_t.mma_tile.m16n256",        "cuda.qmm_t.mma_tile.m32n256",
+                                 "cuda.qmm_t.mma_tile_bf16x3.m32n128", "cuda.qmm_t.wgmma_tile.m128n128",
+                                 "cuda.qmm_t.wgmma_tile.m64n128"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
@@ -264,6 +268,9 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
         void *first = malloc(bytes);
         for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
             if ((cases[c].dtype == QMM_F32) != (strstr(rows[r], "bf16x3") != NULL)) continue;
+            if (strstr(rows[r], "wgmma") &&
+                qmm_kernel_supports(context, rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1)
+                continue; /* not a Hopper device */
             qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
             char label[200];
             for (int run = 0; run < 3; run++) {

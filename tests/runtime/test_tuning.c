@@ -69,8 +69,9 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
 /* ───────────────────────────── 1. the selector ───────────────────────────── */
 
 /* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, the small-N box
- * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles (the
- * CUDA wgmma row's: here 64 tiles of 128 × 128, after the small-N box). */
+ * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
+ * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
+ * box). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
     info.bm = 128, info.bn = 128;
@@ -84,11 +85,11 @@ static const qmm_kernel hint_rows[] = {
     {.info = FAKE("fake.hint.any", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing},
 };
 
-static const char *pick_hinted(size_t N, size_t M) {
+static const char *pick_hinted(size_t N, size_t M, size_t K) {
     qmm_kernel tiled = {.info = tiled_info(), .supports = supports_all, .run = run_nothing, .prefer_min_m = 33,
-                        .prefer_min_tiles = 64};
+                        .prefer_min_tiles = 64, .prefer_min_tiles_k = 64 * 2048};
     const qmm_kernel *table[] = {&hint_rows[0], &hint_rows[1], &tiled, &hint_rows[2]}, *chosen = NULL;
-    const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, N, 4096, M);
+    const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, N, K, M);
     if (qmm_select_kernel_tuned(table, 4, NULL, &call, NULL, &chosen) != QMM_OK) return "(error)";
     return chosen->info.name;
 }
@@ -106,10 +107,18 @@ static void test_hints(void) {
         {16384, 32, "fake.hint.small"}, {16384, 33, "fake.hint.tiles"}, /* prefer_min_m = 33 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *got = pick_hinted(cases[i].N, cases[i].M);
+        const char *got = pick_hinted(cases[i].N, cases[i].M, 4096);
         CHECK(strcmp(got, cases[i].want) == 0, "hints: N=%zu M=%zu picked %s, want %s", cases[i].N, cases[i].M, got,
               cases[i].want);
     }
+    /* prefer_min_tiles_k = 64·2048: at 64 tiles K 2048 takes the tiled row, K 1984 does not; at 128 tiles K 1024 does */
+    CHECK(strcmp(pick_hinted(8192, 33, 2048), "fake.hint.tiles") == 0, "hints: K=2048 picked %s",
+          pick_hinted(8192, 33, 2048));
+    CHECK(strcmp(pick_hinted(8192, 33, 1984), "fake.hint.any") == 0, "hints: K=1984 picked %s", pick_hinted(8192, 33, 1984));
+    CHECK(strcmp(pick_hinted(8192, 129, 1024), "fake.hint.tiles") == 0, "hints: 128 tiles, K=1024 picked %s",
+          pick_hinted(8192, 129, 1024));
+    CHECK(strcmp(pick_hinted(8192, 129, 960), "fake.hint.any") == 0, "hints: 128 tiles, K=960 picked %s",
+          pick_hinted(8192, 129, 960));
 }
 
 static void test_selector(void) {
