@@ -131,7 +131,10 @@ static bool enough_tiles(const qmm_kernel *row, const qmm_call *call) {
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
     const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
     if (tiles < row->prefer_min_tiles) return false;
-    return !row->prefer_min_tiles_k || tiles >= (row->prefer_min_tiles_k + call->K - 1) / call->K; /* tiles·K ≥ it */
+    if (!row->prefer_min_tiles_k) return true;
+    if (call->K == 0) return false; /* (no valid call has K = 0) */
+    const size_t need = row->prefer_min_tiles_k / call->K + (row->prefer_min_tiles_k % call->K != 0);
+    return tiles >= need; /* tiles·K ≥ prefer_min_tiles_k, without the product's overflow */
 }
 
 static bool same_order(const qmm_kernel *row, const qmm_kernel *order_row) {

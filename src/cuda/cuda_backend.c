@@ -41,7 +41,7 @@ typedef struct cuda_state {
     bool pdl; /* launch the kernels that support it with programmatic dependent launch (docs/kernels.md §9.5) */
     int forced_warps; /* QMM_CUDA_WARPS: the mma_gemv family's warps per block (0: the launcher's rule) */
     cudaStream_t stream;
-    /* The mma_tile family's split-K workspace (kernels_tile.cu), allocated with the first repacked weights
+    /* The split-K workspace of the tile families (mma_tile, mma_tile_n, wgmma_tile), allocated with the first repacked weights
      * (tile_workspace) and kept until the context closes (a captured graph holds these pointers):
      * QMM_TILE_PARTIAL_FLOATS f32 partial tiles and QMM_TILE_COUNTERS arrival counters (zeroed; each tile's
      * last split resets its counter). NULL until then: launches fall back to one split. */
@@ -666,6 +666,7 @@ static int wgmma_splits(const qmm_call *call, size_t tokens) {
     const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16, sms = (size_t)s->multiprocessors;
     size_t best = 1, best_cost = SIZE_MAX;
     for (size_t splits = 1; sms > 0 && splits <= 16 && (splits == 1 || splits <= units / 4); splits++) {
+        if (splits > 1 && (tiles > QMM_TILE_COUNTERS || tiles * splits * tokens * 128 > QMM_TILE_PARTIAL_FLOATS)) break;
         const size_t waves = (tiles * splits + sms - 1) / sms, cost = waves * ((units + splits - 1) / splits + 8);
         if (cost < best_cost) best = splits, best_cost = cost;
     }
@@ -729,13 +730,6 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
  *   M 9–16:  mma_gemv m16n32 — two token tiles (the only 16-token tile).
- *   On Hopper, before the rest where their hints allow, by tiles of 128 weight rows (the seventh session's
- *   sweep, 330 cells; the tenth session's with split-K in the wgmma rows, docs/PERF.md):
- *   M ≥ 65, ≥ 32 tiles of 128 × 128 tokens, K ≥ 4096: wgmma_tile m128n128 — wgmma with the decoded weights in
- *            registers, x by TMA, split-K where the tiles leave SMs idle (wgmma_splits): the fastest row in every
- *            bf16 cell with N ≥ 4096 at M = 128 (5120² : 43 vs 53 µs for mma_tile m64n64, 4096×12288: 60 vs 86;
- *            5120² M = 2048 f16: 358 vs 567). K < 4096 (the 30B-A3B experts' 2048 and 768) splits too little: the
- *            other rows are faster there.
  *   M 17–32, N ≥ 12288: mma_tile m16n256 — 256 weight rows per block of 8 warps that share x through shared
  *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.7× faster than
  *            the wgmma row and m32n16 there (the eighth session's sweep, bf16 at M = 32: 27648×5120 90 vs 110 µs;
@@ -746,14 +740,22 @@ static qmm_status gather_run(const qmm_call *call);
  *            forcing: the fastest only on 27648×5120 at M = 32 (79–81 µs).
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
- *            N ≤ 2048 the selector keeps it up to M = 128: the tile has too few row tiles there and leans on
- *            split-K (768×2048 M = 64: 6.1 vs 11.8 µs; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
- *            with M 33–128 within 3 % of the tile or faster; from M = 192 the tile wins; N ≥ 4096 at M = 48
- *            the tile is 1.3–1.8× faster; docs/PERF.md, third session).
- *   M ≥ 33, ≥ 32 tiles of 128 × 64 tokens: wgmma_tile m64n128 — the same kernel with 64 tokens per block, split-K
- *            likewise: the fastest row at M = 64 for N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60
- *            vs 79), except where the tiles come to just over one wave (17408×5120 M = 64, 136 tiles: 108 vs 92
- *            for m64n64), and at M = 256–512 on the small-N shapes (1024×4096 M = 256: 20.1 vs 25.9).
+ *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows): the tiles are too few there
+ *            (768×2048 M = 64: 6.1 vs 11.8 µs for mma_tile; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
+ *            with M 33–128 within 3 % of the tile or faster, and faster than the wgmma rows with split-K in the
+ *            tenth session's sweep; from M = 192 the tiles win; docs/PERF.md, third and tenth sessions).
+ *   On Hopper, the wgmma_tile rows (the seventh session's sweep, 330 cells; the tenth session's with split-K in
+ *   the wgmma rows, docs/PERF.md), where their 128-row tiles times K are enough work to fill the device, split-K
+ *   included (prefer_min_tiles_k; wgmma_splits):
+ *   M ≥ 65, tiles of 128 × 128 tokens times K ≥ 32 · 4096: wgmma_tile m128n128 — wgmma with the decoded weights
+ *            in registers, x by TMA: the fastest row in every bf16 cell with N ≥ 4096 at M = 128 (5120²: 43 vs
+ *            53 µs for mma_tile m64n64; 4096×12288: 60 vs 86; 5120² M = 2048 f16: 358 vs 567). Few tiles with a
+ *            short K do not split (the 30B-A3B experts' K = 768 or 2048 at M = 256–512: the other rows are faster);
+ *            many of them do not need to (768×2048 at M = 2048, 96 tiles: the fastest row).
+ *   M ≥ 33, tiles of 128 × 64 tokens times K ≥ 128 · 768: wgmma_tile m64n128 — the same kernel with 64 tokens per
+ *            block: the fastest row at M = 64 for N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs
+ *            79), except where the tiles come to just over one wave (17408×5120 M = 64, 136 tiles: 101 vs 93 for
+ *            m64n64), and at M = 256–512 on 1024-row shapes (1024×4096 M = 256: 20.1 vs 25.9).
  *   M > 32:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
@@ -785,10 +787,6 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
-    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
-                        "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
-     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65,
-     .prefer_min_tiles_k = 32 * 4096},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
                        "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,
@@ -796,6 +794,10 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},
+    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
+                        "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
+     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65,
+     .prefer_min_tiles_k = 32 * 4096},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
      .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 33,

@@ -388,6 +388,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if constexpr (SPLIT) {
         /* split-K: the partial tile into shared memory — the stages' buffers, once both consumer warpgroups are past
          * their last stage (the producer issues no more) — then split_finish */
+        static_assert(TOKS * WG_ROWS * 4 <= WG_STAGES * L::STAGE, "the partial tile fits in the stages' buffers");
         block_barrier<256>();
         float *tile_partial = reinterpret_cast<float *>(shared);
 #pragma unroll

@@ -1,7 +1,8 @@
 /*
- * mma_common.cuh — device helpers shared by the CUDA kernel files (kernels.cu, kernels_tile.cu): dtype loads
- * and stores, the MLX bit stream, the f64 non-finite rule, and the tensor-core pieces of the mma families
- * (exact code decoding into f16/bf16 A fragments, x pairing, mma.sync m16n8k16, (scale, bias) widening).
+ * mma_common.cuh — device helpers shared by the CUDA kernel files (kernels.cu, kernels_tile.cu, kernels_wgmma.cu,
+ * kernels_n.cu, kernels_ffma.cu): dtype loads and stores, the MLX bit stream, the f64 non-finite rule, the
+ * tensor-core pieces of the mma families (exact code decoding into f16/bf16 A fragments, x pairing, mma.sync
+ * m16n8k16, (scale, bias) widening) and the split-K helpers.
  * docs/kernels.md §9 describes the repacked layout these helpers read. Not installed.
  */
 #ifndef QMM_MMA_COMMON_CUH

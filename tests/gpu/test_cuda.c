@@ -187,6 +187,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         {33, 4096, 3008, NULL},                             /* 32 × 3008: below it, mma_tile m64n64 */
         {32, 12161, 256, NULL},                             /* M ≤ 32: mma_gemv m32n16 */
         {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
+        {128, 2048, 8192, NULL}, /* the same, though m128n128's 16 tiles × 8192 reach its work hint: m32n16 first */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         product p;
