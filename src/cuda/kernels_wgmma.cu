@@ -25,6 +25,8 @@
  *
  * Edges: weight rows past N and blocks past K are zero-filled copies (zero pairs), tokens past M zero rows of x;
  * only outputs inside [M, N] are stored. Each output's f32 accumulator goes through the non-finite rule (§2).
+ * Split-K (the SPLIT instantiation, grid.z splits; docs/kernels.md §9.6): each block takes a contiguous range of
+ * super-blocks, and the last split of a tile to arrive adds the tiles' partials in split order.
  */
 #include "cuda_internal.h"
 #include "mma_common.cuh"
