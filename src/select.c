@@ -10,10 +10,10 @@
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
  *      when N ≤ prefer_small_n, rows whose prefer_min_m is above M, and rows whose prefer_min_tiles exceeds
- *      the call's ceil(M/bm)·ceil(N/bn) tiles or whose prefer_min_tiles_k exceeds those tiles times K (a row may handle calls it is not the
- *      fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by
- *      their backend and end with rows that accept every valid call (the reference rows, or on CUDA
- *      the generic kernels), so there is always an answer.
+ *      the call's ceil(M/bm)·ceil(N/bn) tiles or whose prefer_min_tiles_k exceeds those tiles times K (a row
+ *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each
+ *      backend's table). Tables are ordered fastest-first by their backend and end with rows that accept
+ *      every valid call (the reference rows, or on CUDA the generic kernels), so there is always an answer.
  * Between 1 and 2, a measured tuning table (qmm_context_load_tuning, written by `qmm tune` on this
  * device) is consulted: when one of its entries matches the call exactly (op, dtype, bits, group_size,
  * N, K, and M inside the entry's [m_min, m_max]) and the row it names accepts the call, that row wins,

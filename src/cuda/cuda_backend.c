@@ -41,8 +41,8 @@ typedef struct cuda_state {
     bool pdl; /* launch the kernels that support it with programmatic dependent launch (docs/kernels.md §9.5) */
     int forced_warps; /* QMM_CUDA_WARPS: the mma_gemv family's warps per block (0: the launcher's rule) */
     cudaStream_t stream;
-    /* The split-K workspace of the tile families (mma_tile, mma_tile_n, wgmma_tile), allocated with the first repacked weights
-     * (tile_workspace) and kept until the context closes (a captured graph holds these pointers):
+    /* The split-K workspace of the tile families (mma_tile, mma_tile_n, wgmma_tile), allocated with the first
+     * repacked weights (tile_workspace) and kept until the context closes (a captured graph holds these pointers):
      * QMM_TILE_PARTIAL_FLOATS f32 partial tiles and QMM_TILE_COUNTERS arrival counters (zeroed; each tile's
      * last split resets its counter). NULL until then: launches fall back to one split. */
     float *tile_partials;

@@ -180,12 +180,13 @@ __device__ __forceinline__ void issue_segment(float (&part)[TOKS / 2], const uin
  * Not inlined: under the consumers' 168-register cap this code in the kernel body made the main loop spill. */
 template <int BITS, typename T, int GS, int TOKS>
 __device__ __noinline__ void split_finish(const float *tile_partial, float *partials, unsigned *counters, const T *x,
-                                          const uint32_t *w_orig, const T *scales, const T *biases, T *out, int M, int N,
-                                          int K, int n0, int m0) {
+                                          const uint32_t *w_orig, const T *scales, const T *biases, T *out, int M,
+                                          int N, int K, int n0, int m0) {
     const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
     float4 *mine = reinterpret_cast<float4 *>(partials + ((size_t)tile * gridDim.z + blockIdx.z) * (TOKS * WG_ROWS));
     block_barrier<256>(); /* every consumer's part of the tile is in shared memory */
-    for (int i = threadIdx.x; i < TOKS * WG_ROWS / 4; i += 256) mine[i] = reinterpret_cast<const float4 *>(tile_partial)[i];
+    const float4 *from = reinterpret_cast<const float4 *>(tile_partial);
+    for (int i = threadIdx.x; i < TOKS * WG_ROWS / 4; i += 256) mine[i] = from[i];
     if (!split_arrived_last<256>(counters, tile)) return;
     reduce_splits<BITS, T, GS, TOKS, WG_ROWS, 256>(
         reinterpret_cast<const float4 *>(partials + (size_t)tile * gridDim.z * (TOKS * WG_ROWS)), gridDim.z, x, w_orig,
@@ -270,7 +271,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 }
 #pragma unroll
                 for (int c = 0; c < 4; c++)
-                    cp_async_16(stage + L::W_AT + (p + 128 * c) * 16, w_src[c] + (w_ok[c] ? 64 * (sb_begin + i) : 0), w_ok[c]);
+                    cp_async_16(stage + L::W_AT + (p + 128 * c) * 16, w_src[c] + (w_ok[c] ? 64 * (sb_begin + i) : 0),
+                                w_ok[c]);
                 if (p < 32 * L::GSB)
                     cp_async_16(stage + L::SB_AT + p * 16, sb_src + (sb_ok ? 4 * L::GSB * (sb_begin + i) : 0), sb_ok);
             }
@@ -398,7 +400,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 tile_partial[(8 * j + 2 * t + (e & 1)) * WG_ROWS + row_w + g + 8 * (e >> 1)] = acc[4 * j + e];
-        split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+        split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K, n0,
+                                        m0);
     } else {
         /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
 #pragma unroll
@@ -410,7 +413,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     float value = acc[4 * j + e];
                     if (!isfinite(value))
                         value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
-                                                scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
+                                                scales + (size_t)n * groups, biases + (size_t)n * groups, BITS,
+                                                (size_t)K, GS);
                     store_f32(out, (size_t)m * N + n, value);
                 }
             }

@@ -173,8 +173,8 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
 /* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
  * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
  * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
- * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile m16n256's box (M 17–32,
- * N ≥ 12288, any device with the mma family) on each of its sides. */
+ * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile
+ * m16n256's box (M 17–32, N ≥ 12288, any device with the mma family) on each of its sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;

@@ -111,10 +111,12 @@ static void test_hints(void) {
         CHECK(strcmp(got, cases[i].want) == 0, "hints: N=%zu M=%zu picked %s, want %s", cases[i].N, cases[i].M, got,
               cases[i].want);
     }
-    /* prefer_min_tiles_k = 64·2048: at 64 tiles K 2048 takes the tiled row, K 1984 does not; at 128 tiles K 1024 does */
+    /* prefer_min_tiles_k = 64·2048: at 64 tiles K 2048 takes the tiled row, K 1984 does not; at 128 tiles K 1024
+     * does */
     CHECK(strcmp(pick_hinted(8192, 33, 2048), "fake.hint.tiles") == 0, "hints: K=2048 picked %s",
           pick_hinted(8192, 33, 2048));
-    CHECK(strcmp(pick_hinted(8192, 33, 1984), "fake.hint.any") == 0, "hints: K=1984 picked %s", pick_hinted(8192, 33, 1984));
+    CHECK(strcmp(pick_hinted(8192, 33, 1984), "fake.hint.any") == 0, "hints: K=1984 picked %s",
+          pick_hinted(8192, 33, 1984));
     CHECK(strcmp(pick_hinted(8192, 129, 1024), "fake.hint.tiles") == 0, "hints: 128 tiles, K=1024 picked %s",
           pick_hinted(8192, 129, 1024));
     CHECK(strcmp(pick_hinted(8192, 129, 960), "fake.hint.any") == 0, "hints: 128 tiles, K=960 picked %s",
