@@ -505,6 +505,16 @@ static int split_k_count(const qmm_call *call, size_t bn, size_t bm, size_t bloc
     return split_limits(call, s, tiles, bm * bn, units, tiles >= target ? 1 : (target + tiles - 1) / tiles);
 }
 
+/* A tile family's launch: launch_of's, with `splits` splits of K and the context's split-K workspace. */
+static qmm_cuda_launch split_launch_of(const qmm_call *call, int splits) {
+    const cuda_state *s = call->backend_state;
+    qmm_cuda_launch launch = launch_of(call);
+    launch.splits = splits;
+    launch.partials = s->tile_partials;
+    launch.counters = s->tile_counters;
+    return launch;
+}
+
 /* Splits of K for an mma_tile launch (split_k_count): the blocks one SM holds by the register cap, fewer where shared
  * memory (1 KB per block for the driver) runs out first (m16n256: 2 on an H100/H200, 1 on an A100); 64-byte
  * super-blocks as the units. */
@@ -533,11 +543,7 @@ static int tile_n_splits(const qmm_call *call, int tile) {
         return tile_n_supports(call, TILE, why_not, size);                                                        \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
-        const cuda_state *s = call->backend_state;                                                                \
-        qmm_cuda_launch launch = launch_of(call);                                                                 \
-        launch.splits = tile_n_splits(call, TILE);                                                                \
-        launch.partials = s->tile_partials;                                                                       \
-        launch.counters = s->tile_counters;                                                                       \
+        qmm_cuda_launch launch = split_launch_of(call, tile_n_splits(call, TILE));                                \
         return launch_status(qmm_cuda_mma_tile_qmm_n(&launch, TILE), #NAME, __FILE__, __LINE__);                 \
     }
 
@@ -628,11 +634,7 @@ static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t 
         return tile_supports(call, TILE, why_not, size);                                                          \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
-        const cuda_state *s = call->backend_state;                                                                \
-        qmm_cuda_launch launch = launch_of(call);                                                                 \
-        launch.splits = tile_splits(call, TILE);                                                                  \
-        launch.partials = s->tile_partials;                                                                       \
-        launch.counters = s->tile_counters;                                                                       \
+        qmm_cuda_launch launch = split_launch_of(call, tile_splits(call, TILE));                                  \
         return launch_status(qmm_cuda_mma_tile_qmm_t(&launch, TILE), #NAME, __FILE__, __LINE__);                 \
     }
 
@@ -664,9 +666,10 @@ static int wgmma_splits(const qmm_call *call, size_t tokens) {
     const cuda_state *s = call->backend_state;
     const size_t tiles = ((call->N + 127) / 128) * ((call->M + tokens - 1) / tokens);
     const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16, sms = (size_t)s->multiprocessors;
+    /* the most splits the limits allow (the forced count, where there is one: split_limits returns it again below) */
+    const size_t most = (size_t)split_limits(call, s, tiles, tokens * 128, units, 16);
     size_t best = 1, best_cost = SIZE_MAX;
-    for (size_t splits = 1; sms > 0 && splits <= 16 && (splits == 1 || splits <= units / 4); splits++) {
-        if (splits > 1 && (tiles > QMM_TILE_COUNTERS || tiles * splits * tokens * 128 > QMM_TILE_PARTIAL_FLOATS)) break;
+    for (size_t splits = 1; sms > 0 && splits <= most; splits++) {
         const size_t waves = (tiles * splits + sms - 1) / sms, cost = waves * ((units + splits - 1) / splits + 8);
         if (cost < best_cost) best = splits, best_cost = cost;
     }
@@ -678,11 +681,7 @@ static int wgmma_splits(const qmm_call *call, size_t tokens) {
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
-        const cuda_state *s = call->backend_state;                                                                \
-        qmm_cuda_launch launch = launch_of(call);                                                                 \
-        launch.splits = wgmma_splits(call, TOKENS);                                                               \
-        launch.partials = s->tile_partials;                                                                       \
-        launch.counters = s->tile_counters;                                                                       \
+        qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS));                               \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
     }
 
