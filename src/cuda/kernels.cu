@@ -177,7 +177,10 @@ template <int TT> struct mma_gemv_limits {
     static constexpr int min_blocks = TT >= 4 ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
-template <int BITS, typename T, int RT, int TT, int S, int GS>
+/* STAGED_X (the 64-row, 8-token tile only, whose registers cannot hold the next super-block's x: PREFETCH below
+ * spills there): x comes through the weights' cp.async pipeline instead of 16-byte loads at the top of each step —
+ * the launcher's choice (launch_mma_gemv). */
+template <int BITS, typename T, int RT, int TT, int S, int GS, bool STAGED_X>
 __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_limits<TT>::min_blocks)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
@@ -186,7 +189,8 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
     constexpr int WPB = BITS / 4;          /* words per lane per block */
     constexpr int BPG = GS / 32;           /* blocks per group: 1, 2 or 4 */
     /* Dynamic shared memory: [NW][S][RT][2][32] uint4 weight stages, [NW][S][RT][2][32] uint32 (scale, bias)
-     * stages, then [NW][RT][TT][4][32] floats for the final reduction. */
+     * stages, [NW][RT][TT][4][32] floats for the final reduction, then (STAGED_X) [NW][S][MX][4·BPS] uint4 x stages:
+     * the MX = min(M, 8) tokens' x of the step's super-block, 16-byte chunk q of token m at q ^ 4(m & 1). */
     extern __shared__ uint4 shared_quads[];
     pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
@@ -207,6 +211,10 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
     uint4 *stage_w = shared_quads + (size_t)warp * S * RT * 2 * 32;
     uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
     float *partial = reinterpret_cast<float *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + NW * S * RT * 2 * 32;
+    static_assert(!STAGED_X || (RT == 4 && TT == 1), "x is staged by the 64-row, 8-token tile only");
+    constexpr int XQ = 4 * BPS; /* 16-byte chunks of one token's x per super-block */
+    const int MX = STAGED_X ? min(M, 8) : 0;
+    uint4 *stage_x = reinterpret_cast<uint4 *>(partial + NW * RT * TT * 4 * 32) + (size_t)warp * S * MX * XQ;
 
     float acc[RT][TT][4];
 #pragma unroll
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
     constexpr int GSB = sb_pairs_per_super_block(BITS, GS); /* (scale, bias) pairs per row and super-block */
     constexpr int SB_CHUNKS = 4 * RT * GSB;                   /* 16-byte chunks of them per warp and super-block */
     const int row_tile0 = n_base / 16, row_tiles = (N + 15) / 16;
-    auto issue = [&](int i) { /* copies of the warp's i-th super-block into stage i % S (always commits) */
+    auto issue = [&](int i) { /* copies of the warp's i-th super-block into stage i % S (the caller commits) */
         if (i < count) {
             const int sbk = warp + i * NW, stage = i % S;
 #pragma unroll
@@ -259,17 +267,37 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                 }
             }
         }
-        asm volatile("cp.async.commit_group;");
+    };
+    /* STAGED_X: the x chunks of the warp's i-th super-block into stage i % S — tokens < MX only (the lanes of the
+     * others use zeros), chunks past K zero-filled. After pdl_wait only: x may be the kernel before this one's output. */
+    auto issue_x = [&](int i) {
+        if (STAGED_X && i < count) {
+            const int sbk = warp + i * NW;
+            for (int c = lane; c < MX * XQ; c += 32) {
+                const int m = c / XQ, q = c % XQ;
+                const bool ok = sbk * BPS + q / 4 < blocks;
+                const unsigned dst = (unsigned)__cvta_generic_to_shared(stage_x + ((i % S) * MX + m) * XQ + (q ^ ((m & 1) << 2)));
+                cp_async_16(dst, ok ? x + (size_t)m * K + (size_t)sbk * 32 * BPS + 8 * q : x, ok);
+            }
+        }
     };
 #pragma unroll
-    for (int i = 0; i < S - 1; i++) issue(i);
+    for (int i = 0; i < S - 1; i++) {
+        issue(i);
+        asm volatile("cp.async.commit_group;");
+    }
     pdl_wait(); /* x and out may belong to the kernel before this one (the weights' first stages are in flight) */
+    if (STAGED_X) { /* the first stages' x, one group after theirs (the first step waits for it below) */
+#pragma unroll
+        for (int i = 0; i < S - 1; i++) issue_x(i);
+        asm volatile("cp.async.commit_group;");
+    }
 
     /* x of a super-block: for up to 2 token tiles loaded up front (PRELOAD); with one token tile also one
      * super-block ahead (PREFETCH: the loads of the next super-block's x are in flight while this one is
      * computed — waiting for x was the largest single stall, ncu); with more tiles, block by block (the
      * up-front copy would take 16·TT registers and spill under the 2-blocks-per-SM register cap). */
-    constexpr bool PRELOAD = TT <= 2, PREFETCH = TT == 1 && RT <= 2; /* (RT = 4 would spill) */
+    constexpr bool PRELOAD = TT <= 2 && !STAGED_X, PREFETCH = TT == 1 && RT <= 2; /* (RT = 4 would spill) */
     auto load_x = [&](int sbk, int j, uint4 *dst) {
 #pragma unroll
         for (int tt = 0; tt < TT; tt++) {
@@ -288,7 +316,12 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
     for (int i = 0; i < count; i++) {
         __syncwarp(); /* every lane has read the stage issue() now refills (the (scale, bias) pairs are shared) */
         issue(i + S - 1);
-        asm volatile("cp.async.wait_group %0;" ::"n"(S - 1)); /* the i-th super-block's copies have landed */
+        issue_x(i + S - 1);
+        asm volatile("cp.async.commit_group;");
+        if (STAGED_X && S > 2 && i == 0) /* the group of the first stages' x is among the newest S − 1 */
+            asm volatile("cp.async.wait_group 1;");
+        else
+            asm volatile("cp.async.wait_group %0;" ::"n"(S - 1)); /* the i-th super-block's copies have landed */
         __syncwarp(); /* ... those of every lane */
         const int sbk = warp + i * NW, stage = i % S;
         uint4 wq[RT][2];
@@ -323,7 +356,10 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                     }
             }
             uint32_t b[TT][4];
-            if (!PRELOAD) load_x(sbk, j, xv[0]);
+            if (STAGED_X) /* token g's chunk 4j + t of this stage (TT = 1) */
+                xv[0][0] = g < MX ? stage_x[(stage * MX + g) * XQ + ((4 * j + t) ^ ((g & 1) << 2))] : make_uint4(0, 0, 0, 0);
+            else if (!PRELOAD)
+                load_x(sbk, j, xv[0]);
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) x_pairs<BITS>(xv[PRELOAD ? j : 0][tt], b[tt]);
 #pragma unroll
@@ -459,35 +495,63 @@ static int gemv_warps(Kernel kernel, size_t blocks, size_t shared_per_warp, int 
     return chosen ? chosen : max_warps < 8 ? max_warps : 8;
 }
 
-template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
+template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X>
+static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
      * warps resident hide the MMA and decode latency better. */
     constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
-    constexpr size_t per_warp = (size_t)S * RT * 2 * 32 * (16 + 4) + (size_t)RT * TT * 4 * 32 * sizeof(float);
+    /* shared memory per warp: the weight and pair stages, the reduction, and (STAGED_X) the stages of x of the
+     * min(M, 8) tokens, 64·BPS bytes each per super-block — per_warp_max for 8 of them */
+    constexpr size_t x_token = STAGED_X ? (size_t)S * 512 / BITS * 2 : 0;
+    constexpr size_t per_warp_base = (size_t)S * RT * 2 * 32 * (16 + 4) + (size_t)RT * TT * 4 * 32 * sizeof(float);
+    constexpr size_t per_warp_max = per_warp_base + 8 * x_token;
+    const int mx = STAGED_X ? (int)(c->M < 8 ? c->M : 8) : 0;
+    const size_t per_warp = per_warp_base + (size_t)mx * x_token;
     /* at most 16 warps (the 8- and 16-token tiles; 8 for the 32-token tile), and no more than the device's
-     * shared memory holds (16 warps of the 64-row tile take 192 KB: an H100/H200 has 227, an A100 163) */
-    int max_warps = mma_gemv_limits<TT>::max_warps;
-    if (c->shared_optin > 0 && (size_t)max_warps * per_warp > c->shared_optin) max_warps = (int)(c->shared_optin / per_warp);
-    if (max_warps < 8) max_warps = 8; /* 8 warps of every tile fit in 99 KB (an sm_80 block may have 163 KB) */
-    auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS>;
-    static unsigned long long opted_in = 0; /* the most any launch of this instantiation uses: max_warps warps */
-    const int opt_in = shared_memory_opt_in(kernel, (size_t)max_warps * per_warp, &opted_in);
+     * shared memory holds (16 warps of the 64-row tile take 192 KB, 200 KB with one token's x staged, 256 KB with
+     * eight: an H100/H200 has 227, an A100 163) */
+    const auto fit = [&](size_t bytes) { /* the device's opt-in is always known (sharedMemPerBlockOptin) */
+        int w = mma_gemv_limits<TT>::max_warps;
+        if (c->shared_optin > 0 && (size_t)w * bytes > c->shared_optin) w = (int)(c->shared_optin / bytes);
+        return w < 1 ? 1 : w; /* 8 warps of every tile but the staged one at M > 6 fit in 99 KB */
+    };
+    const int max_warps = fit(per_warp);
+    auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X>;
+    static unsigned long long opted_in = 0; /* the most any launch of this instantiation uses: the most warps of 8 x rows */
+    const int opt_in = shared_memory_opt_in(kernel, (size_t)fit(per_warp_max) * per_warp_max, &opted_in);
     if (opt_in) return opt_in;
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
     const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
-    /* per device (the first 8; others ask every launch): blocks of w warps one SM holds, 0 = not asked yet */
-    static std::atomic<int> occupancy[8][mma_gemv_limits<TT>::max_warps + 1];
+    /* per device (the first 8; others ask every launch) and rows of x staged: blocks of w warps one SM holds, 0 = not
+     * asked yet */
+    static std::atomic<int> occupancy[8][STAGED_X ? 9 : 1][mma_gemv_limits<TT>::max_warps + 1];
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
                              : gemv_warps(kernel, (size_t)blocks.x * blocks.y, per_warp, max_warps, c->multiprocessors,
-                                          device >= 0 && device < 8 ? occupancy[device] : nullptr);
+                                          device >= 0 && device < 8 ? occupancy[device][mx] : nullptr);
     if (warps > super_blocks) warps = super_blocks; /* warp w takes super-blocks w, w + W, ...: none left idle */
     if (warps < 1) warps = 1;
     return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
+}
+
+/* x staged through shared memory (the 64-row, 8-token tile) when the grid leaves SMs idle — fewer 64-row blocks than
+ * SMs, i.e. N < 64·SMs — and M ≤ 4. Measured on the H200 (docs/PERF.md, eleventh session; m8n64 forced, seed and
+ * Qwen3 shapes, M = 1–8): staged x faster on the 80-block shapes at M ≤ 4 (5120×5120 13–15 %, M = 1 f16 8.2 → 7.1 µs;
+ * 5120×14336 and 5120×17408 0–9 %, bf16 M = 1 21.0 → 19.2), within 2 % from 192 to 224 blocks, 2–10 % slower from 272
+ * blocks up (27648×5120 M = 1 f16 25.2 → 27.3) and at M = 8 on most shapes (eight tokens' stages leave room for 14
+ * warps, not 16).
+ * QMM_CUDA_GEMV_STAGED_X=1/0 forces it on/off (launch->staged_x). */
+template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
+    if constexpr (RT == 4 && TT == 1) {
+        const bool fewer_blocks_than_sms = c->multiprocessors > 0 && (c->N + 63) / 64 < (size_t)c->multiprocessors;
+        if (c->staged_x > 0 || (c->staged_x == 0 && c->M <= 4 && fewer_blocks_than_sms))
+            return launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
+    }
+    return launch_mma_gemv_as<BITS, T, RT, TT, GS, false>(c);
 }
 
 template <int BITS, typename T, int RT, int TT> static int dispatch_group(const qmm_cuda_launch *c) {

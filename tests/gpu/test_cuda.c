@@ -295,6 +295,56 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice for M ≤ 4 and fewer 64-row blocks than
+ * SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 5 and 8, whose eight tokens' stages
+ * cost warps; N past 64·SMs), 0, and the rule, each against the oracle with poisoned outputs, three runs the same
+ * bits. Edges: N not a multiple of 64, K ending inside a super-block, both bit widths and dtypes, groups 32–128. */
+static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, N, K;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {
+        {1, 5120, 1024, 4, 64, QMM_F16}, {3, 100, 4160, 4, 64, QMM_BF16}, {4, 1000, 2080, 4, 32, QMM_F16},
+        {5, 777, 1152, 8, 128, QMM_BF16}, {8, 300, 2112, 8, 32, QMM_F16}, {2, 9000, 512, 4, 128, QMM_BF16},
+        {1, 64, 64, 8, 64, QMM_BF16},
+    };
+    static const char *modes[] = {"1", "0", NULL};
+    const char *row = "cuda.qmm_t.mma_gemv.m8n64";
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
+                          cases[c].dtype, &p)) {
+            CHECK(false, "staged x: set-up failed");
+            product_free(&p);
+            continue;
+        }
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        void *first = malloc(bytes);
+        CHECK(qmm_kernel_supports(context, row, p.weights, p.M, QMM_OP_QMM_T, NULL) == 1, "%s takes M=%zu N=%zu K=%zu",
+              row, p.M, p.N, p.K);
+        for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+            if (modes[m]) setenv("QMM_CUDA_GEMV_STAGED_X", modes[m], 1);
+            else unsetenv("QMM_CUDA_GEMV_STAGED_X");
+            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = row};
+            char label[200];
+            for (int run = 0; run < 3; run++) {
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                snprintf(label, sizeof label, "%s staged x %s M=%zu N=%zu K=%zu %d-bit gs%d %s run %d", row,
+                         modes[m] ? modes[m] : "rule", p.M, p.N, p.K, cases[c].bits, cases[c].group_size,
+                         qmm_dtype_name(p.dtype), run);
+                product_check(&p, label, 2.0);
+                if (run == 0 && first) memcpy(first, p.host_out, bytes);
+                else CHECK(first && memcmp(first, p.host_out, bytes) == 0, "%s: differs from run 0", label);
+            }
+        }
+        unsetenv("QMM_CUDA_GEMV_STAGED_X");
+        free(first);
+        product_free(&p);
+    }
+}
+
 /* The same inputs twice give the same bits (no atomics, fixed reduction orders). */
 static void test_determinism(qmm_context *context, check_rng *rng) {
     product p;
@@ -789,6 +839,7 @@ int main(void) {
     test_selector_and_switch_points(context, &rng);
     test_determinism(context, &rng);
     test_tile_split_k(context, &rng);
+    test_gemv_staged_x(context, &rng);
     test_wgmma_switch(context, &rng);
     test_gather(context, &rng);
     test_non_finite(context);
