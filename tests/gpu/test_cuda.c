@@ -87,6 +87,24 @@ static void check_every_row(qmm_context *context, product *p, const char *what) 
     }
 }
 
+/* p's call forced onto `row` three times, outputs poisoned first: each within the bound (slack 2, the tensor-core rows')
+ * and the same bits as the first; `what` labels the failures. first: a buffer of p's output size, or NULL (the bits
+ * then fail to compare). */
+static void check_forced_runs(qmm_context *context, product *p, const char *row, const char *what, void *first) {
+    const size_t bytes = p->M * p->N * qmm_dtype_size(p->dtype);
+    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = row};
+    char label[240];
+    for (int run = 0; run < 3; run++) {
+        CHECK_OK(qmm_buffer_poison(p->out));
+        CHECK_OK(qmm_matmul(context, p->weights, p->x, p->M, p->out, &options, NULL));
+        snprintf(label, sizeof label, "%s %s M=%zu N=%zu K=%zu %s run %d", row, what, p->M, p->N, p->K,
+                 qmm_dtype_name(p->dtype), run);
+        product_check(p, label, 2.0);
+        if (run == 0 && first) memcpy(first, p->host_out, bytes);
+        else CHECK(first && memcmp(first, p->host_out, bytes) == 0, "%s: differs from run 0", label);
+    }
+}
+
 static void test_chain(qmm_context *context, check_rng *rng) {
     product a, b;
     if (!product_make(context, rng, 3, 1000, 2048, 4, 64, QMM_F16, &a) ||
@@ -272,17 +290,10 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
             if (strstr(rows[r], "wgmma") &&
                 qmm_kernel_supports(context, rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1)
                 continue; /* not a Hopper device */
-            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
             char label[200];
-            for (int run = 0; run < 3; run++) {
-                CHECK_OK(qmm_buffer_poison(p.out));
-                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-                snprintf(label, sizeof label, "%s split-K M=%zu N=%zu K=%zu %d-bit gs%d %s run %d", rows[r], p.M, p.N,
-                         p.K, cases[c].bits, cases[c].group_size, qmm_dtype_name(p.dtype), run);
-                product_check(&p, label, 2.0);
-                if (run == 0 && first) memcpy(first, p.host_out, bytes);
-                else CHECK(first && memcmp(first, p.host_out, bytes) == 0, "%s: differs from run 0", label);
-            }
+            snprintf(label, sizeof label, "split-K %d-bit gs%d", cases[c].bits, cases[c].group_size);
+            check_forced_runs(context, &p, rows[r], label, first);
+            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
             setenv("QMM_CUDA_SPLITS", "1", 1);
             CHECK_OK(qmm_buffer_poison(p.out));
             CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
@@ -326,18 +337,10 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
             if (modes[m]) setenv("QMM_CUDA_GEMV_STAGED_X", modes[m], 1);
             else unsetenv("QMM_CUDA_GEMV_STAGED_X");
-            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = row};
             char label[200];
-            for (int run = 0; run < 3; run++) {
-                CHECK_OK(qmm_buffer_poison(p.out));
-                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-                snprintf(label, sizeof label, "%s staged x %s M=%zu N=%zu K=%zu %d-bit gs%d %s run %d", row,
-                         modes[m] ? modes[m] : "rule", p.M, p.N, p.K, cases[c].bits, cases[c].group_size,
-                         qmm_dtype_name(p.dtype), run);
-                product_check(&p, label, 2.0);
-                if (run == 0 && first) memcpy(first, p.host_out, bytes);
-                else CHECK(first && memcmp(first, p.host_out, bytes) == 0, "%s: differs from run 0", label);
-            }
+            snprintf(label, sizeof label, "staged x %s %d-bit gs%d", modes[m] ? modes[m] : "rule", cases[c].bits,
+                     cases[c].group_size);
+            check_forced_runs(context, &p, row, label, first);
         }
         unsetenv("QMM_CUDA_GEMV_STAGED_X");
         free(first);
