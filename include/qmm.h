@@ -386,7 +386,8 @@ typedef struct qmm_matmul_options {
      * among those only. On the CPU with AVX2 or AVX-512, qmm_t at M ≤ 16 then runs the ordered GEMV rows
      * instead of the GEMV rows (another order), which costs time there (about 2× at M ≤ 4); qmm_n and larger M
      * run the same rows as without the mode. On CUDA, 4/8-bit f16/bf16 qmm_t runs the tensor-core tile rows
-     * at every M, without split-K: about the default's time at M ≥ 512, 2.4–4.9× it at M ≤ 16 (H200).
+     * (on Hopper the wgmma tiles among them) at every M, without split-K: about the default's time at M ≥ 512,
+     * 1.4× it at M = 128 (geomean), 2.4–4.9× at M ≤ 16 (H200).
      * Row i of a product with the mode on is not promised to equal the same row computed with it off. */
     int batch_invariant;
 } qmm_matmul_options;

@@ -714,10 +714,13 @@ WGMMA_ROW(wgmma_m64n128, 64)
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_tile", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = THREADS, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = TILE_ORDER}
 
-/* wgmma_tile rows: BM tokens × 128 weight rows per block of 3 warpgroups; no batch-invariant order (§9.6). */
+/* wgmma_tile rows: BM tokens × 128 weight rows per block of 3 warpgroups. Their order is the mma_tile rows' (§9.6): the
+ * same segments, the same chained k16 steps and all-ones Σx MMAs (a wgmma k16 step adds as mma.sync m16n8k16 does:
+ * the same bits, measured on the H200 — docs/PERF.md, eleventh session; test_cuda checks it), the same two FMAs; one
+ * split in batch-invariant mode. */
 #define WGMMA_INFO(NAME, BM, TEXT)                                                                               \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "wgmma_tile", .bm = BM, .bn = 128, \
-     .bk = 128, .threads = 384, .tolerance_slack = 2.0, .description = TEXT}
+     .bk = 128, .threads = 384, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = TILE_ORDER}
 
 #define MMA_INFO(NAME, BM, BN, TEXT)                                                                             \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
@@ -763,6 +766,11 @@ static qmm_status gather_run(const qmm_call *call);
  *            block: the fastest row at M = 64 for N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs
  *            79), except where the tiles come to just over one wave (17408×5120 M = 64, 136 tiles: 101 vs 93 for
  *            m64n64), and at M = 256–512 on 1024-row shapes (1024×4096 M = 256: 20.1 vs 25.9).
+ *   In batch-invariant mode (no split-K; both wgmma rows declare the mma_tile rows' order) each wgmma row needs 80
+ *            tiles of its own (prefer_min_tiles_unsplit), measured with QMM_CUDA_SPLITS=1 in the eleventh session
+ *            (docs/PERF.md): m128n128 the fastest unsplit row from 80 tiles (5120² M = 256: 77 vs 97 µs for m64n64),
+ *            not at 64 (4096² M = 256: 63 vs 45 for m64n128); m64n128 from 80 (5120² M = 128: 55 vs 65), not at 64
+ *            (4096² M = 128: 45 vs 36 for m64n64).
  *   M > 32:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
@@ -804,11 +812,11 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
      .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65,
-     .prefer_min_tiles_k = 32 * 4096},
+     .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
      .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 33,
-     .prefer_min_tiles_k = 128 * 768},
+     .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m64n64_supports, .run = tile_m64n64_run},

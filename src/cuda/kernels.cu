@@ -269,16 +269,24 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
         }
     };
     /* STAGED_X: the x chunks of the warp's i-th super-block into stage i % S — tokens < MX only (the lanes of the
-     * others use zeros), chunks past K zero-filled. After pdl_wait only: x may be the kernel before this one's output. */
+     * others use zeros), chunks past K zero-filled. After pdl_wait only: x may be the kernel before this one's output.
+     * Lane l copies chunk q = l % XQ of tokens m = l / XQ + (32 / XQ)·r, r < 8·XQ / 32 (those < MX): its source and
+     * destination advance by constants along r and K (the same chunk position, the same swizzle parity); lane (g, t)
+     * reads token g's chunk 4j + t of block j at (4j + t) ^ 4(g & 1), i.e. 4j + t + 4(g & 1) for even j, − for odd. */
+    constexpr int X_TPR = 32 / XQ, X_ROUNDS = 8 * XQ / 32; /* tokens per round of the warp's copies, rounds for 8 */
+    const int x_q = lane % XQ, x_m0 = lane / XQ;
+    const T *x_src = x + (size_t)x_m0 * K + 8 * x_q;
+    const unsigned x_dst = (unsigned)__cvta_generic_to_shared(stage_x + x_m0 * XQ + (x_q ^ ((x_m0 & 1) << 2)));
+    const uint4 *x_read_even = stage_x + g * XQ + t + 4 * (g & 1), *x_read_odd = stage_x + g * XQ + t - 4 * (g & 1);
     auto issue_x = [&](int i) {
         if (STAGED_X && i < count) {
             const int sbk = warp + i * NW;
-            for (int c = lane; c < MX * XQ; c += 32) {
-                const int m = c / XQ, q = c % XQ;
-                const bool ok = sbk * BPS + q / 4 < blocks;
-                const unsigned dst = (unsigned)__cvta_generic_to_shared(stage_x + ((i % S) * MX + m) * XQ + (q ^ ((m & 1) << 2)));
-                cp_async_16(dst, ok ? x + (size_t)m * K + (size_t)sbk * 32 * BPS + 8 * q : x, ok);
-            }
+            const bool ok = sbk * BPS + x_q / 4 < blocks;
+            const T *src = ok ? x_src + (size_t)sbk * 32 * BPS : x;
+            const unsigned dst = x_dst + (unsigned)((i % S) * MX * XQ * 16);
+#pragma unroll
+            for (int r = 0; r < X_ROUNDS; r++)
+                if (x_m0 + X_TPR * r < MX) cp_async_16(dst + r * X_TPR * XQ * 16, ok ? src + (size_t)r * X_TPR * K : x, ok);
         }
     };
 #pragma unroll
@@ -356,8 +364,8 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
                     }
             }
             uint32_t b[TT][4];
-            if (STAGED_X) /* token g's chunk 4j + t of this stage (TT = 1) */
-                xv[0][0] = g < MX ? stage_x[(stage * MX + g) * XQ + ((4 * j + t) ^ ((g & 1) << 2))] : make_uint4(0, 0, 0, 0);
+            if (STAGED_X) /* token g's chunk (4j + t) ^ 4(g & 1) = 4j + t ± 4(g & 1) of this stage (TT = 1) */
+                xv[0][0] = g < MX ? (j % 2 ? x_read_odd : x_read_even)[stage * MX * XQ + 4 * j] : make_uint4(0, 0, 0, 0);
             else if (!PRELOAD)
                 load_x(sbk, j, xv[0]);
 #pragma unroll
@@ -538,17 +546,16 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
                          (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
 }
 
-/* x staged through shared memory (the 64-row, 8-token tile) when the grid leaves SMs idle — fewer 64-row blocks than
- * SMs, i.e. N < 64·SMs — and M ≤ 4. Measured on the H200 (docs/PERF.md, eleventh session; m8n64 forced, seed and
- * Qwen3 shapes, M = 1–8): staged x faster on the 80-block shapes at M ≤ 4 (5120×5120 13–15 %, M = 1 f16 8.2 → 7.1 µs;
- * 5120×14336 and 5120×17408 0–9 %, bf16 M = 1 21.0 → 19.2), within 2 % from 192 to 224 blocks, 2–10 % slower from 272
- * blocks up (27648×5120 M = 1 f16 25.2 → 27.3) and at M = 8 on most shapes (eight tokens' stages leave room for 14
- * warps, not 16).
- * QMM_CUDA_GEMV_STAGED_X=1/0 forces it on/off (launch->staged_x). */
+/* x staged through shared memory (the 64-row, 8-token tile) at M ≤ 4, and at M ≤ 8 when the grid leaves SMs idle
+ * (fewer 64-row blocks than SMs, i.e. N < 64·SMs). Measured on the H200 (docs/PERF.md, eleventh session; m8n64
+ * forced, seed and Qwen3 shapes, M = 1–8, against x loaded at the top of each step): at M ≤ 4 0.79–1.03× (5120×5120
+ * M = 1 bf16 9.1 → 7.7 µs, 5120×14336 21.0 → 18.6, 14336×5120 15.7 → 14.6, 27648×5120 29.0 → 28.8); at M = 8, where
+ * eight tokens' stages leave room for 14 warps instead of 16, 0.86–1.03× on the 80-block shapes but up to 1.25×
+ * elsewhere. QMM_CUDA_GEMV_STAGED_X=1/0 forces it on/off (launch->staged_x). */
 template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
     if constexpr (RT == 4 && TT == 1) {
         const bool fewer_blocks_than_sms = c->multiprocessors > 0 && (c->N + 63) / 64 < (size_t)c->multiprocessors;
-        if (c->staged_x > 0 || (c->staged_x == 0 && c->M <= 4 && fewer_blocks_than_sms))
+        if (c->staged_x > 0 || (c->staged_x == 0 && (c->M <= 4 || fewer_blocks_than_sms)))
             return launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
     }
     return launch_mma_gemv_as<BITS, T, RT, TT, GS, false>(c);

@@ -696,11 +696,56 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
 /* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the mma_tile
  * rows (order "tc-segment-fma", one split); the mma_gemv rows declare no order. A row alone and inside
  * M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
+/* The wgmma rows declare the mma_tile rows' batch-invariant order: in the mode (one split), the same bits as
+ * mma_tile.m64n64 for every output, at both bit widths, every group size, f16 and bf16, with M spanning several tiles
+ * of tokens and N and K not multiples of the tiles; and within the bound. Hopper only. */
+static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
+    static const struct {
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {{4, 64, QMM_F16}, {4, 32, QMM_BF16}, {4, 128, QMM_F16}, {8, 32, QMM_F16}, {8, 64, QMM_BF16},
+                 {8, 128, QMM_BF16}};
+    static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, 200, 300, 1152, cases[c].bits, cases[c].group_size, cases[c].dtype, &p)) {
+            CHECK(false, "wgmma order: set-up failed");
+            product_free(&p);
+            continue;
+        }
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        void *ref = malloc(bytes);
+        qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_tile.m64n64", .batch_invariant = 1};
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+        CHECK_OK(qmm_buffer_read(p.out, p.host_out, p.M * p.N));
+        if (ref) memcpy(ref, p.host_out, bytes);
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            if (qmm_kernel_supports(context, rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue;
+            options.kernel = rows[r];
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+            char label[200];
+            snprintf(label, sizeof label, "%s batch-invariant %d-bit gs%d %s", rows[r], cases[c].bits,
+                     cases[c].group_size, qmm_dtype_name(p.dtype));
+            product_check(&p, label, 2.0);
+            CHECK(ref && memcmp(ref, p.host_out, bytes) == 0, "%s: not the bits of mma_tile.m64n64", label);
+        }
+        free(ref);
+        product_free(&p);
+    }
+}
+
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 1024, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 2048};
-    static const char *tile_rows[] = {NULL, "cuda.qmm_t.mma_tile.m64n64", "cuda.qmm_t.mma_tile.m64n128",
-                                      "cuda.qmm_t.mma_tile.m16n256", "cuda.qmm_t.mma_tile.m32n256"};
+    static const char *tile_rows[] = {NULL,
+                                      "cuda.qmm_t.mma_tile.m64n64",
+                                      "cuda.qmm_t.mma_tile.m64n128",
+                                      "cuda.qmm_t.mma_tile.m16n256",
+                                      "cuda.qmm_t.mma_tile.m32n256",
+                                      "cuda.qmm_t.wgmma_tile.m128n128",
+                                      "cuda.qmm_t.wgmma_tile.m64n128"};
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, &p)) {
         CHECK(false, "batch-invariant: product_make failed");
@@ -726,6 +771,9 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     }
     for (size_t k = 0; k < sizeof tile_rows / sizeof tile_rows[0]; k++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            if (tile_rows[k] && strstr(tile_rows[k], "wgmma") &&
+                qmm_kernel_supports(context, tile_rows[k], p.weights, ms[i], QMM_OP_QMM_T, NULL) != 1)
+                continue; /* not a Hopper device */
             qmm_matmul_options forced = options;
             forced.kernel = tile_rows[k];
             CHECK_OK(qmm_buffer_poison(p.out));
@@ -849,6 +897,7 @@ int main(void) {
     test_large_f16_x(context, &rng);
     test_errors(context, &rng);
     test_batch_invariant(context, &rng);
+    test_wgmma_tile_order(context, &rng);
     test_qmm_n(context, &rng);
     qmm_context_destroy(context);
     return check_finish("test_cuda");

@@ -121,6 +121,28 @@ static void test_hints(void) {
           pick_hinted(8192, 129, 1024));
     CHECK(strcmp(pick_hinted(8192, 129, 960), "fake.hint.any") == 0, "hints: 128 tiles, K=960 picked %s",
           pick_hinted(8192, 129, 960));
+    /* prefer_min_tiles_unsplit = 80, in batch-invariant mode only: 64 tiles are enough without it, 80 with it */
+    const qmm_kernel_info order_info = {.name = "fake.hint.order", .backend = QMM_BACKEND_REF, .op = QMM_OP_QMM_T,
+                                        .family = "fake", .bm = 128, .bn = 128, .batch_invariant_order = "fake-order"};
+    qmm_kernel_info tiled_order = tiled_info();
+    tiled_order.batch_invariant_order = "fake-order";
+    const qmm_kernel unsplit = {.info = tiled_order, .supports = supports_all, .run = run_nothing,
+                                .prefer_min_tiles = 64, .prefer_min_tiles_unsplit = 80},
+                     any_order = {.info = order_info, .supports = supports_all, .run = run_nothing};
+    const qmm_kernel *order_table[] = {&unsplit, &any_order};
+    static const struct { size_t N; bool invariant; const char *want; } unsplit_cases[] = {
+        {8192, false, "fake.hint.tiles"}, {8192, true, "fake.hint.order"}, /* 64 tiles */
+        {10240, true, "fake.hint.tiles"}, {10112, true, "fake.hint.order"}, /* 80 and 79 tiles */
+    };
+    for (size_t i = 0; i < sizeof unsplit_cases / sizeof unsplit_cases[0]; i++) {
+        qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, unsplit_cases[i].N, 4096, 100);
+        call.batch_invariant = unsplit_cases[i].invariant;
+        const qmm_kernel *chosen = NULL;
+        CHECK_OK(qmm_select_kernel_tuned(order_table, 2, NULL, &call, NULL, &chosen));
+        CHECK(chosen && strcmp(chosen->info.name, unsplit_cases[i].want) == 0,
+              "hints: prefer_min_tiles_unsplit N=%zu batch-invariant %d picked %s, want %s", unsplit_cases[i].N,
+              unsplit_cases[i].invariant, chosen ? chosen->info.name : "(none)", unsplit_cases[i].want);
+    }
 }
 
 static void test_selector(void) {
