@@ -4,6 +4,7 @@
  * layer), and check one output against the dequantized weights.
  *
  *   cc examples/matmul.c $(pkg-config --cflags --libs qmm) -o matmul && ./matmul [cpu|cuda|ref]
+ *   (with libqmm installed outside the loader's paths, e.g. PREFIX=$HOME/.local: LD_LIBRARY_PATH=$HOME/.local/lib ./matmul)
  *
  * Built and run by `make test` (CTest "example_matmul"). Exit status 0 when the product matches.
  */

@@ -101,7 +101,7 @@ qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtyp
  *   biases  dtype  [rows, cols/group_size]
  * dtype is QMM_F32, QMM_F16 or QMM_BF16. For out = x·Ŵᵀ (qmm_t, a linear layer) rows = N and
  * cols = K; for out = x·Ŵ (qmm_n) rows = K and cols = N. The struct borrows its arrays; w must be
- * 4-byte aligned (scales and biases may be at any address). */
+ * 4-byte aligned (QMM_ERR_INVALID_ARGUMENT otherwise; scales and biases may be at any address). */
 typedef struct qmm_qmatrix {
     const uint32_t *w;
     const void *scales;

@@ -14,6 +14,8 @@
  */
 #include "internal.h"
 
+#include <string.h>
+
 static const char allowed_bits[] = "{2, 3, 4, 5, 6, 8}";
 static const char allowed_group_sizes[] = "{32, 64, 128}";
 
@@ -84,6 +86,9 @@ qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
     qmm_status status = qmm_qmatrix_bytes(matrix, NULL, NULL);
     if (status != QMM_OK) return status;
     if (!matrix->w) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: w (packed codes) is NULL");
+    if ((uintptr_t)matrix->w % sizeof(uint32_t) != 0)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: w (packed codes) at %p is not 4-byte aligned (its uint32 "
+                         "words must be)", (const void *)matrix->w);
     if (!matrix->scales) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: scales is NULL");
     if (!matrix->biases) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: biases is NULL");
     return QMM_OK;
@@ -97,6 +102,10 @@ static qmm_status check_pack_arguments(const char *function, const char *in_name
         return qmm_error(QMM_ERR_FORMAT, "%s: bits=%d is not supported (allowed: %s)", function, bits, allowed_bits);
     if (!in || !out)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, !in ? in_name : out_name);
+    const void *word_array = strcmp(in_name, "w") == 0 ? in : out; /* the uint32 side */
+    if ((uintptr_t)word_array % sizeof(uint32_t) != 0)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: w at %p is not 4-byte aligned (its uint32 words must be)",
+                         function, word_array);
     /* A row must end on a word boundary: cols·bits a multiple of 32 (cols % 32 == 0 always suffices;
      * 8-bit needs only cols % 4, 4-bit cols % 8, 2-bit cols % 16). */
     if (((cols % 32) * (size_t)bits) % 32 != 0)

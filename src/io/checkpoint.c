@@ -26,6 +26,7 @@ typedef struct layer_format {
     char *name;
     bool quantized; /* false: config.json says "P": false */
     int bits, group_size;
+    const char *bad_kind; /* not NULL: the entry is neither an object nor a bool (its JSON kind, for the message) */
 } layer_format;
 
 typedef struct quant_config {
@@ -136,12 +137,21 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
                                qmm_io_printable(name, strlen(name), printable, sizeof printable));
             goto cleanup;
         }
-        if (!cJSON_IsObject(item) && !cJSON_IsBool(item)) continue; /* bits, group_size, mode, other scalars */
+        static const char *const format_members[] = {"bits", "group_size", "mode", "quant_method"};
+        bool format_member = false;
+        for (size_t k = 0; k < sizeof format_members / sizeof format_members[0]; k++)
+            format_member = format_member || strcmp(name, format_members[k]) == 0;
+        if (format_member) continue; /* read by parse_format (quant_method above) */
         layer_format *entry = &config->overrides[config->override_count];
         entry->quantized = !cJSON_IsFalse(item);
         entry->bits = config->bits;
         entry->group_size = config->group_size;
-        if (cJSON_IsObject(item)) {
+        /* Any other member names a layer, whose entry MLX's nn.quantize takes as a bool or a dict and refuses
+         * otherwise: such an entry is kept and refused when its layer is read (a name that is no layer is
+         * never looked up, by MLX or here). */
+        if (!cJSON_IsObject(item) && !cJSON_IsBool(item)) {
+            entry->bad_kind = qmm_io_json_kind(item);
+        } else if (cJSON_IsObject(item)) {
             char where[QMM_IO_PRINTABLE_SIZE + 32];
             snprintf(where, sizeof where, "%s[\"%s\"]", key, name);
             if ((status = parse_format(item, where, &entry->bits, &entry->group_size)) != QMM_OK) goto cleanup;
@@ -176,7 +186,7 @@ static const char *config_difference(const quant_config *a, const quant_config *
         const layer_format *x = i < a->override_count ? &a->overrides[i] : NULL;
         const layer_format *y = i < b->override_count ? &b->overrides[i] : NULL;
         if (x && y && strcmp(x->name, y->name) == 0 && x->quantized == y->quantized && x->bits == y->bits &&
-            x->group_size == y->group_size)
+            x->group_size == y->group_size && (x->bad_kind == NULL) == (y->bad_kind == NULL))
             continue;
         const layer_format *named = !y || (x && strcmp(x->name, y->name) < 0) ? x : y;
         snprintf(buffer, size, "layer \"%s\" has a different entry",
@@ -524,6 +534,13 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
 
     int bits = checkpoint->config.bits, group_size = checkpoint->config.group_size;
     const layer_format *format = find_override(&checkpoint->config, name);
+    if (format && format->bad_kind) {
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "config.json's quantization entry for layer \"%s\" is %s; a layer's entry must be an object "
+                           "or a bool (MLX's nn.quantize refuses anything else)",
+                           printable, format->bad_kind);
+        goto cleanup;
+    }
     if (format && !format->quantized) {
         status =
             qmm_error(QMM_ERR_CORRUPT, "config.json says layer \"%s\" is not quantized (false), but %s.scales exists",
@@ -690,7 +707,7 @@ cleanup:
 
 bool qmm_io_layer_marked_false(const qmm_checkpoint *checkpoint, const char *name) {
     const layer_format *format = find_override(&checkpoint->config, name);
-    return format && !format->quantized;
+    return format && !format->quantized && !format->bad_kind;
 }
 
 const char *qmm_io_checkpoint_config_text(const qmm_checkpoint *checkpoint) { return checkpoint->config_text; }

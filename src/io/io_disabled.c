@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#define QMM_NO_IO() qmm_error(QMM_ERR_UNSUPPORTED, "libqmm was built without checkpoint I/O (cJSON not found)")
+#define QMM_NO_IO() qmm_error(QMM_ERR_UNSUPPORTED, "libqmm was built without checkpoint I/O (configured with QMM_WITH_IO=OFF, or cJSON was not found)")
 
 qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file) { (void)path; if (file) *file = NULL; return QMM_NO_IO(); }
 qmm_status qmm_safetensors_open_memory(const void *bytes, size_t size, qmm_safetensors **file) { (void)bytes; (void)size; if (file) *file = NULL; return QMM_NO_IO(); }

@@ -77,6 +77,9 @@ qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what
 /* "an object", "a string", "missing", ... for messages about a JSON value of the wrong kind. */
 struct cJSON;
 const char *qmm_io_json_kind(const struct cJSON *item);
+/* QMM_ERR_CORRUPT "<what>: "<key>" appears n times; it must appear once" when one of keys[0..count) names more than
+ * one member of the object (cJSON reads the first copy, Python's json the last, serde refuses the file). */
+qmm_status qmm_io_json_keys_once(const struct cJSON *object, const char *const *keys, size_t count, const char *what);
 
 /* Whether a JSON string in json[0, size) holds a NUL byte, raw or escaped as \u0000 (cJSON would cut it there);
  * *string_start and *string_end receive the first such string's bytes, quotes included. */

@@ -270,6 +270,19 @@ const char *qmm_io_json_kind(const cJSON *item) {
     return "an invalid value";
 }
 
+qmm_status qmm_io_json_keys_once(const cJSON *object, const char *const *keys, size_t count, const char *what) {
+    for (size_t k = 0; k < count; k++) {
+        size_t copies = 0;
+        const cJSON *member;
+        cJSON_ArrayForEach(member, object) {
+            if (member->string && strcmp(member->string, keys[k]) == 0) copies++;
+        }
+        if (copies > 1)
+            return qmm_error(QMM_ERR_CORRUPT, "%s: \"%s\" appears %zu times; it must appear once", what, keys[k], copies);
+    }
+    return QMM_OK;
+}
+
 bool qmm_io_json_find_nul(const char *json, size_t size, size_t *string_start, size_t *string_end) {
     bool in_string = false, nul = false;
     size_t start = 0;
@@ -473,6 +486,13 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
     if (!cJSON_IsObject(item))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\" is %s; it must be an object", printable,
                          qmm_io_json_kind(item));
+    /* cJSON finds the first copy of a key, Python's json keeps the last and the reference reader (serde) refuses
+     * the file: a field given twice is refused here too, so no two readers see different tensors. */
+    static const char *const fields[] = {"dtype", "shape", "data_offsets"};
+    char what[QMM_IO_PRINTABLE_SIZE + 32];
+    snprintf(what, sizeof what, "safetensors tensor \"%s\"", printable);
+    qmm_status status = qmm_io_json_keys_once(item, fields, sizeof fields / sizeof fields[0], what);
+    if (status != QMM_OK) return status;
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");

@@ -83,6 +83,10 @@ static qmm_status parse_entry(const cJSON *entry, size_t index, const char *orig
     qmm_status status;
     *use = 0;
     if (!cJSON_IsObject(entry)) return corrupt_entry(origin, index, "is not an object");
+    static const char *const keys[] = {"op", "dtype", "bits", "group_size", "N", "K", "m_min", "m_max", "kernel", "device"};
+    char what[QMM_IO_PRINTABLE_SIZE + 64];
+    snprintf(what, sizeof what, "tuning table '%s': entries[%zu]", origin, index);
+    if ((status = qmm_io_json_keys_once(entry, keys, sizeof keys / sizeof keys[0], what)) != QMM_OK) return status;
     if ((status = entry_string(entry, "op", 1, origin, index, &op_text)) != QMM_OK) return status;
     if (strcmp(op_text, "qmm_t") == 0) out->op = QMM_OP_QMM_T;
     else if (strcmp(op_text, "qmm_n") == 0) out->op = QMM_OP_QMM_N;
@@ -173,6 +177,11 @@ qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, q
         status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s': the top level must be a JSON object", origin);
         goto cleanup;
     }
+    static const char *const top_keys[] = {"format", "version", "backend", "device", "entries"};
+    char what[QMM_IO_PRINTABLE_SIZE + 32];
+    snprintf(what, sizeof what, "tuning table '%s'", origin);
+    if ((status = qmm_io_json_keys_once(root, top_keys, sizeof top_keys / sizeof top_keys[0], what)) != QMM_OK)
+        goto cleanup;
     const cJSON *format = cJSON_GetObjectItemCaseSensitive(root, "format");
     if (!cJSON_IsString(format) || strcmp(format->valuestring, "qmm-tuning") != 0) {
         status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s': \"format\" must be \"qmm-tuning\" (what qmm tune writes)",

@@ -11,7 +11,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/qmm-cli-$SUITE.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
 if [ "${QMM_IO_ENABLED:-ON}" = OFF ]; then
-  echo "$SUITE: SKIPPED: libqmm was built without checkpoint I/O (cJSON not found)"
+  echo "$SUITE: SKIPPED: libqmm was built without checkpoint I/O (QMM_WITH_IO=OFF, or cJSON was not found)"
   exit 77
 fi
 

@@ -255,6 +255,18 @@ static void test_inconsistent_layers(const char *root) {
     /* bits 3: 16 words = 512 bits per row is not a whole number of 3-bit codes. */
     write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 64, \"bits\": 3}}");
     CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    /* The layer's own entry neither an object nor a bool (MLX's nn.quantize refuses it); an entry of that kind for a
+     * name that is no layer is never read, by MLX or here. */
+    write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"p\": [1]}}");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("layer \"p\" is an array"), "message: %s", qmm_last_error());
+    write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"p\": 8}}");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("layer \"p\" is a number"), "message: %s", qmm_last_error());
+    write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"q\": [1], \"note\": \"x\"}}");
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    qmm_checkpoint_close(ck);
+    ck = NULL;
     /* No quantization in the config at all, but scales exist. */
     write_single(dir, good, 3, "{\"model_type\": \"llama\"}");
     CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);

@@ -177,6 +177,11 @@ static void test_bad_headers(void) {
          "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
          16, QMM_ERR_CORRUPT, "twice"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "negative"},
+        /* a field given twice: cJSON would read the first copy, Python's json the last, serde refuses the file */
+        {"{\"w\":{\"dtype\":\"I32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT,
+         "\"dtype\" appears 2 times"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"data_offsets\":[8,16]}}", 16,
+         QMM_ERR_CORRUPT, "\"data_offsets\" appears 2 times"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "2^53"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "shape[0]"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "shape[0]"},

@@ -344,6 +344,12 @@ static void test_parser(void) {
                    "tuning table 't.json': entries[0]: m_min=8 is greater than m_max=4 (the range is [m_min, m_max])");
     snprintf(json, sizeof json, HEAD ENTRY("\"m_min\": 1, \"m_max\": 4") "]}");
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"kernel\" is missing");
+    /* a key given twice (cJSON would read the first copy, Python's json the last) */
+    snprintf(json, sizeof json, HEAD ENTRY("\"m_min\": 1, \"m_max\": 4, \"kernel\": \"fake.qmm_t.b\", \"m_max\": 9") "]}");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"m_max\" appears 2 times; it must appear once");
+    snprintf(json, sizeof json, "{\"format\": \"qmm-tuning\", \"version\": 1, \"version\": 2, \"backend\": \"cuda\", "
+             "\"device\": \"Test GPU\", \"entries\": []}");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': \"version\" appears 2 times; it must appear once");
     snprintf(json, sizeof json, HEAD ENTRY("\"m_min\": 1, \"m_max\": 4, \"kernel\": \"\"") "]}");
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"kernel\" must be a non-empty string");
     snprintf(json, sizeof json, HEAD ENTRY("%s") "," ENTRY("\"m_min\": 1, \"m_max\": 4, \"kernel\": \"fake.qmm_n.a\"") "]}",

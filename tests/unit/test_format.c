@@ -255,6 +255,16 @@ static void test_qmatrix_validate(void) {
     m = good, m.w = NULL;
     EXPECT_FAIL(qmm_qmatrix_validate(&m), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("w (packed codes)");
+    /* uint32 words at an address that is not a multiple of 4: refused before anything reads them */
+    m = good, m.w = (const uint32_t *)((const char *)w + 1);
+    EXPECT_FAIL(qmm_qmatrix_validate(&m), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("not 4-byte aligned");
+    uint8_t codes[128];
+    EXPECT_FAIL(qmm_unpack((const uint32_t *)((const char *)w + 2), 1, 128, 4, codes), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("not 4-byte aligned");
+    memset(codes, 0, sizeof codes);
+    EXPECT_FAIL(qmm_pack(codes, 1, 128, 4, (uint32_t *)((char *)w + 3)), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_pack");
     m = good, m.scales = NULL;
     EXPECT_FAIL(qmm_qmatrix_validate(&m), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("scales");
