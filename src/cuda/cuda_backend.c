@@ -374,10 +374,12 @@ static qmm_status cuda_chain_run(void *state, void **graph, size_t count, qmm_st
 /* ───────────────────────────── kernel rows ───────────────────────────── */
 
 /* QMM_CUDA_GEMV_STAGED_X=1 or 0 forces mma_gemv m8n64's x through shared memory on or off (experiments and the GPU
- * tests; read at each call, like QMM_CUDA_SPLITS): 1, -1, or 0 for the launcher's rule (kernels.cu, launch_mma_gemv). */
+ * tests; read at each call, like QMM_CUDA_SPLITS): 1, -1, or 0 — the launcher's rule (kernels.cu, launch_mma_gemv) —
+ * when unset or any other value. */
 static int staged_x_forced(void) {
     const char *forced = getenv("QMM_CUDA_GEMV_STAGED_X");
-    return forced && *forced ? (strcmp(forced, "0") == 0 ? -1 : 1) : 0;
+    if (!forced) return 0;
+    return strcmp(forced, "1") == 0 ? 1 : strcmp(forced, "0") == 0 ? -1 : 0;
 }
 
 static qmm_cuda_launch launch_of(const qmm_call *call) {

@@ -510,10 +510,9 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
      * warps resident hide the MMA and decode latency better. */
     constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
     /* shared memory per warp: the weight and pair stages, the reduction, and (STAGED_X) the stages of x of the
-     * min(M, 8) tokens, 64·BPS bytes each per super-block — per_warp_max for 8 of them */
+     * min(M, 8) tokens, 64·BPS bytes each per super-block */
     constexpr size_t x_token = STAGED_X ? (size_t)S * 512 / BITS * 2 : 0;
     constexpr size_t per_warp_base = (size_t)S * RT * 2 * 32 * (16 + 4) + (size_t)RT * TT * 4 * 32 * sizeof(float);
-    constexpr size_t per_warp_max = per_warp_base + 8 * x_token;
     const int mx = STAGED_X ? (int)(c->M < 8 ? c->M : 8) : 0;
     const size_t per_warp = per_warp_base + (size_t)mx * x_token;
     /* at most 16 warps (the 8- and 16-token tiles; 8 for the 32-token tile), and no more than the device's
@@ -522,12 +521,19 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     const auto fit = [&](size_t bytes) { /* the device's opt-in is always known (sharedMemPerBlockOptin) */
         int w = mma_gemv_limits<TT>::max_warps;
         if (c->shared_optin > 0 && (size_t)w * bytes > c->shared_optin) w = (int)(c->shared_optin / bytes);
-        return w < 1 ? 1 : w; /* 8 warps of every tile but the staged one at M > 6 fit in 99 KB */
+        return w < 1 ? 1 : w; /* 8 warps of every unstaged tile fit in 99 KB; staged, fewer may */
     };
     const int max_warps = fit(per_warp);
     auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X>;
-    static unsigned long long opted_in = 0; /* the most any launch of this instantiation uses: the most warps of 8 x rows */
-    const int opt_in = shared_memory_opt_in(kernel, (size_t)fit(per_warp_max) * per_warp_max, &opted_in);
+    /* the most any launch of this instantiation uses: fit() rounds the warps down, so the largest block is not
+     * always the one with 8 rows of x — take the largest over 0 … 8 (0 for the unstaged tiles) */
+    size_t most = 0;
+    for (int rows = 0; rows <= (STAGED_X ? 8 : 0); rows++) {
+        const size_t bytes = per_warp_base + (size_t)rows * x_token, block = (size_t)fit(bytes) * bytes;
+        most = block > most ? block : most;
+    }
+    static unsigned long long opted_in = 0;
+    const int opt_in = shared_memory_opt_in(kernel, most, &opted_in);
     if (opt_in) return opt_in;
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
     const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);

@@ -86,6 +86,16 @@ static qmm_status parse_format(const cJSON *object, const char *where, int *bits
     return QMM_OK;
 }
 
+/* Python's truth value of a JSON value as mlx-lm's class_predicate returns it to MLX's nn.quantize (`if bool_or_params
+ * := ...`): false for false, null, 0, "", [] and {}. */
+static bool json_truthy(const cJSON *item) {
+    if (cJSON_IsFalse(item) || cJSON_IsNull(item)) return false;
+    if (cJSON_IsNumber(item)) return item->valuedouble != 0.0;
+    if (cJSON_IsString(item)) return item->valuestring && item->valuestring[0];
+    if (cJSON_IsArray(item) || cJSON_IsObject(item)) return item->child != NULL;
+    return true;
+}
+
 static int compare_layer_formats(const void *a, const void *b) {
     return strcmp(((const layer_format *)a)->name, ((const layer_format *)b)->name);
 }
@@ -143,15 +153,15 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
             format_member = format_member || strcmp(name, format_members[k]) == 0;
         if (format_member) continue; /* read by parse_format (quant_method above) */
         layer_format *entry = &config->overrides[config->override_count];
-        entry->quantized = !cJSON_IsFalse(item);
+        entry->quantized = json_truthy(item);
         entry->bits = config->bits;
         entry->group_size = config->group_size;
-        /* Any other member names a layer, whose entry MLX's nn.quantize takes as a bool or a dict and refuses
-         * otherwise: such an entry is kept and refused when its layer is read (a name that is no layer is
-         * never looked up, by MLX or here). */
-        if (!cJSON_IsObject(item) && !cJSON_IsBool(item)) {
+        /* Any other member names a layer. MLX's nn.quantize leaves a layer whose entry is falsy (false, null, 0, "",
+         * [], {}) unquantized, takes true or a dict of parameters, and refuses any other truthy value: such an entry
+         * is kept and refused when its layer is read (a name that is no layer is never looked up, by MLX or here). */
+        if (entry->quantized && !cJSON_IsObject(item) && !cJSON_IsBool(item)) {
             entry->bad_kind = qmm_io_json_kind(item);
-        } else if (cJSON_IsObject(item)) {
+        } else if (entry->quantized && cJSON_IsObject(item)) {
             char where[QMM_IO_PRINTABLE_SIZE + 32];
             snprintf(where, sizeof where, "%s[\"%s\"]", key, name);
             if ((status = parse_format(item, where, &entry->bits, &entry->group_size)) != QMM_OK) goto cleanup;
@@ -536,14 +546,15 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
     const layer_format *format = find_override(&checkpoint->config, name);
     if (format && format->bad_kind) {
         status = qmm_error(QMM_ERR_CORRUPT,
-                           "config.json's quantization entry for layer \"%s\" is %s; a layer's entry must be an object "
-                           "or a bool (MLX's nn.quantize refuses anything else)",
+                           "config.json's quantization entry for layer \"%s\" is %s; a layer's entry must be an object, a "
+                           "bool or a falsy value (MLX's nn.quantize refuses any other truthy value)",
                            printable, format->bad_kind);
         goto cleanup;
     }
     if (format && !format->quantized) {
         status =
-            qmm_error(QMM_ERR_CORRUPT, "config.json says layer \"%s\" is not quantized (false), but %s.scales exists",
+            qmm_error(QMM_ERR_CORRUPT, "config.json says layer \"%s\" is not quantized (false or another falsy value), "
+                      "but %s.scales exists",
                       printable, printable);
         goto cleanup;
     }

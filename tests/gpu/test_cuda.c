@@ -306,10 +306,11 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice for M ≤ 4 and fewer 64-row blocks than
- * SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 5 and 8, whose eight tokens' stages
- * cost warps; N past 64·SMs), 0, and the rule, each against the oracle with poisoned outputs, three runs the same
- * bits. Edges: N not a multiple of 64, K ending inside a super-block, both bit widths and dtypes, groups 32–128. */
+/* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer 64-row
+ * blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
+ * and the rule, each against the oracle with poisoned outputs, three runs the same bits; then, in a context with 8
+ * warps per block pinned, staged and unstaged the same bits. Edges: N not a multiple of 64, K ending inside a
+ * super-block, both bit widths and dtypes, groups 32–128. */
 static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -318,10 +319,16 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     } cases[] = {
         {1, 5120, 1024, 4, 64, QMM_F16}, {3, 100, 4160, 4, 64, QMM_BF16}, {4, 1000, 2080, 4, 32, QMM_F16},
         {5, 777, 1152, 8, 128, QMM_BF16}, {8, 300, 2112, 8, 32, QMM_F16}, {2, 9000, 512, 4, 128, QMM_BF16},
-        {1, 64, 64, 8, 64, QMM_BF16},
+        {1, 64, 64, 8, 64, QMM_BF16},     {6, 9000, 1024, 4, 64, QMM_F16}, /* the rule does not stage this one */
     };
     static const char *modes[] = {"1", "0", NULL};
     const char *row = "cuda.qmm_t.mma_gemv.m8n64";
+    /* A context with the warps per block pinned (QMM_CUDA_WARPS, read when a context opens): staged and unstaged x
+     * then give the same bits (a warp's arithmetic is the same; only the warp count could change the final sum). */
+    setenv("QMM_CUDA_WARPS", "8", 1);
+    qmm_context *pinned = NULL;
+    CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &pinned));
+    unsetenv("QMM_CUDA_WARPS");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
@@ -345,7 +352,28 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         unsetenv("QMM_CUDA_GEMV_STAGED_X");
         free(first);
         product_free(&p);
+        if (!pinned) continue; /* (its creation failed above) */
+        if (!product_make(pinned, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
+                          cases[c].dtype, &p)) {
+            CHECK(false, "staged x: pinned set-up failed");
+            product_free(&p);
+            continue;
+        }
+        void *staged = malloc(bytes), *unstaged = malloc(bytes);
+        char label[200];
+        snprintf(label, sizeof label, "staged x, 8 warps, %d-bit gs%d", cases[c].bits, cases[c].group_size);
+        setenv("QMM_CUDA_GEMV_STAGED_X", "1", 1);
+        check_forced_runs(pinned, &p, row, label, staged);
+        setenv("QMM_CUDA_GEMV_STAGED_X", "0", 1);
+        check_forced_runs(pinned, &p, row, label, unstaged);
+        unsetenv("QMM_CUDA_GEMV_STAGED_X");
+        CHECK(staged && unstaged && memcmp(staged, unstaged, bytes) == 0,
+              "%s M=%zu N=%zu K=%zu: staged and unstaged bits differ", label, p.M, p.N, p.K);
+        free(staged);
+        free(unstaged);
+        product_free(&p);
     }
+    qmm_context_destroy(pinned);
 }
 
 /* The same inputs twice give the same bits (no atomics, fixed reduction orders). */
@@ -693,9 +721,6 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the mma_tile
- * rows (order "tc-segment-fma", one split); the mma_gemv rows declare no order. A row alone and inside
- * M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
 /* The wgmma rows declare the mma_tile rows' batch-invariant order: in the mode (one split), the same bits as
  * mma_tile.m64n64 for every output, at both bit widths, every group size, f16 and bf16, with M spanning several tiles
  * of tokens and N and K not multiples of the tiles; and within the bound. Hopper only. */
@@ -736,6 +761,9 @@ static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the tile rows
+ * (order "tc-segment-fma", one split: mma_tile, and wgmma on Hopper); the mma_gemv rows declare no order. A row alone
+ * and inside M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 1024, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 2048};

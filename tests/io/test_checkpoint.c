@@ -263,6 +263,16 @@ static void test_inconsistent_layers(const char *root) {
     write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"p\": 8}}");
     CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
     CHECK(message_has("layer \"p\" is a number"), "message: %s", qmm_last_error());
+    /* A falsy entry (0, null, "", [], {}) leaves the layer unquantized, as in MLX: refused, since p has scales. */
+    static const char *const falsy[] = {"0", "null", "\"\"", "[]", "{}"};
+    for (size_t i = 0; i < sizeof falsy / sizeof falsy[0]; i++) {
+        char falsy_config[128];
+        snprintf(falsy_config, sizeof falsy_config, "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"p\": %s}}",
+                 falsy[i]);
+        write_single(dir, good, 3, falsy_config);
+        CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+        CHECK(message_has("layer \"p\" is not quantized"), "%s: message: %s", falsy[i], qmm_last_error());
+    }
     write_single(dir, good, 3, "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"q\": [1], \"note\": \"x\"}}");
     CHECK_OK(qmm_checkpoint_open(dir, &ck));
     qmm_checkpoint_close(ck);

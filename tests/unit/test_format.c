@@ -264,7 +264,8 @@ static void test_qmatrix_validate(void) {
     EXPECT_MESSAGE("not 4-byte aligned");
     memset(codes, 0, sizeof codes);
     EXPECT_FAIL(qmm_pack(codes, 1, 128, 4, (uint32_t *)((char *)w + 3)), QMM_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("qmm_pack");
+    EXPECT_MESSAGE("qmm_pack: w at");
+    EXPECT_MESSAGE("not 4-byte aligned");
     m = good, m.scales = NULL;
     EXPECT_FAIL(qmm_qmatrix_validate(&m), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("scales");
