@@ -630,9 +630,11 @@ typedef struct qmm_layer {
  * if present, else the default; a layer with P.scales and no format in the config is refused: its
  * format is never guessed from the shapes). Arrays at addresses misaligned for their dtype (MLX writes
  * unpadded headers) are copied to aligned memory owned by the checkpoint. Errors: QMM_ERR_IO,
- * QMM_ERR_CORRUPT (naming the layer and the disagreement), QMM_ERR_FORMAT, QMM_ERR_NOT_FOUND
- * (no config.json or no shard), QMM_ERR_UNSUPPORTED (a quantization mode other than "affine", an
- * unknown tensor dtype), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
+ * QMM_ERR_CORRUPT (naming the layer and the disagreement; a layer whose per-layer config entry is a truthy
+ * value other than true or an object, which MLX refuses too — a falsy one, like false, leaves it unquantized),
+ * QMM_ERR_FORMAT, QMM_ERR_NOT_FOUND (no config.json or no shard; without model.safetensors.index.json, a
+ * numbered shard set "model-<i>-of-<n>.safetensors" with one of 1 … n missing), QMM_ERR_UNSUPPORTED (a
+ * quantization mode other than "affine", an unknown tensor dtype), QMM_ERR_OVERFLOW, QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_checkpoint_open(const char *dir, qmm_checkpoint **checkpoint);
 void qmm_checkpoint_close(qmm_checkpoint *checkpoint);
 /* All tensors of all shards. The getters fail with QMM_ERR_INVALID_ARGUMENT (NULL, index out of range)

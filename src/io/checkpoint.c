@@ -360,6 +360,61 @@ static qmm_status add_name(char ***names, size_t *count, size_t *capacity, const
     return QMM_OK;
 }
 
+/* Parses "<stem>-<i>-of-<n>.safetensors" (the numbered-shard names of Hugging Face and mlx-lm): the stem's length,
+ * i and n; false for any other name (digits only, at most 9 each). */
+static bool numbered_shard(const char *name, size_t *stem, unsigned long *i, unsigned long *n) {
+    const size_t length = strlen(name), ext = strlen(".safetensors");
+    if (length <= ext) return false;
+    const char *of = NULL;
+    for (const char *p = strstr(name, "-of-"); p; p = strstr(p + 1, "-of-")) of = p; /* the last "-of-" */
+    if (!of) return false;
+    const char *n_start = of + 4, *n_end = name + length - ext, *i_end = of, *i_start = of;
+    while (i_start > name && i_start[-1] >= '0' && i_start[-1] <= '9') i_start--;
+    if (i_start == i_end || i_start == name || i_start[-1] != '-' || n_start >= n_end) return false;
+    if (i_end - i_start > 9 || n_end - n_start > 9) return false;
+    unsigned long values[2] = {0, 0};
+    const char *starts[2] = {i_start, n_start}, *ends[2] = {i_end, n_end};
+    for (int k = 0; k < 2; k++)
+        for (const char *p = starts[k]; p < ends[k]; p++) {
+            if (*p < '0' || *p > '9') return false;
+            values[k] = values[k] * 10 + (unsigned long)(*p - '0');
+        }
+    *stem = (size_t)(i_start - 1 - name), *i = values[0], *n = values[1];
+    return true;
+}
+
+/* The shards found by name (no index): every numbered set "<stem>-<i>-of-<n>" must be whole — i from 1 to n, each
+ * once — or the layers in a missing shard would be silently absent (mlx-lm loads what it globs and then fails on the
+ * missing weights). names: sorted. */
+static qmm_status check_numbered_shards(const char *dir, char *const *names, size_t count) {
+    char printable[QMM_IO_PRINTABLE_SIZE];
+    size_t stem;
+    unsigned long i, n;
+    for (size_t a = 0; a < count; a++)
+        if (numbered_shard(names[a], &stem, &i, &n) && (n == 0 || i == 0 || i > n))
+            return qmm_error(QMM_ERR_CORRUPT, "\"%s\": shard \"%s\" is numbered %lu of %lu; shards count from 1 to their total",
+                             dir, qmm_io_printable(names[a], strlen(names[a]), printable, sizeof printable), i, n);
+    for (size_t a = 0; a < count; a++) {
+        if (!numbered_shard(names[a], &stem, &i, &n)) continue;
+        /* the members of this set (same stem, same total): 1 … n must each appear */
+        for (unsigned long want = 1; want <= n; want++) {
+            bool found = false;
+            for (size_t b = 0; b < count && !found; b++) {
+                size_t stem_b;
+                unsigned long i_b, n_b;
+                found = numbered_shard(names[b], &stem_b, &i_b, &n_b) && stem_b == stem &&
+                        strncmp(names[b], names[a], stem) == 0 && n_b == n && i_b == want;
+            }
+            if (!found)
+                return qmm_error(QMM_ERR_NOT_FOUND,
+                                 "\"%s\": \"%s\" is one of %lu shards, but shard %lu of them is missing (no "
+                                 "model.safetensors.index.json to say otherwise)",
+                                 dir, qmm_io_printable(names[a], strlen(names[a]), printable, sizeof printable), n, want);
+        }
+    }
+    return QMM_OK;
+}
+
 /* Shards: those named by model.safetensors.index.json when it exists, else every model*.safetensors
  * in the directory (what mlx_lm.utils.load_model globs), sorted by name. */
 static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJSON **index) {
@@ -410,6 +465,7 @@ static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJS
         goto cleanup;
     }
     qsort(*names, *count, sizeof(char *), qmm_io_compare_strings);
+    if (listing && (status = check_numbered_shards(dir, *names, *count)) != QMM_OK) goto cleanup;
 cleanup:
     if (listing) closedir(listing);
     free(text);

@@ -206,6 +206,20 @@ static void test_two_shards(const char *root) {
     CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
     remove(io_path(dir, "model.safetensors.index.json"));
 
+    /* Without an index, a numbered set of shards must be whole: shard 2 of 2 missing, or numbers out of range. */
+    CHECK(rename(io_path(dir, "model-00002-of-00002.safetensors"), io_path(dir, "aside.bin")) == 0, "rename");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_NOT_FOUND);
+    CHECK(message_has("model-00001-of-00002.safetensors") && message_has("shard 2 of them is missing"), "message: %s",
+          qmm_last_error());
+    CHECK(rename(io_path(dir, "aside.bin"), io_path(dir, "model-00003-of-00002.safetensors")) == 0, "rename");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("numbered 3 of 2"), "message: %s", qmm_last_error());
+    CHECK(rename(io_path(dir, "model-00003-of-00002.safetensors"), io_path(dir, "model-00002-of-00002.safetensors")) == 0,
+          "rename");
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    qmm_checkpoint_close(ck);
+    ck = NULL;
+
     /* The same tensor in two shards. */
     qmm_tensor dup[1] = {tensor_2d("lm_head.weight", QMM_F16, 6, 8, head)};
     CHECK_OK(qmm_safetensors_write(io_path(dir, "model-extra.safetensors"), dup, 1, NULL, NULL, 0));
