@@ -133,7 +133,7 @@ check "nothing written from a FIFO" [ ! -e "$WORK/q" ] && [ ! -e "$WORK/out4" ]
 expect_library_error info "I/O error" "neither a regular file nor a directory" info /dev/null
 
 # x holding NaN (or a value that overflows the layer's f16 when rounded): a numeric error naming the
-# output, not a "FAIL ... outside bound" verdict that blames the kernel for bad input
+# output and the input, not a "FAIL ... outside bound" verdict that blames the kernel for bad input
 nan_header='{"x":{"dtype":"F32","shape":[2,576],"data_offsets":[0,4608]}}'
 while [ $((${#nan_header} % 8)) != 0 ]; do nan_header+=" "; done
 {
@@ -145,6 +145,7 @@ while [ $((${#nan_header} % 8)) != 0 ]; do nan_header+=" "; done
 expect_library_error matmul "non-finite value" "row 1, column 0 is nan" matmul "$FIXTURE" --layer $L \
   --x "$WORK/nan-x.safetensors"
 check "no verdict for a NaN x" bash -c '! grep -q "^verdict" <<<"$0"' "$OUT"
+check "the message names the input: x[1, 0]" err_has "x[1, 0] is nan"
 
 # x with more rows than -m allows (65536): all T rows are not taken past the cap (a sparse file of zeros)
 tall_header='{"x":{"dtype":"F32","shape":[65537,576],"data_offsets":[0,150997248]}}'

@@ -395,6 +395,22 @@ static qmm_status check_invariance(qmm_context *context, qmm_weights *weights, c
     return status;
 }
 
+/* The first non-finite element of array (count elements of dtype: row `row` of a matrix with `cols` columns), as
+ * "NAME[row, j] is V" in buffer; false when every element is finite. Only on the error path: one element at a time. */
+static bool first_non_finite(const char *name, const void *array, qmm_dtype dtype, size_t count, size_t row,
+                             size_t cols, char *buffer, size_t size) {
+    const size_t element = qmm_dtype_size(dtype);
+    for (size_t i = 0; i < count; i++) {
+        float value;
+        if (qmm_convert((const unsigned char *)array + i * element, dtype, &value, QMM_F32, 1) != QMM_OK) return false;
+        if (!isfinite(value)) {
+            snprintf(buffer, size, "%s[%zu, %zu] is %g", name, row + i / cols, i % cols, (double)value);
+            return true;
+        }
+    }
+    return false;
+}
+
 qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const void *x, size_t M,
                          const char *kernel, int batch_invariant, double time_budget, int inject_fault,
                          layer_result *result) {
@@ -446,10 +462,21 @@ qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const 
      * or Inf in the input; comparing against it would blame the kernel ("outside bound") for bad input. */
     for (size_t i = 0; i < count_out; i++) {
         if (!isfinite(exact[i])) {
+            /* name the first non-finite input: x as the product reads it (rounded to the dtype: a value beyond f16's
+             * range is inf there), then the row's scales and biases */
+            char culprit[96] = "";
+            const size_t groups = K / (size_t)matrix->group_size, m = i / N, n = i % N;
+            const void *x_row = (const unsigned char *)x + m * K * element;
+            const void *row_scales = (const unsigned char *)matrix->scales + n * groups * element;
+            const void *row_biases = (const unsigned char *)matrix->biases + n * groups * element;
+            if (!first_non_finite("x", x_row, matrix->dtype, K, m, K, culprit, sizeof culprit) &&
+                !first_non_finite("scales", row_scales, matrix->dtype, groups, n, groups, culprit, sizeof culprit) &&
+                !first_non_finite("biases", row_biases, matrix->dtype, groups, n, groups, culprit, sizeof culprit))
+                snprintf(culprit, sizeof culprit, "an input is NaN or Inf");
             status = qmm_error(QMM_ERR_NUMERIC,
-                               "the exact output at row %zu, column %zu is %g: x (rounded to %s) or the weights' "
-                               "scales/biases hold NaN or Inf; the product is checked only for finite inputs",
-                               i / N, i % N, exact[i], qmm_dtype_name(matrix->dtype));
+                               "the exact output at row %zu, column %zu is %g: %s (in %s); the product is checked only "
+                               "for finite inputs",
+                               m, n, exact[i], culprit, qmm_dtype_name(matrix->dtype));
             goto cleanup;
         }
     }
