@@ -14,8 +14,6 @@
  */
 #include "internal.h"
 
-#include <string.h>
-
 static const char allowed_bits[] = "{2, 3, 4, 5, 6, 8}";
 static const char allowed_group_sizes[] = "{32, 64, 128}";
 
@@ -94,18 +92,18 @@ qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
     return QMM_OK;
 }
 
-/* The checks qmm_pack and qmm_unpack share. Sets *words_per_row. */
+/* The checks qmm_pack and qmm_unpack share; w is whichever of in and out holds the uint32 words. Sets
+ * *words_per_row. */
 static qmm_status check_pack_arguments(const char *function, const char *in_name, const void *in,
-                                       const char *out_name, const void *out, size_t rows, size_t cols, int bits,
-                                       size_t *words_per_row) {
+                                       const char *out_name, const void *out, const uint32_t *w, size_t rows,
+                                       size_t cols, int bits, size_t *words_per_row) {
     if (!bits_supported(bits))
         return qmm_error(QMM_ERR_FORMAT, "%s: bits=%d is not supported (allowed: %s)", function, bits, allowed_bits);
     if (!in || !out)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, !in ? in_name : out_name);
-    const void *word_array = strcmp(in_name, "w") == 0 ? in : out; /* the uint32 side */
-    if ((uintptr_t)word_array % sizeof(uint32_t) != 0)
+    if ((uintptr_t)w % sizeof(uint32_t) != 0)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: w at %p is not 4-byte aligned (its uint32 words must be)",
-                         function, word_array);
+                         function, (const void *)w);
     /* A row must end on a word boundary: cols·bits a multiple of 32 (cols % 32 == 0 always suffices;
      * 8-bit needs only cols % 4, 4-bit cols % 8, 2-bit cols % 16). */
     if (((cols % 32) * (size_t)bits) % 32 != 0)
@@ -154,7 +152,7 @@ void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *code
 
 qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w) {
     size_t words_per_row = 0;
-    qmm_status status = check_pack_arguments("qmm_pack", "codes", codes, "w", w, rows, cols, bits, &words_per_row);
+    qmm_status status = check_pack_arguments("qmm_pack", "codes", codes, "w", w, w, rows, cols, bits, &words_per_row);
     if (status != QMM_OK) return status;
 
     /* Every code must fit in `bits` bits; check all before writing anything, so a failed call leaves w
@@ -178,7 +176,7 @@ qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, ui
 
 qmm_status qmm_unpack(const uint32_t *w, size_t rows, size_t cols, int bits, uint8_t *codes) {
     size_t words_per_row = 0;
-    qmm_status status = check_pack_arguments("qmm_unpack", "w", w, "codes", codes, rows, cols, bits, &words_per_row);
+    qmm_status status = check_pack_arguments("qmm_unpack", "w", w, "codes", codes, w, rows, cols, bits, &words_per_row);
     if (status != QMM_OK) return status;
 
     for (size_t r = 0; r < rows; r++) qmm_unpack_stream(w + r * words_per_row, cols, bits, codes + r * cols);

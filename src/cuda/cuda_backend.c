@@ -374,8 +374,8 @@ static qmm_status cuda_chain_run(void *state, void **graph, size_t count, qmm_st
 /* ───────────────────────────── kernel rows ───────────────────────────── */
 
 /* QMM_CUDA_GEMV_STAGED_X=1 or 0 forces mma_gemv m8n64's x through shared memory on or off (experiments and the GPU
- * tests; read at each call, like QMM_CUDA_SPLITS): 1, -1, or 0 — the launcher's rule (kernels.cu, launch_mma_gemv) —
- * when unset or any other value. */
+ * tests; read at each m8n64 call, like QMM_CUDA_SPLITS at a split count): 1, -1, or 0 — the launcher's rule (kernels.cu,
+ * launch_mma_gemv) — when unset or any other value. */
 static int staged_x_forced(void) {
     const char *forced = getenv("QMM_CUDA_GEMV_STAGED_X");
     if (!forced) return 0;
@@ -401,7 +401,6 @@ static qmm_cuda_launch launch_of(const qmm_call *call) {
         .out = call->out,
         .stream = s->stream,
         .warps = s->forced_warps,
-        .staged_x = staged_x_forced(),
         .multiprocessors = s->multiprocessors,
         .shared_optin = s->shared_optin,
         .pdl = s->pdl,
@@ -580,6 +579,7 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
+        if ((RT) == 4 && (TT) == 1) launch.staged_x = staged_x_forced(); /* the one tile that stages x */          \
         return launch_status(qmm_cuda_mma_gemv_qmm_t(&launch, RT, TT), #NAME, __FILE__, __LINE__);               \
     }
 

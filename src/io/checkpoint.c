@@ -220,11 +220,7 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
      * keys that decide the format the two readers would disagree, so a duplicate is refused. */
     static const char *const format_keys[] = {"quantization", "quantization_config"};
     for (size_t k = 0; k < sizeof format_keys / sizeof format_keys[0]; k++) {
-        size_t copies = 0;
-        const cJSON *item;
-        cJSON_ArrayForEach(item, root) {
-            if (item->string && strcmp(item->string, format_keys[k]) == 0) copies++;
-        }
+        const size_t copies = qmm_io_json_key_copies(root, format_keys[k]);
         if (copies > 1) {
             status = qmm_error(QMM_ERR_CORRUPT,
                                "config.json has the top-level key \"%s\" %zu times; it must appear once (qmm would "

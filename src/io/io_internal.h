@@ -77,6 +77,8 @@ qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what
 /* "an object", "a string", "missing", ... for messages about a JSON value of the wrong kind. */
 struct cJSON;
 const char *qmm_io_json_kind(const struct cJSON *item);
+/* How many members of the object are named key (cJSON finds only the first of several, Python's json keeps the last). */
+size_t qmm_io_json_key_copies(const struct cJSON *object, const char *key);
 /* QMM_ERR_CORRUPT "<what>: "<key>" appears n times; it must appear once" when one of keys[0..count) names more than
  * one member of the object (cJSON reads the first copy, Python's json the last, serde refuses the file). */
 qmm_status qmm_io_json_keys_once(const struct cJSON *object, const char *const *keys, size_t count, const char *what);

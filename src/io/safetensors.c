@@ -270,13 +270,18 @@ const char *qmm_io_json_kind(const cJSON *item) {
     return "an invalid value";
 }
 
+size_t qmm_io_json_key_copies(const cJSON *object, const char *key) {
+    size_t copies = 0;
+    const cJSON *member;
+    cJSON_ArrayForEach(member, object) {
+        if (member->string && strcmp(member->string, key) == 0) copies++;
+    }
+    return copies;
+}
+
 qmm_status qmm_io_json_keys_once(const cJSON *object, const char *const *keys, size_t count, const char *what) {
     for (size_t k = 0; k < count; k++) {
-        size_t copies = 0;
-        const cJSON *member;
-        cJSON_ArrayForEach(member, object) {
-            if (member->string && strcmp(member->string, keys[k]) == 0) copies++;
-        }
+        const size_t copies = qmm_io_json_key_copies(object, keys[k]);
         if (copies > 1)
             return qmm_error(QMM_ERR_CORRUPT, "%s: \"%s\" appears %zu times; it must appear once", what, keys[k], copies);
     }
