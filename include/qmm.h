@@ -135,7 +135,8 @@ size_t qmm_groups(size_t cols, int group_size);
 
 /* Packs codes[rows·cols] (each < 2^bits, one per byte) into w[rows, cols·bits/32] (LSB-first stream
  * per row; 3/5/6-bit codes may straddle two words). Errors: QMM_ERR_FORMAT (bits), QMM_ERR_SHAPE
- * (cols·bits not a multiple of 32), QMM_ERR_INVALID_ARGUMENT (null, a code ≥ 2^bits: nothing is written),
+ * (cols·bits not a multiple of 32), QMM_ERR_INVALID_ARGUMENT (null, w not 4-byte aligned, a code ≥ 2^bits:
+ * nothing is written),
  * QMM_ERR_OVERFLOW (rows·cols or the word count overflows size_t). */
 qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w);
 /* The inverse of qmm_pack. Same errors (without the code check). */
@@ -155,7 +156,8 @@ typedef enum qmm_convention { QMM_CONVENTION_CPU = 0, QMM_CONVENTION_GPU = 1 } q
  *   out_biases  dtype  [rows, cols/group_size]     (all allocated by the caller)
  * All arithmetic is IEEE f32 as in MLX; scales and biases are rounded once to dtype.
  * Errors: QMM_ERR_FORMAT, QMM_ERR_SHAPE (rows/cols 0, cols not a multiple of group_size),
- * QMM_ERR_INVALID_ARGUMENT (null, non-float dtype, bad convention), QMM_ERR_OVERFLOW, QMM_ERR_NUMERIC (NaN or
+ * QMM_ERR_INVALID_ARGUMENT (null, out_w not 4-byte aligned, non-float dtype, bad convention), QMM_ERR_OVERFLOW,
+ * QMM_ERR_NUMERIC (NaN or
  * Inf in w: the message names row and column, and nothing is written; or a group whose max − min overflows
  * f32, named by row and columns, after earlier groups were written). Source: mx.quantize(w, group_size, bits). */
 qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols, int bits, int group_size,
@@ -211,7 +213,8 @@ qmm_status qmm_ref_dense_f64(const qmm_qmatrix *matrix, const void *x, size_t M,
  * rhs_indices[i] (f32, per-group split, one rounding to the dtype), so rows do not depend on B, on the
  * order of the pairs or on the other pairs. Every index is checked before anything is written.
  * Errors: validation errors of stacked; QMM_ERR_SHAPE (expert_count 0 or not dividing stacked->rows, T = 0,
- * B = 0, lhs_indices NULL with B > T); QMM_ERR_INVALID_ARGUMENT (x, rhs_indices or out NULL; an index out
+ * B = 0, lhs_indices NULL with B > T); QMM_ERR_INVALID_ARGUMENT (x, rhs_indices or out NULL; an index array
+ * not 4-byte aligned; an index out
  * of range: the message names the array, the position, the value and the bound, e.g.
  * "rhs_indices[5]=8 is out of range: the weights hold 8 experts (0..7)"); QMM_ERR_OVERFLOW (T·K or B·N);
  * QMM_ERR_OUT_OF_MEMORY. */
@@ -450,7 +453,8 @@ typedef struct qmm_gather_options {
  * Lifetimes: the handles must be live (not destroyed by the caller, even while a chain still holds them);
  * the call holds nothing once it returns (a gather is not a chain step).
  * Errors: QMM_ERR_INVALID_ARGUMENT (a NULL context, weights, x, out or rhs_indices; a destroyed handle;
- * objects of another context; x and out the same buffer; an index out of range, naming the array,
+ * objects of another context; x and out the same buffer; an index array not 4-byte aligned; an index out of
+ * range, naming the array,
  * position, value and bound; sorted_indices promised but rhs_indices[i] < rhs_indices[i−1]),
  * QMM_ERR_SHAPE (T = 0, B = 0, B > T with lhs_indices NULL, a buffer too small or of another dtype),
  * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND / QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul), and

@@ -80,13 +80,17 @@ qmm_status qmm_qmatrix_bytes(const qmm_qmatrix *matrix, size_t *w_bytes, size_t 
     return QMM_OK;
 }
 
+qmm_status qmm_check_u32_aligned(const char *function, const char *name, const void *p) {
+    if ((uintptr_t)p % sizeof(uint32_t) == 0) return QMM_OK;
+    return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s at %p is not 4-byte aligned (uint32 values must be)", function,
+                     name, p);
+}
+
 qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
     qmm_status status = qmm_qmatrix_bytes(matrix, NULL, NULL);
     if (status != QMM_OK) return status;
     if (!matrix->w) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: w (packed codes) is NULL");
-    if ((uintptr_t)matrix->w % sizeof(uint32_t) != 0)
-        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: w (packed codes) at %p is not 4-byte aligned (its uint32 "
-                         "words must be)", (const void *)matrix->w);
+    if ((status = qmm_check_u32_aligned("qmm_qmatrix", "w (packed codes)", matrix->w)) != QMM_OK) return status;
     if (!matrix->scales) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: scales is NULL");
     if (!matrix->biases) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_qmatrix: biases is NULL");
     return QMM_OK;
@@ -101,9 +105,8 @@ static qmm_status check_pack_arguments(const char *function, const char *in_name
         return qmm_error(QMM_ERR_FORMAT, "%s: bits=%d is not supported (allowed: %s)", function, bits, allowed_bits);
     if (!in || !out)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, !in ? in_name : out_name);
-    if ((uintptr_t)w % sizeof(uint32_t) != 0)
-        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: w at %p is not 4-byte aligned (its uint32 words must be)",
-                         function, (const void *)w);
+    qmm_status status = qmm_check_u32_aligned(function, "w", w);
+    if (status != QMM_OK) return status;
     /* A row must end on a word boundary: cols·bits a multiple of 32 (cols % 32 == 0 always suffices;
      * 8-bit needs only cols % 4, 4-bit cols % 8, 2-bit cols % 16). */
     if (((cols % 32) * (size_t)bits) % 32 != 0)

@@ -25,6 +25,9 @@ qmm_status qmm_gather_validate(const char *function, size_t rows, size_t K, qmm_
     if (T == 0) return qmm_error(QMM_ERR_SHAPE, "%s: T=0, x needs at least 1 row", function);
     if (B == 0) return qmm_error(QMM_ERR_SHAPE, "%s: B=0, a gather needs at least 1 (lhs, rhs) index pair", function);
     if (!rhs_indices) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: rhs_indices is NULL", function);
+    qmm_status status = qmm_check_u32_aligned(function, "rhs_indices", rhs_indices);
+    if (status == QMM_OK) status = qmm_check_u32_aligned(function, "lhs_indices", lhs_indices);
+    if (status != QMM_OK) return status;
     size_t elements;
     const size_t size = qmm_dtype_size(dtype);
     if (!qmm_mul_size(T, K, &elements) || !qmm_mul_size(elements, size, &elements))

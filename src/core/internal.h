@@ -35,6 +35,10 @@ static inline bool qmm_add_size(size_t a, size_t b, size_t *result) {
     return !__builtin_add_overflow(a, b, result);
 }
 
+/* QMM_ERR_INVALID_ARGUMENT "<function>: <name> at <p> is not 4-byte aligned" for a uint32 array the library would
+ * read or write at a misaligned address (undefined behaviour in C); QMM_OK otherwise (NULL included: checked apart). */
+qmm_status qmm_check_u32_aligned(const char *function, const char *name, const void *p);
+
 /* Whether dtype is one of the activation/scale dtypes F32, F16, BF16. */
 static inline bool qmm_is_float_dtype(qmm_dtype dtype) {
     return dtype == QMM_F32 || dtype == QMM_F16 || dtype == QMM_BF16;

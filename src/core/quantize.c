@@ -125,6 +125,7 @@ qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols
     if (!w || !out_w || !out_scales || !out_biases)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: %s is NULL",
                          !w ? "w" : !out_w ? "out_w" : !out_scales ? "out_scales" : "out_biases");
+    if ((status = qmm_check_u32_aligned("qmm_quantize", "out_w", out_w)) != QMM_OK) return status;
     const size_t count = rows * cols; /* fits: checked by the validation */
 
     /* NaN/Inf anywhere is an error; checked before anything is written, so a failed call leaves the outputs

@@ -46,6 +46,15 @@ static void test_oracle_rows(check_rng *rng) {
     CHECK_STATUS(qmm_ref_gather_dense_f64(&q.m, E, x, 5, lhs, rhs, 8, exact, NULL), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("qmm_ref_gather_dense_f64: lhs_indices[0]=5 is out of range: x has T=5 rows (0..4)");
     CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs, rhs, 8, exact, NULL));
+    /* index arrays at addresses that are not multiples of 4 (read as uint32: refused before any read) */
+    uint32_t spare[9] = {0};
+    const uint32_t *odd = (const uint32_t *)((const char *)spare + 2);
+    CHECK_STATUS(qmm_ref_gather_qmm(&q.m, E, x, T, lhs, odd, 8, out), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(qmm_last_error(), "qmm_ref_gather_qmm: rhs_indices at") && strstr(qmm_last_error(), "not 4-byte aligned"),
+          "message: %s", qmm_last_error());
+    CHECK_STATUS(qmm_ref_gather_qmm(&q.m, E, x, T, odd, rhs, 8, out), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(qmm_last_error(), "lhs_indices at") && strstr(qmm_last_error(), "not 4-byte aligned"), "message: %s",
+          qmm_last_error());
     check_qmatrix_free(&q);
 }
 

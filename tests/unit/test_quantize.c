@@ -457,6 +457,12 @@ static void test_numeric_errors(void) {
     float scales[ROWS * 2], biases[ROWS * 2];
     for (int i = 0; i < ROWS * COLS; i++) w[i] = (float)(i % 7) - 3.0f;
 
+    /* out_w at an address that is not a multiple of 4: refused before anything is written */
+    EXPECT_FAIL(qmm_quantize(w, QMM_F32, ROWS, COLS, 4, 32, QMM_CONVENTION_CPU, (uint32_t *)((char *)packed + 1), scales,
+                             biases),
+                QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_quantize: out_w at");
+    EXPECT_MESSAGE("not 4-byte aligned");
     const float bad_values[] = {NAN, INFINITY, -INFINITY};
     for (int v = 0; v < 3; v++) {
         for (int c = 0; c < 2; c++) {
