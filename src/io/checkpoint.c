@@ -162,9 +162,16 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
         if (entry->quantized && !cJSON_IsObject(item) && !cJSON_IsBool(item)) {
             entry->bad_kind = qmm_io_json_kind(item);
         } else if (entry->quantized && cJSON_IsObject(item)) {
-            char where[QMM_IO_PRINTABLE_SIZE + 32];
+            char where[QMM_IO_PRINTABLE_SIZE + 32], in_config[QMM_IO_PRINTABLE_SIZE + 48];
             snprintf(where, sizeof where, "%s[\"%s\"]", key, name);
-            if ((status = parse_format(item, where, &entry->bits, &entry->group_size)) != QMM_OK) goto cleanup;
+            /* its keys given twice: cJSON would read the first copy, Python's json (mlx-lm) the last (the quantization
+             * object's own member names are checked unique above) */
+            static const char *const format_keys[] = {"bits", "group_size", "mode"};
+            snprintf(in_config, sizeof in_config, "config.json %s", where);
+            if ((status = qmm_io_json_keys_once(item, format_keys, sizeof format_keys / sizeof format_keys[0], in_config)) !=
+                    QMM_OK ||
+                (status = parse_format(item, where, &entry->bits, &entry->group_size)) != QMM_OK)
+                goto cleanup;
         } else if (entry->quantized && config->bits == 0) {
             status = qmm_error(QMM_ERR_CORRUPT, "config.json %s[\"%s\"] is true but there is no default format", key,
                                qmm_io_printable(name, strlen(name), printable, sizeof printable));

@@ -435,6 +435,9 @@ static void test_config(const char *root) {
         /* A layer key with a NUL byte would be cut to another layer's name. */
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\\u0000b\": false}}", QMM_ERR_CORRUPT,
          "holds a NUL byte"},
+        /* A per-layer format key given twice: the same disagreement. */
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"a\": {\"bits\": 8, \"bits\": 4}}}", QMM_ERR_CORRUPT,
+         "\"bits\" appears 2 times"},
         /* A top-level format key given twice: cJSON reads the first copy, Python's json (mlx-lm) the last. */
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4}, \"quantization\": {\"group_size\": 64, "
          "\"bits\": 8}}",
