@@ -587,6 +587,7 @@ MMA_ROW(mma_m8n16, 1, 1)
 MMA_ROW(mma_m8n32, 2, 1)
 MMA_ROW(mma_m8n64, 4, 1)
 MMA_ROW(mma_m16n32, 2, 2)
+MMA_ROW(mma_m16n64, 4, 2)
 MMA_ROW(mma_m32n16, 1, 4)
 
 /* ffma_gemv row: f32 activations with 4- or 8-bit weights, on the CUDA cores (kernels_ffma.cu). */
@@ -802,6 +803,8 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 16, .prefer_min_n = 12288},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,

@@ -165,6 +165,9 @@ __global__ void __launch_bounds__(256)
 #ifndef QMM_MMA_STAGES_RT4
 #define QMM_MMA_STAGES_RT4 2
 #endif
+#ifndef QMM_MMA_STAGES_M16N64
+#define QMM_MMA_STAGES_M16N64 3
+#endif
 #ifndef QMM_MMA_MIN_BLOCKS
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
@@ -172,16 +175,19 @@ __global__ void __launch_bounds__(256)
 /* Warps per block: up to 16 for the 8- and 16-token tiles (so that a grid of few row tiles can still spread K
  * over every warp an SM holds), 8 for the 32-token tile. The register cap is the same as 2 blocks of 8 warps
  * (65536 / 512 = 128 per thread); the launcher picks the count (gemv_warps). */
-template <int TT> struct mma_gemv_limits {
-    static constexpr int max_warps = TT >= 4 ? 8 : 16;
-    static constexpr int min_blocks = TT >= 4 ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
+template <int RT, int TT> struct mma_gemv_limits {
+    /* the 32-token tile and the 64-row, 16-token tile (m16n64: 64 accumulators and x one super-block ahead) take
+     * up to 255 registers: blocks of at most 8 warps, one per SM */
+    static constexpr bool large = TT >= 4 || (RT == 4 && TT == 2);
+    static constexpr int max_warps = large ? 8 : 16;
+    static constexpr int min_blocks = large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
 /* STAGED_X (the 64-row, 8-token tile only, whose registers cannot hold the next super-block's x: PREFETCH below
  * spills there): x comes through the weights' cp.async pipeline instead of 16-byte loads at the top of each step —
  * the launcher's choice (launch_mma_gemv). */
 template <int BITS, typename T, int RT, int TT, int S, int GS, bool STAGED_X>
-__global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_limits<TT>::min_blocks)
+__global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_gemv_limits<RT, TT>::min_blocks)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
                     T *__restrict__ out, int M, int N, int K) {
@@ -301,11 +307,13 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
         asm volatile("cp.async.commit_group;");
     }
 
-    /* x of a super-block: for up to 2 token tiles loaded up front (PRELOAD); with one token tile also one
+    /* x of a super-block: for up to 2 token tiles loaded up front (PRELOAD); in m8n16, m8n32 and m16n64 also one
      * super-block ahead (PREFETCH: the loads of the next super-block's x are in flight while this one is
-     * computed — waiting for x was the largest single stall, ncu); with more tiles, block by block (the
-     * up-front copy would take 16·TT registers and spill under the 2-blocks-per-SM register cap). */
-    constexpr bool PRELOAD = TT <= 2 && !STAGED_X, PREFETCH = TT == 1 && RT <= 2; /* (RT = 4 would spill) */
+     * computed — waiting for x was the largest single stall, ncu; m8n64 would spill under its 128-register cap,
+     * m16n64 has 255); with more tiles, block by block (the up-front copy would take 16·TT registers and spill
+     * under the 2-blocks-per-SM register cap). */
+    constexpr bool PRELOAD = TT <= 2 && !STAGED_X;
+    constexpr bool PREFETCH = (TT == 1 && RT <= 2) || (TT == 2 && RT == 4);
     auto load_x = [&](int sbk, int j, uint4 *dst) {
 #pragma unroll
         for (int tt = 0; tt < TT; tt++) {
@@ -341,7 +349,9 @@ __global__ void __launch_bounds__(mma_gemv_limits<TT>::max_warps * 32, mma_gemv_
         uint4 xv[PRELOAD ? BPS : 1][TT];
         if (PREFETCH) {
 #pragma unroll
-            for (int j = 0; j < BPS; j++) xv[PRELOAD ? j : 0][0] = x_next[PREFETCH ? j : 0][0];
+            for (int j = 0; j < BPS; j++)
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++) xv[PRELOAD ? j : 0][tt] = x_next[PREFETCH ? j : 0][tt];
             if (i + 1 < count) {
 #pragma unroll
                 for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
@@ -508,7 +518,8 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
      * warps resident hide the MMA and decode latency better. */
-    constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
+    constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : TT == 2 ? QMM_MMA_STAGES_M16N64
+                                                                                       : QMM_MMA_STAGES_RT4;
     /* shared memory per warp: the weight and pair stages, the reduction, and (STAGED_X) the stages of x of the
      * min(M, 8) tokens, 64·BPS bytes each per super-block */
     constexpr size_t x_token = STAGED_X ? (size_t)S * 512 / BITS * 2 : 0;
@@ -519,7 +530,7 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
      * shared memory holds (16 warps of the 64-row tile take 192 KB, 200 KB with one token's x staged, 256 KB with
      * eight: an H100/H200 has 227, an A100 163) */
     const auto fit = [&](size_t bytes) { /* the device's opt-in is always known (sharedMemPerBlockOptin) */
-        int w = mma_gemv_limits<TT>::max_warps;
+        int w = mma_gemv_limits<RT, TT>::max_warps;
         if (c->shared_optin > 0 && (size_t)w * bytes > c->shared_optin) w = (int)(c->shared_optin / bytes);
         return w < 1 ? 1 : w; /* 8 warps of every unstaged tile fit in 99 KB; staged, fewer may */
     };
@@ -539,7 +550,7 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
     /* per device (the first 8; others ask every launch) and rows of x staged: blocks of w warps one SM holds, 0 = not
      * asked yet */
-    static std::atomic<int> occupancy[8][STAGED_X ? 9 : 1][mma_gemv_limits<TT>::max_warps + 1];
+    static std::atomic<int> occupancy[8][STAGED_X ? 9 : 1][mma_gemv_limits<RT, TT>::max_warps + 1];
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
@@ -583,7 +594,7 @@ template <int RT, int TT> static int dispatch_mma_gemv(const qmm_cuda_launch *c)
 /* The tiles the table uses (each is 12 instantiations: bits × dtype × group size). */
 extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, int token_tiles) {
     if (token_tiles == 4) return dispatch_mma_gemv<1, 4>(c);
-    if (token_tiles == 2) return dispatch_mma_gemv<2, 2>(c);
+    if (token_tiles == 2) return row_tiles == 4 ? dispatch_mma_gemv<4, 2>(c) : dispatch_mma_gemv<2, 2>(c);
     if (row_tiles == 1) return dispatch_mma_gemv<1, 1>(c);
     if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
     return dispatch_mma_gemv<4, 1>(c);

@@ -192,7 +192,8 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
  * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
  * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
  * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile
- * m16n256's box (M 17–32, N ≥ 12288, any device with the mma family) on each of its sides. */
+ * m16n256's box (M 17–32, N ≥ 12288) and mma_gemv m16n64's (M 9–16, N ≥ 12288), any device with the mma family, on
+ * each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -229,28 +230,36 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         check_every_row(context, &p, what);
         product_free(&p);
     }
+#define m16n256 "cuda.qmm_t.mma_tile.m16n256"
+#define m16n64 "cuda.qmm_t.mma_gemv.m16n64"
     static const struct {
         size_t M, N, K;
-        bool want; /* the selector takes mma_tile m16n256 */
-    } box[] = {{17, 12288, 256, true},  {32, 12288, 256, true},   {33, 12288, 256, false},
-               {16, 12288, 256, false}, {32, 12272, 256, false},
-               {32, 12288, 5120, true}}; /* 96 tiles of 256 × 16: K split in three */
+        const char *row;
+        bool want; /* the selector takes row */
+    } box[] = {{17, 12288, 256, m16n256, true},  {32, 12288, 256, m16n256, true},   {33, 12288, 256, m16n256, false},
+               {16, 12288, 256, m16n256, false}, {32, 12272, 256, m16n256, false},
+               {32, 12288, 5120, m16n256, true}, /* 96 tiles of 256 × 16: K split in three */
+               /* mma_gemv m16n64's box: M 9–16, N ≥ 12288 */
+               {9, 12288, 256, m16n64, true},    {16, 12288, 256, m16n64, true},    {8, 12288, 256, m16n64, false},
+               {17, 12288, 256, m16n64, false},  {16, 12272, 256, m16n64, false},   {13, 14336, 5120, m16n64, true}};
+#undef m16n256
+#undef m16n64
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++) {
         product p;
         if (!product_make(context, rng, box[i].M, box[i].N, box[i].K, 4, 64, QMM_F16, &p)) {
-            CHECK(false, "m16n256 box: set-up failed");
+            CHECK(false, "%s box: set-up failed", box[i].row);
             product_free(&p);
             continue;
         }
         qmm_kernel_info chosen = {0};
         CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
         const char *name = chosen.name ? chosen.name : "?";
-        const bool took = strcmp(name, "cuda.qmm_t.mma_tile.m16n256") == 0;
-        CHECK(took == box[i].want, "m16n256 box: M=%zu N=%zu chose %s", box[i].M, box[i].N, name);
+        const bool took = strcmp(name, box[i].row) == 0;
+        CHECK(took == box[i].want, "%s box: M=%zu N=%zu chose %s", box[i].row, box[i].M, box[i].N, name);
         CHECK_OK(qmm_buffer_poison(p.out));
         CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
-        char what[128];
-        snprintf(what, sizeof what, "m16n256 box M=%zu N=%zu K=%zu (%s)", box[i].M, box[i].N, box[i].K, name);
+        char what[160];
+        snprintf(what, sizeof what, "%s box M=%zu N=%zu K=%zu (%s)", box[i].row, box[i].M, box[i].N, box[i].K, name);
         product_check(&p, what, 2.0);
         product_free(&p);
     }
