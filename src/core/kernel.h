@@ -77,7 +77,9 @@ typedef struct qmm_kernel {
      * enough of them to spread over the device (the CUDA wgmma tiles). prefer_min_tiles_k (0 = no limit): only
      * when those tiles times K reach it — the work a large tile needs to fill the device, split-K included (few
      * tiles with a long K split well, few with a short K do not). prefer_min_tiles_unsplit (0 = no limit): in
-     * batch-invariant mode, where no row splits K, only with at least that many tiles. */
+     * batch-invariant mode, where no row splits K, only with at least that many tiles. prefer_max_tiles (0 = no
+     * limit): only when the call has at most that many tiles — a row of one block per SM that is the fastest while
+     * its blocks fit in one wave (the CUDA m16n64 GEMV). */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
@@ -86,6 +88,7 @@ typedef struct qmm_kernel {
     size_t prefer_min_tiles;
     size_t prefer_min_tiles_k;
     size_t prefer_min_tiles_unsplit;
+    size_t prefer_max_tiles;
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

@@ -165,16 +165,14 @@ __global__ void __launch_bounds__(256)
 #ifndef QMM_MMA_STAGES_RT4
 #define QMM_MMA_STAGES_RT4 2
 #endif
-#ifndef QMM_MMA_STAGES_M16N64
-#define QMM_MMA_STAGES_M16N64 3
-#endif
 #ifndef QMM_MMA_MIN_BLOCKS
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
 
-/* Warps per block: up to 16 for the 8- and 16-token tiles (so that a grid of few row tiles can still spread K
- * over every warp an SM holds), 8 for the 32-token tile. The register cap is the same as 2 blocks of 8 warps
- * (65536 / 512 = 128 per thread); the launcher picks the count (gemv_warps). */
+/* Warps per block: up to 16 for the 8-token tiles and m16n32 (so that a grid of few row tiles can still spread K
+ * over every warp an SM holds), at a register cap the same as 2 blocks of 8 warps (65536 / 512 = 128 per thread);
+ * up to 8 for the 32-token tile and m16n64, one block per SM (255 registers). The launcher picks the count
+ * (gemv_warps). */
 template <int RT, int TT> struct mma_gemv_limits {
     /* the 32-token tile and the 64-row, 16-token tile (m16n64: 64 accumulators and x one super-block ahead) take
      * up to 255 registers: blocks of at most 8 warps, one per SM */
@@ -517,9 +515,9 @@ template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X>
 static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
-     * warps resident hide the MMA and decode latency better. */
-    constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : TT == 2 ? QMM_MMA_STAGES_M16N64
-                                                                                       : QMM_MMA_STAGES_RT4;
+     * warps resident hide the MMA and decode latency better. m16n64 (RT = 4, TT = 2, one block of 8 warps per SM) also
+     * runs best with 2 (the twelfth session: 3 and 4 stages 0–4 % and 1–9 % slower). */
+    constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
     /* shared memory per warp: the weight and pair stages, the reduction, and (STAGED_X) the stages of x of the
      * min(M, 8) tokens, 64·BPS bytes each per super-block */
     constexpr size_t x_token = STAGED_X ? (size_t)S * 512 / BITS * 2 : 0;

@@ -192,8 +192,8 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
  * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
  * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
  * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile
- * m16n256's box (M 17–32, N ≥ 12288) and mma_gemv m16n64's (M 9–16, N ≥ 12288), any device with the mma family, on
- * each of their sides. */
+ * m16n256's box (M 17–32, N ≥ 12288) and mma_gemv m16n64's (M 9–16, N 4545 … 8448), any device with the mma family,
+ * on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -239,9 +239,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } box[] = {{17, 12288, 256, m16n256, true},  {32, 12288, 256, m16n256, true},   {33, 12288, 256, m16n256, false},
                {16, 12288, 256, m16n256, false}, {32, 12272, 256, m16n256, false},
                {32, 12288, 5120, m16n256, true}, /* 96 tiles of 256 × 16: K split in three */
-               /* mma_gemv m16n64's box: M 9–16, N ≥ 12288 */
-               {9, 12288, 256, m16n64, true},    {16, 12288, 256, m16n64, true},    {8, 12288, 256, m16n64, false},
-               {17, 12288, 256, m16n64, false},  {16, 12272, 256, m16n64, false},   {13, 14336, 5120, m16n64, true}};
+               /* mma_gemv m16n64's box: M 9–16, 72 … 132 blocks of 64 rows (N 4545 … 8448) */
+               {9, 5120, 256, m16n64, true},     {16, 5120, 256, m16n64, true},     {8, 5120, 256, m16n64, false},
+               {17, 5120, 256, m16n64, false},   {16, 4544, 256, m16n64, false},    {16, 4545, 256, m16n64, true},
+               {16, 8448, 256, m16n64, true},    {16, 8449, 256, m16n64, false},    {13, 5120, 14336, m16n64, true}};
 #undef m16n256
 #undef m16n64
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++) {

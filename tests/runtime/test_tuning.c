@@ -134,6 +134,26 @@ static void test_hints(void) {
         {8192, false, "fake.hint.tiles"}, {8192, true, "fake.hint.order"}, /* 64 tiles */
         {10240, true, "fake.hint.tiles"}, {10112, true, "fake.hint.order"}, /* 80 and 79 tiles */
     };
+    /* prefer_min_tiles = 72 and prefer_max_tiles = 132 with tiles of 16 × 64 (the CUDA m16n64 row's box): N 4545 …
+     * 8448 at M ≤ 16, half that at M = 17 … 32 */
+    qmm_kernel_info wave_info = FAKE("fake.hint.wave", QMM_OP_QMM_T);
+    wave_info.bm = 16, wave_info.bn = 64;
+    const qmm_kernel wave = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_min_tiles = 72,
+                             .prefer_max_tiles = 132};
+    const qmm_kernel *wave_table[] = {&wave, &hint_rows[2]};
+    static const struct { size_t N, M; const char *want; } wave_cases[] = {
+        {5120, 16, "fake.hint.wave"}, {8448, 1, "fake.hint.wave"}, {8449, 16, "fake.hint.any"},
+        {4608, 9, "fake.hint.wave"},  {4544, 9, "fake.hint.any"},  {4096, 16, "fake.hint.any"},
+        {4224, 17, "fake.hint.wave"}, {4225, 17, "fake.hint.any"}, /* 2 × 66 tiles, 2 × 67 */
+    };
+    for (size_t i = 0; i < sizeof wave_cases / sizeof wave_cases[0]; i++) {
+        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, wave_cases[i].N, 4096, wave_cases[i].M);
+        const qmm_kernel *chosen = NULL;
+        CHECK_OK(qmm_select_kernel_tuned(wave_table, 2, NULL, &call, NULL, &chosen));
+        CHECK(chosen && strcmp(chosen->info.name, wave_cases[i].want) == 0,
+              "hints: prefer_max_tiles N=%zu M=%zu picked %s, want %s", wave_cases[i].N, wave_cases[i].M,
+              chosen ? chosen->info.name : "(none)", wave_cases[i].want);
+    }
     for (size_t i = 0; i < sizeof unsplit_cases / sizeof unsplit_cases[0]; i++) {
         qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, unsplit_cases[i].N, 4096, 100);
         call.batch_invariant = unsplit_cases[i].invariant;
