@@ -746,8 +746,9 @@ static qmm_status gather_run(const qmm_call *call);
  *            blocks of 8 warps at up to 255 registers, one per SM: 2–9 % faster than m16n32 while its blocks fit in one
  *            wave (the twelfth session, seed and Qwen3 shapes at M = 9, 12, 16: 5120² 11.2 vs 11.6 µs f16, 5120×14336
  *            25.8 vs 27.8, 5120×17408 31.0 vs 33.7); slower with fewer blocks (4096 rows, 64 blocks: 8.9 vs 6.9) and
- *            where a second wave is mostly empty (12288 rows, 192 blocks: 16.4 vs 15.3; 17408: 33.3 vs 30.2;
- *            27648: 45.3 vs 41.6), faster again at 14336 rows (224 blocks, 20.5 vs 22.1: not taken, no rule for it).
+ *            with more than one wave (12288 rows, 192 blocks: 16.4 vs 15.3; 17408: 33.3 vs 30.2; 27648: 45.3 vs
+ *            41.6), faster again at 14336 rows (224 blocks, 20.5 vs 22.1: not taken, no rule for it). 132 is the
+ *            H200's SM count (one block per SM): on other GPUs the box is a guess (`qmm tune` measures).
  *   M 9–16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM.
  *   M 17–32, N ≥ 12288: mma_tile m16n256 — 256 weight rows per block of 8 warps that share x through shared
  *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.7× faster than

@@ -308,8 +308,8 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
     /* x of a super-block: for up to 2 token tiles loaded up front (PRELOAD); in m8n16, m8n32 and m16n64 also one
      * super-block ahead (PREFETCH: the loads of the next super-block's x are in flight while this one is
      * computed — waiting for x was the largest single stall, ncu; m8n64 would spill under its 128-register cap,
-     * m16n64 has 255); with more tiles, block by block (the up-front copy would take 16·TT registers and spill
-     * under the 2-blocks-per-SM register cap). */
+     * m16n64 has 255); with 4 token tiles (m32n16), block by block (the up-front copy would take 16·TT registers
+     * and spill under its 255-register cap, with the accumulators of 32 tokens). */
     constexpr bool PRELOAD = TT <= 2 && !STAGED_X;
     constexpr bool PREFETCH = (TT == 1 && RT <= 2) || (TT == 2 && RT == 4);
     auto load_x = [&](int sbk, int j, uint4 *dst) {
@@ -524,13 +524,13 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     constexpr size_t per_warp_base = (size_t)S * RT * 2 * 32 * (16 + 4) + (size_t)RT * TT * 4 * 32 * sizeof(float);
     const int mx = STAGED_X ? (int)(c->M < 8 ? c->M : 8) : 0;
     const size_t per_warp = per_warp_base + (size_t)mx * x_token;
-    /* at most 16 warps (the 8- and 16-token tiles; 8 for the 32-token tile), and no more than the device's
+    /* at most mma_gemv_limits' warps (16, or 8 for the 32-token tile and m16n64), and no more than the device's
      * shared memory holds (16 warps of the 64-row tile take 192 KB, 200 KB with one token's x staged, 256 KB with
-     * eight: an H100/H200 has 227, an A100 163) */
+     * eight: an H100/H200 has 227, an A100 163; 8 warps of m16n64 112 KB: 7 fit in the 99 KB of sm_86/89) */
     const auto fit = [&](size_t bytes) { /* the device's opt-in is always known (sharedMemPerBlockOptin) */
         int w = mma_gemv_limits<RT, TT>::max_warps;
         if (c->shared_optin > 0 && (size_t)w * bytes > c->shared_optin) w = (int)(c->shared_optin / bytes);
-        return w < 1 ? 1 : w; /* 8 warps of every unstaged tile fit in 99 KB; staged, fewer may */
+        return w < 1 ? 1 : w; /* 8 warps of every unstaged tile but m16n64 fit in 99 KB */
     };
     const int max_warps = fit(per_warp);
     auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X>;

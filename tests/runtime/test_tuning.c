@@ -71,7 +71,7 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
 /* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, the small-N box
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
- * box). */
+ * box); then prefer_min_tiles_unsplit (batch-invariant calls) and prefer_max_tiles (the CUDA m16n64 row's). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
     info.bm = 128, info.bn = 128;
@@ -134,26 +134,6 @@ static void test_hints(void) {
         {8192, false, "fake.hint.tiles"}, {8192, true, "fake.hint.order"}, /* 64 tiles */
         {10240, true, "fake.hint.tiles"}, {10112, true, "fake.hint.order"}, /* 80 and 79 tiles */
     };
-    /* prefer_min_tiles = 72 and prefer_max_tiles = 132 with tiles of 16 × 64 (the CUDA m16n64 row's box): N 4545 …
-     * 8448 at M ≤ 16, half that at M = 17 … 32 */
-    qmm_kernel_info wave_info = FAKE("fake.hint.wave", QMM_OP_QMM_T);
-    wave_info.bm = 16, wave_info.bn = 64;
-    const qmm_kernel wave = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_min_tiles = 72,
-                             .prefer_max_tiles = 132};
-    const qmm_kernel *wave_table[] = {&wave, &hint_rows[2]};
-    static const struct { size_t N, M; const char *want; } wave_cases[] = {
-        {5120, 16, "fake.hint.wave"}, {8448, 1, "fake.hint.wave"}, {8449, 16, "fake.hint.any"},
-        {4608, 9, "fake.hint.wave"},  {4544, 9, "fake.hint.any"},  {4096, 16, "fake.hint.any"},
-        {4224, 17, "fake.hint.wave"}, {4225, 17, "fake.hint.any"}, /* 2 × 66 tiles, 2 × 67 */
-    };
-    for (size_t i = 0; i < sizeof wave_cases / sizeof wave_cases[0]; i++) {
-        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, wave_cases[i].N, 4096, wave_cases[i].M);
-        const qmm_kernel *chosen = NULL;
-        CHECK_OK(qmm_select_kernel_tuned(wave_table, 2, NULL, &call, NULL, &chosen));
-        CHECK(chosen && strcmp(chosen->info.name, wave_cases[i].want) == 0,
-              "hints: prefer_max_tiles N=%zu M=%zu picked %s, want %s", wave_cases[i].N, wave_cases[i].M,
-              chosen ? chosen->info.name : "(none)", wave_cases[i].want);
-    }
     for (size_t i = 0; i < sizeof unsplit_cases / sizeof unsplit_cases[0]; i++) {
         qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, unsplit_cases[i].N, 4096, 100);
         call.batch_invariant = unsplit_cases[i].invariant;
@@ -162,6 +142,29 @@ static void test_hints(void) {
         CHECK(chosen && strcmp(chosen->info.name, unsplit_cases[i].want) == 0,
               "hints: prefer_min_tiles_unsplit N=%zu batch-invariant %d picked %s, want %s", unsplit_cases[i].N,
               unsplit_cases[i].invariant, chosen ? chosen->info.name : "(none)", unsplit_cases[i].want);
+    }
+    /* prefer_max_tiles = 132 with tiles of 16 × 64 (the CUDA m16n64 row's box, with prefer_min_tiles = 72): N 4545 …
+     * 8448 at M ≤ 16, N 2241 … 4224 at M = 17 … 32 (two token tiles); and prefer_max_tiles alone: N ≤ 8448 */
+    qmm_kernel_info wave_info = FAKE("fake.hint.wave", QMM_OP_QMM_T);
+    wave_info.bm = 16, wave_info.bn = 64;
+    const qmm_kernel wave = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_min_tiles = 72,
+                             .prefer_max_tiles = 132},
+                     wave_only = {.info = wave_info, .supports = supports_all, .run = run_nothing,
+                                  .prefer_max_tiles = 132};
+    static const struct { size_t N, M; bool min_too; const char *want; } wave_cases[] = {
+        {5120, 16, true, "fake.hint.wave"}, {8448, 1, true, "fake.hint.wave"}, {8449, 16, true, "fake.hint.any"},
+        {4608, 9, true, "fake.hint.wave"},  {4544, 9, true, "fake.hint.any"},  {4096, 16, true, "fake.hint.any"},
+        {4224, 17, true, "fake.hint.wave"}, {4225, 17, true, "fake.hint.any"}, /* 2 × 66 tiles, 2 × 67 */
+        {64, 1, false, "fake.hint.wave"},   {4096, 16, false, "fake.hint.wave"}, {8448, 16, false, "fake.hint.wave"},
+        {8449, 1, false, "fake.hint.any"},  {4225, 17, false, "fake.hint.any"},
+    };
+    for (size_t i = 0; i < sizeof wave_cases / sizeof wave_cases[0]; i++) {
+        const qmm_kernel *wave_table[] = {wave_cases[i].min_too ? &wave : &wave_only, &hint_rows[2]}, *chosen = NULL;
+        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, wave_cases[i].N, 4096, wave_cases[i].M);
+        CHECK_OK(qmm_select_kernel_tuned(wave_table, 2, NULL, &call, NULL, &chosen));
+        CHECK(chosen && strcmp(chosen->info.name, wave_cases[i].want) == 0,
+              "hints: prefer_max_tiles N=%zu M=%zu (prefer_min_tiles %d) picked %s, want %s", wave_cases[i].N,
+              wave_cases[i].M, wave_cases[i].min_too, chosen ? chosen->info.name : "(none)", wave_cases[i].want);
     }
 }
 
