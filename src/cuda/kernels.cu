@@ -516,7 +516,7 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
      * warps resident hide the MMA and decode latency better. m16n64 (RT = 4, TT = 2, one block of 8 warps per SM) also
-     * runs best with 2 (the twelfth session: 3 and 4 stages 0–4 % and 1–9 % slower). */
+     * runs best with 2 (the twelfth session: 2 stages 0.989× the time of 3 and 0.980× that of 4, geomeans). */
     constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
     /* shared memory per warp: the weight and pair stages, the reduction, and (STAGED_X) the stages of x of the
      * min(M, 8) tokens, 64·BPS bytes each per super-block */
