@@ -91,6 +91,9 @@ def main():
                     del graph
             except Exception as e:  # noqa: BLE001 — one cell's failure is that cell's note, not the run's end
                 why = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+                if "kBFloat16" in why:  # torch's own words are cut off in the table: say what it means first
+                    why = (f"torch {torch.__version__}'s _weight_int4pack_mm takes bf16 activations only "
+                           f"({why.split('  ')[0].strip()})")
                 for M in a.m:
                     if M not in done:
                         emit(peer=PEER, shape=name, M=M, dtype=dname, skipped=f"skipped: {why[:150]}")
