@@ -49,7 +49,7 @@ test-fuzz:
 # On a machine with an NVIDIA GPU and nvcc (see README, "GPU"): every CUDA kernel against the oracle, chains,
 # the fixture on the GPU, and compute-sanitizer. Needs cmake, a C compiler and cJSON (or .deps/cjson).
 test-gpu:
-	scripts/gpu_test.sh
+	scripts/gpu_test.sh $(GPU_TEST_PARTS)
 
 # The prefix is given at configure time too, so that the installed qmm.pc and the fixture path are right.
 install: setup-build

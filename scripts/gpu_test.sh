@@ -9,10 +9,21 @@
 #      only) — reported SKIPPED with the tool's message where the machine refuses it.
 # Without a usable CUDA device (no GPU or driver) 2 and 3 are reported SKIPPED with the reason and the exit
 # status is that of the CTest run (whose GPU tests report themselves skipped).
+# Arguments (default: all four): the parts to run after the build — ctest, run, memcheck, racecheck — e.g.
+# `scripts/gpu_test.sh racecheck` (or `make test-gpu GPU_TEST_PARTS=racecheck`) where one sitting has a time limit
+# (on the H200 the whole takes more than 10 minutes, most of it racecheck; the parts left out are reported SKIPPED).
 # cJSON: used from .deps/cjson when present (scripts/fetch_cjson.sh, for machines without a registry).
 # Logs go to $GPU_LOG_DIR (default build-gpu/logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+parts=" ${*:-ctest run memcheck racecheck} "
+for part in $parts; do
+  case $part in
+  ctest | run | memcheck | racecheck) ;;
+  *) echo "gpu_test: unknown part '$part' (the parts: ctest, run, memcheck, racecheck)" >&2; exit 2 ;;
+  esac
+done
+wanted() { [[ $parts == *" $1 "* ]]; }
 if [ -d .deps/cjson ]; then
   # A .pc file whose libdir and includedir point into the unpacked tree (a sysroot would also move every other package's paths).
   root=$PWD/.deps/cjson
@@ -44,14 +55,24 @@ if ! ./build-gpu/qmm kernels --backend cuda >"$logs/device.log" 2>&1; then
   no_device=$(grep -o 'no CUDA device[^(]*' "$logs/device.log" | head -n 1 | sed 's/ *$//')
   no_device=${no_device:-"the CUDA backend is not usable here (log: $logs/device.log)"}
 fi
-step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli|io'
-if [ -n "$no_device" ]; then
-  summary+=("SKIPPED  qmm run --backend cuda: $no_device")
-  summary+=("SKIPPED  compute-sanitizer: $no_device")
+if wanted ctest; then
+  step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli|io'
 else
-  step qmm_run_cuda ./build-gpu/qmm run --backend cuda
-  if command -v compute-sanitizer >/dev/null; then
-    for tool in memcheck racecheck; do
+  summary+=("SKIPPED  ctest: not asked for")
+fi
+tools=""
+for tool in memcheck racecheck; do
+  if wanted $tool; then tools+=" $tool"; else summary+=("SKIPPED  compute-sanitizer $tool: not asked for"); fi
+done
+if [ -n "$no_device" ]; then
+  wanted run && summary+=("SKIPPED  qmm run --backend cuda: $no_device")
+  [ -n "$tools" ] && summary+=("SKIPPED  compute-sanitizer: $no_device")
+else
+  if wanted run; then step qmm_run_cuda ./build-gpu/qmm run --backend cuda; else summary+=("SKIPPED  qmm run --backend cuda: not asked for"); fi
+  if [ -z "$tools" ]; then
+    :
+  elif command -v compute-sanitizer >/dev/null; then
+    for tool in $tools; do
       if compute-sanitizer --tool "$tool" --error-exitcode 1 ./build-gpu/tests/gpu/test_cuda >"$logs/sanitizer-$tool.log" 2>&1 &&
          QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda compute-sanitizer --tool "$tool" --error-exitcode 1 \
            ./build-gpu/tests/kernels/test_kernels >>"$logs/sanitizer-$tool.log" 2>&1; then
@@ -66,6 +87,7 @@ else
     summary+=("SKIPPED  compute-sanitizer: not on PATH")
   fi
 fi
-grep -hE "cases ran|backend cuda:|test_cuda:|tests passed" "$logs/ctest.log" | sed -E "s/^[0-9]+: //" | sort -u | head -40
+[ -f "$logs/ctest.log" ] && wanted ctest &&
+  grep -hE "cases ran|backend cuda:|test_cuda:|tests passed" "$logs/ctest.log" | sed -E "s/^[0-9]+: //" | sort -u | head -40
 printf '%s\n' "${summary[@]}"
 exit $fail
