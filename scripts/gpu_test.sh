@@ -87,7 +87,8 @@ else
     summary+=("SKIPPED  compute-sanitizer: not on PATH")
   fi
 fi
-[ -f "$logs/ctest.log" ] && wanted ctest &&
+if wanted ctest; then
   grep -hE "cases ran|backend cuda:|test_cuda:|tests passed" "$logs/ctest.log" | sed -E "s/^[0-9]+: //" | sort -u | head -40
+fi
 printf '%s\n' "${summary[@]}"
 exit $fail
