@@ -6,12 +6,13 @@
 #      and 32), chains, selector switch points, determinism, the non-finite rule, error paths;
 #   2. `qmm run --backend cuda` on the embedded fixture;
 #   3. compute-sanitizer memcheck and racecheck on test_cuda and on a reduced harness grid (CUDA rows
-#      only) — reported SKIPPED with the tool's message where the machine refuses it.
+#      only), one process per test_cuda section and per row, GPU_TEST_JOBS (default 8) at a time — reported
+#      SKIPPED with the tool's message where the machine refuses it.
 # Without a usable CUDA device (no GPU or driver) 2 and 3 are reported SKIPPED with the reason and the exit
 # status is that of the CTest run (whose GPU tests report themselves skipped).
 # Arguments (default: all four): the parts to run after the build — ctest, run, memcheck, racecheck — e.g.
 # `scripts/gpu_test.sh racecheck` (or `make test-gpu GPU_TEST_PARTS=racecheck`) where one sitting has a time limit
-# (on the H200 the whole takes more than 10 minutes, most of it racecheck; the parts left out are reported SKIPPED).
+# (the parts left out are reported SKIPPED).
 # cJSON: used from .deps/cjson when present (scripts/fetch_cjson.sh, for machines without a registry).
 # Logs go to $GPU_LOG_DIR (default build-gpu/logs).
 set -uo pipefail
@@ -72,15 +73,46 @@ else
   if [ -z "$tools" ]; then
     :
   elif command -v compute-sanitizer >/dev/null; then
+    # One compute-sanitizer process per test_cuda section and per CUDA row of the reduced harness, GPU_TEST_JOBS
+    # (default 8) at a time on the one GPU: in one process the racecheck alone took more than 10 minutes on the H200
+    # (the thirteenth session: 19 rows in parallel, 8 at a time, took 167 s). The same coverage as one run of each.
+    sections=$(./build-gpu/tests/gpu/test_cuda --list)
+    rows=$(./build-gpu/qmm kernels --backend cuda | awk '$1 ~ /^cuda\./ && /usable: yes/ {print $1}')
+    rm -f "$logs"/sanitizer-* # an earlier run's logs are not this run's
+    jobs_file="$logs/sanitizer-jobs.txt"
+    : >"$jobs_file"
     for tool in $tools; do
-      if compute-sanitizer --tool "$tool" --error-exitcode 1 ./build-gpu/tests/gpu/test_cuda >"$logs/sanitizer-$tool.log" 2>&1 &&
-         QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda compute-sanitizer --tool "$tool" --error-exitcode 1 \
-           ./build-gpu/tests/kernels/test_kernels >>"$logs/sanitizer-$tool.log" 2>&1; then
-        summary+=("PASS     compute-sanitizer $tool")
-      elif grep -qE "Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)" "$logs/sanitizer-$tool.log"; then
-        summary+=("SKIPPED  compute-sanitizer $tool: $(grep -m1 -E 'Device not supported|error 999|Unable to (initialize|open)|not supported on this' "$logs/sanitizer-$tool.log")")
+      for r in $rows; do echo "$tool row $r" >>"$jobs_file"; done
+      for s in $sections; do echo "$tool section $s" >>"$jobs_file"; done
+    done
+    sanitize() { # sanitize TOOL row|section NAME: one run, its log and exit status under $logs
+      local log="$logs/sanitizer-$1-$2-$3.log"
+      if [ "$2" = row ]; then
+        QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda QMM_TEST_KERNEL=$3 compute-sanitizer --tool "$1" --error-exitcode 1 \
+          ./build-gpu/tests/kernels/test_kernels >"$log" 2>&1
       else
-        summary+=("FAIL     compute-sanitizer $tool (log: $logs/sanitizer-$tool.log)"); fail=1
+        QMM_TEST_SECTION=$3 compute-sanitizer --tool "$1" --error-exitcode 1 ./build-gpu/tests/gpu/test_cuda >"$log" 2>&1
+      fi
+      echo $? >"$log.rc"
+    }
+    export -f sanitize
+    export logs
+    xargs -P "${GPU_TEST_JOBS:-8}" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
+    skip_pattern="Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)"
+    for tool in $tools; do
+      failed=() runs=0
+      for log in "$logs"/sanitizer-$tool-*.log; do
+        runs=$((runs + 1))
+        [ "$(cat "$log.rc" 2>/dev/null)" = 0 ] || failed+=("$(basename "$log" .log)")
+      done
+      if [ -z "$sections" ] || [ -z "$rows" ]; then
+        summary+=("FAIL     compute-sanitizer $tool: no test_cuda sections or no usable CUDA rows to run (test_cuda --list, qmm kernels --backend cuda)"); fail=1
+      elif [ ${#failed[@]} -eq 0 ]; then
+        summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, $(echo $rows | wc -w) harness rows)")
+      elif refusal=$(grep -hm1 -E "$skip_pattern" "$logs"/sanitizer-$tool-*.log | head -n 1) && [ -n "$refusal" ]; then
+        summary+=("SKIPPED  compute-sanitizer $tool: $refusal")
+      else
+        summary+=("FAIL     compute-sanitizer $tool: ${failed[*]} (logs: $logs/sanitizer-$tool-*.log)"); fail=1
       fi
     done
   else

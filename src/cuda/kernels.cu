@@ -165,6 +165,9 @@ __global__ void __launch_bounds__(256)
 #ifndef QMM_MMA_STAGES_RT4
 #define QMM_MMA_STAGES_RT4 2
 #endif
+#ifndef QMM_MMA_X_FIRST /* 0: x after the weight copies in every row (the A/B of the thirteenth session) */
+#define QMM_MMA_X_FIRST 1
+#endif
 #ifndef QMM_MMA_MIN_BLOCKS
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
@@ -328,6 +331,19 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
+        const int sbk = warp + i * NW, stage = i % S;
+        uint4 xv[PRELOAD ? BPS : 1][TT];
+        /* X_FIRST (the rows that load x at the top of the step: m8n64 unstaged, m16n32): this step's x requested before
+         * the weight copies of step i + S − 1, not after them — the first use of x was the largest single stall (ncu,
+         * the thirteenth session: 25 % of m8n64's samples at M = 8). Measured on the H200 (docs/PERF.md, thirteenth
+         * session): 0.86–1.0× the time on the large shapes at M = 8 and 16 (27648×5120 M = 8 bf16 31.2 → 27.2 µs), up
+         * to 4 % slower for f16 m16n32 on 1024–4096 rows. Not at group 32, where x held across the copies spills (m16n32
+         * 60–68 bytes). */
+        constexpr bool X_FIRST = QMM_MMA_X_FIRST && PRELOAD && !PREFETCH && GS != 32;
+        if (X_FIRST) {
+#pragma unroll
+            for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);
+        }
         __syncwarp(); /* every lane has read the stage issue() now refills (the (scale, bias) pairs are shared) */
         issue(i + S - 1);
         issue_x(i + S - 1);
@@ -337,14 +353,12 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
         else
             asm volatile("cp.async.wait_group %0;" ::"n"(S - 1)); /* the i-th super-block's copies have landed */
         __syncwarp(); /* ... those of every lane */
-        const int sbk = warp + i * NW, stage = i % S;
         uint4 wq[RT][2];
 #pragma unroll
         for (int r = 0; r < RT; r++)
 #pragma unroll
             for (int h = 0; h < 2; h++) wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
         const uint32_t *sb_stage = stage_sb + stage * RT * 16 * GSB; /* [16·RT rows][GSB] pairs */
-        uint4 xv[PRELOAD ? BPS : 1][TT];
         if (PREFETCH) {
 #pragma unroll
             for (int j = 0; j < BPS; j++)
@@ -354,7 +368,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #pragma unroll
                 for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
             }
-        } else if (PRELOAD) {
+        } else if (PRELOAD && !X_FIRST) {
 #pragma unroll
             for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);
         }

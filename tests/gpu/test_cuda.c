@@ -917,26 +917,59 @@ cleanup:
     product_free(&p);
 }
 
-int main(void) {
+/* The sections, in the order a whole run takes them. Each draws its inputs from its own generator (seed 700 + its
+ * index), so a section run alone (QMM_TEST_SECTION) checks the same products as inside the whole run. */
+typedef struct section {
+    const char *name;
+    void (*run)(qmm_context *, check_rng *);
+} section;
+static void test_non_finite_section(qmm_context *context, check_rng *rng) {
+    (void)rng;
+    test_non_finite(context);
+}
+static const section sections[] = {
+    {"chain", test_chain},
+    {"selector", test_selector_and_switch_points},
+    {"determinism", test_determinism},
+    {"tile_split_k", test_tile_split_k},
+    {"gemv_staged_x", test_gemv_staged_x},
+    {"wgmma_switch", test_wgmma_switch},
+    {"gather", test_gather},
+    {"non_finite", test_non_finite_section},
+    {"large_f16_x", test_large_f16_x},
+    {"errors", test_errors},
+    {"batch_invariant", test_batch_invariant},
+    {"wgmma_tile_order", test_wgmma_tile_order},
+    {"qmm_n", test_qmm_n},
+};
+#define SECTION_COUNT (sizeof sections / sizeof sections[0])
+
+/* `test_cuda` runs every section; `test_cuda --list` prints their names (scripts/gpu_test.sh runs them under
+ * compute-sanitizer in parallel); QMM_TEST_SECTION=name runs that one only (an unknown name fails, naming the list). */
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--list") == 0) {
+        for (size_t i = 0; i < SECTION_COUNT; i++) printf("%s\n", sections[i].name);
+        return 0;
+    }
+    const char *only = getenv("QMM_TEST_SECTION");
+    if (only && *only) {
+        bool known = false;
+        for (size_t i = 0; i < SECTION_COUNT; i++) known = known || strcmp(only, sections[i].name) == 0;
+        if (!known) {
+            printf("test_cuda: QMM_TEST_SECTION=%s names no section (test_cuda --list prints them)\n", only);
+            return 1;
+        }
+    }
     qmm_context *context = NULL;
     if (qmm_context_create(QMM_BACKEND_CUDA, 0, &context) != QMM_OK) {
         printf("test_cuda: SKIPPED: %s\n", qmm_last_error());
         return SKIP_CODE;
     }
-    check_rng rng = check_rng_make(700);
-    test_chain(context, &rng);
-    test_selector_and_switch_points(context, &rng);
-    test_determinism(context, &rng);
-    test_tile_split_k(context, &rng);
-    test_gemv_staged_x(context, &rng);
-    test_wgmma_switch(context, &rng);
-    test_gather(context, &rng);
-    test_non_finite(context);
-    test_large_f16_x(context, &rng);
-    test_errors(context, &rng);
-    test_batch_invariant(context, &rng);
-    test_wgmma_tile_order(context, &rng);
-    test_qmm_n(context, &rng);
+    for (size_t i = 0; i < SECTION_COUNT; i++) {
+        if (only && *only && strcmp(only, sections[i].name) != 0) continue;
+        check_rng rng = check_rng_make(700 + i);
+        sections[i].run(context, &rng);
+    }
     qmm_context_destroy(context);
     return check_finish("test_cuda");
 }
