@@ -168,6 +168,9 @@ __global__ void __launch_bounds__(256)
 #ifndef QMM_MMA_X_FIRST /* 0: x after the weight copies in every row (the A/B of the thirteenth session) */
 #define QMM_MMA_X_FIRST 1
 #endif
+#ifndef QMM_MMA_PREFETCH_FIRST /* 0: the prefetching rows load the next x after the weight copies (thirteenth session's A/B) */
+#define QMM_MMA_PREFETCH_FIRST 1
+#endif
 #ifndef QMM_MMA_MIN_BLOCKS
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
@@ -344,6 +347,23 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #pragma unroll
             for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);
         }
+        /* PREFETCH_FIRST (m8n16 only): likewise the next step's x, and this step's taken from the registers that held it,
+         * before the weight copies. Measured on the H200 (thirteenth session, seed and Qwen3 shapes at M = 1, 8, 16, with
+         * it in every prefetching row): m8n16 0.89× the time (geomean, 0.80–1.01; k_proj and the 30B-A3B gate/up expert
+         * at M = 1 and 8 0.82–0.90×), m8n32 1.00× (0.91–1.18), m16n64 1.10× (up to 1.18×): only m8n16 takes it. */
+        constexpr bool PREFETCH_FIRST = QMM_MMA_PREFETCH_FIRST && PREFETCH && RT == 1 && TT == 1;
+        /* PREFETCH: this step's x from the registers the previous step loaded it into, and the next step's requested */
+        auto take_prefetched = [&]() {
+#pragma unroll
+            for (int j = 0; j < BPS; j++)
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++) xv[PRELOAD ? j : 0][tt] = x_next[PREFETCH ? j : 0][tt];
+            if (i + 1 < count) {
+#pragma unroll
+                for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
+            }
+        };
+        if (PREFETCH_FIRST) take_prefetched();
         __syncwarp(); /* every lane has read the stage issue() now refills (the (scale, bias) pairs are shared) */
         issue(i + S - 1);
         issue_x(i + S - 1);
@@ -359,15 +379,8 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #pragma unroll
             for (int h = 0; h < 2; h++) wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
         const uint32_t *sb_stage = stage_sb + stage * RT * 16 * GSB; /* [16·RT rows][GSB] pairs */
-        if (PREFETCH) {
-#pragma unroll
-            for (int j = 0; j < BPS; j++)
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) xv[PRELOAD ? j : 0][tt] = x_next[PREFETCH ? j : 0][tt];
-            if (i + 1 < count) {
-#pragma unroll
-                for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
-            }
+        if (PREFETCH && !PREFETCH_FIRST) {
+            take_prefetched();
         } else if (PRELOAD && !X_FIRST) {
 #pragma unroll
             for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);
