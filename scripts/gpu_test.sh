@@ -6,7 +6,8 @@
 #      and 32), chains, selector switch points, determinism, the non-finite rule, error paths;
 #   2. `qmm run --backend cuda` on the embedded fixture;
 #   3. compute-sanitizer memcheck and racecheck on test_cuda and on a reduced harness grid (CUDA rows
-#      only), one process per test_cuda section and per row, GPU_TEST_JOBS (default 8) at a time — reported
+#      only), one process per test_cuda section and per row, GPU_TEST_JOBS (default: the CPUs, at most 12) at a
+#      time — reported
 #      SKIPPED with the tool's message where the machine refuses it.
 # Without a usable CUDA device (no GPU or driver) 2 and 3 are reported SKIPPED with the reason and the exit
 # status is that of the CTest run (whose GPU tests report themselves skipped).
@@ -25,6 +26,9 @@ for part in $parts; do
   esac
 done
 wanted() { [[ $parts == *" $1 "* ]]; }
+jobs=${GPU_TEST_JOBS:-$(nproc)} # compute-sanitizer processes at a time
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "gpu_test: GPU_TEST_JOBS='$jobs' is not a positive whole number" >&2; exit 2; }
+[ -n "${GPU_TEST_JOBS:-}" ] || [ "$jobs" -le 12 ] || jobs=12
 if [ -d .deps/cjson ]; then
   # A .pc file whose libdir and includedir point into the unpacked tree (a sysroot would also move every other package's paths).
   root=$PWD/.deps/cjson
@@ -74,14 +78,14 @@ else
     :
   elif command -v compute-sanitizer >/dev/null; then
     # One compute-sanitizer process per test_cuda section and per CUDA row of the reduced harness, GPU_TEST_JOBS
-    # (default 8) at a time on the one GPU: in one process the racecheck alone took more than 10 minutes on the H200
-    # (the thirteenth session: 19 rows in parallel, 8 at a time, took 167 s). The same coverage as one run of each.
+    # (default: the CPUs, at most 12) at a time on the one GPU: in one process the racecheck alone took more than 10
+    # minutes on the H200; so, both tools took 272 s at 12 (the thirteenth session). The same coverage as one run of each.
     sections=$(./build-gpu/tests/gpu/test_cuda --list)
-    rows=$(./build-gpu/qmm kernels --backend cuda | awk '$1 ~ /^cuda\./ && /usable: yes/ {print $1}')
-    rm -f "$logs"/sanitizer-* # an earlier run's logs are not this run's
+    rows=$(awk '$1 ~ /^cuda\./ && /usable: yes/ {print $1}' "$logs/device.log")
     jobs_file="$logs/sanitizer-jobs.txt"
     : >"$jobs_file"
     for tool in $tools; do
+      rm -f "$logs"/sanitizer-$tool-* # an earlier run's logs are not this run's
       for r in $rows; do echo "$tool row $r" >>"$jobs_file"; done
       for s in $sections; do echo "$tool section $s" >>"$jobs_file"; done
     done
@@ -97,22 +101,31 @@ else
     }
     export -f sanitize
     export logs
-    xargs -P "${GPU_TEST_JOBS:-8}" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
+    xargs -P "$jobs" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
+    xargs_status=$?
     skip_pattern="Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)"
     for tool in $tools; do
-      failed=() runs=0
-      for log in "$logs"/sanitizer-$tool-*.log; do
+      failed=() refused=() runs=0
+      while read -r t kind name; do # every job of the list must have left its exit status
+        [ "$t" = "$tool" ] || continue
         runs=$((runs + 1))
-        [ "$(cat "$log.rc" 2>/dev/null)" = 0 ] || failed+=("$(basename "$log" .log)")
-      done
+        log="$logs/sanitizer-$t-$kind-$name.log"
+        if [ "$(cat "$log.rc" 2>/dev/null)" = 0 ]; then
+          :
+        elif [ -f "$log" ] && grep -qE "$skip_pattern" "$log"; then
+          refused+=("$(basename "$log" .log)")
+        else
+          failed+=("$(basename "$log" .log)")
+        fi
+      done <"$jobs_file"
       if [ -z "$sections" ] || [ -z "$rows" ]; then
         summary+=("FAIL     compute-sanitizer $tool: no test_cuda sections or no usable CUDA rows to run (test_cuda --list, qmm kernels --backend cuda)"); fail=1
-      elif [ ${#failed[@]} -eq 0 ]; then
-        summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, $(echo $rows | wc -w) harness rows)")
-      elif refusal=$(grep -hm1 -E "$skip_pattern" "$logs"/sanitizer-$tool-*.log | head -n 1) && [ -n "$refusal" ]; then
-        summary+=("SKIPPED  compute-sanitizer $tool: $refusal")
+      elif [ ${#failed[@]} -gt 0 ] || [ $xargs_status -ne 0 ]; then
+        summary+=("FAIL     compute-sanitizer $tool: ${failed[*]:-xargs exited with status $xargs_status} (logs: $logs/sanitizer-$tool-*.log)"); fail=1
+      elif [ ${#refused[@]} -gt 0 ]; then # every run that did not pass was refused by the tool
+        summary+=("SKIPPED  compute-sanitizer $tool: $(grep -hm1 -E "$skip_pattern" "$logs/${refused[0]}.log" | sed -n 1p)")
       else
-        summary+=("FAIL     compute-sanitizer $tool: ${failed[*]} (logs: $logs/sanitizer-$tool-*.log)"); fail=1
+        summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, $(echo $rows | wc -w) harness rows)")
       fi
     done
   else

@@ -168,9 +168,6 @@ __global__ void __launch_bounds__(256)
 #ifndef QMM_MMA_X_FIRST /* 0: x after the weight copies in every row (the A/B of the thirteenth session) */
 #define QMM_MMA_X_FIRST 1
 #endif
-#ifndef QMM_MMA_PREFETCH_FIRST /* 0: the prefetching rows load the next x after the weight copies (thirteenth session's A/B) */
-#define QMM_MMA_PREFETCH_FIRST 1
-#endif
 #ifndef QMM_MMA_MIN_BLOCKS
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
@@ -334,36 +331,20 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
-        const int sbk = warp + i * NW, stage = i % S;
         uint4 xv[PRELOAD ? BPS : 1][TT];
-        /* X_FIRST (the rows that load x at the top of the step: m8n64 unstaged, m16n32): this step's x requested before
-         * the weight copies of step i + S − 1, not after them — the first use of x was the largest single stall (ncu,
-         * the thirteenth session: 25 % of m8n64's samples at M = 8). Measured on the H200 (docs/PERF.md, thirteenth
-         * session): 0.86–1.0× the time on the large shapes at M = 8 and 16 (27648×5120 M = 8 bf16 31.2 → 27.2 µs), up
-         * to 4 % slower for f16 m16n32 on 1024–4096 rows. Not at group 32, where x held across the copies spills (m16n32
-         * 60–68 bytes). */
+        /* X_FIRST (m8n64 unstaged and m16n32, the rows that load x at the top of the step): this step's x requested
+         * before the weight copies of step i + S − 1, not after them — the first use of x was the largest single stall
+         * (ncu, the thirteenth session: 25 % of m8n64's samples at M = 8). Measured on the H200 (docs/PERF.md,
+         * thirteenth session): 0.86–1.0× the time on the large shapes at M = 8 and 16 (27648×5120 M = 8 bf16 31.2 →
+         * 27.2 µs), up to 4 % slower for f16 m16n32 on 1024–4096 rows. Not at group 32, where x held across the copies
+         * spills (m16n32 60–68 bytes). The step's index comes first in these rows only: computed there in every row, it
+         * cost the staged m8n64's group-32 instantiations a spill. */
         constexpr bool X_FIRST = QMM_MMA_X_FIRST && PRELOAD && !PREFETCH && GS != 32;
+        const int sbk_top = warp + i * NW, stage_top = i % S;
         if (X_FIRST) {
 #pragma unroll
-            for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);
+            for (int j = 0; j < BPS; j++) load_x(sbk_top, j, xv[PRELOAD ? j : 0]);
         }
-        /* PREFETCH_FIRST (m8n16 only): likewise the next step's x, and this step's taken from the registers that held it,
-         * before the weight copies. Measured on the H200 (thirteenth session, seed and Qwen3 shapes at M = 1, 8, 16, with
-         * it in every prefetching row): m8n16 0.89× the time (geomean, 0.80–1.01; k_proj and the 30B-A3B gate/up expert
-         * at M = 1 and 8 0.82–0.90×), m8n32 1.00× (0.91–1.18), m16n64 1.10× (up to 1.18×): only m8n16 takes it. */
-        constexpr bool PREFETCH_FIRST = QMM_MMA_PREFETCH_FIRST && PREFETCH && RT == 1 && TT == 1;
-        /* PREFETCH: this step's x from the registers the previous step loaded it into, and the next step's requested */
-        auto take_prefetched = [&]() {
-#pragma unroll
-            for (int j = 0; j < BPS; j++)
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) xv[PRELOAD ? j : 0][tt] = x_next[PREFETCH ? j : 0][tt];
-            if (i + 1 < count) {
-#pragma unroll
-                for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
-            }
-        };
-        if (PREFETCH_FIRST) take_prefetched();
         __syncwarp(); /* every lane has read the stage issue() now refills (the (scale, bias) pairs are shared) */
         issue(i + S - 1);
         issue_x(i + S - 1);
@@ -373,14 +354,22 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
         else
             asm volatile("cp.async.wait_group %0;" ::"n"(S - 1)); /* the i-th super-block's copies have landed */
         __syncwarp(); /* ... those of every lane */
+        const int sbk = X_FIRST ? sbk_top : warp + i * NW, stage = X_FIRST ? stage_top : i % S;
         uint4 wq[RT][2];
 #pragma unroll
         for (int r = 0; r < RT; r++)
 #pragma unroll
             for (int h = 0; h < 2; h++) wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
         const uint32_t *sb_stage = stage_sb + stage * RT * 16 * GSB; /* [16·RT rows][GSB] pairs */
-        if (PREFETCH && !PREFETCH_FIRST) {
-            take_prefetched();
+        if (PREFETCH) {
+#pragma unroll
+            for (int j = 0; j < BPS; j++)
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++) xv[PRELOAD ? j : 0][tt] = x_next[PREFETCH ? j : 0][tt];
+            if (i + 1 < count) {
+#pragma unroll
+                for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
+            }
         } else if (PRELOAD && !X_FIRST) {
 #pragma unroll
             for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);

@@ -917,8 +917,9 @@ cleanup:
     product_free(&p);
 }
 
-/* The sections, in the order a whole run takes them. Each draws its inputs from its own generator (seed 700 + its
- * index), so a section run alone (QMM_TEST_SECTION) checks the same products as inside the whole run. */
+/* The sections, in the order a whole run takes them. Each draws its inputs from its own generator (salt 700 + its
+ * index), so with the same QMM_TEST_SEED a section run alone (QMM_TEST_SECTION) checks the same products as inside the
+ * whole run (without it each process takes its seed from the clock and prints it on a failure). */
 typedef struct section {
     const char *name;
     void (*run)(qmm_context *, check_rng *);
