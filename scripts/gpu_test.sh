@@ -5,10 +5,9 @@
 #      case grid in all dtypes with poisoned outputs, the seed's cases (full oracle at 5120×5120, M = 16
 #      and 32), chains, selector switch points, determinism, the non-finite rule, error paths;
 #   2. `qmm run --backend cuda` on the embedded fixture;
-#   3. compute-sanitizer memcheck and racecheck on test_cuda and on a reduced harness grid (CUDA rows
-#      only), one process per test_cuda section and per row, GPU_TEST_JOBS (default: the CPUs, at most 12) at a
-#      time — reported
-#      SKIPPED with the tool's message where the machine refuses it.
+#   3. compute-sanitizer memcheck and racecheck on test_cuda and on a reduced harness grid (CUDA rows only),
+#      one process per test_cuda section and per row, GPU_TEST_JOBS (default: the CPUs, at most 12) at a time —
+#      reported SKIPPED with the tool's message where the machine refuses every run.
 # Without a usable CUDA device (no GPU or driver) 2 and 3 are reported SKIPPED with the reason and the exit
 # status is that of the CTest run (whose GPU tests report themselves skipped).
 # Arguments (default: all four): the parts to run after the build — ctest, run, memcheck, racecheck — e.g.
@@ -27,7 +26,7 @@ for part in $parts; do
 done
 wanted() { [[ $parts == *" $1 "* ]]; }
 jobs=${GPU_TEST_JOBS:-$(nproc)} # compute-sanitizer processes at a time
-[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "gpu_test: GPU_TEST_JOBS='$jobs' is not a positive whole number" >&2; exit 2; }
+[[ $jobs =~ ^[1-9][0-9]{0,3}$ ]] || { echo "gpu_test: GPU_TEST_JOBS='$jobs' is not a whole number from 1 to 9999" >&2; exit 2; }
 [ -n "${GPU_TEST_JOBS:-}" ] || [ "$jobs" -le 12 ] || jobs=12
 if [ -d .deps/cjson ]; then
   # A .pc file whose libdir and includedir point into the unpacked tree (a sysroot would also move every other package's paths).
@@ -101,8 +100,11 @@ else
     }
     export -f sanitize
     export logs
-    xargs -P "$jobs" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
-    xargs_status=$?
+    xargs_status=0
+    if [ -n "$sections" ] && [ -n "$rows" ]; then
+      xargs -r -P "$jobs" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
+      xargs_status=$?
+    fi
     skip_pattern="Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)"
     for tool in $tools; do
       failed=() refused=() runs=0
@@ -112,7 +114,7 @@ else
         log="$logs/sanitizer-$t-$kind-$name.log"
         if [ "$(cat "$log.rc" 2>/dev/null)" = 0 ]; then
           :
-        elif [ -f "$log" ] && grep -qE "$skip_pattern" "$log"; then
+        elif [ -f "$log.rc" ] && grep -qE "$skip_pattern" "$log"; then
           refused+=("$(basename "$log" .log)")
         else
           failed+=("$(basename "$log" .log)")
@@ -120,10 +122,13 @@ else
       done <"$jobs_file"
       if [ -z "$sections" ] || [ -z "$rows" ]; then
         summary+=("FAIL     compute-sanitizer $tool: no test_cuda sections or no usable CUDA rows to run (test_cuda --list, qmm kernels --backend cuda)"); fail=1
-      elif [ ${#failed[@]} -gt 0 ] || [ $xargs_status -ne 0 ]; then
-        summary+=("FAIL     compute-sanitizer $tool: ${failed[*]:-xargs exited with status $xargs_status} (logs: $logs/sanitizer-$tool-*.log)"); fail=1
-      elif [ ${#refused[@]} -gt 0 ]; then # every run that did not pass was refused by the tool
+      elif [ ${#refused[@]} -gt 0 ] && [ ${#refused[@]} -eq $runs ]; then # the tool refused this machine: every run
         summary+=("SKIPPED  compute-sanitizer $tool: $(grep -hm1 -E "$skip_pattern" "$logs/${refused[0]}.log" | sed -n 1p)")
+      elif [ ${#failed[@]} -gt 0 ] || [ ${#refused[@]} -gt 0 ] || [ $xargs_status -ne 0 ]; then
+        what="${failed[*]:-}"
+        [ ${#refused[@]} -gt 0 ] && what+=" (refused by the tool, where other runs were not: ${refused[*]})"
+        [ $xargs_status -ne 0 ] && what+=" (xargs exited with status $xargs_status)"
+        summary+=("FAIL     compute-sanitizer $tool: ${what# } (logs: $logs/sanitizer-$tool-*.log)"); fail=1
       else
         summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, $(echo $rows | wc -w) harness rows)")
       fi
