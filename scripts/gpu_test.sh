@@ -81,58 +81,60 @@ else
     # minutes on the H200; so, both tools took 272 s at 12 (the thirteenth session). The same coverage as one run of each.
     sections=$(./build-gpu/tests/gpu/test_cuda --list)
     rows=$(awk '$1 ~ /^cuda\./ && /usable: yes/ {print $1}' "$logs/device.log")
-    jobs_file="$logs/sanitizer-jobs.txt"
-    : >"$jobs_file"
-    for tool in $tools; do
-      rm -f "$logs"/sanitizer-$tool-* # an earlier run's logs are not this run's
-      for r in $rows; do echo "$tool row $r" >>"$jobs_file"; done
-      for s in $sections; do echo "$tool section $s" >>"$jobs_file"; done
-    done
-    sanitize() { # sanitize TOOL row|section NAME: one run, its log and exit status under $logs
-      local log="$logs/sanitizer-$1-$2-$3.log"
-      if [ "$2" = row ]; then
-        QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda QMM_TEST_KERNEL=$3 compute-sanitizer --tool "$1" --error-exitcode 1 \
-          ./build-gpu/tests/kernels/test_kernels >"$log" 2>&1
-      else
-        QMM_TEST_SECTION=$3 compute-sanitizer --tool "$1" --error-exitcode 1 ./build-gpu/tests/gpu/test_cuda >"$log" 2>&1
-      fi
-      echo $? >"$log.rc"
-    }
-    export -f sanitize
-    export logs
-    xargs_status=0
-    if [ -n "$sections" ] && [ -n "$rows" ]; then
-      xargs -r -P "$jobs" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
-      xargs_status=$?
-    fi
-    skip_pattern="Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)"
-    for tool in $tools; do
-      failed=() refused=() runs=0
-      while read -r t kind name; do # every job of the list must have left its exit status
-        [ "$t" = "$tool" ] || continue
-        runs=$((runs + 1))
-        log="$logs/sanitizer-$t-$kind-$name.log"
-        if [ "$(cat "$log.rc" 2>/dev/null)" = 0 ]; then
-          :
-        elif [ -f "$log.rc" ] && grep -qE "$skip_pattern" "$log"; then
-          refused+=("$(basename "$log" .log)")
+    if [ -z "$sections" ] || [ -z "$rows" ]; then
+      for tool in $tools; do
+        summary+=("FAIL     compute-sanitizer $tool: no test_cuda sections or no usable CUDA rows to run (test_cuda --list, qmm kernels --backend cuda)")
+      done
+      fail=1
+    else
+      jobs_file="$logs/sanitizer-jobs.txt"
+      : >"$jobs_file"
+      for tool in $tools; do
+        rm -f "$logs"/sanitizer-$tool-* # an earlier run's logs are not this run's
+        for r in $rows; do echo "$tool row $r" >>"$jobs_file"; done
+        for s in $sections; do echo "$tool section $s" >>"$jobs_file"; done
+      done
+      sanitize() { # sanitize TOOL row|section NAME: one run, its log and exit status under $logs
+        local log="$logs/sanitizer-$1-$2-$3.log"
+        if [ "$2" = row ]; then
+          QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda QMM_TEST_KERNEL=$3 compute-sanitizer --tool "$1" --error-exitcode 1 \
+            ./build-gpu/tests/kernels/test_kernels >"$log" 2>&1
         else
-          failed+=("$(basename "$log" .log)")
+          QMM_TEST_SECTION=$3 compute-sanitizer --tool "$1" --error-exitcode 1 ./build-gpu/tests/gpu/test_cuda >"$log" 2>&1
         fi
-      done <"$jobs_file"
-      if [ -z "$sections" ] || [ -z "$rows" ]; then
-        summary+=("FAIL     compute-sanitizer $tool: no test_cuda sections or no usable CUDA rows to run (test_cuda --list, qmm kernels --backend cuda)"); fail=1
-      elif [ ${#refused[@]} -gt 0 ] && [ ${#refused[@]} -eq $runs ]; then # the tool refused this machine: every run
-        summary+=("SKIPPED  compute-sanitizer $tool: $(grep -hm1 -E "$skip_pattern" "$logs/${refused[0]}.log" | sed -n 1p)")
-      elif [ ${#failed[@]} -gt 0 ] || [ ${#refused[@]} -gt 0 ] || [ $xargs_status -ne 0 ]; then
-        what="${failed[*]:-}"
-        [ ${#refused[@]} -gt 0 ] && what+=" (refused by the tool, where other runs were not: ${refused[*]})"
-        [ $xargs_status -ne 0 ] && what+=" (xargs exited with status $xargs_status)"
-        summary+=("FAIL     compute-sanitizer $tool: ${what# } (logs: $logs/sanitizer-$tool-*.log)"); fail=1
-      else
-        summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, $(echo $rows | wc -w) harness rows)")
-      fi
-    done
+        echo $? >"$log.rc"
+      }
+      export -f sanitize
+      export logs
+      xargs -P "$jobs" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
+      xargs_status=$?
+      skip_pattern="Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)"
+      for tool in $tools; do
+        failed=() refused=() runs=0
+        while read -r t kind name; do # every job of the list must have left its exit status
+          [ "$t" = "$tool" ] || continue
+          runs=$((runs + 1))
+          log="$logs/sanitizer-$t-$kind-$name.log"
+          if [ "$(cat "$log.rc" 2>/dev/null)" = 0 ]; then
+            :
+          elif [ -f "$log.rc" ] && grep -qE "$skip_pattern" "$log"; then
+            refused+=("$(basename "$log" .log)")
+          else
+            failed+=("$(basename "$log" .log)")
+          fi
+        done <"$jobs_file"
+        if [ ${#refused[@]} -gt 0 ] && [ ${#refused[@]} -eq $runs ]; then # the tool refused this machine: every run
+          summary+=("SKIPPED  compute-sanitizer $tool: $(grep -hm1 -E "$skip_pattern" "$logs/${refused[0]}.log" | sed -n 1p)")
+        elif [ ${#failed[@]} -gt 0 ] || [ ${#refused[@]} -gt 0 ] || [ $xargs_status -ne 0 ]; then
+          what="${failed[*]:-}"
+          [ ${#refused[@]} -gt 0 ] && what+=" (refused by the tool, where other runs were not: ${refused[*]})"
+          [ $xargs_status -ne 0 ] && what+=" (xargs exited with status $xargs_status)"
+          summary+=("FAIL     compute-sanitizer $tool: ${what# } (logs: $logs/sanitizer-$tool-*.log)"); fail=1
+        else
+          summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, $(echo $rows | wc -w) harness rows)")
+        fi
+      done
+    fi
   else
     summary+=("SKIPPED  compute-sanitizer: not on PATH")
   fi

@@ -386,9 +386,18 @@ static bool numbered_shard(const char *name, size_t *stem, unsigned long *i, uns
     return true;
 }
 
+/* Whether name is shard `want` of the numbered set "<stem>-<i>-of-<n>" whose stem is the first `stem` characters of
+ * set_name (want = 0: any shard of that set). */
+static bool in_numbered_set(const char *name, const char *set_name, size_t stem, unsigned long n, unsigned long want) {
+    size_t stem_b;
+    unsigned long i_b, n_b;
+    return numbered_shard(name, &stem_b, &i_b, &n_b) && stem_b == stem && strncmp(name, set_name, stem) == 0 &&
+           n_b == n && (want == 0 || i_b == want);
+}
+
 /* The shards found by name (no index): every numbered set "<stem>-<i>-of-<n>" must be whole — i from 1 to n, each
  * once — or the layers in a missing shard would be silently absent (mlx-lm loads what it globs and then fails on the
- * missing weights). names: sorted. */
+ * missing weights). names: sorted. Each set is checked once, from its first member in the list. */
 static qmm_status check_numbered_shards(const char *dir, char *const *names, size_t count) {
     char printable[QMM_IO_PRINTABLE_SIZE];
     size_t stem;
@@ -399,15 +408,11 @@ static qmm_status check_numbered_shards(const char *dir, char *const *names, siz
                              dir, qmm_io_printable(names[a], strlen(names[a]), printable, sizeof printable), i, n);
     for (size_t a = 0; a < count; a++) {
         if (!numbered_shard(names[a], &stem, &i, &n)) continue;
-        /* the members of this set (same stem, same total): 1 … n must each appear */
-        for (unsigned long want = 1; want <= n; want++) {
+        bool seen = false; /* an earlier member of the same set has checked it */
+        for (size_t b = 0; b < a && !seen; b++) seen = in_numbered_set(names[b], names[a], stem, n, 0);
+        for (unsigned long want = 1; want <= n && !seen; want++) {
             bool found = false;
-            for (size_t b = 0; b < count && !found; b++) {
-                size_t stem_b;
-                unsigned long i_b, n_b;
-                found = numbered_shard(names[b], &stem_b, &i_b, &n_b) && stem_b == stem &&
-                        strncmp(names[b], names[a], stem) == 0 && n_b == n && i_b == want;
-            }
+            for (size_t b = 0; b < count && !found; b++) found = in_numbered_set(names[b], names[a], stem, n, want);
             if (!found)
                 return qmm_error(QMM_ERR_NOT_FOUND,
                                  "\"%s\": \"%s\" is one of %lu shards, but shard %lu of them is missing (no "
