@@ -742,13 +742,14 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–16, 72–132 blocks of 64 rows (N 4545–8448): mma_gemv m16n64 — 64 rows per warp, x one super-block ahead,
- *            blocks of 8 warps at up to 255 registers, one per SM: 2–9 % faster than m16n32 while its blocks fit in one
- *            wave (the twelfth session, seed and Qwen3 shapes at M = 9, 12, 16: 5120² 11.2 vs 11.6 µs f16, 5120×14336
- *            25.8 vs 27.8, 5120×17408 31.0 vs 33.7); slower with fewer blocks (4096 rows, 64 blocks: 8.9 vs 6.9) and
- *            with more than one wave (12288 rows, 192 blocks: 16.4 vs 15.3; 17408: 33.3 vs 30.2; 27648: 45.3 vs
- *            41.6), faster again at 14336 rows (224 blocks, 20.5 vs 22.1: not taken, no rule for it). 132 is the
- *            H200's SM count (one block per SM): on other GPUs the box is a guess (`qmm tune` measures).
+ *   M 9–16, 72–300 blocks of 64 rows (N 4545–19200): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps
+ *            at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94×
+ *            the time of the 242-register version where it is selected). Against m16n32 (the fourteenth session, seed
+ *            and Qwen3 shapes at M = 12 and 16): faster on 80 blocks (5120² 9.7 vs 10.9 µs f16, 5120×14336 21.6 vs 27.4,
+ *            5120×17408 25.8 vs 33.0), 224 (14336×5120 17.8 vs 21.4) and 272 (17408×5120 25.1 vs 28.4); within 5 % at
+ *            192 (12288×4096 bf16 15.9 vs 15.1, the box's one loss) and 432 (27648×5120: 43.9 vs 41.8, outside); slower
+ *            with fewer blocks (4096 rows, 64 blocks: 7.7 vs 7.0; 1024 rows: 7.2 vs 4.8). The numbers are the H200's
+ *            (132 SMs): on other GPUs the box is a guess (`qmm tune` measures).
  *   M 9–16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM.
  *   M 17–32, N ≥ 12288: mma_tile m16n256 — 256 weight rows per block of 8 warps that share x through shared
  *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.7× faster than
@@ -812,7 +813,7 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 16, .prefer_min_tiles = 72,
-     .prefer_max_tiles = 132},
+     .prefer_max_tiles = 300},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,

@@ -172,20 +172,25 @@ __global__ void __launch_bounds__(256)
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
 
+#ifndef QMM_MMA_M16N64_WARPS /* m16n64's most warps per block, one block per SM at the launch bounds (65536 / 32·w registers;
+                              * 16 = 128 registers: no spill, but 1.33× the time of 12, docs/PERF.md fourteenth session) */
+#define QMM_MMA_M16N64_WARPS 12
+#endif
+
 /* Warps per block: up to 16 for the 8-token tiles and m16n32 (so that a grid of few row tiles can still spread K
  * over every warp an SM holds), at a register cap the same as 2 blocks of 8 warps (65536 / 512 = 128 per thread);
- * up to 8 for the 32-token tile and m16n64, one block per SM (255 registers). The launcher picks the count
- * (gemv_warps). */
+ * up to 8 for the 32-token tile, one block per SM (255 registers); up to 12 for m16n64 (168 registers: its 64
+ * accumulators and one super-block of x, no spill). The launcher picks the count (gemv_warps). m16n64 held x one
+ * super-block ahead at 242 registers, 8 warps per SM, until the fourteenth session: 12 warps without that prefetch
+ * took 0.78–0.94× the time at M = 16 where it is selected (docs/PERF.md). */
 template <int RT, int TT> struct mma_gemv_limits {
-    /* the 32-token tile and the 64-row, 16-token tile (m16n64: 64 accumulators and x one super-block ahead) take
-     * up to 255 registers: blocks of at most 8 warps, one per SM */
-    static constexpr bool large = TT >= 4 || (RT == 4 && TT == 2);
-    static constexpr int max_warps = large ? 8 : 16;
-    static constexpr int min_blocks = large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
+    static constexpr bool m16n64 = RT == 4 && TT == 2;
+    static constexpr bool large = TT >= 4;
+    static constexpr int max_warps = m16n64 ? QMM_MMA_M16N64_WARPS : large ? 8 : 16;
+    static constexpr int min_blocks = m16n64 || large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
-/* STAGED_X (the 64-row, 8-token tile only, whose registers cannot hold the next super-block's x: PREFETCH below
- * spills there): x comes through the weights' cp.async pipeline instead of 16-byte loads at the top of each step —
+/* STAGED_X (the 64-row, 8-token tile only): x comes through the weights' cp.async pipeline instead of 16-byte loads at the top of each step —
  * the launcher's choice (launch_mma_gemv). */
 template <int BITS, typename T, int RT, int TT, int S, int GS, bool STAGED_X>
 __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_gemv_limits<RT, TT>::min_blocks)
@@ -308,13 +313,13 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
         asm volatile("cp.async.commit_group;");
     }
 
-    /* x of a super-block: for up to 2 token tiles loaded up front (PRELOAD); in m8n16, m8n32 and m16n64 also one
-     * super-block ahead (PREFETCH: the loads of the next super-block's x are in flight while this one is
-     * computed — waiting for x was the largest single stall, ncu; m8n64 would spill under its 128-register cap,
-     * m16n64 has 255); with 4 token tiles (m32n16), block by block (the up-front copy would take 16·TT registers
-     * and spill under its 255-register cap, with the accumulators of 32 tokens). */
+    /* x of a super-block: for up to 2 token tiles loaded in registers at the top of the step (PRELOAD); with 4 token
+     * tiles (m32n16), block by block (the up-front copy would take 16·TT registers and spill under its 255-register
+     * cap, with the accumulators of 32 tokens). Until the fourteenth session m8n16, m8n32 and m16n64 also loaded the
+     * next super-block's x a step ahead in registers; without that (x first, below) they took 0.89×, 0.95–0.97× and
+     * 0.90× the time (geomeans over the seed and Qwen3 shapes at M = 1–16, H200, docs/PERF.md): the registers the
+     * copy held cost more resident warps than its early loads hid. */
     constexpr bool PRELOAD = TT <= 2 && !STAGED_X;
-    constexpr bool PREFETCH = (TT == 1 && RT <= 2) || (TT == 2 && RT == 4);
     auto load_x = [&](int sbk, int j, uint4 *dst) {
 #pragma unroll
         for (int tt = 0; tt < TT; tt++) {
@@ -323,23 +328,18 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
                                             : make_uint4(0, 0, 0, 0);
         }
     };
-    uint4 x_next[PREFETCH ? BPS : 1][TT];
-    if (PREFETCH && count > 0) {
-#pragma unroll
-        for (int j = 0; j < BPS; j++) load_x(warp, j, x_next[PREFETCH ? j : 0]);
-    }
 
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
         uint4 xv[PRELOAD ? BPS : 1][TT];
-        /* X_FIRST (m8n64 unstaged and m16n32, the rows that load x at the top of the step): this step's x requested
+        /* X_FIRST (m8n64 unstaged, m8n16, m16n32, m16n64: the rows that load x at the top of the step): this step's x requested
          * before the weight copies of step i + S − 1, not after them — the first use of x was the largest single stall
          * (ncu, the thirteenth session: 25 % of m8n64's samples at M = 8). Measured on the H200 (docs/PERF.md,
          * thirteenth session): 0.86–1.0× the time on the large shapes at M = 8 and 16 (27648×5120 M = 8 bf16 31.2 →
          * 27.2 µs), up to 4 % slower for f16 m16n32 on 1024–4096 rows. Not at group 32, where x held across the copies
          * spills (m16n32 60–68 bytes). The step's index comes first in these rows only: computed there in every row, it
          * cost the staged m8n64's group-32 instantiations a spill. */
-        constexpr bool X_FIRST = QMM_MMA_X_FIRST && PRELOAD && !PREFETCH && GS != 32;
+        constexpr bool X_FIRST = QMM_MMA_X_FIRST && PRELOAD && GS != 32;
         const int sbk_top = warp + i * NW, stage_top = i % S;
         if (X_FIRST) {
 #pragma unroll
@@ -361,16 +361,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #pragma unroll
             for (int h = 0; h < 2; h++) wq[r][h] = stage_w[((stage * RT + r) * 2 + h) * 32 + lane];
         const uint32_t *sb_stage = stage_sb + stage * RT * 16 * GSB; /* [16·RT rows][GSB] pairs */
-        if (PREFETCH) {
-#pragma unroll
-            for (int j = 0; j < BPS; j++)
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) xv[PRELOAD ? j : 0][tt] = x_next[PREFETCH ? j : 0][tt];
-            if (i + 1 < count) {
-#pragma unroll
-                for (int j = 0; j < BPS; j++) load_x(sbk + NW, j, x_next[PREFETCH ? j : 0]);
-            }
-        } else if (PRELOAD && !X_FIRST) {
+        if (PRELOAD && !X_FIRST) {
 #pragma unroll
             for (int j = 0; j < BPS; j++) load_x(sbk, j, xv[PRELOAD ? j : 0]);
         }

@@ -239,10 +239,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } box[] = {{17, 12288, 256, m16n256, true},  {32, 12288, 256, m16n256, true},   {33, 12288, 256, m16n256, false},
                {16, 12288, 256, m16n256, false}, {32, 12272, 256, m16n256, false},
                {32, 12288, 5120, m16n256, true}, /* 96 tiles of 256 × 16: K split in three */
-               /* mma_gemv m16n64's box: M 9–16, 72 … 132 blocks of 64 rows (N 4545 … 8448) */
+               /* mma_gemv m16n64's box: M 9–16, 72 … 300 blocks of 64 rows (N 4545 … 19200) */
                {9, 5120, 256, m16n64, true},     {16, 5120, 256, m16n64, true},     {8, 5120, 256, m16n64, false},
                {17, 5120, 256, m16n64, false},   {16, 4544, 256, m16n64, false},    {16, 4545, 256, m16n64, true},
-               {16, 8448, 256, m16n64, true},    {16, 8449, 256, m16n64, false},    {13, 5120, 14336, m16n64, true}};
+               {16, 19200, 256, m16n64, true},   {16, 19201, 256, m16n64, false},   {13, 5120, 14336, m16n64, true}};
 #undef m16n256
 #undef m16n64
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++) {
