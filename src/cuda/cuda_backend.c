@@ -559,7 +559,11 @@ static int tile_n_splits(const qmm_call *call, int tile) {
 TILE_N_ROW(tile_n_m32n64, 0)
 TILE_N_ROW(tile_n_m8n128, 1)
 
-/* mma_gemv rows: row_tiles × 16 weight rows per warp, token_tiles × 8 rows of x (and the f16/bf16 tile rows). */
+/* mma_gemv rows: row_tiles × 16 weight rows per warp, token_tiles × 8 rows of x (and the f16/bf16 tile rows).
+ * The 16-token tiles (m16n32, m16n64) also take M = 17 … 64, in launches of 16 rows of x each on the same weights
+ * (one weight read per 16 tokens: for `qmm tune` and forcing; docs/kernels.md §9.1); the 32-token tile takes any M
+ * through grid.y (the kernel's own chunks of 32). */
+#define MMA_GEMV_CHUNKED_MAX_M 64
 static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size_t size) {
     if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
         snprintf(why_not, size, "dtype %s: this family multiplies f16 or bf16 on the tensor cores (f32 runs on "
@@ -573,14 +577,32 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
     return repacked_supports(call, why_not, size);
 }
 
+/* One launch per chunk of 8·token_tiles rows of x (token_tiles 2 past M = 16; else one launch), x and out advanced
+ * by the chunk's rows (f16/bf16: 2 bytes an element). */
+static qmm_status mma_gemv_launch(qmm_cuda_launch launch, int row_tiles, int token_tiles, const char *name) {
+    const size_t M = launch.M, chunk = token_tiles == 2 ? 16 : M;
+    const char *x = launch.x;
+    char *out = launch.out;
+    for (size_t m0 = 0; m0 < M; m0 += chunk) {
+        launch.x = x + m0 * launch.K * 2;
+        launch.out = out + m0 * launch.N * 2;
+        launch.M = M - m0 < chunk ? M - m0 : chunk;
+        const qmm_status status =
+            launch_status(qmm_cuda_mma_gemv_qmm_t(&launch, row_tiles, token_tiles), name, __FILE__, __LINE__);
+        if (status != QMM_OK) return status;
+    }
+    return QMM_OK;
+}
+
 #define MMA_ROW(NAME, RT, TT)                                                                                     \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
-        return mma_supports(call, (TT) == 4 ? (size_t)65535 * 32 : 8 * (TT), why_not, size);                     \
+        return mma_supports(call, (TT) == 4 ? (size_t)65535 * 32 : (TT) == 2 ? MMA_GEMV_CHUNKED_MAX_M : 8 * (TT),  \
+                            why_not, size);                                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
         if ((RT) == 4 && (TT) == 1) launch.staged_x = staged_x_forced(); /* the one tile that stages x */          \
-        return launch_status(qmm_cuda_mma_gemv_qmm_t(&launch, RT, TT), #NAME, __FILE__, __LINE__);               \
+        return mma_gemv_launch(launch, RT, TT, #NAME);                                                            \
     }
 
 MMA_ROW(mma_m8n16, 1, 1)
