@@ -10,8 +10,9 @@
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
  *      when N ≤ prefer_small_n, rows whose prefer_min_m is above M, and rows whose prefer_min_tiles exceeds
- *      the call's ceil(M/bm)·ceil(N/bn) tiles (prefer_min_tiles_unsplit too, in batch-invariant mode), whose
- *      prefer_max_tiles is below them, or whose prefer_min_tiles_k exceeds those tiles times K (a row
+ *      the call's ceil(M/bm)·ceil(N/bn) tiles (ceil(N/bn) for a row with prefer_tiles_of_n;
+ *      prefer_min_tiles_unsplit too, in batch-invariant mode), whose prefer_max_tiles is below them, or whose
+ *      prefer_min_tiles_k exceeds those tiles times K (a row
  *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each
  *      backend's table). Tables are ordered fastest-first by their backend and end with rows that accept
  *      every valid call (the reference rows, or on CUDA the generic kernels), so there is always an answer.
@@ -125,14 +126,14 @@ static size_t preferred_max_m(const qmm_kernel *row, size_t N) {
     return limit ? limit : SIZE_MAX;
 }
 
-/* Whether the call has the tiles of the row's bm × bn its prefer_min_tiles hint asks for (prefer_min_tiles_unsplit in
+/* Whether the call has the tiles of the row's bm × bn (or, prefer_tiles_of_n, of bn alone) its prefer_min_tiles hint asks for (prefer_min_tiles_unsplit in
  * batch-invariant mode, where nothing splits K) and no more than its prefer_max_tiles allows, and the tiles × K its
  * prefer_min_tiles_k hint asks for. */
 static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
     const size_t unsplit = call->batch_invariant ? row->prefer_min_tiles_unsplit : 0;
     if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit && !row->prefer_max_tiles) return true;
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
-    const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
+    const size_t tiles = (row->prefer_tiles_of_n ? 1 : (call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
     if (tiles < row->prefer_min_tiles || tiles < unsplit) return false;
     if (row->prefer_max_tiles && tiles > row->prefer_max_tiles) return false;
     if (!row->prefer_min_tiles_k) return true;

@@ -79,7 +79,9 @@ typedef struct qmm_kernel {
      * tiles with a long K split well, few with a short K do not). prefer_min_tiles_unsplit (0 = no limit): in
      * batch-invariant mode, where no row splits K, only with at least that many tiles. prefer_max_tiles (0 = no
      * limit): only when the call has at most that many tiles — a row of one block per SM that is the fastest while
-     * its blocks fit in one wave (the CUDA m16n64 GEMV). */
+     * its blocks fit in one wave (the CUDA m16n64 GEMV). prefer_tiles_of_n: the tile hints count ceil(N/bn) only —
+     * a row that takes rows of x past bm in successive launches of bm rows, each a grid of ceil(N/bn) blocks (the
+     * CUDA 16-token GEMVs). */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
@@ -89,6 +91,7 @@ typedef struct qmm_kernel {
     size_t prefer_min_tiles_k;
     size_t prefer_min_tiles_unsplit;
     size_t prefer_max_tiles;
+    bool prefer_tiles_of_n;
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

@@ -764,23 +764,25 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–16, 72–300 blocks of 64 rows (N 4545–19200): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps
+ *   M 9–32, 72–300 blocks of 64 rows (N 4545–19200): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps
  *            at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94×
- *            the time of the 242-register version where it is selected). Against m16n32 (the fourteenth session, seed
+ *            the time of the 242-register version where it is selected); past M = 16 in launches of 16 rows of x, so
+ *            the box counts the blocks of one launch (prefer_tiles_of_n). Against m16n32 (the fourteenth session, seed
  *            and Qwen3 shapes at M = 12 and 16): faster on 80 blocks (5120² 9.7 vs 10.9 µs f16, 5120×14336 21.6 vs 27.4,
  *            5120×17408 25.8 vs 33.0), 224 (14336×5120 17.8 vs 21.4) and 272 (17408×5120 25.1 vs 28.4); within 5 % at
  *            192 (12288×4096 bf16 15.9 vs 15.1, the box's one loss) and 432 (27648×5120: 43.9 vs 41.8, outside); slower
- *            with fewer blocks (4096 rows, 64 blocks: 7.7 vs 7.0; 1024 rows: 7.2 vs 4.8). The numbers are the H200's
+ *            with fewer blocks (4096 rows, 64 blocks: 7.7 vs 7.0; 1024 rows: 7.2 vs 4.8). At M = 20 and 32 the same box
+ *            holds, and beats the rows taken there before (mma_tile m16n256, mma_gemv m32n16) by 0.71–0.93× (5120×17408
+ *            M = 32 f16 50.0 vs 70.6 µs; 14336×5120 34.6 vs 45.2; 5120² 19.1 vs 22.4). The numbers are the H200's
  *            (132 SMs): on other GPUs the box is a guess (`qmm tune` measures).
- *   M 9–16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM.
- *   M 17–32, N ≥ 12288: mma_tile m16n256 — 256 weight rows per block of 8 warps that share x through shared
- *            memory (token tiles of 16 along grid.y), split-K when the row tiles are few: 1.1–1.7× faster than
- *            the wgmma row and m32n16 there (the eighth session's sweep, bf16 at M = 32: 27648×5120 90 vs 110 µs;
- *            17408×5120 68 vs 109; 12288×4096 40.5 vs 45.6). With fewer rows m32n16 is as fast or faster
- *            (4096×12288: 36.9 vs 40.1), except at long K (5120×14336, 5120×17408: m16n256 10–16 % faster, not
- *            taken: no hint on K). From M = 33 it runs x in three or more tiles and loses (27648×5120 M = 64: 164
- *            vs 110). mma_tile m32n256 (the same with 32 tokens, one block per SM) is for `qmm tune` and
- *            forcing: the fastest only on 27648×5120 at M = 32 (79–81 µs).
+ *   M 9–16, and M 17–32 with N ≥ 4096: mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM;
+ *            past M = 16 in launches of 16 rows of x (the fourteenth session, M = 20 and 32: 0.75–0.99× the time of
+ *            m16n256 or m32n16 on 4096–27648 rows: 4096×12288 M = 32 f16 28.8 vs 35.4 µs, 12288×4096 28.2 vs 37.8;
+ *            27648×5120 M = 32 83.0 vs 81.8, within 7 % of the fastest, m32n256 77.4); with fewer rows m32n16 keeps
+ *            M 17–32 (1024×4096 M = 32: 7.5 vs 9.4 µs; 2048×768 3.7 vs 6.1).
+ *   mma_tile m16n256 (256 weight rows per block of 8 warps that share x through shared memory) and m32n256 are
+ *            for `qmm tune` and forcing: m16n256 was the selector's row for M 17–32, N ≥ 12288, from the eighth
+ *            session until the 16-token GEMVs took M = 17–32 in the fourteenth (0.75–0.99× its time there).
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows): the tiles are too few there
@@ -834,14 +836,14 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 16, .prefer_min_tiles = 72,
-     .prefer_max_tiles = 300},
+     .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 32, .prefer_min_tiles = 72,
+     .prefer_max_tiles = 300, .prefer_tiles_of_n = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
+     .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 32, .prefer_small_n = 4095,
+     .prefer_max_m_small_n = 16},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
                        "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
-     .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,
-     .prefer_min_n = 12288},
+     .supports = tile_m16n256_supports, .run = tile_m16n256_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},

@@ -191,9 +191,9 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
 /* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
  * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
  * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
- * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then mma_tile
- * m16n256's box (M 17–32, N ≥ 12288) and mma_gemv m16n64's (M 9–16, N 4545 … 8448), any device with the mma family,
- * on each of their sides. */
+ * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then the boxes
+ * of mma_gemv m16n64 (M 9–32, N 4545 … 19200) and m16n32 (M ≤ 16, and M 17–32 for N ≥ 4096), and mma_tile m16n256
+ * now tune-only, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -204,7 +204,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         {65, 4096, 4032, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles × K 4032 */
         {33, 4096, 3072, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles of 64 tokens × K 3072 = 128 × 768 */
         {33, 4096, 3008, NULL},                             /* 32 × 3008: below it, mma_tile m64n64 */
-        {32, 12161, 256, NULL},                             /* M ≤ 32: mma_gemv m32n16 */
+        {32, 12161, 256, NULL},                             /* M ≤ 32: an mma_gemv row (m16n64) */
         {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
         {128, 2048, 8192, NULL}, /* the same, though m128n128's 16 tiles × 8192 reach its work hint: m32n16 first */
     };
@@ -232,19 +232,25 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     }
 #define m16n256 "cuda.qmm_t.mma_tile.m16n256"
 #define m16n64 "cuda.qmm_t.mma_gemv.m16n64"
+#define m16n32 "cuda.qmm_t.mma_gemv.m16n32"
     static const struct {
         size_t M, N, K;
         const char *row;
         bool want; /* the selector takes row */
-    } box[] = {{17, 12288, 256, m16n256, true},  {32, 12288, 256, m16n256, true},   {33, 12288, 256, m16n256, false},
-               {16, 12288, 256, m16n256, false}, {32, 12272, 256, m16n256, false},
-               {32, 12288, 5120, m16n256, true}, /* 96 tiles of 256 × 16: K split in three */
-               /* mma_gemv m16n64's box: M 9–16, 72 … 300 blocks of 64 rows (N 4545 … 19200) */
+    } box[] = {/* mma_tile m16n256: tune-only since the 16-token GEMVs took M = 17 … 32 */
+               {17, 12288, 256, m16n256, false}, {32, 27648, 256, m16n256, false},
+               /* mma_gemv m16n64's box: M 9–32, 72 … 300 blocks of 64 rows (N 4545 … 19200), past M = 16 in launches
+                * of 16 rows of x */
                {9, 5120, 256, m16n64, true},     {16, 5120, 256, m16n64, true},     {8, 5120, 256, m16n64, false},
-               {17, 5120, 256, m16n64, false},   {16, 4544, 256, m16n64, false},    {16, 4545, 256, m16n64, true},
-               {16, 19200, 256, m16n64, true},   {16, 19201, 256, m16n64, false},   {13, 5120, 14336, m16n64, true}};
+               {17, 5120, 256, m16n64, true},    {32, 5120, 256, m16n64, true},     {33, 5120, 256, m16n64, false},
+               {16, 4544, 256, m16n64, false},   {16, 4545, 256, m16n64, true},     {32, 19200, 256, m16n64, true},
+               {32, 19201, 256, m16n64, false},  {13, 5120, 14336, m16n64, true},   {20, 12288, 5120, m16n64, true},
+               /* mma_gemv m16n32: M ≤ 16, and M 17–32 with N ≥ 4096 outside m16n64's box */
+               {16, 1024, 256, m16n32, true},    {20, 4096, 256, m16n32, true},     {20, 4095, 256, m16n32, false},
+               {32, 19201, 256, m16n32, true},   {33, 4096, 256, m16n32, false}};
 #undef m16n256
 #undef m16n64
+#undef m16n32
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++) {
         product p;
         if (!product_make(context, rng, box[i].M, box[i].N, box[i].K, 4, 64, QMM_F16, &p)) {

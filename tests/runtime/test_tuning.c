@@ -71,7 +71,8 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
 /* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, the small-N box
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
- * box); then prefer_min_tiles_unsplit (batch-invariant calls) and prefer_max_tiles (the CUDA m16n64 row's). */
+ * box); then prefer_min_tiles_unsplit (batch-invariant calls), prefer_max_tiles (the CUDA m16n64 row's) and
+ * prefer_tiles_of_n. */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
     info.bm = 128, info.bn = 128;
@@ -165,6 +166,22 @@ static void test_hints(void) {
         CHECK(chosen && strcmp(chosen->info.name, wave_cases[i].want) == 0,
               "hints: prefer_max_tiles N=%zu M=%zu (prefer_min_tiles %d) picked %s, want %s", wave_cases[i].N,
               wave_cases[i].M, wave_cases[i].min_too, chosen ? chosen->info.name : "(none)", wave_cases[i].want);
+    }
+    /* prefer_tiles_of_n (the CUDA 16-token GEMVs, which take M past 16 in launches of 16 rows of x): the same box,
+     * 72 … 132 tiles of 64 rows, counted on N alone, so M = 17 … 32 keep the box of M ≤ 16 (N 4545 … 8448) */
+    const qmm_kernel per_launch = {.info = wave_info, .supports = supports_all, .run = run_nothing,
+                                   .prefer_min_tiles = 72, .prefer_max_tiles = 132, .prefer_tiles_of_n = true};
+    static const struct { size_t N, M; const char *want; } launch_cases[] = {
+        {5120, 16, "fake.hint.wave"}, {5120, 32, "fake.hint.wave"}, {8448, 64, "fake.hint.wave"},
+        {4545, 17, "fake.hint.wave"}, {4544, 17, "fake.hint.any"},  {8449, 32, "fake.hint.any"},
+    };
+    for (size_t i = 0; i < sizeof launch_cases / sizeof launch_cases[0]; i++) {
+        const qmm_kernel *launch_table[] = {&per_launch, &hint_rows[2]}, *chosen = NULL;
+        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, launch_cases[i].N, 4096, launch_cases[i].M);
+        CHECK_OK(qmm_select_kernel_tuned(launch_table, 2, NULL, &call, NULL, &chosen));
+        CHECK(chosen && strcmp(chosen->info.name, launch_cases[i].want) == 0,
+              "hints: prefer_tiles_of_n N=%zu M=%zu picked %s, want %s", launch_cases[i].N, launch_cases[i].M,
+              chosen ? chosen->info.name : "(none)", launch_cases[i].want);
     }
 }
 
