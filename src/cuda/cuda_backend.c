@@ -780,9 +780,10 @@ static qmm_status gather_run(const qmm_call *call);
  *            m16n256 or m32n16 on 4096–27648 rows: 4096×12288 M = 32 f16 28.8 vs 35.4 µs, 12288×4096 28.2 vs 37.8;
  *            27648×5120 M = 32 83.0 vs 81.8, within 7 % of the fastest, m32n256 77.4); with fewer rows m32n16 keeps
  *            M 17–32 (1024×4096 M = 32: 7.5 vs 9.4 µs; 2048×768 3.7 vs 6.1).
- *   mma_tile m16n256 (256 weight rows per block of 8 warps that share x through shared memory) and m32n256 are
- *            for `qmm tune` and forcing: m16n256 was the selector's row for M 17–32, N ≥ 12288, from the eighth
- *            session until the 16-token GEMVs took M = 17–32 in the fourteenth (0.75–0.99× its time there).
+ *   M 17–32, N ≥ 12288, batch-invariant calls: mma_tile m16n256 (256 weight rows per block of 8 warps that share x
+ *            through shared memory) — the default mode's row there from the eighth session until the 16-token GEMVs,
+ *            which come first, took M = 17–32 in the fourteenth (0.75–0.99× its time); they declare no order, so it
+ *            keeps the box for batch-invariant calls. mma_tile m32n256 is for `qmm tune` and forcing.
  *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows): the tiles are too few there
@@ -843,7 +844,8 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_max_m_small_n = 16},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
                        "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
-     .supports = tile_m16n256_supports, .run = tile_m16n256_run, .tune_only = true},
+     .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,
+     .prefer_min_n = 12288},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},

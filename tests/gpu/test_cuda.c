@@ -192,8 +192,8 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
  * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
  * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
  * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then the boxes
- * of mma_gemv m16n64 (M 9–32, N 4545 … 19200) and m16n32 (M ≤ 16, and M 17–32 for N ≥ 4096), and mma_tile m16n256
- * now tune-only, any device with the mma family, on each of their sides. */
+ * of mma_gemv m16n64 (M 9–32, N 4545 … 19200) and m16n32 (M ≤ 16, and M 17–32 for N ≥ 4096), which now take
+ * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -237,7 +237,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         size_t M, N, K;
         const char *row;
         bool want; /* the selector takes row */
-    } box[] = {/* mma_tile m16n256: tune-only since the 16-token GEMVs took M = 17 … 32 */
+    } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by the 16-token GEMVs (it keeps it for
+                * batch-invariant calls, test_batch_invariant) */
                {17, 12288, 256, m16n256, false}, {32, 27648, 256, m16n256, false},
                /* mma_gemv m16n64's box: M 9–32, 72 … 300 blocks of 64 rows (N 4545 … 19200), past M = 16 in launches
                 * of 16 rows of x */
