@@ -78,8 +78,8 @@ typedef struct qmm_kernel {
      * when those tiles times K reach it — the work a large tile needs to fill the device, split-K included (few
      * tiles with a long K split well, few with a short K do not). prefer_min_tiles_unsplit (0 = no limit): in
      * batch-invariant mode, where no row splits K, only with at least that many tiles. prefer_max_tiles (0 = no
-     * limit): only when the call has at most that many tiles — a row of one block per SM that is the fastest while
-     * its blocks fit in one wave (the CUDA m16n64 GEMV). prefer_tiles_of_n: the tile hints count ceil(N/bn) only —
+     * limit): only when the call has at most that many tiles — a row that is the fastest only up to so many blocks
+     * (the CUDA m16n64 GEMV, 72–300 blocks on the H200). prefer_tiles_of_n: the tile hints count ceil(N/bn) only —
      * a row that takes rows of x past bm in successive launches of bm rows, each a grid of ceil(N/bn) blocks (the
      * CUDA 16-token GEMVs). */
     size_t prefer_min_m;

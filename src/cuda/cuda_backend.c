@@ -561,8 +561,8 @@ TILE_N_ROW(tile_n_m8n128, 1)
 
 /* mma_gemv rows: row_tiles × 16 weight rows per warp, token_tiles × 8 rows of x (and the f16/bf16 tile rows).
  * The 16-token tiles (m16n32, m16n64) also take M = 17 … 64, in launches of 16 rows of x each on the same weights
- * (one weight read per 16 tokens: for `qmm tune` and forcing; docs/kernels.md §9.1); the 32-token tile takes any M
- * through grid.y (the kernel's own chunks of 32). */
+ * (one weight read per 16 tokens; the selector takes them so at M = 17–32, docs/kernels.md §9.1); the 32-token
+ * tile takes any M through grid.y (the kernel's own chunks of 32). */
 #define MMA_GEMV_CHUNKED_MAX_M 64
 static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size_t size) {
     if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
@@ -637,7 +637,8 @@ static qmm_status ffma_run(const qmm_call *call) {
 }
 
 
-/* mma_tile rows (M > 16 by the selector's order; any M when forced or batch-invariant). A tile whose block needs
+/* mma_tile rows (M > 32 by the selector's order, m16n256 also M 17–32 in batch-invariant calls; any M when forced or
+ * batch-invariant). A tile whose block needs
  * more shared memory than the device lets a block have (m32n256 at 4 bits: 112 KB, above sm_86/89's 99 KB) refuses.
  * Tile 4 (mma_tile_bf16x3) takes f32 only, the others f16 and bf16. */
 static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t size) {
@@ -826,7 +827,7 @@ static qmm_status gather_run(const qmm_call *call);
  * Batch-invariant order (docs/kernels.md "Batch-invariant mode"): the generic rows compute the oracle's f32
  * order bit for bit for each output whatever M (8 rows of x per thread, each its own accumulator), so they
  * declare "oracle" and take every batch-invariant call; the mma_gemv rows declare none (the tensor cores'
- * internal add order is not IEEE-sequential, and the small tiles take only M ≤ 8 or 16).
+ * internal add order is not IEEE-sequential, and the 8- and 16-token tiles take only M ≤ 8 and M ≤ 64).
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §9). */
 static const qmm_kernel cuda_kernels[] = {

@@ -173,16 +173,18 @@ __global__ void __launch_bounds__(256)
 #endif
 
 #ifndef QMM_MMA_M16N64_WARPS /* m16n64's most warps per block, one block per SM at the launch bounds (65536 / 32·w registers;
-                              * 16 = 128 registers: no spill, but 1.33× the time of 12, docs/PERF.md fourteenth session) */
+                              * 16 = 128 registers: spills 24–328 bytes and took 1.33× the time of 12, docs/PERF.md
+                              * fourteenth session) */
 #define QMM_MMA_M16N64_WARPS 12
 #endif
 
 /* Warps per block: up to 16 for the 8-token tiles and m16n32 (so that a grid of few row tiles can still spread K
  * over every warp an SM holds), at a register cap the same as 2 blocks of 8 warps (65536 / 512 = 128 per thread);
  * up to 8 for the 32-token tile, one block per SM (255 registers); up to 12 for m16n64 (168 registers: its 64
- * accumulators and one super-block of x, no spill). The launcher picks the count (gemv_warps). m16n64 held x one
- * super-block ahead at 242 registers, 8 warps per SM, until the fourteenth session: 12 warps without that prefetch
- * took 0.78–0.94× the time at M = 16 where it is selected (docs/PERF.md). */
+ * accumulators and one super-block of x; no spill but at 4-bit bf16 groups of 32, 48 bytes). The launcher picks
+ * the count (gemv_warps). m16n64 held x one super-block ahead at 242 registers, 8 warps per SM, until the
+ * fourteenth session: 12 warps without that prefetch took 0.78–0.94× the time at M = 16 where it is selected
+ * (docs/PERF.md). */
 template <int RT, int TT> struct mma_gemv_limits {
     static constexpr bool m16n64 = RT == 4 && TT == 2;
     static constexpr bool large = TT >= 4;
@@ -211,7 +213,8 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
     /* grid.y (the 32-token tile only): chunks of 32 rows of x, each an independent product on the same
      * weights, for M > 32 — every output is computed the same way whatever chunk it falls in. Not in the
      * smaller tiles: the offsets cost the gs32 instantiations of m8n64 and m16n32 spills under their
-     * 128-register cap, and those rows serve M ≤ 16. */
+     * 128-register cap; the 8-token tiles serve M ≤ 8, and the 16-token ones take M = 17–64 as one launch per
+     * 16 rows of x (the host's mma_gemv_launch). */
     if (TT == 4) {
         const int m0 = blockIdx.y * 8 * TT;
         x += (size_t)m0 * K;
@@ -332,9 +335,9 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
         uint4 xv[PRELOAD ? BPS : 1][TT];
-        /* X_FIRST (m8n64 unstaged, m8n16, m16n32, m16n64: the rows that load x at the top of the step): this step's x requested
-         * before the weight copies of step i + S − 1, not after them — the first use of x was the largest single stall
-         * (ncu, the thirteenth session: 25 % of m8n64's samples at M = 8). Measured on the H200 (docs/PERF.md,
+        /* X_FIRST (every row with x in registers: m8n16, m8n32, m8n64 unstaged, m16n32, m16n64): this step's x
+         * requested before the weight copies of step i + S − 1, not after them — the first use of x was the largest
+         * single stall (ncu, the thirteenth session: 25 % of m8n64's samples at M = 8). Measured on the H200 (docs/PERF.md,
          * thirteenth session): 0.86–1.0× the time on the large shapes at M = 8 and 16 (27648×5120 M = 8 bf16 31.2 →
          * 27.2 µs), up to 4 % slower for f16 m16n32 on 1024–4096 rows. Not at group 32, where x held across the copies
          * spills (m16n32 60–68 bytes). The step's index comes first in these rows only: computed there in every row, it
@@ -522,8 +525,9 @@ template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X>
 static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
-     * warps resident hide the MMA and decode latency better. m16n64 (RT = 4, TT = 2, one block of 8 warps per SM) also
-     * runs best with 2 (the twelfth session: 2 stages 0.989× the time of 3 and 0.980× that of 4, geomeans). */
+     * warps resident hide the MMA and decode latency better. m16n64 (RT = 4, TT = 2, then one block of 8 warps per SM)
+     * also ran best with 2 (the twelfth session: 2 stages 0.989× the time of 3 and 0.980× that of 4, geomeans; not
+     * measured again at its 12 warps). */
     constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
     /* shared memory per warp: the weight and pair stages, the reduction, and (STAGED_X) the stages of x of the
      * min(M, 8) tokens, 64·BPS bytes each per super-block */
@@ -531,9 +535,10 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     constexpr size_t per_warp_base = (size_t)S * RT * 2 * 32 * (16 + 4) + (size_t)RT * TT * 4 * 32 * sizeof(float);
     const int mx = STAGED_X ? (int)(c->M < 8 ? c->M : 8) : 0;
     const size_t per_warp = per_warp_base + (size_t)mx * x_token;
-    /* at most mma_gemv_limits' warps (16, or 8 for the 32-token tile and m16n64), and no more than the device's
+    /* at most mma_gemv_limits' warps (16; 8 for the 32-token tile, 12 for m16n64), and no more than the device's
      * shared memory holds (16 warps of the 64-row tile take 192 KB, 200 KB with one token's x staged, 256 KB with
-     * eight: an H100/H200 has 227, an A100 163; 8 warps of m16n64 112 KB: 7 fit in the 99 KB of sm_86/89) */
+     * eight: an H100/H200 has 227, an A100 163; 12 warps of m16n64 168 KB: 11 fit on an A100, 7 in the 99 KB of
+     * sm_86/89) */
     const auto fit = [&](size_t bytes) { /* the device's opt-in is always known (sharedMemPerBlockOptin) */
         int w = mma_gemv_limits<RT, TT>::max_warps;
         if (c->shared_optin > 0 && (size_t)w * bytes > c->shared_optin) w = (int)(c->shared_optin / bytes);

@@ -271,6 +271,33 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         product_check(&p, what, 2.0);
         product_free(&p);
     }
+    /* Batch-invariant calls: the GEMVs declare no order, so mma_tile m16n256 keeps its box there (M 17–32, N ≥ 12288) */
+    static const struct {
+        size_t M, N;
+        bool want;
+    } invariant_box[] = {{17, 12288, true}, {32, 12288, true}, {16, 12288, false}, {33, 12288, false}, {32, 12272, false}};
+    for (size_t i = 0; i < sizeof invariant_box / sizeof invariant_box[0]; i++) {
+        product p;
+        if (!product_make(context, rng, invariant_box[i].M, invariant_box[i].N, 256, 4, 64, QMM_F16, &p)) {
+            CHECK(false, "batch-invariant m16n256 box: set-up failed");
+            product_free(&p);
+            continue;
+        }
+        const qmm_matmul_options invariant = {.op = QMM_OP_QMM_T, .batch_invariant = 1};
+        qmm_kernel_info chosen = {0};
+        CHECK_OK(qmm_select(context, p.weights, p.M, &invariant, &chosen));
+        const char *name = chosen.name ? chosen.name : "?";
+        const bool took = strcmp(name, "cuda.qmm_t.mma_tile.m16n256") == 0;
+        CHECK(took == invariant_box[i].want, "batch-invariant m16n256 box: M=%zu N=%zu chose %s", invariant_box[i].M,
+              invariant_box[i].N, name);
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &invariant, NULL));
+        char what[160];
+        snprintf(what, sizeof what, "batch-invariant m16n256 box M=%zu N=%zu (%s)", invariant_box[i].M,
+                 invariant_box[i].N, name);
+        product_check(&p, what, 2.0);
+        product_free(&p);
+    }
 }
 
 /* The mma_tile and wgmma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last
@@ -626,7 +653,8 @@ static void test_errors(qmm_context *context, check_rng *rng) {
     if (product_make(context, rng, 65, 64, 128, 4, 64, QMM_F16, &p)) { /* the 16-token tiles take M ≤ 64 in chunks */
         qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m16n32"};
         CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
-        CHECK(strstr(qmm_last_error(), "M=65") != NULL, "forced M=65 on a 16-row tile: %s", qmm_last_error());
+        CHECK(strstr(qmm_last_error(), "M=65 exceeds this row's 64 rows of x") != NULL, "forced M=65 on a 16-row tile: %s",
+              qmm_last_error());
     }
     product_free(&p);
 }

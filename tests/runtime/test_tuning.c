@@ -144,8 +144,8 @@ static void test_hints(void) {
               "hints: prefer_min_tiles_unsplit N=%zu batch-invariant %d picked %s, want %s", unsplit_cases[i].N,
               unsplit_cases[i].invariant, chosen ? chosen->info.name : "(none)", unsplit_cases[i].want);
     }
-    /* prefer_max_tiles = 132 with tiles of 16 × 64 (the CUDA m16n64 row's box, with prefer_min_tiles = 72): N 4545 …
-     * 8448 at M ≤ 16, N 2241 … 4224 at M = 17 … 32 (two token tiles); and prefer_max_tiles alone: N ≤ 8448 */
+    /* prefer_max_tiles = 132 with tiles of 16 × 64 (a box like the CUDA m16n64 row's, with prefer_min_tiles = 72): N
+     * 4545 … 8448 at M ≤ 16, N 2241 … 4224 at M = 17 … 32 (two token tiles); and prefer_max_tiles alone: N ≤ 8448 */
     qmm_kernel_info wave_info = FAKE("fake.hint.wave", QMM_OP_QMM_T);
     wave_info.bm = 16, wave_info.bn = 64;
     const qmm_kernel wave = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_min_tiles = 72,
