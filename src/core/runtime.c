@@ -132,7 +132,7 @@ static qmm_status backend_hooks(qmm_backend backend, const qmm_backend_hooks **h
         *hooks = qmm_cuda_backend_hooks();
         return QMM_OK;
 #else
-        return qmm_error(QMM_ERR_UNSUPPORTED, "backend cuda is not built (no nvcc when this library was configured)");
+        return qmm_error(QMM_ERR_UNSUPPORTED, "backend cuda is not built (configured with QMM_WITH_CUDA=OFF, or no nvcc was found)");
 #endif
     }
     return qmm_error(QMM_ERR_INVALID_ARGUMENT, "backend=%d is not a qmm_backend (ref=0, cpu=1, cuda=2)", (int)backend);
