@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -342,9 +343,13 @@ qmm_status qmm_context_load_tuning(qmm_context *context, const char *path) {
     char *text = NULL;
     qmm_tuning_table loaded = {0};
     qmm_tuning_ignored ignored = {0};
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait forever for a writer; the fstat below refuses
+     * everything that is not a regular file (where O_NONBLOCK changes nothing) */
+    FILE *f = NULL;
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 || !(f = fdopen(fd, "rb"))) {
         status = qmm_error(QMM_ERR_IO, "cannot open tuning table '%s': %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
         goto cleanup;
     }
     struct stat info;

@@ -103,16 +103,45 @@ float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n) {
     return qmm_cpu_finite_or_direct(call, acc, m, n);
 }
 
-/* The portable row: every output by qmm_cpu_qmm_t_output, threads over N. No SIMD beyond what the
- * compiler does for plain C, so it runs on any CPU; it exists so that a CPU without AVX2 still gets
- * all its cores. */
+/* The portable row: every output in qmm_cpu_qmm_t_output's arithmetic (the oracle's split, the same float
+ * operations in the same order, so the same bits), threads over N. Each group's codes are decoded once for
+ * SCALAR_ROWS rows of x, which are converted to f32 once per block of rows (decoding per output made it 2–22×
+ * slower than the reference backend, which decodes once). No SIMD beyond what the compiler does for plain C, so
+ * it runs on any CPU; it exists so that a CPU without AVX2 still gets all its cores. */
+enum { SCALAR_ROWS = 16, SCALAR_MAX_GROUP = 128 /* group sizes are 32, 64 or 128 (src/core/format.c) */ };
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call) {
-    const size_t M = call->M, N = call->N;
+    const size_t M = call->M, N = call->N, K = call->K, group_size = (size_t)call->group_size, groups = K / group_size;
+    const size_t words = qmm_packed_words(K, call->bits);
+    float *xf = qmm_cpu_scratch(SCALAR_ROWS, K * sizeof(float), "rows of x as f32");
+    if (!xf) return QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
     const int threads = qmm_cpu_threads_for(call);
     (void)threads;
+    for (size_t m0 = 0; m0 < M; m0 += SCALAR_ROWS) {
+        const size_t rows = M - m0 < SCALAR_ROWS ? M - m0 : SCALAR_ROWS;
+        for (size_t i = 0; i < rows * K; i++) xf[i] = qmm_load_f32(call->x, call->dtype, m0 * K + i);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (size_t n = 0; n < N; n++)
-        for (size_t m = 0; m < M; m++) qmm_store_f32(call->out, call->dtype, m * N + n, qmm_cpu_qmm_t_output(call, m, n));
+        for (size_t n = 0; n < N; n++) {
+            const uint32_t *row = call->w + n * words;
+            float acc[SCALAR_ROWS] = {0}, q[SCALAR_MAX_GROUP];
+            for (size_t g = 0; g < groups; g++) {
+                const float s = qmm_load_f32(call->scales, call->dtype, n * groups + g);
+                const float b = qmm_load_f32(call->biases, call->dtype, n * groups + g);
+                for (size_t i = 0; i < group_size; i++) q[i] = (float)qmm_code_at(row, g * group_size + i, call->bits);
+                for (size_t r = 0; r < rows; r++) {
+                    const float *xr = xf + r * K + g * group_size;
+                    float qdot = 0.0f, xsum = 0.0f;
+                    for (size_t i = 0; i < group_size; i++) {
+                        qdot += q[i] * xr[i];
+                        xsum += xr[i];
+                    }
+                    acc[r] += s * qdot + b * xsum;
+                }
+            }
+            for (size_t r = 0; r < rows; r++)
+                qmm_store_f32(call->out, call->dtype, (m0 + r) * N + n, qmm_cpu_finite_or_direct(call, acc[r], m0 + r, n));
+        }
+    }
+    free(xf);
     return QMM_OK;
 }
 

@@ -159,27 +159,17 @@ qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, q
     memset(ignored, 0, sizeof *ignored);
     qmm_status status = QMM_OK;
     qmm_tuning_entry *entries = NULL;
-    cJSON *root = cJSON_ParseWithLength(json, size);
-    if (!root) {
-        status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s' is not JSON (parsing stopped near byte %td)", origin,
-                           cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : (ptrdiff_t)0);
-        goto cleanup;
-    }
-    size_t nul_start, nul_end; /* cJSON would cut a kernel or shape name at an escaped NUL */
-    if (qmm_io_json_find_nul(json, size, &nul_start, &nul_end)) {
-        char printable[QMM_IO_PRINTABLE_SIZE];
-        status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s': the string at byte %zu, %s, holds a NUL byte (\\u0000)",
-                           origin, nul_start,
-                           qmm_io_printable(json + nul_start, nul_end - nul_start, printable, sizeof printable));
-        goto cleanup;
-    }
+    cJSON *root = NULL;
+    char what[QMM_IO_PRINTABLE_SIZE + 32];
+    snprintf(what, sizeof what, "tuning table '%s'", origin);
+    /* the shared reader: not JSON, data after the value (two tables one after the other would load the first
+     * silently), a string holding a NUL byte (cJSON would cut a kernel or shape name there) — all QMM_ERR_CORRUPT */
+    if ((status = qmm_io_parse_json(what, json, size, &root)) != QMM_OK) goto cleanup;
     if (!cJSON_IsObject(root)) {
         status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s': the top level must be a JSON object", origin);
         goto cleanup;
     }
     static const char *const top_keys[] = {"format", "version", "backend", "device", "entries"};
-    char what[QMM_IO_PRINTABLE_SIZE + 32];
-    snprintf(what, sizeof what, "tuning table '%s'", origin);
     if ((status = qmm_io_json_keys_once(root, top_keys, sizeof top_keys / sizeof top_keys[0], what)) != QMM_OK)
         goto cleanup;
     const cJSON *format = cJSON_GetObjectItemCaseSensitive(root, "format");

@@ -54,7 +54,13 @@ check "set-aside entries: counted" err_matches "tuning table $WORK/mixed.json: 2
 
 # Refusals: --tuning answers with the library's status and message.
 printf 'not json' >"$WORK/bad.json"
-expect_library_error run "corrupt file" "tuning table '$WORK/bad.json' is not JSON" run --backend ref --tuning "$WORK/bad.json"
+expect_library_error run "corrupt file" "tuning table '$WORK/bad.json' is not valid JSON" run --backend ref --tuning "$WORK/bad.json"
+{ cat "$WORK/t.json"; printf ' junk'; } >"$WORK/trailing.json" # two tables, or a table and junk: not one table
+expect_library_error run "corrupt file" "tuning table '$WORK/trailing.json' has data after its JSON value" \
+  run --backend ref --tuning "$WORK/trailing.json"
+mkfifo "$WORK/t-fifo.json" # opening a FIFO must not wait for a writer
+QMM_TIMEOUT=60 expect_library_error run "I/O error" "tuning table '$WORK/t-fifo.json' is not a regular file" \
+  run --backend ref --tuning "$WORK/t-fifo.json"
 sed 's/"backend": "ref"/"backend": "cuda"/' "$WORK/t.json" >"$WORK/cuda.json"
 expect_library_error bench "unsupported" "tuning table '$WORK/cuda.json' was measured on backend \"cuda\"; this context is backend ref" \
   bench --backend ref --quick --no-peers --tuning "$WORK/cuda.json"

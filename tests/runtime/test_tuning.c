@@ -341,7 +341,7 @@ static void test_parser(void) {
 
     const char *range = "\"m_min\": 1, \"m_max\": 4, \"kernel\": \"fake.qmm_t.b\"";
     char json[2048];
-    expect_refused("not json", QMM_ERR_CORRUPT, "tuning table 't.json' is not JSON (parsing stopped near byte 0)");
+    expect_refused("not json", QMM_ERR_CORRUPT, "tuning table 't.json' is not valid JSON (error near byte 0 of 8)");
     expect_refused("[1, 2]", QMM_ERR_CORRUPT, "tuning table 't.json': the top level must be a JSON object");
     expect_refused("{\"format\": \"qmm-bench\"}", QMM_ERR_CORRUPT,
                    "tuning table 't.json': \"format\" must be \"qmm-tuning\" (what qmm tune writes)");

@@ -114,6 +114,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     qmm_layer layer;
     if ((status = qmm_checkpoint_find_layer(checkpoint, layer_name, &layer)) != QMM_OK) goto cleanup;
     const size_t E = layer.experts ? layer.experts : 1, N = layer.matrix.rows / E, K = layer.matrix.cols;
+    if (!top_k_text && top_k > E) top_k = E; /* the default, 8, capped at the layer's experts */
     if (top_k > E) { /* a rule of this layer: checked before any work */
         qmm_checkpoint_close(checkpoint);
         return usage_error(c, "--experts-per-token %llu exceeds the %zu expert%s of layer '%s'", top_k, E,

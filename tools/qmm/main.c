@@ -65,7 +65,7 @@ static const command commands[] = {
      "  MLX gather_qmm on layer NAME of checkpoint DIR, a layer of E experts (weight [E, N, K·bits/32], as\n"
      "  mlx-lm's switch_mlp; `qmm info` shows \"E experts\"; a 2-D layer is one expert). T tokens (default 16,\n"
      "  at most 65536) of random x, uniform in [-1, 1) (seed S, default 42), are each routed to K distinct\n"
-     "  experts drawn at random with the same seed (-k, default 8, at most E): B = T·K pairs (token, expert),\n"
+     "  experts drawn at random with the same seed (-k, default min(8, E), at most E): B = T·K pairs (token, expert),\n"
      "  sorted by expert (stably, MLX's sorted_indices fast path) or, with --unsorted, in token order.\n"
      "  out[B, N] = x[token]·Ŵ[expert]ᵀ through qmm_gather_matmul; every output is compared with the f64 oracle\n"
      "  (qmm_ref_gather_dense_f64) under qmm_error_bound. Prints max |error|, max relative error, the worst\n"
