@@ -44,9 +44,10 @@ static qmm_status entry_size(const cJSON *entry, const char *name, const char *o
         return corrupt_entry(origin, index, rule);
     }
     double number = cJSON_IsNumber(item) ? item->valuedouble : NAN;
-    if (!(number >= 1.0 && number <= MAX_WHOLE && floor(number) == number) || number > (double)SIZE_MAX) {
+    /* below 2^53: a larger integer may be a rounded neighbour (JSON numbers are doubles in cJSON) */
+    if (!(number >= 1.0 && number < MAX_WHOLE && floor(number) == number) || number > (double)SIZE_MAX) {
         char *printed = cJSON_PrintUnformatted(item);
-        snprintf(rule, sizeof rule, "\"%s\": %.60s is not a whole number >= 1", name, printed ? printed : "?");
+        snprintf(rule, sizeof rule, "\"%s\": %.60s is not a whole number from 1 to 2^53 - 1", name, printed ? printed : "?");
         cJSON_free(printed);
         return corrupt_entry(origin, index, rule);
     }
@@ -191,8 +192,8 @@ qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, q
     const cJSON *file_backend = cJSON_GetObjectItemCaseSensitive(root, "backend");
     const cJSON *file_device = cJSON_GetObjectItemCaseSensitive(root, "device");
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "entries");
-    if (!cJSON_IsString(file_backend) || !cJSON_IsString(file_device) || !file_device->valuestring[0] ||
-        !cJSON_IsArray(list)) {
+    if (!cJSON_IsString(file_backend) || !file_backend->valuestring[0] || !cJSON_IsString(file_device) ||
+        !file_device->valuestring[0] || !cJSON_IsArray(list)) {
         status = qmm_error(QMM_ERR_CORRUPT, "tuning table '%s': wants \"backend\" and \"device\" (non-empty strings) and "
                            "\"entries\" (an array)", origin);
         goto cleanup;

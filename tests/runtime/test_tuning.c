@@ -349,6 +349,9 @@ static void test_parser(void) {
                    "tuning table 't.json' has version 2; this libqmm reads version 1");
     expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1, \"backend\": \"cuda\", \"entries\": []}", QMM_ERR_CORRUPT,
                    "tuning table 't.json': wants \"backend\" and \"device\" (non-empty strings) and \"entries\" (an array)");
+    expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1, \"backend\": \"\", \"device\": \"x\", \"entries\": []}",
+                   QMM_ERR_CORRUPT,
+                   "tuning table 't.json': wants \"backend\" and \"device\" (non-empty strings) and \"entries\" (an array)");
     expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1, \"backend\": \"cpu\", \"device\": \"x\", \"entries\": []}",
                    QMM_ERR_UNSUPPORTED,
                    "tuning table 't.json' was measured on backend \"cpu\"; this context is backend cuda (a table applies "
@@ -367,11 +370,15 @@ static void test_parser(void) {
                    "tuning table 't.json': entries[0]: bits=4, group_size=48: bits must be one of 2, 3, 4, 5, 6, 8 and "
                    "group_size one of 32, 64, 128");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 4.5}]}");
-    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"bits\": 4.5 is not a whole number >= 1");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"bits\": 4.5 is not a whole number from 1 to 2^53 - 1");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 4, \"group_size\": 64, \"N\": 0}]}");
-    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"N\": 0 is not a whole number >= 1");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"N\": 0 is not a whole number from 1 to 2^53 - 1");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 4, \"group_size\": 64, \"N\": \"8\"}]}");
-    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"N\": \"8\" is not a whole number >= 1");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"N\": \"8\" is not a whole number from 1 to 2^53 - 1");
+    /* 2^53 + 1 reads as 2^53 in a double: refused rather than read as its neighbour */
+    snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 4, \"group_size\": 64, \"N\": 9007199254740993}]}");
+    expect_refused(json, QMM_ERR_CORRUPT,
+                   "tuning table 't.json': entries[0]: \"N\": 9.00719925474099e+15 is not a whole number from 1 to 2^53 - 1");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 4, \"group_size\": 64, \"N\": 8}]}");
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: \"K\" is missing");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 4, \"group_size\": 64, \"N\": 8, "
