@@ -848,7 +848,8 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
 }
 #endif
 
-/* --json PATH: a file, or a directory (then bench-<backend>-<date>.json in it); checked before the work. */
+/* --json PATH: a file, or a directory (then bench-<backend>-<date>-<pid>.json in it: two runs started in the same
+ * second do not write one file); checked before the work. */
 static int resolve_json_path(const command *c, const char *text, qmm_backend backend, char *path, size_t size) {
 #ifndef QMM_BENCH_JSON
     (void)text, (void)backend, (void)path, (void)size;
@@ -861,7 +862,8 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
         char stamp[32];
         time_t now = time(NULL);
         strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", gmtime(&now));
-        snprintf(path, size, "%s%sbench-%s-%s.json", text, ends_with(text, "/") ? "" : "/", qmm_backend_name(backend), stamp);
+        snprintf(path, size, "%s%sbench-%s-%s-%ld.json", text, ends_with(text, "/") ? "" : "/", qmm_backend_name(backend),
+                 stamp, (long)getpid());
     } else {
         snprintf(path, size, "%s", text);
     }

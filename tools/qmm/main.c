@@ -121,7 +121,7 @@ static const command commands[] = {
      "  --m: values 1 to 65536, default 1,2,4,8,16,32,64,128,512 (cpu, ref), 1,2,4,8,16 (cuda). --dtype: default\n"
      "  f32,bf16 (cpu, ref), f16,bf16 (cuda). --bits/--group-size: default 4/64. --kernel: measure only that kernel.\n"
      "  Scalar reference rows whose measurement would take more than ~10 s are skipped, and say so.\n"
-     "  --json: also write every number to FILE (or DIR/bench-BACKEND-DATE.json, e.g. bench/results/).\n"
+     "  --json: also write every number to FILE (or DIR/bench-BACKEND-DATE-PID.json, e.g. bench/results/).\n"
      "  --quick: a tiny grid with short ceilings, for tests. Progress goes to stderr; the table to stdout.\n"
      "  --tuning FILE: the selector reads that tuning table (qmm tune); the header says so, and 'selector picked\n"
      "  the fastest' then judges the tuned selector.\n"
