@@ -785,7 +785,7 @@ static qmm_status gather_run(const qmm_call *call);
  *            through shared memory) — the default mode's row there from the eighth session until the 16-token GEMVs,
  *            which come first, took M = 17–32 in the fourteenth (0.75–0.99× its time); they declare no order, so it
  *            keeps the box for batch-invariant calls. mma_tile m32n256 is for `qmm tune` and forcing.
- *   M 17–32: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
+ *   M 17–32 with N < 4096: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows): the tiles are too few there
  *            (768×2048 M = 64: 6.1 vs 11.8 µs for mma_tile; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
