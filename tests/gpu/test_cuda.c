@@ -194,6 +194,31 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
  * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then the boxes
  * of mma_gemv m16n64 (M 9–32, N 4545 … 19200) and m16n32 (M ≤ 16, and M 17–32 for N ≥ 4096), which now take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
+/* One selector box case: a random M × N × K product (4-bit, groups of 64, f16), whether the selector takes `row`
+ * (want), and the product of the row it takes against the oracle, outputs poisoned first; options NULL or a
+ * batch-invariant call. */
+static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, size_t K, const char *row, bool want,
+                      const qmm_matmul_options *options) {
+    const char *mode = options && options->batch_invariant ? " (batch-invariant)" : "";
+    product p;
+    if (!product_make(context, rng, M, N, K, 4, 64, QMM_F16, &p)) {
+        CHECK(false, "%s box%s: set-up failed", row, mode);
+        product_free(&p);
+        return;
+    }
+    qmm_kernel_info chosen = {0};
+    CHECK_OK(qmm_select(context, p.weights, p.M, options, &chosen));
+    const char *name = chosen.name ? chosen.name : "?";
+    const bool took = strcmp(name, row) == 0;
+    CHECK(took == want, "%s box%s: M=%zu N=%zu chose %s", row, mode, M, N, name);
+    CHECK_OK(qmm_buffer_poison(p.out));
+    CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, options, NULL));
+    char what[192];
+    snprintf(what, sizeof what, "%s box%s M=%zu N=%zu K=%zu (%s)", row, mode, M, N, K, name);
+    product_check(&p, what, 2.0);
+    product_free(&p);
+}
+
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -238,7 +263,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         const char *row;
         bool want; /* the selector takes row */
     } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by the 16-token GEMVs (it keeps it for
-                * batch-invariant calls, test_batch_invariant) */
+                * batch-invariant calls: below) */
                {17, 12288, 256, m16n256, false}, {32, 27648, 256, m16n256, false},
                /* mma_gemv m16n64's box: M 9–32, 72 … 300 blocks of 64 rows (N 4545 … 19200), past M = 16 in launches
                 * of 16 rows of x */
@@ -252,52 +277,17 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #undef m16n256
 #undef m16n64
 #undef m16n32
-    for (size_t i = 0; i < sizeof box / sizeof box[0]; i++) {
-        product p;
-        if (!product_make(context, rng, box[i].M, box[i].N, box[i].K, 4, 64, QMM_F16, &p)) {
-            CHECK(false, "%s box: set-up failed", box[i].row);
-            product_free(&p);
-            continue;
-        }
-        qmm_kernel_info chosen = {0};
-        CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
-        const char *name = chosen.name ? chosen.name : "?";
-        const bool took = strcmp(name, box[i].row) == 0;
-        CHECK(took == box[i].want, "%s box: M=%zu N=%zu chose %s", box[i].row, box[i].M, box[i].N, name);
-        CHECK_OK(qmm_buffer_poison(p.out));
-        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
-        char what[160];
-        snprintf(what, sizeof what, "%s box M=%zu N=%zu K=%zu (%s)", box[i].row, box[i].M, box[i].N, box[i].K, name);
-        product_check(&p, what, 2.0);
-        product_free(&p);
-    }
+    for (size_t i = 0; i < sizeof box / sizeof box[0]; i++)
+        check_box(context, rng, box[i].M, box[i].N, box[i].K, box[i].row, box[i].want, NULL);
     /* Batch-invariant calls: the GEMVs declare no order, so mma_tile m16n256 keeps its box there (M 17–32, N ≥ 12288) */
     static const struct {
         size_t M, N;
         bool want;
     } invariant_box[] = {{17, 12288, true}, {32, 12288, true}, {16, 12288, false}, {33, 12288, false}, {32, 12272, false}};
-    for (size_t i = 0; i < sizeof invariant_box / sizeof invariant_box[0]; i++) {
-        product p;
-        if (!product_make(context, rng, invariant_box[i].M, invariant_box[i].N, 256, 4, 64, QMM_F16, &p)) {
-            CHECK(false, "batch-invariant m16n256 box: set-up failed");
-            product_free(&p);
-            continue;
-        }
-        const qmm_matmul_options invariant = {.op = QMM_OP_QMM_T, .batch_invariant = 1};
-        qmm_kernel_info chosen = {0};
-        CHECK_OK(qmm_select(context, p.weights, p.M, &invariant, &chosen));
-        const char *name = chosen.name ? chosen.name : "?";
-        const bool took = strcmp(name, "cuda.qmm_t.mma_tile.m16n256") == 0;
-        CHECK(took == invariant_box[i].want, "batch-invariant m16n256 box: M=%zu N=%zu chose %s", invariant_box[i].M,
-              invariant_box[i].N, name);
-        CHECK_OK(qmm_buffer_poison(p.out));
-        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &invariant, NULL));
-        char what[160];
-        snprintf(what, sizeof what, "batch-invariant m16n256 box M=%zu N=%zu (%s)", invariant_box[i].M,
-                 invariant_box[i].N, name);
-        product_check(&p, what, 2.0);
-        product_free(&p);
-    }
+    const qmm_matmul_options invariant = {.op = QMM_OP_QMM_T, .batch_invariant = 1};
+    for (size_t i = 0; i < sizeof invariant_box / sizeof invariant_box[0]; i++)
+        check_box(context, rng, invariant_box[i].M, invariant_box[i].N, 256, "cuda.qmm_t.mma_tile.m16n256",
+                  invariant_box[i].want, &invariant);
 }
 
 /* The mma_tile and wgmma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last
