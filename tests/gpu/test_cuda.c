@@ -188,12 +188,6 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
         }
 }
 
-/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
- * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
- * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
- * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then the boxes
- * of mma_gemv m16n64 (M 9–32, N 4545 … 19200) and m16n32 (M ≤ 16, and M 17–32 for N ≥ 4096), which now take
- * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 /* One selector box case: a random M × N × K product (4-bit, groups of 64, f16), whether the selector takes `row`
  * (want), and the product of the row it takes against the oracle, outputs poisoned first; options NULL or a
  * batch-invariant call. */
@@ -219,6 +213,12 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
     product_free(&p);
 }
 
+/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
+ * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
+ * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
+ * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then the boxes
+ * of mma_gemv m16n64 (M 9–32, N 4545 … 19200) and m16n32 (M ≤ 16, and M 17–32 for N ≥ 4096), which now take
+ * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
