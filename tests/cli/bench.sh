@@ -248,6 +248,9 @@ expect_usage_error bench "--experts applies to --gather only" bench --backend re
 expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2
 expect_usage_error bench "--experts '0' is not a whole number" bench --backend ref --quick --gather --experts 0
 expect_usage_error bench "--experts-per-token 9 is more than --experts 8" bench --backend ref --quick --gather --experts 8 --experts-per-token 9
+q bench --backend ref --gather --quick --no-peers --experts 4 # no -k: the default 8 capped at the 4 experts
+check "--gather --experts 4 without -k: exit 0" rc_is 0
+check "--gather --experts 4 without -k: 4 per token" out_has "over 4 experts of n×k, 4 distinct experts per token"
 expect_usage_error bench "--kernel 'ref.qmm_t.scalar.r1' computes qmm_t; qmm bench --gather measures gather kernels only" \
   bench --backend ref --quick --gather --kernel ref.qmm_t.scalar.r1
 expect_usage_error bench "--kernel 'ref.gather.scalar.r1' computes gather; this run measures qmm_t kernels (--gather measures gather kernels)" \

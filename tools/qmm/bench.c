@@ -941,6 +941,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
             }
             run->top_k = (size_t)value;
         }
+        if (!top_k_text && run->top_k > run->experts) run->top_k = run->experts; /* the default 8, capped (as qmm gather) */
         if (gather && run->top_k > run->experts) {
             rc = usage_error(c, "--experts-per-token %zu is more than --experts %zu (each token picks distinct experts)", run->top_k,
                              run->experts);

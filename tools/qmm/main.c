@@ -129,7 +129,7 @@ static const command commands[] = {
      "  the CPUs online; default: the cores this process may use).\n"
      "  --gather: the MoE gather op (qmm_gather_matmul, MLX gather_qmm) instead: each shape is one expert's n×k,\n"
      "  stacked E times (--experts, default 128); --m is T, the tokens (default 1,8,32,128), each routed to K\n"
-     "  distinct random experts (--experts-per-token, default 8), B = K·T pairs sorted by expert as MLX's\n"
+     "  distinct random experts (--experts-per-token, default min(8, E)), B = K·T pairs sorted by expert as MLX's\n"
      "  sorted_indices; bytes = the experts touched + x + out, floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); every\n"
      "  gather row is timed, the reference rows being the baseline; peer: MLX's mx.gather_qmm on the CPU through\n"
      "  .venv (bench/peers/mlx_gather_cpu.py: the same stack, copies and routings); no --tuning. Default shapes:\n"
