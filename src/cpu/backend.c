@@ -85,26 +85,9 @@ float qmm_cpu_direct_output(const qmm_call *call, size_t m, size_t n) {
     return (float)qmm_direct_output_f64(&operands, m, n);
 }
 
-float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n) {
-    const size_t K = call->K, group_size = (size_t)call->group_size, groups = K / group_size;
-    const uint32_t *row = call->w + n * qmm_packed_words(K, call->bits);
-    float acc = 0.0f;
-    for (size_t g = 0; g < groups; g++) {
-        const float s = qmm_load_f32(call->scales, call->dtype, n * groups + g);
-        const float b = qmm_load_f32(call->biases, call->dtype, n * groups + g);
-        float qdot = 0.0f, xsum = 0.0f;
-        for (size_t k = g * group_size; k < (g + 1) * group_size; k++) {
-            const float xv = qmm_load_f32(call->x, call->dtype, m * K + k);
-            qdot += (float)qmm_code_at(row, k, call->bits) * xv;
-            xsum += xv;
-        }
-        acc += s * qdot + b * xsum;
-    }
-    return qmm_cpu_finite_or_direct(call, acc, m, n);
-}
-
-/* The portable row: every output in qmm_cpu_qmm_t_output's arithmetic (the oracle's split, the same float
- * operations in the same order, so the same bits), threads over N. Each group's codes are decoded once for
+/* The portable row: every output in the oracle's split — per group qdot += q·x and xsum += x in k order, then
+ * acc += s·qdot + b·xsum, the same float operations in the same order, so the same bits — then the non-finite rule;
+ * threads over N. Each group's codes are decoded once for
  * SCALAR_ROWS rows of x, which are converted to f32 once per block of rows (decoding per output made it 2–22×
  * slower than the reference backend, which decodes once). No SIMD beyond what the compiler does for plain C, so
  * it runs on any CPU; it exists so that a CPU without AVX2 still gets all its cores. */

@@ -85,10 +85,6 @@ static inline float qmm_cpu_finite_or_direct(const qmm_call *call, float acc, si
     return __builtin_expect(__builtin_isfinite(acc), 1) ? acc : qmm_cpu_direct_output(call, m, n);
 }
 
-/* One output of qmm_t in f32, scalar (the portable row): the oracle's split per group,
- * acc += s·Σq·x + b·Σx, then the non-finite rule. */
-float qmm_cpu_qmm_t_output(const qmm_call *call, size_t m, size_t n);
-
 /* Memory with 64-byte alignment (one cache line, one ZMM register) for the kernels' scratch; a
  * size overflow or exhaustion sets qmm_error and returns NULL. Free with free(). */
 void *qmm_cpu_scratch(size_t count, size_t size, const char *what);
