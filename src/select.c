@@ -9,10 +9,10 @@
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
- *      when N ≤ prefer_small_n, rows whose prefer_min_m is above M, and rows whose prefer_min_tiles exceeds
- *      the call's ceil(M/bm)·ceil(N/bn) tiles (ceil(N/bn) for a row with prefer_tiles_of_n;
- *      prefer_min_tiles_unsplit too, in batch-invariant mode), whose prefer_max_tiles is below them, or whose
- *      prefer_min_tiles_k exceeds those tiles times K (a row
+ *      when N ≤ prefer_small_n, rows whose prefer_min_m is above M (prefer_min_m_large_n when N ≥
+ *      prefer_large_n), and rows whose prefer_min_tiles exceeds the call's ceil(M/bm)·ceil(N/bn) tiles
+ *      (prefer_min_tiles_unsplit too, in batch-invariant mode), or whose prefer_min_tiles_k exceeds those tiles
+ *      times K (a row
  *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each
  *      backend's table). Tables are ordered fastest-first by their backend and end with rows that accept
  *      every valid call (the reference rows, or on CUDA the generic kernels), so there is always an answer.
@@ -119,29 +119,33 @@ qmm_status qmm_batch_invariant_row(const qmm_kernel *const *table, size_t count,
                      qmm_dtype_name(call->dtype), call->bits, call->group_size);
 }
 
-/* Whether a row that accepts a batch-invariant call reduces in the call's order (set by `order_row`). */
 /* The largest M the row's hints let the selector take it for, unforced, at this N (SIZE_MAX: no limit). */
 static size_t preferred_max_m(const qmm_kernel *row, size_t N) {
     const size_t limit = row->prefer_small_n && N <= row->prefer_small_n ? row->prefer_max_m_small_n : row->prefer_max_m;
     return limit ? limit : SIZE_MAX;
 }
 
-/* Whether the call has the tiles of the row's bm × bn (or, prefer_tiles_of_n, of bn alone) its prefer_min_tiles hint asks for (prefer_min_tiles_unsplit in
- * batch-invariant mode, where nothing splits K) and no more than its prefer_max_tiles allows, and the tiles × K its
- * prefer_min_tiles_k hint asks for. */
+/* The smallest M the row's hints let the selector take it for, unforced, at this N. */
+static size_t preferred_min_m(const qmm_kernel *row, size_t N) {
+    const size_t large = row->prefer_large_n && N >= row->prefer_large_n ? row->prefer_min_m_large_n : 0;
+    return large > row->prefer_min_m ? large : row->prefer_min_m;
+}
+
+/* Whether the call has the tiles of the row's bm × bn its prefer_min_tiles hint asks for (prefer_min_tiles_unsplit in
+ * batch-invariant mode, where nothing splits K), and the tiles × K its prefer_min_tiles_k hint asks for. */
 static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
     const size_t unsplit = call->batch_invariant ? row->prefer_min_tiles_unsplit : 0;
-    if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit && !row->prefer_max_tiles) return true;
+    if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit) return true;
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
-    const size_t tiles = (row->prefer_tiles_of_n ? 1 : (call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
+    const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
     if (tiles < row->prefer_min_tiles || tiles < unsplit) return false;
-    if (row->prefer_max_tiles && tiles > row->prefer_max_tiles) return false;
     if (!row->prefer_min_tiles_k) return true;
     if (call->K == 0) return false; /* (no valid call has K = 0) */
     const size_t need = row->prefer_min_tiles_k / call->K + (row->prefer_min_tiles_k % call->K != 0);
     return tiles >= need; /* tiles·K ≥ prefer_min_tiles_k, without the product's overflow */
 }
 
+/* Whether a row that accepts a batch-invariant call reduces in the call's order (set by `order_row`). */
 static bool same_order(const qmm_kernel *row, const qmm_kernel *order_row) {
     return order_row == NULL || strcmp(row->info.batch_invariant_order, order_row->info.batch_invariant_order) == 0;
 }
@@ -200,7 +204,7 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {
-        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) || call->M < table[i]->prefer_min_m ||
+        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) || call->M < preferred_min_m(table[i], call->N) ||
             call->N < table[i]->prefer_min_n || !tiles_in_range(table[i], call))
             continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not) && same_order(table[i], order_row)) {

@@ -77,11 +77,9 @@ typedef struct qmm_kernel {
      * enough of them to spread over the device (the CUDA wgmma tiles). prefer_min_tiles_k (0 = no limit): only
      * when those tiles times K reach it — the work a large tile needs to fill the device, split-K included (few
      * tiles with a long K split well, few with a short K do not). prefer_min_tiles_unsplit (0 = no limit): in
-     * batch-invariant mode, where no row splits K, only with at least that many tiles. prefer_max_tiles (0 = no
-     * limit): only when the call has at most that many tiles — a row that is the fastest only up to so many blocks
-     * (the CUDA m16n64 GEMV, 72–300 blocks on the H200). prefer_tiles_of_n: the tile hints count ceil(N/bn) only —
-     * a row that takes rows of x past bm in successive launches of bm rows, each a grid of ceil(N/bn) blocks (the
-     * CUDA 16-token GEMVs). */
+     * batch-invariant mode, where no row splits K, only with at least that many tiles. When N ≥ prefer_large_n
+     * (0 = no such box), only for M ≥ prefer_min_m_large_n: a row that is the fastest on many weight rows only once
+     * M has grown (the CUDA m16n64 GEMV: from M = 17 past 300 blocks of 64 rows on the H200). */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
@@ -90,8 +88,8 @@ typedef struct qmm_kernel {
     size_t prefer_min_tiles;
     size_t prefer_min_tiles_k;
     size_t prefer_min_tiles_unsplit;
-    size_t prefer_max_tiles;
-    bool prefer_tiles_of_n;
+    size_t prefer_large_n;
+    size_t prefer_min_m_large_n;
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

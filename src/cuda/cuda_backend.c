@@ -560,11 +560,11 @@ TILE_N_ROW(tile_n_m32n64, 0)
 TILE_N_ROW(tile_n_m8n128, 1)
 
 /* mma_gemv rows: row_tiles × 16 weight rows per warp, token_tiles × 8 rows of x (and the f16/bf16 tile rows).
- * The 16-token tiles (m16n32, m16n64) also take M = 17 … 64, in launches of 16 rows of x each on the same weights
- * (one weight read per 16 tokens; the selector takes them so at M = 17–32, docs/kernels.md §9.1); the 32-token
- * tile takes any M through grid.y (the kernel's own chunks of 32). */
+ * The 16-token tiles (m16n32, m16n64) also take M = 17 … 64 in chunks of 16 rows of x on the same weights (m16n64
+ * in one grid, below; the selector takes it so at M = 17–32, docs/kernels.md §9.1); the 32-token tile takes any M
+ * through grid.y (the kernel's own chunks of 32). */
 #define MMA_GEMV_CHUNKED_MAX_M 64
-static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size_t size) {
+static bool mma_supports(const qmm_call *call, size_t max_m, size_t max_n, char *why_not, size_t size) {
     if (call->dtype != QMM_F16 && call->dtype != QMM_BF16) {
         snprintf(why_not, size, "dtype %s: this family multiplies f16 or bf16 on the tensor cores (f32 runs on "
                  "mma_tile_bf16x3, ffma_gemv or the generic kernel, at f32 accuracy)", qmm_dtype_name(call->dtype));
@@ -574,13 +574,35 @@ static bool mma_supports(const qmm_call *call, size_t max_m, char *why_not, size
         snprintf(why_not, size, "M=%zu exceeds this row's %zu rows of x", call->M, max_m);
         return false;
     }
+    if (call->N > max_n) {
+        snprintf(why_not, size, "N=%zu exceeds this row's %zu rows of weights (65535 blocks of 64 along grid.y)", call->N,
+                 max_n);
+        return false;
+    }
     return repacked_supports(call, why_not, size);
 }
 
-/* One launch per chunk of 8·token_tiles rows of x (token_tiles 2 past M = 16; else one launch), x and out advanced
- * by the chunk's rows (f16/bf16: 2 bytes an element). */
+/* m16n64 past M = 16: one grid of ceil(M/16) chunks per row tile (the kernel's grid.x, so the chunks of a row tile
+ * run side by side and share its weights in L2), except where that gives no SM fewer blocks than separate launches
+ * of 16 rows of x that already fill every SM. Measured on the H200 at M = 20 and 32 (docs/PERF.md, fifteenth
+ * session), one grid against one launch per chunk: 0.51–0.56× the time on 4096 rows (64 blocks, half the SMs idle
+ * in each launch), 0.73 on 12288 (192 → 384 blocks), 0.84 on 27648, 0.86–0.90 on 5120, 0.93–0.99 on 17408 — but
+ * 1.05–1.10× on 14336×5120, whose 224 blocks per launch and 448 in one grid both put 4 on the busiest SM. */
+static bool m16n64_one_grid(const qmm_cuda_launch *launch) {
+#ifdef QMM_MMA_M16N64_ONE_GRID /* experiment: 1 always one grid, 0 always one launch per chunk */
+    return QMM_MMA_M16N64_ONE_GRID;
+#endif
+    const size_t chunks = (launch->M + 15) / 16, blocks = (launch->N + 63) / 64;
+    const size_t sms = launch->multiprocessors > 0 ? (size_t)launch->multiprocessors : 1;
+    const size_t busiest_alone = chunks * ((blocks + sms - 1) / sms), busiest_one = (chunks * blocks + sms - 1) / sms;
+    return chunks == 1 || blocks < sms || busiest_one < busiest_alone;
+}
+
+/* The 16-token tiles past M = 16: m16n64 one grid (above) or, like m16n32, one launch per chunk of 16 rows of x,
+ * x and out advanced by the chunk's rows (f16/bf16: 2 bytes an element). Every other call is one launch. */
 static qmm_status mma_gemv_launch(qmm_cuda_launch launch, int row_tiles, int token_tiles, const char *name) {
-    const size_t M = launch.M, chunk = token_tiles == 2 ? 16 : M;
+    const bool one_launch = token_tiles != 2 || (row_tiles == 4 && m16n64_one_grid(&launch));
+    const size_t M = launch.M, chunk = one_launch ? M : 16;
     const char *x = launch.x;
     char *out = launch.out;
     for (size_t m0 = 0; m0 < M; m0 += chunk) {
@@ -597,7 +619,7 @@ static qmm_status mma_gemv_launch(qmm_cuda_launch launch, int row_tiles, int tok
 #define MMA_ROW(NAME, RT, TT)                                                                                     \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
         return mma_supports(call, (TT) == 4 ? (size_t)65535 * 32 : (TT) == 2 ? MMA_GEMV_CHUNKED_MAX_M : 8 * (TT),  \
-                            why_not, size);                                                                       \
+                            (RT) == 4 && (TT) == 2 ? (size_t)65535 * 64 : SIZE_MAX, why_not, size);               \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
@@ -650,7 +672,7 @@ static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t 
             return false;
         }
         if (!repacked_supports(call, why_not, size)) return false;
-    } else if (!mma_supports(call, SIZE_MAX, why_not, size))
+    } else if (!mma_supports(call, SIZE_MAX, SIZE_MAX, why_not, size))
         return false;
     int bn, bm, threads, resident;
     size_t shared;
@@ -681,7 +703,7 @@ TILE_ROW(tile_bf16x3_m32n128, 4)
 /* wgmma_tile rows (kernels_wgmma.cu): sm_90a code, so a compute capability 9.0 device. */
 static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
     const cuda_state *s = call->backend_state;
-    if (!mma_supports(call, SIZE_MAX, why_not, size)) return false;
+    if (!mma_supports(call, SIZE_MAX, SIZE_MAX, why_not, size)) return false;
     if (s->major != 9 || s->minor != 0) {
         snprintf(why_not, size, "wgmma is Hopper's (sm_90a code, compute capability 9.0): the device has %d.%d", s->major,
                  s->minor);
@@ -765,27 +787,28 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–32, 72–300 blocks of 64 rows (N 4545–19200): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps
- *            at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94×
- *            the time of the 242-register version where it is selected); past M = 16 in launches of 16 rows of x, so
- *            the box counts the blocks of one launch (prefer_tiles_of_n). Against m16n32 (the fourteenth session, seed
- *            and Qwen3 shapes at M = 12 and 16): faster on 80 blocks (5120² 9.7 vs 10.9 µs f16, 5120×14336 21.6 vs 27.4,
- *            5120×17408 25.8 vs 33.0), 224 (14336×5120 17.8 vs 21.4) and 272 (17408×5120 25.1 vs 28.4); within 5 % at
- *            192 (12288×4096 bf16 15.9 vs 15.1, the box's one loss) and 432 (27648×5120: 43.9 vs 41.8, outside); slower
- *            with fewer blocks (4096 rows, 64 blocks: 7.7 vs 7.0; 1024 rows: 7.2 vs 4.8). At M = 20 and 32 the same box
- *            holds, and beats the rows taken there before (mma_tile m16n256, mma_gemv m32n16) by 0.71–0.93× (5120×17408
- *            M = 32 f16 50.0 vs 70.6 µs; 14336×5120 34.6 vs 45.2; 5120² 19.1 vs 22.4). The numbers are the H200's
- *            (132 SMs): on other GPUs the box is a guess (`qmm tune` measures).
- *   M 9–16, and M 17–32 with N ≥ 4096: mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM;
- *            past M = 16 in launches of 16 rows of x (the fourteenth session, M = 20 and 32: 0.75–0.99× the time of
- *            m16n256 or m32n16 on 4096–27648 rows: 4096×12288 M = 32 f16 28.8 vs 35.4 µs, 12288×4096 28.2 vs 37.8;
- *            27648×5120 M = 32 83.0 vs 81.8, within 7 % of the fastest, m32n256 77.4); with fewer rows m32n16 keeps
- *            M 17–32 (1024×4096 M = 32: 7.5 vs 9.4 µs; 2048×768 3.7 vs 6.1).
+ *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–32 with 72 blocks or more of 64 rows × 16 rows of x
+ *            (N ≥ 2241): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps at 168 registers, one per SM (x
+ *            no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94× the time of the
+ *            242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
+ *            tile (m16n64_one_grid). At M 9–16 against m16n32 (the fourteenth session, seed and Qwen3 shapes at M = 12
+ *            and 16): faster on 80 blocks (5120² 9.7 vs 10.9 µs f16, 5120×14336 21.6 vs 27.4, 5120×17408 25.8 vs 33.0),
+ *            224 (14336×5120 17.8 vs 21.4) and 272 (17408×5120 25.1 vs 28.4); within 5 % at 192 (12288×4096 bf16 15.9
+ *            vs 15.1, the box's one loss) and slower at 432 (27648×5120 bf16: 43.3 vs 40.5, the fifteenth session;
+ *            prefer_large_n) and with fewer blocks (4096 rows, 64 blocks: 7.7 vs 7.0; 1024 rows: 7.2 vs 4.8). At
+ *            M = 17–32 in one grid (the fifteenth session, M = 20 and 32): the fastest row from 40 blocks (2560×4096
+ *            M = 32 f16 7.9 µs vs 12.6 for m32n16; 4096² 8.9 vs 12.7 for m16n32; 27648×5120 66.6 vs 82.6; 12288×4096
+ *            20.3 vs 27.9 in two launches), slower at 32 blocks with a short K (2048×768: 4.4 vs 3.7) and at 16 (1024
+ *            rows: 8.1 vs 7.4). The numbers are the H200's (132 SMs): on other GPUs the box is a guess (`qmm tune`
+ *            measures).
+ *   M ≤ 16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM. It also takes M ≤ 64 when forced,
+ *            in launches of 16 rows of x (the fourteenth session's row at M = 17–32 for N ≥ 4096, until m16n64's one
+ *            grid beat it there by 0.69–0.85×).
  *   M 17–32, N ≥ 12288, batch-invariant calls: mma_tile m16n256 (256 weight rows per block of 8 warps that share x
  *            through shared memory) — the default mode's row there from the eighth session until the 16-token GEMVs,
  *            which come first, took M = 17–32 in the fourteenth (0.75–0.99× its time); they declare no order, so it
  *            keeps the box for batch-invariant calls. mma_tile m32n256 is for `qmm tune` and forcing.
- *   M 17–32 with N < 4096: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
+ *   M 17–32 with N < 2241: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows): the tiles are too few there
  *            (768×2048 M = 64: 6.1 vs 11.8 µs for mma_tile; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
@@ -839,10 +862,9 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 32, .prefer_min_tiles = 72,
-     .prefer_max_tiles = 300, .prefer_tiles_of_n = true},
+     .prefer_large_n = 19201, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 32, .prefer_small_n = 4095,
-     .prefer_max_m_small_n = 16},
+     .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
                        "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
      .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,

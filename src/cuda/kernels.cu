@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(256)
 /* Warps per block: up to 16 for the 8-token tiles and m16n32 (so that a grid of few row tiles can still spread K
  * over every warp an SM holds), at a register cap the same as 2 blocks of 8 warps (65536 / 512 = 128 per thread);
  * up to 8 for the 32-token tile, one block per SM (255 registers); up to 12 for m16n64 (168 registers: its 64
- * accumulators and one super-block of x; no spill but at 4-bit bf16 groups of 32, 48 bytes). The launcher picks
+ * accumulators and one super-block of x; no spill but at 4-bit groups of 32: bf16 24 bytes, f16 40). The launcher picks
  * the count (gemv_warps). m16n64 held x one super-block ahead at 242 registers, 8 warps per SM, until the
  * fourteenth session: 12 warps without that prefetch took 0.78–0.94× the time at M = 16 where it is selected
  * (docs/PERF.md). */
@@ -209,11 +209,21 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
     pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n_base = blockIdx.x * 16 * RT;
+    /* m16n64 (RT = 4, TT = 2) takes M = 17–64 in one grid: grid.x the chunks of 16 rows of x, grid.y the row tiles —
+     * the chunks of one row tile are neighbours in launch order, run side by side, and the later ones find its weights
+     * in L2 (the launcher may instead launch each chunk alone, M ≤ 16 each: grid.x is then 1). */
+    int n_base = blockIdx.x * 16 * RT;
+    if constexpr (RT == 4 && TT == 2) {
+        const int m0 = blockIdx.x * 16;
+        n_base = blockIdx.y * 16 * RT;
+        x += (size_t)m0 * K;
+        out += (size_t)m0 * N;
+        M -= m0;
+    }
     /* grid.y (the 32-token tile only): chunks of 32 rows of x, each an independent product on the same
      * weights, for M > 32 — every output is computed the same way whatever chunk it falls in. Not in the
-     * smaller tiles: the offsets cost the gs32 instantiations of m8n64 and m16n32 spills under their
-     * 128-register cap; the 8-token tiles serve M ≤ 8, and the 16-token ones take M = 17–64 as one launch per
+     * other tiles: the offsets cost the gs32 instantiations of m8n64 and m16n32 spills under their
+     * 128-register cap; the 8-token tiles serve M ≤ 8, and m16n32 takes M = 17–64 as one launch per
      * 16 rows of x (the host's mma_gemv_launch). */
     if (TT == 4) {
         const int m0 = blockIdx.y * 8 * TT;
@@ -557,7 +567,10 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     const int opt_in = shared_memory_opt_in(kernel, most, &opted_in);
     if (opt_in) return opt_in;
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
-    const dim3 blocks((unsigned)((c->N + 16 * RT - 1) / (16 * RT)), TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
+    /* grid: (row tiles, the 32-token tile's chunks of 32 rows of x); m16n64: (its chunks of 16 rows of x, row tiles) */
+    const unsigned row_blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
+    const dim3 blocks = RT == 4 && TT == 2 ? dim3((unsigned)((c->M + 15) / 16), row_blocks)
+                                           : dim3(row_blocks, TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
     /* per device (the first 8; others ask every launch) and rows of x staged: blocks of w warps one SM holds, 0 = not
      * asked yet */
     static std::atomic<int> occupancy[8][STAGED_X ? 9 : 1][mma_gemv_limits<RT, TT>::max_warps + 1];

@@ -217,7 +217,7 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
  * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
  * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then the boxes
- * of mma_gemv m16n64 (M 9–32, N 4545 … 19200) and m16n32 (M ≤ 16, and M 17–32 for N ≥ 4096), which now take
+ * of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–32 with N ≥ 2241) and m16n32 (M ≤ 16 outside it), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -265,15 +265,18 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by the 16-token GEMVs (it keeps it for
                 * batch-invariant calls: below) */
                {17, 12288, 256, m16n256, false}, {32, 27648, 256, m16n256, false},
-               /* mma_gemv m16n64's box: M 9–32, 72 … 300 blocks of 64 rows (N 4545 … 19200), past M = 16 in launches
-                * of 16 rows of x */
+               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–32 with 72
+                * blocks or more of 64 rows × 16 rows of x (N ≥ 2241: one grid of two chunks), no upper end there */
                {9, 5120, 256, m16n64, true},     {16, 5120, 256, m16n64, true},     {8, 5120, 256, m16n64, false},
                {17, 5120, 256, m16n64, true},    {32, 5120, 256, m16n64, true},     {33, 5120, 256, m16n64, false},
-               {16, 4544, 256, m16n64, false},   {16, 4545, 256, m16n64, true},     {32, 19200, 256, m16n64, true},
-               {32, 19201, 256, m16n64, false},  {13, 5120, 14336, m16n64, true},   {20, 12288, 5120, m16n64, true},
-               /* mma_gemv m16n32: M ≤ 16, and M 17–32 with N ≥ 4096 outside m16n64's box */
-               {16, 1024, 256, m16n32, true},    {20, 4096, 256, m16n32, true},     {20, 4095, 256, m16n32, false},
-               {32, 19201, 256, m16n32, true},   {33, 4096, 256, m16n32, false}};
+               {16, 4544, 256, m16n64, false},   {16, 4545, 256, m16n64, true},     {16, 19200, 256, m16n64, true},
+               {16, 19201, 256, m16n64, false},  {17, 19201, 256, m16n64, true},    {32, 27648, 256, m16n64, true},
+               {13, 5120, 14336, m16n64, true},  {20, 12288, 5120, m16n64, true},   {20, 14336, 256, m16n64, true},
+               {17, 2241, 256, m16n64, true},    {17, 2240, 256, m16n64, false},
+               /* mma_gemv m16n32: M ≤ 16 outside m16n64's box; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
+               {16, 1024, 256, m16n32, true},    {16, 4544, 256, m16n32, true},     {9, 4096, 256, m16n32, true},
+               {16, 19201, 256, m16n32, true},   {17, 2240, 256, m16n32, false},    {20, 4096, 256, m16n32, false},
+               {33, 4096, 256, m16n32, false}};
 #undef m16n256
 #undef m16n64
 #undef m16n32
@@ -408,6 +411,39 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         product_free(&p);
     }
     qmm_context_destroy(pinned);
+}
+
+/* mma_gemv m16n64 past M = 16 (forced): one grid of ceil(M/16) chunks per row tile, or one launch per chunk where
+ * that gives no SM fewer blocks (cuda_backend.c, m16n64_one_grid) — on the H200's 132 SMs the cases below take both:
+ * 14336 and 14300 rows (224 blocks) one launch per chunk, 12288 / 12290 / 5120 / 8500 rows one grid; 2, 3 and 4
+ * chunks, a last chunk of 1–16 rows, N not a multiple of 64, K ending inside a super-block, both bit widths, both
+ * dtypes, groups 32–128. Each against the oracle with poisoned outputs, three runs the same bits. */
+static void test_m16n64_chunks(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, N, K;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {
+        {17, 14336, 256, 4, 64, QMM_F16}, {32, 14336, 512, 8, 32, QMM_BF16},  {48, 14300, 320, 4, 64, QMM_BF16},
+        {64, 12288, 256, 4, 128, QMM_F16}, {40, 12290, 2080, 4, 32, QMM_F16}, {33, 5120, 384, 8, 128, QMM_BF16},
+        {20, 8500, 1056, 4, 32, QMM_BF16}, {31, 100, 4160, 4, 64, QMM_F16},
+    };
+    const char *row = "cuda.qmm_t.mma_gemv.m16n64";
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
+                          cases[c].dtype, &p)) {
+            CHECK(false, "m16n64 chunks: set-up failed");
+            product_free(&p);
+            continue;
+        }
+        void *first = malloc(p.M * p.N * qmm_dtype_size(p.dtype));
+        char label[96];
+        snprintf(label, sizeof label, "chunks %d-bit gs%d", cases[c].bits, cases[c].group_size);
+        check_forced_runs(context, &p, row, label, first);
+        free(first);
+        product_free(&p);
+    }
 }
 
 /* The same inputs twice give the same bits (no atomics, fixed reduction orders). */
@@ -956,6 +992,7 @@ static const section sections[] = {
     {"determinism", test_determinism},
     {"tile_split_k", test_tile_split_k},
     {"gemv_staged_x", test_gemv_staged_x},
+    {"m16n64_chunks", test_m16n64_chunks},
     {"wgmma_switch", test_wgmma_switch},
     {"gather", test_gather},
     {"non_finite", test_non_finite},

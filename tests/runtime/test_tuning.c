@@ -71,8 +71,7 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
 /* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, the small-N box
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
- * box); then prefer_min_tiles_unsplit (batch-invariant calls), prefer_max_tiles (the CUDA m16n64 row's) and
- * prefer_tiles_of_n. */
+ * box); then prefer_min_tiles_unsplit (batch-invariant calls) and prefer_large_n (the CUDA m16n64 row's). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
     info.bm = 128, info.bn = 128;
@@ -144,44 +143,30 @@ static void test_hints(void) {
               "hints: prefer_min_tiles_unsplit N=%zu batch-invariant %d picked %s, want %s", unsplit_cases[i].N,
               unsplit_cases[i].invariant, chosen ? chosen->info.name : "(none)", unsplit_cases[i].want);
     }
-    /* prefer_max_tiles = 132 with tiles of 16 × 64 (a box like the CUDA m16n64 row's, with prefer_min_tiles = 72): N
-     * 4545 … 8448 at M ≤ 16, N 2241 … 4224 at M = 17 … 32 (two token tiles); and prefer_max_tiles alone: N ≤ 8448 */
+    /* prefer_large_n = 19201, prefer_min_m_large_n = 17 with prefer_min_tiles = 72 of 16 × 64 and prefer_max_m = 32 (the
+     * CUDA m16n64 row's box): N 4545 … 19200 at M 9 … 16, N ≥ 2241 at M 17 … 32 (two token tiles), no upper end there;
+     * and with prefer_min_m = 20 too, the larger of the two lower limits */
     qmm_kernel_info wave_info = FAKE("fake.hint.wave", QMM_OP_QMM_T);
     wave_info.bm = 16, wave_info.bn = 64;
-    const qmm_kernel wave = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_min_tiles = 72,
-                             .prefer_max_tiles = 132},
-                     wave_only = {.info = wave_info, .supports = supports_all, .run = run_nothing,
-                                  .prefer_max_tiles = 132};
-    static const struct { size_t N, M; bool min_too; const char *want; } wave_cases[] = {
-        {5120, 16, true, "fake.hint.wave"}, {8448, 1, true, "fake.hint.wave"}, {8449, 16, true, "fake.hint.any"},
-        {4608, 9, true, "fake.hint.wave"},  {4544, 9, true, "fake.hint.any"},  {4096, 16, true, "fake.hint.any"},
-        {4224, 17, true, "fake.hint.wave"}, {4225, 17, true, "fake.hint.any"}, /* 2 × 66 tiles, 2 × 67 */
-        {64, 1, false, "fake.hint.wave"},   {4096, 16, false, "fake.hint.wave"}, {8448, 16, false, "fake.hint.wave"},
-        {8449, 1, false, "fake.hint.any"},  {4225, 17, false, "fake.hint.any"},
+    const qmm_kernel wave = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_max_m = 32,
+                             .prefer_min_tiles = 72, .prefer_large_n = 19201, .prefer_min_m_large_n = 17},
+                     wave_min_m = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_min_m = 20,
+                                   .prefer_large_n = 19201, .prefer_min_m_large_n = 17};
+    static const struct { size_t N, M; bool min_m; const char *want; } wave_cases[] = {
+        {5120, 16, false, "fake.hint.wave"},  {4545, 9, false, "fake.hint.wave"},   {4544, 9, false, "fake.hint.any"},
+        {19200, 16, false, "fake.hint.wave"}, {19201, 16, false, "fake.hint.any"},  {19201, 17, false, "fake.hint.wave"},
+        {27648, 32, false, "fake.hint.wave"}, {27648, 1, false, "fake.hint.any"},   {2241, 17, false, "fake.hint.wave"},
+        {2240, 17, false, "fake.hint.any"},   {5120, 33, false, "fake.hint.any"},   {64, 1, false, "fake.hint.any"},
+        {19201, 19, true, "fake.hint.any"},   {19201, 20, true, "fake.hint.wave"},  {100, 19, true, "fake.hint.any"},
+        {100, 20, true, "fake.hint.wave"},
     };
     for (size_t i = 0; i < sizeof wave_cases / sizeof wave_cases[0]; i++) {
-        const qmm_kernel *wave_table[] = {wave_cases[i].min_too ? &wave : &wave_only, &hint_rows[2]}, *chosen = NULL;
+        const qmm_kernel *wave_table[] = {wave_cases[i].min_m ? &wave_min_m : &wave, &hint_rows[2]}, *chosen = NULL;
         const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, wave_cases[i].N, 4096, wave_cases[i].M);
         CHECK_OK(qmm_select_kernel_tuned(wave_table, 2, NULL, &call, NULL, &chosen));
         CHECK(chosen && strcmp(chosen->info.name, wave_cases[i].want) == 0,
-              "hints: prefer_max_tiles N=%zu M=%zu (prefer_min_tiles %d) picked %s, want %s", wave_cases[i].N,
-              wave_cases[i].M, wave_cases[i].min_too, chosen ? chosen->info.name : "(none)", wave_cases[i].want);
-    }
-    /* prefer_tiles_of_n (the CUDA 16-token GEMVs, which take M past 16 in launches of 16 rows of x): the same box,
-     * 72 … 132 tiles of 64 rows, counted on N alone, so M = 17 … 32 keep the box of M ≤ 16 (N 4545 … 8448) */
-    const qmm_kernel per_launch = {.info = wave_info, .supports = supports_all, .run = run_nothing,
-                                   .prefer_min_tiles = 72, .prefer_max_tiles = 132, .prefer_tiles_of_n = true};
-    static const struct { size_t N, M; const char *want; } launch_cases[] = {
-        {5120, 16, "fake.hint.wave"}, {5120, 32, "fake.hint.wave"}, {8448, 64, "fake.hint.wave"},
-        {4545, 17, "fake.hint.wave"}, {4544, 17, "fake.hint.any"},  {8449, 32, "fake.hint.any"},
-    };
-    for (size_t i = 0; i < sizeof launch_cases / sizeof launch_cases[0]; i++) {
-        const qmm_kernel *launch_table[] = {&per_launch, &hint_rows[2]}, *chosen = NULL;
-        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, launch_cases[i].N, 4096, launch_cases[i].M);
-        CHECK_OK(qmm_select_kernel_tuned(launch_table, 2, NULL, &call, NULL, &chosen));
-        CHECK(chosen && strcmp(chosen->info.name, launch_cases[i].want) == 0,
-              "hints: prefer_tiles_of_n N=%zu M=%zu picked %s, want %s", launch_cases[i].N, launch_cases[i].M,
-              chosen ? chosen->info.name : "(none)", launch_cases[i].want);
+              "hints: prefer_large_n N=%zu M=%zu (prefer_min_m %d) picked %s, want %s", wave_cases[i].N, wave_cases[i].M,
+              wave_cases[i].min_m, chosen ? chosen->info.name : "(none)", wave_cases[i].want);
     }
 }
 
