@@ -9,8 +9,8 @@
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
- *      when N ≤ prefer_small_n, rows whose prefer_min_m is above M (prefer_min_m_large_n when N ≥
- *      prefer_large_n), and rows whose prefer_min_tiles exceeds the call's ceil(M/bm)·ceil(N/bn) tiles
+ *      when N ≤ prefer_small_n, rows whose prefer_min_m is above M (or, when N ≥ prefer_large_n, whose
+ *      prefer_min_m_large_n is), and rows whose prefer_min_tiles exceeds the call's ceil(M/bm)·ceil(N/bn) tiles
  *      (prefer_min_tiles_unsplit too, in batch-invariant mode), or whose prefer_min_tiles_k exceeds those tiles
  *      times K (a row
  *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each

@@ -575,8 +575,8 @@ static bool mma_supports(const qmm_call *call, size_t max_m, size_t max_n, char 
         return false;
     }
     if (call->N > max_n) {
-        snprintf(why_not, size, "N=%zu exceeds this row's %zu rows of weights (65535 blocks of 64 along grid.y)", call->N,
-                 max_n);
+        snprintf(why_not, size, "N=%zu exceeds this row's %zu rows of weights (the most row tiles its grid.y holds)",
+                 call->N, max_n);
         return false;
     }
     return repacked_supports(call, why_not, size);
@@ -584,18 +584,22 @@ static bool mma_supports(const qmm_call *call, size_t max_m, size_t max_n, char 
 
 /* m16n64 past M = 16: one grid of ceil(M/16) chunks per row tile (the kernel's grid.x, so the chunks of a row tile
  * run side by side and share its weights in L2), except where that gives no SM fewer blocks than separate launches
- * of 16 rows of x that already fill every SM. Measured on the H200 at M = 20 and 32 (docs/PERF.md, fifteenth
- * session), one grid against one launch per chunk: 0.51–0.56× the time on 4096 rows (64 blocks, half the SMs idle
- * in each launch), 0.73 on 12288 (192 → 384 blocks), 0.84 on 27648, 0.86–0.90 on 5120, 0.93–0.99 on 17408 — but
- * 1.05–1.10× on 14336×5120, whose 224 blocks per launch and 448 in one grid both put 4 on the busiest SM. */
+ * of 16 rows of x which each already fill every SM and stay in the row's measured M ≤ 16 box (≤ M16N64_ALONE_MAX
+ * blocks; past it a lone launch lost to m16n32). Measured on the H200 at M = 20 and 32 (docs/PERF.md, fifteenth
+ * session), one grid against one launch per chunk: 0.51–0.56× the time on 4096 rows (64 blocks, half the SMs idle in
+ * each launch), 0.73 on 12288 (192 → 384 blocks), 0.84 on 27648 (432 → 864), 0.86–0.90 on 5120, 0.93–0.99 on 17408 —
+ * but 1.05–1.10× on 14336×5120, whose 224 blocks per launch and 448 in one grid both put 4 on the busiest SM.
+ * QMM_CUDA_M16N64_ONE_GRID=1/0 forces one grid / one launch per chunk (tests, experiments). */
+#define M16N64_ALONE_MAX 300
 static bool m16n64_one_grid(const qmm_cuda_launch *launch) {
-#ifdef QMM_MMA_M16N64_ONE_GRID /* experiment: 1 always one grid, 0 always one launch per chunk */
-    return QMM_MMA_M16N64_ONE_GRID;
-#endif
+    const char *forced = getenv("QMM_CUDA_M16N64_ONE_GRID");
+    if (forced && strcmp(forced, "1") == 0) return true;
+    if (forced && strcmp(forced, "0") == 0) return false;
     const size_t chunks = (launch->M + 15) / 16, blocks = (launch->N + 63) / 64;
-    const size_t sms = launch->multiprocessors > 0 ? (size_t)launch->multiprocessors : 1;
+    if (chunks == 1 || launch->multiprocessors <= 0) return true;
+    const size_t sms = (size_t)launch->multiprocessors;
     const size_t busiest_alone = chunks * ((blocks + sms - 1) / sms), busiest_one = (chunks * blocks + sms - 1) / sms;
-    return chunks == 1 || blocks < sms || busiest_one < busiest_alone;
+    return blocks < sms || blocks > M16N64_ALONE_MAX || busiest_one < busiest_alone;
 }
 
 /* The 16-token tiles past M = 16: m16n64 one grid (above) or, like m16n32, one launch per chunk of 16 rows of x,
@@ -862,7 +866,7 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 32, .prefer_min_tiles = 72,
-     .prefer_large_n = 19201, .prefer_min_m_large_n = 17},
+     .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,

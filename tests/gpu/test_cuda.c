@@ -189,10 +189,10 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
 }
 
 /* One selector box case: a random M × N × K product (4-bit, groups of 64, f16), whether the selector takes `row`
- * (want), and the product of the row it takes against the oracle, outputs poisoned first; options NULL or a
- * batch-invariant call. */
+ * (want) — and when not, that it takes `instead` (NULL: any other row) —, and the product of the row it takes against
+ * the oracle, outputs poisoned first; options NULL or a batch-invariant call. */
 static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, size_t K, const char *row, bool want,
-                      const qmm_matmul_options *options) {
+                      const char *instead, const qmm_matmul_options *options) {
     const char *mode = options && options->batch_invariant ? " (batch-invariant)" : "";
     product p;
     if (!product_make(context, rng, M, N, K, 4, 64, QMM_F16, &p)) {
@@ -205,6 +205,8 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
     const char *name = chosen.name ? chosen.name : "?";
     const bool took = strcmp(name, row) == 0;
     CHECK(took == want, "%s box%s: M=%zu N=%zu chose %s", row, mode, M, N, name);
+    if (!want && instead) /* the row that takes the call outside the box */
+        CHECK(strcmp(name, instead) == 0, "%s box%s: M=%zu N=%zu chose %s, want %s", row, mode, M, N, name, instead);
     CHECK_OK(qmm_buffer_poison(p.out));
     CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, options, NULL));
     char what[192];
@@ -258,30 +260,39 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #define m16n256 "cuda.qmm_t.mma_tile.m16n256"
 #define m16n64 "cuda.qmm_t.mma_gemv.m16n64"
 #define m16n32 "cuda.qmm_t.mma_gemv.m16n32"
+#define m32n16 "cuda.qmm_t.mma_gemv.m32n16"
+#define m8n64 "cuda.qmm_t.mma_gemv.m8n64"
     static const struct {
         size_t M, N, K;
         const char *row;
-        bool want; /* the selector takes row */
-    } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by the 16-token GEMVs (it keeps it for
+        bool want;           /* the selector takes row */
+        const char *instead; /* when not: the row it takes (NULL: not asserted — a wgmma or tile row, by device) */
+    } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by mma_gemv m16n64 (it keeps it for
                 * batch-invariant calls: below) */
-               {17, 12288, 256, m16n256, false}, {32, 27648, 256, m16n256, false},
+               {17, 12288, 256, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
                /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–32 with 72
                 * blocks or more of 64 rows × 16 rows of x (N ≥ 2241: one grid of two chunks), no upper end there */
-               {9, 5120, 256, m16n64, true},     {16, 5120, 256, m16n64, true},     {8, 5120, 256, m16n64, false},
-               {17, 5120, 256, m16n64, true},    {32, 5120, 256, m16n64, true},     {33, 5120, 256, m16n64, false},
-               {16, 4544, 256, m16n64, false},   {16, 4545, 256, m16n64, true},     {16, 19200, 256, m16n64, true},
-               {16, 19201, 256, m16n64, false},  {17, 19201, 256, m16n64, true},    {32, 27648, 256, m16n64, true},
-               {13, 5120, 14336, m16n64, true},  {20, 12288, 5120, m16n64, true},   {20, 14336, 256, m16n64, true},
-               {17, 2241, 256, m16n64, true},    {17, 2240, 256, m16n64, false},
+               {9, 5120, 256, m16n64, true, NULL},       {16, 5120, 256, m16n64, true, NULL},
+               {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 256, m16n64, true, NULL},
+               {32, 5120, 256, m16n64, true, NULL},      {33, 5120, 256, m16n64, false, NULL},
+               {16, 4544, 256, m16n64, false, m16n32},   {16, 4545, 256, m16n64, true, NULL},
+               {16, 19200, 256, m16n64, true, NULL},     {16, 19201, 256, m16n64, false, m16n32},
+               {17, 19201, 256, m16n64, true, NULL},     {32, 27648, 256, m16n64, true, NULL},
+               {13, 5120, 14336, m16n64, true, NULL},    {20, 12288, 5120, m16n64, true, NULL},
+               {20, 14336, 256, m16n64, true, NULL},     {17, 2241, 256, m16n64, true, NULL},
+               {17, 2240, 256, m16n64, false, m32n16},
                /* mma_gemv m16n32: M ≤ 16 outside m16n64's box; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
-               {16, 1024, 256, m16n32, true},    {16, 4544, 256, m16n32, true},     {9, 4096, 256, m16n32, true},
-               {16, 19201, 256, m16n32, true},   {17, 2240, 256, m16n32, false},    {20, 4096, 256, m16n32, false},
-               {33, 4096, 256, m16n32, false}};
+               {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
+               {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
+               {17, 2240, 256, m16n32, false, m32n16},   {20, 4096, 256, m16n32, false, m16n64},
+               {33, 4096, 256, m16n32, false, NULL}};
 #undef m16n256
 #undef m16n64
 #undef m16n32
+#undef m32n16
+#undef m8n64
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++)
-        check_box(context, rng, box[i].M, box[i].N, box[i].K, box[i].row, box[i].want, NULL);
+        check_box(context, rng, box[i].M, box[i].N, box[i].K, box[i].row, box[i].want, box[i].instead, NULL);
     /* Batch-invariant calls: the GEMVs declare no order, so mma_tile m16n256 keeps its box there (M 17–32, N ≥ 12288) */
     static const struct {
         size_t M, N;
@@ -290,7 +301,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     const qmm_matmul_options invariant = {.op = QMM_OP_QMM_T, .batch_invariant = 1};
     for (size_t i = 0; i < sizeof invariant_box / sizeof invariant_box[0]; i++)
         check_box(context, rng, invariant_box[i].M, invariant_box[i].N, 256, "cuda.qmm_t.mma_tile.m16n256",
-                  invariant_box[i].want, &invariant);
+                  invariant_box[i].want, NULL, &invariant);
 }
 
 /* The mma_tile and wgmma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last
@@ -413,11 +424,11 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     qmm_context_destroy(pinned);
 }
 
-/* mma_gemv m16n64 past M = 16 (forced): one grid of ceil(M/16) chunks per row tile, or one launch per chunk where
- * that gives no SM fewer blocks (cuda_backend.c, m16n64_one_grid) — on the H200's 132 SMs the cases below take both:
- * 14336 and 14300 rows (224 blocks) one launch per chunk, 12288 / 12290 / 5120 / 8500 rows one grid; 2, 3 and 4
- * chunks, a last chunk of 1–16 rows, N not a multiple of 64, K ending inside a super-block, both bit widths, both
- * dtypes, groups 32–128. Each against the oracle with poisoned outputs, three runs the same bits. */
+/* mma_gemv m16n64 past M = 16 (forced): one grid of ceil(M/16) chunks per row tile, or one launch per chunk
+ * (cuda_backend.c, m16n64_one_grid) — each case by the rule (on the H200's 132 SMs 14336 and 14300 rows, 224
+ * blocks, take one launch per chunk, the others one grid) and both ways forced (QMM_CUDA_M16N64_ONE_GRID=1/0): 2, 3
+ * and 4 chunks, a last chunk of 1–16 rows, N not a multiple of 64, K ending inside a super-block, both bit widths,
+ * both dtypes, groups 32–128. Each against the oracle with poisoned outputs, three runs the same bits. */
 static void test_m16n64_chunks(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -438,9 +449,15 @@ static void test_m16n64_chunks(qmm_context *context, check_rng *rng) {
             continue;
         }
         void *first = malloc(p.M * p.N * qmm_dtype_size(p.dtype));
-        char label[96];
-        snprintf(label, sizeof label, "chunks %d-bit gs%d", cases[c].bits, cases[c].group_size);
-        check_forced_runs(context, &p, row, label, first);
+        static const char *ways[] = {NULL, "1", "0"};
+        for (size_t w = 0; w < 3; w++) {
+            if (ways[w]) setenv("QMM_CUDA_M16N64_ONE_GRID", ways[w], 1);
+            char label[96];
+            snprintf(label, sizeof label, "chunks %s %d-bit gs%d", ways[w] ? (*ways[w] == '1' ? "one grid" : "launches") : "rule",
+                     cases[c].bits, cases[c].group_size);
+            check_forced_runs(context, &p, row, label, first);
+            unsetenv("QMM_CUDA_M16N64_ONE_GRID");
+        }
         free(first);
         product_free(&p);
     }
@@ -683,6 +700,26 @@ static void test_errors(qmm_context *context, check_rng *rng) {
               qmm_last_error());
     }
     product_free(&p);
+    /* m16n64's grid.y holds 65535 row tiles of 64: N = 4194241 is refused with the rule, and the selector goes on to
+     * another row at M = 20 (in its box otherwise). Weights only (K = 32: 64 MiB of codes), no product. */
+    check_qmatrix big;
+    if (check_qmatrix_random(rng, (size_t)65535 * 64 + 1, 32, 4, 32, QMM_F16, &big)) {
+        qmm_weights *weights = NULL;
+        CHECK_OK(qmm_weights_create(context, &big.m, &weights));
+        const char *why = NULL;
+        CHECK(qmm_kernel_supports(context, "cuda.qmm_t.mma_gemv.m16n64", weights, 20, QMM_OP_QMM_T, &why) == 0,
+              "m16n64 at N = 4194241");
+        CHECK(why && strstr(why, "N=4194241 exceeds this row's 4194240 rows of weights") != NULL, "m16n64 at N = 4194241: %s",
+              why ? why : "(no reason)");
+        qmm_kernel_info chosen = {0};
+        CHECK_OK(qmm_select(context, weights, 20, NULL, &chosen));
+        CHECK(chosen.name && strcmp(chosen.name, "cuda.qmm_t.mma_gemv.m16n64") != 0, "N = 4194241 M = 20: chose %s",
+              chosen.name ? chosen.name : "?");
+        qmm_weights_destroy(weights);
+    } else {
+        CHECK(false, "N = 4194241: set-up failed");
+    }
+    check_qmatrix_free(&big);
 }
 
 /* x·Ŵ (qmm_n) on the tensor cores: the selector takes mma_tile_n (m8n128 up to M = 16, m32n64 beyond) for f16/bf16
