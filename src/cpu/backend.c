@@ -87,41 +87,76 @@ float qmm_cpu_direct_output(const qmm_call *call, size_t m, size_t n) {
 
 /* The portable row: every output in the oracle's split — per group qdot += q·x and xsum += x in k order, then
  * acc += s·qdot + b·xsum, the same float operations in the same order, so the same bits — then the non-finite rule;
- * threads over N. Each group's codes are decoded once for
- * SCALAR_ROWS rows of x, which are converted to f32 once per block of rows (decoding per output made it 2–22×
- * slower than the reference backend, which decodes once). No SIMD beyond what the compiler does for plain C, so
- * it runs on any CPU; it exists so that a CPU without AVX2 still gets all its cores. */
-enum { SCALAR_ROWS = 16, SCALAR_MAX_GROUP = 128 /* group sizes are 32, 64 or 128 (src/core/format.c) */ };
+ * threads over blocks of SCALAR_LANES weight rows. Written so that plain C vectorises without changing any output's
+ * sequence of operations: the lanes are SCALAR_LANES weight rows (a group's codes decoded once into qt[k][lane] for
+ * SCALAR_ROWS rows of x, x[k] broadcast), each lane its own qdot chain in k order; xsum depends only on the row of x
+ * and the group, so it is summed once per block of rows of x, in the same order. Rows of x are converted to f32
+ * once per block of rows. No intrinsics: it runs on any CPU (NEON or SSE2 lanes where the compiler uses them); it
+ * exists so that a CPU without AVX2 still gets all its cores. (The fourteenth session's version, one weight row at
+ * a time, took 1.5–2.1× the reference backend's time at M = 16: two dependent add chains per output.) */
+enum { SCALAR_ROWS = 16, SCALAR_LANES = 8, SCALAR_MAX_GROUP = 128 /* group sizes are 32, 64 or 128 (src/core/format.c) */ };
+
+/* Codes first … first + count − 1 of a row as f32 into lane j of qt: whole words at a time where a code never
+ * straddles two (2, 4 and 8 bits: a constant shift per code that the compiler unrolls), qmm_code_at otherwise. */
+#define SCALAR_DECODE_WORDS(BITS)                                                                                   \
+    for (size_t w = 0; w < count * (BITS) / 32; w++) {                                                              \
+        const uint32_t word = row[first * (BITS) / 32 + w];                                                         \
+        for (size_t c = 0; c < 32 / (BITS); c++)                                                                    \
+            qt[w * (32 / (BITS)) + c][j] = (float)((word >> ((BITS) * c)) & ((1u << (BITS)) - 1u));                 \
+    }
+static void scalar_decode_group(const uint32_t *row, size_t first, size_t count, int bits, size_t j,
+                                float (*qt)[SCALAR_LANES]) {
+    switch (bits) { /* first is a multiple of the group size, 32 or more: whole words */
+    case 2: SCALAR_DECODE_WORDS(2) break;
+    case 4: SCALAR_DECODE_WORDS(4) break;
+    case 8: SCALAR_DECODE_WORDS(8) break;
+    default:
+        for (size_t i = 0; i < count; i++) qt[i][j] = (float)qmm_code_at(row, first + i, bits);
+    }
+}
+#undef SCALAR_DECODE_WORDS
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call) {
     const size_t M = call->M, N = call->N, K = call->K, group_size = (size_t)call->group_size, groups = K / group_size;
-    const size_t words = qmm_packed_words(K, call->bits);
-    float *xf = qmm_cpu_scratch(SCALAR_ROWS, K * sizeof(float), "rows of x as f32");
+    const size_t words = qmm_packed_words(K, call->bits), row_blocks = (N + SCALAR_LANES - 1) / SCALAR_LANES;
+    float *xf = qmm_cpu_scratch(SCALAR_ROWS, (K + groups) * sizeof(float), "rows of x as f32 and their group sums");
     if (!xf) return QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
+    float *xsums = xf + SCALAR_ROWS * K;      /* [SCALAR_ROWS][groups] */
     const int threads = qmm_cpu_threads_for(call);
     (void)threads;
     for (size_t m0 = 0; m0 < M; m0 += SCALAR_ROWS) {
         const size_t rows = M - m0 < SCALAR_ROWS ? M - m0 : SCALAR_ROWS;
         for (size_t i = 0; i < rows * K; i++) xf[i] = qmm_load_f32(call->x, call->dtype, m0 * K + i);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (size_t n = 0; n < N; n++) {
-            const uint32_t *row = call->w + n * words;
-            float acc[SCALAR_ROWS] = {0}, q[SCALAR_MAX_GROUP];
+        for (size_t r = 0; r < rows; r++)
             for (size_t g = 0; g < groups; g++) {
-                const float s = qmm_load_f32(call->scales, call->dtype, n * groups + g);
-                const float b = qmm_load_f32(call->biases, call->dtype, n * groups + g);
-                for (size_t i = 0; i < group_size; i++) q[i] = (float)qmm_code_at(row, g * group_size + i, call->bits);
+                const float *xr = xf + r * K + g * group_size;
+                float xsum = 0.0f;
+                for (size_t i = 0; i < group_size; i++) xsum += xr[i];
+                xsums[r * groups + g] = xsum;
+            }
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (size_t block = 0; block < row_blocks; block++) {
+            const size_t n0 = block * SCALAR_LANES, lanes = N - n0 < SCALAR_LANES ? N - n0 : SCALAR_LANES;
+            float acc[SCALAR_ROWS][SCALAR_LANES] = {{0}}, qt[SCALAR_MAX_GROUP][SCALAR_LANES] = {{0}};
+            float s[SCALAR_LANES] = {0}, b[SCALAR_LANES] = {0};
+            for (size_t g = 0; g < groups; g++) {
+                for (size_t j = 0; j < lanes; j++) { /* lanes past N keep zeros: computed, never stored */
+                    const uint32_t *row = call->w + (n0 + j) * words;
+                    s[j] = qmm_load_f32(call->scales, call->dtype, (n0 + j) * groups + g);
+                    b[j] = qmm_load_f32(call->biases, call->dtype, (n0 + j) * groups + g);
+                    scalar_decode_group(row, g * group_size, group_size, call->bits, j, qt);
+                }
                 for (size_t r = 0; r < rows; r++) {
-                    const float *xr = xf + r * K + g * group_size;
-                    float qdot = 0.0f, xsum = 0.0f;
-                    for (size_t i = 0; i < group_size; i++) {
-                        qdot += q[i] * xr[i];
-                        xsum += xr[i];
-                    }
-                    acc[r] += s * qdot + b * xsum;
+                    const float *xr = xf + r * K + g * group_size, xsum = xsums[r * groups + g];
+                    float qdot[SCALAR_LANES] = {0};
+                    for (size_t i = 0; i < group_size; i++)
+                        for (size_t j = 0; j < SCALAR_LANES; j++) qdot[j] += qt[i][j] * xr[i];
+                    for (size_t j = 0; j < SCALAR_LANES; j++) acc[r][j] += s[j] * qdot[j] + b[j] * xsum;
                 }
             }
             for (size_t r = 0; r < rows; r++)
-                qmm_store_f32(call->out, call->dtype, (m0 + r) * N + n, qmm_cpu_finite_or_direct(call, acc[r], m0 + r, n));
+                for (size_t j = 0; j < lanes; j++)
+                    qmm_store_f32(call->out, call->dtype, (m0 + r) * N + n0 + j,
+                                  qmm_cpu_finite_or_direct(call, acc[r][j], m0 + r, n0 + j));
         }
     }
     free(xf);

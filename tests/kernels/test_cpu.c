@@ -3,7 +3,7 @@
  * (K = 576 and 1536, N up to 1536, M = 16), tiled work items that cross their chunk boundaries (N > 48,
  * M > 256 lanes), odd N (1, 3, 7), and the thread count: every row must give the same bits on 1 and on
  * 2 threads (each output is computed by one thread in one order), and agree with the f64 oracle within
- * the bound; the gather rows on MoE patterns large enough for their threads (run_gather_row). Skipped (with
+ * the bound — a row of the oracle's order (the portable row) with the reference row bit for bit; the gather rows on MoE patterns large enough for their threads (run_gather_row). Skipped (with
  * the reason) when the CPU backend is not built.
  */
 #include "check.h"
@@ -61,6 +61,14 @@ static void run_case(qmm_context *context, const qmm_kernel_info *info, check_rn
     }
     CHECK_OK(qmm_context_set_threads(context, 0));
     CHECK(memcmp(one, two, s.M * s.N * size) == 0, "%s: 1 and 2 threads give different bits", label);
+    if (info->batch_invariant_order && strcmp(info->batch_invariant_order, "oracle") == 0 && info->op == QMM_OP_QMM_T) {
+        /* the oracle's order (the portable row): the reference row's bits, every output */
+        qmm_matmul_options ref = {.op = QMM_OP_QMM_T, .kernel = "ref.qmm_t.scalar.r1"};
+        CHECK_OK(qmm_buffer_poison(ob));
+        CHECK_OK(qmm_matmul(context, weights, xb, s.M, ob, &ref, NULL));
+        CHECK_OK(qmm_buffer_read(ob, one, s.M * s.N));
+        CHECK(memcmp(one, two, s.M * s.N * size) == 0, "%s: not the bits of ref.qmm_t.scalar.r1", label);
+    }
     CHECK_OK(qmm_ref_dense_f64(&q.m, x, s.M, transpose ? 1 : 0, exact, abs_dot));
     double worst = 0.0;
     const size_t bad = check_against_oracle(label, two, f.dtype, exact, abs_dot, s.M * s.N, s.K, info->tolerance_slack,
@@ -215,7 +223,8 @@ int main(void) {
         {1, 3, 1536},    {5, 7, 576},     {1, 1, 64},     /* odd N, K = one group */
         {300, 100, 256}, {17, 64, 1536}, {100, 384, 300}, /* tiled items past their chunks */
     };
-    static const format formats[] = {{4, 32, QMM_F16}, {8, 64, QMM_BF16}, {3, 64, QMM_F32}, {4, 128, QMM_F32}};
+    static const format formats[] = {{4, 32, QMM_F16}, {8, 64, QMM_BF16}, {3, 64, QMM_F32}, {4, 128, QMM_F32},
+                                     {2, 32, QMM_BF16}};
     check_rng rng = check_rng_make(600);
     for (size_t k = 0; k < qmm_kernel_count(context); k++) {
         qmm_kernel_info info;
