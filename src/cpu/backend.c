@@ -416,7 +416,7 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
             "any M without AVX-512: panel decoded to f32 once, 6x16 YMM micro-kernel",
             avx2_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx2, qmm_cpu_has_avx2, "split-fma-d16"),
     [ROW_QMM_T_SCALAR] = CPU_ROW_ORDERED("cpu.qmm_t.scalar.r1", QMM_OP_QMM_T, "scalar", 1, 1, 1,
-            "any CPU (no AVX2): the oracle's split per output in portable C, threads over N",
+            "any CPU (no AVX2): the oracle's split per output in portable C, lanes of 8 weight rows, threads over them",
             scalar_qmm_t_supports, qmm_cpu_scalar_qmm_t, NULL, "oracle"),
     [ROW_FIRST_OTHER] = CPU_ROW_ORDERED("cpu.qmm_n.gemv.k4.avx512", QMM_OP_QMM_N, "gemv", 8, 32, 4,
             "x·Ŵ, M<=16: weights read once, 4 rows of W per pass over an L1-resident out chunk, ŵ by vpermps table",

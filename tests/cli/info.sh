@@ -58,7 +58,8 @@ check "kernels: every row says whether it is usable here" \
   [ "$(out_lines_matching '^  [a-z]+\.')" = "$(out_lines_matching '^  [a-z]+\..* usable: (yes|no: .+) ')" ]
 check "kernels: the reference rows are usable" out_matches "^  ref\.qmm_t\.scalar\.r1 .* usable: yes "
 # The CPU rows name the instruction set they lack; QMM_CPU_MAX_ISA caps the ISA, so the "no" answers can be
-# seen on any x86 CPU (on a CPU without AVX-512 they are there without the cap).
+# seen on any x86 CPU (on a CPU without AVX-512 they are there without the cap; with QMM_CPU_MAX_ISA already set in
+# the environment, the cap is their reason).
 if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
   if grep -qE "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: yes " <<<"$OUT"; then
     QMM_CPU_MAX_ISA=avx2 q kernels --backend cpu
@@ -71,7 +72,7 @@ if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
     check "run with AVX-512 capped: within bound" out_has "7 layers, all within bound"
   else
     check "kernels without AVX-512: the AVX-512 rows say what is missing" \
-      out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: (this CPU lacks|the OS does not enable|this CPU is not x86)"
+      out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: (this CPU lacks|the OS does not enable|this CPU is not x86|AVX-512 is disabled by QMM_CPU_MAX_ISA|AVX2 is disabled by QMM_CPU_MAX_ISA)"
   fi
   if grep -qE "^  cpu\.qmm_t\.gemv\.r4\.avx2 .* usable: yes " <<<"$OUT"; then
     QMM_CPU_MAX_ISA=portable q kernels --backend cpu
