@@ -138,7 +138,20 @@ void qmm_pack_stream(const uint8_t *codes, size_t count, int bits, uint32_t *out
     /* count·bits is a multiple of 32, so nothing is left over (filled == 0 here). */
 }
 
+/* Codes that never straddle two words (2, 4, 8 bits): each word's codes by constant shifts, which the compiler
+ * unrolls (the portable CPU row decodes every group through here). */
+#define UNPACK_WORDS(BITS)                                                                                  \
+    for (size_t w = 0; w < count * (BITS) / 32; w++)                                                        \
+        for (unsigned c = 0; c < 32 / (BITS); c++)                                                          \
+            codes[w * (32 / (BITS)) + c] = (uint8_t)((in[w] >> ((BITS) * c)) & ((1u << (BITS)) - 1u));
+
 void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    switch (bits) {
+    case 2: UNPACK_WORDS(2) return;
+    case 4: UNPACK_WORDS(4) return;
+    case 8: UNPACK_WORDS(8) return;
+    default: break;
+    }
     const uint64_t mask = ((uint64_t)1 << bits) - 1u;
     uint64_t buffer = 0;
     unsigned available = 0; /* unread stream bits in buffer */
@@ -152,6 +165,7 @@ void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *code
         available -= (unsigned)bits;
     }
 }
+#undef UNPACK_WORDS
 
 qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w) {
     size_t words_per_row = 0;

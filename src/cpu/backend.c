@@ -88,33 +88,14 @@ float qmm_cpu_direct_output(const qmm_call *call, size_t m, size_t n) {
 /* The portable row: every output in the oracle's split — per group qdot += q·x and xsum += x in k order, then
  * acc += s·qdot + b·xsum, the same float operations in the same order, so the same bits — then the non-finite rule;
  * threads over blocks of SCALAR_LANES weight rows. Written so that plain C vectorises without changing any output's
- * sequence of operations: the lanes are SCALAR_LANES weight rows (a group's codes decoded once into qt[k][lane] for
- * SCALAR_ROWS rows of x, x[k] broadcast), each lane its own qdot chain in k order; xsum depends only on the row of x
- * and the group, so it is summed once per block of rows of x, in the same order. Rows of x are converted to f32
+ * sequence of operations: the lanes are SCALAR_LANES weight rows (a group's codes decoded once, by the format's own
+ * qmm_unpack_stream, into qt[k][lane] for SCALAR_ROWS rows of x, x[k] broadcast), each lane its own qdot chain in k
+ * order; xsum depends only on the row of x and the group, so it is summed once per block of rows of x, in the same
+ * order. Rows of x are converted to f32
  * once per block of rows. No intrinsics: it runs on any CPU (NEON or SSE2 lanes where the compiler uses them); it
  * exists so that a CPU without AVX2 still gets all its cores. (The fourteenth session's version, one weight row at
  * a time, took 1.5–2.1× the reference backend's time at M = 16: two dependent add chains per output.) */
 enum { SCALAR_ROWS = 16, SCALAR_LANES = 8, SCALAR_MAX_GROUP = 128 /* group sizes are 32, 64 or 128 (src/core/format.c) */ };
-
-/* Codes first … first + count − 1 of a row as f32 into lane j of qt: whole words at a time where a code never
- * straddles two (2, 4 and 8 bits: a constant shift per code that the compiler unrolls), qmm_code_at otherwise. */
-#define SCALAR_DECODE_WORDS(BITS)                                                                                   \
-    for (size_t w = 0; w < count * (BITS) / 32; w++) {                                                              \
-        const uint32_t word = row[first * (BITS) / 32 + w];                                                         \
-        for (size_t c = 0; c < 32 / (BITS); c++)                                                                    \
-            qt[w * (32 / (BITS)) + c][j] = (float)((word >> ((BITS) * c)) & ((1u << (BITS)) - 1u));                 \
-    }
-static void scalar_decode_group(const uint32_t *row, size_t first, size_t count, int bits, size_t j,
-                                float (*qt)[SCALAR_LANES]) {
-    switch (bits) { /* first is a multiple of the group size, 32 or more: whole words */
-    case 2: SCALAR_DECODE_WORDS(2) break;
-    case 4: SCALAR_DECODE_WORDS(4) break;
-    case 8: SCALAR_DECODE_WORDS(8) break;
-    default:
-        for (size_t i = 0; i < count; i++) qt[i][j] = (float)qmm_code_at(row, first + i, bits);
-    }
-}
-#undef SCALAR_DECODE_WORDS
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call) {
     const size_t M = call->M, N = call->N, K = call->K, group_size = (size_t)call->group_size, groups = K / group_size;
     const size_t words = qmm_packed_words(K, call->bits), row_blocks = (N + SCALAR_LANES - 1) / SCALAR_LANES;
@@ -138,12 +119,15 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call) {
             const size_t n0 = block * SCALAR_LANES, lanes = N - n0 < SCALAR_LANES ? N - n0 : SCALAR_LANES;
             float acc[SCALAR_ROWS][SCALAR_LANES] = {{0}}, qt[SCALAR_MAX_GROUP][SCALAR_LANES] = {{0}};
             float s[SCALAR_LANES] = {0}, b[SCALAR_LANES] = {0};
+            uint8_t codes[SCALAR_MAX_GROUP];
             for (size_t g = 0; g < groups; g++) {
                 for (size_t j = 0; j < lanes; j++) { /* lanes past N keep zeros: computed, never stored */
-                    const uint32_t *row = call->w + (n0 + j) * words;
                     s[j] = qmm_load_f32(call->scales, call->dtype, (n0 + j) * groups + g);
                     b[j] = qmm_load_f32(call->biases, call->dtype, (n0 + j) * groups + g);
-                    scalar_decode_group(row, g * group_size, group_size, call->bits, j, qt);
+                    /* the group's codes: its bit stream starts on a word (group_size·bits is a multiple of 32) */
+                    qmm_unpack_stream(call->w + (n0 + j) * words + g * group_size * (size_t)call->bits / 32, group_size,
+                                      call->bits, codes);
+                    for (size_t i = 0; i < group_size; i++) qt[i][j] = (float)codes[i];
                 }
                 for (size_t r = 0; r < rows; r++) {
                     const float *xr = xf + r * K + g * group_size, xsum = xsums[r * groups + g];
