@@ -162,6 +162,11 @@ int parse_unsigned(const char *text, unsigned long long min, unsigned long long 
     return 1;
 }
 
+int parse_seed(const command *c, const char *text, unsigned long long *seed) {
+    if (!text || parse_unsigned(text, 0, ULLONG_MAX, seed)) return 0;
+    return usage_error(c, "--seed '%s' is not an integer from 0 to %llu", text, ULLONG_MAX);
+}
+
 /* An int option whose range the library checks (bits, group size): any decimal int parses. */
 int parse_int(const char *text, int *out) {
     if (!text || !text[0]) return 0;

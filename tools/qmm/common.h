@@ -87,6 +87,9 @@ int parse_args(const command *c, int argc, char **argv, const flag_spec *flags, 
                const char **positional, size_t max_positional, size_t *positional_count);
 /* Whether text is a whole decimal number in [min, max] (no sign, no spaces, no suffix). */
 int parse_unsigned(const char *text, unsigned long long min, unsigned long long max, unsigned long long *out);
+/* --seed S (text NULL: *seed keeps its default): a whole number from 0 to ULLONG_MAX; returns 0 or QMM_EXIT_USAGE
+ * after the usage error. */
+int parse_seed(const command *c, const char *text, unsigned long long *seed);
 /* An int option whose range the library checks (bits, group size): any decimal int parses. */
 int parse_int(const char *text, int *out);
 

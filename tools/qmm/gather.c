@@ -88,8 +88,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
         return usage_error(c, "--tokens '%s' is not an integer from 1 to %d", tokens_text, MAX_M);
     if (top_k_text && !parse_unsigned(top_k_text, 1, 1u << 20, &top_k))
         return usage_error(c, "--experts-per-token '%s' is not an integer from 1 to %u", top_k_text, 1u << 20);
-    if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
-        return usage_error(c, "--seed '%s' is not an integer from 0 to %llu", seed_text, ULLONG_MAX);
+    if ((rc = parse_seed(c, seed_text, &seed))) return rc;
     qmm_dtype dtype = QMM_F32;
     if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
         return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);

@@ -29,8 +29,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if (m_text && !parse_unsigned(m_text, 1, MAX_M, &M))
         return usage_error(c, "-m '%s' is not an integer from 1 to %d", m_text, MAX_M);
     if (!m_text && !x_path) return usage_error(c, "-m M is required (or --x FILE)");
-    if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
-        return usage_error(c, "--seed '%s' is not an integer from 0 to %llu", seed_text, ULLONG_MAX);
+    if ((rc = parse_seed(c, seed_text, &seed))) return rc;
     qmm_dtype dtype = QMM_F32;
     if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
         return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);

@@ -53,8 +53,7 @@ int cmd_run(const command *c, int argc, char **argv) {
     int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
     if (rc) return rc;
     unsigned long long seed = DEFAULT_SEED, faults = 0;
-    if (seed_text && !parse_unsigned(seed_text, 0, ULLONG_MAX, &seed))
-        return usage_error(c, "--seed '%s' is not an integer from 0 to %llu", seed_text, ULLONG_MAX);
+    if ((rc = parse_seed(c, seed_text, &seed))) return rc;
     if (tuning && !tuning[0]) return usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
     int backend_choice, threads;
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
