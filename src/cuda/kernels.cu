@@ -182,10 +182,9 @@ __global__ void __launch_bounds__(256)
  * over every warp an SM holds), at a register cap the same as 2 blocks of 8 warps (65536 / 512 = 128 per thread);
  * up to 8 for the 32-token tile, one block per SM (255 registers); up to 12 for m16n64 (168 registers: its 64
  * accumulators and one super-block of x; sm_90a spills only at 4-bit groups of 32: bf16 24 bytes, f16 40; sm_80 56 at
- * 4-bit bf16 gs32 and f16 gs64, 8 at f16 gs32). The launcher picks
- * the count (gemv_warps). m16n64 held x one super-block ahead at 242 registers, 8 warps per SM, until the
- * fourteenth session: 12 warps without that prefetch took 0.78–0.94× the time at M = 16 where it is selected
- * (docs/PERF.md). */
+ * 4-bit bf16 gs32 and f16 gs64, 8 at f16 gs32). The launcher picks the count (gemv_warps). m16n64 held x one
+ * super-block ahead at 242 registers, 8 warps per SM, until the fourteenth session: 12 warps without that prefetch
+ * took 0.78–0.94× the time at M = 16 where it is selected (docs/PERF.md). */
 template <int RT, int TT> struct mma_gemv_limits {
     static constexpr bool m16n64 = RT == 4 && TT == 2;
     static constexpr bool large = TT >= 4;

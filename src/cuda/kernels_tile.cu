@@ -289,7 +289,7 @@ template <> struct tile_config<1> { /* m64n128: 8 warps of 32 rows × 32 tokens 
     static constexpr bool F32 = false;
 };
 /* The small-M tiles (the selector takes m16n256 for batch-invariant calls at M 17–32 with N ≥ 12288 — in the default
- * mode the 16-token GEMVs, first in the table, take those; m32n256 is for tuning and forcing):
+ * mode mma_gemv m16n64, first in the table, takes those; m32n256 is for tuning and forcing):
  * every warp of the block takes all BM tokens and its own 32 rows, so the block's x — read from L2 once per 256
  * weight rows, not once per warp as in mma_gemv (whose 16-row warps at 32 tokens read 8 bytes of x per byte of
  * weights) — is shared through shared memory by 8 warps. */
