@@ -12,7 +12,10 @@ sorted_indices=True), out [B, 1, n], evaluated (mx.eval) before the next; one pa
 i on copy i mod copies with routing i mod 8 (as the bench); time per call = pass time / calls; median of
 --repeats passes after one warm-up pass. As the bench's time_gather(): a probe call first, and when it says
 that would take more than 5 s, one pass of `copies` calls only (the note says so). Cells whose one pass would
-take longer than --limit-s (estimated from the previous T) are skipped and say so. JSON lines carry "M" = T."""
+take longer than --limit-s (estimated from the previous T) are skipped and say so. JSON lines carry "M" = T.
+Also used for MLX on CUDA by mlx_gather_cuda.py (device gpu): there each call is evaluated before the next too, as
+qmm_gather_matmul returns when its products are done on the GPU, and a first call per (shape, dtype, T) before the
+probe compiles MLX's kernels (NVRTC), outside every timed pass."""
 import statistics
 import sys
 import time
@@ -20,7 +23,6 @@ import time
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from _common import absent, copies_for, emit, import_mlx, parse_args, progress  # noqa: E402
 
-PEER = "mlx-gather-cpu"
 ROUTINGS = 8  # GATHER_ROUTINGS in tools/qmm/bench.c
 SEED = 42  # DEFAULT_SEED in tools/qmm/common.h
 BUDGET_S = 5.0  # GATHER_BUDGET_S in tools/qmm/bench.c
@@ -58,16 +60,16 @@ def routing(seed, T, top_k, experts):
     return [i // top_k for i in order], [expert_of[i] for i in order], len(set(expert_of))
 
 
-def main():
+def main(device="cpu", peer="mlx-gather-cpu"):
     a = parse_args(__doc__, add_gather_arguments)
     E, top_k = a.experts, a.experts_per_token
     if not 1 <= top_k <= E:
-        absent(PEER, f"--experts-per-token {top_k} must be in [1, --experts {E}]")
-    mx = import_mlx(PEER)
+        absent(peer, f"--experts-per-token {top_k} must be in [1, --experts {E}]")
+    mx = import_mlx(peer, device)
     if not hasattr(mx, "gather_qmm"):
-        absent(PEER, f"mlx {mx.__version__} has no mx.gather_qmm")
+        absent(peer, f"mlx {mx.__version__} has no mx.gather_qmm")
     dtypes = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
-    note_version = f"mlx {mx.__version__} cpu gather_qmm (sorted_indices)"
+    note_version = f"mlx {mx.__version__} {device} gather_qmm (sorted_indices)"
     for name, N, K in a.shapes:
         for dname in a.dtype:
             dt = dtypes[dname]
@@ -84,7 +86,7 @@ def main():
                 if last is not None:
                     estimate = last[1] * max(1.0, T / last[0]) * copies
                     if estimate > a.limit_s:
-                        emit(peer=PEER, shape=name, M=T, dtype=dname,
+                        emit(peer=peer, shape=name, M=T, dtype=dname,
                              skipped=f"skipped: would take ~{estimate:.0f} s (> --limit-s {a.limit_s:g})")
                         continue
                 routes = []
@@ -101,6 +103,8 @@ def main():
                                          group_size=a.group_size, bits=a.bits, sorted_indices=True)
 
                 steps, repeats, warm_up = max(copies, ROUTINGS), a.repeats, 1
+                if device == "gpu":
+                    mx.eval(call(0))  # MLX CUDA compiles its kernels at their first use (up to ~30 s): not in the probe
                 t0 = time.perf_counter()
                 mx.eval(call(0))
                 probe = time.perf_counter() - t0
@@ -117,9 +121,9 @@ def main():
                         samples.append((time.perf_counter() - t0) / steps)
                 us = statistics.median(samples) * 1e6
                 last = (T, us * 1e-6)
-                emit(peer=PEER, shape=name, M=T, dtype=dname, us=us,
+                emit(peer=peer, shape=name, M=T, dtype=dname, us=us,
                      note=f"{note_version}, {copies} copies x {ROUTINGS} routings (the bench's), {how}")
-                progress(f"bench peer {PEER} {name} T={T} {dname}: {us:.1f} us")
+                progress(f"bench peer {peer} {name} T={T} {dname}: {us:.1f} us")
             del ws
 
 

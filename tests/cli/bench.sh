@@ -243,6 +243,18 @@ if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)
   check "--gather --backend cpu: a CPU gather row selected" out_matches '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +1 +bf16 +[0-9.]+ +(memory|compute) +\* cpu\.gather\.blocks\.'
   check "--gather --backend cpu: the reference row as the baseline" out_matches '^ +ref\.gather\.blocks\.r1 +[0-9.]+'
 fi
+# --gather --backend cuda (on a machine with a usable GPU): the CUDA gather row, timed on the host clock per blocking
+# call, says so in the header; elsewhere the backend's absence is a library error.
+if grep -q "^backend cuda: [0-9]" <<<"$("$QMM" kernels --backend cuda 2>/dev/null)"; then
+  q bench --backend cuda --gather --quick --no-peers --experts 8 --experts-per-token 2 --dtype f16,bf16
+  check "--gather --backend cuda: exit 0" rc_is 0
+  check "--gather --backend cuda: the CUDA gather row selected in every cell (2 shapes × 2 T × 2 dtypes)" \
+    [ "$(out_lines_matching '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +[13] +b?f16 +[0-9.]+ +(memory|compute) +\* cuda\.gather\.blocks\.auto +[0-9.]+ +[0-9.]+ +[0-9.]+ +B=(2|6), ')" = 8 ]
+  check "--gather --backend cuda: the timing says a call waits for the GPU" \
+    out_has "a call returns when its products are done on the GPU"
+else
+  expect_library_error bench "[a-z ]+" "--backend cuda" bench --backend cuda --gather --quick --no-peers
+fi
 expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"
 expect_usage_error bench "--experts applies to --gather only" bench --backend ref --quick --experts 8
 expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2

@@ -31,9 +31,8 @@ typedef struct product {
     qmm_dtype dtype;
 } product;
 
-static bool product_make(qmm_context *context, check_rng *rng, size_t M, size_t N, size_t K, int bits, int group_size,
-                         qmm_dtype dtype, product *p) {
-    memset(p, 0, sizeof *p);
+static bool product_setup(qmm_context *context, check_rng *rng, size_t M, size_t N, size_t K, int bits, int group_size,
+                          qmm_dtype dtype, product *p) {
     p->M = M, p->N = N, p->K = K, p->dtype = dtype;
     const size_t size = qmm_dtype_size(dtype);
     if (!check_qmatrix_random(rng, N, K, bits, group_size, dtype, &p->q)) return false;
@@ -52,6 +51,7 @@ static bool product_make(qmm_context *context, check_rng *rng, size_t M, size_t 
     return true;
 }
 
+/* Frees what p holds and zeroes it (freeing it again is harmless). */
 static void product_free(product *p) {
     qmm_weights_destroy(p->weights);
     qmm_buffer_destroy(p->x);
@@ -61,6 +61,18 @@ static void product_free(product *p) {
     free(p->exact);
     free(p->abs_dot);
     check_qmatrix_free(&p->q);
+    memset(p, 0, sizeof *p);
+}
+
+/* An M×N×K product of random weights (bits, group_size) and x in dtype, x uploaded, the oracle computed. A failed
+ * set-up is a failed check ("what: set-up failed") and leaves p empty (product_free on it is harmless). */
+static bool product_make(qmm_context *context, check_rng *rng, size_t M, size_t N, size_t K, int bits, int group_size,
+                         qmm_dtype dtype, const char *what, product *p) {
+    memset(p, 0, sizeof *p);
+    if (product_setup(context, rng, M, N, K, bits, group_size, dtype, p)) return true;
+    CHECK(false, "%s: set-up failed", what);
+    product_free(p);
+    return false;
 }
 
 /* Reads the output back and checks it against the oracle within the row's bound. */
@@ -106,12 +118,10 @@ static void check_forced_runs(qmm_context *context, product *p, const char *row,
 }
 
 static void test_chain(qmm_context *context, check_rng *rng) {
-    product a, b;
-    if (!product_make(context, rng, 3, 1000, 2048, 4, 64, QMM_F16, &a) ||
-        !product_make(context, rng, 16, 777, 576, 8, 32, QMM_BF16, &b)) {
-        CHECK(false, "chain: could not set up the products");
+    product a, b = {0};
+    if (!product_make(context, rng, 3, 1000, 2048, 4, 64, QMM_F16, "chain (a)", &a) ||
+        !product_make(context, rng, 16, 777, 576, 8, 32, QMM_BF16, "chain (b)", &b)) {
         product_free(&a);
-        product_free(&b);
         return;
     }
     qmm_chain *chain = NULL;
@@ -167,11 +177,7 @@ static void test_selector_and_switch_points(qmm_context *context, check_rng *rng
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
             product p;
-            if (!product_make(context, rng, ms[i], 300, 1536, 4, 64, dtypes[d], &p)) {
-                CHECK(false, "switch points: set-up failed");
-                product_free(&p);
-                continue;
-            }
+            if (!product_make(context, rng, ms[i], 300, 1536, 4, 64, dtypes[d], "switch points", &p)) continue;
             qmm_kernel_info chosen = {0};
             CHECK_OK(qmm_select(context, p.weights, p.M, NULL, &chosen));
             /* f16/bf16: the GEMV family up to M = 16, a tensor-core row (GEMV or tile) beyond; f32: ffma_gemv up to
@@ -195,11 +201,7 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
                       const char *instead, const qmm_matmul_options *options) {
     const char *mode = options && options->batch_invariant ? " (batch-invariant)" : "";
     product p;
-    if (!product_make(context, rng, M, N, K, 4, 64, QMM_F16, &p)) {
-        CHECK(false, "%s box%s: set-up failed", row, mode);
-        product_free(&p);
-        return;
-    }
+    if (!product_make(context, rng, M, N, K, 4, 64, QMM_F16, row, &p)) return;
     qmm_kernel_info chosen = {0};
     CHECK_OK(qmm_select(context, p.weights, p.M, options, &chosen));
     const char *name = chosen.name ? chosen.name : "?";
@@ -237,11 +239,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         product p;
-        if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, 4, 64, QMM_BF16, &p)) {
-            CHECK(false, "wgmma switch: set-up failed");
-            product_free(&p);
-            continue;
-        }
+        if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, 4, 64, QMM_BF16, "wgmma switch", &p)) continue;
         const int hopper = qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m128n128", p.weights, p.M, QMM_OP_QMM_T,
                                                NULL) == 1;
         qmm_kernel_info chosen = {0};
@@ -326,11 +324,8 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, &p)) {
-            CHECK(false, "split-K: set-up failed");
-            product_free(&p);
+                          cases[c].dtype, "split-K", &p))
             continue;
-        }
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
         for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
@@ -380,11 +375,8 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, &p)) {
-            CHECK(false, "staged x: set-up failed");
-            product_free(&p);
+                          cases[c].dtype, "staged x", &p))
             continue;
-        }
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
         CHECK(qmm_kernel_supports(context, row, p.weights, p.M, QMM_OP_QMM_T, NULL) == 1, "%s takes M=%zu N=%zu K=%zu",
@@ -402,11 +394,8 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         product_free(&p);
         if (!pinned) continue; /* (its creation failed above) */
         if (!product_make(pinned, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, &p)) {
-            CHECK(false, "staged x: pinned set-up failed");
-            product_free(&p);
+                          cases[c].dtype, "staged x (pinned)", &p))
             continue;
-        }
         void *staged = malloc(bytes), *unstaged = malloc(bytes);
         char label[200];
         snprintf(label, sizeof label, "staged x, 8 warps, %d-bit gs%d", cases[c].bits, cases[c].group_size);
@@ -443,11 +432,8 @@ static void test_m16n64_chunks(qmm_context *context, check_rng *rng) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, &p)) {
-            CHECK(false, "m16n64 chunks: set-up failed");
-            product_free(&p);
+                          cases[c].dtype, "m16n64 chunks", &p))
             continue;
-        }
         void *first = malloc(p.M * p.N * qmm_dtype_size(p.dtype));
         static const char *ways[] = {NULL, "1", "0"};
         for (size_t w = 0; w < 3; w++) {
@@ -466,7 +452,7 @@ static void test_m16n64_chunks(qmm_context *context, check_rng *rng) {
 /* The same inputs twice give the same bits (no atomics, fixed reduction orders). */
 static void test_determinism(qmm_context *context, check_rng *rng) {
     product p;
-    if (product_make(context, rng, 7, 4096, 4096, 4, 64, QMM_BF16, &p)) {
+    if (product_make(context, rng, 7, 4096, 4096, 4, 64, QMM_BF16, "determinism", &p)) {
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
         CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
@@ -567,11 +553,7 @@ static void test_large_f16_x(qmm_context *context, check_rng *rng) {
             product p;
             const size_t K = formats[f].K;
             const int bits = formats[f].bits;
-            if (!product_make(context, rng, Ms[i], N, K, bits, formats[f].group_size, QMM_F16, &p)) {
-                CHECK(false, "large f16 x: set-up failed");
-                product_free(&p);
-                continue;
-            }
+            if (!product_make(context, rng, Ms[i], N, K, bits, formats[f].group_size, QMM_F16, "large f16 x", &p)) continue;
             uint16_t *x = p.host_x;
             for (size_t m = 0; m < p.M; m++)
                 for (size_t j = 0; j < 3; j++) {
@@ -674,7 +656,7 @@ static void test_errors(qmm_context *context, check_rng *rng) {
     CHECK_STATUS(qmm_context_create(QMM_BACKEND_CUDA, 1000, &other), QMM_ERR_INVALID_ARGUMENT);
     CHECK(strstr(qmm_last_error(), "device=1000") != NULL, "message names the device: %s", qmm_last_error());
     product p;
-    if (product_make(context, rng, 2, 64, 128, 4, 64, QMM_F32, &p)) {
+    if (product_make(context, rng, 2, 64, 128, 4, 64, QMM_F32, "errors: forced f32", &p)) {
         qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m8n16"};
         CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
         CHECK(strstr(qmm_last_error(), "dtype f32") != NULL, "forced f32 on mma: %s", qmm_last_error());
@@ -683,7 +665,7 @@ static void test_errors(qmm_context *context, check_rng *rng) {
     }
     product_free(&p);
     /* The reference gather rows are not in a CUDA table (host memory): forcing one is NOT_FOUND. */
-    if (product_make(context, rng, 2, 64, 128, 4, 64, QMM_F16, &p)) {
+    if (product_make(context, rng, 2, 64, 128, 4, 64, QMM_F16, "errors: forced gather", &p)) {
         qmm_weights *experts = NULL;
         const uint32_t rhs[2] = {0, 1};
         CHECK_OK(qmm_weights_create_experts(context, &p.q.m, 2, &experts));
@@ -693,7 +675,7 @@ static void test_errors(qmm_context *context, check_rng *rng) {
         qmm_weights_destroy(experts);
     }
     product_free(&p);
-    if (product_make(context, rng, 65, 64, 128, 4, 64, QMM_F16, &p)) { /* the 16-token tiles take M ≤ 64 in chunks */
+    if (product_make(context, rng, 65, 64, 128, 4, 64, QMM_F16, "errors: M = 65", &p)) { /* the 16-token tiles take M ≤ 64 in chunks */
         qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m16n32"};
         CHECK_STATUS(qmm_matmul(context, p.weights, p.x, p.M, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
         CHECK(strstr(qmm_last_error(), "M=65 exceeds this row's 64 rows of x") != NULL, "forced M=65 on a 16-row tile: %s",
@@ -842,11 +824,8 @@ static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
     static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
-        if (!product_make(context, rng, 200, 300, 1152, cases[c].bits, cases[c].group_size, cases[c].dtype, &p)) {
-            CHECK(false, "wgmma order: set-up failed");
-            product_free(&p);
+        if (!product_make(context, rng, 200, 300, 1152, cases[c].bits, cases[c].group_size, cases[c].dtype, "wgmma order", &p))
             continue;
-        }
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *ref = malloc(bytes);
         qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_tile.m64n64", .batch_invariant = 1};
@@ -884,11 +863,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
                                       "cuda.qmm_t.wgmma_tile.m128n128",
                                       "cuda.qmm_t.wgmma_tile.m64n128"};
     product p;
-    if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, &p)) {
-        CHECK(false, "batch-invariant: product_make failed");
-        product_free(&p);
-        return;
-    }
+    if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, "batch-invariant", &p)) return;
     uint16_t *alone = malloc((size_t)ROWS * N * sizeof *alone), *got = malloc((size_t)ROWS * N * sizeof *got);
     qmm_buffer *x_row = NULL, *out_row = NULL;
     CHECK_OK(qmm_buffer_create(context, QMM_F16, K, &x_row));
@@ -937,10 +912,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     /* f32 takes mma_tile_bf16x3 ("tc-bf16x3-segment-fma") at every M, M = 1 included (ffma_gemv declares no order):
      * sampled rows alone, then inside M = 2, 37 and 512, identical bits, and M = 512 against the oracle. */
     product_free(&p);
-    if (!product_make(context, rng, 512, N, K, 4, 64, QMM_F32, &p)) {
-        CHECK(false, "batch-invariant: product_make (f32) failed");
-        goto cleanup;
-    }
+    if (!product_make(context, rng, 512, N, K, 4, 64, QMM_F32, "batch-invariant (f32)", &p)) goto cleanup;
     {
         static const size_t rows32[] = {0, 1, 7, 31, 32, 36, 255, 511}, ms32[] = {2, 37, 512};
         float *alone32 = malloc(512 * (size_t)N * sizeof *alone32), *got32 = malloc(512 * (size_t)N * sizeof *got32);
