@@ -53,6 +53,8 @@ typedef struct cuda_state {
     size_t gather_x_bytes;
     void *gather_index; /* uint32 [gather_index_bytes / 4] */
     size_t gather_index_bytes;
+    void *gather_products; /* qmm_cuda_gemv_product [gather_products_bytes / sizeof]: the grouped GEMV launches' table */
+    size_t gather_products_bytes;
 } cuda_state;
 
 #define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20) /* 16 MiB */
@@ -123,6 +125,7 @@ static void cuda_close(void *state) {
     if (s->tile_counters) cudaFree(s->tile_counters);
     if (s->gather_x) cudaFree(s->gather_x);
     if (s->gather_index) cudaFree(s->gather_index);
+    if (s->gather_products) cudaFree(s->gather_products);
     free(s);
 }
 
@@ -1000,6 +1003,37 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
     return true;
 }
 
+/* Whether gather_run puts its blocks of ≤ 16 rows into grouped GEMV launches (one launch of m8n32 for every block
+ * of ≤ 8 rows, one of m16n32 for 9–16) instead of a launch per block: where the mma_gemv rows take the blocks (f16
+ * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16). Measured on the H200 (docs/PERF.md, sixteenth
+ * session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's experts at T = 128:
+ * 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off (tests, experiments). */
+static bool gather_grouping(const qmm_call *call) {
+    const char *forced = getenv("QMM_CUDA_GATHER_GROUPED");
+    if (forced && strcmp(forced, "0") == 0) return false;
+    cuda_weights_extra extra = {0};
+    qmm_call probe = expert_block_call(call, NULL, 0, 1, &extra);
+    char why_not[256];
+    return call->M <= 0x7fffffffu && mma_supports(&probe, 16, SIZE_MAX, why_not, sizeof why_not);
+}
+
+/* block (expert_block_call's, ≤ 16 rows) as offsets from the gather's arrays: x from gathered_x (or the call's x),
+ * out, the MLX-layout w, scales and biases (one offset: both [rows, groups]) and the repacked packed and sb. */
+static qmm_cuda_gemv_product grouped_product(const qmm_call *call, const char *gathered_x, const qmm_call *block) {
+    const size_t size = qmm_dtype_size(call->dtype);
+    const cuda_weights_extra *all = call->weights_extra, *mine = block->weights_extra;
+    const char *x = gathered_x ? gathered_x : call->x;
+    return (qmm_cuda_gemv_product){
+        .x = (unsigned long long)((const char *)block->x - x) / size,
+        .out = (unsigned long long)((const char *)block->out - (const char *)call->out) / size,
+        .packed = (unsigned long long)(mine->packed - all->packed) / 4,
+        .sb = (unsigned long long)((const uint32_t *)mine->sb - (const uint32_t *)all->sb),
+        .w = (unsigned long long)(block->w - call->w),
+        .scales = (unsigned long long)((const char *)block->scales - (const char *)call->scales) / size,
+        .M = (unsigned)block->M,
+    };
+}
+
 static qmm_status gather_run(const qmm_call *call) {
     cuda_state *s = call->backend_state;
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
@@ -1022,18 +1056,56 @@ static qmm_status gather_run(const qmm_call *call) {
         if (launched != QMM_OK) return launched;
         gathered_x = s->gather_x;
     }
-    for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
+    /* Blocks of ≤ 16 rows into the grouped launches' table (when grouping: [0, n8) the blocks of ≤ 8 rows for m8n32,
+     * then n16 of 9–16 for m16n32), the others a launch each on the row the selector picks. Without host memory for
+     * the table, every block gets its own launch. */
+    size_t n8 = 0, n16 = 0;
+    bool grouping = gather_grouping(call);
+    for (size_t i0 = 0, i1; grouping && i0 < B; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
-        cuda_weights_extra extra;
-        qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
-        const qmm_kernel *row;
-        qmm_status status = qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &block, NULL, &row);
-        if (status == QMM_OK) status = row->run(&block);
-        if (status != QMM_OK) return status;
+        n8 += i1 - i0 <= 8, n16 += i1 - i0 > 8 && i1 - i0 <= 16;
     }
-    /* cudaMemcpyAsync from pageable memory has consumed lhs_indices before returning; rhs_indices was read
-     * above: nothing of the caller's host arrays is used after this call returns. */
-    return QMM_OK;
+    qmm_cuda_gemv_product *products = n8 + n16 ? malloc((n8 + n16) * sizeof *products) : NULL;
+    grouping = products != NULL;
+    size_t at8 = 0, at16 = n8;
+    qmm_status status = QMM_OK;
+    for (size_t i0 = 0, i1; i0 < B && status == QMM_OK; i0 = i1) {
+        i1 = qmm_gather_block_end(call, i0);
+        cuda_weights_extra extra = {0};
+        qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
+        if (grouping && i1 - i0 <= 16) {
+            products[i1 - i0 <= 8 ? at8++ : at16++] = grouped_product(call, gathered_x, &block);
+            continue;
+        }
+        const qmm_kernel *row;
+        status = qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &block, NULL, &row);
+        if (status == QMM_OK) status = row->run(&block);
+    }
+    if (status == QMM_OK && grouping) {
+        /* the table in one upload: the ≤ 8-row products, then the 9–16-row ones */
+        status = grow_scratch(s, &s->gather_products, &s->gather_products_bytes, (n8 + n16) * sizeof *products);
+        if (status == QMM_OK) {
+            const cudaError_t copied = cudaMemcpyAsync(s->gather_products, products, (n8 + n16) * sizeof *products,
+                                                       cudaMemcpyHostToDevice, s->stream);
+            if (copied != cudaSuccess)
+                status = (cudaGetLastError(), qmm_error(QMM_ERR_BACKEND, "cudaMemcpyAsync(the grouped launches' table) "
+                                                        "failed: %s (%s:%d)", cudaGetErrorString(copied), __FILE__, __LINE__));
+        }
+        qmm_cuda_launch launch = launch_of(call);
+        launch.x = gathered_x ? gathered_x : call->x;
+        const qmm_cuda_gemv_product *table = s->gather_products;
+        for (size_t at = 0; status == QMM_OK && at < n8 + n16;) { /* grid.z ≤ 65535 products per launch */
+            const size_t end = at < n8 ? n8 : n8 + n16, count = end - at < 65535 ? end - at : 65535;
+            const int token_tiles = at < n8 ? 1 : 2;
+            status = launch_status(qmm_cuda_mma_gemv_grouped(&launch, table + at, (int)count, token_tiles),
+                                   token_tiles == 1 ? "grouped mma_m8n32" : "grouped mma_m16n32", __FILE__, __LINE__);
+            at += count;
+        }
+    }
+    free(products);
+    /* cudaMemcpyAsync from pageable memory has consumed lhs_indices and the table before returning; rhs_indices
+     * was read above: nothing of the caller's host arrays is used after this call returns. */
+    return status;
 }
 
 

@@ -52,6 +52,19 @@ int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
 /* The mma GEMV family: tokens (rows of x) on the MMA's N side, 8·tokens_tiles of them; 16·row_tiles
  * weight rows per warp. Needs bits 4 or 8, dtype f16 or bf16, packed and sb, sm_80 or newer. */
 int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
+/* One product of a grouped mma_gemv launch: its offsets from the launch's base pointers, in elements of each array
+ * (x, out, scales and biases: of the dtype; packed: 16-byte words; sb and w: 32-bit words), and its rows of x. */
+typedef struct qmm_cuda_gemv_product {
+    unsigned long long x, out, packed, sb, w, scales;
+    unsigned int M; /* 1 … 8·token_tiles */
+    unsigned int unused;
+} qmm_cuda_gemv_product;
+/* `count` products of one shape (launch->N, K, bits, group_size, dtype) in one launch of the mma GEMV with 32 weight
+ * rows per warp and 8·token_tiles (1 or 2) rows of x: m8n32 or m16n32 (the gather's expert blocks, cuda_backend.c).
+ * products: a device array; launch->x, packed, sb, w, scales, biases, out: the bases; launch->M unused. Same needs
+ * as qmm_cuda_mma_gemv_qmm_t; count ≤ 65535. */
+int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv_product *products, int count,
+                              int token_tiles);
 /* The mma_tile family (kernels_tile.cu): tile 0 = m64n64 (4 warps), 1 = m64n128 (8 warps), 2 = m16n256 (8 warps),
  * 3 = m32n256 (8 warps), f16/bf16; tile 4 = m32n128 (4 warps), f32 only (bf16x3: docs/kernels.md §9.7); any M.
  * Otherwise the same needs as mma_gemv (packed and sb of the weights' dtype).

@@ -571,9 +571,11 @@ static void test_large_f16_x(qmm_context *context, check_rng *rng) {
 }
 
 /* MoE gather on the GPU (cuda.gather.blocks.auto): every token picks `active` distinct experts of E, the pairs
- * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices; against the f64
- * oracle, the selector's row named, nothing written past B·N. Formats: the tensor-core rows (4/8-bit f16/bf16)
- * and the generic one (3-bit, f32). */
+ * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices (with one expert per
+ * token also lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing
+ * written past B·N — each call with the expert blocks of ≤ 16 rows in grouped GEMV launches (the default where the
+ * mma_gemv rows take them) and with a launch per block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
+ * (4/8-bit f16/bf16) and the generic one (3-bit, f32; N = 200, not a multiple of 16). */
 static void test_gather(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t experts, active, T, N, K;
@@ -582,6 +584,14 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     } cases[] = {
         {16, 4, 5, 96, 256, 4, 64, QMM_BF16}, {16, 4, 40, 200, 512, 8, 32, QMM_F16},
         {8, 2, 3, 33, 128, 3, 32, QMM_F32},   {32, 8, 1, 768, 2048, 4, 64, QMM_BF16},
+        /* sorted: blocks of 7–13 rows, so both grouped launches (≤ 8 and 9–16 rows) in one call */
+        {16, 4, 40, 256, 256, 4, 32, QMM_F16}, {8, 2, 48, 256, 512, 8, 128, QMM_F16},
+        /* blocks of about 20 rows (a launch each) beside smaller ones; one expert per token (lhs_indices NULL too) */
+        {4, 2, 40, 128, 512, 4, 128, QMM_BF16}, {4, 1, 24, 64, 256, 8, 64, QMM_BF16},
+        /* unsorted, every token's two pairs on different experts: more than 65535 blocks of ≤ 2 rows (grid.z per
+         * grouped launch is 65535) — grouped and unsorted only (the test's insertion sort is quadratic, and 70001
+         * launches, one per block, would take minutes under compute-sanitizer) */
+        {2, 2, 70000, 16, 64, 4, 32, QMM_F16},
         /* about 600 tokens per expert on 1536 rows: 120 tiles of 128 × 64, the wgmma m64n128 row on Hopper */
         {2, 1, 1200, 1536, 256, 4, 64, QMM_F16},
     };
@@ -608,7 +618,9 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         CHECK_OK(qmm_buffer_create(context, cases[c].dtype, B * N + 64, &ob));
         if (!experts || !xb || !ob) goto next;
         CHECK_OK(qmm_buffer_write(xb, x, T * K));
-        for (int sorted = 0; sorted < 2; sorted++) {
+        for (int variant = 0; variant < 6; variant++) {
+            const int sorted = variant & 1, grouped = !(variant & 2), lhs_null = variant >= 4;
+            if (((sorted || !grouped) && B > 5000) || (lhs_null && A != 1)) continue;
             /* token t takes experts (t·7 + j·(E/A) + random offset) mod E, j < A: distinct */
             for (size_t t = 0; t < T; t++) {
                 const size_t shift = (size_t)(check_rng_next(rng) % (E / A));
@@ -627,14 +639,18 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             CHECK_OK(qmm_buffer_poison(ob));
             qmm_gather_options options = {.sorted_indices = sorted};
             qmm_kernel_info ran = {0};
-            CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs, rhs, B, ob, &options, &ran));
+            const uint32_t *lhs_used = lhs_null ? NULL : lhs;
+            if (!grouped) setenv("QMM_CUDA_GATHER_GROUPED", "0", 1);
+            CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, &ran));
+            unsetenv("QMM_CUDA_GATHER_GROUPED");
             CHECK(ran.name && strcmp(ran.name, "cuda.gather.blocks.auto") == 0, "gather ran %s",
                   ran.name ? ran.name : "?");
             CHECK_OK(qmm_buffer_read(ob, out, B * N + 64));
-            CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs, rhs, B, exact, abs_dot));
+            CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs_used, rhs, B, exact, abs_dot));
             char label[200];
-            snprintf(label, sizeof label, "gather E=%zu N=%zu K=%zu T=%zu B=%zu %d-bit gs%d %s %s", E, N, K, T, B,
-                     cases[c].bits, cases[c].group_size, qmm_dtype_name(cases[c].dtype), sorted ? "sorted" : "unsorted");
+            snprintf(label, sizeof label, "gather E=%zu N=%zu K=%zu T=%zu B=%zu %d-bit gs%d %s %s%s%s", E, N, K, T, B,
+                     cases[c].bits, cases[c].group_size, qmm_dtype_name(cases[c].dtype), sorted ? "sorted" : "unsorted",
+                     grouped ? "" : ", a launch per block", lhs_null ? ", lhs_indices NULL" : "");
             double worst = 0;
             size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, B * N, K, 2.0, &worst);
             CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
