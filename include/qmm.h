@@ -449,7 +449,8 @@ typedef struct qmm_gather_options {
  * the call only; every index is checked before any work, so a bad one leaves out untouched. When
  * rhs_indices is non-decreasing the kernels run one product per expert block (each used expert's weights
  * read once for all its rows); otherwise the result is the same, computed in more, smaller blocks.
- * Blocking like qmm_matmul; info (if not NULL) receives the kernel that ran.
+ * Like qmm_matmul, blocking on host backends and asynchronous on devices (read out with qmm_buffer_read); info
+ * (if not NULL) receives the kernel that ran.
  * Lifetimes: the handles must be live (not destroyed by the caller, even while a chain still holds them);
  * the call holds nothing once it returns (a gather is not a chain step).
  * Errors: QMM_ERR_INVALID_ARGUMENT (a NULL context, weights, x, out or rhs_indices; a destroyed handle;

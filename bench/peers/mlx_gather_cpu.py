@@ -13,9 +13,10 @@ i on copy i mod copies with routing i mod 8 (as the bench); time per call = pass
 --repeats passes after one warm-up pass. As the bench's time_gather(): a probe call first, and when it says
 that would take more than 5 s, one pass of `copies` calls only (the note says so). Cells whose one pass would
 take longer than --limit-s (estimated from the previous T) are skipped and say so. JSON lines carry "M" = T.
-Also used for MLX on CUDA by mlx_gather_cuda.py (device gpu): there each call is evaluated before the next too, as
-qmm_gather_matmul returns when its products are done on the GPU, and a first call per (shape, dtype, T) before the
-probe compiles MLX's kernels (NVRTC), outside every timed pass."""
+Also used for MLX on CUDA by mlx_gather_cuda.py (device gpu), timed as the bench times the CUDA gather: a pass is
+8 x max(copies, 8) calls built lazily and evaluated by one mx.eval (they run back to back on MLX's stream, as
+qmm_gather_matmul's calls stream on qmm's; the pass ends when the last is done), and a first call per (shape,
+dtype, T) before the probe compiles MLX's kernels (NVRTC), outside every timed pass."""
 import statistics
 import sys
 import time
@@ -102,7 +103,7 @@ def main(device="cpu", peer="mlx-gather-cpu"):
                     return mx.gather_qmm(x, w, sc, bi, lhs_indices=lhs, rhs_indices=rhs, transpose=True,
                                          group_size=a.group_size, bits=a.bits, sorted_indices=True)
 
-                steps, repeats, warm_up = max(copies, ROUTINGS), a.repeats, 1
+                steps, repeats, warm_up = max(copies, ROUTINGS) * (8 if device == "gpu" else 1), a.repeats, 1
                 if device == "gpu":
                     mx.eval(call(0))  # MLX CUDA compiles its kernels at their first use (up to ~30 s): not in the probe
                 t0 = time.perf_counter()
@@ -115,8 +116,11 @@ def main(device="cpu", peer="mlx-gather-cpu"):
                 samples = []
                 for r in range(-warm_up, repeats):
                     t0 = time.perf_counter()
-                    for i in range(steps):
-                        mx.eval(call(i))
+                    if device == "gpu":
+                        mx.eval([call(i) for i in range(steps)])
+                    else:
+                        for i in range(steps):
+                            mx.eval(call(i))
                     if r >= 0:
                         samples.append((time.perf_counter() - t0) / steps)
                 us = statistics.median(samples) * 1e6

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""qmm bench --gather --backend cuda peer: MLX's own CUDA mx.gather_qmm (PyPI mlx + mlx-cuda-13), timed as
-mlx_gather_cpu.py times the CPU (each call evaluated before the next, as qmm_gather_matmul returns when its
-products are done). Absent (with the reason) when mlx.core cannot be imported or has no GPU device."""
+"""qmm bench --gather --backend cuda peer: MLX's own CUDA mx.gather_qmm (PyPI mlx + mlx-cuda-13), timed by
+mlx_gather_cpu.py with device gpu (a pass of calls evaluated by one mx.eval, as the bench streams
+qmm_gather_matmul's calls and waits for the last). Absent (with the reason) when mlx.core cannot be imported or has
+no GPU device."""
 import os
 import sys
 

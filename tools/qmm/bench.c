@@ -313,18 +313,27 @@ done:
     return status;
 }
 
+/* Waits until the context's work is done: reading one element of out back synchronizes a device backend (the
+ * gather call is asynchronous there, like qmm_matmul); on a host backend it is a copy of one element. */
+static qmm_status wait_for_out(const qmm_buffer *out) {
+    unsigned char element[8];
+    return qmm_buffer_read(out, element, 1);
+}
+
 /* Median µs of one gather call by `kernel` (NULL: the selector's): a probe call, then a warm-up pass and
- * `repeats` timed passes of `steps` calls each; when the probe says that would take more than
- * GATHER_BUDGET_S, one timed pass over the copies only (note says so). */
+ * `repeats` timed passes of `steps` calls each, the clock stopped once the last call's work is done (on a device
+ * backend 8× as many calls per pass, so that the one wait costs little per call); when the probe says that would
+ * take more than GATHER_BUDGET_S, one timed pass over the copies only (note says so). */
 static qmm_status time_gather(bench_run *run, qmm_weights **weights, size_t copies, const gather_routing *routings,
                               qmm_buffer *x, size_t T, size_t B, qmm_buffer *out, const char *kernel, double *us,
                               char *note, size_t note_size) {
     qmm_gather_options options = {.kernel = kernel, .sorted_indices = 1};
-    size_t steps = copies > GATHER_ROUTINGS ? copies : GATHER_ROUTINGS;
+    size_t steps = (copies > GATHER_ROUTINGS ? copies : GATHER_ROUTINGS) * (run->backend == QMM_BACKEND_CUDA ? 8 : 1);
     int repeats = run->repeats, warm_up = 1;
     double started = now_seconds();
     qmm_status status = qmm_gather_matmul(run->context, weights[0], x, T, routings[0].lhs, routings[0].rhs, B, out,
                                           &options, NULL);
+    if (status == QMM_OK) status = wait_for_out(out);
     if (status != QMM_OK) return status;
     const double probe = now_seconds() - started;
     if (probe * (double)steps * (double)(repeats + 1) > GATHER_BUDGET_S) {
@@ -340,6 +349,7 @@ static qmm_status time_gather(bench_run *run, qmm_weights **weights, size_t copi
             status = qmm_gather_matmul(run->context, weights[i % copies], x, T, routing->lhs, routing->rhs, B, out,
                                        &options, NULL);
         }
+        if (status == QMM_OK) status = wait_for_out(out);
         if (r >= 0) samples[r] = (now_seconds() - started) * 1e6 / (double)steps;
     }
     if (status == QMM_OK) {
@@ -590,9 +600,10 @@ static void print_header(const bench_run *run) {
                run->cache_desc, (double)run->cache_bytes / 1048576.0);
     if (run->gather)
         printf("# timing: qmm_gather_matmul in a loop, call i on weight copy i mod copies with routing i mod %d; host "
-               "clock around the loop ÷ calls, median of %d passes after a warm-up pass%s\n", GATHER_ROUTINGS, run->repeats,
-               run->backend == QMM_BACKEND_CUDA ? " (a call returns when its products are done on the GPU: the "
-                                                  "index upload, every launch and the wait are in its time)"
+               "clock around the loop and a wait for its last call ÷ calls, median of %d passes after a warm-up pass%s\n",
+               GATHER_ROUTINGS, run->repeats,
+               run->backend == QMM_BACKEND_CUDA ? " (calls stream as a model's layers would: the index uploads, every "
+                                                  "launch and the GPU's work are in the time)"
                                                 : "");
     else if (run->backend == QMM_BACKEND_CUDA)
         printf("# timing: one CUDA graph per (cell, kernel) with a step per copy and nothing else, replayed; device time "
