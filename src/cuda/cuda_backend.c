@@ -930,7 +930,8 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = generic_supports, .run = generic_n_run},
     {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
-              .description = "MoE gather: one product per expert block on the CUDA qmm_t row picked for its rows"},
+              .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV launches, "
+                             "larger ones on the CUDA qmm_t row picked for their rows"},
      .supports = gather_supports, .run = gather_run},
 };
 
@@ -978,7 +979,8 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
 }
 
 /* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
- * with sorted indices one per expert used, so each expert's weights are read once for all its rows), each on
+ * with sorted indices one per expert used, so each expert's weights are read once for all its rows) — blocks of
+ * ≤ 16 rows in the grouped GEMV launches where the mma_gemv rows take them (gather_grouping), the others each on
  * the CUDA row the selector picks for that block's M (mma_gemv, mma_tile or generic). Rows of x named by
  * lhs_indices are first gathered into device scratch in pair order (one kernel), so every block's x is
  * contiguous; with lhs_indices NULL x is used in place. */
@@ -1005,16 +1007,19 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
 
 /* Whether gather_run puts its blocks of ≤ 16 rows into grouped GEMV launches (one launch of m8n32 for every block
  * of ≤ 8 rows, one of m16n32 for 9–16) instead of a launch per block: where the mma_gemv rows take the blocks (f16
- * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16). Measured on the H200 (docs/PERF.md, sixteenth
- * session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's experts at T = 128:
- * 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off (tests, experiments). */
-static bool gather_grouping(const qmm_call *call) {
+ * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. Measured on the H200
+ * (docs/PERF.md, sixteenth session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's
+ * experts at T = 128: 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off; =1 makes a call that cannot group
+ * an error (tests: that grouping happened where it should). */
+static bool gather_grouping(const qmm_call *call, char *why_not, size_t size) {
     const char *forced = getenv("QMM_CUDA_GATHER_GROUPED");
-    if (forced && strcmp(forced, "0") == 0) return false;
+    if (forced && strcmp(forced, "0") == 0) {
+        snprintf(why_not, size, "QMM_CUDA_GATHER_GROUPED=0");
+        return false;
+    }
     cuda_weights_extra extra = {0};
     qmm_call probe = expert_block_call(call, NULL, 0, 1, &extra);
-    char why_not[256];
-    return call->M <= 0x7fffffffu && mma_supports(&probe, 16, SIZE_MAX, why_not, sizeof why_not);
+    return mma_supports(&probe, 16, SIZE_MAX, why_not, size);
 }
 
 /* block (expert_block_call's, ≤ 16 rows) as offsets from the gather's arrays: x from gathered_x (or the call's x),
@@ -1060,7 +1065,12 @@ static qmm_status gather_run(const qmm_call *call) {
      * then n16 of 9–16 for m16n32), the others a launch each on the row the selector picks. Without host memory for
      * the table, every block gets its own launch. */
     size_t n8 = 0, n16 = 0;
-    bool grouping = gather_grouping(call);
+    char why_not[256] = "";
+    bool grouping = gather_grouping(call, why_not, sizeof why_not);
+    const char *required = getenv("QMM_CUDA_GATHER_GROUPED");
+    if (!grouping && required && strcmp(required, "1") == 0)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
+                         "cannot go to the grouped GEMV launches: %s", why_not);
     for (size_t i0 = 0, i1; grouping && i0 < B; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
         n8 += i1 - i0 <= 8, n16 += i1 - i0 > 8 && i1 - i0 <= 16;

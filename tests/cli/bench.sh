@@ -243,7 +243,7 @@ if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)
   check "--gather --backend cpu: a CPU gather row selected" out_matches '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +1 +bf16 +[0-9.]+ +(memory|compute) +\* cpu\.gather\.blocks\.'
   check "--gather --backend cpu: the reference row as the baseline" out_matches '^ +ref\.gather\.blocks\.r1 +[0-9.]+'
 fi
-# --gather --backend cuda (on a machine with a usable GPU): the CUDA gather row, timed on the host clock per blocking
+# --gather --backend cuda (on a machine with a usable GPU): the CUDA gather row, timed on the host clock per streamed
 # call, says so in the header; elsewhere the backend's absence is a library error.
 if grep -q "^backend cuda: [0-9]" <<<"$("$QMM" kernels --backend cuda 2>/dev/null)"; then
   q bench --backend cuda --gather --quick --no-peers --experts 8 --experts-per-token 2 --dtype f16,bf16

@@ -574,8 +574,10 @@ static void test_large_f16_x(qmm_context *context, check_rng *rng) {
  * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices (with one expert per
  * token also lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing
  * written past B·N — each call with the expert blocks of ≤ 16 rows in grouped GEMV launches (the default where the
- * mma_gemv rows take them) and with a launch per block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
- * (4/8-bit f16/bf16) and the generic one (3-bit, f32; N = 200, not a multiple of 16). */
+ * mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a call that did not group would fail, and it must
+ * fail where they do not) and with a launch per block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
+ * (4/8-bit f16/bf16), the generic one (3-bit f32) and an 8-bit f16 stack with N = 200 (not a multiple of 16: no
+ * repacked slices, the generic row, no grouping). */
 static void test_gather(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t experts, active, T, N, K;
@@ -640,7 +642,18 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             qmm_gather_options options = {.sorted_indices = sorted};
             qmm_kernel_info ran = {0};
             const uint32_t *lhs_used = lhs_null ? NULL : lhs;
-            if (!grouped) setenv("QMM_CUDA_GATHER_GROUPED", "0", 1);
+            const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) &&
+                                (cases[c].bits == 4 || cases[c].bits == 8) && N % 16 == 0;
+            if (grouped && !groups) { /* requiring grouping where it cannot be is an error naming why */
+                setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
+                CHECK_STATUS(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, NULL),
+                             QMM_ERR_UNSUPPORTED);
+                CHECK(strstr(qmm_last_error(), "QMM_CUDA_GATHER_GROUPED=1, but these expert blocks cannot") != NULL,
+                      "gather E=%zu N=%zu %d-bit %s, grouping required: %s", E, N, cases[c].bits,
+                      qmm_dtype_name(cases[c].dtype), qmm_last_error());
+                unsetenv("QMM_CUDA_GATHER_GROUPED");
+            }
+            if (!grouped || groups) setenv("QMM_CUDA_GATHER_GROUPED", grouped ? "1" : "0", 1);
             CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, &ran));
             unsetenv("QMM_CUDA_GATHER_GROUPED");
             CHECK(ran.name && strcmp(ran.name, "cuda.gather.blocks.auto") == 0, "gather ran %s",
@@ -664,6 +677,88 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         qmm_buffer_destroy(ob);
         free(lhs), free(rhs), free(x), free(out), free(exact), free(abs_dot);
         check_qmatrix_free(&q);
+    }
+}
+
+/* The non-finite rule (docs/kernels.md §2) through the gather: 3 experts of 16×64 (4-bit, gs 32) that differ in
+ * their codes (expert e: every code e + 1) and in which rows have ŵ = 0.5 or ŵ = 0 (expert 1 the other half), so the
+ * exact fallback of a row whose sum is not finite reads its own expert's codes, scales and biases or gives another
+ * sign; token 0 has +inf at k = 0 (ŵ = 0.5: +inf; ŵ = 0: NaN, 0·inf), token 1 (f32 and bf16: f16's max is 65504)
+ * 2e38 at k = 0 and 1 (ŵ = 0: exactly 0). Both tokens on experts 1 and 2: two blocks of 2 rows, grouped (f16, bf16)
+ * and with a launch per block. */
+static void test_gather_non_finite(qmm_context *context, check_rng *rng) {
+    (void)rng; /* fixed inputs */
+    enum { E = 3, N = 16, K = 64, T = 2, B = 4 };
+    const uint32_t lhs[B] = {0, 1, 0, 1}, rhs[B] = {1, 1, 2, 2};
+    const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    for (size_t d = 0; d < 3; d++) {
+        const qmm_dtype dtype = dtypes[d];
+        static uint32_t w[E * N * K * 4 / 32];
+        uint16_t scales16[E * N * 2], biases16[E * N * 2];
+        float scales32[E * N * 2], biases32[E * N * 2];
+        for (size_t e = 0; e < E; e++)
+            for (size_t r = 0; r < N; r++) {
+                const uint32_t code = (uint32_t)e + 1;
+                for (size_t i = 0; i < K * 4 / 32; i++) w[(e * N + r) * (K * 4 / 32) + i] = code * 0x11111111u;
+                const bool half = e == 1 ? r >= 8 : r < 8;
+                for (size_t g = 0; g < 2; g++) {
+                    const size_t at = (e * N + r) * 2 + g;
+                    const float s = 1.0f, b = (half ? 0.5f : 0.0f) - (float)code; /* ŵ = code + b */
+                    scales32[at] = s, biases32[at] = b;
+                    scales16[at] = dtype == QMM_F16 ? qmm_f32_to_f16(s) : qmm_f32_to_bf16(s);
+                    biases16[at] = dtype == QMM_F16 ? qmm_f32_to_f16(b) : qmm_f32_to_bf16(b);
+                }
+            }
+        qmm_qmatrix m = {w, dtype == QMM_F32 ? (void *)scales32 : (void *)scales16,
+                         dtype == QMM_F32 ? (void *)biases32 : (void *)biases16, dtype, E * N, K, 4, 32};
+        float x32[T * K] = {0};
+        x32[0] = INFINITY;
+        x32[K + 0] = x32[K + 1] = 2e38f;
+        uint16_t x16[T * K];
+        for (size_t i = 0; i < T * K; i++) x16[i] = dtype == QMM_F16 ? qmm_f32_to_f16(x32[i]) : qmm_f32_to_bf16(x32[i]);
+        qmm_weights *experts = NULL;
+        qmm_buffer *xb = NULL, *ob = NULL;
+        CHECK_OK(qmm_weights_create_experts(context, &m, E, &experts));
+        CHECK_OK(qmm_buffer_create(context, dtype, T * K, &xb));
+        CHECK_OK(qmm_buffer_create(context, dtype, B * N, &ob));
+        if (experts && xb && ob) {
+            CHECK_OK(qmm_buffer_write(xb, dtype == QMM_F32 ? (void *)x32 : (void *)x16, T * K));
+            for (int grouped = 0; grouped < 2; grouped++) {
+                if (grouped && dtype == QMM_F32) continue; /* f32 runs a launch per block */
+                setenv("QMM_CUDA_GATHER_GROUPED", grouped ? "1" : "0", 1);
+                CHECK_OK(qmm_buffer_poison(ob));
+                qmm_gather_options options = {.sorted_indices = 1};
+                CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs, rhs, B, ob, &options, NULL));
+                unsetenv("QMM_CUDA_GATHER_GROUPED");
+                float out[B * N];
+                if (dtype == QMM_F32) {
+                    CHECK_OK(qmm_buffer_read(ob, out, B * N));
+                } else {
+                    uint16_t out16[B * N];
+                    CHECK_OK(qmm_buffer_read(ob, out16, B * N));
+                    for (size_t i = 0; i < B * N; i++)
+                        out[i] = dtype == QMM_F16 ? qmm_f16_to_f32(out16[i]) : qmm_bf16_to_f32(out16[i]);
+                }
+                for (size_t i = 0; i < B; i++)
+                    for (size_t n = 0; n < N; n++) {
+                        const bool half = rhs[i] == 1 ? n >= 8 : n < 8;
+                        const float v = out[i * N + n];
+                        const char *how = grouped ? "grouped" : "a launch per block";
+                        if (lhs[i] == 0 && half)
+                            CHECK(isinf(v) && v > 0, "gather non-finite %s %s: expert %u row %zu, inf·0.5 gave %g",
+                                  qmm_dtype_name(dtype), how, rhs[i], n, v);
+                        if (lhs[i] == 0 && !half)
+                            CHECK(isnan(v), "gather non-finite %s %s: expert %u row %zu, inf·0 gave %g",
+                                  qmm_dtype_name(dtype), how, rhs[i], n, v);
+                        if (lhs[i] == 1 && !half && dtype != QMM_F16)
+                            CHECK(v == 0.0f, "gather non-finite %s %s: expert %u row %zu, 2e38·0 gave %g, exact 0",
+                                  qmm_dtype_name(dtype), how, rhs[i], n, v);
+                    }
+            }
+        }
+        qmm_weights_destroy(experts);
+        qmm_buffer_destroy(xb);
+        qmm_buffer_destroy(ob);
     }
 }
 
@@ -1020,6 +1115,7 @@ static const section sections[] = {
     {"m16n64_chunks", test_m16n64_chunks},
     {"wgmma_switch", test_wgmma_switch},
     {"gather", test_gather},
+    {"gather_non_finite", test_gather_non_finite},
     {"non_finite", test_non_finite},
     {"large_f16_x", test_large_f16_x},
     {"errors", test_errors},
