@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -64,11 +65,11 @@ const qmm_cpu_features *qmm_cpu_features_get(void) {
         qmm_cpu_features detected = {0};
         detect(&detected);
         /* QMM_CPU_MAX_ISA caps what the rows may use (read once, with cpuid), so that the AVX2 and portable
-         * rows can be run and tested on a CPU that has more; an unknown value caps nothing. */
+         * rows can be run and tested on a CPU that has more (either case: AVX2 too); an unknown value caps nothing. */
         const char *cap = getenv("QMM_CPU_MAX_ISA");
         detected.max_isa = QMM_CPU_ISA_AVX512;
-        if (cap && strcmp(cap, "avx2") == 0) detected.max_isa = QMM_CPU_ISA_AVX2;
-        if (cap && strcmp(cap, "portable") == 0) detected.max_isa = QMM_CPU_ISA_PORTABLE;
+        if (cap && strcasecmp(cap, "avx2") == 0) detected.max_isa = QMM_CPU_ISA_AVX2;
+        if (cap && strcasecmp(cap, "portable") == 0) detected.max_isa = QMM_CPU_ISA_PORTABLE;
         features = detected;
         atomic_store_explicit(&state, 2, memory_order_release);
     } else {

@@ -70,6 +70,13 @@ if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
     QMM_CPU_MAX_ISA=avx2 q run --backend cpu
     check "run with AVX-512 capped: the AVX2 GEMV row runs the fixture" out_matches " cpu\.qmm_t\.gemv\.r4\.avx2 "
     check "run with AVX-512 capped: within bound" out_has "7 layers, all within bound"
+    QMM_CPU_MAX_ISA=AVX2 q kernels --backend cpu # either case
+    check "kernels, AVX-512 capped as AVX2: the AVX-512 rows say why not" \
+      out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: AVX-512 is disabled by QMM_CPU_MAX_ISA=avx2 "
+    check "kernels, AVX-512 capped as AVX2: no 'caps nothing' note" bash -c '! grep -q "caps nothing" <<<"$1"' _ "$OUT"
+    QMM_CPU_MAX_ISA=avx-2 q kernels --backend cpu
+    check "kernels, QMM_CPU_MAX_ISA=avx-2: the note says it caps nothing" \
+      out_has "note: QMM_CPU_MAX_ISA='avx-2' is neither 'avx2' nor 'portable' (in either case), so it caps nothing"
   else
     check "kernels without AVX-512: the AVX-512 rows say what is missing" \
       out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: (this CPU lacks|the OS does not enable|this CPU is not x86|AVX-512 is disabled by QMM_CPU_MAX_ISA|AVX2 is disabled by QMM_CPU_MAX_ISA)"

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* ───────────────────────────── qmm kernels ───────────────────────────── */
 
@@ -60,8 +61,8 @@ int cmd_kernels(const command *c, int argc, char **argv) {
     /* The library reads QMM_CPU_MAX_ISA silently (an unknown value caps nothing); say so here, where a typo
      * would otherwise test rows other than the ones meant. */
     const char *cap = getenv("QMM_CPU_MAX_ISA");
-    if (cap && strcmp(cap, "avx2") != 0 && strcmp(cap, "portable") != 0)
-        printf("note: QMM_CPU_MAX_ISA='%s' is neither 'avx2' nor 'portable', so it caps nothing\n", cap);
+    if (cap && strcasecmp(cap, "avx2") != 0 && strcasecmp(cap, "portable") != 0)
+        printf("note: QMM_CPU_MAX_ISA='%s' is neither 'avx2' nor 'portable' (in either case), so it caps nothing\n", cap);
     qmm_context *context = NULL;
     if (backend) {
         qmm_status status = open_context(backend_choice, &context);

@@ -60,7 +60,7 @@ static const command commands[] = {
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_matmul},
     {"gather", "the MoE product of a layer of experts (top-k routing), checked against the f64 oracle",
-     "usage: qmm gather DIR --layer NAME [--tokens T] [--experts-per-token K] [--unsorted] [--dtype f32|f16|bf16]\n"
+     "usage: qmm gather DIR --layer NAME [--tokens|-t T] [--experts-per-token|-k K] [--unsorted] [--dtype f32|f16|bf16]\n"
      "                  [--kernel NAME] [--seed S] [--backend auto|cuda|cpu|ref] [--threads N]\n"
      "  MLX gather_qmm on layer NAME of checkpoint DIR, a layer of E experts (weight [E, N, K·bits/32], as\n"
      "  mlx-lm's switch_mlp; `qmm info` shows \"E experts\"; a 2-D layer is one expert). T tokens (default 16,\n"
@@ -131,9 +131,11 @@ static const command commands[] = {
      "  stacked E times (--experts, default 128); --m is T, the tokens (default 1,8,32,128), each routed to K\n"
      "  distinct random experts (--experts-per-token, default min(8, E)), B = K·T pairs sorted by expert as MLX's\n"
      "  sorted_indices; bytes = the experts touched + x + out, floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); every\n"
-     "  gather row is timed, the reference rows being the baseline; peer: MLX's mx.gather_qmm on the CPU through\n"
-     "  .venv (bench/peers/mlx_gather_cpu.py: the same stack, copies and routings); no --tuning. Default shapes:\n"
-     "  qwen3-30b-a3b-experts (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down). Not on cuda yet (host-clock timing).\n"
+     "  gather row is timed (on the CPU the reference rows are the baseline), on the host clock per call of a stream\n"
+     "  of calls, waiting for the last; peer: MLX's mx.gather_qmm on the CPU through .venv\n"
+     "  (bench/peers/mlx_gather_cpu.py), with --backend cuda on MLX CUDA (mlx_gather_cuda.py, python3 from PATH),\n"
+     "  on the same stack, copies and routings; no --tuning. Default shapes: qwen3-30b-a3b-experts\n"
+     "  (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down).\n"
      "  --batch-invariant: each cell also times batch-invariant mode (qmm_matmul_options.batch_invariant): a row\n"
      "  marked 'bi' with the kernel the selector (or --kernel) takes in that mode and, in its note, its time ÷ the\n"
      "  default mode's (the mode's cost); JSON marks it \"batch_invariant\": true.\n"
@@ -170,12 +172,12 @@ static void print_overview(FILE *out) {
     for (size_t i = 0; i < command_count; i++) fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\n'qmm COMMAND --help' prints a command's usage.\n\n"
                  "exit status:\n"
-                 "  0  success (qmm matmul, qmm run: every output within its error bound)\n"
+                 "  0  success (qmm matmul, qmm gather, qmm run: every output within its error bound)\n"
                  "  1  library or run-time error: a missing or broken file, an unusable OUTDIR, a layer or kernel\n"
                  "     the checkpoint or backend does not have, a backend that is not available\n"
                  "  2  usage error: unknown command or option, missing or malformed value, a value outside its\n"
                  "     rule (--bits 7); reported before any work is done\n"
-                 "  3  FAIL verdict: qmm matmul or qmm run ran, and some outputs are outside the error bound\n");
+                 "  3  FAIL verdict: qmm matmul, qmm gather or qmm run ran, and some outputs are outside the error bound\n");
 }
 
 static const command *find_command(const char *name) {
