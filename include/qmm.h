@@ -621,11 +621,15 @@ typedef struct qmm_checkpoint qmm_checkpoint;
  * [E, N, K·bits/32] (mlx-lm's switch_mlp), the product of the dimensions before the last two. matrix then
  * stacks them (rows = experts·N), as qmm_weights_create_experts and qmm_ref_gather_qmm take it.
  * qmm_checkpoint_write reads 0 as 1 (zero-initialise a qmm_layer you fill) and writes a layer of
- * experts > 1 as [experts, rows/experts, ...] (rows must be a multiple of experts: QMM_ERR_SHAPE). */
+ * experts > 1 as [experts, rows/experts, ...] (rows must be a multiple of experts: QMM_ERR_SHAPE).
+ * experts_dim: nonzero when the weight has that leading experts dimension even with experts = 1 (an MoE layer of
+ * one expert, [1, N, K·bits/32]): set by qmm_checkpoint_open for a weight of 3 or more dims and by
+ * qmm_checkpoint_quantize for a 3-D float weight; qmm_checkpoint_write then writes the layer 3-D too. */
 typedef struct qmm_layer {
     const char *name;
     qmm_qmatrix matrix;
     size_t experts;
+    int experts_dim;
 } qmm_layer;
 
 /* Opens DIR, reads config.json and every shard, and checks each quantized layer: weight U32 with 2 or

@@ -293,6 +293,7 @@ typedef struct checkpoint_layer {
     char *name;
     qmm_qmatrix matrix;
     size_t experts; /* product of the weight's dimensions before the last two (MoE experts); 1 for 2-D */
+    int experts_dim; /* the weight has 3 or more dimensions (qmm_layer.experts_dim) */
     void *owned[3]; /* aligned copies of misaligned arrays (see build_layer) */
 } checkpoint_layer;
 
@@ -650,6 +651,7 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
     /* An MoE layer [E, N, words] (or more leading dims) stacks its experts in the rows: rows = experts·N. */
     layer->experts = 1;
     for (int d = 0; d + 2 < weight.ndim; d++) layer->experts *= (size_t)weight.shape[d];
+    layer->experts_dim = weight.ndim > 2;
     layer->name = name;
     name = NULL;
 cleanup:
@@ -904,6 +906,7 @@ qmm_status qmm_checkpoint_layer(const qmm_checkpoint *checkpoint, size_t index, 
     layer->name = checkpoint->layers[index].name;
     layer->matrix = checkpoint->layers[index].matrix;
     layer->experts = checkpoint->layers[index].experts;
+    layer->experts_dim = checkpoint->layers[index].experts_dim;
     return QMM_OK;
 }
 
@@ -1305,9 +1308,10 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
             qmm_tensor *t = &all[total++];
             t->name = name;
             t->dtype = k == 0 ? QMM_U32 : m->dtype;
-            /* [rows, last], or [experts, rows/experts, last] for a layer of MoE experts. */
-            t->ndim = experts > 1 ? 3 : 2;
-            if (experts > 1) t->shape[0] = (int64_t)experts;
+            /* [rows, last], or [experts, rows/experts, last] for a layer of MoE experts (one expert too, with
+             * experts_dim: [1, N, last] stays 3-D). */
+            t->ndim = experts > 1 || layer->experts_dim ? 3 : 2;
+            if (t->ndim == 3) t->shape[0] = (int64_t)experts;
             t->shape[t->ndim - 2] = (int64_t)(m->rows / experts);
             t->shape[t->ndim - 1] = (int64_t)(k == 0 ? words : groups);
             t->data = arrays[k];

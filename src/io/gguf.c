@@ -730,6 +730,7 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
          * shapes it, not one matrix of E·N rows; more leading dims fold into E, as qmm_checkpoint_open reads. */
         layers[layer_count].experts = 1;
         for (int d = 0; d + 2 < t->ndim; d++) layers[layer_count].experts *= (size_t)t->shape[d];
+        layers[layer_count].experts_dim = t->ndim > 2;
         layer_count++;
         if (!layer_names[layer_count - 1]) {
             status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a layer name");

@@ -132,6 +132,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
         layers[layer_count].name = name;
         layers[layer_count].matrix = (qmm_qmatrix){w, scales, biases, t.dtype, rows, cols, bits, group_size};
         layers[layer_count].experts = experts;
+        layers[layer_count].experts_dim = t.ndim == 3; /* [1, N, K] stays 3-D: an MoE layer of one expert */
         layer_count++;
         counts.quantized++;
         if (note) {
@@ -166,6 +167,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
             (qmm_qmatrix){NULL, NULL, NULL, layer.matrix.dtype, layer.matrix.rows, layer.matrix.cols,
                           layer.matrix.bits, layer.matrix.group_size};
         layers[layer_count].experts = layer.experts; /* its tensors keep their [E, N, ...] shape */
+        layers[layer_count].experts_dim = layer.experts_dim;
         layer_count++;
         counts.kept++;
         if (note) {

@@ -255,6 +255,19 @@ if grep -q "^backend cuda: [0-9]" <<<"$("$QMM" kernels --backend cuda 2>/dev/nul
 else
   expect_library_error bench "[a-z ]+" "--backend cuda" bench --backend cuda --gather --quick --no-peers
 fi
+# A gather row whose one pass over the weight copies would take more than ~20 s is skipped with a note (T = 65536
+# tokens on a tiny stack: 512 copies of ~0.1 s calls), not run for minutes.
+printf 'tiny 64 64\n' >"$WORK/tiny.txt"
+q bench --gather --backend ref --experts 2 --experts-per-token 1 --shapes "$WORK/tiny.txt" --m 65536 --dtype f32 --no-peers
+check "--gather, a very slow row: exit 0" rc_is 0
+check "--gather, a very slow row: skipped with the estimate" \
+  out_matches '^tiny +64×64 +65536 +f32 .* \* ref\.gather\.blocks\.r1 +— .*skipped: one pass of [0-9]+ calls would take ~[0-9]+ s'
+# Shape lists too long for a peer script's command line (8 KiB) leave the peers absent instead of cut short.
+for i in $(seq 100 239); do printf 's%s%d 32 64\n' "$(printf 'x%.0s' $(seq 58))" "$i"; done >"$WORK/many.txt"
+q bench --backend ref --quick --shapes "$WORK/many.txt" --m 1 --dtype f32 --kernel ref.qmm_t.scalar.r1
+check "140 long shape names: exit 0" rc_is 0
+check "140 long shape names: the peer absent, with the reason" \
+  out_matches "^# peer mlx-cpu: absent: the shapes or M list is too long for the script's command line"
 expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"
 expect_usage_error bench "--experts applies to --gather only" bench --backend ref --quick --experts 8
 expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2

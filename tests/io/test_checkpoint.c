@@ -532,7 +532,7 @@ static void test_write_refusals(const char *root) {
     CHECK(check_qmatrix_random(&rng, 2, 128, 2, 64, QMM_F16, &b), "matrix b");
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, "refusals");
-    qmm_layer full = {"model.full", b.m, 1};
+    qmm_layer full = {"model.full", b.m, 1, 0};
     CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &full, 1, NULL));
     size_t before_size = 0, after_size = 0;
     char *before = snapshot(dir, &before_size);
@@ -548,7 +548,7 @@ static void test_write_refusals(const char *root) {
     }
     static const char *const keys[] = {"bits", "group_size", "mode", "quant_method"};
     for (int k = 0; k < 4; k++) {
-        qmm_layer named[2] = {full, {keys[k], a.m, 1}};
+        qmm_layer named[2] = {full, {keys[k], a.m, 1, 0}};
         CHECK_STATUS(qmm_checkpoint_write(dir, NULL, 0, named, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
         CHECK(message_has(keys[k]) && message_has("collide"), "message: %s", qmm_last_error());
     }
@@ -559,7 +559,7 @@ static void test_write_refusals(const char *root) {
     /* Layer "p" described only: its tensors come among tensors, its format from the entry. */
     qmm_tensor p_tensors[3] = {tensor_2d("p.weight", QMM_U32, 3, 8, a.w), tensor_2d("p.scales", QMM_F16, 3, 2, a.scales),
                                tensor_2d("p.biases", QMM_F16, 3, 2, a.biases)};
-    qmm_layer described = {"p", {NULL, NULL, NULL, QMM_F16, 3, 64, 4, 32}, 1};
+    qmm_layer described = {"p", {NULL, NULL, NULL, QMM_F16, 3, 64, 4, 32}, 1, 0};
     qmm_layer pair[2] = {full, described};
     CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 2, pair, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
     CHECK(message_has("p.biases"), "message: %s", qmm_last_error());
@@ -567,7 +567,7 @@ static void test_write_refusals(const char *root) {
     pair[1].matrix.group_size = 64; /* ... not a multiple of group_size 64 */
     CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 3, pair, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
     CHECK(message_has("group_size=64"), "message: %s", qmm_last_error());
-    qmm_layer clash[2] = {full, {"p", a.m, 1}}; /* arrays of its own and p.* among tensors */
+    qmm_layer clash[2] = {full, {"p", a.m, 1, 0}}; /* arrays of its own and p.* among tensors */
     CHECK_STATUS(qmm_checkpoint_write(dir, p_tensors, 3, clash, 2, NULL), QMM_ERR_INVALID_ARGUMENT);
 
     after_size = 0;
@@ -615,7 +615,7 @@ static void test_write_failures(const char *root) {
     check_rng rng = check_rng_make(14);
     check_qmatrix a;
     CHECK(check_qmatrix_random(&rng, 2, 64, 4, 32, QMM_F16, &a), "matrix");
-    qmm_layer layer = {"p", a.m, 1};
+    qmm_layer layer = {"p", a.m, 1, 0};
 
     /* The rename of model.safetensors fails (a non-empty directory is in its way). */
     char dir[1024];
@@ -703,7 +703,7 @@ static void test_replace_existing(const char *root) {
     check_qmatrix a, b;
     CHECK(check_qmatrix_random(&rng, 2, 64, 4, 32, QMM_F16, &a), "matrix a");
     CHECK(check_qmatrix_random(&rng, 3, 64, 8, 32, QMM_F16, &b), "matrix b");
-    qmm_layer old_layer = {"p", a.m, 1}, new_layer = {"p", b.m, 1};
+    qmm_layer old_layer = {"p", a.m, 1, 0}, new_layer = {"p", b.m, 1, 0};
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, "replace");
     CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, &old_layer, 1, NULL));
@@ -749,7 +749,7 @@ static void test_experts(const char *root) {
     check_qmatrix stacked, plain;
     CHECK(check_qmatrix_random(&rng, 4 * 3, 64, 4, 32, QMM_BF16, &stacked), "stacked matrix");
     CHECK(check_qmatrix_random(&rng, 5, 64, 4, 32, QMM_BF16, &plain), "plain matrix");
-    qmm_layer layers[2] = {{"model.layers.0.mlp.switch_mlp.up_proj", stacked.m, 4}, {"model.layers.0.q", plain.m, 0}};
+    qmm_layer layers[2] = {{"model.layers.0.mlp.switch_mlp.up_proj", stacked.m, 4, 0}, {"model.layers.0.q", plain.m, 0, 0}};
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, "experts");
     CHECK_OK(qmm_checkpoint_write(dir, NULL, 0, layers, 2, NULL));

@@ -71,9 +71,9 @@ static void make_layer(check_rng *rng, made_layer *l, const char *name, int bits
     l->ndim = three_d ? 3 : 2;
     l->lead[0] = three_d ? 1 + (int64_t)below(rng, 2) : (int64_t)rows_hint;
     l->lead[1] = three_d ? 1 + (int64_t)below(rng, 3) : 1;
-    /* A 3-D layer from its arrays is a layer of lead[0] experts, written [E, N, words]; with one expert the
-     * writer makes it 2-D, so a [1, N, words] layer is passed as tensors to keep its shape. */
-    l->described = described || (three_d && l->lead[0] == 1);
+    /* A 3-D layer from its arrays is a layer of lead[0] experts, written [E, N, words] — with one expert too
+     * (qmm_layer.experts_dim). */
+    l->described = described;
     l->rows = (size_t)(l->lead[0] * l->lead[1]);
     l->groups = groups;
     l->cols = groups * (size_t)group_size;
@@ -423,7 +423,7 @@ static void round_checkpoint(check_rng *rng, const char *root, int round) {
             snprintf(f->name, sizeof f->name, "%sf%zu.norm.weight", base, i);
         } else if (i == 6) {
             f->ndim = 3;
-            f->shape[0] = 2;
+            f->shape[0] = 1 + (int64_t)below(rng, 2); /* one expert too: [1, N, K] stays 3-D */
             f->shape[1] = 2;
             f->shape[2] = ks[below(rng, 5)];
             f->marked_false = below(rng, 4) == 0;
@@ -456,6 +456,7 @@ static void round_checkpoint(check_rng *rng, const char *root, int round) {
         const made_layer *l = &layers[i];
         entries[i].name = l->name;
         entries[i].experts = l->ndim == 3 ? (size_t)l->lead[0] : 1;
+        entries[i].experts_dim = l->ndim == 3;
         if (l->described) {
             layer_tensors(l, &tensors[tensor_count], names[i]);
             tensor_count += 3;

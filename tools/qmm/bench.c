@@ -257,8 +257,10 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
  * routing i mod 8, so the experts a call reads are mostly not in the cache. bytes = the experts a call
  * touches (weights + scales + biases, averaged over the routings) + x + out; flops = 2·B·n·k. */
 #define GATHER_ROUTINGS 8
-/* A kernel whose probe call says a full measurement would exceed this many seconds gets one pass. */
+/* A kernel whose probe call says a full measurement would exceed this many seconds gets one pass; one whose single
+ * pass would exceed GATHER_SKIP_S is skipped (the note says so), as the plain bench skips its slow scalar rows. */
 #define GATHER_BUDGET_S 5.0
+#define GATHER_SKIP_S 20.0
 
 typedef struct gather_routing {
     uint32_t *lhs, *rhs; /* [B] tokens and experts, sorted by expert */
@@ -323,7 +325,8 @@ static qmm_status wait_for_out(const qmm_buffer *out) {
 /* Median µs of one gather call by `kernel` (NULL: the selector's): a probe call, then a warm-up pass and
  * `repeats` timed passes of `steps` calls each, the clock stopped once the last call's work is done (on a device
  * backend 8× as many calls per pass, so that the one wait costs little per call); when the probe says that would
- * take more than GATHER_BUDGET_S, one timed pass over the copies only (note says so). */
+ * take more than GATHER_BUDGET_S, one timed pass over the copies only, and past GATHER_SKIP_S none: *us = NaN (the
+ * note says which). */
 static qmm_status time_gather(bench_run *run, qmm_weights **weights, size_t copies, const gather_routing *routings,
                               qmm_buffer *x, size_t T, size_t B, qmm_buffer *out, const char *kernel, double *us,
                               char *note, size_t note_size) {
@@ -337,6 +340,12 @@ static qmm_status time_gather(bench_run *run, qmm_weights **weights, size_t copi
     if (status != QMM_OK) return status;
     const double probe = now_seconds() - started;
     if (probe * (double)steps * (double)(repeats + 1) > GATHER_BUDGET_S) {
+        if (probe * (double)copies > GATHER_SKIP_S) {
+            *us = NAN;
+            snprintf(note, note_size, "skipped: one pass of %zu calls would take ~%.0f s (a call took %.2f s)", copies,
+                     probe * (double)copies, probe);
+            return QMM_OK;
+        }
         steps = copies, repeats = 1, warm_up = 0;
         snprintf(note, note_size, "one pass of %zu calls (a call took %.2f s)", steps, probe);
     }
@@ -502,6 +511,8 @@ static void bench_script_peers(bench_run *run) {
     used = 0;
     for (size_t i = 0; i < run->dtype_count && used < sizeof dtypes; i++)
         used += (size_t)snprintf(dtypes + used, sizeof dtypes - used, "%s%s", i ? "," : "", qmm_dtype_name(run->dtypes[i]));
+    /* a list cut short would have the scripts time other shapes under these names: then no script runs */
+    const bool lists_fit = strlen(shapes) + 1 < sizeof shapes && strlen(ms) + 1 < sizeof ms;
 
     typedef struct script {
         const char *peer, *python, *file;
@@ -520,6 +531,11 @@ static void bench_script_peers(bench_run *run) {
         snprintf(extra, sizeof extra, " --experts %zu --experts-per-token %zu", run->experts, run->top_k);
     for (size_t i = 0; i < count; i++) {
         char absent[320] = "";
+        if (!lists_fit) {
+            note_absent(run, scripts[i].peer, "the shapes or M list is too long for the script's command line (more than "
+                                              "8 KiB of name:N:K items): run fewer shapes at a time");
+            continue;
+        }
         if (scripts[i].python[0] == '/' && access(scripts[i].python, X_OK) != 0) {
             /* the ggml peer's package is installed by `setup.sh bench` only (README "Benchmarks") */
             snprintf(absent, sizeof absent, "the project's venv is missing (%s; scripts/setup.sh %s creates it)",
@@ -532,11 +548,15 @@ static void bench_script_peers(bench_run *run) {
             continue;
         }
         char command_text[16384];
-        snprintf(command_text, sizeof command_text,
+        const int length = snprintf(command_text, sizeof command_text,
                  "'%s' '%s/bench/peers/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
                  "--cache-bytes %zu --threads %d%s%s",
                  scripts[i].python, source_dir(), scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
                  run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), extra, run->quick ? " --quick" : "");
+        if (length < 0 || (size_t)length >= sizeof command_text) {
+            note_absent(run, scripts[i].peer, "its command line would exceed 16 KiB (long paths or shape lists)");
+            continue;
+        }
         fprintf(stderr, "bench peer %s: %s\n", scripts[i].peer, command_text);
         bench_peer_samples samples = {0};
         if (!bench_run_script_peer(command_text, &samples, absent, sizeof absent)) {

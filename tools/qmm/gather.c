@@ -97,7 +97,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if ((rc = parse_threads(c, threads_text, &threads))) return rc;
     const char *inject = getenv("QMM_RUN_INJECT_FAULT");
     if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
-        return usage_error(c, "QMM_RUN_INJECT_FAULT='%s' is not a non-negative integer", inject);
+        return usage_error(c, "QMM_RUN_INJECT_FAULT='%.64s' is not a whole number from 0 to 1000000", inject);
 
     qmm_checkpoint *checkpoint = NULL;
     qmm_context *context = NULL;

@@ -62,7 +62,8 @@ int cmd_kernels(const command *c, int argc, char **argv) {
      * would otherwise test rows other than the ones meant. */
     const char *cap = getenv("QMM_CPU_MAX_ISA");
     if (cap && strcasecmp(cap, "avx2") != 0 && strcasecmp(cap, "portable") != 0)
-        printf("note: QMM_CPU_MAX_ISA='%s' is neither 'avx2' nor 'portable' (in either case), so it caps nothing\n", cap);
+        printf("note: QMM_CPU_MAX_ISA='%.64s%s' is neither 'avx2' nor 'portable' (in either case), so it caps nothing\n",
+               cap, strlen(cap) > 64 ? "…" : "");
     qmm_context *context = NULL;
     if (backend) {
         qmm_status status = open_context(backend_choice, &context);
