@@ -133,7 +133,7 @@ static const command commands[] = {
      "  sorted_indices; bytes = the experts touched + x + out, floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); every\n"
      "  gather row is timed (on the CPU the reference rows are the baseline), on the host clock per call of a stream\n"
      "  of calls, waiting for the last (a row whose one pass over the copies would take more than ~20 s is skipped,\n"
-     "  and says so); peer: MLX's mx.gather_qmm on the CPU through .venv\n"
+     "  and says so; test hook: QMM_BENCH_GATHER_SKIP_S=seconds); peer: MLX's mx.gather_qmm on the CPU through .venv\n"
      "  (bench/peers/mlx_gather_cpu.py), with --backend cuda on MLX CUDA (mlx_gather_cuda.py, python3 from PATH),\n"
      "  on the same stack, copies and routings; no --tuning. Default shapes: qwen3-30b-a3b-experts\n"
      "  (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down).\n"
