@@ -167,6 +167,12 @@ int parse_seed(const command *c, const char *text, unsigned long long *seed) {
     return usage_error(c, "--seed '%s' is not an integer from 0 to %llu", text, ULLONG_MAX);
 }
 
+int parse_inject_fault(const command *c, unsigned long long *faults) {
+    const char *inject = getenv("QMM_RUN_INJECT_FAULT");
+    if (!inject || !inject[0] || parse_unsigned(inject, 0, 1000000, faults)) return 0;
+    return usage_error(c, "QMM_RUN_INJECT_FAULT='%.64s' is not a whole number from 0 to 1000000", inject);
+}
+
 /* An int option whose range the library checks (bits, group size): any decimal int parses. */
 int parse_int(const char *text, int *out) {
     if (!text || !text[0]) return 0;

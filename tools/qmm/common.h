@@ -90,6 +90,9 @@ int parse_unsigned(const char *text, unsigned long long min, unsigned long long 
 /* --seed S (text NULL: *seed keeps its default): a whole number from 0 to ULLONG_MAX; returns 0 or QMM_EXIT_USAGE
  * after the usage error. */
 int parse_seed(const command *c, const char *text, unsigned long long *seed);
+/* The QMM_RUN_INJECT_FAULT test hook (unset or empty: *faults keeps its default): a whole number from 0 to 1000000;
+ * returns 0 or QMM_EXIT_USAGE after the usage error (matmul, gather, run). */
+int parse_inject_fault(const command *c, unsigned long long *faults);
 /* An int option whose range the library checks (bits, group size): any decimal int parses. */
 int parse_int(const char *text, int *out);
 

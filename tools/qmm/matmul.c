@@ -39,9 +39,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
     if ((rc = parse_threads(c, threads_text, &threads))) return rc;
     unsigned long long faults = 0;
-    const char *inject = getenv("QMM_RUN_INJECT_FAULT");
-    if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
-        return usage_error(c, "QMM_RUN_INJECT_FAULT='%.64s' is not a whole number from 0 to 1000000", inject);
+    if ((rc = parse_inject_fault(c, &faults))) return rc;
 
     qmm_checkpoint *checkpoint = NULL;
     qmm_safetensors *x_file = NULL;

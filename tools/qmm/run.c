@@ -58,9 +58,7 @@ int cmd_run(const command *c, int argc, char **argv) {
     int backend_choice, threads;
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
     if ((rc = parse_threads(c, threads_text, &threads))) return rc;
-    const char *inject = getenv("QMM_RUN_INJECT_FAULT");
-    if (inject && inject[0] && !parse_unsigned(inject, 0, 1000000, &faults))
-        return usage_error(c, "QMM_RUN_INJECT_FAULT='%.64s' is not a whole number from 0 to 1000000", inject);
+    if ((rc = parse_inject_fault(c, &faults))) return rc;
 
     char dir[4096], activations_path[4200];
     qmm_checkpoint *checkpoint = NULL;
