@@ -60,8 +60,7 @@ size_t qmm_gather_block_end(const qmm_call *gather, size_t i0) {
     return i1;
 }
 
-/* Whether the block's x rows are consecutive rows of x (usable in place). */
-static bool block_rows_consecutive(const qmm_call *gather, size_t i0, size_t i1) {
+bool qmm_gather_block_in_place(const qmm_call *gather, size_t i0, size_t i1) {
     if (!gather->lhs_indices) return true;
     for (size_t i = i0 + 1; i < i1; i++)
         if (gather->lhs_indices[i] != gather->lhs_indices[i0] + (i - i0)) return false;
@@ -93,7 +92,7 @@ static qmm_call block_call(const qmm_call *gather, size_t i0, size_t i1) {
 
 qmm_call qmm_gather_block_call(const qmm_call *gather, size_t i0, size_t i1) {
     qmm_call call = block_call(gather, i0, i1);
-    if (block_rows_consecutive(gather, i0, i1)) {
+    if (qmm_gather_block_in_place(gather, i0, i1)) {
         const size_t first = gather->lhs_indices ? gather->lhs_indices[i0] : i0;
         call.x = (const unsigned char *)gather->x + first * gather->K * qmm_dtype_size(gather->dtype);
     }
@@ -139,7 +138,7 @@ qmm_status qmm_gather_run_blocks(const qmm_call *gather, const qmm_kernel *qmm_t
         const size_t i1 = qmm_gather_block_end(gather, i0);
         qmm_call call = block_call(gather, i0, i1);
         const size_t first = gather->lhs_indices ? gather->lhs_indices[i0] : i0;
-        if (block_rows_consecutive(gather, i0, i1)) {
+        if (qmm_gather_block_in_place(gather, i0, i1)) {
             call.x = (const unsigned char *)gather->x + first * row_bytes;
         } else {
             if (call.M > scratch_rows) {

@@ -127,6 +127,9 @@ qmm_status qmm_gather_run_blocks(const qmm_call *gather, const qmm_kernel *qmm_t
  * place when the block's rows are consecutive rows of x, else NULL: then the caller copies them with
  * qmm_gather_block_rows into host memory of (i1 − i0)·K elements and points x there. Never fail. */
 size_t qmm_gather_block_end(const qmm_call *gather, size_t i0);
+/* Whether block [i0, i1)'s rows of x are consecutive rows of x (lhs_indices NULL, or lhs_indices[i] = lhs_indices[i0] +
+ * i − i0): qmm_gather_block_call then points x at them in place. */
+bool qmm_gather_block_in_place(const qmm_call *gather, size_t i0, size_t i1);
 qmm_call qmm_gather_block_call(const qmm_call *gather, size_t i0, size_t i1);
 void qmm_gather_block_rows(const qmm_call *gather, size_t i0, size_t i1, void *rows);
 

@@ -47,14 +47,13 @@ typedef struct cuda_state {
      * last split resets its counter). NULL until then: launches fall back to one split. */
     float *tile_partials;
     unsigned *tile_counters;
-    /* gather scratch (the gathered rows of x and the uploaded lhs indices), grown on demand; a gather is not a
-     * chain step, so no graph holds these pointers */
+    /* gather scratch, grown on demand; a gather is not a chain step, so no graph holds these pointers: the gathered
+     * rows of x, and the call's upload — the lhs indices (uint32, padded to 16 bytes), then the grouped GEMV
+     * launches' table (qmm_cuda_gemv_product) */
     void *gather_x;
     size_t gather_x_bytes;
-    void *gather_index; /* uint32 [gather_index_bytes / 4] */
-    size_t gather_index_bytes;
-    void *gather_products; /* qmm_cuda_gemv_product [gather_products_bytes / sizeof]: the grouped GEMV launches' table */
-    size_t gather_products_bytes;
+    void *gather_upload;
+    size_t gather_upload_bytes;
 } cuda_state;
 
 #define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20) /* 16 MiB */
@@ -124,8 +123,7 @@ static void cuda_close(void *state) {
     if (s->tile_partials) cudaFree(s->tile_partials);
     if (s->tile_counters) cudaFree(s->tile_counters);
     if (s->gather_x) cudaFree(s->gather_x);
-    if (s->gather_index) cudaFree(s->gather_index);
-    if (s->gather_products) cudaFree(s->gather_products);
+    if (s->gather_upload) cudaFree(s->gather_upload);
     free(s);
 }
 
@@ -981,9 +979,10 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
 /* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
  * with sorted indices one per expert used, so each expert's weights are read once for all its rows) — blocks of
  * ≤ 16 rows in the grouped GEMV launches where the mma_gemv rows take them (gather_grouping), the others each on
- * the CUDA row the selector picks for that block's M (mma_gemv, mma_tile or generic). Rows of x named by
- * lhs_indices are first gathered into device scratch in pair order (one kernel), so every block's x is
- * contiguous; with lhs_indices NULL x is used in place. */
+ * the CUDA row the selector picks for that block's M (mma_gemv, mma_tile or generic). Where some block's rows of x
+ * (named by lhs_indices) are not consecutive rows of x, the rows are first gathered into device scratch in pair
+ * order (one kernel), so every block's x is contiguous; otherwise (lhs_indices NULL, blocks of one row, runs of
+ * consecutive tokens) every block reads x in place. */
 static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
     if (call->op != QMM_OP_GATHER) {
         snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
@@ -1011,9 +1010,12 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
  * (docs/PERF.md, sixteenth session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's
  * experts at T = 128: 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off; =1 makes a call that cannot group
  * an error (tests: that grouping happened where it should). */
-static bool gather_grouping(const qmm_call *call, char *why_not, size_t size) {
+static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, else −1 */
     const char *forced = getenv("QMM_CUDA_GATHER_GROUPED");
-    if (forced && strcmp(forced, "0") == 0) {
+    return forced && strcmp(forced, "0") == 0 ? 0 : forced && strcmp(forced, "1") == 0 ? 1 : -1;
+}
+static bool gather_grouping(const qmm_call *call, int forced, char *why_not, size_t size) {
+    if (forced == 0) {
         snprintf(why_not, size, "QMM_CUDA_GATHER_GROUPED=0");
         return false;
     }
@@ -1039,71 +1041,98 @@ static qmm_cuda_gemv_product grouped_product(const qmm_call *call, const char *g
     };
 }
 
+/* The gather's order on the stream: one upload (the lhs indices and the grouped launches' table, built on the host
+ * first, so that nothing is launched before everything the launches need is in place), the gather of x's rows (when
+ * some block's rows are not consecutive rows of x; else every block reads x in place), a launch per block of > 16
+ * rows, the grouped launches. The upload is a copy from pageable memory: measured on the
+ * H200 (docs/PERF.md, seventeenth session) the same bytes staged in pinned memory made the calls 1.07–1.28× slower
+ * at T ≥ 8 (a copy-engine transfer on the stream between kernels). */
 static qmm_status gather_run(const qmm_call *call) {
     cuda_state *s = call->backend_state;
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
     collect_rows(cuda_rows);
     const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
+    /* the rows of x are gathered only when some block's are not consecutive rows of x (a decode step's blocks of one
+     * row never need it) */
+    bool gather_x = false;
+    for (size_t i0 = 0, i1; call->lhs_indices && !gather_x && i0 < B; i0 = i1) {
+        i1 = qmm_gather_block_end(call, i0);
+        gather_x = !qmm_gather_block_in_place(call, i0, i1);
+    }
     const char *gathered_x = NULL;
-    if (call->lhs_indices) {
+    if (gather_x) {
         size_t x_bytes;
         if (!qmm_mul_size(B, K, &x_bytes) || !qmm_mul_size(x_bytes, size, &x_bytes))
             return qmm_error(QMM_ERR_OVERFLOW, "cuda.gather.blocks.auto: B=%zu gathered rows of K=%zu overflow size_t", B, K);
-        qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, x_bytes);
-        if (status == QMM_OK)
-            status = grow_scratch(s, &s->gather_index, &s->gather_index_bytes, B * sizeof(uint32_t));
+        const qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, x_bytes);
         if (status != QMM_OK) return status;
-        CUDA_TRY(cudaMemcpyAsync(s->gather_index, call->lhs_indices, B * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                                 s->stream));
-        qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, s->gather_index, s->gather_x, B, K * size,
-                                                                 s->stream),
-                                            "gather_rows", __FILE__, __LINE__);
-        if (launched != QMM_OK) return launched;
         gathered_x = s->gather_x;
     }
-    /* Blocks of ≤ 16 rows into the grouped launches' table (when grouping: [0, n8) the blocks of ≤ 8 rows for m8n32,
-     * then n16 of 9–16 for m16n32), the others a launch each on the row the selector picks. Without host memory for
-     * the table, every block gets its own launch. */
+    /* Blocks of ≤ 16 rows go into the grouped launches' table (when grouping: [0, n8) the blocks of ≤ 8 rows for
+     * m8n32, then n16 of 9–16 for m16n32), the others get a launch each on the row the selector picks. */
     size_t n8 = 0, n16 = 0;
     char why_not[256] = "";
-    bool grouping = gather_grouping(call, why_not, sizeof why_not);
-    const char *required = getenv("QMM_CUDA_GATHER_GROUPED");
-    if (!grouping && required && strcmp(required, "1") == 0)
+    const int forced = gather_grouped_forced();
+    const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
+    if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
     for (size_t i0 = 0, i1; grouping && i0 < B; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
         n8 += i1 - i0 <= 8, n16 += i1 - i0 > 8 && i1 - i0 <= 16;
     }
-    qmm_cuda_gemv_product *products = n8 + n16 ? malloc((n8 + n16) * sizeof *products) : NULL;
-    grouping = products != NULL;
-    size_t at8 = 0, at16 = n8;
+    /* B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow */
+    const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
+    const size_t upload_bytes = index_bytes + (n8 + n16) * sizeof(qmm_cuda_gemv_product);
+    const char *upload = NULL;
+    char *staging = upload_bytes ? malloc(upload_bytes) : NULL;
+    if (upload_bytes && !staging)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cuda.gather.blocks.auto: no host memory for the %zu-byte upload of the "
+                         "indices and the grouped launches' table", upload_bytes);
+    if (upload_bytes) {
+        qmm_status status = grow_scratch(s, &s->gather_upload, &s->gather_upload_bytes, upload_bytes);
+        if (index_bytes && status == QMM_OK) memcpy(staging, call->lhs_indices, B * sizeof(uint32_t));
+        qmm_cuda_gemv_product *products = (qmm_cuda_gemv_product *)(staging + index_bytes);
+        size_t at8 = 0, at16 = n8;
+        for (size_t i0 = 0, i1; status == QMM_OK && grouping && i0 < B; i0 = i1) {
+            i1 = qmm_gather_block_end(call, i0);
+            if (i1 - i0 > 16) continue;
+            cuda_weights_extra extra = {0};
+            const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
+            products[i1 - i0 <= 8 ? at8++ : at16++] = grouped_product(call, gathered_x, &block);
+        }
+        /* from pageable memory: the copy has read staging when it returns */
+        const cudaError_t copied = status == QMM_OK ? cudaMemcpyAsync(s->gather_upload, staging, upload_bytes,
+                                                                      cudaMemcpyHostToDevice, s->stream)
+                                                    : cudaSuccess;
+        free(staging);
+        if (copied != cudaSuccess)
+            return cudaGetLastError(), qmm_error(QMM_ERR_BACKEND, "cudaMemcpyAsync(the gather's indices and launch table, "
+                                                 "%zu bytes) failed: %s (%s:%d)", upload_bytes, cudaGetErrorString(copied),
+                                                 __FILE__, __LINE__);
+        if (status != QMM_OK) return status;
+        upload = s->gather_upload;
+    }
+    if (gather_x) {
+        const qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, (const uint32_t *)upload, s->gather_x, B,
+                                                                       K * size, s->stream),
+                                                  "gather_rows", __FILE__, __LINE__);
+        if (launched != QMM_OK) return launched;
+    }
     qmm_status status = QMM_OK;
     for (size_t i0 = 0, i1; i0 < B && status == QMM_OK; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
+        if (grouping && i1 - i0 <= 16) continue;
         cuda_weights_extra extra = {0};
         qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
-        if (grouping && i1 - i0 <= 16) {
-            products[i1 - i0 <= 8 ? at8++ : at16++] = grouped_product(call, gathered_x, &block);
-            continue;
-        }
         const qmm_kernel *row;
         status = qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &block, NULL, &row);
         if (status == QMM_OK) status = row->run(&block);
     }
-    if (status == QMM_OK && grouping) {
-        /* the table in one upload: the ≤ 8-row products, then the 9–16-row ones */
-        status = grow_scratch(s, &s->gather_products, &s->gather_products_bytes, (n8 + n16) * sizeof *products);
-        if (status == QMM_OK) {
-            const cudaError_t copied = cudaMemcpyAsync(s->gather_products, products, (n8 + n16) * sizeof *products,
-                                                       cudaMemcpyHostToDevice, s->stream);
-            if (copied != cudaSuccess)
-                status = (cudaGetLastError(), qmm_error(QMM_ERR_BACKEND, "cudaMemcpyAsync(the grouped launches' table) "
-                                                        "failed: %s (%s:%d)", cudaGetErrorString(copied), __FILE__, __LINE__));
-        }
+    if (n8 + n16) {
         qmm_cuda_launch launch = launch_of(call);
         launch.x = gathered_x ? gathered_x : call->x;
-        const qmm_cuda_gemv_product *table = s->gather_products;
+        const qmm_cuda_gemv_product *table = (const qmm_cuda_gemv_product *)(upload + index_bytes);
         for (size_t at = 0; status == QMM_OK && at < n8 + n16;) { /* grid.z ≤ 65535 products per launch */
             const size_t end = at < n8 ? n8 : n8 + n16, count = end - at < 65535 ? end - at : 65535;
             const int token_tiles = at < n8 ? 1 : 2;
@@ -1112,9 +1141,8 @@ static qmm_status gather_run(const qmm_call *call) {
             at += count;
         }
     }
-    free(products);
-    /* cudaMemcpyAsync from pageable memory has consumed lhs_indices and the table before returning; rhs_indices
-     * was read above: nothing of the caller's host arrays is used after this call returns. */
+    /* lhs_indices went up with the upload and rhs_indices was read above: nothing of the caller's host arrays is used
+     * after this call returns. */
     return status;
 }
 

@@ -680,6 +680,63 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* Gathers queued back to back (docs/kernels.md §10: the call's indices and launch table go up from two pinned staging
+ * slots used in turn): calls of 1–48 tokens (the slots grow while earlier copies may be pending), every output read
+ * only after the last call; after each call returns its index arrays are overwritten with out-of-range values (the
+ * library must have copied them). Each call's output against the f64 oracle, on its own indices. */
+static void test_gather_queue(qmm_context *context, check_rng *rng) {
+    enum { E = 8, A = 2, N = 64, K = 256, CALLS = 7, T_MAX = 48 };
+    static const size_t tokens[CALLS] = {1, 3, 48, 2, 17, 1, 40};
+    const qmm_dtype dtype = QMM_BF16;
+    check_qmatrix q = {0};
+    if (!check_qmatrix_random(rng, E * N, K, 4, 64, dtype, &q)) {
+        CHECK(false, "gather_queue: out of memory");
+        return;
+    }
+    static uint32_t lhs[CALLS][T_MAX * A], rhs[CALLS][T_MAX * A], scratch_lhs[T_MAX * A], scratch_rhs[T_MAX * A];
+    static uint16_t x[T_MAX * K], out[T_MAX * A * N];
+    static double exact[T_MAX * A * N], abs_dot[T_MAX * A * N];
+    check_fill_uniform(rng, x, dtype, T_MAX * K, -1.0f, 1.0f);
+    qmm_weights *experts = NULL;
+    qmm_buffer *xb = NULL, *ob[CALLS] = {0};
+    CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &experts));
+    CHECK_OK(qmm_buffer_create(context, dtype, T_MAX * K, &xb));
+    bool ready = experts && xb && qmm_buffer_write(xb, x, T_MAX * K) == QMM_OK;
+    for (size_t c = 0; c < CALLS && ready; c++) {
+        CHECK_OK(qmm_buffer_create(context, dtype, tokens[c] * A * N, &ob[c]));
+        ready = ob[c] && qmm_buffer_poison(ob[c]) == QMM_OK;
+    }
+    for (size_t c = 0; c < CALLS && ready; c++) {
+        const size_t B = tokens[c] * A;
+        for (size_t t = 0; t < tokens[c]; t++) /* token t's experts: distinct, in pair order (unsorted) */
+            for (size_t j = 0; j < A; j++) {
+                lhs[c][t * A + j] = (uint32_t)(check_rng_next(rng) % tokens[c]);
+                rhs[c][t * A + j] = (uint32_t)((check_rng_next(rng) % (E / A)) * A + j);
+            }
+        memcpy(scratch_lhs, lhs[c], B * sizeof(uint32_t));
+        memcpy(scratch_rhs, rhs[c], B * sizeof(uint32_t));
+        setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
+        CHECK_OK(qmm_gather_matmul(context, experts, xb, tokens[c], scratch_lhs, scratch_rhs, B, ob[c], NULL, NULL));
+        unsetenv("QMM_CUDA_GATHER_GROUPED");
+        memset(scratch_lhs, 0xFF, sizeof scratch_lhs); /* out of range, were they read after the call */
+        memset(scratch_rhs, 0xFF, sizeof scratch_rhs);
+    }
+    for (size_t c = 0; c < CALLS && ready; c++) {
+        const size_t B = tokens[c] * A;
+        CHECK_OK(qmm_buffer_read(ob[c], out, B * N));
+        CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, tokens[c], lhs[c], rhs[c], B, exact, abs_dot));
+        char label[96];
+        snprintf(label, sizeof label, "gather_queue call %zu of %d (T=%zu, B=%zu)", c + 1, CALLS, tokens[c], B);
+        double worst = 0;
+        const size_t bad = check_against_oracle(label, out, dtype, exact, abs_dot, B * N, K, 2.0, &worst);
+        CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
+    }
+    for (size_t c = 0; c < CALLS; c++) qmm_buffer_destroy(ob[c]);
+    qmm_weights_destroy(experts);
+    qmm_buffer_destroy(xb);
+    check_qmatrix_free(&q);
+}
+
 /* The non-finite rule (docs/kernels.md §2) through the gather: 3 experts of 16×64 (4-bit, gs 32) that differ in
  * their codes (expert e: every code e + 1) and in which rows have ŵ = 0.5 or ŵ = 0 (expert 1 the other half), so the
  * exact fallback of a row whose sum is not finite reads its own expert's codes, scales and biases or gives another
@@ -1116,6 +1173,7 @@ static const section sections[] = {
     {"wgmma_switch", test_wgmma_switch},
     {"gather", test_gather},
     {"gather_non_finite", test_gather_non_finite},
+    {"gather_queue", test_gather_queue},
     {"non_finite", test_non_finite},
     {"large_f16_x", test_large_f16_x},
     {"errors", test_errors},
