@@ -792,8 +792,8 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–32 with 72 blocks or more of 64 rows × 16 rows of x
- *            (N ≥ 2241): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps at 168 registers, one per SM (x
+ *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–48 (M 17–64 for N ≤ 5120) with 72 blocks or more of
+ *            64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps at 168 registers, one per SM (x
  *            no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94× the time of the
  *            242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
  *            tile (m16n64_one_grid). At M 9–16 against m16n32 (the fourteenth session, seed and Qwen3 shapes at M = 12
@@ -804,8 +804,14 @@ static qmm_status gather_run(const qmm_call *call);
  *            M = 17–32 in one grid (the fifteenth session, M = 20 and 32): the fastest row from 40 blocks (2560×4096
  *            M = 32 f16 7.9 µs vs 12.6 for m32n16; 4096² 8.9 vs 12.7 for m16n32; 27648×5120 66.6 vs 82.6; 12288×4096
  *            20.3 vs 27.9 in two launches), slower at 32 blocks with a short K (2048×768: 4.4 vs 3.7) and at 16 (1024
- *            rows: 8.1 vs 7.4). The numbers are the H200's (132 SMs): on other GPUs the box is a guess (`qmm tune`
- *            measures).
+ *            rows: 8.1 vs 7.4). M 33–48 with 72 tiles or more, and M 49–64 as well where N ≤ 5120 (the seventeenth
+ *            session's sweep, M = 48 and 64, against wgmma_tile m64n128 which had them): M = 48 faster on every seed and
+ *            Qwen3 shape of ≥ 4096 rows (0.60–1.00× its time: 5120² f16 16.6 vs 27.8 µs, 17408×5120 65.0 vs 94.6,
+ *            27648×5120 94.0 vs 106.7); M = 64 faster on N ≤ 5120 with K ≤ 12288 (4096² 13.8 vs 20.0, 5120² 23.0 vs
+ *            28.0, 4096×12288 35.4 vs 39.6) but 1.03–1.12× slower at 5120 rows with K ≥ 14336 and 1.08–1.27× at
+ *            12288–27648 rows (14336×5120 bf16 71.7 vs 56.5), where wgmma keeps M ≥ 49; and 1.11–1.23× m32n16's time on
+ *            2048×768 at M = 48/64 (3.8 vs 4.6 µs; kept: no hint here tells K). The numbers are the H200's (132 SMs):
+ *            on other GPUs the box is a guess (`qmm tune` measures).
  *   M ≤ 16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM. It also takes M ≤ 64 when forced,
  *            in launches of 16 rows of x (the fourteenth session's row at M = 17–32 for N ≥ 4096, until m16n64's one
  *            grid beat it there by 0.69–0.85×).
@@ -827,10 +833,11 @@ static qmm_status gather_run(const qmm_call *call);
  *            53 µs for mma_tile m64n64; 4096×12288: 60 vs 86; 5120² M = 2048 f16: 358 vs 567). Few tiles with a
  *            short K do not split (the 30B-A3B experts' K = 768 or 2048 at M = 256–512: the other rows are faster);
  *            many of them do not need to (768×2048 at M = 2048, 96 tiles: the fastest row).
- *   M ≥ 33, tiles of 128 × 64 tokens times K ≥ 128 · 768: wgmma_tile m64n128 — the same kernel with 64 tokens per
- *            block: the fastest row at M = 64 for N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs
- *            79), except where the tiles come to just over one wave (17408×5120 M = 64, 136 tiles: 101 vs 93 for
- *            m64n64), and at M = 256–512 on 1024-row shapes (1024×4096 M = 256: 20.1 vs 25.9).
+ *   M ≥ 33, tiles of 128 × 64 tokens times K ≥ 128 · 768 (outside mma_gemv m16n64's box, which comes first):
+ *            wgmma_tile m64n128 — the same kernel with 64 tokens per block: the fastest tile row at M = 64 for
+ *            N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs 79), except where the tiles come to just
+ *            over one wave (17408×5120 M = 64, 136 tiles: 101 vs 93 for m64n64), and at M = 256–512 on 1024-row
+ *            shapes (1024×4096 M = 256: 20.1 vs 25.9).
  *   In batch-invariant mode (no split-K; both wgmma rows declare the mma_tile rows' order) each wgmma row needs 80
  *            tiles of its own (prefer_min_tiles_unsplit), measured with QMM_CUDA_SPLITS=1 in the eleventh session
  *            (docs/PERF.md): m128n128 the fastest unsplit row from 80 tiles (5120² M = 256: 77 vs 97 µs for m64n64),
@@ -866,7 +873,8 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 32, .prefer_min_tiles = 72,
+     .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 48, .prefer_small_n = 5120,
+     .prefer_max_m_small_n = 64, .prefer_min_tiles = 72,
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},

@@ -218,10 +218,11 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
 }
 
 /* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
- * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m32n16 first up to M = 32, and up
- * to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row that takes the
- * call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then the boxes
- * of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–32 with N ≥ 2241) and m16n32 (M ≤ 16 outside it), which take
+ * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m16n64 first in its box, m32n16 up
+ * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
+ * that takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then
+ * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–48 — 17–64 for N ≤ 5120 — with 72 tiles of 64 rows ×
+ * 16 rows of x) and m16n32 (M ≤ 16 outside it), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -231,8 +232,9 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         {65, 4096, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 32 tiles, K 4096 (split-K: 4 splits) */
         {65, 3968, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 31 tiles of 128 tokens, 62 of 64 */
         {65, 4096, 4032, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles × K 4032 */
-        {33, 4096, 3072, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles of 64 tokens × K 3072 = 128 × 768 */
-        {33, 4096, 3008, NULL},                             /* 32 × 3008: below it, mma_tile m64n64 */
+        {49, 8192, 1536, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 64 tiles of 64 tokens × K 1536 = 128 × 768 */
+        {49, 8192, 1472, NULL},                             /* 64 × 1472: below it, mma_tile m64n64 */
+        {33, 4096, 3072, NULL},                             /* M 33–64, N ≤ 5120: mma_gemv m16n64 first */
         {32, 12161, 256, NULL},                             /* M ≤ 32: an mma_gemv row (m16n64) */
         {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
         {128, 2048, 8192, NULL}, /* the same, though m128n128's 16 tiles × 8192 reach its work hint: m32n16 first */
@@ -268,11 +270,16 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by mma_gemv m16n64 (it keeps it for
                 * batch-invariant calls: below) */
                {17, 12288, 256, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
-               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–32 with 72
-                * blocks or more of 64 rows × 16 rows of x (N ≥ 2241: one grid of two chunks), no upper end there */
+               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–48 (17–64 for
+                * N ≤ 5120) with 72 blocks or more of 64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32: one grid of two
+                * chunks), no upper end in N there */
                {9, 5120, 256, m16n64, true, NULL},       {16, 5120, 256, m16n64, true, NULL},
                {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 256, m16n64, true, NULL},
-               {32, 5120, 256, m16n64, true, NULL},      {33, 5120, 256, m16n64, false, NULL},
+               {32, 5120, 256, m16n64, true, NULL},      {33, 5120, 256, m16n64, true, NULL},
+               {64, 5120, 256, m16n64, true, NULL},      {65, 5120, 256, m16n64, false, NULL},
+               {48, 27648, 256, m16n64, true, NULL},     {49, 27648, 256, m16n64, false, NULL},
+               {49, 5121, 256, m16n64, false, NULL},     {48, 1536, 256, m16n64, true, NULL},
+               {48, 1472, 256, m16n64, false, m32n16},
                {16, 4544, 256, m16n64, false, m16n32},   {16, 4545, 256, m16n64, true, NULL},
                {16, 19200, 256, m16n64, true, NULL},     {16, 19201, 256, m16n64, false, m16n32},
                {17, 19201, 256, m16n64, true, NULL},     {32, 27648, 256, m16n64, true, NULL},
@@ -283,7 +290,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
                {17, 2240, 256, m16n32, false, m32n16},   {20, 4096, 256, m16n32, false, m16n64},
-               {33, 4096, 256, m16n32, false, NULL}};
+               {33, 4096, 256, m16n32, false, m16n64}};
 #undef m16n256
 #undef m16n64
 #undef m16n32
