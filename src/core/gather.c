@@ -4,7 +4,8 @@
  *   qmm_gather_validate          the shape and index checks, before any work (oracle and runtime)
  *   qmm_gather_blocks_supported  whether a qmm_t row can run every expert block of a gather call
  *   qmm_gather_run_blocks        a gather call as one qmm_t call per expert block (kernel.h says how)
- *   qmm_gather_block_end / _call / _rows  its pieces, for a row that schedules the blocks itself (src/cpu/)
+ *   qmm_gather_block_end / _call / _rows / _in_place  its pieces, for a row that schedules the blocks itself (src/cpu/,
+ *                                and src/cuda/, which gathers x on the device only when some block is not in place)
  *
  * No arithmetic happens here: blocks are computed by the qmm_t row they are given.
  */

@@ -122,7 +122,7 @@ bool qmm_gather_blocks_supported(const qmm_call *gather, const qmm_kernel *qmm_t
 qmm_status qmm_gather_run_blocks(const qmm_call *gather, const qmm_kernel *qmm_t_row);
 
 /* The pieces of qmm_gather_run_blocks, for a gather row that schedules the blocks itself (the CPU rows run
- * them on parallel threads, src/cpu/backend.c). qmm_gather_block_end: the end i1 of the block that starts at
+ * them on parallel threads, src/cpu/backend.c; the CUDA row groups them into launches, src/cuda/cuda_backend.c). qmm_gather_block_end: the end i1 of the block that starts at
  * i0. qmm_gather_block_call: block [i0, i1)'s qmm_t call (weights, out and backend_state as above), with x in
  * place when the block's rows are consecutive rows of x, else NULL: then the caller copies them with
  * qmm_gather_block_rows into host memory of (i1 − i0)·K elements and points x there. Never fail. */

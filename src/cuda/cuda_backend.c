@@ -54,6 +54,13 @@ typedef struct cuda_state {
     size_t gather_x_bytes;
     void *gather_upload;
     size_t gather_upload_bytes;
+    /* the upload's host side: two malloc'd slots used in turn, each with an event recorded after its copy; a slot is
+     * rewritten only once that event has completed (CUDA documents no point at which an asynchronous copy from
+     * pageable memory has read its source, so the buffer is kept until the copy is done) */
+    void *gather_staging[2];
+    size_t gather_staging_bytes[2];
+    cudaEvent_t gather_staged[2];
+    int gather_slot;
 } cuda_state;
 
 #define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20) /* 16 MiB */
@@ -124,6 +131,10 @@ static void cuda_close(void *state) {
     if (s->tile_counters) cudaFree(s->tile_counters);
     if (s->gather_x) cudaFree(s->gather_x);
     if (s->gather_upload) cudaFree(s->gather_upload);
+    for (int slot = 0; slot < 2; slot++) {
+        free(s->gather_staging[slot]);
+        if (s->gather_staged[slot]) cudaEventDestroy(s->gather_staged[slot]);
+    }
     free(s);
 }
 
@@ -808,9 +819,10 @@ static qmm_status gather_run(const qmm_call *call);
  *            session's sweep, M = 48 and 64, against wgmma_tile m64n128 which had them): M = 48 faster on every seed and
  *            Qwen3 shape of ≥ 4096 rows (0.60–1.00× its time: 5120² f16 16.6 vs 27.8 µs, 17408×5120 65.0 vs 94.6,
  *            27648×5120 94.0 vs 106.7); M = 64 faster on N ≤ 5120 with K ≤ 12288 (4096² 13.8 vs 20.0, 5120² 23.0 vs
- *            28.0, 4096×12288 35.4 vs 39.6) but 1.03–1.12× slower at 5120 rows with K ≥ 14336 and 1.08–1.27× at
- *            12288–27648 rows (14336×5120 bf16 71.7 vs 56.5), where wgmma keeps M ≥ 49; and 1.11–1.23× m32n16's time on
- *            2048×768 at M = 48/64 (3.8 vs 4.6 µs; kept: no hint here tells K). The numbers are the H200's (132 SMs):
+ *            28.0, 4096×12288 35.4 vs 39.6) but 1.03–1.12× slower at 5120 rows with K ≥ 14336 and 1.08–1.27× on 12288,
+ *            14336 and 27648 rows (14336×5120 bf16 71.9 vs 56.5), where wgmma keeps M ≥ 49 — though on 17408 rows
+ *            (136 wgmma tiles, just over a wave) m16n64 took 0.86–0.90× its time; and 1.11–1.27× m32n16's time on
+ *            2048×768 at M = 40–64 (3.8 vs 4.7 µs), which the box now takes from m32n16 (kept: no hint here tells K). The numbers are the H200's (132 SMs):
  *            on other GPUs the box is a guess (`qmm tune` measures).
  *   M ≤ 16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM. It also takes M ≤ 64 when forced,
  *            in launches of 16 rows of x (the fourteenth session's row at M = 17–32 for N ≥ 4096, until m16n64's one
@@ -821,7 +833,9 @@ static qmm_status gather_run(const qmm_call *call);
  *            keeps the box for batch-invariant calls. mma_tile m32n256 is for `qmm tune` and forcing.
  *   M 17–32 with N < 2241: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
- *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows): the tiles are too few there
+ *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows) where m16n64's box (first in the
+ *            table) does not take the call — at M 33–64 it does from 72 tiles (N ≥ 1473 at M ≤ 48, N ≥ 1089 at
+ *            M 49–64): the tiles are too few there
  *            (768×2048 M = 64: 6.1 vs 11.8 µs for mma_tile; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
  *            with M 33–128 within 3 % of the tile or faster, and faster than the wgmma rows with split-K in the
  *            tenth session's sweep; from M = 192 the tiles win; docs/PERF.md, third and tenth sessions).
@@ -1049,17 +1063,45 @@ static qmm_cuda_gemv_product grouped_product(const qmm_call *call, const char *g
     };
 }
 
+/* The next staging slot for a gather's upload, of at least bytes, once the copy that last read it has completed (its
+ * event, created with the slot's first use). */
+static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out) {
+    const int slot = s->gather_slot;
+    if (s->gather_staged[slot]) CUDA_TRY(cudaEventSynchronize(s->gather_staged[slot]));
+    else CUDA_TRY(cudaEventCreateWithFlags(&s->gather_staged[slot], cudaEventDisableTiming));
+    if (s->gather_staging_bytes[slot] < bytes) {
+        free(s->gather_staging[slot]);
+        s->gather_staging_bytes[slot] = 0;
+        s->gather_staging[slot] = malloc(bytes);
+        if (!s->gather_staging[slot])
+            return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cuda.gather.blocks.auto: no host memory for the %zu-byte upload of "
+                             "the indices and the grouped launches' table", bytes);
+        s->gather_staging_bytes[slot] = bytes;
+    }
+    *slot_out = slot;
+    return QMM_OK;
+}
+
 /* The gather's order on the stream: one upload (the lhs indices and the grouped launches' table, built on the host
  * first, so that nothing is launched before everything the launches need is in place), the gather of x's rows (when
  * some block's rows are not consecutive rows of x; else every block reads x in place), a launch per block of > 16
- * rows, the grouped launches. The upload is a copy from pageable memory: measured on the
- * H200 (docs/PERF.md, seventeenth session) the same bytes staged in pinned memory made the calls 1.07–1.28× slower
- * at T ≥ 8 (a copy-engine transfer on the stream between kernels). */
+ * rows, the grouped launches. The upload is a copy from pageable memory (a staging slot, gather_staging_slot):
+ * measured on the H200 (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28×
+ * slower at T ≥ 8 (a copy-engine transfer on the stream between kernels). */
 static qmm_status gather_run(const qmm_call *call) {
     cuda_state *s = call->backend_state;
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
     collect_rows(cuda_rows);
     const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
+    /* Blocks of ≤ 16 rows go into the grouped launches' table (when grouping: [0, n8) the blocks of ≤ 8 rows for
+     * m8n32, then n16 of 9–16 for m16n32), the others get a launch each on the row the selector picks. */
+    size_t n8 = 0, n16 = 0;
+    char why_not[256] = "";
+    const int forced = gather_grouped_forced();
+    const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
+    if (!grouping && forced == 1)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
+                         "cannot go to the grouped GEMV launches: %s", why_not);
     /* the rows of x are gathered only when some block's are not consecutive rows of x (a decode step's blocks of one
      * row never need it) */
     bool gather_x = false;
@@ -1076,15 +1118,6 @@ static qmm_status gather_run(const qmm_call *call) {
         if (status != QMM_OK) return status;
         gathered_x = s->gather_x;
     }
-    /* Blocks of ≤ 16 rows go into the grouped launches' table (when grouping: [0, n8) the blocks of ≤ 8 rows for
-     * m8n32, then n16 of 9–16 for m16n32), the others get a launch each on the row the selector picks. */
-    size_t n8 = 0, n16 = 0;
-    char why_not[256] = "";
-    const int forced = gather_grouped_forced();
-    const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
-    if (!grouping && forced == 1)
-        return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
-                         "cannot go to the grouped GEMV launches: %s", why_not);
     for (size_t i0 = 0, i1; grouping && i0 < B; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
         n8 += i1 - i0 <= 8, n16 += i1 - i0 > 8 && i1 - i0 <= 16;
@@ -1093,32 +1126,28 @@ static qmm_status gather_run(const qmm_call *call) {
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
     const size_t upload_bytes = index_bytes + (n8 + n16) * sizeof(qmm_cuda_gemv_product);
     const char *upload = NULL;
-    char *staging = upload_bytes ? malloc(upload_bytes) : NULL;
-    if (upload_bytes && !staging)
-        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cuda.gather.blocks.auto: no host memory for the %zu-byte upload of the "
-                         "indices and the grouped launches' table", upload_bytes);
     if (upload_bytes) {
-        qmm_status status = grow_scratch(s, &s->gather_upload, &s->gather_upload_bytes, upload_bytes);
-        if (index_bytes && status == QMM_OK) memcpy(staging, call->lhs_indices, B * sizeof(uint32_t));
+        int slot = 0;
+        qmm_status status = gather_staging_slot(s, upload_bytes, &slot);
+        if (status == QMM_OK) status = grow_scratch(s, &s->gather_upload, &s->gather_upload_bytes, upload_bytes);
+        if (status != QMM_OK) return status;
+        char *staging = s->gather_staging[slot];
+        if (index_bytes) {
+            memcpy(staging, call->lhs_indices, B * sizeof(uint32_t));
+            memset(staging + B * sizeof(uint32_t), 0, index_bytes - B * sizeof(uint32_t)); /* the padding */
+        }
         qmm_cuda_gemv_product *products = (qmm_cuda_gemv_product *)(staging + index_bytes);
         size_t at8 = 0, at16 = n8;
-        for (size_t i0 = 0, i1; status == QMM_OK && grouping && i0 < B; i0 = i1) {
+        for (size_t i0 = 0, i1; grouping && i0 < B; i0 = i1) {
             i1 = qmm_gather_block_end(call, i0);
             if (i1 - i0 > 16) continue;
             cuda_weights_extra extra = {0};
             const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
             products[i1 - i0 <= 8 ? at8++ : at16++] = grouped_product(call, gathered_x, &block);
         }
-        /* from pageable memory: the copy has read staging when it returns */
-        const cudaError_t copied = status == QMM_OK ? cudaMemcpyAsync(s->gather_upload, staging, upload_bytes,
-                                                                      cudaMemcpyHostToDevice, s->stream)
-                                                    : cudaSuccess;
-        free(staging);
-        if (copied != cudaSuccess)
-            return cudaGetLastError(), qmm_error(QMM_ERR_BACKEND, "cudaMemcpyAsync(the gather's indices and launch table, "
-                                                 "%zu bytes) failed: %s (%s:%d)", upload_bytes, cudaGetErrorString(copied),
-                                                 __FILE__, __LINE__);
-        if (status != QMM_OK) return status;
+        CUDA_TRY(cudaMemcpyAsync(s->gather_upload, staging, upload_bytes, cudaMemcpyHostToDevice, s->stream));
+        CUDA_TRY(cudaEventRecord(s->gather_staged[slot], s->stream));
+        s->gather_slot = slot ^ 1;
         upload = s->gather_upload;
     }
     if (gather_x) {
@@ -1149,8 +1178,8 @@ static qmm_status gather_run(const qmm_call *call) {
             at += count;
         }
     }
-    /* lhs_indices went up with the upload and rhs_indices was read above: nothing of the caller's host arrays is used
-     * after this call returns. */
+    /* lhs_indices was copied into the staging slot and rhs_indices read above: nothing of the caller's host arrays is
+     * used after this call returns. */
     return status;
 }
 

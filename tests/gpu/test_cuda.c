@@ -218,7 +218,8 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
 }
 
 /* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
- * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m16n64 first in its box, m32n16 up
+ * m64n128 from M = 33 (49 for N > 5120, 65 within m16n64's box) where its tiles of 128 × 64 times K reach 128 · 768
+ * (mma_gemv m16n64 first in its box, m32n16 up
  * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
  * that takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then
  * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–48 — 17–64 for N ≤ 5120 — with 72 tiles of 64 rows ×
@@ -687,13 +688,22 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* Gathers queued back to back (docs/kernels.md §10: the call's indices and launch table go up from two pinned staging
- * slots used in turn): calls of 1–48 tokens (the slots grow while earlier copies may be pending), every output read
- * only after the last call; after each call returns its index arrays are overwritten with out-of-range values (the
- * library must have copied them). Each call's output against the f64 oracle, on its own indices. */
+/* Gathers queued back to back (docs/kernels.md §10: each call's indices and launch table go up in one copy from one of
+ * two staging buffers used in turn): every output read only after the last call, each call's index arrays overwritten
+ * with out-of-range values as soon as it returns (the library must have copied them). The calls differ in T and in
+ * their routing, so the staging buffers grow and are reused with other contents while earlier copies may be pending:
+ * random pairs (blocks of one row, x in place), pairs sorted by expert (blocks of about 12 rows whose x rows are not
+ * consecutive: the indices go up, x is gathered, the m16n32 grouped launch — or a launch of its own past 16), and runs (each of two experts takes every token in order: blocks
+ * of T consecutive rows of x, in place with lhs_indices given — grouped for T ≤ 16, a launch each above). Each call's
+ * output against the f64 oracle, on its own indices. */
 static void test_gather_queue(qmm_context *context, check_rng *rng) {
-    enum { E = 8, A = 2, N = 64, K = 256, CALLS = 7, T_MAX = 48 };
-    static const size_t tokens[CALLS] = {1, 3, 48, 2, 17, 1, 40};
+    enum { E = 8, A = 2, N = 64, K = 256, CALLS = 10, T_MAX = 48 };
+    enum { RANDOM, SORTED, RUNS };
+    static const struct {
+        size_t T;
+        int routing;
+    } calls[CALLS] = {{1, RANDOM},  {3, RANDOM}, {48, SORTED}, {48, SORTED}, {2, RANDOM},
+                      {17, RUNS},   {1, RANDOM}, {1, RANDOM},  {40, SORTED}, {12, RUNS}};
     const qmm_dtype dtype = QMM_BF16;
     check_qmatrix q = {0};
     if (!check_qmatrix_random(rng, E * N, K, 4, 64, dtype, &q)) {
@@ -710,30 +720,45 @@ static void test_gather_queue(qmm_context *context, check_rng *rng) {
     CHECK_OK(qmm_buffer_create(context, dtype, T_MAX * K, &xb));
     bool ready = experts && xb && qmm_buffer_write(xb, x, T_MAX * K) == QMM_OK;
     for (size_t c = 0; c < CALLS && ready; c++) {
-        CHECK_OK(qmm_buffer_create(context, dtype, tokens[c] * A * N, &ob[c]));
+        CHECK_OK(qmm_buffer_create(context, dtype, calls[c].T * A * N, &ob[c]));
         ready = ob[c] && qmm_buffer_poison(ob[c]) == QMM_OK;
     }
     for (size_t c = 0; c < CALLS && ready; c++) {
-        const size_t B = tokens[c] * A;
-        for (size_t t = 0; t < tokens[c]; t++) /* token t's experts: distinct, in pair order (unsorted) */
-            for (size_t j = 0; j < A; j++) {
-                lhs[c][t * A + j] = (uint32_t)(check_rng_next(rng) % tokens[c]);
-                rhs[c][t * A + j] = (uint32_t)((check_rng_next(rng) % (E / A)) * A + j);
-            }
-        memcpy(scratch_lhs, lhs[c], B * sizeof(uint32_t));
-        memcpy(scratch_rhs, rhs[c], B * sizeof(uint32_t));
+        const size_t T = calls[c].T, B = T * A;
+        uint32_t *l = lhs[c], *r = rhs[c];
+        if (calls[c].routing == RUNS) { /* pairs [0, T) on expert e0, [T, 2T) on e1, tokens in order */
+            const uint32_t e0 = (uint32_t)(check_rng_next(rng) % E), e1 = (e0 + 1 + (uint32_t)(check_rng_next(rng) % (E - 1))) % E;
+            for (size_t i = 0; i < B; i++) l[i] = (uint32_t)(i % T), r[i] = i < T ? e0 : e1;
+        } else {
+            for (size_t t = 0; t < T; t++) /* token t's experts: distinct (even for j = 0, odd for j = 1) */
+                for (size_t j = 0; j < A; j++) {
+                    l[t * A + j] = (uint32_t)t;
+                    r[t * A + j] = (uint32_t)((check_rng_next(rng) % (E / A)) * A + j);
+                }
+            if (calls[c].routing == SORTED) /* a stable sort by expert (insertion sort: B ≤ 96) */
+                for (size_t i = 1; i < B; i++)
+                    for (size_t j = i; j > 0 && r[j - 1] > r[j]; j--) {
+                        const uint32_t rj = r[j], lj = l[j];
+                        r[j] = r[j - 1], l[j] = l[j - 1];
+                        r[j - 1] = rj, l[j - 1] = lj;
+                    }
+        }
+        memcpy(scratch_lhs, l, B * sizeof(uint32_t));
+        memcpy(scratch_rhs, r, B * sizeof(uint32_t));
         setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
-        CHECK_OK(qmm_gather_matmul(context, experts, xb, tokens[c], scratch_lhs, scratch_rhs, B, ob[c], NULL, NULL));
+        CHECK_OK(qmm_gather_matmul(context, experts, xb, T, scratch_lhs, scratch_rhs, B, ob[c], NULL, NULL));
         unsetenv("QMM_CUDA_GATHER_GROUPED");
         memset(scratch_lhs, 0xFF, sizeof scratch_lhs); /* out of range, were they read after the call */
         memset(scratch_rhs, 0xFF, sizeof scratch_rhs);
     }
     for (size_t c = 0; c < CALLS && ready; c++) {
-        const size_t B = tokens[c] * A;
+        const size_t T = calls[c].T, B = T * A;
         CHECK_OK(qmm_buffer_read(ob[c], out, B * N));
-        CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, tokens[c], lhs[c], rhs[c], B, exact, abs_dot));
+        CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs[c], rhs[c], B, exact, abs_dot));
+        static const char *const routings[] = {"random", "sorted", "runs"};
         char label[96];
-        snprintf(label, sizeof label, "gather_queue call %zu of %d (T=%zu, B=%zu)", c + 1, CALLS, tokens[c], B);
+        snprintf(label, sizeof label, "gather_queue call %zu of %d (T=%zu, B=%zu, %s)", c + 1, CALLS, T, B,
+                 routings[calls[c].routing]);
         double worst = 0;
         const size_t bad = check_against_oracle(label, out, dtype, exact, abs_dot, B * N, K, 2.0, &worst);
         CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
