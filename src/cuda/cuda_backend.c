@@ -804,8 +804,8 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–48 (M 17–64 for N ≤ 5120) with 72 blocks or more of
- *            64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12 warps at 168 registers, one per SM (x
- *            no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94× the time of the
+ *            64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
+ *            warps at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94× the time of the
  *            242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
  *            tile (m16n64_one_grid). At M 9–16 against m16n32 (the fourteenth session, seed and Qwen3 shapes at M = 12
  *            and 16): faster on 80 blocks (5120² 9.7 vs 10.9 µs f16, 5120×14336 21.6 vs 27.4, 5120×17408 25.8 vs 33.0),
@@ -822,8 +822,8 @@ static qmm_status gather_run(const qmm_call *call);
  *            28.0, 4096×12288 35.4 vs 39.6) but 1.03–1.12× slower at 5120 rows with K ≥ 14336 and 1.08–1.27× on 12288,
  *            14336 and 27648 rows (14336×5120 bf16 71.9 vs 56.5), where wgmma keeps M ≥ 49 — though on 17408 rows
  *            (136 wgmma tiles, just over a wave) m16n64 took 0.86–0.90× its time; and 1.11–1.27× m32n16's time on
- *            2048×768 at M = 40–64 (3.8 vs 4.7 µs), which the box now takes from m32n16 (kept: no hint here tells K). The numbers are the H200's (132 SMs):
- *            on other GPUs the box is a guess (`qmm tune` measures).
+ *            2048×768 at M = 40–64 (3.8 vs 4.7 µs), which the box now takes from m32n16 (kept: no hint here tells
+ *            K). The numbers are the H200's (132 SMs): on other GPUs the box is a guess (`qmm tune` measures).
  *   M ≤ 16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM. It also takes M ≤ 64 when forced,
  *            in launches of 16 rows of x (the fourteenth session's row at M = 17–32 for N ≥ 4096, until m16n64's one
  *            grid beat it there by 0.69–0.85×).
