@@ -270,6 +270,37 @@ q bench --backend ref --quick --shapes "$WORK/many.txt" --m 1 --dtype f32 --kern
 check "140 long shape names: exit 0" rc_is 0
 check "140 long shape names: the peer absent, with the reason" \
   out_matches "^# peer mlx-cpu: absent: the shapes or M list is too long for the script's command line"
+# A peer script's lines are checked: a time that is not finite and > 0 leaves the cell's peer skipped with the value and
+# the rule; a line whose M is not a whole number from 1 to 65536 is dropped, said on stderr (test hook:
+# QMM_BENCH_PEERS_DIR, a folder of scripts with the peers' names). The CPU peers run with the project's .venv python.
+if [ -x "$SRC/.venv/bin/python" ]; then
+  mkdir -p "$WORK/peers"
+  cat >"$WORK/peers/mlx_cpu.py" <<'PY'
+import json
+for line in ({"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": -3.0, "note": "fake"},
+             {"peer": "mlx-cpu", "shape": "tiny", "M": 2, "dtype": "f32", "us": 1e999, "note": "fake"},
+             {"peer": "mlx-cpu", "shape": "tiny", "M": -1, "dtype": "f32", "us": 5.0, "note": "fake"},
+             {"peer": "mlx-cpu", "shape": "tiny", "M": 1.5, "dtype": "f32", "us": 5.0, "note": "fake"}):
+    print(json.dumps(line).replace("Infinity", "1e999"), flush=True)
+PY
+  printf 'import json
+print(json.dumps({"peer": "ggml", "absent": "a test stand-in"}))
+' >"$WORK/peers/ggml_cpu.py"
+  QMM_BENCH_PEERS_DIR="$WORK/peers" q bench --backend ref --quick --shapes "$WORK/tiny.txt" --m 1,2 --dtype f32 --repeats 1 \
+    --kernel ref.qmm_t.scalar.r1 --json "$WORK/peers.json"
+  check "a peer's bad lines: exit 0" rc_is 0
+  check "a peer's negative time: skipped, naming the value and the rule" \
+    out_matches 'peer mlx-cpu +— .*skipped: the script reported us=-3 \(a time must be finite and > 0\)'
+  check "a peer's infinite time: skipped" out_matches 'peer mlx-cpu +— .*skipped: the script reported us=inf'
+  check "a peer's M=-1: dropped, said on stderr" err_has "peer mlx-cpu: a line with M=-1 is ignored (M must be a whole number from 1 to 65536)"
+  check "a peer's M=1.5: dropped, said on stderr" err_has "peer mlx-cpu: a line with M=1.5 is ignored"
+  check "a peer's bad time: null in the JSON" python3 - "$WORK/peers.json" <<'PY'
+import json, sys
+cells = json.load(open(sys.argv[1]))["cells"]
+peers = [p for c in cells for p in c["peers"] if p["name"] == "mlx-cpu"]
+assert len(peers) == 2 and all(p["us"] is None and "finite and > 0" in p["note"] for p in peers), peers
+PY
+fi
 expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"
 expect_usage_error bench "--experts applies to --gather only" bench --backend ref --quick --experts 8
 expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2

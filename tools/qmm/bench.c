@@ -526,8 +526,14 @@ static void bench_script_peers(bench_run *run) {
     typedef struct script {
         const char *peer, *python, *file;
     } script;
-    char venv_python[PATH_MAX];
+    char venv_python[PATH_MAX], peers_dir[PATH_MAX];
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", source_dir());
+    /* test hook: QMM_BENCH_PEERS_DIR, a folder of scripts with the peers' file names (tests/cli/bench.sh) */
+    const char *peers_override = getenv("QMM_BENCH_PEERS_DIR");
+    if (peers_override && *peers_override)
+        snprintf(peers_dir, sizeof peers_dir, "%s", peers_override);
+    else
+        snprintf(peers_dir, sizeof peers_dir, "%s/bench/peers", source_dir());
     script cpu_scripts[] = {{"mlx-cpu", venv_python, "mlx_cpu.py"}, {"ggml", venv_python, "ggml_cpu.py"}};
     script cuda_scripts[] = {{"torch-int4", "python3", "torch_int4.py"}, {"mlx-cuda", "python3", "mlx_cuda.py"}};
     script gather_scripts[] = {{"mlx-gather-cpu", venv_python, "mlx_gather_cpu.py"}};
@@ -558,9 +564,9 @@ static void bench_script_peers(bench_run *run) {
         }
         char command_text[16384];
         const int length = snprintf(command_text, sizeof command_text,
-                 "'%s' '%s/bench/peers/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
+                 "'%s' '%s/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
                  "--cache-bytes %zu --threads %d%s%s",
-                 scripts[i].python, source_dir(), scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
+                 scripts[i].python, peers_dir, scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
                  run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), extra, run->quick ? " --quick" : "");
         if (length < 0 || (size_t)length >= sizeof command_text) {
             note_absent(run, scripts[i].peer, "its command line would exceed 16 KiB (long paths or shape lists)");

@@ -6,6 +6,8 @@
 #include "bench.h"
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,14 +76,28 @@ int bench_run_script_peer(const char *shell_command, bench_peer_samples *samples
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(object, "M");
         const cJSON *us = cJSON_GetObjectItemCaseSensitive(object, "us");
         if (peer && shape && dtype && cJSON_IsNumber(m) && (skipped || cJSON_IsNumber(us))) {
+            /* a script's line is checked like any input: M a whole number in the bench's range (else the line names
+             * no cell and is dropped, said on stderr), a time finite and > 0 (else the cell's peer is skipped, the
+             * note saying why) */
+            const double M = m->valuedouble;
+            if (!(M >= 1 && M <= 65536 && M == floor(M))) {
+                fprintf(stderr, "  peer %s: a line with M=%g is ignored (M must be a whole number from 1 to 65536)\n", peer, M);
+                cJSON_Delete(object);
+                continue;
+            }
+            const bool bad_time = !skipped && !(isfinite(us->valuedouble) && us->valuedouble > 0);
             bench_peer_sample sample;
             memset(&sample, 0, sizeof sample);
             snprintf(sample.peer, sizeof sample.peer, "%s", peer);
             snprintf(sample.shape, sizeof sample.shape, "%s", shape);
             snprintf(sample.dtype, sizeof sample.dtype, "%s", dtype);
-            sample.M = (size_t)m->valuedouble;
-            sample.us = skipped ? NAN : us->valuedouble;
-            snprintf(sample.note, sizeof sample.note, "%s", skipped ? skipped : note ? note : "");
+            sample.M = (size_t)M;
+            sample.us = skipped || bad_time ? NAN : us->valuedouble;
+            if (bad_time)
+                snprintf(sample.note, sizeof sample.note, "skipped: the script reported us=%g (a time must be finite and > 0)",
+                         us->valuedouble);
+            else
+                snprintf(sample.note, sizeof sample.note, "%s", skipped ? skipped : note ? note : "");
             append(samples, &sample);
             answered++;
         }
