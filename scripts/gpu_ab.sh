@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# gpu_ab.sh — an A/B measurement of a change with `qmm bench`, on a machine without git (the lent GPU machine gets a
+# copy of the working tree, no .git): the tree as it is is B; A is the same tree with PATCH reversed (`git apply -R`,
+# which needs no repository). Both are built side by side (Release, the qmm target only), then `qmm bench ARGS...`
+# runs A, B, A, B, ... (ROUNDS times each, alternating, so that drift of the machine falls on both), and the best time
+# of each cell's selected row (and of every row both runs measured) is compared: per cell B ÷ A, and the geometric
+# mean per M (or T, with --gather). docs/PERF.md's "A/B" entries were measured this way.
+#
+#   scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS...
+#   e.g. git diff main > change.patch   (here, where git is)
+#        scripts/gpu_ab.sh change.patch -- --backend cuda --no-peers --shapes seed --m 1,8,16 --dtype bf16
+#
+# PATCH: the change as `git diff` prints it, relative to A (its paths inside the tree). -r: rounds (default 2).
+# -o: where the builds, their logs, each run's JSON and table, and the comparison go (default build-ab/; A's source
+# is a temporary copy, removed at the end). The bench's
+# --json is added here; give every other argument as for `qmm bench`. Needs cmake, python3 and a C compiler (and the
+# CUDA toolkit for --backend cuda); cJSON as for the build (.deps/cjson is used when present, README "GPU"). CMAKE_FLAGS
+# (environment) goes to both configures, as with make (e.g. -DQMM_WITH_CUDA=OFF for a CPU-only A/B).
+# Exit status: 0, or 1 with the failing step named.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=2
+out=build-ab
+while getopts "r:o:" option; do
+  case $option in
+  r) rounds=$OPTARG ;;
+  o) out=$OPTARG ;;
+  *) echo "usage: scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS..." >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[[ $rounds =~ ^[1-9][0-9]?$ ]] || { echo "gpu_ab: -r '$rounds' is not a whole number from 1 to 99" >&2; exit 2; }
+[ $# -ge 2 ] && [ "$2" = "--" ] || { echo "usage: scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS..." >&2; exit 2; }
+patch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+[ -f "$patch" ] || { echo "gpu_ab: PATCH '$1' is not a file" >&2; exit 2; }
+shift 2
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+if [ -d .deps/cjson ]; then # as scripts/gpu_test.sh: a .pc whose paths point into the unpacked tree
+  root=$PWD/.deps/cjson
+  mkdir -p .deps/pkgconfig
+  sed -e "s|^libdir=/usr|libdir=$root/usr|" -e "s|^includedir=/usr|includedir=$root/usr|" \
+    "$root/usr/lib/x86_64-linux-gnu/pkgconfig/libcjson.pc" >.deps/pkgconfig/libcjson.pc
+  export PKG_CONFIG_PATH=$PWD/.deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+export PATH=$PATH:/usr/local/cuda/bin
+
+# A: a copy of the tree (no build folders, no .deps) with the patch reversed, outside any git repository (inside one,
+# `git apply` would take its paths from the repository's top)
+a_tree=$(mktemp -d "${TMPDIR:-/tmp}/qmm-ab-a.XXXXXX")
+trap 'rm -rf "$a_tree"' EXIT
+tar --exclude='./build*' --exclude=./.deps --exclude=./.git --exclude=./.venv -cf - . | tar -xf - -C "$a_tree"
+(cd "$a_tree" && git apply -R "$patch") || { echo "gpu_ab: PATCH does not reverse cleanly on this tree" >&2; exit 1; }
+jobs=$(( ($(nproc) + 1) / 2 ))
+build() { # build NAME SOURCE: the qmm target in $out/build-NAME
+  cmake -S "$2" -B "$out/build-$1" -DCMAKE_BUILD_TYPE=Release ${CMAKE_FLAGS:-} >"$out/$1-configure.log" 2>&1 &&
+    cmake --build "$out/build-$1" -j "$jobs" --target qmm_cli >"$out/$1-build.log" 2>&1
+}
+build a "$a_tree" & a_pid=$!
+build b "$PWD" & b_pid=$!
+wait $a_pid || { tail -n 20 "$out/a-build.log" "$out/a-configure.log" 2>/dev/null; echo "gpu_ab: building A failed" >&2; exit 1; }
+wait $b_pid || { tail -n 20 "$out/b-build.log" "$out/b-configure.log" 2>/dev/null; echo "gpu_ab: building B failed" >&2; exit 1; }
+
+for round in $(seq "$rounds"); do
+  for side in a b; do
+    echo "gpu_ab: round $round, $side: qmm bench $*" >&2
+    "$out/build-$side/qmm" bench "$@" --json "$out/$side-$round.json" >"$out/$side-$round.txt" 2>"$out/$side-$round.err" ||
+      { tail -n 20 "$out/$side-$round.err"; echo "gpu_ab: qmm bench ($side, round $round) failed" >&2; exit 1; }
+  done
+done
+
+python3 - "$out" "$rounds" <<'PY' | tee "$out/compare.txt"
+import glob, json, math, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def best(side):  # (shape, M, dtype) -> {"selected": (name, µs), row name: µs}, the best of the rounds
+    cells = {}
+    for path in sorted(glob.glob(f"{out}/{side}-*.json")):
+        for cell in json.load(open(path))["cells"]:
+            entry = cells.setdefault((cell["shape"], cell["M"], cell["dtype"]), {})
+            for row in cell["kernels"]:
+                if row["us"] is None:
+                    continue
+                entry[row["name"]] = min(entry.get(row["name"], math.inf), row["us"])
+                if row.get("selected"):
+                    old = entry.get(" selected")
+                    if old is None or row["us"] < old[1]:
+                        entry[" selected"] = (row["name"], row["us"])
+    return cells
+a, b = best("a"), best("b")
+print(f"B ÷ A, best of {rounds} runs each, alternating; the selected row of each cell (A's name → B's if it changed)")
+by_m, by_row = {}, {}
+for key in sorted(a, key=lambda k: (k[1], k[0], k[2])):
+    if key not in b or " selected" not in a[key] or " selected" not in b[key]:
+        continue
+    (name_a, us_a), (name_b, us_b) = a[key][" selected"], b[key][" selected"]
+    ratio = us_b / us_a
+    by_m.setdefault(key[1], []).append(ratio)
+    change = "" if name_a == name_b else f" → {name_b}"
+    print(f"  {key[0]:<32} M={key[1]:<5} {key[2]:<5} {us_a:9.2f} → {us_b:9.2f} µs  {ratio:6.3f}  {name_a}{change}")
+    for row, us in a[key].items():
+        if row != " selected" and row in b[key]:
+            by_row.setdefault(row, []).append(b[key][row] / us)
+geomean = lambda values: math.exp(sum(map(math.log, values)) / len(values))
+print("geometric mean of B ÷ A, selected row, per M:")
+for m, values in sorted(by_m.items()):
+    print(f"  M={m:<5} {geomean(values):.3f} ({min(values):.3f}–{max(values):.3f}, {len(values)} cells)")
+print("geometric mean of B ÷ A per row (every cell both measured it in):")
+for row, values in sorted(by_row.items()):
+    print(f"  {row:<44} {geomean(values):.3f} ({min(values):.3f}–{max(values):.3f}, {len(values)} cells)")
+PY
