@@ -264,6 +264,16 @@ QMM_BENCH_GATHER_SKIP_S=0.2 q bench --gather --backend ref --experts 2 --experts
 check "--gather, a very slow row: exit 0" rc_is 0
 check "--gather, a very slow row: skipped with the estimate" \
   out_matches '^tiny +64×64 +65536 +f32 .* \* ref\.gather\.blocks\.r1 +— .*skipped: one pass of [0-9]+ calls would take ~[0-9]+ s'
+# A shape whose arrays would not fit in the host memory available is refused before any measurement, naming the shape,
+# both sizes and the way out — not left to be killed by the system (1048576² 4-bit: ~512 GiB of codes alone).
+if grep -q '^MemAvailable:' /proc/meminfo 2>/dev/null; then
+  printf 'huge 1048576 1048576\n' >"$WORK/huge.txt"
+  expect_library_error bench "out of memory" "shape huge (1048576×1048576) would hold ~" \
+    bench --backend ref --quick --shapes "$WORK/huge.txt" --m 1 --dtype f32 --no-peers
+  check "a shape beyond the host memory: the available size named" err_matches "GiB available \(MemAvailable in /proc/meminfo\)"
+  expect_library_error bench "out of memory" "shape huge (1048576×1048576 per expert) would hold ~" \
+    bench --gather --backend ref --quick --shapes "$WORK/huge.txt" --experts 2 --experts-per-token 1 --m 1 --dtype f32 --no-peers
+fi
 # Shape lists too long for a peer script's command line (8 KiB) leave the peers absent instead of cut short.
 for i in $(seq 100 239); do printf 's%s%d 32 64\n' "$(printf 'x%.0s' $(seq 58))" "$i"; done >"$WORK/many.txt"
 q bench --backend ref --quick --shapes "$WORK/many.txt" --m 1 --dtype f32 --kernel ref.qmm_t.scalar.r1

@@ -465,6 +465,65 @@ static qmm_status make_stack(const bench_run *run, const bench_shape *shape, qmm
     return make_master(run->bits, run->group_size, &stacked, stack, w, scales, biases);
 }
 
+/* The most host memory one shape's measurement holds at once, in bytes (the arrays' sizes, no allocator overhead): the
+ * f32 master (or the --gather stack), one dtype's scales and biases converted, the weight copies where the backend keeps
+ * weights in host memory (ref, cpu; CUDA's are device memory), x and out at the largest M, and — after the dtypes —
+ * the OpenBLAS peer's dense f32 copies. */
+static double shape_host_bytes(const bench_run *run, const bench_shape *shape, int host_weights, int openblas) {
+    const double rows = (double)shape->N * (double)(run->gather ? run->experts : 1), K = (double)shape->K;
+    const double w_bytes = rows * K * run->bits / 8.0, groups = rows * K / run->group_size;
+    const double master = w_bytes + 2.0 * groups * sizeof(float);
+    size_t m_max = 1;
+    for (size_t i = 0; i < run->m_count; i++) m_max = run->ms[i] > m_max ? run->ms[i] : m_max;
+    const double out_rows = (double)m_max * (double)(run->gather ? run->top_k : 1);
+    double most = 0.0;
+    for (size_t d = 0; d < run->dtype_count; d++) {
+        const double element = (double)qmm_dtype_size(run->dtypes[d]), copy = w_bytes + 2.0 * groups * element;
+        const double copies = host_weights ? (double)copies_for(run->cache_bytes, run->quick, copy) : 0.0;
+        const double held = master + (element < 4 ? 2.0 * groups * element : 0.0) + copies * copy +
+                            ((double)m_max * K + out_rows * (double)shape->N) * element;
+        most = held > most ? held : most;
+    }
+    if (openblas) {
+        const double dense = (double)shape->N * K * sizeof(float);
+        const double held = master + (double)copies_for(run->cache_bytes, run->quick, dense) * dense;
+        most = held > most ? held : most;
+    }
+    return most;
+}
+
+/* The host memory the system can give without swapping (Linux /proc/meminfo MemAvailable), in bytes; 0 if unknown. */
+static double host_memory_available(void) {
+    FILE *file = fopen("/proc/meminfo", "r");
+    if (!file) return 0.0;
+    char line[256];
+    double kib = 0.0;
+    while (fgets(line, sizeof line, file))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(file);
+    return kib * 1024.0;
+}
+
+/* Refuses, before any measurement, a run with a shape whose arrays would not fit in the host memory available: past
+ * it the allocations may each succeed and the process be killed by the system when they are touched, with nothing
+ * said (the sixteenth session's break-it helper: --gather at 65536×65536 × 4 experts on a 23 GB machine). */
+static qmm_status check_host_memory(const bench_run *run, int host_weights, int openblas) {
+    const double available = host_memory_available();
+    if (available <= 0.0) return QMM_OK; /* not Linux, or no MemAvailable: nothing to compare with */
+    for (size_t s = 0; s < run->shape_count; s++) {
+        const double needed = shape_host_bytes(run, &run->shapes[s], host_weights, openblas);
+        if (needed > available)
+            return qmm_error(QMM_ERR_OUT_OF_MEMORY,
+                             "shape %s (%zu×%zu%s) would hold ~%.1f GiB of host memory at once (the weights%s%s), more "
+                             "than the %.1f GiB available (MemAvailable in /proc/meminfo): measure it on a larger machine "
+                             "or a smaller shape%s", run->shapes[s].name, run->shapes[s].N, run->shapes[s].K,
+                             run->gather ? " per expert" : "", needed / 1073741824.0,
+                             host_weights ? " and their copies" : "", openblas ? ", the OpenBLAS peer's f32 copies" : "",
+                             available / 1073741824.0, run->gather ? " or fewer --experts" : openblas ? " (or --no-peers)" : "");
+    }
+    return QMM_OK;
+}
+
 /* Peer (a) on the host: OpenBLAS sgemm on the dequantized f32 weights, for every M of a shape; the same time
  * goes into the shape's cells of every dtype (the peer computes in f32 whatever the dtype). */
 static qmm_status bench_openblas_shape(bench_run *run, const qmm_qmatrix *master, bench_cell *cells_of_shape) {
@@ -1161,6 +1220,10 @@ int cmd_bench(const command *c, int argc, char **argv) {
     char openblas[256];
     int have_openblas = !cuda && !gather && run->peers && bench_openblas_available(openblas, sizeof openblas);
     if (!cuda && !gather && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
+    if ((status = check_host_memory(run, !cuda, have_openblas)) != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
 
     size_t done_cells = 0;
     for (size_t s = 0; s < run->shape_count && status == QMM_OK; s++) {
