@@ -18,9 +18,9 @@
 # (environment) goes to both configures, as with make (e.g. -DQMM_WITH_CUDA=OFF for a CPU-only A/B).
 # Exit status: 0, or 1 with the failing step named.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+tree=$(cd "$(dirname "$0")/.." && pwd)
 rounds=2
-out=build-ab
+out=$tree/build-ab
 while getopts "r:o:" option; do
   case $option in
   r) rounds=$OPTARG ;;
@@ -31,11 +31,13 @@ done
 shift $((OPTIND - 1))
 [[ $rounds =~ ^[1-9][0-9]?$ ]] || { echo "gpu_ab: -r '$rounds' is not a whole number from 1 to 99" >&2; exit 2; }
 [ $# -ge 2 ] && [ "$2" = "--" ] || { echo "usage: scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS..." >&2; exit 2; }
-patch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-[ -f "$patch" ] || { echo "gpu_ab: PATCH '$1' is not a file" >&2; exit 2; }
+[ -f "$1" ] || { echo "gpu_ab: PATCH '$1' is not a file" >&2; exit 2; }
+patch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") # PATCH and -o are taken from where the script was started
 shift 2
-mkdir -p "$out"
+mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || { echo "gpu_ab: -o '$out' is not a folder that can be written" >&2; exit 2; }
 out=$(cd "$out" && pwd)
+cd "$tree"
+rm -f "$out"/a-*.json "$out"/b-*.json "$out"/a-*.txt "$out"/b-*.txt "$out"/a-*.err "$out"/b-*.err # an earlier run's
 
 if [ -d .deps/cjson ]; then # as scripts/gpu_test.sh: a .pc whose paths point into the unpacked tree
   root=$PWD/.deps/cjson
@@ -50,16 +52,30 @@ export PATH=$PATH:/usr/local/cuda/bin
 # A: a copy of the tree (no build folders, no .deps) with the patch reversed, outside any git repository (inside one,
 # `git apply` would take its paths from the repository's top)
 a_tree=$(mktemp -d "${TMPDIR:-/tmp}/qmm-ab-a.XXXXXX")
-trap 'rm -rf "$a_tree"' EXIT
-tar --exclude='./build*' --exclude=./.deps --exclude=./.git --exclude=./.venv -cf - . | tar -xf - -C "$a_tree"
-(cd "$a_tree" && git apply -R "$patch") || { echo "gpu_ab: PATCH does not reverse cleanly on this tree" >&2; exit 1; }
+pids=() # builds still running: on an early exit they are stopped, with every process under them
+kill_tree() { local child; for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
+trap 'for pid in "${pids[@]}"; do kill_tree "$pid"; done; rm -rf "$a_tree"' EXIT
+out_rel=${out#"$tree"/} # an -o inside the tree is not copied into A
+tar --exclude='./build*' --exclude=./.deps --exclude=./.git --exclude=./.venv --exclude="./$out_rel" -cf - . |
+  tar -xf - -C "$a_tree"
+# GIT_CEILING_DIRECTORIES: were the copy inside some repository (TMPDIR in a work tree), `git apply` would patch that
+(cd "$a_tree" && GIT_CEILING_DIRECTORIES=$(dirname "$a_tree") git apply -R "$patch") ||
+  { echo "gpu_ab: PATCH ($patch) does not reverse cleanly on this tree" >&2; exit 1; }
+if diff -rq --exclude='build*' --exclude=.deps --exclude=.git --exclude=.venv --exclude="$(basename "$out")" . "$a_tree" >/dev/null; then
+  echo "gpu_ab: A is the same tree as B (an empty PATCH?)" >&2
+  exit 1
+fi
 jobs=$(( ($(nproc) + 1) / 2 ))
-build() { # build NAME SOURCE: the qmm target in $out/build-NAME
+build() { # build NAME SOURCE: the qmm target in $out/build-NAME (A's source is a new folder each run: a fresh build)
+  [ "$1" = b ] || rm -rf "$out/build-$1"
+  rm -f "$out/$1-configure.log" "$out/$1-build.log"
   cmake -S "$2" -B "$out/build-$1" -DCMAKE_BUILD_TYPE=Release ${CMAKE_FLAGS:-} >"$out/$1-configure.log" 2>&1 &&
     cmake --build "$out/build-$1" -j "$jobs" --target qmm_cli >"$out/$1-build.log" 2>&1
 }
 build a "$a_tree" & a_pid=$!
+pids+=("$a_pid")
 build b "$PWD" & b_pid=$!
+pids+=("$b_pid")
 wait $a_pid || { tail -n 20 "$out/a-build.log" "$out/a-configure.log" 2>/dev/null; echo "gpu_ab: building A failed" >&2; exit 1; }
 wait $b_pid || { tail -n 20 "$out/b-build.log" "$out/b-configure.log" 2>/dev/null; echo "gpu_ab: building B failed" >&2; exit 1; }
 
@@ -71,12 +87,13 @@ for round in $(seq "$rounds"); do
   done
 done
 
+pids=()
 python3 - "$out" "$rounds" <<'PY' | tee "$out/compare.txt"
-import glob, json, math, sys
+import json, math, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-def best(side):  # (shape, M, dtype) -> {"selected": (name, µs), row name: µs}, the best of the rounds
+def best(side):  # (shape, M, dtype) -> {"selected": (name, µs), row name: µs}, the best of this run's rounds
     cells = {}
-    for path in sorted(glob.glob(f"{out}/{side}-*.json")):
+    for path in [f"{out}/{side}-{r}.json" for r in range(1, rounds + 1)]:
         for cell in json.load(open(path))["cells"]:
             entry = cells.setdefault((cell["shape"], cell["M"], cell["dtype"]), {})
             for row in cell["kernels"]:
