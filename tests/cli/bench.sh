@@ -280,9 +280,10 @@ q bench --backend ref --quick --shapes "$WORK/many.txt" --m 1 --dtype f32 --kern
 check "140 long shape names: exit 0" rc_is 0
 check "140 long shape names: the peer absent, with the reason" \
   out_matches "^# peer mlx-cpu: absent: the shapes or M list is too long for the script's command line"
-# A peer script's lines are checked: a time that is not finite and > 0 leaves the cell's peer skipped with the value and
-# the rule; a line whose M is not a whole number from 1 to 65536 is dropped, said on stderr (test hook:
-# QMM_BENCH_PEERS_DIR, a folder of scripts with the peers' names). The CPU peers run with the project's .venv python.
+# A peer script's lines are checked: a time that is not finite, from 0.001 to 1e9 µs leaves the cell's peer skipped
+# with the value and the rule; a line whose M is not a whole number from 1 to 65536 is dropped, and a second line for a
+# cell, both said on stderr; text is kept to printable UTF-8 (test hook: QMM_BENCH_PEERS_DIR, a folder of scripts with
+# the peers' names). The CPU peers run with the project's .venv python.
 if [ -x "$SRC/.venv/bin/python" ]; then
   mkdir -p "$WORK/peers"
   cat >"$WORK/peers/mlx_cpu.py" <<'PY'
@@ -290,7 +291,9 @@ import json
 for line in ({"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": -3.0, "note": "fake"},
              {"peer": "mlx-cpu", "shape": "tiny", "M": 2, "dtype": "f32", "us": 1e999, "note": "fake"},
              {"peer": "mlx-cpu", "shape": "tiny", "M": -1, "dtype": "f32", "us": 5.0, "note": "fake"},
-             {"peer": "mlx-cpu", "shape": "tiny", "M": 1.5, "dtype": "f32", "us": 5.0, "note": "fake"}):
+             {"peer": "mlx-cpu", "shape": "tiny", "M": 1.5, "dtype": "f32", "us": 5.0, "note": "fake"},
+             {"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": 7.0, "note": "a second line"},
+             {"peer": "odd", "shape": "tiny", "M": 1, "dtype": "f32", "us": 9.0, "note": "line\nbreak \u001b[31m"}):
     print(json.dumps(line).replace("Infinity", "1e999"), flush=True)
 PY
   printf 'import json
@@ -300,15 +303,17 @@ print(json.dumps({"peer": "ggml", "absent": "a test stand-in"}))
     --kernel ref.qmm_t.scalar.r1 --json "$WORK/peers.json"
   check "a peer's bad lines: exit 0" rc_is 0
   check "a peer's negative time: skipped, naming the value and the rule" \
-    out_matches 'peer mlx-cpu +— .*skipped: the script reported us=-3 \(a time must be finite and > 0\)'
+    out_matches 'peer mlx-cpu +— .*skipped: the script reported us=-3 \(a time must be finite, from 0\.001 to 1e9 µs\)'
   check "a peer's infinite time: skipped" out_matches 'peer mlx-cpu +— .*skipped: the script reported us=inf'
   check "a peer's M=-1: dropped, said on stderr" err_has "peer mlx-cpu: a line with M=-1 is ignored (M must be a whole number from 1 to 65536)"
   check "a peer's M=1.5: dropped, said on stderr" err_has "peer mlx-cpu: a line with M=1.5 is ignored"
+  check "a peer's second line for a cell: dropped, said on stderr" err_has "peer mlx-cpu: a second line for tiny M=1 f32 is ignored"
+  check "a peer's control characters: printed as '?'" out_matches 'peer odd +9\.0 .* line\?break \?\[31m'
   check "a peer's bad time: null in the JSON" python3 - "$WORK/peers.json" <<'PY'
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
 peers = [p for c in cells for p in c["peers"] if p["name"] == "mlx-cpu"]
-assert len(peers) == 2 and all(p["us"] is None and "finite and > 0" in p["note"] for p in peers), peers
+assert len(peers) == 2 and all(p["us"] is None and "must be finite" in p["note"] for p in peers), peers
 PY
 fi
 expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"

@@ -565,6 +565,24 @@ static void note_absent(bench_run *run, const char *peer, const char *reason) {
     snprintf(run->absent[run->absent_count++], sizeof run->absent[0], "%s: absent: %s", peer, reason);
 }
 
+/* src as one single-quoted shell word into dst[size] ('…', each ' as '\''); false when it does not fit. */
+static bool shell_quote(char *dst, size_t size, const char *src) {
+    size_t at = 0;
+    if (size < 3) return false;
+    dst[at++] = '\'';
+    for (const char *p = src; *p; p++) {
+        const char *piece = *p == '\'' ? "'\\''" : NULL;
+        const size_t n = piece ? 4 : 1;
+        if (at + n + 2 > size) return false;
+        if (piece) memcpy(dst + at, piece, n);
+        else dst[at] = *p;
+        at += n;
+    }
+    dst[at++] = '\'';
+    dst[at] = '\0';
+    return true;
+}
+
 /* The script peers of the backend (--gather: of the gather op), each run once over the whole grid; their samples
  * go to the cells, matched by (shape, M, dtype) — for --gather M is T. */
 static void bench_script_peers(bench_run *run) {
@@ -621,11 +639,17 @@ static void bench_script_peers(bench_run *run) {
             note_absent(run, scripts[i].peer, "python3 is not on PATH");
             continue;
         }
-        char command_text[16384];
-        const int length = snprintf(command_text, sizeof command_text,
-                 "'%s' '%s/%s' --shapes '%s' --m %s --dtype %s --bits %d --group-size %d --repeats %d "
+        char command_text[16384], script_path[PATH_MAX + 64];
+        char quoted_python[2 * PATH_MAX], quoted_script[2 * PATH_MAX + 128], quoted_shapes[2 * sizeof shapes];
+        snprintf(script_path, sizeof script_path, "%s/%s", peers_dir, scripts[i].file);
+        /* every text from outside (paths, shape names) single-quoted for the shell, its quotes escaped */
+        const bool quoted = shell_quote(quoted_python, sizeof quoted_python, scripts[i].python) &&
+                            shell_quote(quoted_script, sizeof quoted_script, script_path) &&
+                            shell_quote(quoted_shapes, sizeof quoted_shapes, shapes);
+        const int length = !quoted ? -1 : snprintf(command_text, sizeof command_text,
+                 "%s %s --shapes %s --m %s --dtype %s --bits %d --group-size %d --repeats %d "
                  "--cache-bytes %zu --threads %d%s%s",
-                 scripts[i].python, peers_dir, scripts[i].file, shapes, ms, dtypes, run->bits, run->group_size,
+                 quoted_python, quoted_script, quoted_shapes, ms, dtypes, run->bits, run->group_size,
                  run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), extra, run->quick ? " --quick" : "");
         if (length < 0 || (size_t)length >= sizeof command_text) {
             note_absent(run, scripts[i].peer, "its command line would exceed 16 KiB (long paths or shape lists)");
@@ -645,10 +669,22 @@ static void bench_script_peers(bench_run *run) {
                 if (!cell->shape || cell->M != sample->M || strcmp(cell->shape->name, sample->shape) != 0 ||
                     strcmp(qmm_dtype_name(cell->dtype), sample->dtype) != 0)
                     continue;
+                bool seen = false; /* one row per peer and cell: a script's later lines for the cell are dropped */
+                for (size_t r = 0; r < cell->row_count && !seen; r++)
+                    seen = cell->rows[r].peer && strcmp(cell->rows[r].name, sample->peer) == 0;
+                if (seen) {
+                    fprintf(stderr, "  peer %s: a second line for %s M=%zu %s is ignored\n", sample->peer, sample->shape,
+                            sample->M, sample->dtype);
+                    continue;
+                }
                 bench_row *row = add_row(cell, sample->peer, 1);
-                if (!row) continue;
+                if (!row) {
+                    fprintf(stderr, "  peer %s: no room for its row in %s M=%zu %s (%d rows)\n", sample->peer,
+                            sample->shape, sample->M, sample->dtype, MAX_ROWS);
+                    continue;
+                }
                 row->us = sample->us;
-                snprintf(row->note, sizeof row->note, "%s", isnan(sample->us) ? sample->note : sample->note);
+                snprintf(row->note, sizeof row->note, "%s", sample->note);
                 if (isnan(sample->us) && strncmp(row->note, "skipped", 7) != 0) {
                     char note[256];
                     snprintf(note, sizeof note, "skipped: %s", sample->note);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #ifdef QMM_BENCH_JSON
 #include <cjson/cJSON.h>
@@ -24,6 +25,32 @@ void bench_peer_samples_free(bench_peer_samples *samples) {
 static const char *string_of(const cJSON *object, const char *key) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(object, key);
     return cJSON_IsString(item) ? item->valuestring : NULL;
+}
+
+/* src into dst[size] as printable UTF-8: whole characters only (a character that does not fit ends the copy, so
+ * nothing is cut in the middle of one), an invalid byte or a control character (a line break, an escape) as '?' —
+ * a script's text goes into the table, the terminal and the JSON file. */
+static void copy_text(char *dst, size_t size, const char *src) {
+    const unsigned char *p = (const unsigned char *)src;
+    size_t at = 0;
+    while (*p && size > 0) {
+        size_t length = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 ? 2 : (*p & 0xF0) == 0xE0 ? 3 : (*p & 0xF8) == 0xF0 ? 4 : 0;
+        for (size_t i = 1; i < length; i++)
+            if ((p[i] & 0xC0) != 0x80) length = 0; /* (stops at the NUL too) */
+        if ((length == 2 && *p < 0xC2) || (length == 3 && *p == 0xE0 && p[1] < 0xA0) ||
+            (length == 4 && *p == 0xF0 && p[1] < 0x90)) /* overlong forms */
+            length = 0;
+        if ((length == 3 && *p == 0xED && p[1] >= 0xA0) || (length == 4 && (*p > 0xF4 || (*p == 0xF4 && p[1] >= 0x90))))
+            length = 0; /* surrogates, past U+10FFFF */
+        const bool control = length == 1 && (*p < 0x20 || *p == 0x7F);
+        const size_t take = length && !control ? length : 1;
+        if (at + take >= size) break;
+        if (length && !control) memcpy(dst + at, p, length);
+        else dst[at] = '?';
+        at += take;
+        p += length ? length : 1;
+    }
+    if (size > 0) dst[at] = '\0';
 }
 
 static int append(bench_peer_samples *samples, const bench_peer_sample *sample) {
@@ -66,7 +93,7 @@ int bench_run_script_peer(const char *shell_command, bench_peer_samples *samples
         }
         const char *why = string_of(object, "absent");
         if (why) {
-            snprintf(absent, absent_size, "%s", why);
+            copy_text(absent, absent_size > 64 ? absent_size - 64 : absent_size, why); /* room for "peer: absent: " */
             cJSON_Delete(object);
             continue;
         }
@@ -77,37 +104,60 @@ int bench_run_script_peer(const char *shell_command, bench_peer_samples *samples
         const cJSON *us = cJSON_GetObjectItemCaseSensitive(object, "us");
         if (peer && shape && dtype && cJSON_IsNumber(m) && (skipped || cJSON_IsNumber(us))) {
             /* a script's line is checked like any input: M a whole number in the bench's range (else the line names
-             * no cell and is dropped, said on stderr), a time finite and > 0 (else the cell's peer is skipped, the
-             * note saying why) */
+             * no cell and is dropped, said on stderr), a time finite, from 0.001 µs to 1e9 µs (else the cell's peer is
+             * skipped, the note saying why) */
+            bench_peer_sample sample;
+            memset(&sample, 0, sizeof sample);
+            copy_text(sample.peer, sizeof sample.peer, peer);
             const double M = m->valuedouble;
             if (!(M >= 1 && M <= 65536 && M == floor(M))) {
-                fprintf(stderr, "  peer %s: a line with M=%g is ignored (M must be a whole number from 1 to 65536)\n", peer, M);
+                fprintf(stderr, "  peer %s: a line with M=%g is ignored (M must be a whole number from 1 to 65536)\n",
+                        sample.peer, M);
                 cJSON_Delete(object);
                 continue;
             }
-            const bool bad_time = !skipped && !(isfinite(us->valuedouble) && us->valuedouble > 0);
-            bench_peer_sample sample;
-            memset(&sample, 0, sizeof sample);
-            snprintf(sample.peer, sizeof sample.peer, "%s", peer);
-            snprintf(sample.shape, sizeof sample.shape, "%s", shape);
-            snprintf(sample.dtype, sizeof sample.dtype, "%s", dtype);
+            const double time = skipped ? NAN : us->valuedouble;
+            const bool bad_time = !skipped && !(isfinite(time) && time >= 1e-3 && time <= 1e9);
+            copy_text(sample.shape, sizeof sample.shape, shape);
+            copy_text(sample.dtype, sizeof sample.dtype, dtype);
             sample.M = (size_t)M;
-            sample.us = skipped || bad_time ? NAN : us->valuedouble;
-            if (bad_time)
-                snprintf(sample.note, sizeof sample.note, "skipped: the script reported us=%g (a time must be finite and > 0)",
-                         us->valuedouble);
-            else
-                snprintf(sample.note, sizeof sample.note, "%s", skipped ? skipped : note ? note : "");
-            append(samples, &sample);
+            sample.us = skipped || bad_time ? NAN : time;
+            if (bad_time) {
+                snprintf(sample.note, sizeof sample.note,
+                         "skipped: the script reported us=%g (a time must be finite, from 0.001 to 1e9 µs)", time);
+            } else {
+                copy_text(sample.note, sizeof sample.note, skipped ? skipped : note ? note : "");
+            }
+            if (!append(samples, &sample)) {
+                snprintf(absent, absent_size, "no memory for the script's results");
+                cJSON_Delete(object);
+                break;
+            }
             answered++;
+        } else {
+            fprintf(stderr, "  peer: a line without peer, shape, dtype, a numeric M and a numeric us (or skipped) is "
+                            "ignored\n");
         }
         cJSON_Delete(object);
     }
     free(line);
-    int rc = pclose(pipe);
+    const int rc = pclose(pipe);
+    char how[64] = "";
+    if (rc == -1)
+        snprintf(how, sizeof how, "its status could not be read");
+    else if (WIFEXITED(rc) && WEXITSTATUS(rc) != 0)
+        snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(rc));
+    else if (WIFSIGNALED(rc))
+        snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(rc));
     if (absent[0]) return 0;
-    if (rc != 0 && answered == 0) {
-        snprintf(absent, absent_size, "the peer script failed (exit status %d; its stderr is above)", rc);
+    if (how[0] && answered == 0) {
+        snprintf(absent, absent_size, "the peer script failed (%s; its stderr is above)", how);
+        return 0;
+    }
+    if (how[0]) /* results, then a failure: the results are kept, and the failure said */
+        fprintf(stderr, "  peer: the script ended with %s after %zu results (its stderr is above)\n", how, answered);
+    if (answered == 0) {
+        snprintf(absent, absent_size, "the peer script printed no results (no JSON lines, no reason)");
         return 0;
     }
     return 1;
