@@ -13,7 +13,8 @@
 # PATCH: the change as `git diff` prints it, relative to A (its paths inside the tree). -r: rounds (default 2).
 # -o: where the builds, their logs, each run's JSON and table, and the comparison go (default build-ab/; A's source
 # is a temporary copy, removed at the end). The bench's
-# --json is added here; give every other argument as for `qmm bench`. Needs cmake, python3 and a C compiler (and the
+# --json is added here; give every other argument as for `qmm bench` (with --no-peers: A's copy has no .venv, so the
+# CPU peers would run in B's rounds only). Needs cmake, python3 and a C compiler (and the
 # CUDA toolkit for --backend cuda); cJSON as for the build (.deps/cjson is used when present, README "GPU"). CMAKE_FLAGS
 # (environment) goes to both configures, as with make (e.g. -DQMM_WITH_CUDA=OFF for a CPU-only A/B).
 # Exit status: 0, or 1 with the failing step named.
