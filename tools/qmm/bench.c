@@ -662,13 +662,16 @@ static void bench_script_peers(bench_run *run) {
             bench_peer_samples_free(&samples);
             continue;
         }
+        size_t unmatched = 0; /* lines naming no cell of this run: counted, said once */
         for (size_t j = 0; j < samples.count; j++) {
             const bench_peer_sample *sample = &samples.items[j];
+            bool matched = false;
             for (size_t k = 0; k < run->cell_count; k++) {
                 bench_cell *cell = &run->cells[k];
                 if (!cell->shape || cell->M != sample->M || strcmp(cell->shape->name, sample->shape) != 0 ||
                     strcmp(qmm_dtype_name(cell->dtype), sample->dtype) != 0)
                     continue;
+                matched = true;
                 bool seen = false; /* one row per peer and cell: a script's later lines for the cell are dropped */
                 for (size_t r = 0; r < cell->row_count && !seen; r++)
                     seen = cell->rows[r].peer && strcmp(cell->rows[r].name, sample->peer) == 0;
@@ -691,7 +694,11 @@ static void bench_script_peers(bench_run *run) {
                     snprintf(row->note, sizeof row->note, "%s", note);
                 }
             }
+            unmatched += !matched;
         }
+        if (unmatched)
+            fprintf(stderr, "  peer %s: %zu line%s named no cell of this run (shape, M, dtype): ignored\n",
+                    scripts[i].peer, unmatched, unmatched == 1 ? "" : "s");
         bench_peer_samples_free(&samples);
     }
 }
