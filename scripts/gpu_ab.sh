@@ -40,15 +40,7 @@ out=$(cd "$out" && pwd)
 cd "$tree"
 rm -f "$out"/a-*.json "$out"/b-*.json "$out"/a-*.txt "$out"/b-*.txt "$out"/a-*.err "$out"/b-*.err # an earlier run's
 
-if [ -d .deps/cjson ]; then # as scripts/gpu_test.sh: a .pc whose paths point into the unpacked tree
-  root=$PWD/.deps/cjson
-  mkdir -p .deps/pkgconfig
-  sed -e "s|^libdir=/usr|libdir=$root/usr|" -e "s|^includedir=/usr|includedir=$root/usr|" \
-    "$root/usr/lib/x86_64-linux-gnu/pkgconfig/libcjson.pc" >.deps/pkgconfig/libcjson.pc
-  export PKG_CONFIG_PATH=$PWD/.deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-export PATH=$PATH:/usr/local/cuda/bin
+source scripts/deps_env.sh # cJSON from .deps/cjson when present; the CUDA toolkit on PATH
 
 # A: a copy of the tree (no build folders, no .deps) with the patch reversed, outside any git repository (inside one,
 # `git apply` would take its paths from the repository's top)

@@ -28,16 +28,7 @@ wanted() { [[ $parts == *" $1 "* ]]; }
 jobs=${GPU_TEST_JOBS:-$(nproc)} # compute-sanitizer processes at a time
 [[ $jobs =~ ^[1-9][0-9]{0,3}$ ]] || { echo "gpu_test: GPU_TEST_JOBS='$jobs' is not a whole number from 1 to 9999" >&2; exit 2; }
 [ -n "${GPU_TEST_JOBS:-}" ] || [ "$jobs" -le 12 ] || jobs=12
-if [ -d .deps/cjson ]; then
-  # A .pc file whose libdir and includedir point into the unpacked tree (a sysroot would also move every other package's paths).
-  root=$PWD/.deps/cjson
-  mkdir -p .deps/pkgconfig
-  sed -e "s|^libdir=/usr|libdir=$root/usr|" -e "s|^includedir=/usr|includedir=$root/usr|" \
-    "$root/usr/lib/x86_64-linux-gnu/pkgconfig/libcjson.pc" >.deps/pkgconfig/libcjson.pc
-  export PKG_CONFIG_PATH=$PWD/.deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-export PATH=$PATH:/usr/local/cuda/bin
+source scripts/deps_env.sh # cJSON from .deps/cjson when present; the CUDA toolkit on PATH
 logs=${GPU_LOG_DIR:-build-gpu/logs}
 mkdir -p "$logs"
 summary=()
