@@ -1087,7 +1087,7 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
  * some block's rows are not consecutive rows of x; else every block reads x in place), a launch per block of > 16
  * rows, the grouped launches. The upload is a copy from pageable memory (a staging slot, gather_staging_slot):
  * measured on the H200 (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28×
- * slower at T ≥ 8 (a copy-engine transfer on the stream between kernels). */
+ * slower at T ≥ 8 (probably the copy-engine transfer on the stream between kernels). */
 static qmm_status gather_run(const qmm_call *call) {
     cuda_state *s = call->backend_state;
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
