@@ -38,7 +38,7 @@ shift 2
 mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || { echo "gpu_ab: -o '$out' is not a folder that can be written" >&2; exit 2; }
 out=$(cd "$out" && pwd)
 cd "$tree"
-rm -f "$out"/a-*.json "$out"/b-*.json "$out"/a-*.txt "$out"/b-*.txt "$out"/a-*.err "$out"/b-*.err # an earlier run's
+rm -f "$out"/[ab]-*.json "$out"/[ab]-*.txt "$out"/[ab]-*.err # an earlier run's
 
 source scripts/deps_env.sh # cJSON from .deps/cjson when present; the CUDA toolkit on PATH
 

@@ -805,8 +805,8 @@ static qmm_status gather_run(const qmm_call *call);
  *            faster than m8n32).
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–48 (M 17–64 for N ≤ 5120) with 72 blocks or more of
  *            64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
- *            warps at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth session: 0.78–0.94× the time of the
- *            242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
+ *            warps at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth
+ *            session: 0.78–0.94× the time of the 242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
  *            tile (m16n64_one_grid). At M 9–16 against m16n32 (the fourteenth session, seed and Qwen3 shapes at M = 12
  *            and 16): faster on 80 blocks (5120² 9.7 vs 10.9 µs f16, 5120×14336 21.6 vs 27.4, 5120×17408 25.8 vs 33.0),
  *            224 (14336×5120 17.8 vs 21.4) and 272 (17408×5120 25.1 vs 28.4); within 5 % at 192 (12288×4096 bf16 15.9
@@ -1102,12 +1102,13 @@ static qmm_status gather_run(const qmm_call *call) {
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
-    /* the rows of x are gathered only when some block's are not consecutive rows of x (a decode step's blocks of one
-     * row never need it) */
+    /* One pass over the blocks: the grouped launches' counts, and whether the rows of x must be gathered — only when
+     * some block's are not consecutive rows of x (a decode step's blocks of one row never need it). */
     bool gather_x = false;
-    for (size_t i0 = 0, i1; call->lhs_indices && !gather_x && i0 < B; i0 = i1) {
+    for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
-        gather_x = !qmm_gather_block_in_place(call, i0, i1);
+        gather_x = gather_x || !qmm_gather_block_in_place(call, i0, i1);
+        if (grouping) n8 += i1 - i0 <= 8, n16 += i1 - i0 > 8 && i1 - i0 <= 16;
     }
     const char *gathered_x = NULL;
     if (gather_x) {
@@ -1117,10 +1118,6 @@ static qmm_status gather_run(const qmm_call *call) {
         const qmm_status status = grow_scratch(s, &s->gather_x, &s->gather_x_bytes, x_bytes);
         if (status != QMM_OK) return status;
         gathered_x = s->gather_x;
-    }
-    for (size_t i0 = 0, i1; grouping && i0 < B; i0 = i1) {
-        i1 = qmm_gather_block_end(call, i0);
-        n8 += i1 - i0 <= 8, n16 += i1 - i0 > 8 && i1 - i0 <= 16;
     }
     /* B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;

@@ -578,6 +578,17 @@ static void test_large_f16_x(qmm_context *context, check_rng *rng) {
         }
 }
 
+/* A stable sort of B (lhs, rhs) index pairs by expert (rhs), as MLX's sorted_indices wants them: an insertion sort,
+ * quadratic — for the tests' small B. */
+static void sort_pairs_by_expert(uint32_t *lhs, uint32_t *rhs, size_t B) {
+    for (size_t i = 1; i < B; i++)
+        for (size_t j = i; j > 0 && rhs[j - 1] > rhs[j]; j--) {
+            const uint32_t r = rhs[j], l = lhs[j];
+            rhs[j] = rhs[j - 1], lhs[j] = lhs[j - 1];
+            rhs[j - 1] = r, lhs[j - 1] = l;
+        }
+}
+
 /* MoE gather on the GPU (cuda.gather.blocks.auto): every token picks `active` distinct experts of E, the pairs
  * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices (with one expert per
  * token also lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing
@@ -639,13 +650,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                     rhs[t * A + j] = (uint32_t)((t * 7 + j * (E / A) + shift) % E);
                 }
             }
-            if (sorted) /* a stable sort of the pairs by expert (insertion sort: B is small) */
-                for (size_t i = 1; i < B; i++)
-                    for (size_t j = i; j > 0 && rhs[j - 1] > rhs[j]; j--) {
-                        uint32_t r = rhs[j], l = lhs[j];
-                        rhs[j] = rhs[j - 1], lhs[j] = lhs[j - 1];
-                        rhs[j - 1] = r, lhs[j - 1] = l;
-                    }
+            if (sorted) sort_pairs_by_expert(lhs, rhs, B);
             CHECK_OK(qmm_buffer_poison(ob));
             qmm_gather_options options = {.sorted_indices = sorted};
             qmm_kernel_info ran = {0};
@@ -735,13 +740,7 @@ static void test_gather_queue(qmm_context *context, check_rng *rng) {
                     l[t * A + j] = (uint32_t)t;
                     r[t * A + j] = (uint32_t)((check_rng_next(rng) % (E / A)) * A + j);
                 }
-            if (calls[c].routing == SORTED) /* a stable sort by expert (insertion sort: B ≤ 96) */
-                for (size_t i = 1; i < B; i++)
-                    for (size_t j = i; j > 0 && r[j - 1] > r[j]; j--) {
-                        const uint32_t rj = r[j], lj = l[j];
-                        r[j] = r[j - 1], l[j] = l[j - 1];
-                        r[j - 1] = rj, l[j - 1] = lj;
-                    }
+            if (calls[c].routing == SORTED) sort_pairs_by_expert(l, r, B);
         }
         memcpy(scratch_lhs, l, B * sizeof(uint32_t));
         memcpy(scratch_rhs, r, B * sizeof(uint32_t));

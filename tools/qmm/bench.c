@@ -471,7 +471,8 @@ static qmm_status make_stack(const bench_run *run, const bench_shape *shape, qmm
  * the OpenBLAS peer's dense f32 copies. */
 static double shape_host_bytes(const bench_run *run, const bench_shape *shape, int host_weights, int openblas) {
     const double rows = (double)shape->N * (double)(run->gather ? run->experts : 1), K = (double)shape->K;
-    const double w_bytes = rows * K * run->bits / 8.0, groups = rows * K / run->group_size;
+    const double w_bytes = rows * (double)qmm_packed_words(shape->K, run->bits) * sizeof(uint32_t);
+    const double groups = rows * (double)qmm_groups(shape->K, run->group_size);
     const double master = w_bytes + 2.0 * groups * sizeof(float);
     size_t m_max = 1;
     for (size_t i = 0; i < run->m_count; i++) m_max = run->ms[i] > m_max ? run->ms[i] : m_max;
