@@ -48,8 +48,8 @@ typedef struct cuda_state {
     float *tile_partials;
     unsigned *tile_counters;
     /* gather scratch, grown on demand; a gather is not a chain step, so no graph holds these pointers: the gathered
-     * rows of x, and the call's upload — the lhs indices (uint32, padded to 16 bytes), then the grouped GEMV
-     * launches' table (qmm_cuda_gemv_product) */
+     * rows of x, and the call's upload — the lhs indices (uint32, padded to 16 bytes) when x's rows must be gathered,
+     * then the tables of the grouped classes too large for a launch's parameters (qmm_cuda_gemv_product) */
     void *gather_x;
     size_t gather_x_bytes;
     void *gather_upload;
@@ -1075,40 +1075,80 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
         s->gather_staging[slot] = malloc(bytes);
         if (!s->gather_staging[slot])
             return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cuda.gather.blocks.auto: no host memory for the %zu-byte upload of "
-                             "the indices and the grouped launches' table", bytes);
+                             "the indices and the grouped launches' tables", bytes);
         s->gather_staging_bytes[slot] = bytes;
     }
     *slot_out = slot;
     return QMM_OK;
 }
 
-/* The gather's order on the stream: one upload (the lhs indices and the grouped launches' table, built on the host
- * first, so that nothing is launched before everything the launches need is in place), the gather of x's rows (when
- * some block's rows are not consecutive rows of x; else every block reads x in place), a launch per block of > 16
- * rows, the grouped launches. The upload is a copy from pageable memory (a staging slot, gather_staging_slot):
- * measured on the H200 (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28×
- * slower at T ≥ 8 (probably the copy-engine transfer on the stream between kernels). */
+/* The products of one class of expert blocks for the grouped launches (≤ 8 rows: m8n32, token_tiles 1; 9–16 rows:
+ * m16n32, 2), in block order, into products (room for all of them). */
+static void gather_grouped_products(const qmm_call *call, const char *gathered_x, int token_tiles,
+                                    qmm_cuda_gemv_product *products) {
+    const size_t low = token_tiles == 1 ? 1 : 9, high = token_tiles == 1 ? 8 : 16;
+    size_t count = 0;
+    for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
+        i1 = qmm_gather_block_end(call, i0);
+        if (i1 - i0 < low || i1 - i0 > high) continue;
+        cuda_weights_extra extra = {0};
+        const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
+        products[count++] = grouped_product(call, gathered_x, &block);
+    }
+}
+
+/* The grouped launches of one class of `count` expert blocks: a class of ≤ QMM_CUDA_GROUPED_MAX blocks in one launch
+ * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
+ * 65535 blocks per launch (grid.z). */
+static qmm_status gather_grouped_launches(const qmm_call *call, const char *gathered_x, int token_tiles, size_t count,
+                                          const qmm_cuda_gemv_product *device_table) {
+    qmm_cuda_launch launch = launch_of(call);
+    launch.x = gathered_x ? gathered_x : call->x;
+    const char *what = token_tiles == 1 ? "grouped mma_m8n32" : "grouped mma_m16n32";
+    if (!device_table) {
+        qmm_cuda_gemv_product products[QMM_CUDA_GROUPED_MAX];
+        gather_grouped_products(call, gathered_x, token_tiles, products);
+        return launch_status(qmm_cuda_mma_gemv_grouped(&launch, products, NULL, (int)count, token_tiles), what,
+                             __FILE__, __LINE__);
+    }
+    for (size_t at = 0; at < count; at += 65535) {
+        const int part = (int)(count - at < 65535 ? count - at : 65535);
+        const qmm_status status = launch_status(qmm_cuda_mma_gemv_grouped(&launch, NULL, device_table + at, part,
+                                                                          token_tiles), what, __FILE__, __LINE__);
+        if (status != QMM_OK) return status;
+    }
+    return QMM_OK;
+}
+
+/* The gather's order on the stream: one upload, when there is anything to upload (the lhs indices when some block's
+ * rows are not consecutive rows of x — else every block reads x in place, and a decode step's blocks of one row
+ * always do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks), built on the host first so
+ * that nothing is launched before everything the launches need is in place; the gather of x's rows; a launch per
+ * block of > 16 rows; the grouped launches (a class of ≤ QMM_CUDA_GROUPED_MAX blocks with its table in the launch's
+ * parameter). The upload is a copy from pageable memory (a staging slot, gather_staging_slot): measured on the H200
+ * (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28× slower at T ≥ 8
+ * (probably the copy-engine transfer on the stream between kernels). A decode step (T = 1) uploads nothing: 0.53–0.81×
+ * the time of one upload of its table (eighteenth session). */
 static qmm_status gather_run(const qmm_call *call) {
     cuda_state *s = call->backend_state;
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
     collect_rows(cuda_rows);
     const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
-    /* Blocks of ≤ 16 rows go into the grouped launches' table (when grouping: [0, n8) the blocks of ≤ 8 rows for
-     * m8n32, then n16 of 9–16 for m16n32), the others get a launch each on the row the selector picks. */
-    size_t n8 = 0, n16 = 0;
+    /* Blocks of ≤ 16 rows go to the grouped launches (when grouping): grouped8 of ≤ 8 rows, grouped16 of 9–16; the
+     * others get a launch each on the row the selector picks. */
+    size_t grouped8 = 0, grouped16 = 0;
     char why_not[256] = "";
     const int forced = gather_grouped_forced();
     const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
-    /* One pass over the blocks: the grouped launches' counts, and whether the rows of x must be gathered — only when
-     * some block's are not consecutive rows of x (a decode step's blocks of one row never need it). */
+    /* One pass over the blocks: the classes' counts, and whether the rows of x must be gathered */
     bool gather_x = false;
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
         gather_x = gather_x || !qmm_gather_block_in_place(call, i0, i1);
-        if (grouping) n8 += i1 - i0 <= 8, n16 += i1 - i0 > 8 && i1 - i0 <= 16;
+        if (grouping) grouped8 += i1 - i0 <= 8, grouped16 += i1 - i0 > 8 && i1 - i0 <= 16;
     }
     const char *gathered_x = NULL;
     if (gather_x) {
@@ -1119,10 +1159,13 @@ static qmm_status gather_run(const qmm_call *call) {
         if (status != QMM_OK) return status;
         gathered_x = s->gather_x;
     }
-    /* B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow */
+    /* The upload: [lhs indices, padded to 16 bytes][table of grouped8 if > MAX][table of grouped16 if > MAX].
+     * B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
-    const size_t upload_bytes = index_bytes + (n8 + n16) * sizeof(qmm_cuda_gemv_product);
-    const char *upload = NULL;
+    const size_t uploaded8 = grouped8 > QMM_CUDA_GROUPED_MAX ? grouped8 : 0;
+    const size_t uploaded16 = grouped16 > QMM_CUDA_GROUPED_MAX ? grouped16 : 0;
+    const size_t upload_bytes = index_bytes + (uploaded8 + uploaded16) * sizeof(qmm_cuda_gemv_product);
+    const qmm_cuda_gemv_product *table8 = NULL, *table16 = NULL;
     if (upload_bytes) {
         int slot = 0;
         qmm_status status = gather_staging_slot(s, upload_bytes, &slot);
@@ -1134,21 +1177,17 @@ static qmm_status gather_run(const qmm_call *call) {
             memset(staging + B * sizeof(uint32_t), 0, index_bytes - B * sizeof(uint32_t)); /* the padding */
         }
         qmm_cuda_gemv_product *products = (qmm_cuda_gemv_product *)(staging + index_bytes);
-        size_t at8 = 0, at16 = n8;
-        for (size_t i0 = 0, i1; grouping && i0 < B; i0 = i1) {
-            i1 = qmm_gather_block_end(call, i0);
-            if (i1 - i0 > 16) continue;
-            cuda_weights_extra extra = {0};
-            const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
-            products[i1 - i0 <= 8 ? at8++ : at16++] = grouped_product(call, gathered_x, &block);
-        }
+        if (uploaded8) gather_grouped_products(call, gathered_x, 1, products);
+        if (uploaded16) gather_grouped_products(call, gathered_x, 2, products + uploaded8);
         CUDA_TRY(cudaMemcpyAsync(s->gather_upload, staging, upload_bytes, cudaMemcpyHostToDevice, s->stream));
         CUDA_TRY(cudaEventRecord(s->gather_staged[slot], s->stream));
         s->gather_slot = slot ^ 1;
-        upload = s->gather_upload;
+        const qmm_cuda_gemv_product *uploaded = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + index_bytes);
+        if (uploaded8) table8 = uploaded;
+        if (uploaded16) table16 = uploaded + uploaded8;
     }
     if (gather_x) {
-        const qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, (const uint32_t *)upload, s->gather_x, B,
+        const qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, s->gather_upload, s->gather_x, B,
                                                                        K * size, s->stream),
                                                   "gather_rows", __FILE__, __LINE__);
         if (launched != QMM_OK) return launched;
@@ -1163,20 +1202,10 @@ static qmm_status gather_run(const qmm_call *call) {
         status = qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &block, NULL, &row);
         if (status == QMM_OK) status = row->run(&block);
     }
-    if (n8 + n16) {
-        qmm_cuda_launch launch = launch_of(call);
-        launch.x = gathered_x ? gathered_x : call->x;
-        const qmm_cuda_gemv_product *table = (const qmm_cuda_gemv_product *)(upload + index_bytes);
-        for (size_t at = 0; status == QMM_OK && at < n8 + n16;) { /* grid.z ≤ 65535 products per launch */
-            const size_t end = at < n8 ? n8 : n8 + n16, count = end - at < 65535 ? end - at : 65535;
-            const int token_tiles = at < n8 ? 1 : 2;
-            status = launch_status(qmm_cuda_mma_gemv_grouped(&launch, table + at, (int)count, token_tiles),
-                                   token_tiles == 1 ? "grouped mma_m8n32" : "grouped mma_m16n32", __FILE__, __LINE__);
-            at += count;
-        }
-    }
-    /* lhs_indices was copied into the staging slot and rhs_indices read above: nothing of the caller's host arrays is
-     * used after this call returns. */
+    if (status == QMM_OK && grouped8) status = gather_grouped_launches(call, gathered_x, 1, grouped8, table8);
+    if (status == QMM_OK && grouped16) status = gather_grouped_launches(call, gathered_x, 2, grouped16, table16);
+    /* lhs_indices and the large tables were copied into the staging slot, the small tables into their launches'
+     * parameters, rhs_indices read above: nothing of the caller's host arrays is used after this call returns. */
     return status;
 }
 

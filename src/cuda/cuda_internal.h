@@ -59,12 +59,20 @@ typedef struct qmm_cuda_gemv_product {
     unsigned int M; /* 1 … 8·token_tiles */
     unsigned int unused;
 } qmm_cuda_gemv_product;
+/* Up to QMM_CUDA_GROUPED_MAX products of a grouped launch travel by value as the kernel's parameter (no upload: the
+ * driver copies a launch's parameters when the launch is enqueued, so the caller's array may change as soon as the
+ * call returns); 64 × 56 bytes keeps the parameters under the 4 KB every CUDA version accepts. */
+#define QMM_CUDA_GROUPED_MAX 64
+typedef struct qmm_cuda_grouped_table {
+    qmm_cuda_gemv_product products[QMM_CUDA_GROUPED_MAX];
+} qmm_cuda_grouped_table;
 /* `count` products of one shape (launch->N, K, bits, group_size, dtype) in one launch of the mma GEMV with 32 weight
  * rows per warp and 8·token_tiles (1 or 2) rows of x: m8n32 or m16n32 (the gather's expert blocks, cuda_backend.c).
- * products: a device array; launch->x, packed, sb, w, scales, biases, out: the bases; launch->M unused. Same needs
- * as qmm_cuda_mma_gemv_qmm_t; count ≤ 65535. */
-int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv_product *products, int count,
-                              int token_tiles);
+ * The products: either host_products, 1 … QMM_CUDA_GROUPED_MAX of them, copied into the launch's parameters, or
+ * device_products, a device array of 1 … 65535 that must stay unchanged until the kernel has run; the other NULL.
+ * launch->x, packed, sb, w, scales, biases, out: the bases; launch->M unused. Same needs as qmm_cuda_mma_gemv_qmm_t. */
+int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv_product *host_products,
+                              const qmm_cuda_gemv_product *device_products, int count, int token_tiles);
 /* The mma_tile family (kernels_tile.cu): tile 0 = m64n64 (4 warps), 1 = m64n128 (8 warps), 2 = m16n256 (8 warps),
  * 3 = m32n256 (8 warps), f16/bf16; tile 4 = m32n128 (4 warps), f32 only (bf16x3: docs/kernels.md §9.7); any M.
  * Otherwise the same needs as mma_gemv (packed and sb of the weights' dtype).

@@ -202,20 +202,33 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #include "mma_gemv_body.cuh"
 }
 
+/* Where a grouped launch's products are: in its parameter (qmm_cuda_grouped_table, ≤ QMM_CUDA_GROUPED_MAX: read in
+ * place from the constant bank, and the offsets stay there as operands — 70–104 registers instead of 82–124 for the
+ * m8n32 instantiations) or in a device array (grouped_device_table, the upload of a larger class). */
+struct grouped_device_table {
+    const qmm_cuda_gemv_product *entries;
+};
+__device__ __forceinline__ const qmm_cuda_gemv_product &grouped_entry(const qmm_cuda_grouped_table &table, unsigned z) {
+    return table.products[z];
+}
+__device__ __forceinline__ qmm_cuda_gemv_product grouped_entry(const grouped_device_table &table, unsigned z) {
+    return table.entries[z];
+}
+
 /* Many products of one shape (N, K) in one launch — the expert blocks of a gather (cuda.gather.blocks.auto):
- * grid.z = the product, entries[z] its offsets from the bases and its rows of x (M ≤ 8·TT: no chunks), grid
- * (row tiles, 1, products). Each product is computed by the same algorithm as a launch of m8n32 / m16n32 on it
+ * grid.z = the product, grouped_entry(table, z) its offsets from the bases and its rows of x (M ≤ 8·TT: no chunks),
+ * grid (row tiles, 1, products). Each product is computed by the same algorithm as a launch of m8n32 / m16n32 on it
  * alone, within the same bound; not always with the same bits — the warps per block are chosen for the whole grid, and
  * they set how K is split among a block's warps (the gather has no batch-invariant mode). */
-template <int BITS, typename T, int RT, int TT, int S, int GS>
+template <int BITS, typename T, int RT, int TT, int S, int GS, typename Table>
 __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_gemv_limits<RT, TT>::min_blocks)
-    mma_gemv_grouped_kernel(const qmm_cuda_gemv_product *__restrict__ entries, const T *__restrict__ x_base,
+    mma_gemv_grouped_kernel(const __grid_constant__ Table table, const T *__restrict__ x_base,
                             const uint4 *__restrict__ packed_base, const uint32_t *__restrict__ sb_base,
                             const uint32_t *__restrict__ w_base, const T *__restrict__ scales_base,
                             const T *__restrict__ biases_base, T *__restrict__ out_base, int N, int K) {
     static_assert(TT <= 2 && !(RT == 4 && TT == 2), "a grouped product has no chunks of rows of x");
     constexpr bool STAGED_X = false;
-    const qmm_cuda_gemv_product e = entries[blockIdx.z];
+    const auto &e = grouped_entry(table, blockIdx.z); /* __grid_constant__: never copied to local memory */
     const T *__restrict__ x = x_base + e.x;
     const uint4 *__restrict__ packed = packed_base + e.packed;
     const uint32_t *__restrict__ sb = sb_base + e.sb;
@@ -378,14 +391,14 @@ template <int RT, int TT> static int dispatch_mma_gemv(const qmm_cuda_launch *c)
 
 /* The grouped launch (the gather's expert blocks): m8n32 (token_tiles 1) or m16n32 (2), x never staged. Warps and
  * shared memory as launch_mma_gemv_as for the unstaged tile, counting every product's blocks. */
-template <int BITS, typename T, int TT, int GS>
-static int launch_mma_gemv_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count) {
+template <int BITS, typename T, int TT, int GS, typename Table>
+static int launch_mma_gemv_grouped(const qmm_cuda_launch *c, const Table &table, int count) {
     constexpr int RT = 2, S = QMM_MMA_STAGES_RT2;
     constexpr size_t per_warp = (size_t)S * RT * 2 * 32 * (16 + 4) + (size_t)RT * TT * 4 * 32 * sizeof(float);
     int max_warps = mma_gemv_limits<RT, TT>::max_warps;
     if (c->shared_optin > 0 && (size_t)max_warps * per_warp > c->shared_optin) max_warps = (int)(c->shared_optin / per_warp);
     if (max_warps < 1) max_warps = 1;
-    auto kernel = mma_gemv_grouped_kernel<BITS, T, RT, TT, S, GS>;
+    auto kernel = mma_gemv_grouped_kernel<BITS, T, RT, TT, S, GS, Table>;
     static unsigned long long opted_in = 0;
     const int opt_in = shared_memory_opt_in(kernel, (size_t)max_warps * per_warp, &opted_in);
     if (opt_in) return opt_in;
@@ -399,31 +412,48 @@ static int launch_mma_gemv_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv
                                           device >= 0 && device < 8 ? occupancy[device] : nullptr);
     if (warps > super_blocks) warps = super_blocks;
     if (warps < 1) warps = 1;
-    return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, false, products,
+    return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, false, table,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, (int)c->N, (int)c->K);
 }
 
+/* The products into the launch's parameter (host_products, ≤ QMM_CUDA_GROUPED_MAX) or their device array. */
+template <int BITS, typename T, int TT, int GS>
+static int launch_mma_gemv_grouped_from(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host_products,
+                                        const qmm_cuda_gemv_product *device_products, int count) {
+    if (!host_products == !device_products || count < 1 || count > (host_products ? QMM_CUDA_GROUPED_MAX : 65535))
+        return (int)cudaErrorInvalidValue;
+    if (device_products) return launch_mma_gemv_grouped<BITS, T, TT, GS>(c, grouped_device_table{device_products}, count);
+    qmm_cuda_grouped_table table;
+    memcpy(table.products, host_products, (size_t)count * sizeof *host_products);
+    memset(table.products + count, 0, (size_t)(QMM_CUDA_GROUPED_MAX - count) * sizeof *table.products); /* defined */
+    return launch_mma_gemv_grouped<BITS, T, TT, GS>(c, table, count);
+}
+
 template <int BITS, typename T, int TT>
-static int dispatch_grouped_group(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count) {
+static int dispatch_grouped_group(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host,
+                                  const qmm_cuda_gemv_product *device, int count) {
     switch (c->group_size) {
-    case 32: return launch_mma_gemv_grouped<BITS, T, TT, 32>(c, products, count);
-    case 64: return launch_mma_gemv_grouped<BITS, T, TT, 64>(c, products, count);
-    default: return launch_mma_gemv_grouped<BITS, T, TT, 128>(c, products, count);
+    case 32: return launch_mma_gemv_grouped_from<BITS, T, TT, 32>(c, host, device, count);
+    case 64: return launch_mma_gemv_grouped_from<BITS, T, TT, 64>(c, host, device, count);
+    default: return launch_mma_gemv_grouped_from<BITS, T, TT, 128>(c, host, device, count);
     }
 }
 
-template <int TT> static int dispatch_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count) {
+template <int TT>
+static int dispatch_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host,
+                            const qmm_cuda_gemv_product *device, int count) {
     if (c->bits == 4)
-        return c->dtype == 1 ? dispatch_grouped_group<4, __half, TT>(c, products, count)
-                             : dispatch_grouped_group<4, __nv_bfloat16, TT>(c, products, count);
-    return c->dtype == 1 ? dispatch_grouped_group<8, __half, TT>(c, products, count)
-                         : dispatch_grouped_group<8, __nv_bfloat16, TT>(c, products, count);
+        return c->dtype == 1 ? dispatch_grouped_group<4, __half, TT>(c, host, device, count)
+                             : dispatch_grouped_group<4, __nv_bfloat16, TT>(c, host, device, count);
+    return c->dtype == 1 ? dispatch_grouped_group<8, __half, TT>(c, host, device, count)
+                         : dispatch_grouped_group<8, __nv_bfloat16, TT>(c, host, device, count);
 }
 
-extern "C" int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count,
-                                         int token_tiles) {
-    return token_tiles == 2 ? dispatch_grouped<2>(c, products, count) : dispatch_grouped<1>(c, products, count);
+extern "C" int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host_products,
+                                         const qmm_cuda_gemv_product *device_products, int count, int token_tiles) {
+    return token_tiles == 2 ? dispatch_grouped<2>(c, host_products, device_products, count)
+                            : dispatch_grouped<1>(c, host_products, device_products, count);
 }
 
 /* The tiles the table uses (each is 12 instantiations: bits × dtype × group size). */

@@ -613,6 +613,10 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * grouped launch is 65535) — grouped and unsorted only (the test's insertion sort is quadratic, and 70001
          * launches, one per block, would take minutes under compute-sanitizer) */
         {2, 2, 70000, 16, 64, 4, 32, QMM_F16},
+        /* 200 experts, one per token, about 12 tokens each: sorted, more than QMM_CUDA_GROUPED_MAX blocks of 9–16
+         * rows (their table goes up with the call) beside fewer than that of ≤ 8 rows (theirs in the launch's
+         * parameter) and some past 16; unsorted, 2400 blocks of one row */
+        {200, 1, 2400, 16, 64, 4, 32, QMM_BF16},
         /* about 600 tokens per expert on 1536 rows: 120 tiles of 128 × 64, the wgmma m64n128 row on Hopper */
         {2, 1, 1200, 1536, 256, 4, 64, QMM_F16},
     };
@@ -693,9 +697,10 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* Gathers queued back to back (docs/kernels.md §10: each call's indices and launch table go up in one copy from one of
- * two staging buffers used in turn): every output read only after the last call, each call's index arrays overwritten
- * with out-of-range values as soon as it returns (the library must have copied them). The calls differ in T and in
+/* Gathers queued back to back (docs/kernels.md §10: each call's indices and large launch tables go up in one copy from
+ * one of two staging buffers used in turn; a table of ≤ 64 blocks travels in its launch's parameters): every output
+ * read only after the last call, each call's index arrays overwritten with out-of-range values as soon as it returns
+ * (the library must have copied them). The calls differ in T and in
  * their routing, so the staging buffers grow and are reused with other contents while earlier copies may be pending:
  * random pairs (blocks of one row, x in place), pairs sorted by expert (blocks of about 12 rows whose x rows are not
  * consecutive: the indices go up, x is gathered, the m16n32 grouped launch — or a launch of its own past 16), and runs (each of two experts takes every token in order: blocks
