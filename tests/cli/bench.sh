@@ -317,7 +317,35 @@ cells = json.load(open(sys.argv[1]))["cells"]
 peers = [p for c in cells for p in c["peers"] if p["name"] == "mlx-cpu"]
 assert len(peers) == 2 and all(p["us"] is None and "must be finite" in p["note"] for p in peers), peers
 PY
+  # --peer-timeout: a script that hangs is stopped at the deadline; what it printed before is kept, one that printed
+  # nothing is absent, saying why (coreutils timeout; SIGKILL 10 s after SIGTERM for a script that ignores it)
+  if command -v timeout >/dev/null; then
+    mkdir -p "$WORK/peers-hang"
+    cat >"$WORK/peers-hang/mlx_cpu.py" <<'PY'
+import json, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the follow-up SIGKILL must stop it
+print(json.dumps({"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": 4.0, "note": "before the hang"}),
+      flush=True)
+time.sleep(600)
+PY
+    printf 'import time
+time.sleep(600)
+' >"$WORK/peers-hang/ggml_cpu.py"
+    started=$SECONDS
+    QMM_BENCH_PEERS_DIR="$WORK/peers-hang" q bench --backend ref --quick --shapes "$WORK/tiny.txt" --m 1 --dtype f32 \
+      --repeats 1 --kernel ref.qmm_t.scalar.r1 --peer-timeout 1
+    check "--peer-timeout: exit 0" rc_is 0
+    check "--peer-timeout: the bench did not wait for the hung scripts" [ $((SECONDS - started)) -lt 120 ]
+    check "--peer-timeout: a result before the deadline kept" out_matches 'peer mlx-cpu +4\.0 .*before the hang'
+    check "--peer-timeout: the deadline said for it" \
+      err_has "peer: the script ended (stopped by the deadline of 1 s, --peer-timeout) after 1 results, which are kept"
+    check "--peer-timeout: a script with nothing before the deadline is absent, saying why" \
+      out_has "the peer script failed (stopped by the deadline of 1 s, --peer-timeout; its stderr is above)"
+  fi
 fi
+expect_usage_error bench "--peer-timeout '0' is not a whole number of seconds in [1, 604800]" bench --backend ref --quick --peer-timeout 0
+expect_usage_error bench "--peer-timeout 'x' is not a whole number" bench --backend ref --quick --peer-timeout x
+expect_usage_error bench "--peer-timeout does not apply with --no-peers" bench --backend ref --quick --no-peers --peer-timeout 5
 expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"
 expect_usage_error bench "--experts applies to --gather only" bench --backend ref --quick --experts 8
 expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2

@@ -55,6 +55,7 @@ typedef struct bench_run {
     qmm_context *context;
     qmm_backend backend;
     int bits, group_size, repeats, quick, peers;
+    int peer_timeout_s;         /* --peer-timeout: each peer script's deadline (coreutils timeout), seconds */
     int gather;                 /* --gather: the MoE gather op instead of qmm_t (cells' M is T, the tokens) */
     qmm_op op;                  /* --op: qmm_t (x·Ŵᵀ, W [n, k]) or qmm_n (x·Ŵ, W [k, n] quantized along n) */
     size_t experts, top_k;      /* --gather: experts per stack, experts per token */
@@ -622,6 +623,12 @@ static void bench_script_peers(bench_run *run) {
     char extra[128] = ""; /* --gather: the stack and the routing */
     if (run->gather)
         snprintf(extra, sizeof extra, " --experts %zu --experts-per-token %zu", run->experts, run->top_k);
+    /* each script under a deadline (a hung script would hang the bench): coreutils `timeout`, SIGTERM at the deadline
+     * and SIGKILL 10 s later; where `timeout` is missing the scripts run without one, said once */
+    const bool deadline = system("command -v timeout >/dev/null 2>&1") == 0;
+    if (!deadline) fprintf(stderr, "bench: coreutils 'timeout' is not on PATH: the peer scripts run without a deadline\n");
+    char deadline_prefix[64] = "";
+    if (deadline) snprintf(deadline_prefix, sizeof deadline_prefix, "timeout -k 10 %d ", run->peer_timeout_s);
     for (size_t i = 0; i < count; i++) {
         char absent[320] = "";
         if (!lists_fit) {
@@ -648,9 +655,9 @@ static void bench_script_peers(bench_run *run) {
                             shell_quote(quoted_script, sizeof quoted_script, script_path) &&
                             shell_quote(quoted_shapes, sizeof quoted_shapes, shapes);
         const int length = !quoted ? -1 : snprintf(command_text, sizeof command_text,
-                 "%s %s --shapes %s --m %s --dtype %s --bits %d --group-size %d --repeats %d "
+                 "%s%s %s --shapes %s --m %s --dtype %s --bits %d --group-size %d --repeats %d "
                  "--cache-bytes %zu --threads %d%s%s",
-                 quoted_python, quoted_script, quoted_shapes, ms, dtypes, run->bits, run->group_size,
+                 deadline_prefix, quoted_python, quoted_script, quoted_shapes, ms, dtypes, run->bits, run->group_size,
                  run->repeats, run->quick ? 0 : run->cache_bytes, bench_host_threads(), extra, run->quick ? " --quick" : "");
         if (length < 0 || (size_t)length >= sizeof command_text) {
             note_absent(run, scripts[i].peer, "its command line would exceed 16 KiB (long paths or shape lists)");
@@ -658,7 +665,7 @@ static void bench_script_peers(bench_run *run) {
         }
         fprintf(stderr, "bench peer %s: %s\n", scripts[i].peer, command_text);
         bench_peer_samples samples = {0};
-        if (!bench_run_script_peer(command_text, &samples, absent, sizeof absent)) {
+        if (!bench_run_script_peer(command_text, deadline ? run->peer_timeout_s : 0, &samples, absent, sizeof absent)) {
             note_absent(run, scripts[i].peer, absent);
             bench_peer_samples_free(&samples);
             continue;
@@ -1030,7 +1037,8 @@ static int resolve_json_path(const command *c, const char *text, qmm_backend bac
 int cmd_bench(const command *c, int argc, char **argv) {
     const char *backend_text = NULL, *shapes_text = NULL, *m_text = NULL, *dtype_text = NULL, *bits_text = NULL,
                *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL,
-               *threads_text = NULL, *experts_text = NULL, *top_k_text = NULL, *op_text = NULL;
+               *threads_text = NULL, *experts_text = NULL, *top_k_text = NULL, *op_text = NULL,
+               *peer_timeout_text = NULL;
     int no_peers = 0, quick = 0, threads = 0, gather = 0, batch_invariant = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
@@ -1044,6 +1052,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--experts-per-token", NULL, &top_k_text, NULL, NULL, 0, NULL},
         {"--batch-invariant", NULL, NULL, NULL, NULL, 0, &batch_invariant},
         {"--op", NULL, &op_text, NULL, NULL, 0, NULL},
+        {"--peer-timeout", NULL, &peer_timeout_text, NULL, NULL, 0, NULL},
     };
     const char *positional[1];
     size_t npositional;
@@ -1064,6 +1073,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
     run->bits = 4;
     run->group_size = 64;
     run->repeats = quick ? 3 : 7;
+    run->peer_timeout_s = 3600;
     char json_path[PATH_MAX] = "";
     int backend_choice;
     qmm_status status = QMM_OK;
@@ -1094,6 +1104,18 @@ int cmd_bench(const command *c, int argc, char **argv) {
                 goto done;
             }
             run->top_k = (size_t)value;
+        }
+        if (peer_timeout_text) {
+            if (no_peers) {
+                rc = usage_error(c, "--peer-timeout does not apply with --no-peers (no peer script runs)");
+                goto done;
+            }
+            if (!parse_unsigned(peer_timeout_text, 1, 604800, &value)) {
+                rc = usage_error(c, "--peer-timeout '%s' is not a whole number of seconds in [1, 604800]",
+                                 peer_timeout_text);
+                goto done;
+            }
+            run->peer_timeout_s = (int)value;
         }
         if (!top_k_text && run->top_k > run->experts) run->top_k = run->experts; /* the default 8, capped (as qmm gather) */
         if (gather && run->top_k > run->experts) {

@@ -77,9 +77,12 @@ typedef struct bench_peer_samples {
 } bench_peer_samples;
 
 /* Runs `shell_command` (through /bin/sh), reads its stdout as JSON lines (bench/peers/README.md says the
- * protocol) and appends the samples. Returns 1 when the peer ran; 0 when it is absent, with the reason
- * in absent (a line {"absent": "..."}, a failing command, or no JSON parser in this build). */
-int bench_run_script_peer(const char *shell_command, bench_peer_samples *samples, char *absent, size_t absent_size);
+ * protocol) and appends the samples. deadline_s > 0: the command was started under coreutils `timeout` with that
+ * many seconds (exit status 124, or 137 after the follow-up SIGKILL, then means the deadline stopped it, and is said
+ * so). Returns 1 when the peer ran (results before a deadline are kept); 0 when it is absent, with the reason in
+ * absent (a line {"absent": "..."}, a failing command, or no JSON parser in this build). */
+int bench_run_script_peer(const char *shell_command, int deadline_s, bench_peer_samples *samples, char *absent,
+                          size_t absent_size);
 void bench_peer_samples_free(bench_peer_samples *samples);
 
 #endif

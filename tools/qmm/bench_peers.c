@@ -66,9 +66,10 @@ static int append(bench_peer_samples *samples, const bench_peer_sample *sample) 
 }
 #endif
 
-int bench_run_script_peer(const char *shell_command, bench_peer_samples *samples, char *absent, size_t absent_size) {
+int bench_run_script_peer(const char *shell_command, int deadline_s, bench_peer_samples *samples, char *absent,
+                          size_t absent_size) {
 #ifndef QMM_BENCH_JSON
-    (void)shell_command, (void)samples;
+    (void)shell_command, (void)deadline_s, (void)samples;
     snprintf(absent, absent_size, "qmm was built without cJSON, which reads the peer scripts' JSON lines");
     return 0;
 #else
@@ -142,9 +143,11 @@ int bench_run_script_peer(const char *shell_command, bench_peer_samples *samples
     }
     free(line);
     const int rc = pclose(pipe);
-    char how[64] = "";
+    char how[96] = "";
     if (rc == -1)
         snprintf(how, sizeof how, "its status could not be read");
+    else if (deadline_s > 0 && WIFEXITED(rc) && (WEXITSTATUS(rc) == 124 || WEXITSTATUS(rc) == 137))
+        snprintf(how, sizeof how, "stopped by the deadline of %d s, --peer-timeout", deadline_s);
     else if (WIFEXITED(rc) && WEXITSTATUS(rc) != 0)
         snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(rc));
     else if (WIFSIGNALED(rc))
@@ -155,7 +158,8 @@ int bench_run_script_peer(const char *shell_command, bench_peer_samples *samples
         return 0;
     }
     if (how[0]) /* results, then a failure: the results are kept, and the failure said */
-        fprintf(stderr, "  peer: the script ended with %s after %zu results (its stderr is above)\n", how, answered);
+        fprintf(stderr, "  peer: the script ended (%s) after %zu results, which are kept (its stderr is above)\n", how,
+                answered);
     if (answered == 0) {
         snprintf(absent, absent_size, "the peer script printed no results (no JSON lines, no reason)");
         return 0;

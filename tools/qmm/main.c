@@ -106,7 +106,7 @@ static const command commands[] = {
     {"bench", "time every eligible kernel per (shape, M, dtype) against the measured floor and peers",
      "usage: qmm bench [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
      "                 [--bits B] [--group-size G] [--kernel NAME] [--repeats R] [--json FILE|DIR] [--no-peers] [--quick]\n"
-     "                 [--tuning FILE] [--threads N] [--batch-invariant] [--op t|n]\n"
+     "                 [--tuning FILE] [--threads N] [--batch-invariant] [--op t|n] [--peer-timeout S]\n"
      "                 [--gather [--experts E] [--experts-per-token K]]\n"
      "  For every shape (n×k, out[M, n] = x[M, k]·Ŵᵀ), M and dtype: the median µs of the selector's kernel and of\n"
      "  every other eligible kernel of the backend (each forced by name), effective GB/s (weights + scales + biases\n"
@@ -142,7 +142,9 @@ static const command commands[] = {
      "  default mode's (the mode's cost); JSON marks it \"batch_invariant\": true.\n"
      "  --op n: time qmm_n (x·Ŵ, MLX transpose=False) instead: the same n×k problems with Ŵ stored k×n, quantized\n"
      "  along n (n must be a multiple of the group size); peers: OpenBLAS (cpu) and cuBLAS dense (cuda) on the same\n"
-     "  product, the peer scripts (x·Ŵᵀ only) listed as absent.\n",
+     "  product, the peer scripts (x·Ŵᵀ only) listed as absent.\n"
+     "  --peer-timeout S: each peer script's deadline in seconds (default 3600, at most 604800; coreutils timeout,\n"
+     "  SIGKILL 10 s after): a script stopped there keeps the results it printed, or is listed absent, saying so.\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
