@@ -1106,6 +1106,9 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const char *gath
     launch.x = gathered_x ? gathered_x : call->x;
     const char *what = token_tiles == 1 ? "grouped mma_m8n32" : "grouped mma_m16n32";
     if (!device_table) {
+        if (count > QMM_CUDA_GROUPED_MAX) /* gather_run uploads such a class's table: never here */
+            return qmm_error(QMM_ERR_BACKEND, "cuda.gather.blocks.auto: %zu blocks of a grouped class, more than a "
+                             "launch's parameters hold (%d), and no uploaded table", count, QMM_CUDA_GROUPED_MAX);
         qmm_cuda_gemv_product products[QMM_CUDA_GROUPED_MAX];
         gather_grouped_products(call, gathered_x, token_tiles, products);
         return launch_status(qmm_cuda_mma_gemv_grouped(&launch, products, NULL, (int)count, token_tiles), what,
@@ -1180,7 +1183,14 @@ static qmm_status gather_run(const qmm_call *call) {
         if (uploaded8) gather_grouped_products(call, gathered_x, 1, products);
         if (uploaded16) gather_grouped_products(call, gathered_x, 2, products + uploaded8);
         CUDA_TRY(cudaMemcpyAsync(s->gather_upload, staging, upload_bytes, cudaMemcpyHostToDevice, s->stream));
-        CUDA_TRY(cudaEventRecord(s->gather_staged[slot], s->stream));
+        const cudaError_t recorded = cudaEventRecord(s->gather_staged[slot], s->stream);
+        if (recorded != cudaSuccess) { /* the slot's event is an older one: wait for the copy before it is rewritten */
+            cudaGetLastError();
+            cudaStreamSynchronize(s->stream);
+            cudaGetLastError();
+            return qmm_error(QMM_ERR_BACKEND, "cudaEventRecord(gather_staged[%d]) failed: %s (%s:%d)", slot,
+                             cudaGetErrorString(recorded), __FILE__, __LINE__);
+        }
         s->gather_slot = slot ^ 1;
         const qmm_cuda_gemv_product *uploaded = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + index_bytes);
         if (uploaded8) table8 = uploaded;

@@ -203,8 +203,8 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 }
 
 /* Where a grouped launch's products are: in its parameter (qmm_cuda_grouped_table, ≤ QMM_CUDA_GROUPED_MAX: read in
- * place from the constant bank, and the offsets stay there as operands — 70–104 registers instead of 82–124 for the
- * m8n32 instantiations) or in a device array (grouped_device_table, the upload of a larger class). */
+ * place from the constant bank, and the offsets stay there as operands — on sm_90a 70–104 registers instead of 82–124
+ * for the m8n32 instantiations) or in a device array (grouped_device_table, the upload of a larger class). */
 struct grouped_device_table {
     const qmm_cuda_gemv_product *entries;
 };

@@ -617,6 +617,14 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * rows (their table goes up with the call) beside fewer than that of ≤ 8 rows (theirs in the launch's
          * parameter) and some past 16; unsorted, 2400 blocks of one row */
         {200, 1, 2400, 16, 64, 4, 32, QMM_BF16},
+        /* exactly QMM_CUDA_GROUPED_MAX blocks in a class (the table in the launch's parameter) and one more (the
+         * table uploaded): A = E routes deterministically (shift 0) — sorted, E blocks of T rows read in place;
+         * unsorted, T·E blocks of one row (uploaded) */
+        {64, 64, 8, 32, 128, 4, 64, QMM_BF16}, {65, 65, 8, 32, 128, 4, 64, QMM_BF16}, /* ≤ 8 rows: 64 / 65 */
+        {64, 64, 12, 32, 128, 8, 64, QMM_F16}, {65, 65, 12, 32, 128, 8, 64, QMM_F16}, /* 9–16 rows: 64 / 65 */
+        /* sorted: both classes uploaded in one call (about 114 blocks of ≤ 8 rows and 140 of 9–16), x gathered, B not
+         * a multiple of 4 (4 bytes of index padding before the two tables) */
+        {256, 1, 2303, 16, 64, 4, 32, QMM_F16},
         /* about 600 tokens per expert on 1536 rows: 120 tiles of 128 × 64, the wgmma m64n128 row on Hopper */
         {2, 1, 1200, 1536, 256, 4, 64, QMM_F16},
     };
@@ -697,23 +705,24 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* Gathers queued back to back (docs/kernels.md §10: each call's indices and large launch tables go up in one copy from
- * one of two staging buffers used in turn; a table of ≤ 64 blocks travels in its launch's parameters): every output
- * read only after the last call, each call's index arrays overwritten with out-of-range values as soon as it returns
- * (the library must have copied them). The calls differ in T and in
- * their routing, so the staging buffers grow and are reused with other contents while earlier copies may be pending:
- * random pairs (blocks of one row, x in place), pairs sorted by expert (blocks of about 12 rows whose x rows are not
- * consecutive: the indices go up, x is gathered, the m16n32 grouped launch — or a launch of its own past 16), and runs (each of two experts takes every token in order: blocks
- * of T consecutive rows of x, in place with lhs_indices given — grouped for T ≤ 16, a launch each above). Each call's
- * output against the f64 oracle, on its own indices. */
+/* Gathers queued back to back (docs/kernels.md §10: each call's indices and the tables of classes of more than 64
+ * blocks go up in one copy from one of two staging buffers used in turn; a table of ≤ 64 blocks travels in its
+ * launch's parameters): every output read only after the last call, each call's index arrays overwritten with
+ * out-of-range values as soon as it returns (the library must have copied them). The calls differ in T and in their
+ * routing, so the staging buffers grow and are reused with other contents while earlier copies may be pending:
+ * random pairs (exactly 2T blocks of one row, x in place: T = 32 is 64 blocks, the table in the parameter, T = 33 is
+ * 66, the table uploaded), pairs sorted by expert (blocks of about 12 rows whose x rows are not consecutive: the
+ * indices go up, x is gathered, the m16n32 grouped launch — or a launch of its own past 16), and runs (each of two
+ * experts takes every token in order: blocks of T consecutive rows of x, in place with lhs_indices given — grouped for
+ * T ≤ 16, a launch each above). Each call's output against the f64 oracle, on its own indices. */
 static void test_gather_queue(qmm_context *context, check_rng *rng) {
-    enum { E = 8, A = 2, N = 64, K = 256, CALLS = 10, T_MAX = 48 };
+    enum { E = 8, A = 2, N = 64, K = 256, CALLS = 12, T_MAX = 48 };
     enum { RANDOM, SORTED, RUNS };
     static const struct {
         size_t T;
         int routing;
-    } calls[CALLS] = {{1, RANDOM},  {3, RANDOM}, {48, SORTED}, {48, SORTED}, {2, RANDOM},
-                      {17, RUNS},   {1, RANDOM}, {1, RANDOM},  {40, SORTED}, {12, RUNS}};
+    } calls[CALLS] = {{1, RANDOM},  {3, RANDOM},  {48, SORTED}, {33, RANDOM}, {48, SORTED}, {2, RANDOM},
+                      {17, RUNS},   {32, RANDOM}, {1, RANDOM},  {1, RANDOM},  {40, SORTED}, {12, RUNS}};
     const qmm_dtype dtype = QMM_BF16;
     check_qmatrix q = {0};
     if (!check_qmatrix_random(rng, E * N, K, 4, 64, dtype, &q)) {
