@@ -804,7 +804,8 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–48 (M 17–64 for N ≤ 5120) with 72 blocks or more of
- *            64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32): mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
+ *            64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32), and those blocks times K ≥ 48 · 4096 (a short K: below):
+ *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
  *            warps at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth
  *            session: 0.78–0.94× the time of the 242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
  *            tile (m16n64_one_grid). At M 9–16 against m16n32 (the fourteenth session, seed and Qwen3 shapes at M = 12
@@ -822,8 +823,10 @@ static qmm_status gather_run(const qmm_call *call);
  *            28.0, 4096×12288 35.4 vs 39.6) but 1.03–1.12× slower at 5120 rows with K ≥ 14336 and 1.08–1.27× on 12288,
  *            14336 and 27648 rows (14336×5120 bf16 71.9 vs 56.5), where wgmma keeps M ≥ 49 — though on 17408 rows
  *            (136 wgmma tiles, just over a wave) m16n64 took 0.86–0.90× its time; and 1.11–1.27× m32n16's time on
- *            2048×768 at M = 40–64 (3.8 vs 4.7 µs), which the box now takes from m32n16 (kept: no hint here tells
- *            K). The numbers are the H200's (132 SMs): on other GPUs the box is a guess (`qmm tune` measures).
+ *            2048×768 at M = 40–64 (3.8 vs 4.7 µs; the eighteenth session's sweep 1.10–1.24 at M = 48/64), which the
+ *            floor of 48 · 4096 on tiles × K gives back to m32n16 (96–128 tiles × 768; in that sweep it moves no
+ *            other cell: the box's others all have K ≥ 4096). The numbers are the H200's (132 SMs): on other GPUs
+ *            the box is a guess (`qmm tune` measures).
  *   M ≤ 16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM. It also takes M ≤ 64 when forced,
  *            in launches of 16 rows of x (the fourteenth session's row at M = 17–32 for N ≥ 4096, until m16n64's one
  *            grid beat it there by 0.69–0.85×).
@@ -835,7 +838,7 @@ static qmm_status gather_run(const qmm_call *call);
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows) where m16n64's box (first in the
  *            table) does not take the call — at M 33–64 it does from 72 tiles (N ≥ 1473 at M ≤ 48, N ≥ 1089 at
- *            M 49–64): the tiles are too few there
+ *            M 49–64) with tiles × K ≥ 48 · 4096: the tiles are too few there
  *            (768×2048 M = 64: 6.1 vs 11.8 µs for mma_tile; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
  *            with M 33–128 within 3 % of the tile or faster, and faster than the wgmma rows with split-K in the
  *            tenth session's sweep; from M = 192 the tiles win; docs/PERF.md, third and tenth sessions).
@@ -888,7 +891,7 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 48, .prefer_small_n = 5120,
-     .prefer_max_m_small_n = 64, .prefer_min_tiles = 72,
+     .prefer_max_m_small_n = 64, .prefer_min_tiles = 72, .prefer_min_tiles_k = 48 * 4096,
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},

@@ -223,7 +223,7 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
  * that takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then
  * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–48 — 17–64 for N ≤ 5120 — with 72 tiles of 64 rows ×
- * 16 rows of x) and m16n32 (M ≤ 16 outside it), which take
+ * 16 rows of x, and tiles × K ≥ 48 · 4096) and m16n32 (M ≤ 16 outside it), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -236,7 +236,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         {49, 8192, 1536, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 64 tiles of 64 tokens × K 1536 = 128 × 768 */
         {49, 8192, 1472, NULL},                             /* 64 × 1472: below it, mma_tile m64n64 */
         {33, 4096, 3072, NULL},                             /* M 33–64, N ≤ 5120: mma_gemv m16n64 first */
-        {32, 12161, 256, NULL},                             /* M ≤ 32: an mma_gemv row (m16n64) */
+        {32, 12161, 256, NULL}, /* M ≤ 32: an mma_gemv row (m32n16: 382 tiles × K 256 are short of m16n64's floor) */
         {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
         {128, 2048, 8192, NULL}, /* the same, though m128n128's 16 tiles × 8192 reach its work hint: m32n16 first */
     };
@@ -270,28 +270,33 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         const char *instead; /* when not: the row it takes (NULL: not asserted — a wgmma or tile row, by device) */
     } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by mma_gemv m16n64 (it keeps it for
                 * batch-invariant calls: below) */
-               {17, 12288, 256, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
+               {17, 12288, 512, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
                /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–48 (17–64 for
                 * N ≤ 5120) with 72 blocks or more of 64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32: one grid of two
-                * chunks), no upper end in N there */
-               {9, 5120, 256, m16n64, true, NULL},       {16, 5120, 256, m16n64, true, NULL},
-               {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 256, m16n64, true, NULL},
-               {32, 5120, 256, m16n64, true, NULL},      {33, 5120, 256, m16n64, true, NULL},
-               {64, 5120, 256, m16n64, true, NULL},      {65, 5120, 256, m16n64, false, NULL},
+                * chunks), no upper end in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest
+                * multiple of 64 that reaches it, where 256 does not; the floor's own edges last) */
+               {9, 5120, 2496, m16n64, true, NULL},      {16, 5120, 2496, m16n64, true, NULL},
+               {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 1280, m16n64, true, NULL},
+               {32, 5120, 1280, m16n64, true, NULL},     {33, 5120, 832, m16n64, true, NULL},
+               {64, 5120, 640, m16n64, true, NULL},      {65, 5120, 640, m16n64, false, NULL},
                {48, 27648, 256, m16n64, true, NULL},     {49, 27648, 256, m16n64, false, NULL},
-               {49, 5121, 256, m16n64, false, NULL},     {48, 1536, 256, m16n64, true, NULL},
-               {48, 1472, 256, m16n64, false, m32n16},
-               {16, 4544, 256, m16n64, false, m16n32},   {16, 4545, 256, m16n64, true, NULL},
-               {16, 19200, 256, m16n64, true, NULL},     {16, 19201, 256, m16n64, false, m16n32},
-               {17, 19201, 256, m16n64, true, NULL},     {32, 27648, 256, m16n64, true, NULL},
+               {49, 5121, 640, m16n64, false, NULL},     {48, 1536, 2752, m16n64, true, NULL},
+               {48, 1472, 2752, m16n64, false, m32n16},
+               {16, 4544, 2752, m16n64, false, m16n32},  {16, 4545, 2752, m16n64, true, NULL},
+               {16, 19200, 704, m16n64, true, NULL},     {16, 19201, 704, m16n64, false, m16n32},
+               {17, 19201, 384, m16n64, true, NULL},     {32, 27648, 256, m16n64, true, NULL},
                {13, 5120, 14336, m16n64, true, NULL},    {20, 12288, 5120, m16n64, true, NULL},
-               {20, 14336, 256, m16n64, true, NULL},     {17, 2241, 256, m16n64, true, NULL},
-               {17, 2240, 256, m16n64, false, m32n16},
+               {20, 14336, 448, m16n64, true, NULL},     {17, 2241, 2752, m16n64, true, NULL},
+               {17, 2240, 2752, m16n64, false, m32n16},
+               /* the tiles × K floor: 96 tiles × 2048 reach it, × 1984 do not; the 30B-A3B down expert (2048×768) at
+                * M = 64, 128 tiles × 768, goes to m32n16 (1.10–1.24× faster there, docs/PERF.md eighteenth session) */
+               {48, 2048, 2048, m16n64, true, NULL},     {48, 2048, 1984, m16n64, false, m32n16},
+               {64, 2048, 768, m16n64, false, m32n16},
                /* mma_gemv m16n32: M ≤ 16 outside m16n64's box; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
-               {17, 2240, 256, m16n32, false, m32n16},   {20, 4096, 256, m16n32, false, m16n64},
-               {33, 4096, 256, m16n32, false, m16n64}};
+               {17, 2240, 256, m16n32, false, m32n16},   {20, 4096, 1536, m16n32, false, m16n64},
+               {33, 4096, 1024, m16n32, false, m16n64}};
 #undef m16n256
 #undef m16n64
 #undef m16n32
