@@ -317,6 +317,22 @@ cells = json.load(open(sys.argv[1]))["cells"]
 peers = [p for c in cells for p in c["peers"] if p["name"] == "mlx-cpu"]
 assert len(peers) == 2 and all(p["us"] is None and "must be finite" in p["note"] for p in peers), peers
 PY
+  # a script's output is read with bounds: a line past 64 KiB is dropped, and results past four per cell (+ 64)
+  mkdir -p "$WORK/peers-flood"
+  cat >"$WORK/peers-flood/mlx_cpu.py" <<'PY'
+import json
+print("x" * 70000, flush=True)
+for i in range(100):
+    print(json.dumps({"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": 3.0 + i, "note": "flood"}))
+PY
+  printf 'import json\nprint(json.dumps({"peer": "ggml", "absent": "a test stand-in"}))\n' >"$WORK/peers-flood/ggml_cpu.py"
+  QMM_BENCH_PEERS_DIR="$WORK/peers-flood" q bench --backend ref --quick --shapes "$WORK/tiny.txt" --m 1 --dtype f32 \
+    --repeats 1 --kernel ref.qmm_t.scalar.r1
+  check "a flooding peer: exit 0" rc_is 0
+  check "a flooding peer: its first result kept" out_matches 'peer mlx-cpu +3\.0 .*flood'
+  check "a flooding peer: the long line dropped, said on stderr" err_has "peer: 1 line longer than 64 KiB dropped"
+  check "a flooding peer: results past the cap dropped, said on stderr" \
+    err_has "peer: 32 result lines past the first 68 dropped (more than the run's cells allow)"
   # --peer-timeout: a script that hangs is stopped at the deadline; what it printed before is kept, one that printed
   # nothing is absent, saying why (coreutils timeout; SIGKILL 10 s after SIGTERM for a script that ignores it)
   if command -v timeout >/dev/null; then

@@ -665,7 +665,11 @@ static void bench_script_peers(bench_run *run) {
         }
         fprintf(stderr, "bench peer %s: %s\n", scripts[i].peer, command_text);
         bench_peer_samples samples = {0};
-        if (!bench_run_script_peer(command_text, deadline ? run->peer_timeout_s : 0, &samples, absent, sizeof absent)) {
+        /* a script answers once per cell (and peer name): room for four times that, enough for the checks below to
+         * say what else it printed */
+        const size_t max_samples = 4 * run->cell_count + 64;
+        if (!bench_run_script_peer(command_text, deadline ? run->peer_timeout_s : 0, max_samples, &samples, absent,
+                                   sizeof absent)) {
             note_absent(run, scripts[i].peer, absent);
             bench_peer_samples_free(&samples);
             continue;

@@ -77,12 +77,14 @@ typedef struct bench_peer_samples {
 } bench_peer_samples;
 
 /* Runs `shell_command` (through /bin/sh), reads its stdout as JSON lines (bench/peers/README.md says the
- * protocol) and appends the samples. deadline_s > 0: the command was started under coreutils `timeout` with that
+ * protocol) and appends the samples, at most max_samples of them (later result lines are read and dropped, and
+ * counted on stderr; a line longer than 64 KiB is dropped the same way, so a script's output cannot fill the host's
+ * memory). deadline_s > 0: the command was started under coreutils `timeout` with that
  * many seconds (exit status 124, or 137 after the follow-up SIGKILL, then means the deadline stopped it, and is said
  * so). Returns 1 when the peer ran (results before a deadline are kept); 0 when it is absent, with the reason in
  * absent (a line {"absent": "..."}, a failing command, or no JSON parser in this build). */
-int bench_run_script_peer(const char *shell_command, int deadline_s, bench_peer_samples *samples, char *absent,
-                          size_t absent_size);
+int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_samples, bench_peer_samples *samples,
+                          char *absent, size_t absent_size);
 void bench_peer_samples_free(bench_peer_samples *samples);
 
 #endif

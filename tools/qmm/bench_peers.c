@@ -66,10 +66,29 @@ static int append(bench_peer_samples *samples, const bench_peer_sample *sample) 
 }
 #endif
 
-int bench_run_script_peer(const char *shell_command, int deadline_s, bench_peer_samples *samples, char *absent,
-                          size_t absent_size) {
+/* The next line of stream into line[size] (its newline dropped): 1, or 0 at the end. A line longer than size − 1
+ * bytes is read to its end and given as empty, *too_long set. */
+static int read_line(FILE *stream, char *line, size_t size, bool *too_long) {
+    *too_long = false;
+    if (!fgets(line, (int)size, stream)) return 0;
+    size_t length = strlen(line);
+    if (length > 0 && line[length - 1] == '\n') {
+        line[length - 1] = '\0';
+        return 1;
+    }
+    if (length + 1 < size) return 1; /* the last line, without a newline */
+    int c;
+    while ((c = fgetc(stream)) != EOF && c != '\n') {
+    }
+    *too_long = true;
+    line[0] = '\0';
+    return 1;
+}
+
+int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_samples, bench_peer_samples *samples,
+                          char *absent, size_t absent_size) {
 #ifndef QMM_BENCH_JSON
-    (void)shell_command, (void)deadline_s, (void)samples;
+    (void)shell_command, (void)deadline_s, (void)max_samples, (void)samples;
     snprintf(absent, absent_size, "qmm was built without cJSON, which reads the peer scripts' JSON lines");
     return 0;
 #else
@@ -81,14 +100,24 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, bench_peer_
         snprintf(absent, absent_size, "cannot start '%s'", shell_command);
         return 0;
     }
-    char *line = NULL;
-    size_t line_size = 0;
-    ssize_t length;
-    size_t answered = 0;
-    while ((length = getline(&line, &line_size, pipe)) > 0) {
+    enum { LINE_BYTES = 64 * 1024 };
+    char *line = malloc(LINE_BYTES);
+    if (!line) {
+        pclose(pipe);
+        snprintf(absent, absent_size, "no memory to read the script's lines");
+        return 0;
+    }
+    size_t answered = 0, too_long_lines = 0, past_max = 0;
+    bool too_long;
+    while (read_line(pipe, line, LINE_BYTES, &too_long)) {
+        if (too_long) {
+            too_long_lines++;
+            continue;
+        }
+        if (!line[0]) continue;
         cJSON *object = cJSON_Parse(line);
         if (!cJSON_IsObject(object)) { /* not ours (a library printing to stdout): pass it on to stderr */
-            fprintf(stderr, "  peer: %s", line);
+            fprintf(stderr, "  peer: %s\n", line);
             cJSON_Delete(object);
             continue;
         }
@@ -129,6 +158,11 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, bench_peer_
             } else {
                 copy_text(sample.note, sizeof sample.note, skipped ? skipped : note ? note : "");
             }
+            if (samples->count >= max_samples) { /* more results than the run has cells for: read and dropped */
+                past_max++;
+                cJSON_Delete(object);
+                continue;
+            }
             if (!append(samples, &sample)) {
                 snprintf(absent, absent_size, "no memory for the script's results");
                 cJSON_Delete(object);
@@ -143,6 +177,12 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, bench_peer_
     }
     free(line);
     const int rc = pclose(pipe);
+    if (too_long_lines)
+        fprintf(stderr, "  peer: %zu line%s longer than %d KiB dropped\n", too_long_lines, too_long_lines == 1 ? "" : "s",
+                LINE_BYTES / 1024);
+    if (past_max)
+        fprintf(stderr, "  peer: %zu result line%s past the first %zu dropped (more than the run's cells allow)\n",
+                past_max, past_max == 1 ? "" : "s", max_samples);
     char how[96] = "";
     if (rc == -1)
         snprintf(how, sizeof how, "its status could not be read");
