@@ -362,6 +362,7 @@ fi
 expect_usage_error bench "--peer-timeout '0' is not a whole number of seconds in [1, 604800]" bench --backend ref --quick --peer-timeout 0
 expect_usage_error bench "--peer-timeout 'x' is not a whole number" bench --backend ref --quick --peer-timeout x
 expect_usage_error bench "--peer-timeout does not apply with --no-peers" bench --backend ref --quick --no-peers --peer-timeout 5
+expect_usage_error bench "--peer-timeout does not apply with --op n" bench --backend ref --quick --op n --peer-timeout 5
 expect_usage_error bench "--tuning does not apply to --gather" bench --backend ref --quick --gather --tuning "$WORK/none.json"
 expect_usage_error bench "--experts applies to --gather only" bench --backend ref --quick --experts 8
 expect_usage_error bench "--experts-per-token applies to --gather only" bench --backend ref --quick --experts-per-token 2

@@ -1141,6 +1141,10 @@ int cmd_bench(const command *c, int argc, char **argv) {
             goto done;
         }
     }
+    if (peer_timeout_text && run->op == QMM_OP_QMM_N) {
+        rc = usage_error(c, "--peer-timeout does not apply with --op n (the peer scripts time x·Ŵᵀ only: none runs)");
+        goto done;
+    }
     if (batch_invariant && gather) {
         rc = usage_error(c, "--batch-invariant does not apply to --gather (qmm_gather_matmul has no batch-invariant option)");
         goto done;

@@ -144,7 +144,8 @@ static const command commands[] = {
      "  along n (n must be a multiple of the group size); peers: OpenBLAS (cpu) and cuBLAS dense (cuda) on the same\n"
      "  product, the peer scripts (x·Ŵᵀ only) listed as absent.\n"
      "  --peer-timeout S: each peer script's deadline in seconds (default 3600, at most 604800; coreutils timeout,\n"
-     "  SIGKILL 10 s after): a script stopped there keeps the results it printed, or is listed absent, saying so.\n",
+     "  SIGKILL 10 s after): a script stopped there keeps the results it printed (stderr says it was stopped), or\n"
+     "  is listed absent with that reason.\n",
      cmd_bench},
     {"tune", "measure every eligible kernel per (shape, M, dtype) here and write a tuning table the selector reads",
      "usage: qmm tune [--backend auto|cuda|cpu|ref] [--shapes FILE|NAME[,...]] [--m 1,2,...] [--dtype f32,bf16,...]\n"
