@@ -1085,15 +1085,18 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
     return QMM_OK;
 }
 
-/* The products of one class of expert blocks for the grouped launches (≤ 8 rows: m8n32, token_tiles 1; 9–16 rows:
- * m16n32, 2), in block order, into products (room for all of them). */
+/* The grouped class of an expert block of `rows` rows: its launches' token tiles — 1 (≤ 8 rows, m8n32), 2 (9–16,
+ * m16n32) — or 0 for a block that gets a launch of its own. */
+static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 0; }
+
+/* The products of one class of expert blocks for the grouped launches (grouped_token_tiles), in block order, into
+ * products (room for all of them). */
 static void gather_grouped_products(const qmm_call *call, const char *gathered_x, int token_tiles,
                                     qmm_cuda_gemv_product *products) {
-    const size_t low = token_tiles == 1 ? 1 : 9, high = token_tiles == 1 ? 8 : 16;
     size_t count = 0;
     for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
-        if (i1 - i0 < low || i1 - i0 > high) continue;
+        if (grouped_token_tiles(i1 - i0) != token_tiles) continue;
         cuda_weights_extra extra = {0};
         const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
         products[count++] = grouped_product(call, gathered_x, &block);
@@ -1140,9 +1143,9 @@ static qmm_status gather_run(const qmm_call *call) {
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
     collect_rows(cuda_rows);
     const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
-    /* Blocks of ≤ 16 rows go to the grouped launches (when grouping): grouped8 of ≤ 8 rows, grouped16 of 9–16; the
-     * others get a launch each on the row the selector picks. */
-    size_t grouped8 = 0, grouped16 = 0;
+    /* Blocks of ≤ 16 rows go to the grouped launches (when grouping): grouped[0] of ≤ 8 rows, grouped[1] of 9–16
+     * (grouped_token_tiles − 1); the others get a launch each on the row the selector picks. */
+    size_t grouped[2] = {0, 0};
     char why_not[256] = "";
     const int forced = gather_grouped_forced();
     const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
@@ -1154,7 +1157,8 @@ static qmm_status gather_run(const qmm_call *call) {
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
         gather_x = gather_x || !qmm_gather_block_in_place(call, i0, i1);
-        if (grouping) grouped8 += i1 - i0 <= 8, grouped16 += i1 - i0 > 8 && i1 - i0 <= 16;
+        const int token_tiles = grouping ? grouped_token_tiles(i1 - i0) : 0;
+        if (token_tiles) grouped[token_tiles - 1]++;
     }
     const char *gathered_x = NULL;
     if (gather_x) {
@@ -1165,13 +1169,13 @@ static qmm_status gather_run(const qmm_call *call) {
         if (status != QMM_OK) return status;
         gathered_x = s->gather_x;
     }
-    /* The upload: [lhs indices, padded to 16 bytes][table of grouped8 if > MAX][table of grouped16 if > MAX].
-     * B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
+    /* The upload: [lhs indices, padded to 16 bytes][the table of each class of more than QMM_CUDA_GROUPED_MAX blocks,
+     * ≤ 8 rows first]. B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
-    const size_t uploaded8 = grouped8 > QMM_CUDA_GROUPED_MAX ? grouped8 : 0;
-    const size_t uploaded16 = grouped16 > QMM_CUDA_GROUPED_MAX ? grouped16 : 0;
-    const size_t upload_bytes = index_bytes + (uploaded8 + uploaded16) * sizeof(qmm_cuda_gemv_product);
-    const qmm_cuda_gemv_product *table8 = NULL, *table16 = NULL;
+    size_t upload_bytes = index_bytes;
+    for (int c = 0; c < 2; c++)
+        if (grouped[c] > QMM_CUDA_GROUPED_MAX) upload_bytes += grouped[c] * sizeof(qmm_cuda_gemv_product);
+    const qmm_cuda_gemv_product *tables[2] = {NULL, NULL}; /* a class's uploaded table, or NULL: in the parameters */
     if (upload_bytes) {
         int slot = 0;
         qmm_status status = gather_staging_slot(s, upload_bytes, &slot);
@@ -1182,9 +1186,13 @@ static qmm_status gather_run(const qmm_call *call) {
             memcpy(staging, call->lhs_indices, B * sizeof(uint32_t));
             memset(staging + B * sizeof(uint32_t), 0, index_bytes - B * sizeof(uint32_t)); /* the padding */
         }
-        qmm_cuda_gemv_product *products = (qmm_cuda_gemv_product *)(staging + index_bytes);
-        if (uploaded8) gather_grouped_products(call, gathered_x, 1, products);
-        if (uploaded16) gather_grouped_products(call, gathered_x, 2, products + uploaded8);
+        size_t at = index_bytes; /* bytes from the start of the upload (the products are 8-byte aligned there) */
+        for (int c = 0; c < 2; c++)
+            if (grouped[c] > QMM_CUDA_GROUPED_MAX) {
+                gather_grouped_products(call, gathered_x, c + 1, (qmm_cuda_gemv_product *)(staging + at));
+                tables[c] = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + at);
+                at += grouped[c] * sizeof(qmm_cuda_gemv_product);
+            }
         CUDA_TRY(cudaMemcpyAsync(s->gather_upload, staging, upload_bytes, cudaMemcpyHostToDevice, s->stream));
         const cudaError_t recorded = cudaEventRecord(s->gather_staged[slot], s->stream);
         if (recorded != cudaSuccess) { /* the slot's event is an older one: wait for the copy before it is rewritten */
@@ -1195,9 +1203,6 @@ static qmm_status gather_run(const qmm_call *call) {
                              cudaGetErrorString(recorded), __FILE__, __LINE__);
         }
         s->gather_slot = slot ^ 1;
-        const qmm_cuda_gemv_product *uploaded = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + index_bytes);
-        if (uploaded8) table8 = uploaded;
-        if (uploaded16) table16 = uploaded + uploaded8;
     }
     if (gather_x) {
         const qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, s->gather_upload, s->gather_x, B,
@@ -1208,15 +1213,15 @@ static qmm_status gather_run(const qmm_call *call) {
     qmm_status status = QMM_OK;
     for (size_t i0 = 0, i1; i0 < B && status == QMM_OK; i0 = i1) {
         i1 = qmm_gather_block_end(call, i0);
-        if (grouping && i1 - i0 <= 16) continue;
+        if (grouping && grouped_token_tiles(i1 - i0)) continue;
         cuda_weights_extra extra = {0};
         qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
         const qmm_kernel *row;
         status = qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &block, NULL, &row);
         if (status == QMM_OK) status = row->run(&block);
     }
-    if (status == QMM_OK && grouped8) status = gather_grouped_launches(call, gathered_x, 1, grouped8, table8);
-    if (status == QMM_OK && grouped16) status = gather_grouped_launches(call, gathered_x, 2, grouped16, table16);
+    for (int c = 0; c < 2 && status == QMM_OK; c++)
+        if (grouped[c]) status = gather_grouped_launches(call, gathered_x, c + 1, grouped[c], tables[c]);
     /* lhs_indices and the large tables were copied into the staging slot, the small tables into their launches'
      * parameters, rhs_indices read above: nothing of the caller's host arrays is used after this call returns. */
     return status;
