@@ -325,7 +325,7 @@ print("x" * 70000, flush=True)
 for i in range(100):
     print(json.dumps({"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": 3.0 + i, "note": "flood"}))
 PY
-  printf 'import json\nprint(json.dumps({"peer": "ggml", "absent": "a test stand-in"}))\n' >"$WORK/peers-flood/ggml_cpu.py"
+  cp "$WORK/peers/ggml_cpu.py" "$WORK/peers-flood/" # the absent stand-in above
   QMM_BENCH_PEERS_DIR="$WORK/peers-flood" q bench --backend ref --quick --shapes "$WORK/tiny.txt" --m 1 --dtype f32 \
     --repeats 1 --kernel ref.qmm_t.scalar.r1
   check "a flooding peer: exit 0" rc_is 0
