@@ -232,17 +232,20 @@ static qmm_status cuda_weights_prepare(void *state, const qmm_qmatrix *matrix, v
     if (workspace != QMM_OK) return workspace;
     const size_t N = matrix->rows, K = matrix->cols;
     const size_t words = qmm_cuda_packed_words_per_row(K, matrix->bits);
-    /* (N + 15)·words·4 bytes bound both arrays: the packed rows (tiles of 16 rows, the last one zero-filled), and
-     * the pairs (≤ 4 per row and super-block of 16 packed words, ≤ 2 words each, for ceil(N/16)·16 rows) */
+    /* Both arrays hold QMM_CUDA_PAD_ROW_TILES zero tiles of 16 rows past the last (the mma_gemv copies check no row
+     * against N). (N + 15 + 16·pad)·words·4 bytes bound both: the packed rows (tiles of 16 rows, the last one
+     * zero-filled), and the pairs (≤ 4 per row and super-block of 16 packed words, ≤ 2 words each) */
+    const size_t pad_rows = 16 * QMM_CUDA_PAD_ROW_TILES;
     size_t bound;
-    if (N > SIZE_MAX - 15 || !qmm_mul_size(N + 15, words, &bound) || !qmm_mul_size(bound, 4, &bound))
+    if (N > SIZE_MAX - 15 - pad_rows || !qmm_mul_size(N + 15 + pad_rows, words, &bound) || !qmm_mul_size(bound, 4, &bound))
         return qmm_error(QMM_ERR_OVERFLOW, "the repacked weights of a %zu×%zu matrix overflow size_t", N, K);
     const int scale_bytes = (int)qmm_dtype_size(matrix->dtype);
-    const size_t packed_bytes = (N + 15) / 16 * 16 * words * 4,
-                 pairs = qmm_cuda_sb_words(N, K, matrix->bits, matrix->group_size, scale_bytes);
+    const size_t tiled_rows = (N + 15) / 16 * 16 + pad_rows; /* the zero padding is part of both uploads */
+    const size_t packed_bytes = tiled_rows * words * 4,
+                 pairs = qmm_cuda_sb_words(tiled_rows, K, matrix->bits, matrix->group_size, scale_bytes);
     qmm_status status = QMM_OK;
-    uint32_t *host_packed = malloc(packed_bytes);
-    uint32_t *host_sb = malloc(pairs * 4);
+    uint32_t *host_packed = calloc(packed_bytes, 1); /* zero: the padding tiles (the repacks write the rest) */
+    uint32_t *host_sb = calloc(pairs, 4);
     cuda_weights_extra *created = calloc(1, sizeof *created);
     if (!host_packed || !host_sb || !created) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "no host memory to repack a %zu×%zu matrix", N, K);
@@ -458,9 +461,9 @@ static bool tensor_core_supports(const qmm_call *call, char *why_not, size_t siz
 static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) {
     if (!tensor_core_supports(call, why_not, size)) return false;
     const size_t quads = qmm_cuda_packed_words_per_row(call->K, call->bits) / 4; /* 16-byte words per row */
-    if ((call->N + 15) / 16 * 16 > 0x7fffffffu / quads) {
-        snprintf(why_not, size, "N=%zu rows (in tiles of 16) of %zu 16-byte words exceed the family's 32-bit offsets "
-                 "(2^31 - 1)", call->N, quads);
+    if ((call->N + 15) / 16 * 16 + 16 * QMM_CUDA_PAD_ROW_TILES > 0x7fffffffu / quads) {
+        snprintf(why_not, size, "N=%zu rows (in tiles of 16, %d zero tiles after them) of %zu 16-byte words exceed the "
+                 "family's 32-bit offsets (2^31 - 1)", call->N, QMM_CUDA_PAD_ROW_TILES, quads);
         return false;
     }
     if (!call->weights_extra) {

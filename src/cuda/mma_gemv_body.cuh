@@ -66,8 +66,45 @@
     constexpr int GSB = sb_pairs_per_super_block(BITS, GS); /* (scale, bias) pairs per row and super-block */
     constexpr int SB_CHUNKS = 4 * RT * GSB;                   /* 16-byte chunks of them per warp and super-block */
     const int row_tile0 = n_base / 16, row_tiles = (N + 15) / 16;
+    /* HOISTED (the 64-row, 8-token tile, m8n64): the copies' addresses worked out once — a lane's source advances by one
+     * super-block run per step of the warp (w_lane, sb_lane[]: 32-bit offsets of super-block 0 of its rows), the row
+     * tiles r are tile_quads apart and the halves 512 bytes (immediates), the destination moves with the stage — and no
+     * row checked against N: the arrays carry QMM_CUDA_PAD_ROW_TILES zero tiles after the last (cuda_internal.h), so
+     * rows past N are computed on zeros (in a gather's expert slice, on the next expert's rows) and never stored.
+     * 50 of the step's 623 instructions fewer (sm_90a, f16, groups of 64, x staged); measured on the H200 (docs/PERF.md,
+     * nineteenth session): m8n64 0.94–0.98× the time at M = 1 on the large shapes, 0.976 over its 60 cells at M = 1
+     * and 8. The same change made m16n64 1.03× slower (bf16 up to 1.09×: scheduled differently at its 168 registers)
+     * and the 16-row tiles up to 1.07× on small shapes, so the other rows keep the per-copy offsets and checks. */
+    constexpr bool HOISTED = RT == 4 && TT == 1;
+    const unsigned tile_quads = (unsigned)super_blocks * 64u; /* 16-byte units from one row tile to the next */
+    const unsigned w_lane = packed_tile_quad<unsigned>((unsigned)row_tile0, (unsigned)g, (unsigned)super_blocks, 0u) + (unsigned)t;
+    const unsigned w_dst = (unsigned)__cvta_generic_to_shared(stage_w + lane);
+    constexpr int SB_ROUNDS = (SB_CHUNKS + 31) / 32;
+    unsigned sb_lane[SB_ROUNDS];
+#pragma unroll
+    for (int k = 0; k < SB_ROUNDS; k++) { /* chunk c of the warp's RT runs of 4·GSB chunks: run r = c / (4·GSB) */
+        const int c = 32 * k + lane;
+        sb_lane[k] = sb_tiled_run<unsigned>((unsigned)(row_tile0 + c / (4 * GSB)), (unsigned)super_blocks, 0u, GSB) +
+                     (unsigned)(c % (4 * GSB));
+    }
+    const unsigned sb_dst = (unsigned)__cvta_generic_to_shared(stage_sb + 4 * lane);
     auto issue = [&](int i) { /* copies of the warp's i-th super-block into stage i % S (the caller commits) */
-        if (i < count) {
+        if (i < count && HOISTED) {
+            const unsigned sbk = (unsigned)(warp + i * NW), stage = (unsigned)(i % S);
+            const unsigned w_step = w_lane + sbk * 64u;
+#pragma unroll
+            for (int r = 0; r < RT; r++) {
+                const uint4 *src = packed + (w_step + r * tile_quads); /* the halves: + 32 units, an immediate */
+#pragma unroll
+                for (int h = 0; h < 2; h++) cp_async_16(w_dst + (stage * RT + r) * 1024u + h * 512u, src + 32 * h, true);
+            }
+            /* the pairs of the warp's 16·RT rows: RT runs of 16·GSB pairs (sb_tiled layout, docs/kernels.md §9) */
+#pragma unroll
+            for (int k = 0; k < SB_ROUNDS; k++)
+                if (32 * k + lane < SB_CHUNKS)
+                    cp_async_16(sb_dst + stage * (RT * 16 * GSB * 4u) + k * 512u,
+                                reinterpret_cast<const uint4 *>(sb) + (sb_lane[k] + sbk * (4u * GSB)), true);
+        } else if (i < count) {
             const int sbk = warp + i * NW, stage = i % S;
 #pragma unroll
             for (int r = 0; r < RT; r++)
