@@ -192,9 +192,10 @@ template <int RT, int TT> struct mma_gemv_limits {
     static constexpr int min_blocks = m16n64 || large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
-/* STAGED_X (the 64-row, 8-token tile only): x comes through the weights' cp.async pipeline instead of 16-byte loads
+/* STAGED_X (the 64-row, 8-token tile only): x comes through the weights' cp.async pipeline instead of 16-byte loads; ONE_TOKEN
+ * (with STAGED_X, at M = 1): an epilogue for one token (mma_gemv_body.cuh)
  * at the top of each step — the launcher's choice (launch_mma_gemv). The body: mma_gemv_body.cuh. */
-template <int BITS, typename T, int RT, int TT, int S, int GS, bool STAGED_X>
+template <int BITS, typename T, int RT, int TT, int S, int GS, bool STAGED_X, bool ONE_TOKEN>
 __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_gemv_limits<RT, TT>::min_blocks)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                     const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
                             const uint32_t *__restrict__ w_base, const T *__restrict__ scales_base,
                             const T *__restrict__ biases_base, T *__restrict__ out_base, int N, int K) {
     static_assert(TT <= 2 && !(RT == 4 && TT == 2), "a grouped product has no chunks of rows of x");
-    constexpr bool STAGED_X = false;
+    constexpr bool STAGED_X = false, ONE_TOKEN = false;
     const auto &e = grouped_entry(table, blockIdx.z); /* __grid_constant__: never copied to local memory */
     const T *__restrict__ x = x_base + e.x;
     const uint4 *__restrict__ packed = packed_base + e.packed;
@@ -306,7 +307,7 @@ static int gemv_warps(Kernel kernel, size_t blocks, size_t shared_per_warp, int 
     return chosen ? chosen : max_warps < 8 ? max_warps : 8;
 }
 
-template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X>
+template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X, bool ONE_TOKEN = false>
 static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
@@ -330,7 +331,7 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
         return w < 1 ? 1 : w; /* 8 warps of every unstaged tile but m16n64 fit in 99 KB */
     };
     const int max_warps = fit(per_warp);
-    auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X>;
+    auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X, ONE_TOKEN>;
     /* the most any launch of this instantiation uses: fit() rounds the warps down, so the largest block is not
      * always the one with 8 rows of x — take the largest over 0 … 8 (0 for the unstaged tiles) */
     size_t most = 0;
@@ -371,7 +372,8 @@ template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_ge
     if constexpr (RT == 4 && TT == 1) {
         const bool fewer_blocks_than_sms = c->multiprocessors > 0 && (c->N + 63) / 64 < (size_t)c->multiprocessors;
         if (c->staged_x > 0 || (c->staged_x == 0 && (c->M <= 4 || fewer_blocks_than_sms)))
-            return launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
+            return c->M == 1 ? launch_mma_gemv_as<BITS, T, RT, TT, GS, true, true>(c)
+                             : launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
     }
     return launch_mma_gemv_as<BITS, T, RT, TT, GS, false>(c);
 }

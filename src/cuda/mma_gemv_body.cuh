@@ -2,7 +2,7 @@
  * mma_gemv_body.cuh — the body of the mma GEMV kernels (kernels.cu): one block's products of 16·RT weight rows with
  * 8·TT rows of x. Included as the body of mma_gemv_kernel (one product per launch) and of mma_gemv_grouped_kernel
  * (a product per grid.z), each of which defines x, packed, sb, w_orig, scales, biases, out, M, N and K and the
- * template parameters BITS, T, RT, TT, S, GS and STAGED_X. Not a __device__ function: inlined as one, ptxas scheduled
+ * template parameters BITS, T, RT, TT, S, GS, STAGED_X and ONE_TOKEN. Not a __device__ function: inlined as one, ptxas scheduled
  * the 32-token tile's bf16 instantiations differently, 3–7 % slower on the H200 (docs/PERF.md, sixteenth session);
  * included, the single-product kernel's SASS is what it was.
  */
@@ -44,6 +44,10 @@
     uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
     float *partial = reinterpret_cast<float *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + NW * S * RT * 2 * 32;
     static_assert(!STAGED_X || (RT == 4 && TT == 1), "x is staged by the 64-row, 8-token tile only");
+    /* ONE_TOKEN (M = 1, x staged): the epilogue updates only the accumulators of even token columns (e = 0: token
+     * 2t + 0 of the lane's pair; the odd ones are tokens ≥ 1, never stored) — 32 of the step's FFMAs fewer at 4 row
+     * tiles and groups of 64. */
+    static_assert(!ONE_TOKEN || STAGED_X, "the one-token epilogue is an instantiation of the staged 64-row tile");
     constexpr int XQ = 4 * BPS; /* 16-byte chunks of one token's x per super-block */
     const int MX = STAGED_X ? min(M, 8) : 0;
     uint4 *stage_x = reinterpret_cast<uint4 *>(partial + NW * RT * TT * 4 * 32) + (size_t)warp * S * MX * XQ;
@@ -275,7 +279,7 @@
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
-                            for (int e = 0; e < 2; e++) /* two FMAs (the tile family's order) */
+                            for (int e = 0; e < (ONE_TOKEN ? 1 : 2); e++) /* two FMAs (the tile family's order) */
                                 acc[r][tt][2 * h + e] =
                                     __fmaf_rn(s, cq[r][tt][2 * h + e], __fmaf_rn(s_b.y, cx[tt][e], acc[r][tt][2 * h + e]));
                     }
