@@ -39,7 +39,19 @@
         M -= m0;
     }
     const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
-    const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
+    /* HOISTED: the 64-row, 8-token tile's copies (below, with the measurements). SCALED_SUMS (that tile, f16 codes as
+     * subnormals, code_scale 2^20 or 2^24): the block's sums run in units of 1/code_scale — Σx through an all-(1/code_scale)
+     * A operand (an exact f16 subnormal) instead of all-ones, the scale used as it is — and the block's sum is multiplied
+     * by code_scale once, before the non-finite rule and the store. Every operation's exact result is then the old one
+     * times a power of two, so every rounding and the output bits are the same by construction (x·2^-24 is at least
+     * 2^-48 for a nonzero f16 x: no product or sum comes near f32's subnormals), and the FMUL of s·code_scale per row pair
+     * and segment goes: with ONE_TOKEN's fixed one row of x staged, 488 → 472 instructions a step (f16, groups of 64);
+     * measured 0.96–1.00× at M = 1 f16 (docs/PERF.md, nineteenth session). */
+    constexpr bool HOISTED = RT == 4 && TT == 1;
+    constexpr float code_scale = mma_decode<BITS, T>::code_scale;
+    constexpr bool SCALED_SUMS = HOISTED && code_scale != 1.0f;
+    constexpr uint32_t one = SCALED_SUMS ? (uint32_t)(16777216.0f / code_scale) * 0x10001u : mma_traits<T>::ones;
+    const uint32_t ones[4] = {one, one, one, one};
     uint4 *stage_w = shared_quads + (size_t)warp * S * RT * 2 * 32;
     uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
     float *partial = reinterpret_cast<float *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + NW * S * RT * 2 * 32;
@@ -49,7 +61,7 @@
      * tiles and groups of 64. */
     static_assert(!ONE_TOKEN || STAGED_X, "the one-token epilogue is an instantiation of the staged 64-row tile");
     constexpr int XQ = 4 * BPS; /* 16-byte chunks of one token's x per super-block */
-    const int MX = STAGED_X ? min(M, 8) : 0;
+    const int MX = STAGED_X ? (ONE_TOKEN ? 1 : min(M, 8)) : 0; /* ONE_TOKEN: M = 1, known when compiled */
     uint4 *stage_x = reinterpret_cast<uint4 *>(partial + NW * RT * TT * 4 * 32) + (size_t)warp * S * MX * XQ;
 
     float acc[RT][TT][4];
@@ -79,7 +91,6 @@
      * nineteenth session): m8n64 0.94–0.98× the time at M = 1 on the large shapes, 0.976 over its 60 cells at M = 1
      * and 8. The same change made m16n64 1.03× slower (bf16 up to 1.09×: scheduled differently at its 168 registers)
      * and the 16-row tiles up to 1.07× on small shapes, so the other rows keep the per-copy offsets and checks. */
-    constexpr bool HOISTED = RT == 4 && TT == 1;
     const unsigned tile_quads = (unsigned)super_blocks * 64u; /* 16-byte units from one row tile to the next */
     const unsigned w_lane = packed_tile_quad<unsigned>((unsigned)row_tile0, (unsigned)g, (unsigned)super_blocks, 0u) + (unsigned)t;
     const unsigned w_dst = (unsigned)__cvta_generic_to_shared(stage_w + lane);
@@ -158,7 +169,7 @@
             const T *src = ok ? x_src + (size_t)sbk * 32 * BPS : x;
             const unsigned dst = x_dst + (unsigned)((i % S) * MX * XQ * 16);
 #pragma unroll
-            for (int r = 0; r < X_ROUNDS; r++)
+            for (int r = 0; r < (ONE_TOKEN ? 1 : X_ROUNDS); r++)
                 if (x_m0 + X_TPR * r < MX) cp_async_16(dst + r * X_TPR * XQ * 16, ok ? src + (size_t)r * X_TPR * K : x, ok);
         }
     };
@@ -275,7 +286,7 @@
                             asm volatile("ld.shared.b32 %0, [%1];" : "=r"(pair) : "r"((unsigned)__cvta_generic_to_shared(at)));
                         }
                         const float2 s_b = scale_bias(pair, T());
-                        const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
+                        const float s = SCALED_SUMS ? s_b.x : s_b.x * code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -300,6 +311,7 @@
     for (int i = threadIdx.x; i < per_warp; i += blockDim.x) {
         float sum = 0.0f;
         for (int v = 0; v < NW; v++) sum += partial[v * per_warp + i];
+        if (SCALED_SUMS) sum *= code_scale; /* exact: a power of two (± inf where the output is beyond f32) */
         const int l = i & 31, e = (i >> 5) & 3, rt = i >> 7;
         const int r = rt / TT, tt = rt % TT;
         const int n = n_base + 16 * r + 8 * (e >> 1) + (l >> 2);
