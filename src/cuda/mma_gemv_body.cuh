@@ -45,7 +45,7 @@
      * by code_scale once, before the non-finite rule and the store. Every operation's exact result is then the old one
      * times a power of two, so every rounding and the output bits are the same by construction (x·2^-24 is at least
      * 2^-48 for a nonzero f16 x: no product or sum comes near f32's subnormals), and the FMUL of s·code_scale per row pair
-     * and segment goes: with ONE_TOKEN's fixed one row of x staged, 488 → 472 instructions a step (f16, groups of 64);
+     * and segment goes: with ONE_TOKEN's one row of x staged, 507 → 472 instructions a step (f16, groups of 64);
      * measured 0.96–1.00× at M = 1 f16 (docs/PERF.md, nineteenth session). */
     constexpr bool HOISTED = RT == 4 && TT == 1;
     constexpr float code_scale = mma_decode<BITS, T>::code_scale;
