@@ -371,9 +371,13 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
 template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
     if constexpr (RT == 4 && TT == 1) {
         const bool fewer_blocks_than_sms = c->multiprocessors > 0 && (c->N + 63) / 64 < (size_t)c->multiprocessors;
-        if (c->staged_x > 0 || (c->staged_x == 0 && (c->M <= 4 || fewer_blocks_than_sms)))
-            return c->M == 1 ? launch_mma_gemv_as<BITS, T, RT, TT, GS, true, true>(c)
-                             : launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
+        if (c->staged_x > 0 || (c->staged_x == 0 && (c->M <= 4 || fewer_blocks_than_sms))) {
+            /* not at 4-bit groups of 32, where the one-token epilogue (and the hoisted copies, mma_gemv_body.cuh) made
+             * ptxas spill under the 128-register cap (16–112 bytes) */
+            if constexpr (!(BITS == 4 && GS == 32))
+                if (c->M == 1) return launch_mma_gemv_as<BITS, T, RT, TT, GS, true, true>(c);
+            return launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
+        }
     }
     return launch_mma_gemv_as<BITS, T, RT, TT, GS, false>(c);
 }
