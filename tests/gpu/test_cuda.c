@@ -365,8 +365,9 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
 /* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer 64-row
  * blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
  * and the rule, each against the oracle with poisoned outputs, three runs the same bits; then, in a context with 8
- * warps per block pinned, staged and unstaged the same bits. Edges: N not a multiple of 64, K ending inside a
- * super-block, both bit widths and dtypes, groups 32–128. */
+ * warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple of 64 (m8n64 reads the
+ * zero row tiles past N), K ending inside a super-block, both bit widths and dtypes, groups 32–128, M = 1 (the
+ * one-token epilogue) and M > 1. */
 static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
@@ -376,6 +377,7 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         {1, 5120, 1024, 4, 64, QMM_F16}, {3, 100, 4160, 4, 64, QMM_BF16}, {4, 1000, 2080, 4, 32, QMM_F16},
         {5, 777, 1152, 8, 128, QMM_BF16}, {8, 300, 2112, 8, 32, QMM_F16}, {2, 9000, 512, 4, 128, QMM_BF16},
         {1, 64, 64, 8, 64, QMM_BF16},     {6, 9000, 1024, 4, 64, QMM_F16}, /* the rule does not stage this one */
+        {1, 1000, 1152, 4, 128, QMM_F16}, {1, 4100, 2048, 8, 64, QMM_F16}, /* one token, f16 sums in 2^-20 / 2^-24 */
     };
     static const char *modes[] = {"1", "0", NULL};
     const char *row = "cuda.qmm_t.mma_gemv.m8n64";
@@ -419,6 +421,14 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         unsetenv("QMM_CUDA_GEMV_STAGED_X");
         CHECK(staged && unstaged && memcmp(staged, unstaged, bytes) == 0,
               "%s M=%zu N=%zu K=%zu: staged and unstaged bits differ", label, p.M, p.N, p.K);
+        /* m8n32 with the same 8 warps: each output the same arithmetic in the same order, without the 64-row tile's
+         * hoisted copies over the zero row tiles, its one-token epilogue (M = 1) or its f16 sums in units of
+         * 1/code_scale (docs/kernels.md §9.1) — so the same bits, if those change no rounding, as argued there. */
+        void *rows32 = malloc(bytes);
+        check_forced_runs(pinned, &p, "cuda.qmm_t.mma_gemv.m8n32", label, rows32);
+        CHECK(staged && rows32 && memcmp(staged, rows32, bytes) == 0,
+              "%s M=%zu N=%zu K=%zu: m8n64 and m8n32 bits differ", label, p.M, p.N, p.K);
+        free(rows32);
         free(staged);
         free(unstaged);
         product_free(&p);
