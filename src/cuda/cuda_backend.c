@@ -69,7 +69,7 @@ typedef struct cuda_state {
 /* The repacked arrays of one weights object (device pointers), or all NULL when its format has no
  * repacked kernel. */
 typedef struct cuda_weights_extra {
-    uint32_t *packed; /* tiles of 16 rows (qmm_cuda_repack): ceil(N/16)·16·qmm_cuda_packed_words_per_row(K, bits) */
+    uint32_t *packed; /* tiles of 16 rows (qmm_cuda_repack): (ceil(N/16) + QMM_CUDA_PAD_ROW_TILES)·16·qmm_cuda_packed_words_per_row(K, bits) */
     void *sb;         /* (scale, bias) pairs in the tiled layout (qmm_cuda_repack_sb) */
 } cuda_weights_extra;
 

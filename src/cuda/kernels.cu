@@ -192,9 +192,9 @@ template <int RT, int TT> struct mma_gemv_limits {
     static constexpr int min_blocks = m16n64 || large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
-/* STAGED_X (the 64-row, 8-token tile only): x comes through the weights' cp.async pipeline instead of 16-byte loads; ONE_TOKEN
- * (with STAGED_X, at M = 1): an epilogue for one token (mma_gemv_body.cuh)
- * at the top of each step — the launcher's choice (launch_mma_gemv). The body: mma_gemv_body.cuh. */
+/* STAGED_X (the 64-row, 8-token tile only): x comes through the weights' cp.async pipeline instead of 16-byte loads
+ * at the top of each step — the launcher's choice (launch_mma_gemv); ONE_TOKEN (with STAGED_X, at M = 1): one token's
+ * x and epilogue. The body: mma_gemv_body.cuh. */
 template <int BITS, typename T, int RT, int TT, int S, int GS, bool STAGED_X, bool ONE_TOKEN>
 __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_gemv_limits<RT, TT>::min_blocks)
     mma_gemv_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,

@@ -87,10 +87,11 @@
      * tiles r are tile_quads apart and the halves 512 bytes (immediates), the destination moves with the stage — and no
      * row checked against N: the arrays carry QMM_CUDA_PAD_ROW_TILES zero tiles after the last (cuda_internal.h), so
      * rows past N are computed on zeros (in a gather's expert slice, on the next expert's rows) and never stored.
-     * 50 of the step's 623 instructions fewer (sm_90a, f16, groups of 64, x staged); measured on the H200 (docs/PERF.md,
+     * 58 of the step's 623 instructions fewer (sm_90a, f16, groups of 64, x staged); measured on the H200 (docs/PERF.md,
      * nineteenth session): m8n64 0.94–0.98× the time at M = 1 on the large shapes, 0.976 over its 60 cells at M = 1
      * and 8. The same change made m16n64 1.03× slower (bf16 up to 1.09×: scheduled differently at its 168 registers)
-     * and the 16-row tiles up to 1.07× on small shapes, so the other rows keep the per-copy offsets and checks. */
+     * and the 16-row tiles up to 1.07× on small shapes, so the other rows keep the per-copy offsets and checks — as do
+     * m8n64's 4-bit groups of 32, where the held offsets made ptxas spill (8–12 bytes; not measured). */
     const unsigned tile_quads = (unsigned)super_blocks * 64u; /* 16-byte units from one row tile to the next */
     const unsigned w_lane = packed_tile_quad<unsigned>((unsigned)row_tile0, (unsigned)g, (unsigned)super_blocks, 0u) + (unsigned)t;
     const unsigned w_dst = (unsigned)__cvta_generic_to_shared(stage_w + lane);
