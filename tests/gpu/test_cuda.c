@@ -642,6 +642,11 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {256, 1, 2303, 16, 64, 4, 32, QMM_F16},
         /* about 600 tokens per expert on 1536 rows: 120 tiles of 128 × 64, the wgmma m64n128 row on Hopper */
         {2, 1, 1200, 1536, 256, 4, 64, QMM_F16},
+        /* N = 5136 (81 blocks of 64 rows, the last of 16): with a launch per block of ≤ 8 rows the selector takes
+         * mma_gemv m8n64, whose copies read up to 3 row tiles past an expert's slice unchecked — into the next expert's
+         * rows, and for the last expert into the zero tiles that end the repacked arrays (QMM_CUDA_PAD_ROW_TILES); M = 1
+         * blocks run its one-token epilogue. Under compute-sanitizer memcheck (make test-gpu), a read past them fails. */
+        {3, 1, 6, 5136, 128, 4, 64, QMM_F16},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
