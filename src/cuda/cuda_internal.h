@@ -113,8 +113,8 @@ void qmm_cuda_repack(const uint32_t *w, size_t N, size_t K, int bits, uint32_t *
  * two uint32, the scale's bits then the bias's. scales, biases: [N, K/group_size] of that dtype, at any byte
  * offset. qmm_cuda_sb_words gives out's length in uint32. */
 size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size, int scale_bytes);
-/* Zero row tiles the device copies of both arrays carry past their last tile (docs/kernels.md §9.1, "No row
- * predicates"): an mma_gemv block of RT ≤ 4 row tiles reads tiles up to RT·ceil(N/(16·RT)) − 1 ≤ ceil(N/16) + 2 of
+/* Zero row tiles the device copies of both arrays carry past their last tile (docs/kernels.md §9.1, "Copies
+ * without row checks"): an mma_gemv block of RT ≤ 4 row tiles reads tiles up to RT·ceil(N/(16·RT)) − 1 ≤ ceil(N/16) + 2 of
  * a product — of a gather's expert slice too, whose rows end where the next expert's (or the padding) begin — so its
  * copies need no check of the row against N. */
 #define QMM_CUDA_PAD_ROW_TILES 3
