@@ -192,6 +192,11 @@ template <int RT, int TT> struct mma_gemv_limits {
     static constexpr int min_blocks = m16n64 || large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
+/* Whether m8n64 (the 64-row, 8-token tile) gets its lean code at this format — the copies without row checks, the
+ * one-token epilogue at M = 1, f16 sums in units of 1/code_scale (mma_gemv_body.cuh): not at 4-bit groups of 32, where
+ * ptxas spilled 8–112 bytes under the 128-register cap with them (docs/PERF.md, nineteenth session). */
+template <int BITS, int GS> constexpr bool m8n64_lean = !(BITS == 4 && GS == 32);
+
 /* STAGED_X (the 64-row, 8-token tile only): x comes through the weights' cp.async pipeline instead of 16-byte loads
  * at the top of each step — the launcher's choice (launch_mma_gemv); ONE_TOKEN (with STAGED_X, at M = 1): one token's
  * x and epilogue. The body: mma_gemv_body.cuh. */
@@ -372,9 +377,7 @@ template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_ge
     if constexpr (RT == 4 && TT == 1) {
         const bool fewer_blocks_than_sms = c->multiprocessors > 0 && (c->N + 63) / 64 < (size_t)c->multiprocessors;
         if (c->staged_x > 0 || (c->staged_x == 0 && (c->M <= 4 || fewer_blocks_than_sms))) {
-            /* not at 4-bit groups of 32, where the one-token epilogue (and the hoisted copies, mma_gemv_body.cuh) made
-             * ptxas spill under the 128-register cap (16–112 bytes) */
-            if constexpr (!(BITS == 4 && GS == 32))
+            if constexpr (m8n64_lean<BITS, GS>)
                 if (c->M == 1) return launch_mma_gemv_as<BITS, T, RT, TT, GS, true, true>(c);
             return launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
         }

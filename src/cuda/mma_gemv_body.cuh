@@ -47,7 +47,7 @@
      * 2^-48 for a nonzero f16 x: no product or sum comes near f32's subnormals), and the FMUL of s·code_scale per row pair
      * and segment goes: with ONE_TOKEN's one row of x staged, 507 → 472 instructions a step (f16, groups of 64);
      * measured 0.96–1.00× at M = 1 f16 (docs/PERF.md, nineteenth session). */
-    constexpr bool HOISTED = RT == 4 && TT == 1 && !(BITS == 4 && GS == 32);
+    constexpr bool HOISTED = RT == 4 && TT == 1 && m8n64_lean<BITS, GS>;
     constexpr float code_scale = mma_decode<BITS, T>::code_scale;
     constexpr bool SCALED_SUMS = HOISTED && code_scale != 1.0f;
     constexpr uint32_t one = SCALED_SUMS ? (uint32_t)(16777216.0f / code_scale) * 0x10001u : mma_traits<T>::ones;
