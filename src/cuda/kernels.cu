@@ -193,7 +193,7 @@ template <int RT, int TT> struct mma_gemv_limits {
 };
 
 /* Whether m8n64 (the 64-row, 8-token tile) gets its lean code at this format — the copies without row checks, the
- * one-token epilogue at M = 1, f16 sums in units of 1/code_scale (mma_gemv_body.cuh): not at 4-bit groups of 32, where
+ * one-token epilogue at M = 1 (mma_gemv_body.cuh): not at 4-bit groups of 32, where
  * ptxas spilled 8–112 bytes under the 128-register cap with them (docs/PERF.md, nineteenth session). */
 template <int BITS, int GS> constexpr bool m8n64_lean = !(BITS == 4 && GS == 32);
 

@@ -39,18 +39,13 @@
         M -= m0;
     }
     const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
-    /* HOISTED: the 64-row, 8-token tile's copies (below, with the measurements). SCALED_SUMS (that tile, f16 codes as
-     * subnormals, code_scale 2^20 or 2^24): the block's sums run in units of 1/code_scale — Σx through an all-(1/code_scale)
-     * A operand (an exact f16 subnormal) instead of all-ones, the scale used as it is — and the block's sum is multiplied
-     * by code_scale once, before the non-finite rule and the store. Every operation's exact result is then the old one
-     * times a power of two, so every rounding and the output bits are the same by construction (x·2^-24 is at least
-     * 2^-48 for a nonzero f16 x: no product or sum comes near f32's subnormals), and the FMUL of s·code_scale per row pair
-     * and segment goes: with ONE_TOKEN's one row of x staged, 507 → 472 instructions a step (f16, groups of 64);
-     * measured 0.96–1.00× at M = 1 f16 (docs/PERF.md, nineteenth session). */
+    /* HOISTED: the 64-row, 8-token tile's copies (below, with the measurements). (Its f16 sums in units of
+     * 1/code_scale — Σx through an all-2^-24 / 2^-20 A operand, one FMUL per row pair and segment fewer, argued to change
+     * no rounding — gave other bits than m8n32 in 3 of 7 cases on the H200, test_cuda's staged-x section; removed in the
+     * twentieth session, docs/PERF.md.) */
     constexpr bool HOISTED = RT == 4 && TT == 1 && m8n64_lean<BITS, GS>;
     constexpr float code_scale = mma_decode<BITS, T>::code_scale;
-    constexpr bool SCALED_SUMS = HOISTED && code_scale != 1.0f;
-    constexpr uint32_t one = SCALED_SUMS ? (uint32_t)(16777216.0f / code_scale) * 0x10001u : mma_traits<T>::ones;
+    constexpr uint32_t one = mma_traits<T>::ones;
     const uint32_t ones[4] = {one, one, one, one};
     uint4 *stage_w = shared_quads + (size_t)warp * S * RT * 2 * 32;
     uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
@@ -287,7 +282,7 @@
                             asm volatile("ld.shared.b32 %0, [%1];" : "=r"(pair) : "r"((unsigned)__cvta_generic_to_shared(at)));
                         }
                         const float2 s_b = scale_bias(pair, T());
-                        const float s = SCALED_SUMS ? s_b.x : s_b.x * code_scale; /* exact: a power of two */
+                        const float s = s_b.x * code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -312,7 +307,6 @@
     for (int i = threadIdx.x; i < per_warp; i += blockDim.x) {
         float sum = 0.0f;
         for (int v = 0; v < NW; v++) sum += partial[v * per_warp + i];
-        if (SCALED_SUMS) sum *= code_scale; /* exact: a power of two (± inf where the output is beyond f32) */
         const int l = i & 31, e = (i >> 5) & 3, rt = i >> 7;
         const int r = rt / TT, tt = rt % TT;
         const int n = n_base + 16 * r + 8 * (e >> 1) + (l >> 2);
