@@ -67,6 +67,10 @@ typedef struct qmm_kernel {
     bool (*supports)(const qmm_call *call, char *why_not, size_t why_not_size);
     /* Computes the product. Only called after supports() accepted the call. */
     qmm_status (*run)(const qmm_call *call);
+    /* Optional (NULL: nothing to do): called when a chain records the call (qmm_chain_add_matmul), never inside a
+     * stream capture, so that the row can set up now what its run would otherwise allocate (a captured run may not:
+     * the CUDA wgmma rows' workspace for x, which they otherwise go without). Must not fail. */
+    void (*reserve)(const qmm_call *call);
     /* Selector hints (src/select.c), never capabilities: unforced, the selector takes this row only for
      * M ≤ prefer_max_m (0 = no limit) and N ≥ prefer_min_n, and never when tune_only is set (rows kept for
      * forcing and tuning). When N ≤ prefer_small_n (0 = no such box), the M limit is

@@ -894,6 +894,7 @@ qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, co
     if (status != QMM_OK) return status;
     /* Plan once, run many: the kernel is chosen now, not at every run. */
     if ((status = choose(chain->context, &step.call, options, &step.kernel)) != QMM_OK) return status;
+    if (step.kernel->reserve) step.kernel->reserve(&step.call); /* before any capture of the chain's graph */
     if (chain->length == chain->capacity) {
         size_t capacity = chain->capacity ? chain->capacity * 2 : 8, bytes;
         if (!qmm_mul_size(capacity, sizeof *chain->steps, &bytes))

@@ -47,6 +47,12 @@ typedef struct cuda_state {
      * last split resets its counter). NULL until then: launches fall back to one split. */
     float *tile_partials;
     unsigned *tile_counters;
+    /* The wgmma_tile rows' workspace for x prepared once per call (qmm_cuda_wgmma_prepared_bytes), grown on demand
+     * outside stream captures; a buffer it outgrew is kept until the context closes (a captured graph may hold it). */
+    void *wgmma_prepared;
+    size_t wgmma_prepared_bytes;
+    void **wgmma_prepared_retired;
+    size_t wgmma_prepared_retired_count;
     /* gather scratch, grown on demand; a gather is not a chain step, so no graph holds these pointers: the gathered
      * rows of x, and the call's upload — the lhs indices (uint32, padded to 16 bytes) when x's rows must be gathered,
      * then the tables of the grouped classes too large for a launch's parameters (qmm_cuda_gemv_product) */
@@ -129,6 +135,9 @@ static void cuda_close(void *state) {
     cudaStreamDestroy(s->stream);
     if (s->tile_partials) cudaFree(s->tile_partials);
     if (s->tile_counters) cudaFree(s->tile_counters);
+    if (s->wgmma_prepared) cudaFree(s->wgmma_prepared);
+    for (size_t i = 0; i < s->wgmma_prepared_retired_count; i++) cudaFree(s->wgmma_prepared_retired[i]);
+    free(s->wgmma_prepared_retired);
     if (s->gather_x) cudaFree(s->gather_x);
     if (s->gather_upload) cudaFree(s->gather_upload);
     for (int slot = 0; slot < 2; slot++) {
@@ -751,17 +760,54 @@ static int wgmma_splits(const qmm_call *call, size_t tokens) {
     return split_limits(call, s, tiles, tokens * 128, units, best);
 }
 
-#define WGMMA_ROW(NAME, TOKENS)                                                                                   \
+/* The wgmma rows' workspace for this call's prepared x (cuda_state.wgmma_prepared), grown if need be; NULL where it
+ * cannot be had now — inside a stream capture (no allocation there: a chain's steps reserve it when recorded, the
+ * rows' reserve hook) or out of device memory — and the call then runs the _fma variant (x permuted in each block),
+ * the same product within the bound. */
+static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
+    const size_t bytes = qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K);
+    if (s->wgmma_prepared_bytes >= bytes) return s->wgmma_prepared;
+    enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s->stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (s->wgmma_prepared) { /* room to keep the buffer this one replaces */
+        void **retired = realloc(s->wgmma_prepared_retired, (s->wgmma_prepared_retired_count + 1) * sizeof *retired);
+        if (!retired) return NULL;
+        s->wgmma_prepared_retired = retired;
+    }
+    void *memory = NULL;
+    const size_t grown = bytes > 2 * s->wgmma_prepared_bytes ? bytes : 2 * s->wgmma_prepared_bytes;
+    if (cudaMalloc(&memory, grown) != cudaSuccess) {
+        cudaGetLastError(); /* not the call's failure: it runs without the workspace */
+        return NULL;
+    }
+    if (s->wgmma_prepared) s->wgmma_prepared_retired[s->wgmma_prepared_retired_count++] = s->wgmma_prepared;
+    s->wgmma_prepared = memory;
+    s->wgmma_prepared_bytes = grown;
+    return memory;
+}
+
+/* The wgmma rows (PREPARED: x prepared once per call, b·Σx on the tensor cores) and their _fma twins (x permuted in
+ * each block, b·Σx by FMA: the mma_tile rows' order, for batch-invariant calls). */
+#define WGMMA_ROW(NAME, TOKENS, PREPARED)                                                                         \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS));                               \
+        if (PREPARED) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);                \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
+    }                                                                                                             \
+    static void NAME##_reserve(const qmm_call *call) {                                                            \
+        if (PREPARED) wgmma_prepared_workspace(call->backend_state, call);                                        \
     }
 
-WGMMA_ROW(wgmma_m128n128, 128)
-WGMMA_ROW(wgmma_m64n128, 64)
+WGMMA_ROW(wgmma_m128n128, 128, true)
+WGMMA_ROW(wgmma_m64n128, 64, true)
+WGMMA_ROW(wgmma_fma_m128n128, 128, false)
+WGMMA_ROW(wgmma_fma_m64n128, 64, false)
 
 /* The mma_tile rows' batch-invariant order (docs/kernels.md §11): per output, the 64-byte super-blocks of K in
  * order; in each, the group segments in order; a segment's q·x MMAs (and the all-ones Σx MMAs) chained in the
@@ -781,13 +827,14 @@ WGMMA_ROW(wgmma_m64n128, 64)
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_tile", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = THREADS, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = TILE_ORDER}
 
-/* wgmma_tile rows: BM tokens × 128 weight rows per block of 3 warpgroups. Their order is the mma_tile rows' (§9.6): the
- * same segments, the same chained k16 steps and all-ones Σx MMAs (a wgmma k16 step adds as mma.sync m16n8k16 does:
- * the same bits, measured on the H200 — docs/PERF.md, eleventh session; test_cuda checks it), the same two FMAs; one
- * split in batch-invariant mode. */
-#define WGMMA_INFO(NAME, BM, TEXT)                                                                               \
+/* wgmma_tile rows: BM tokens × 128 weight rows per block of 3 warpgroups. The _fma rows' order is the mma_tile rows'
+ * (§9.6): the same segments, the same chained k16 steps and all-ones Σx MMAs (a wgmma k16 step adds as mma.sync
+ * m16n8k16 does: the same bits, measured on the H200 — docs/PERF.md, eleventh session; test_cuda checks it), the same
+ * two FMAs; one split in batch-invariant mode. The default rows sum x ahead of the tile and add b·Σx on the tensor
+ * cores (tf32 pieces): no declared order. */
+#define WGMMA_INFO(NAME, BM, TEXT, ORDER)                                                                        \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "wgmma_tile", .bm = BM, .bn = 128, \
-     .bk = 128, .threads = 384, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = TILE_ORDER}
+     .bk = 128, .threads = 384, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = ORDER}
 
 #define MMA_INFO(NAME, BM, BN, TEXT)                                                                             \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
@@ -858,7 +905,7 @@ static qmm_status gather_run(const qmm_call *call);
  *            N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs 79), except where the tiles come to just
  *            over one wave (17408×5120 M = 64, 136 tiles: 101 vs 93 for m64n64), and at M = 256–512 on 1024-row
  *            shapes (1024×4096 M = 256: 20.1 vs 25.9).
- *   In batch-invariant mode (no split-K; both wgmma rows declare the mma_tile rows' order) each wgmma row needs 80
+ *   In batch-invariant mode (no split-K; the wgmma _fma rows declare the mma_tile rows' order) each wgmma row needs 80
  *            tiles of its own (prefer_min_tiles_unsplit), measured with QMM_CUDA_SPLITS=1 in the eleventh session
  *            (docs/PERF.md): m128n128 the fastest unsplit row from 80 tiles (5120² M = 256: 77 vs 97 µs for m64n64),
  *            not at 64 (4096² M = 256: 63 vs 45 for m64n128); m64n128 from 80 (5120² M = 128: 55 vs 65), not at 64
@@ -906,12 +953,21 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
-                        "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
-     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .prefer_min_m = 65,
+                        "Hopper wgmma tile, 128 rows x 128 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
+     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_m128n128_reserve, .prefer_min_m = 65,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
-                        "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, producer warpgroup, 4/8-bit f16/bf16"),
-     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .prefer_min_m = 33,
+                        "Hopper wgmma tile, 128 rows x 64 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
+     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_m64n128_reserve, .prefer_min_m = 33,
+     .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
+    /* the same tiles in the mma_tile rows' order (batch-invariant calls; default calls take the rows above) */
+    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m128n128", 128,
+                        "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
+     .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .reserve = wgmma_fma_m128n128_reserve, .prefer_min_m = 65,
+     .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
+    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m64n128", 64,
+                        "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
+     .supports = wgmma_fma_m64n128_supports, .run = wgmma_fma_m64n128_run, .reserve = wgmma_fma_m64n128_reserve, .prefer_min_m = 33,
      .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),

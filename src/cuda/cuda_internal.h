@@ -44,6 +44,10 @@ typedef struct qmm_cuda_launch {
     unsigned *counters;
     /* launch with programmatic dependent launch (sm_90 and newer; the kernels that support it say so) */
     int pdl;
+    /* wgmma_tile: a workspace of qmm_cuda_wgmma_prepared_bytes() for x prepared once per call (pair order, Σx pieces),
+     * the tile then adding b·Σx on the tensor cores; NULL: x permuted in each block and b·Σx by FMA per segment — the
+     * mma_tile rows' order (the _fma rows, batch-invariant calls) */
+    void *wgmma_prepared;
 } qmm_cuda_launch;
 
 /* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */
@@ -85,6 +89,8 @@ void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads,
  * wgmma with the decoded weights in registers; any M (≤ 65535 tiles), any N, any K multiple of the group. Same
  * needs as mma_gemv, and a Hopper (compute capability 9.0) device. */
 int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *launch, int tokens);
+/* The bytes of launch->wgmma_prepared for an [M, K] x of that format (kernels_wgmma.cu). */
+size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t M, size_t K);
 
 /* The mma_tile_n rows (kernels_n.cu): x·Ŵ (qmm_n) on the tensor cores, reading w, scales and biases in the MLX layout
  * ([K, N·bits/32], [K, N/group_size]; no repacked arrays); tile 0 = m32n64, 1 = m8n128. bits 4 or 8, dtype f16 or

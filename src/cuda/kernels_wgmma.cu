@@ -27,6 +27,11 @@
  * only outputs inside [M, N] are stored. Each output's f32 accumulator goes through the non-finite rule (§2).
  * Split-K (the SPLIT instantiation, grid.z splits; docs/kernels.md §9.6): each block takes a contiguous range of
  * super-blocks, and the last split of a tile to arrive adds the tiles' partials in split order.
+ * PREP (the default rows; the _fma rows and batch-invariant calls run without it): wgmma_prepare_x first permutes x
+ * and sums it per segment once per call, into a context workspace (x_prepared, and Σx as three tf32 pieces per
+ * segment); the producer then copies x_prepared by TMA and the stage's pieces by one bulk copy, and does no
+ * permutation or summing; the consumers add b·Σx with mma.sync m16n8k8 tf32 (exact products) into the accumulators
+ * once a stage, and per segment only acc = fma(s, Σq·x, acc).
  */
 #include "cuda_internal.h"
 #include "mma_common.cuh"
@@ -86,6 +91,24 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 /* Keeps the compiler from moving reads of an accumulator register above the wait that makes it valid. */
 __device__ __forceinline__ void register_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
+/* c += a·b, mma.sync m16n8k8 with tf32 inputs (PTX ISA §9.7.14.5.6): the operands' low 13 bits must be zero (the
+ * values exact in tf32), so every product is exact in f32. */
+__device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Piece `piece` (0, 1, 2) of v = hi + mid + lo, each exact in tf32 (11 significant bits): hi keeps v's top 11 bits,
+ * mid the next 11 of what is left (exact in f32: v − hi has at most 13 significant bits), lo the last 2. Their sum is v
+ * exactly (a non-finite v gives non-finite pieces: the output goes through the non-finite rule). */
+__device__ __forceinline__ float tf32_piece(float v, int piece) {
+    const float hi = __uint_as_float(__float_as_uint(v) & 0xFFFFE000u), rest = v - hi;
+    const float mid = __uint_as_float(__float_as_uint(rest) & 0xFFFFE000u);
+    return piece == 0 ? hi : piece == 1 ? mid : rest - mid;
+}
+
 /* D (m64 × TOKS, f32) {+}= A (m64 × k16 from registers, f16/bf16) · B (k16 × TOKS, K-major in shared memory,
  * 128-byte swizzle). accumulate = 0 overwrites D. One overload per TOKS and dtype. */
 /* The accumulator operands: d[0..31] (m64n64) or d[0..63] (m64n128), and their %-lists in the instruction. */
@@ -127,7 +150,7 @@ QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%6
 
 /* Shared-memory layout of one stage (all offsets multiples of 16; the stage size a multiple of 1024, so each
  * stage's x tile starts 1024-aligned as the swizzle wants). */
-template <int BITS, int GS, int TOKS> struct wgmma_layout {
+template <int BITS, int GS, int TOKS, bool PREP = false> struct wgmma_layout {
     static constexpr int KS = 512 / BITS;                         /* codes per super-block (stage) */
     static constexpr int BPS = KS / 32;                           /* 32-code blocks per stage: 4 or 2 */
     static constexpr int BPG = GS / 32;                           /* blocks per group */
@@ -137,7 +160,12 @@ template <int BITS, int GS, int TOKS> struct wgmma_layout {
     static constexpr int X_BYTES = TOKS * KS * 2;                 /* [KS/64 columns][TOKS rows][128 bytes] */
     static constexpr int W_BYTES = WG_ROWS * 64;                  /* [128 rows][4 quarters of 16 bytes] */
     static constexpr int SB_BYTES = WG_ROWS * GSB * 4;            /* [8 row tiles][16 rows][GSB] pairs */
-    static constexpr int XSUM_BYTES = SEG * TOKS * 4;             /* [SEG][TOKS] f32 */
+    /* Σx: [SEG][TOKS] f32; PREP: each segment's Σx as three tf32 pieces (tf32_piece) at k slot 3·sg + piece of XP_CHUNKS
+     * k8 chunks, [TOKS][XP_CHUNKS][4 (t)][2 (e)] f32 with slot 8·chunk + t + 4·e — the B fragments of mma.sync m16n8k8
+     * for one lane in one 8-byte load; the slots past 3·SEG are zero */
+    static constexpr int XP_CHUNKS = (3 * SEG + 7) / 8;
+    static constexpr int XP_ROW = XP_CHUNKS * 32; /* bytes of one token's pieces */
+    static constexpr int XSUM_BYTES = PREP ? TOKS * XP_ROW : SEG * TOKS * 4;
     static constexpr int W_AT = X_BYTES, SB_AT = W_AT + W_BYTES, XSUM_AT = SB_AT + SB_BYTES;
     static constexpr int STAGE = (XSUM_AT + XSUM_BYTES + 1023) / 1024 * 1024;
     static constexpr int SHARED = WG_STAGES * STAGE + 3 * WG_STAGES * 8 + 1024; /* + barriers + alignment slack */
@@ -194,14 +222,15 @@ __device__ __noinline__ void split_finish(const float *tile_partial, float *part
     if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
 }
 
-template <int BITS, typename T, int GS, int TOKS, bool SPLIT>
+template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                       const T *__restrict__ biases, T *__restrict__ out, float *__restrict__ partials,
-                      unsigned *__restrict__ counters, int M, int N, int K, int sb_per_split) {
+                      unsigned *__restrict__ counters, const float *__restrict__ x_sums, int M, int N, int K,
+                      int sb_per_split) {
 #if QMM_WGMMA_DEVICE
-    using L = wgmma_layout<BITS, GS, TOKS>;
+    using L = wgmma_layout<BITS, GS, TOKS, PREP>;
     extern __shared__ uint8_t shared_raw[];
     /* 1024-aligned for the swizzle (offset from the array itself, so the compiler keeps shared-space accesses) */
     uint8_t *shared = shared_raw + ((1024u - (smem_address(shared_raw) & 1023u)) & 1023u);
@@ -211,6 +240,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * TOKS;
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int groups = K / GS;
+    const int m_pad = (M + 127) / 128 * 128; /* PREP: the tokens of x_sums' rows */
     /* SPLIT (split-K, grid.z splits): this block's contiguous range of super-blocks, `count` of them from sb_begin. A
      * separate instantiation: the split epilogue's code in the one kernel made the consumers' main loop spill under
      * their 168-register cap. */
@@ -260,8 +290,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 if (p == 0) {
                     const uint32_t x_full = bars + 8 * (2 * WG_STAGES + s);
                     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(x_full),
-                                 "r"(L::X_BYTES)
+                                 "r"(L::X_BYTES + (PREP ? L::XSUM_BYTES : 0))
                                  : "memory");
+                    if (PREP) /* the tokens' Σx pieces of this super-block (x_sums: [super-blocks][M_pad][XP_ROW bytes]) */
+                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                                         stage + L::XSUM_AT),
+                                     "l"(x_sums + ((size_t)(sb_begin + i) * m_pad + m0) * (L::XP_ROW / 4)),
+                                     "r"(L::XSUM_BYTES), "r"(x_full)
+                                     : "memory");
 #pragma unroll
                     for (int column = 0; column < L::KS / 64; column++)
                         asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
@@ -288,7 +324,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             asm volatile("cp.async.wait_group %0;" ::"n"(AHEAD - 1));
             mbarrier_wait(bars + 8 * (2 * WG_STAGES + s), (i / WG_STAGES) & 1); /* and the stage's x tile */
             uint8_t *stage = shared + s * L::STAGE;
-            if (p < TOKS) {
+            if (!PREP && p < TOKS) {
                 /* Thread p permutes token p's row in place: the four 16-byte pieces of a 32-code block become the
                  * four of the decoded weights' k order (x_pairs: piece c's a-th pair goes to word 4a + c). */
                 uint8_t *row = stage + p * 128;
@@ -366,6 +402,37 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const uint32_t *pairs = reinterpret_cast<const uint32_t *>(stage + L::SB_AT) + (row_w + g) * L::GSB;
         const float *xsum = reinterpret_cast<const float *>(stage + L::XSUM_AT);
         const uint32_t x_at = smem_address(stage);
+        if (PREP) {
+            /* the stage's b·Σx on the tensor cores (mma.sync, ahead of the segments' wgmmas): acc += B · P over k slots 3·sg + piece,
+             * A = each row's b of segment k / 3 (exact in tf32), P = the Σx pieces (exact products, f32 sums) */
+            float b0[L::SEG], b1[L::SEG];
+#pragma unroll
+            for (int q = 0; q < L::SEG; q++) {
+                b0[q] = scale_bias(pairs[q], T()).y;
+                b1[q] = scale_bias(pairs[8 * L::GSB + q], T()).y;
+            }
+#pragma unroll
+            for (int kc = 0; kc < L::XP_CHUNKS; kc++) {
+                uint32_t bias_a[4];
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int seg = (8 * kc + t + 4 * half) / 3;
+                    float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+                    for (int q = 0; q < L::SEG; q++)
+                        if (seg == q) v0 = b0[q], v1 = b1[q];
+                    bias_a[2 * half] = __float_as_uint(v0);
+                    bias_a[2 * half + 1] = __float_as_uint(v1);
+                }
+                const float2 *xp = reinterpret_cast<const float2 *>(stage + L::XSUM_AT) + (g * L::XP_CHUNKS + kc) * 4 + t;
+#pragma unroll
+                for (int j = 0; j < TOKS / 8; j++) {
+                    const float2 pv = xp[j * 8 * L::XP_CHUNKS * 4]; /* token 8j + g, slots 8·kc + t and + 4 */
+                    mma_1688_tf32(*reinterpret_cast<float(*)[4]>(&acc[4 * j]), bias_a, __float_as_uint(pv.x),
+                                  __float_as_uint(pv.y));
+                }
+            }
+        }
 #pragma unroll
         for (int sg = 0; sg < L::SEG; sg++) {
             uint32_t a[L::SEG_BLOCKS][2][4];
@@ -374,9 +441,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_wait_all();
 #pragma unroll
             for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
-            /* acc = fma(s, Σq·x, fma(b, Σx, acc)) for rows g and g + 8, tokens 8j + 2t and 8j + 2t + 1 */
+            /* acc = fma(s, Σq·x, fma(b, Σx, acc)) for rows g and g + 8, tokens 8j + 2t and 8j + 2t + 1 (PREP: b·Σx is
+             * in acc already, acc = fma(s, Σq·x, acc)) */
             const float2 sb0 = scale_bias(pairs[sg], T()), sb1 = scale_bias(pairs[8 * L::GSB + sg], T());
             const float s0 = sb0.x * mma_decode<BITS, T>::code_scale, s1 = sb1.x * mma_decode<BITS, T>::code_scale;
+            if (PREP) {
+#pragma unroll
+                for (int j = 0; j < TOKS / 8; j++) {
+                    acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
+                    acc[4 * j + 1] = __fmaf_rn(s0, part[4 * j + 1], acc[4 * j + 1]);
+                    acc[4 * j + 2] = __fmaf_rn(s1, part[4 * j + 2], acc[4 * j + 2]);
+                    acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
+                }
+            } else
 #pragma unroll
             for (int j = 0; j < TOKS / 8; j++) {
                 const float2 xs = *reinterpret_cast<const float2 *>(xsum + sg * TOKS + 8 * j + 2 * t);
@@ -424,10 +501,73 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #endif
 }
 
+/* x prepared once per call for the PREP tiles (every block of a column of tiles used to permute the same x tile and sum
+ * it again): thread (m, q) takes token m's segment q (group ∩ super-block, SEG_BLOCKS blocks of 32 values) — each block
+ * in the k order of the decoded weights (x_pairs, as the producer permutes a stage in place), into x_prepared [M, K];
+ * the segment's Σx in f32 (sequential adds), as three tf32 pieces at its slots of x_sums [super-blocks][m_pad][XP_ROW
+ * bytes] (zeros past K, past M and in the unused slots). m_pad: M rounded up to 128, so that every tile's pieces are
+ * whole. */
+template <int BITS, typename T, int GS>
+__global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, T *__restrict__ x_prepared,
+                                                       float *__restrict__ x_sums, int M, int K) {
+#if QMM_WGMMA_DEVICE
+    using L = wgmma_layout<BITS, GS, 128, true>; /* SEG, SEG_BLOCKS and the slots do not depend on TOKS */
+    const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS, segments = super_blocks * L::SEG;
+    const int m_pad = (M + 127) / 128 * 128;
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)m_pad * segments) return;
+    const int m = (int)(index / segments), q = (int)(index % segments), sbk = q / L::SEG, sg = q % L::SEG;
+    float sum = 0.0f;
+#pragma unroll
+    for (int jb = 0; jb < L::SEG_BLOCKS; jb++) {
+        const int blk = q * L::SEG_BLOCKS + jb;
+        if (m >= M || blk >= blocks_k) continue;
+        const uint4 *from = reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32);
+        uint4 v[4];
+        uint32_t b[4][4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            v[c] = from[c];
+            const T *h = reinterpret_cast<const T *>(&v[c]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) sum += (float)h[e];
+            x_pairs<BITS>(v[c], b[c]);
+        }
+        uint4 *to = reinterpret_cast<uint4 *>(x_prepared + (size_t)m * K + (size_t)blk * 32);
+#pragma unroll
+        for (int a = 0; a < 4; a++) to[a] = make_uint4(b[0][a], b[1][a], b[2][a], b[3][a]);
+    }
+    float *row = x_sums + ((size_t)sbk * m_pad + m) * (L::XP_ROW / 4);
+#pragma unroll
+    for (int piece = 0; piece < 3; piece++) {
+        const int k = 3 * sg + piece;
+        row[(k / 8) * 8 + (k % 4) * 2 + (k % 8) / 4] = tf32_piece(sum, piece);
+    }
+    if (sg == L::SEG - 1)
+        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) row[(k / 8) * 8 + (k % 4) * 2 + (k % 8) / 4] = 0.0f;
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+/* The bytes of the PREP tiles' workspace (x_prepared, then x_sums at a 256-byte boundary) for an [M, K] x. */
+template <int BITS, int GS> static size_t prepared_bytes(size_t M, size_t K, size_t *sums_at) {
+    using L = wgmma_layout<BITS, GS, 128, true>;
+    const size_t super_blocks = (K / 32 + L::BPS - 1) / L::BPS, m_pad = (M + 127) / 128 * 128;
+    *sums_at = (M * K * 2 + 255) / 256 * 256;
+    return *sums_at + super_blocks * m_pad * L::XP_ROW;
+}
+static size_t prepared_bytes_of(int bits, int group_size, size_t M, size_t K, size_t *sums_at) {
+    if (bits == 4) return group_size == 32 ? prepared_bytes<4, 32>(M, K, sums_at)
+                          : group_size == 64 ? prepared_bytes<4, 64>(M, K, sums_at) : prepared_bytes<4, 128>(M, K, sums_at);
+    return group_size == 32 ? prepared_bytes<8, 32>(M, K, sums_at)
+           : group_size == 64 ? prepared_bytes<8, 64>(M, K, sums_at) : prepared_bytes<8, 128>(M, K, sums_at);
+}
+
 /* The TMA descriptor of x [M, K] (f16/bf16): boxes of `tokens` rows by 64 values, 128-byte swizzle, zeros outside
  * (CUDA driver API cuTensorMapEncodeTiled, fetched once through the runtime so that nothing links libcuda).
  * Returns a cudaError_t: cudaErrorInvalidValue when the driver refuses the map (e.g. x not 16-byte aligned). */
-static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, int tokens) {
+static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, const void *x, int tokens) {
     static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> cached{nullptr}; /* the same value from any thread */
     PFN_cuTensorMapEncodeTiled_v12000 encode = cached.load(std::memory_order_acquire);
     if (!encode) {
@@ -448,28 +588,50 @@ static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, int tokens) 
     const cuuint64_t strides[1] = {(cuuint64_t)c->K * 2}; /* bytes between rows */
     const cuuint32_t box[2] = {64, (cuuint32_t)tokens}, element_strides[2] = {1, 1};
     const CUresult result = encode(map, c->dtype == 1 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                   const_cast<void *>(c->x), dims, strides, box, element_strides,
+                                   const_cast<void *>(x), dims, strides, box, element_strides,
                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return result == CUDA_SUCCESS ? 0 : (int)cudaErrorInvalidValue;
 }
 
+/* PREP (c->wgmma_prepared, the default rows): x prepared by wgmma_prepare_x, then the tile with b·Σx on the tensor
+ * cores; otherwise (the _fma rows, batch-invariant calls, or no workspace) x permuted in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
     using L = wgmma_layout<BITS, GS, TOKS>;
     int per_split;
     const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), c->splits, &per_split);
-    auto kernel = splits > 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true> : wgmma_tile_kernel<BITS, T, GS, TOKS, false>;
-    static unsigned long long opted_in[2] = {0, 0};
-    const int opt_in = shared_memory_opt_in(kernel, (size_t)L::SHARED, &opted_in[splits > 1]);
+    const bool prep = c->wgmma_prepared != NULL;
+    const int variant = (prep ? 2 : 0) + (splits > 1 ? 1 : 0);
+    auto kernel = variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
+                  : variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
+                  : variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
+                                 : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
+    const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
+    static unsigned long long opted_in[4] = {0, 0, 0, 0};
+    const int opt_in = shared_memory_opt_in(kernel, shared, &opted_in[variant]);
     if (opt_in) return opt_in;
+    const void *x = c->x;
+    const float *x_sums = nullptr;
+    if (prep) {
+        size_t sums_at;
+        prepared_bytes<BITS, GS>(c->M, c->K, &sums_at);
+        T *x_prepared = static_cast<T *>(c->wgmma_prepared);
+        float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
+        const size_t threads = (c->M + 127) / 128 * 128 * ((c->K / 32 + L::BPS - 1) / L::BPS * L::SEG);
+        const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
+                                         0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
+        if (status) return status;
+        x = x_prepared;
+        x_sums = sums;
+    }
     CUtensorMap x_map;
-    const int map = x_tensor_map(&x_map, c, TOKS);
+    const int map = x_tensor_map(&x_map, c, x, TOKS);
     if (map) return map;
     const dim3 grid((unsigned)((c->N + WG_ROWS - 1) / WG_ROWS), (unsigned)((c->M + TOKS - 1) / TOKS), (unsigned)splits);
-    return launch_kernel(kernel, grid, dim3(WG_THREADS), (size_t)L::SHARED, c->stream, false, x_map, (const T *)c->x,
+    return launch_kernel(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, x_map, (const T *)c->x,
                          (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-                         (const T *)c->biases, (T *)c->out, c->partials, c->counters, (int)c->M, (int)c->N, (int)c->K,
-                         per_split);
+                         (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,
+                         (int)c->K, per_split);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {
@@ -486,6 +648,11 @@ template <int TOKS> static int wgmma_dispatch(const qmm_cuda_launch *c) {
 }
 
 } /* namespace */
+
+extern "C" size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t M, size_t K) {
+    size_t sums_at;
+    return prepared_bytes_of(bits, group_size, M, K, &sums_at);
+}
 
 extern "C" int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *c, int tokens) {
     return tokens == 64 ? wgmma_dispatch<64>(c) : wgmma_dispatch<128>(c);

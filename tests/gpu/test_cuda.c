@@ -333,7 +333,8 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
     static const char *rows[] = {"cuda.qmm_t.mma_tile.m64n64",         "cuda.qmm_t.mma_tile.m64n128",
                                  "cuda.qmm_t.mma_tile.m16n256",        "cuda.qmm_t.mma_tile.m32n256",
                                  "cuda.qmm_t.mma_tile_bf16x3.m32n128", "cuda.qmm_t.wgmma_tile.m128n128",
-                                 "cuda.qmm_t.wgmma_tile.m64n128"};
+                                 "cuda.qmm_t.wgmma_tile.m64n128",      "cuda.qmm_t.wgmma_tile_fma.m128n128",
+                                 "cuda.qmm_t.wgmma_tile_fma.m64n128"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
@@ -1045,7 +1046,7 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* The wgmma rows declare the mma_tile rows' batch-invariant order: in the mode (one split), the same bits as
+/* The wgmma _fma rows declare the mma_tile rows' batch-invariant order: in the mode (one split), the same bits as
  * mma_tile.m64n64 for every output, at both bit widths, every group size, f16 and bf16, with M spanning several tiles
  * of tokens and N and K not multiples of the tiles; and within the bound. Hopper only. */
 static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
@@ -1054,7 +1055,7 @@ static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
         qmm_dtype dtype;
     } cases[] = {{4, 64, QMM_F16}, {4, 32, QMM_BF16}, {4, 128, QMM_F16}, {8, 32, QMM_F16}, {8, 64, QMM_BF16},
                  {8, 128, QMM_BF16}};
-    static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128"};
+    static const char *rows[] = {"cuda.qmm_t.wgmma_tile_fma.m128n128", "cuda.qmm_t.wgmma_tile_fma.m64n128"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, 200, 300, 1152, cases[c].bits, cases[c].group_size, cases[c].dtype, "wgmma order", &p))
@@ -1082,6 +1083,68 @@ static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* The default wgmma rows prepare x once per call in a context workspace, grown outside stream captures (a chain's step
+ * reserves it when recorded); a buffer it outgrows is kept until the context closes, since a captured graph may hold
+ * it. In a fresh context: a chain recorded and run (captured with the workspace), a larger call that grows it, the
+ * chain replayed (under memcheck: no read of freed memory), a chain recorded after the growth — each output against
+ * the oracle, outputs poisoned first. Hopper only. */
+static void test_wgmma_prepared(qmm_context *unused, check_rng *rng) {
+    (void)unused;
+    static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128"};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        qmm_context *context = NULL;
+        CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &context));
+        if (!context) return;
+        product small, large = {0};
+        if (!product_make(context, rng, 200, 300, 1152, 4, 64, QMM_F16, "wgmma prepared (small)", &small)) {
+            qmm_context_destroy(context);
+            return;
+        }
+        if (qmm_kernel_supports(context, rows[r], small.weights, small.M, QMM_OP_QMM_T, NULL) != 1) {
+            product_free(&small); /* not a Hopper device */
+            qmm_context_destroy(context);
+            return;
+        }
+        if (!product_make(context, rng, 333, 520, 2048, 8, 32, QMM_BF16, "wgmma prepared (large)", &large)) {
+            product_free(&small);
+            qmm_context_destroy(context);
+            return;
+        }
+        const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
+        char label[200];
+        qmm_chain *first = NULL, *after = NULL;
+        CHECK_OK(qmm_chain_create(context, &first));
+        CHECK_OK(qmm_chain_add_matmul(first, small.weights, small.x, small.M, small.out, &options)); /* reserves */
+        CHECK_OK(qmm_buffer_poison(small.out));
+        CHECK_OK(qmm_chain_run(first)); /* captured with the workspace's pointers */
+        snprintf(label, sizeof label, "%s chain captured with the first workspace", rows[r]);
+        product_check(&small, label, 2.0);
+        CHECK_OK(qmm_buffer_poison(large.out));
+        CHECK_OK(qmm_matmul(context, large.weights, large.x, large.M, large.out, &options, NULL)); /* grows it */
+        snprintf(label, sizeof label, "%s call that grows the workspace", rows[r]);
+        product_check(&large, label, 2.0);
+        CHECK_OK(qmm_buffer_poison(small.out));
+        CHECK_OK(qmm_chain_run(first)); /* the graph still reads the first buffer */
+        snprintf(label, sizeof label, "%s chain replayed after the workspace grew", rows[r]);
+        product_check(&small, label, 2.0);
+        CHECK_OK(qmm_chain_create(context, &after));
+        CHECK_OK(qmm_chain_add_matmul(after, large.weights, large.x, large.M, large.out, &options));
+        CHECK_OK(qmm_chain_add_matmul(after, small.weights, small.x, small.M, small.out, &options));
+        CHECK_OK(qmm_buffer_poison(small.out));
+        CHECK_OK(qmm_buffer_poison(large.out));
+        CHECK_OK(qmm_chain_run(after));
+        snprintf(label, sizeof label, "%s chain recorded after the growth, step 0", rows[r]);
+        product_check(&large, label, 2.0);
+        snprintf(label, sizeof label, "%s chain recorded after the growth, step 1", rows[r]);
+        product_check(&small, label, 2.0);
+        qmm_chain_destroy(first);
+        qmm_chain_destroy(after);
+        product_free(&small);
+        product_free(&large);
+        qmm_context_destroy(context);
+    }
+}
+
 /* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the tile rows
  * (order "tc-segment-fma", one split: mma_tile, and wgmma on Hopper); the mma_gemv rows declare no order. A row alone
  * and inside M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
@@ -1093,8 +1156,8 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
                                       "cuda.qmm_t.mma_tile.m64n128",
                                       "cuda.qmm_t.mma_tile.m16n256",
                                       "cuda.qmm_t.mma_tile.m32n256",
-                                      "cuda.qmm_t.wgmma_tile.m128n128",
-                                      "cuda.qmm_t.wgmma_tile.m64n128"};
+                                      "cuda.qmm_t.wgmma_tile_fma.m128n128",
+                                      "cuda.qmm_t.wgmma_tile_fma.m64n128"};
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, "batch-invariant", &p)) return;
     uint16_t *alone = malloc((size_t)ROWS * N * sizeof *alone), *got = malloc((size_t)ROWS * N * sizeof *got);
@@ -1244,6 +1307,7 @@ static const section sections[] = {
     {"errors", test_errors},
     {"batch_invariant", test_batch_invariant},
     {"wgmma_tile_order", test_wgmma_tile_order},
+    {"wgmma_prepared", test_wgmma_prepared},
     {"qmm_n", test_qmm_n},
 };
 #define SECTION_COUNT (sizeof sections / sizeof sections[0])
