@@ -777,11 +777,19 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
         if (!retired) return NULL;
         s->wgmma_prepared_retired = retired;
     }
-    void *memory = NULL;
-    const size_t grown = bytes > 2 * s->wgmma_prepared_bytes ? bytes : 2 * s->wgmma_prepared_bytes;
-    if (cudaMalloc(&memory, grown) != cudaSuccess) {
-        cudaGetLastError(); /* not the call's failure: it runs without the workspace */
+    if (cudaSetDevice(s->device) != cudaSuccess) { /* the reserve hook runs outside any other call of the context */
+        cudaGetLastError();
         return NULL;
+    }
+    void *memory = NULL;
+    size_t grown = bytes > 2 * s->wgmma_prepared_bytes ? bytes : 2 * s->wgmma_prepared_bytes;
+    if (cudaMalloc(&memory, grown) != cudaSuccess) { /* then the exact size */
+        cudaGetLastError();
+        grown = bytes;
+        if (cudaMalloc(&memory, grown) != cudaSuccess) {
+            cudaGetLastError(); /* not the call's failure: it runs without the workspace */
+            return NULL;
+        }
     }
     if (s->wgmma_prepared) s->wgmma_prepared_retired[s->wgmma_prepared_retired_count++] = s->wgmma_prepared;
     s->wgmma_prepared = memory;

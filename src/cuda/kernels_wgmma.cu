@@ -102,7 +102,11 @@ __device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const uint32_t (&a)
 
 /* Piece `piece` (0, 1, 2) of v = hi + mid + lo, each exact in tf32 (11 significant bits): hi keeps v's top 11 bits,
  * mid the next 11 of what is left (exact in f32: v − hi has at most 13 significant bits), lo the last 2. Their sum is v
- * exactly (a non-finite v gives non-finite pieces: the output goes through the non-finite rule). */
+ * exactly, except for |v| < 2^-113 (bf16 x only; f16 sums are multiples of 2^-24), where mid or lo is an f32
+ * subnormal whose low bits the tensor core drops (or all of it, should it flush subnormal inputs): an absolute error
+ * up to about |b|·2^-124, which the bound (docs/kernels.md §6; bf16 output's tiny term 2^-133) covers only while |b|
+ * is small — a known gap, docs/kernels.md §9.6. A non-finite v gives a non-finite hi: the output goes through the
+ * non-finite rule. */
 __device__ __forceinline__ float tf32_piece(float v, int piece) {
     const float hi = __uint_as_float(__float_as_uint(v) & 0xFFFFE000u), rest = v - hi;
     const float mid = __uint_as_float(__float_as_uint(rest) & 0xFFFFE000u);
