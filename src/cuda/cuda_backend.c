@@ -807,15 +807,15 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
         qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS));                               \
         if (PREPARED) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);                \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
-    }                                                                                                             \
-    static void NAME##_reserve(const qmm_call *call) {                                                            \
-        if (PREPARED) wgmma_prepared_workspace(call->backend_state, call);                                        \
     }
 
 WGMMA_ROW(wgmma_m128n128, 128, true)
 WGMMA_ROW(wgmma_m64n128, 64, true)
 WGMMA_ROW(wgmma_fma_m128n128, 128, false)
 WGMMA_ROW(wgmma_fma_m64n128, 64, false)
+
+/* The default wgmma rows' reserve hook: the workspace for a chain step's call, set up before any capture. */
+static void wgmma_reserve(const qmm_call *call) { wgmma_prepared_workspace(call->backend_state, call); }
 
 /* The mma_tile rows' batch-invariant order (docs/kernels.md §11): per output, the 64-byte super-blocks of K in
  * order; in each, the group segments in order; a segment's q·x MMAs (and the all-ones Σx MMAs) chained in the
@@ -962,20 +962,20 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_max_m_small_n = 128},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
-     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_m128n128_reserve, .prefer_min_m = 65,
+     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_reserve, .prefer_min_m = 65,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
-     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_m64n128_reserve, .prefer_min_m = 33,
+     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_reserve, .prefer_min_m = 33,
      .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     /* the same tiles in the mma_tile rows' order (batch-invariant calls; default calls take the rows above) */
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
-     .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .reserve = wgmma_fma_m128n128_reserve, .prefer_min_m = 65,
+     .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .prefer_min_m = 65,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
-     .supports = wgmma_fma_m64n128_supports, .run = wgmma_fma_m64n128_run, .reserve = wgmma_fma_m64n128_reserve, .prefer_min_m = 33,
+     .supports = wgmma_fma_m64n128_supports, .run = wgmma_fma_m64n128_run, .prefer_min_m = 33,
      .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),

@@ -152,6 +152,11 @@ QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%6
 #undef QMM_WGMMA_R64
 #endif /* QMM_WGMMA_DEVICE */
 
+/* PREP: x_sums holds the Σx pieces of M rounded up to 128 tokens, so that every tile's are whole (either TOKS). */
+template <typename I> __host__ __device__ constexpr I x_sums_tokens(I M) { return (M + 127) / 128 * 128; }
+/* PREP: where slot k (3·segment + piece) sits in a token's row of x_sums: [XP_CHUNKS][4 (t)][2 (e)], k = 8·chunk + t + 4·e. */
+__host__ __device__ constexpr int x_sums_slot(int k) { return (k / 8) * 8 + (k % 4) * 2 + (k % 8) / 4; }
+
 /* Shared-memory layout of one stage (all offsets multiples of 16; the stage size a multiple of 1024, so each
  * stage's x tile starts 1024-aligned as the swizzle wants). */
 template <int BITS, int GS, int TOKS, bool PREP = false> struct wgmma_layout {
@@ -244,7 +249,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * TOKS;
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int groups = K / GS;
-    const int m_pad = (M + 127) / 128 * 128; /* PREP: the tokens of x_sums' rows */
+    const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
     /* SPLIT (split-K, grid.z splits): this block's contiguous range of super-blocks, `count` of them from sb_begin. A
      * separate instantiation: the split epilogue's code in the one kernel made the consumers' main loop spill under
      * their 168-register cap. */
@@ -517,7 +522,7 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, 128, true>; /* SEG, SEG_BLOCKS and the slots do not depend on TOKS */
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS, segments = super_blocks * L::SEG;
-    const int m_pad = (M + 127) / 128 * 128;
+    const int m_pad = x_sums_tokens(M);
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= (size_t)m_pad * segments) return;
     const int m = (int)(index / segments), q = (int)(index % segments), sbk = q / L::SEG, sg = q % L::SEG;
@@ -545,10 +550,10 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
 #pragma unroll
     for (int piece = 0; piece < 3; piece++) {
         const int k = 3 * sg + piece;
-        row[(k / 8) * 8 + (k % 4) * 2 + (k % 8) / 4] = tf32_piece(sum, piece);
+        row[x_sums_slot(k)] = tf32_piece(sum, piece);
     }
     if (sg == L::SEG - 1)
-        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) row[(k / 8) * 8 + (k % 4) * 2 + (k % 8) / 4] = 0.0f;
+        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) row[x_sums_slot(k)] = 0.0f;
 #elif defined(__CUDA_ARCH__)
     __trap();
 #endif
@@ -557,9 +562,9 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
 /* The bytes of the PREP tiles' workspace (x_prepared, then x_sums at a 256-byte boundary) for an [M, K] x. */
 template <int BITS, int GS> static size_t prepared_bytes(size_t M, size_t K, size_t *sums_at) {
     using L = wgmma_layout<BITS, GS, 128, true>;
-    const size_t super_blocks = (K / 32 + L::BPS - 1) / L::BPS, m_pad = (M + 127) / 128 * 128;
+    const size_t super_blocks = (K / 32 + L::BPS - 1) / L::BPS;
     *sums_at = (M * K * 2 + 255) / 256 * 256;
-    return *sums_at + super_blocks * m_pad * L::XP_ROW;
+    return *sums_at + super_blocks * x_sums_tokens(M) * L::XP_ROW;
 }
 static size_t prepared_bytes_of(int bits, int group_size, size_t M, size_t K, size_t *sums_at) {
     if (bits == 4) return group_size == 32 ? prepared_bytes<4, 32>(M, K, sums_at)
@@ -621,7 +626,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         prepared_bytes<BITS, GS>(c->M, c->K, &sums_at);
         T *x_prepared = static_cast<T *>(c->wgmma_prepared);
         float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
-        const size_t threads = (c->M + 127) / 128 * 128 * ((c->K / 32 + L::BPS - 1) / L::BPS * L::SEG);
+        const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::SEG);
         const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
                                          0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
         if (status) return status;

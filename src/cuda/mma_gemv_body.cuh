@@ -44,9 +44,7 @@
      * no rounding — gave other bits than m8n32 in 3 of 7 cases on the H200, test_cuda's staged-x section; removed in the
      * twentieth session, docs/PERF.md.) */
     constexpr bool HOISTED = RT == 4 && TT == 1 && m8n64_lean<BITS, GS>;
-    constexpr float code_scale = mma_decode<BITS, T>::code_scale;
-    constexpr uint32_t one = mma_traits<T>::ones;
-    const uint32_t ones[4] = {one, one, one, one};
+    const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
     uint4 *stage_w = shared_quads + (size_t)warp * S * RT * 2 * 32;
     uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
     float *partial = reinterpret_cast<float *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + NW * S * RT * 2 * 32;
@@ -282,7 +280,7 @@
                             asm volatile("ld.shared.b32 %0, [%1];" : "=r"(pair) : "r"((unsigned)__cvta_generic_to_shared(at)));
                         }
                         const float2 s_b = scale_bias(pair, T());
-                        const float s = s_b.x * code_scale; /* exact: a power of two */
+                        const float s = s_b.x * mma_decode<BITS, T>::code_scale; /* exact: a power of two */
 #pragma unroll
                         for (int tt = 0; tt < TT; tt++)
 #pragma unroll
