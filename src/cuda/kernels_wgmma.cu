@@ -437,7 +437,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         /* PREP: the stage's b·Σx on the tensor cores, a wgmma group of its own that runs while segment 0 is decoded:
          * acc += B · P over k slots 3·sg + piece, A = each row's b of segment k / 3 (exact in tf32), P = the Σx pieces
          * (exact products, f32 sums), one wgmma k8 tf32 per chunk of 8 slots */
-        uint32_t bias_a[PREP ? L::XP_CHUNKS : 1][4];
+        constexpr int BIAS_CHUNKS = PREP ? L::XP_CHUNKS : 1; /* (1 without PREP: an unused array) */
+        uint32_t bias_a[BIAS_CHUNKS][4];
         if (PREP) {
             float b0[L::SEG], b1[L::SEG];
 #pragma unroll
@@ -446,7 +447,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 b1[q] = scale_bias(pairs[8 * L::GSB + q], T()).y;
             }
 #pragma unroll
-            for (int kc = 0; kc < (PREP ? L::XP_CHUNKS : 1); kc++)
+            for (int kc = 0; kc < BIAS_CHUNKS; kc++)
 #pragma unroll
                 for (int half = 0; half < 2; half++) {
                     const int seg = (8 * kc + t + 4 * half) / 3;
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 }
             wgmma_fence();
 #pragma unroll
-            for (int kc = 0; kc < (PREP ? L::XP_CHUNKS : 1); kc++)
+            for (int kc = 0; kc < BIAS_CHUNKS; kc++)
                 wgmma_tf32(acc, bias_a[kc], descriptor_interleave(x_at + L::XSUM_AT + 256 * kc, 128, 256 * L::XP_CHUNKS));
             wgmma_commit();
         }
