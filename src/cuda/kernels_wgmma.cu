@@ -30,8 +30,9 @@
  * PREP (the default rows; the _fma rows and batch-invariant calls run without it): wgmma_prepare_x first permutes x
  * and sums it per segment once per call, into a context workspace (x_prepared, and Σx as three tf32 pieces per
  * segment); the producer then copies x_prepared by TMA and the stage's pieces by one bulk copy, and does no
- * permutation or summing; the consumers add b·Σx with mma.sync m16n8k8 tf32 (exact products) into the accumulators
- * once a stage, and per segment only acc = fma(s, Σq·x, acc).
+ * permutation or summing, and hands its registers to the consumers (setmaxnreg: 40 for it, 232 for them); the
+ * consumers add b·Σx with one wgmma k8 tf32 (exact products) into the accumulators once a stage, and per segment only
+ * acc = fma(s, Σq·x, acc).
  */
 #include "cuda_internal.h"
 #include "mma_common.cuh"
@@ -64,13 +65,17 @@ __device__ __forceinline__ void mbarrier_init(uint32_t bar, unsigned count) {
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+/* Ends the launch with an error (illegal address, sticky like a trap): a `trap` anywhere in the kernel keeps ptxas
+ * from giving the consumers the registers that setmaxnreg hands them. Only a defect of this file could get here. */
+__device__ __forceinline__ void fail_launch() { *static_cast<volatile unsigned *>(nullptr) = 0u; }
 /* Waits for the phase of the given parity to complete. A wait that outlasts any real one (2^28 polls, each of
- * which may suspend) traps rather than hang the device: the launch fails with a sticky error (the caller gets
- * QMM_ERR_BACKEND, and the context's later calls fail too). Only a defect of this file could get there. */
+ * which may suspend) ends the launch (fail_launch) rather than hang the device: the launch fails with a sticky
+ * error (the caller gets QMM_ERR_BACKEND, and the context's later calls fail too). Only a defect of this file could
+ * get there. */
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
     uint32_t done, polls = 0;
     do {
-        if (++polls == (1u << 28)) __trap();
+        if (++polls == (1u << 28)) fail_launch();
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done)
                      : "r"(bar), "r"(parity)
@@ -85,20 +90,19 @@ __device__ __forceinline__ uint64_t descriptor_sw128(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+/* The same for a K-major operand without swizzle (PTX ISA §9.7.15.5.1, layout type 0): core matrices of 8 rows × 16
+ * bytes stored as 128 contiguous bytes, `lbo` bytes from one core matrix to the next along K, `sbo` bytes from one
+ * 8-row group to the next. */
+__device__ __forceinline__ uint64_t descriptor_interleave(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 /* Keeps the compiler from moving reads of an accumulator register above the wait that makes it valid. */
 __device__ __forceinline__ void register_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
-
-/* c += a·b, mma.sync m16n8k8 with tf32 inputs (PTX ISA §9.7.14.5.6): the operands' low 13 bits must be zero (the
- * values exact in tf32), so every product is exact in f32. */
-__device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Piece `piece` (0, 1, 2) of v = hi + mid + lo, each exact in tf32 (11 significant bits): hi keeps v's top 11 bits,
  * mid the next 11 of what is left (exact in f32: v − hi has at most 13 significant bits), lo the last 2. Their sum is v
@@ -146,6 +150,17 @@ QMM_WGMMA_RS(64, QMM_WGMMA_D32, QMM_WGMMA_R32, "%32, %33, %34, %35", "%36", "%37
 QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%69", "f16", __half)
 QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%69", "bf16", __nv_bfloat16)
 #undef QMM_WGMMA_RS
+/* D (m64 × TOKS, f32) += A (m64 × k8 tf32 from registers: per warp the A fragment of mma.sync m16n8k8 tf32) · B (k8 ×
+ * TOKS tf32, K-major in shared memory without swizzle). The operands must be exact in tf32 (low 13 bits zero). */
+#define QMM_WGMMA_TF32(TOKS, D, R, A, DESC)                                                                           \
+    __device__ __forceinline__ void wgmma_tf32(float(&d)[TOKS / 2], const uint32_t(&a)[4], uint64_t desc) {            \
+        asm volatile("wgmma.mma_async.sync.aligned.m64n" #TOKS "k8.f32.tf32.tf32 {" R "}, {" A "}, " DESC ", 1, 1, 1;\n" \
+                     : D                                                                                             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));                                       \
+    }
+QMM_WGMMA_TF32(64, QMM_WGMMA_D32, QMM_WGMMA_R32, "%32, %33, %34, %35", "%36")
+QMM_WGMMA_TF32(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68")
+#undef QMM_WGMMA_TF32
 #undef QMM_WGMMA_D32
 #undef QMM_WGMMA_D64
 #undef QMM_WGMMA_R32
@@ -154,8 +169,13 @@ QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%6
 
 /* PREP: x_sums holds the Σx pieces of M rounded up to 128 tokens, so that every tile's are whole (either TOKS). */
 template <typename I> __host__ __device__ constexpr I x_sums_tokens(I M) { return (M + 127) / 128 * 128; }
-/* PREP: where slot k (3·segment + piece) sits in a token's row of x_sums: [XP_CHUNKS][4 (t)][2 (e)], k = 8·chunk + t + 4·e. */
-__host__ __device__ constexpr int x_sums_slot(int k) { return (k / 8) * 8 + (k % 4) * 2 + (k % 8) / 4; }
+/* PREP: where token m's slot k (3·segment + piece) sits in a super-block's x_sums, in floats: per 8 tokens, per k8
+ * chunk, two core matrices (slots 0–3, 4–7) of 8 tokens × 4 f32 — the K-major B operand of wgmma k8 tf32 without
+ * swizzle, [m / 8][chunks][k % 8 / 4][m % 8][k % 4] (LBO 128 bytes, SBO chunks · 256). A tile of tokens m0 … (m0 a
+ * multiple of 8) is one contiguous run from float m0 · 8 · chunks. */
+__host__ __device__ constexpr int x_sums_at(int m, int k, int chunks) {
+    return (m / 8) * 64 * chunks + (k / 8) * 64 + (k % 8 / 4) * 32 + (m % 8) * 4 + k % 4;
+}
 
 /* Shared-memory layout of one stage (all offsets multiples of 16; the stage size a multiple of 1024, so each
  * stage's x tile starts 1024-aligned as the swizzle wants). */
@@ -170,8 +190,7 @@ template <int BITS, int GS, int TOKS, bool PREP = false> struct wgmma_layout {
     static constexpr int W_BYTES = WG_ROWS * 64;                  /* [128 rows][4 quarters of 16 bytes] */
     static constexpr int SB_BYTES = WG_ROWS * GSB * 4;            /* [8 row tiles][16 rows][GSB] pairs */
     /* Σx: [SEG][TOKS] f32; PREP: each segment's Σx as three tf32 pieces (tf32_piece) at k slot 3·sg + piece of XP_CHUNKS
-     * k8 chunks, [TOKS][XP_CHUNKS][4 (t)][2 (e)] f32 with slot 8·chunk + t + 4·e — the B fragments of mma.sync m16n8k8
-     * for one lane in one 8-byte load; the slots past 3·SEG are zero */
+     * k8 chunks (x_sums_at: the B operand of a wgmma k8 tf32 per chunk); the slots past 3·SEG are zero */
     static constexpr int XP_CHUNKS = (3 * SEG + 7) / 8;
     static constexpr int XP_ROW = XP_CHUNKS * 32; /* bytes of one token's pieces */
     static constexpr int XSUM_BYTES = PREP ? TOKS * XP_ROW : SEG * TOKS * 4;
@@ -194,11 +213,11 @@ __device__ __forceinline__ void decode_segment(const uint4 &wq0, const uint4 &wq
     }
 }
 
-/* The segment's wgmmas into part (the first overwrites it), committed as one group. x_at: the stage's x tile. */
+/* The segment's wgmmas into part (the first overwrites it), committed as one group (after the caller's wgmma_fence and
+ * any wgmma of its own for the same group). x_at: the stage's x tile. */
 template <typename T, int TOKS, int SB>
 __device__ __forceinline__ void issue_segment(float (&part)[TOKS / 2], const uint32_t (&frag)[SB][2][4], uint32_t x_at,
                                               int sg) {
-    wgmma_fence();
 #pragma unroll
     for (int jb = 0; jb < SB; jb++)
 #pragma unroll
@@ -268,6 +287,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int warpgroup = threadIdx.x >> 7;
 
     if (warpgroup == 2) {
+        /* PREP: the producer only issues copies; its registers go to the consumers (PTX ISA §9.7.17.1, setmaxnreg):
+         * 128 × 40 + 256 × 232 ≤ 65536 */
+        if (PREP) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         /* ───── producer ───── */
         const int p = threadIdx.x - 256;
         const int row_tiles = (N + 15) / 16, tile0 = n0 / 16;
@@ -396,6 +418,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     }
 
     /* ───── consumers ───── */
+    if (PREP) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int row_w = 64 * warpgroup + 16 * warp; /* the warp's first row in the block */
     float acc[TOKS / 2], part[TOKS / 2];
@@ -411,9 +434,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const uint32_t *pairs = reinterpret_cast<const uint32_t *>(stage + L::SB_AT) + (row_w + g) * L::GSB;
         const float *xsum = reinterpret_cast<const float *>(stage + L::XSUM_AT);
         const uint32_t x_at = smem_address(stage);
+        /* PREP: the stage's b·Σx on the tensor cores, a wgmma group of its own that runs while segment 0 is decoded:
+         * acc += B · P over k slots 3·sg + piece, A = each row's b of segment k / 3 (exact in tf32), P = the Σx pieces
+         * (exact products, f32 sums), one wgmma k8 tf32 per chunk of 8 slots */
+        constexpr int BIAS_CHUNKS = PREP ? L::XP_CHUNKS : 1; /* (1 without PREP: an unused array) */
+        uint32_t bias_a[BIAS_CHUNKS][4];
         if (PREP) {
-            /* the stage's b·Σx on the tensor cores (mma.sync, ahead of the segments' wgmmas): acc += B · P over k slots 3·sg + piece,
-             * A = each row's b of segment k / 3 (exact in tf32), P = the Σx pieces (exact products, f32 sums) */
             float b0[L::SEG], b1[L::SEG];
 #pragma unroll
             for (int q = 0; q < L::SEG; q++) {
@@ -421,8 +447,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 b1[q] = scale_bias(pairs[8 * L::GSB + q], T()).y;
             }
 #pragma unroll
-            for (int kc = 0; kc < L::XP_CHUNKS; kc++) {
-                uint32_t bias_a[4];
+            for (int kc = 0; kc < BIAS_CHUNKS; kc++)
 #pragma unroll
                 for (int half = 0; half < 2; half++) {
                     const int seg = (8 * kc + t + 4 * half) / 3;
@@ -430,22 +455,25 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
                     for (int q = 0; q < L::SEG; q++)
                         if (seg == q) v0 = b0[q], v1 = b1[q];
-                    bias_a[2 * half] = __float_as_uint(v0);
-                    bias_a[2 * half + 1] = __float_as_uint(v1);
+                    bias_a[kc][2 * half] = __float_as_uint(v0);     /* row g, slot 8·kc + t + 4·half */
+                    bias_a[kc][2 * half + 1] = __float_as_uint(v1); /* row g + 8 */
                 }
-                const float2 *xp = reinterpret_cast<const float2 *>(stage + L::XSUM_AT) + (g * L::XP_CHUNKS + kc) * 4 + t;
+            wgmma_fence();
 #pragma unroll
-                for (int j = 0; j < TOKS / 8; j++) {
-                    const float2 pv = xp[j * 8 * L::XP_CHUNKS * 4]; /* token 8j + g, slots 8·kc + t and + 4 */
-                    mma_1688_tf32(*reinterpret_cast<float(*)[4]>(&acc[4 * j]), bias_a, __float_as_uint(pv.x),
-                                  __float_as_uint(pv.y));
-                }
-            }
+            for (int kc = 0; kc < BIAS_CHUNKS; kc++)
+                wgmma_tf32(acc, bias_a[kc], descriptor_interleave(x_at + L::XSUM_AT + 256 * kc, 128, 256 * L::XP_CHUNKS));
+            wgmma_commit();
         }
 #pragma unroll
         for (int sg = 0; sg < L::SEG; sg++) {
             uint32_t a[L::SEG_BLOCKS][2][4];
             decode_segment<BITS, T, L::SEG_BLOCKS>(wq0, wq1, sg, a);
+            if (PREP && sg == 0) { /* b·Σx (above) done: acc is no accumulator in flight while part is */
+                wgmma_wait_all();
+#pragma unroll
+                for (int e = 0; e < TOKS / 2; e++) register_fence(acc[e]);
+            }
+            wgmma_fence();
             issue_segment<T, TOKS, L::SEG_BLOCKS>(part, a, x_at, sg);
             wgmma_wait_all();
 #pragma unroll
@@ -513,8 +541,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 /* x prepared once per call for the PREP tiles (every block of a column of tiles used to permute the same x tile and sum
  * it again): thread (m, q) takes token m's segment q (group ∩ super-block, SEG_BLOCKS blocks of 32 values) — each block
  * in the k order of the decoded weights (x_pairs, as the producer permutes a stage in place), into x_prepared [M, K];
- * the segment's Σx in f32 (sequential adds), as three tf32 pieces at its slots of x_sums [super-blocks][m_pad][XP_ROW
- * bytes] (zeros past K, past M and in the unused slots). m_pad: M rounded up to 128, so that every tile's pieces are
+ * the segment's Σx in f32 (sequential adds), as three tf32 pieces at its slots of x_sums [super-blocks][m_pad · XP_ROW
+ * bytes] (x_sums_at) (zeros past K, past M and in the unused slots). m_pad: M rounded up to 128, so that every tile's pieces are
  * whole. */
 template <int BITS, typename T, int GS>
 __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, T *__restrict__ x_prepared,
@@ -546,14 +574,11 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
 #pragma unroll
         for (int a = 0; a < 4; a++) to[a] = make_uint4(b[0][a], b[1][a], b[2][a], b[3][a]);
     }
-    float *row = x_sums + ((size_t)sbk * m_pad + m) * (L::XP_ROW / 4);
+    float *tile = x_sums + (size_t)sbk * m_pad * (L::XP_ROW / 4);
 #pragma unroll
-    for (int piece = 0; piece < 3; piece++) {
-        const int k = 3 * sg + piece;
-        row[x_sums_slot(k)] = tf32_piece(sum, piece);
-    }
+    for (int piece = 0; piece < 3; piece++) tile[x_sums_at(m, 3 * sg + piece, L::XP_CHUNKS)] = tf32_piece(sum, piece);
     if (sg == L::SEG - 1)
-        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) row[x_sums_slot(k)] = 0.0f;
+        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m, k, L::XP_CHUNKS)] = 0.0f;
 #elif defined(__CUDA_ARCH__)
     __trap();
 #endif
