@@ -90,6 +90,12 @@ __device__ __forceinline__ uint64_t descriptor_sw128(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+/* The descriptor of the same operand `offset` bytes on (a multiple of 16): the address field holds bits 4–17 of a
+ * shared-memory address (< 2^18), so the offset adds to the low word without a carry. */
+__device__ __forceinline__ uint64_t descriptor_offset(uint64_t descriptor, uint32_t offset) {
+    return (descriptor & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)descriptor + (offset >> 4));
+}
+
 /* The same for a K-major operand without swizzle (PTX ISA §9.7.15.5.1, layout type 0): core matrices of 8 rows × 16
  * bytes stored as 128 contiguous bytes, `lbo` bytes from one core matrix to the next along K, `sbo` bytes from one
  * 8-row group to the next. */
@@ -214,16 +220,21 @@ __device__ __forceinline__ void decode_segment(const uint4 &wq0, const uint4 &wq
 }
 
 /* The segment's wgmmas into part (the first overwrites it), committed as one group (after the caller's wgmma_fence and
- * any wgmma of its own for the same group). x_at: the stage's x tile. */
-template <typename T, int TOKS, int SB>
+ * any wgmma of its own for the same group). x_at: the stage's x tile. OFFSET: each descriptor as the first's plus an
+ * offset (descriptor_offset: one add per wgmma where ptxas built each in four or five uniform instructions; f16
+ * 0.986–0.989× the time, bf16 1.00, docs/PERF.md twenty-second session) — not in the _fma rows, whose consumers,
+ * under the 168-register cap, spilled more with it (4-bit gs64 f16: 0 → 80 bytes). */
+template <typename T, int TOKS, int SB, bool OFFSET>
 __device__ __forceinline__ void issue_segment(float (&part)[TOKS / 2], const uint32_t (&frag)[SB][2][4], uint32_t x_at,
                                               int sg) {
+    const uint64_t base = descriptor_sw128(x_at);
 #pragma unroll
     for (int jb = 0; jb < SB; jb++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int k0 = 32 * (sg * SB + jb) + 16 * h; /* virtual k within the stage */
-            const uint64_t desc = descriptor_sw128(x_at + (k0 / 64) * (TOKS * 128) + (k0 % 64) * 2);
+            const int offset = (k0 / 64) * (TOKS * 128) + (k0 % 64) * 2;
+            const uint64_t desc = OFFSET ? descriptor_offset(base, offset) : descriptor_sw128(x_at + offset);
             wgmma_rs(part, frag[jb][h], desc, jb + h > 0 ? 1 : 0, T());
         }
     wgmma_commit();
@@ -474,7 +485,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 for (int e = 0; e < TOKS / 2; e++) register_fence(acc[e]);
             }
             wgmma_fence();
-            issue_segment<T, TOKS, L::SEG_BLOCKS>(part, a, x_at, sg);
+            issue_segment<T, TOKS, L::SEG_BLOCKS, PREP>(part, a, x_at, sg);
             wgmma_wait_all();
 #pragma unroll
             for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
