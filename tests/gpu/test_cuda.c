@@ -363,6 +363,42 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* The wgmma rows' last wave (wgmma_splits): where the tiles fill whole waves of the device's SMs and part of one, the
+ * whole waves run unsplit in one launch and the rest split across the SMs in another. N = 17000 rows at M = 100 is
+ * 133 tiles of 128 × 128 (one more than the H200's 132 SMs, the last one partial in N) and 266 of 128 × 64; K = 2048
+ * gives enough super-blocks to split at both bit widths. Against the oracle with poisoned outputs, the same bits
+ * on three runs, and with QMM_CUDA_WGMMA_LAST_WAVE=0 (every tile split alike, or none) within the bound too. */
+static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
+    static const struct {
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {{4, 64, QMM_F16}, {8, 128, QMM_BF16}};
+    static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
+                                 "cuda.qmm_t.wgmma_tile_fma.m128n128"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, 100, 17000, 2048, cases[c].bits, cases[c].group_size, cases[c].dtype,
+                          "last wave", &p))
+            continue;
+        void *first = malloc(p.M * p.N * qmm_dtype_size(p.dtype));
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            if (qmm_kernel_supports(context, rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue; /* not Hopper */
+            char label[200];
+            snprintf(label, sizeof label, "last wave %d-bit gs%d", cases[c].bits, cases[c].group_size);
+            check_forced_runs(context, &p, rows[r], label, first);
+            const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
+            setenv("QMM_CUDA_WGMMA_LAST_WAVE", "0", 1);
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+            unsetenv("QMM_CUDA_WGMMA_LAST_WAVE");
+            snprintf(label, sizeof label, "%s without the last wave M=%zu N=%zu K=%zu", rows[r], p.M, p.N, p.K);
+            product_check(&p, label, 2.0);
+        }
+        free(first);
+        product_free(&p);
+    }
+}
+
 /* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer 64-row
  * blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
  * and the rule, each against the oracle with poisoned outputs, three runs the same bits; then, in a context with 8
@@ -1308,6 +1344,7 @@ static const section sections[] = {
     {"batch_invariant", test_batch_invariant},
     {"wgmma_tile_order", test_wgmma_tile_order},
     {"wgmma_prepared", test_wgmma_prepared},
+    {"wgmma_last_wave", test_wgmma_last_wave},
     {"qmm_n", test_qmm_n},
 };
 #define SECTION_COUNT (sizeof sections / sizeof sections[0])
