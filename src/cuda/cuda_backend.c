@@ -483,8 +483,8 @@ static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) 
     return true;
 }
 
-/* The tile families' grid: tiles of `tokens` rows of x along grid.y (at most 65535), and M, K < 2^31 (int
- * offsets in the kernels). */
+/* The tile families' grid: tiles of `tokens` rows of x along grid.y (at most 65535; the wgmma rows number their tiles
+ * along grid.x and keep the limit), and M, K < 2^31 (int offsets in the kernels). */
 static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
     if (call->M > (size_t)65535 * tokens || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
         snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %zu rows of x, and M, K < 2^31)", call->M,
@@ -757,8 +757,9 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
  * The last wave: where the tiles fill some whole waves and a part of one (160 tiles of 5120² at M = 512 on 132
  * SMs: one wave and 28 tiles), the whole waves may run unsplit and only the rest be split across the SMs — two
  * launches (*whole_tiles = the tiles of the whole waves, the return value the rest's splits), chosen where the same
- * model costs it less: 5120² M = 512, 40 super-blocks, 48 + 18 against 84 for 2 splits of every tile. Not with a
- * forced count; QMM_CUDA_WGMMA_LAST_WAVE=0 turns it off (experiments, docs/PERF.md). */
+ * model costs it less: 5120² M = 512, 40 super-blocks, 48 + 18 against 96 for two unsplit waves (the workspace
+ * holds no 2 splits of all 160 tiles). Not with a forced count; QMM_CUDA_WGMMA_LAST_WAVE=0 turns it off
+ * (experiments, docs/PERF.md). */
 static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     const cuda_state *s = call->backend_state;
     const size_t tiles = ((call->N + 127) / 128) * ((call->M + tokens - 1) / tokens);

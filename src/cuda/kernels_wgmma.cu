@@ -646,12 +646,14 @@ static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, const void *
  * cores; otherwise (the _fma rows, batch-invariant calls, or no workspace) x permuted in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
     using L = wgmma_layout<BITS, GS, TOKS>;
-    int per_split;
-    const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), c->splits, &per_split);
-    const bool prep = c->wgmma_prepared != NULL;
     const int tiles = (int)(((c->N + WG_ROWS - 1) / WG_ROWS) * ((c->M + TOKS - 1) / TOKS));
-    /* the last wave (wgmma_last_wave): tiles [0, whole) unsplit, then [whole, tiles) in `splits` splits of K */
-    const int whole = splits > 1 && c->wgmma_whole_tiles > 0 && c->wgmma_whole_tiles < tiles ? c->wgmma_whole_tiles : 0;
+    /* the last wave (wgmma_splits): tiles [0, whole) unsplit, then [whole, tiles) in `splits` splits of K — the splits
+     * sized for those tiles' workspace, so where the range does not hold, none */
+    const bool last_wave = c->wgmma_whole_tiles > 0, whole_ok = last_wave && c->wgmma_whole_tiles < tiles;
+    int per_split;
+    const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), last_wave && !whole_ok ? 1 : c->splits, &per_split);
+    const int whole = splits > 1 && whole_ok ? c->wgmma_whole_tiles : 0;
+    const bool prep = c->wgmma_prepared != NULL;
     const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
     static unsigned long long opted_in[4] = {0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
