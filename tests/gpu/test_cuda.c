@@ -117,6 +117,20 @@ static void check_forced_runs(qmm_context *context, product *p, const char *row,
     }
 }
 
+/* p through `row`, forced, with the environment variable `name` set to `value` for the call (a launcher's knob),
+ * outputs poisoned first, against the oracle. */
+static void check_forced_with_env(qmm_context *context, product *p, const char *row, const char *name,
+                                  const char *value, const char *what) {
+    const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = row};
+    char label[240];
+    setenv(name, value, 1);
+    CHECK_OK(qmm_buffer_poison(p->out));
+    CHECK_OK(qmm_matmul(context, p->weights, p->x, p->M, p->out, &options, NULL));
+    unsetenv(name);
+    snprintf(label, sizeof label, "%s %s M=%zu N=%zu K=%zu", row, what, p->M, p->N, p->K);
+    product_check(p, label, 2.0);
+}
+
 static void test_chain(qmm_context *context, check_rng *rng) {
     product a, b = {0};
     if (!product_make(context, rng, 3, 1000, 2048, 4, 64, QMM_F16, "chain (a)", &a) ||
@@ -350,13 +364,7 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
             char label[200];
             snprintf(label, sizeof label, "split-K %d-bit gs%d", cases[c].bits, cases[c].group_size);
             check_forced_runs(context, &p, rows[r], label, first);
-            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
-            setenv("QMM_CUDA_SPLITS", "1", 1);
-            CHECK_OK(qmm_buffer_poison(p.out));
-            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-            unsetenv("QMM_CUDA_SPLITS");
-            snprintf(label, sizeof label, "%s one split M=%zu N=%zu K=%zu", rows[r], p.M, p.N, p.K);
-            product_check(&p, label, 2.0);
+            check_forced_with_env(context, &p, rows[r], "QMM_CUDA_SPLITS", "1", "one split");
         }
         free(first);
         product_free(&p);
@@ -386,13 +394,7 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
             char label[200];
             snprintf(label, sizeof label, "last wave %d-bit gs%d", cases[c].bits, cases[c].group_size);
             check_forced_runs(context, &p, rows[r], label, first);
-            const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
-            setenv("QMM_CUDA_WGMMA_LAST_WAVE", "0", 1);
-            CHECK_OK(qmm_buffer_poison(p.out));
-            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-            unsetenv("QMM_CUDA_WGMMA_LAST_WAVE");
-            snprintf(label, sizeof label, "%s without the last wave M=%zu N=%zu K=%zu", rows[r], p.M, p.N, p.K);
-            product_check(&p, label, 2.0);
+            check_forced_with_env(context, &p, rows[r], "QMM_CUDA_WGMMA_LAST_WAVE", "0", "without the last wave");
         }
         free(first);
         product_free(&p);
