@@ -758,8 +758,12 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
  * SMs: one wave and 28 tiles), the whole waves may run unsplit and only the rest be split across the SMs — two
  * launches (*whole_tiles = the tiles of the whole waves, the return value the rest's splits), chosen where the same
  * model costs it less: 5120² M = 512, 40 super-blocks, 48 + 18 against 96 for two unsplit waves (the workspace
- * holds no 2 splits of all 160 tiles). Not with a forced count; QMM_CUDA_WGMMA_LAST_WAVE=0 turns it off
- * (experiments, docs/PERF.md). */
+ * holds no 2 splits of all 160 tiles). Only where the rest is at most half a wave: a part-full wave runs each of its
+ * tiles faster than a full one (less contention for HBM and L2), which the model does not see — measured on the
+ * H200 (twenty-third session), the split rest cost 1.03–1.09× where it filled 55–64 % of a wave (27648×5120 at
+ * M = 64/128/512) and gained 0.74–0.98× where it filled 21–39 % (about half the model's saving, and nothing where
+ * the model saved 2.5 %: 27648×5120 at M = 2048) — and only where the model saves ≥ 5 %. Not with a forced count;
+ * QMM_CUDA_WGMMA_LAST_WAVE=0 turns it off (experiments, docs/PERF.md). */
 static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     const cuda_state *s = call->backend_state;
     const size_t tiles = ((call->N + 127) / 128) * ((call->M + tokens - 1) / tokens);
@@ -774,7 +778,8 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     }
     const char *forced = getenv("QMM_CUDA_SPLITS"), *last_wave = getenv("QMM_CUDA_WGMMA_LAST_WAVE");
     const bool try_last_wave = !(forced && *forced) && !(last_wave && strcmp(last_wave, "0") == 0);
-    if (try_last_wave && sms > 0 && tiles > sms && tiles % sms != 0 && tiles <= (size_t)INT_MAX) {
+    if (try_last_wave && sms > 0 && tiles > sms && tiles % sms != 0 && (tiles % sms) * 2 <= sms &&
+        tiles <= (size_t)INT_MAX) {
         const size_t rest = tiles % sms, whole = tiles - rest;
         const size_t rest_most = (size_t)split_limits(call, s, rest, tokens * 128, units, 16);
         size_t rest_best = 1, rest_cost = SIZE_MAX;
@@ -783,7 +788,7 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
                                 (rest * splits + sms - 1) / sms * ((units + splits - 1) / splits + 8);
             if (cost < rest_cost) rest_best = splits, rest_cost = cost;
         }
-        if (rest_cost < best_cost) {
+        if (rest_cost != SIZE_MAX && rest_cost * 20 <= best_cost * 19) { /* the model saves ≥ 5 % */
             *whole_tiles = (int)whole;
             return split_limits(call, s, rest, tokens * 128, units, rest_best);
         }
