@@ -13,6 +13,7 @@
 #include "cuda_internal.h"
 
 #include <cuda_runtime_api.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -482,8 +483,8 @@ static bool repacked_supports(const qmm_call *call, char *why_not, size_t size) 
     return true;
 }
 
-/* The tile families' grid: tiles of `tokens` rows of x along grid.y (at most 65535), and M, K < 2^31 (int
- * offsets in the kernels). */
+/* The tile families' grid: tiles of `tokens` rows of x along grid.y (at most 65535; the wgmma rows number their tiles
+ * along grid.x and keep the limit), and M, K < 2^31 (int offsets in the kernels). */
 static bool tile_grid_supports(const qmm_call *call, size_t tokens, char *why_not, size_t size) {
     if (call->M > (size_t)65535 * tokens || call->M > 0x7fffffffu || call->K > 0x7fffffffu) {
         snprintf(why_not, size, "M=%zu exceeds the tile grid (65535 tiles of %zu rows of x, and M, K < 2^31)", call->M,
@@ -737,7 +738,14 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
                  s->minor);
         return false;
     }
-    return tile_grid_supports(call, tokens, why_not, size);
+    if (!tile_grid_supports(call, tokens, why_not, size)) return false;
+    const size_t tiles_n = (call->N + 127) / 128, tiles_m = (call->M + tokens - 1) / tokens;
+    if (tiles_n > (size_t)INT_MAX / tiles_m) { /* one block per tile along grid.x, numbered in an int */
+        snprintf(why_not, size, "N=%zu and M=%zu make %zu × %zu tiles of 128 rows × %zu tokens: the wgmma grid holds < 2^31",
+                 call->N, call->M, tiles_n, tiles_m, tokens);
+        return false;
+    }
+    return true;
 }
 
 /* Splits of K for a wgmma_tile launch. Its block has an SM to itself (384 threads at 168 registers, 100–170 KB of
@@ -745,17 +753,45 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
  * filling and draining, the partial tile written and summed). The count minimises waves × (super-blocks per split +
  * 8), the 8 fitted to the tenth session's A/B on the H200 (docs/PERF.md: 40 tiles of 5120² at M = 128 → 3 splits,
  * 43 vs 77 µs; 112 tiles of 14336×5120 → 1, where 7 splits cost 1.2×) — then split_limits (QMM_CUDA_SPLITS, at
- * most 16, ≥ 4 super-blocks per split, the workspace). */
-static int wgmma_splits(const qmm_call *call, size_t tokens) {
+ * most 16, ≥ 4 super-blocks per split, the workspace).
+ * The last wave: where the tiles fill some whole waves and a part of one (160 tiles of 5120² at M = 512 on 132
+ * SMs: one wave and 28 tiles), the whole waves may run unsplit and only the rest be split across the SMs — two
+ * launches (*whole_tiles = the tiles of the whole waves, the return value the rest's splits), chosen where the same
+ * model costs it less: 5120² M = 512, 40 super-blocks, 48 + 18 against 96 for two unsplit waves (the workspace
+ * holds no 2 splits of all 160 tiles). Only where the rest is at most half a wave: a part-full wave runs each of its
+ * tiles faster than a full one (less contention for HBM and L2), which the model does not see — measured on the
+ * H200 (twenty-third session), the split rest cost 1.03–1.09× where it filled 55–64 % of a wave (27648×5120 at
+ * M = 64/128/512) and gained 0.74–0.98× where it filled 21–39 % (about half the model's saving, and nothing where
+ * the model saved 2.5 %: 27648×5120 at M = 2048) — and only where the model saves ≥ 5 %. Not with a forced count;
+ * QMM_CUDA_WGMMA_LAST_WAVE=0 turns it off (experiments, docs/PERF.md). */
+static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     const cuda_state *s = call->backend_state;
     const size_t tiles = ((call->N + 127) / 128) * ((call->M + tokens - 1) / tokens);
     const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16, sms = (size_t)s->multiprocessors;
+    *whole_tiles = 0;
     /* the most splits the limits allow (the forced count, where there is one: split_limits returns it again below) */
     const size_t most = (size_t)split_limits(call, s, tiles, tokens * 128, units, 16);
     size_t best = 1, best_cost = SIZE_MAX;
     for (size_t splits = 1; sms > 0 && splits <= most; splits++) {
         const size_t waves = (tiles * splits + sms - 1) / sms, cost = waves * ((units + splits - 1) / splits + 8);
         if (cost < best_cost) best = splits, best_cost = cost;
+    }
+    const char *forced = getenv("QMM_CUDA_SPLITS"), *last_wave = getenv("QMM_CUDA_WGMMA_LAST_WAVE");
+    const bool try_last_wave = !(forced && *forced) && !(last_wave && strcmp(last_wave, "0") == 0);
+    if (try_last_wave && sms > 0 && tiles > sms && tiles % sms != 0 && (tiles % sms) * 2 <= sms &&
+        tiles <= (size_t)INT_MAX) {
+        const size_t rest = tiles % sms, whole = tiles - rest;
+        const size_t rest_most = (size_t)split_limits(call, s, rest, tokens * 128, units, 16);
+        size_t rest_best = 1, rest_cost = SIZE_MAX;
+        for (size_t splits = 2; splits <= rest_most; splits++) {
+            const size_t cost = whole / sms * (units + 8) +
+                                (rest * splits + sms - 1) / sms * ((units + splits - 1) / splits + 8);
+            if (cost < rest_cost) rest_best = splits, rest_cost = cost;
+        }
+        if (rest_cost != SIZE_MAX && rest_cost * 20 <= best_cost * 19) { /* the model saves ≥ 5 % */
+            *whole_tiles = (int)whole;
+            return split_limits(call, s, rest, tokens * 128, units, rest_best);
+        }
     }
     return split_limits(call, s, tiles, tokens * 128, units, best);
 }
@@ -804,7 +840,9 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
-        qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS));                               \
+        int whole_tiles;                                                                                          \
+        qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS, &whole_tiles));                 \
+        launch.wgmma_whole_tiles = whole_tiles;                                                                   \
         if (PREPARED) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);                \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
     }

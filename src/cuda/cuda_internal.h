@@ -48,6 +48,9 @@ typedef struct qmm_cuda_launch {
      * the tile then adding b·Σx on the tensor cores; NULL: x permuted in each block and b·Σx by FMA per segment — the
      * mma_tile rows' order (the _fma rows, batch-invariant calls) */
     void *wgmma_prepared;
+    /* wgmma_tile with splits ≥ 2: the first wgmma_whole_tiles tiles (row tiles fastest) run unsplit in a launch of
+     * their own, the rest in `splits` splits of K (the last wave split across the SMs); 0: every tile split */
+    int wgmma_whole_tiles;
 } qmm_cuda_launch;
 
 /* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */

@@ -249,7 +249,7 @@ template <int BITS, typename T, int GS, int TOKS>
 __device__ __noinline__ void split_finish(const float *tile_partial, float *partials, unsigned *counters, const T *x,
                                           const uint32_t *w_orig, const T *scales, const T *biases, T *out, int M,
                                           int N, int K, int n0, int m0) {
-    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    const unsigned tile = blockIdx.x; /* the tile's place in this launch (its counter and partials) */
     float4 *mine = reinterpret_cast<float4 *>(partials + ((size_t)tile * gridDim.z + blockIdx.z) * (TOKS * WG_ROWS));
     block_barrier<256>(); /* every consumer's part of the tile is in shared memory */
     const float4 *from = reinterpret_cast<const float4 *>(tile_partial);
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                       const T *__restrict__ biases, T *__restrict__ out, float *__restrict__ partials,
                       unsigned *__restrict__ counters, const float *__restrict__ x_sums, int M, int N, int K,
-                      int sb_per_split) {
+                      int sb_per_split, int tile_begin) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, TOKS, PREP>;
     extern __shared__ uint8_t shared_raw[];
@@ -276,7 +276,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     /* mbarriers: full[s] at 8s (the stage is ready for the consumers), empty[s] at 8(S + s) (they are done with
      * it), x_full[s] at 8(2S + s) (its x tile has arrived) */
     const uint32_t bars = smem_address(shared + WG_STAGES * L::STAGE);
-    const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * TOKS;
+    /* the block's tile: tile_begin + blockIdx.x of the tiles in row-tile-fastest order (a launch may take a range of
+     * them: launch_wgmma's last wave) */
+    const int tiles_n = (N + WG_ROWS - 1) / WG_ROWS, tile = tile_begin + (int)blockIdx.x;
+    const int n0 = (tile % tiles_n) * WG_ROWS, m0 = (tile / tiles_n) * TOKS;
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int groups = K / GS;
     const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
@@ -643,17 +646,27 @@ static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, const void *
  * cores; otherwise (the _fma rows, batch-invariant calls, or no workspace) x permuted in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
     using L = wgmma_layout<BITS, GS, TOKS>;
+    const int tiles = (int)(((c->N + WG_ROWS - 1) / WG_ROWS) * ((c->M + TOKS - 1) / TOKS));
+    /* the last wave (wgmma_splits): tiles [0, whole) unsplit, then [whole, tiles) in `splits` splits of K — the splits
+     * sized for those tiles' workspace, so where the range does not hold, none */
+    const bool last_wave = c->wgmma_whole_tiles > 0, whole_ok = last_wave && c->wgmma_whole_tiles < tiles;
     int per_split;
-    const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), c->splits, &per_split);
+    const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), last_wave && !whole_ok ? 1 : c->splits, &per_split);
+    const int whole = splits > 1 && whole_ok ? c->wgmma_whole_tiles : 0;
     const bool prep = c->wgmma_prepared != NULL;
-    const int variant = (prep ? 2 : 0) + (splits > 1 ? 1 : 0);
-    auto kernel = variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
-                  : variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
-                  : variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
-                                 : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
     const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
     static unsigned long long opted_in[4] = {0, 0, 0, 0};
-    const int opt_in = shared_memory_opt_in(kernel, shared, &opted_in[variant]);
+    auto kernel_of = [&](bool split, int *variant) {
+        *variant = (prep ? 2 : 0) + (split ? 1 : 0);
+        return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
+               : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
+               : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
+                               : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
+    };
+    int variant, whole_variant;
+    auto kernel = kernel_of(splits > 1, &variant), whole_kernel = kernel_of(false, &whole_variant);
+    int opt_in = shared_memory_opt_in(kernel, shared, &opted_in[variant]);
+    if (!opt_in && whole) opt_in = shared_memory_opt_in(whole_kernel, shared, &opted_in[whole_variant]);
     if (opt_in) return opt_in;
     const void *x = c->x;
     const float *x_sums = nullptr;
@@ -672,11 +685,17 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     CUtensorMap x_map;
     const int map = x_tensor_map(&x_map, c, x, TOKS);
     if (map) return map;
-    const dim3 grid((unsigned)((c->N + WG_ROWS - 1) / WG_ROWS), (unsigned)((c->M + TOKS - 1) / TOKS), (unsigned)splits);
-    return launch_kernel(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, x_map, (const T *)c->x,
-                         (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-                         (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,
-                         (int)c->K, per_split);
+    if (whole) { /* the whole waves first, one block per tile */
+        const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, false,
+                                         x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
+                                         (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials,
+                                         c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, 0);
+        if (status) return status;
+    }
+    return launch_kernel(kernel, dim3((unsigned)(tiles - whole), 1, (unsigned)splits), dim3(WG_THREADS), shared,
+                         c->stream, false, x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb,
+                         c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials, c->counters,
+                         x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, whole);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {

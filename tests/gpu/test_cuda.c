@@ -117,6 +117,20 @@ static void check_forced_runs(qmm_context *context, product *p, const char *row,
     }
 }
 
+/* p through `row`, forced, with the environment variable `name` set to `value` for the call (a launcher's knob),
+ * outputs poisoned first, against the oracle. */
+static void check_forced_with_env(qmm_context *context, product *p, const char *row, const char *name,
+                                  const char *value, const char *what) {
+    const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = row};
+    char label[240];
+    setenv(name, value, 1);
+    CHECK_OK(qmm_buffer_poison(p->out));
+    CHECK_OK(qmm_matmul(context, p->weights, p->x, p->M, p->out, &options, NULL));
+    unsetenv(name);
+    snprintf(label, sizeof label, "%s %s M=%zu N=%zu K=%zu", row, what, p->M, p->N, p->K);
+    product_check(p, label, 2.0);
+}
+
 static void test_chain(qmm_context *context, check_rng *rng) {
     product a, b = {0};
     if (!product_make(context, rng, 3, 1000, 2048, 4, 64, QMM_F16, "chain (a)", &a) ||
@@ -350,13 +364,37 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
             char label[200];
             snprintf(label, sizeof label, "split-K %d-bit gs%d", cases[c].bits, cases[c].group_size);
             check_forced_runs(context, &p, rows[r], label, first);
-            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
-            setenv("QMM_CUDA_SPLITS", "1", 1);
-            CHECK_OK(qmm_buffer_poison(p.out));
-            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-            unsetenv("QMM_CUDA_SPLITS");
-            snprintf(label, sizeof label, "%s one split M=%zu N=%zu K=%zu", rows[r], p.M, p.N, p.K);
-            product_check(&p, label, 2.0);
+            check_forced_with_env(context, &p, rows[r], "QMM_CUDA_SPLITS", "1", "one split");
+        }
+        free(first);
+        product_free(&p);
+    }
+}
+
+/* The wgmma rows' last wave (wgmma_splits): where the tiles fill whole waves of the device's SMs and part of one, the
+ * whole waves run unsplit in one launch and the rest split across the SMs in another. N = 17000 rows at M = 100 is
+ * 133 tiles of 128 × 128 (one more than the H200's 132 SMs, the last one partial in N) and 266 of 128 × 64; K = 2048
+ * gives enough super-blocks to split at both bit widths. Against the oracle with poisoned outputs, the same bits
+ * on three runs, and with QMM_CUDA_WGMMA_LAST_WAVE=0 (every tile split alike, or none) within the bound too. */
+static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
+    static const struct {
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {{4, 64, QMM_F16}, {8, 128, QMM_BF16}};
+    static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
+                                 "cuda.qmm_t.wgmma_tile_fma.m128n128"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, 100, 17000, 2048, cases[c].bits, cases[c].group_size, cases[c].dtype,
+                          "last wave", &p))
+            continue;
+        void *first = malloc(p.M * p.N * qmm_dtype_size(p.dtype));
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            if (qmm_kernel_supports(context, rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue; /* not Hopper */
+            char label[200];
+            snprintf(label, sizeof label, "last wave %d-bit gs%d", cases[c].bits, cases[c].group_size);
+            check_forced_runs(context, &p, rows[r], label, first);
+            check_forced_with_env(context, &p, rows[r], "QMM_CUDA_WGMMA_LAST_WAVE", "0", "without the last wave");
         }
         free(first);
         product_free(&p);
@@ -1308,6 +1346,7 @@ static const section sections[] = {
     {"batch_invariant", test_batch_invariant},
     {"wgmma_tile_order", test_wgmma_tile_order},
     {"wgmma_prepared", test_wgmma_prepared},
+    {"wgmma_last_wave", test_wgmma_last_wave},
     {"qmm_n", test_qmm_n},
 };
 #define SECTION_COUNT (sizeof sections / sizeof sections[0])
