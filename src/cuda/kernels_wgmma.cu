@@ -107,6 +107,17 @@ __device__ __forceinline__ uint64_t descriptor_interleave(uint32_t addr, uint32_
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* The _fma rows' consumers take turns (ping-pong): warpgroup w waits on named barrier 2 + w before it issues a segment's
+ * wgmmas and, once it has issued them, arrives on the other's (256 threads each: 128 waiting, 128 arriving), so the two
+ * warpgroups' groups reach the tensor cores alternately (FlashAttention-3's and CUTLASS's ping-pong between consumer
+ * warpgroups). Measured on the H200 (docs/PERF.md, twenty-third session): the _fma rows 0.95× the time in bf16, 0.99× in
+ * f16; the PREP rows ±2 % (not taken there). Barrier 1 is block_barrier's. */
+__device__ __forceinline__ void turn_wait(int warpgroup) {
+    asm volatile("bar.sync %0, 256;" ::"r"(2 + warpgroup) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int warpgroup) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(3 - warpgroup) : "memory");
+}
 /* Keeps the compiler from moving reads of an accumulator register above the wait that makes it valid. */
 __device__ __forceinline__ void register_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
@@ -438,6 +449,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     float acc[TOKS / 2], part[TOKS / 2];
 #pragma unroll
     for (int e = 0; e < TOKS / 2; e++) acc[e] = 0.0f;
+    if (!PREP && warpgroup == 1) turn_pass(1); /* warpgroup 0 issues first */
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
         const int s = i % WG_STAGES;
@@ -487,8 +499,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
                 for (int e = 0; e < TOKS / 2; e++) register_fence(acc[e]);
             }
+            if (!PREP) turn_wait(warpgroup);
             wgmma_fence();
             issue_segment<T, TOKS, L::SEG_BLOCKS, PREP>(part, a, x_at, sg);
+            if (!PREP) turn_pass(warpgroup);
             wgmma_wait_all();
 #pragma unroll
             for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
@@ -516,6 +530,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         mbarrier_arrive(bars + 8 * (WG_STAGES + s)); /* every thread: an arrive releases its own reads only */
     }
+    if (!PREP && warpgroup == 0) turn_wait(0); /* warpgroup 1's last pass (every barrier phase completes before the exit) */
 
     if constexpr (SPLIT) {
         /* split-K: the partial tile into shared memory — the stages' buffers, once both consumer warpgroups are past
