@@ -75,9 +75,9 @@ typedef struct qmm_kernel {
      * M ≤ prefer_max_m (0 = no limit) and N ≥ prefer_min_n, and never when tune_only is set (rows kept for
      * forcing and tuning). When N ≤ prefer_small_n (0 = no such box), the M limit is
      * prefer_max_m_small_n instead: a row that stays the fastest to a larger M while the weights have few
-     * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048) — and, where
-     * prefer_max_k_small_n is set, only while K ≤ prefer_max_k_small_n (the CUDA m16n64 GEMV, whose M 49–64 box
-     * on N ≤ 5120 ends at K = 12288: past it the wgmma tile's split-K wins). prefer_min_m (0 = no
+     * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048) — and only while
+     * K ≤ prefer_max_k_small_n (0 = no limit; the CUDA m16n64 GEMV, whose M 49–64 box on N ≤ 5120 ends at
+     * K = 12288: past it the wgmma tile's split-K wins). prefer_min_m (0 = no
      * limit): only for M ≥ prefer_min_m. prefer_min_tiles (0 = no limit): only when the call has at least that
      * many tiles of the row's bm × bn, ceil(M/bm)·ceil(N/bn) — a large tile that is the fastest once there are
      * enough of them to spread over the device (the CUDA wgmma tiles). prefer_min_tiles_k (0 = no limit): only

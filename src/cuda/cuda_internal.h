@@ -49,7 +49,9 @@ typedef struct qmm_cuda_launch {
      * mma_tile rows' order (the _fma rows, batch-invariant calls) */
     void *wgmma_prepared;
     /* wgmma_tile with splits ≥ 2: the first wgmma_whole_tiles tiles (row tiles fastest) run unsplit in a launch of
-     * their own, the rest in `splits` splits of K (the last wave split across the SMs); 0: every tile split */
+     * their own, the rest in `splits` splits of K (the last wave split across the SMs); 0: one launch of every tile
+     * in `splits` splits (or none). A value the launch cannot use (the range not inside the tiles) runs one launch
+     * of every tile unsplit. */
     int wgmma_whole_tiles;
 } qmm_cuda_launch;
 
