@@ -343,11 +343,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 const int s = i % WG_STAGES;
                 if (i >= WG_STAGES) mbarrier_wait(bars + 8 * (WG_STAGES + s), ((i / WG_STAGES) - 1) & 1);
                 const uint32_t stage = smem_address(shared + s * L::STAGE);
+                /* PREP: every copy of the stage completes on `full` itself (TMA and bulk bytes by complete_tx, each
+                 * thread's cp.async by the arrive below), so the producer never waits for its own copies */
+                const uint32_t full = bars + 8 * s;
                 if (p == 0) {
-                    const uint32_t x_full = bars + 8 * (2 * WG_STAGES + s);
-                    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(x_full),
-                                 "r"(L::X_BYTES + (PREP ? L::XSUM_BYTES : 0))
-                                 : "memory");
+                    const uint32_t x_full = PREP ? full : bars + 8 * (2 * WG_STAGES + s);
+                    if (PREP) /* no arrive: the phase waits for the 128 threads' cp.async arrivals and these bytes */
+                        asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(x_full),
+                                     "r"(L::X_BYTES + L::XSUM_BYTES)
+                                     : "memory");
+                    else
+                        asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(x_full),
+                                     "r"(L::X_BYTES)
+                                     : "memory");
                     if (PREP) /* the tokens' Σx pieces of this super-block (x_sums: [super-blocks][M_pad][XP_ROW bytes]) */
                         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                                          stage + L::XSUM_AT),
@@ -367,9 +375,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                                 w_ok[c]);
                 if (p < 32 * L::GSB)
                     cp_async_16(stage + L::SB_AT + p * 16, sb_src + (sb_ok ? 4 * L::GSB * (sb_begin + i) : 0), sb_ok);
+                if (PREP) /* this thread's arrival on `full` once its copies above have landed (PTX ISA §9.7.9.23.3) */
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full) : "memory");
             }
             asm volatile("cp.async.commit_group;");
         };
+        if constexpr (PREP) { /* only issue: each stage as soon as its buffer is handed back (WG_STAGES in flight) */
+            for (int i = 0; i < count; i++) issue(i);
+            asm volatile("cp.async.wait_all;");
+            return;
+        }
         constexpr int AHEAD = WG_STAGES - 1; /* stages whose copies are issued before the first is prepared */
 #pragma unroll
         for (int d = 0; d < AHEAD; d++) issue(d);
