@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int count = SPLIT ? max(0, min(super_blocks, sb_begin + sb_per_split) - sb_begin) : super_blocks;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
-            mbarrier_init(bars + 8 * s, 128);                   /* the 128 producer threads */
+            mbarrier_init(bars + 8 * s, PREP ? 129 : 128);      /* the 128 producer threads (PREP: + the bytes' arrive) */
             mbarrier_init(bars + 8 * (WG_STAGES + s), 256);    /* the 256 consumer threads */
             mbarrier_init(bars + 8 * (2 * WG_STAGES + s), 1);  /* the TMA issuer's expect_tx */
         }
@@ -353,14 +353,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 const uint32_t full = bars + 8 * s;
                 if (p == 0) {
                     const uint32_t x_full = PREP ? full : bars + 8 * (2 * WG_STAGES + s);
-                    if (PREP) /* no arrive: the phase waits for the 128 threads' cp.async arrivals and these bytes */
-                        asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(x_full),
-                                     "r"(L::X_BYTES + L::XSUM_BYTES)
-                                     : "memory");
-                    else
-                        asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(x_full),
-                                     "r"(L::X_BYTES)
-                                     : "memory");
+                    /* PREP: the 129th arrival on `full`, with the bytes the TMA and the bulk copy will complete (before
+                     * them, so the phase cannot end early); the 128 threads' cp.async arrivals are the others */
+                    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(x_full),
+                                 "r"(L::X_BYTES + (PREP ? L::XSUM_BYTES : 0))
+                                 : "memory");
                     if (PREP) /* the tokens' Σx pieces of this super-block (x_sums: [super-blocks][M_pad][XP_ROW bytes]) */
                         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                                          stage + L::XSUM_AT),
@@ -388,6 +385,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         if constexpr (PREP) { /* only issue: each stage as soon as its buffer is handed back (WG_STAGES in flight) */
             for (int i = 0; i < count; i++) issue(i);
             asm volatile("cp.async.wait_all;");
+            /* no thread leaves with a copy in flight: the last stages handed back means their TMA and bulk bytes landed */
+            for (int i = count > WG_STAGES ? count - WG_STAGES : 0; i < count; i++)
+                mbarrier_wait(bars + 8 * (WG_STAGES + i % WG_STAGES), (i / WG_STAGES) & 1);
             return;
         }
         constexpr int AHEAD = WG_STAGES - 1; /* stages whose copies are issued before the first is prepared */
