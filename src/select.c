@@ -9,8 +9,8 @@
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
- *      when N ≤ prefer_small_n (and K ≤ prefer_max_k_small_n, where set), rows whose prefer_min_m is above M (or, when N ≥ prefer_large_n, whose
- *      prefer_min_m_large_n is), and rows whose prefer_min_tiles exceeds the call's ceil(M/bm)·ceil(N/bn) tiles
+ *      when N ≤ prefer_small_n (and K ≤ prefer_max_k_small_n, where set), rows whose prefer_min_m is above
+ *      M (or, when N ≥ prefer_large_n, whose prefer_min_m_large_n is), and rows whose prefer_min_tiles exceeds the call's ceil(M/bm)·ceil(N/bn) tiles
  *      (prefer_min_tiles_unsplit too, in batch-invariant mode), or whose prefer_min_tiles_k exceeds those tiles
  *      times K (a row
  *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each
@@ -206,8 +206,9 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {
-        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N, call->K) || call->M < preferred_min_m(table[i], call->N) ||
-            call->N < table[i]->prefer_min_n || !tiles_in_range(table[i], call))
+        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N, call->K) ||
+            call->M < preferred_min_m(table[i], call->N) || call->N < table[i]->prefer_min_n ||
+            !tiles_in_range(table[i], call))
             continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not) && same_order(table[i], order_row)) {
             *chosen = table[i];

@@ -778,9 +778,8 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     }
     const char *forced = getenv("QMM_CUDA_SPLITS"), *last_wave = getenv("QMM_CUDA_WGMMA_LAST_WAVE");
     const bool try_last_wave = !(forced && *forced) && !(last_wave && strcmp(last_wave, "0") == 0);
-    if (try_last_wave && sms > 0 && tiles > sms && tiles % sms != 0 && (tiles % sms) * 2 <= sms &&
-        tiles <= (size_t)INT_MAX) {
-        const size_t rest = tiles % sms, whole = tiles - rest;
+    const size_t rest = sms > 0 ? tiles % sms : 0, whole = tiles - rest;
+    if (try_last_wave && tiles > sms && rest > 0 && rest * 2 <= sms && tiles <= (size_t)INT_MAX) {
         const size_t rest_most = (size_t)split_limits(call, s, rest, tokens * 128, units, 16);
         size_t rest_best = 1, rest_cost = SIZE_MAX;
         for (size_t splits = 2; splits <= rest_most; splits++) {
@@ -899,8 +898,8 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–48 (M 17–64 for N ≤ 5120, K ≤ 12288) with 72 blocks or more of
- *            64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32), and those blocks times K ≥ 48 · 4096 (a short K: below):
+ *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–48 (M 17–64 for N ≤ 5120, K ≤ 12288) with 72
+ *            blocks or more of 64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32), and those blocks times K ≥ 48 · 4096 (a short K: below):
  *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
  *            warps at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth
  *            session: 0.78–0.94× the time of the 242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
@@ -989,7 +988,8 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 48, .prefer_small_n = 5120,
-     .prefer_max_m_small_n = 64, .prefer_max_k_small_n = 12288, .prefer_min_tiles = 72, .prefer_min_tiles_k = 48 * 4096,
+     .prefer_max_m_small_n = 64, .prefer_max_k_small_n = 12288, .prefer_min_tiles = 72,
+     .prefer_min_tiles_k = 48 * 4096,
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
