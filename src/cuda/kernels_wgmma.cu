@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int count = SPLIT ? max(0, min(super_blocks, sb_begin + sb_per_split) - sb_begin) : super_blocks;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
-            mbarrier_init(bars + 8 * s, 128);                   /* the 128 producer threads */
+            mbarrier_init(bars + 8 * s, PREP ? 129 : 128);      /* the 128 producer threads (PREP: + the bytes' arrive) */
             mbarrier_init(bars + 8 * (WG_STAGES + s), 256);    /* the 256 consumer threads */
             mbarrier_init(bars + 8 * (2 * WG_STAGES + s), 1);  /* the TMA issuer's expect_tx */
         }
@@ -309,6 +309,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
     }
     __syncthreads();
+    /* Programmatic dependent launch: the block may start while the kernel before it on the stream (the pre-pass, or
+     * the previous call's kernel) still runs; only its barriers are set up before this wait, and x, x_prepared, the
+     * split-K workspace and out are touched after it. The next kernel may be scheduled now (it waits for this one). */
+    pdl_launch_dependents();
+    pdl_wait();
     const int warpgroup = threadIdx.x >> 7;
 
     if (warpgroup == 2) {
@@ -343,8 +348,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 const int s = i % WG_STAGES;
                 if (i >= WG_STAGES) mbarrier_wait(bars + 8 * (WG_STAGES + s), ((i / WG_STAGES) - 1) & 1);
                 const uint32_t stage = smem_address(shared + s * L::STAGE);
+                /* PREP: every copy of the stage completes on `full` itself (TMA and bulk bytes by complete_tx, each
+                 * thread's cp.async by the arrive below), so the producer never waits for its own copies */
+                const uint32_t full = bars + 8 * s;
                 if (p == 0) {
-                    const uint32_t x_full = bars + 8 * (2 * WG_STAGES + s);
+                    const uint32_t x_full = PREP ? full : bars + 8 * (2 * WG_STAGES + s);
+                    /* PREP: the 129th arrival on `full`, with the bytes the TMA and the bulk copy will complete (before
+                     * them, so the phase cannot end early); the 128 threads' cp.async arrivals are the others */
                     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(x_full),
                                  "r"(L::X_BYTES + (PREP ? L::XSUM_BYTES : 0))
                                  : "memory");
@@ -367,9 +377,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                                 w_ok[c]);
                 if (p < 32 * L::GSB)
                     cp_async_16(stage + L::SB_AT + p * 16, sb_src + (sb_ok ? 4 * L::GSB * (sb_begin + i) : 0), sb_ok);
+                if (PREP) /* this thread's arrival on `full` once its copies above have landed (PTX ISA §9.7.9.23.3) */
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full) : "memory");
             }
             asm volatile("cp.async.commit_group;");
         };
+        if constexpr (PREP) { /* only issue: each stage as soon as its buffer is handed back (WG_STAGES in flight) */
+            for (int i = 0; i < count; i++) issue(i);
+            asm volatile("cp.async.wait_all;");
+            /* no thread leaves with a copy in flight: the last stages handed back means their TMA and bulk bytes landed */
+            for (int i = count > WG_STAGES ? count - WG_STAGES : 0; i < count; i++)
+                mbarrier_wait(bars + 8 * (WG_STAGES + i % WG_STAGES), (i / WG_STAGES) & 1);
+            return;
+        }
         constexpr int AHEAD = WG_STAGES - 1; /* stages whose copies are issued before the first is prepared */
 #pragma unroll
         for (int d = 0; d < AHEAD; d++) issue(d);
@@ -580,6 +600,8 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
     using L = wgmma_layout<BITS, GS, 128, true>; /* SEG, SEG_BLOCKS and the slots do not depend on TOKS */
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS, segments = super_blocks * L::SEG;
     const int m_pad = x_sums_tokens(M);
+    pdl_launch_dependents(); /* the tile kernel may be scheduled now; it waits for this one before it copies */
+    pdl_wait();              /* x may be the previous kernel's output; x_prepared may still be read by the last tile */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= (size_t)m_pad * segments) return;
     const int m = (int)(index / segments), q = (int)(index % segments), sbk = q / L::SEG, sg = q % L::SEG;
@@ -692,7 +714,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
         const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::SEG);
         const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
-                                         0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
+                                         0, c->stream, c->pdl != 0, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
         if (status) return status;
         x = x_prepared;
         x_sums = sums;
@@ -701,14 +723,14 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     const int map = x_tensor_map(&x_map, c, x, TOKS);
     if (map) return map;
     if (whole) { /* the whole waves first, one block per tile */
-        const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, false,
+        const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, c->pdl != 0,
                                          x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials,
                                          c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, 0);
         if (status) return status;
     }
     return launch_kernel(kernel, dim3((unsigned)(tiles - whole), 1, (unsigned)splits), dim3(WG_THREADS), shared,
-                         c->stream, false, x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb,
+                         c->stream, c->pdl != 0, x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb,
                          c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials, c->counters,
                          x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, whole);
 }
