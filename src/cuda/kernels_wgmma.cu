@@ -309,11 +309,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
     }
     __syncthreads();
-    /* Programmatic dependent launch: the block may start while the kernel before it on the stream (the pre-pass, or
-     * the previous call's kernel) still runs; only its barriers are set up before this wait, and x, x_prepared, the
-     * split-K workspace and out are touched after it. The next kernel may be scheduled now (it waits for this one). */
-    pdl_launch_dependents();
-    pdl_wait();
     const int warpgroup = threadIdx.x >> 7;
 
     if (warpgroup == 2) {
@@ -600,8 +595,6 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
     using L = wgmma_layout<BITS, GS, 128, true>; /* SEG, SEG_BLOCKS and the slots do not depend on TOKS */
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS, segments = super_blocks * L::SEG;
     const int m_pad = x_sums_tokens(M);
-    pdl_launch_dependents(); /* the tile kernel may be scheduled now; it waits for this one before it copies */
-    pdl_wait();              /* x may be the previous kernel's output; x_prepared may still be read by the last tile */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= (size_t)m_pad * segments) return;
     const int m = (int)(index / segments), q = (int)(index % segments), sbk = q / L::SEG, sg = q % L::SEG;
@@ -714,7 +707,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
         const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::SEG);
         const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
-                                         0, c->stream, c->pdl != 0, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
+                                         0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
         if (status) return status;
         x = x_prepared;
         x_sums = sums;
@@ -723,14 +716,14 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     const int map = x_tensor_map(&x_map, c, x, TOKS);
     if (map) return map;
     if (whole) { /* the whole waves first, one block per tile */
-        const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, c->pdl != 0,
+        const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, false,
                                          x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials,
                                          c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, 0);
         if (status) return status;
     }
     return launch_kernel(kernel, dim3((unsigned)(tiles - whole), 1, (unsigned)splits), dim3(WG_THREADS), shared,
-                         c->stream, c->pdl != 0, x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb,
+                         c->stream, false, x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb,
                          c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials, c->counters,
                          x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, whole);
 }
