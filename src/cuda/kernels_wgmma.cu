@@ -583,44 +583,58 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 }
 
 /* x prepared once per call for the PREP tiles (every block of a column of tiles used to permute the same x tile and sum
- * it again): thread (m, q) takes token m's segment q (group ∩ super-block, SEG_BLOCKS blocks of 32 values) — each block
- * in the k order of the decoded weights (x_pairs, as the producer permutes a stage in place), into x_prepared [M, K];
- * the segment's Σx in f32 (sequential adds), as three tf32 pieces at its slots of x_sums [super-blocks][m_pad · XP_ROW
- * bytes] (x_sums_at) (zeros past K, past M and in the unused slots). m_pad: M rounded up to 128, so that every tile's pieces are
- * whole. */
+ * it again): each thread takes one 128-bit piece of x (8 values; four lanes a 32-value block, 4 · SEG_BLOCKS lanes a
+ * segment = group ∩ super-block; thread index ((m · super-blocks + super-block) · BPS + block) · 4 + piece, so a warp's
+ * loads and stores are contiguous) — each block in the k order of the decoded weights (x_pairs, as the producer
+ * permutes a stage in place: word a of output piece a' is pair a' of input piece a, a 4 × 4 transpose over the
+ * block's four lanes by shuffles), into x_prepared [M, K]; the segment's Σx in f32 (each lane's 8 values in order,
+ * then a shuffle tree over the segment's lanes), as three tf32 pieces at its slots of x_sums [super-blocks][m_pad ·
+ * XP_ROW bytes] (x_sums_at) (zeros past K, past M and in the unused slots). m_pad: M rounded up to 128, so that every
+ * tile's pieces are whole. One thread per segment (the twentieth session's form) left 8 warps an SM at M = 512,
+ * K = 4096 and took 8.5 µs, a fifth of the call (ncu, twenty-fourth session). */
 template <int BITS, typename T, int GS>
 __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, T *__restrict__ x_prepared,
                                                        float *__restrict__ x_sums, int M, int K) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, 128, true>; /* SEG, SEG_BLOCKS and the slots do not depend on TOKS */
-    const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS, segments = super_blocks * L::SEG;
+    constexpr int LANES = 4 * L::SEG_BLOCKS; /* a segment's lanes: 4, 8 or 16, aligned within the warp */
+    const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int m_pad = x_sums_tokens(M);
+    /* launch_wgmma starts exactly m_pad · super_blocks · BPS · 4 threads: a multiple of 256 (m_pad of 128), so every
+     * warp is whole for the shuffles */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (index >= (size_t)m_pad * segments) return;
-    const int m = (int)(index / segments), q = (int)(index % segments), sbk = q / L::SEG, sg = q % L::SEG;
+    const int piece = (int)(index & 3), j = (int)(index / 4 % L::BPS);
+    const size_t token_sb = index / (4 * L::BPS);
+    const int m = (int)(token_sb / super_blocks), sbk = (int)(token_sb % super_blocks), sg = j / L::SEG_BLOCKS;
+    const int blk = sbk * L::BPS + j;
+    const bool in_range = m < M && blk < blocks_k;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (in_range) v = reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32)[piece];
     float sum = 0.0f;
+    const T *h = reinterpret_cast<const T *>(&v);
 #pragma unroll
-    for (int jb = 0; jb < L::SEG_BLOCKS; jb++) {
-        const int blk = q * L::SEG_BLOCKS + jb;
-        if (m >= M || blk >= blocks_k) continue;
-        const uint4 *from = reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32);
-        uint4 v[4];
-        uint32_t b[4][4];
+    for (int e = 0; e < 8; e++) sum += (float)h[e];
+    uint32_t b[4], o[4] = {0u, 0u, 0u, 0u};
+    x_pairs<BITS>(v, b);
+    const unsigned base = threadIdx.x & 28u; /* the block's first lane in the warp */
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            v[c] = from[c];
-            const T *h = reinterpret_cast<const T *>(&v[c]);
+    for (int r = 0; r < 4; r++) {
+        /* round r: this lane reads piece (piece + r) & 3's pair `piece` — its output word (piece + r) & 3 — and sends its
+         * own pair (piece − r) & 3, the one lane (piece − r) & 3 wants */
+        const int send = (piece - r) & 3, from = (piece + r) & 3;
+        const uint32_t mine = send == 0 ? b[0] : send == 1 ? b[1] : send == 2 ? b[2] : b[3];
+        const uint32_t got = __shfl_sync(0xffffffffu, mine, (int)base + from);
 #pragma unroll
-            for (int e = 0; e < 8; e++) sum += (float)h[e];
-            x_pairs<BITS>(v[c], b[c]);
-        }
-        uint4 *to = reinterpret_cast<uint4 *>(x_prepared + (size_t)m * K + (size_t)blk * 32);
-#pragma unroll
-        for (int a = 0; a < 4; a++) to[a] = make_uint4(b[0][a], b[1][a], b[2][a], b[3][a]);
+        for (int w = 0; w < 4; w++) o[w] = from == w ? got : o[w];
     }
+    if (in_range)
+        reinterpret_cast<uint4 *>(x_prepared + (size_t)m * K + (size_t)blk * 32)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+    for (int d = 1; d < LANES; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (index % LANES != 0) return;
     float *tile = x_sums + (size_t)sbk * m_pad * (L::XP_ROW / 4);
 #pragma unroll
-    for (int piece = 0; piece < 3; piece++) tile[x_sums_at(m, 3 * sg + piece, L::XP_CHUNKS)] = tf32_piece(sum, piece);
+    for (int p = 0; p < 3; p++) tile[x_sums_at(m, 3 * sg + p, L::XP_CHUNKS)] = tf32_piece(sum, p);
     if (sg == L::SEG - 1)
         for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m, k, L::XP_CHUNKS)] = 0.0f;
 #elif defined(__CUDA_ARCH__)
@@ -705,7 +719,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         prepared_bytes<BITS, GS>(c->M, c->K, &sums_at);
         T *x_prepared = static_cast<T *>(c->wgmma_prepared);
         float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
-        const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::SEG);
+        const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::BPS * 4); /* a multiple of 256 */
         const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
                                          0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
         if (status) return status;
