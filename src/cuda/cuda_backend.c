@@ -795,6 +795,15 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     return split_limits(call, s, tiles, tokens * 128, units, best);
 }
 
+/* Whether the wgmma rows' splits of a tile run as one thread-block cluster that sums them in shared memory
+ * (kernels_wgmma.cu cluster_finish; sm_90, 2–8 splits, where the device can schedule the cluster) rather than through
+ * the split-K workspace; the same bits either way. QMM_CUDA_WGMMA_CLUSTER=0 turns it off (experiments, tests). */
+static int wgmma_cluster(const qmm_call *call) {
+    const cuda_state *s = call->backend_state;
+    const char *off = getenv("QMM_CUDA_WGMMA_CLUSTER");
+    return s->major >= 9 && !(off && strcmp(off, "0") == 0);
+}
+
 /* The wgmma rows' workspace for this call's prepared x (cuda_state.wgmma_prepared), grown if need be; NULL where it
  * cannot be had now — inside a stream capture (no allocation there: a chain's steps reserve it when recorded, the
  * rows' reserve hook) or out of device memory — and the call then runs the _fma variant (x permuted in each block),
@@ -842,6 +851,7 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
         int whole_tiles;                                                                                          \
         qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS, &whole_tiles));                 \
         launch.wgmma_whole_tiles = whole_tiles;                                                                   \
+        launch.wgmma_cluster = wgmma_cluster(call);                                                               \
         if (PREPARED) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);                \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
     }

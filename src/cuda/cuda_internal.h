@@ -53,6 +53,10 @@ typedef struct qmm_cuda_launch {
      * in `splits` splits (or none). A value the launch cannot use (the range not inside the tiles) runs one launch
      * of every tile unsplit. */
     int wgmma_whole_tiles;
+    /* wgmma_tile with 2–8 splits: launch each tile's splits as one thread-block cluster (sm_90, cluster dimension z =
+     * splits) that sums them through distributed shared memory, where the device can schedule such clusters;
+     * 0 (or a count it cannot take): through partials and counters */
+    int wgmma_cluster;
 } qmm_cuda_launch;
 
 /* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */

@@ -272,6 +272,45 @@ __device__ __noinline__ void split_finish(const float *tile_partial, float *part
     if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
 }
 
+/* Split-K's end in a cluster (launch_wgmma with c->wgmma_cluster: the tile's splits are one thread-block cluster, split
+ * z its rank z): every split's partial tile stays in its own shared memory ([TOKS tokens][128 rows] f32); after a
+ * cluster barrier (release/acquire: the partials visible across the cluster; PTX ISA `barrier.cluster`) the
+ * split of rank r sums the r-th slice of the tile's 4-row steps over the splits' shared memory in split order
+ * (PTX ISA `mapa` + `ld.shared::cluster` — the same sums 0 + p0 + p1 + … as split_finish's, so the same
+ * bits) and stores it (store_split_step: the non-finite rule); a second barrier keeps every block, and so its shared
+ * memory, alive until the other splits have read it. Consumers only (threads 0–255): the producer has returned, and an
+ * exited thread holds no cluster barrier up (PTX ISA, `exit`). Replaces the workspace's round trip and the last
+ * split's serial sum (≈ a quarter of the tile kernel's time at 4096² M = 128 with 4 splits: ncu, twenty-fourth
+ * session). Not inlined: its registers stay out of the consumers' main loop. */
+#if QMM_WGMMA_DEVICE
+template <int BITS, typename T, int GS, int TOKS>
+__device__ __noinline__ void cluster_finish(const float *tile_partial, const T *x, const uint32_t *w_orig, const T *scales,
+                                            const T *biases, T *out, int M, int N, int K, int n0, int m0) {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+    unsigned splits, rank;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(splits));
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    constexpr int STEPS = TOKS * WG_ROWS / 4;
+    const int per = (STEPS + (int)splits - 1) / (int)splits, begin = (int)rank * per, end = min(STEPS, begin + per);
+    const uint32_t local = smem_address(tile_partial);
+    for (int i4 = begin + (int)threadIdx.x; i4 < end; i4 += 256) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (unsigned z = 0; z < splits; z++) {
+            uint32_t remote;
+            float4 p;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local + 16u * (unsigned)i4), "r"(z));
+            asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
+                         : "r"(remote)
+                         : "memory");
+            v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+        }
+        store_split_step<BITS, T, GS, WG_ROWS>(v, i4, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+    }
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+#endif /* QMM_WGMMA_DEVICE */
+
 template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
@@ -558,8 +597,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 tile_partial[(8 * j + 2 * t + (e & 1)) * WG_ROWS + row_w + g + 8 * (e >> 1)] = acc[4 * j + e];
-        split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K, n0,
-                                        m0);
+        unsigned cluster_ctas;
+        asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cluster_ctas));
+        if (cluster_ctas > 1 && cluster_ctas == gridDim.z) /* the splits are one cluster: launch_wgmma's cluster launch */
+            cluster_finish<BITS, T, GS, TOKS>(tile_partial, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+        else
+            split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K,
+                                            n0, m0);
     } else {
         /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
 #pragma unroll
@@ -686,6 +730,53 @@ static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, const void *
     return result == CUDA_SUCCESS ? 0 : (int)cudaErrorInvalidValue;
 }
 
+/* The split-K cluster launch (cluster_finish): grid (tiles, 1, splits) in clusters of (1, 1, splits), at most
+ * WG_CLUSTER_MAX = 8 blocks (the portable cluster size, CUDA programming guide "Thread Block Clusters"). */
+constexpr int WG_CLUSTER_MAX = 8;
+static void cluster_config(cudaLaunchConfig_t *config, cudaLaunchAttribute *attribute, dim3 grid, size_t shared,
+                           void *stream, int splits) {
+    *config = cudaLaunchConfig_t{};
+    config->gridDim = grid;
+    config->blockDim = dim3(WG_THREADS);
+    config->dynamicSmemBytes = shared;
+    config->stream = (cudaStream_t)stream;
+    attribute->id = cudaLaunchAttributeClusterDimension;
+    attribute->val.clusterDim.x = 1;
+    attribute->val.clusterDim.y = 1;
+    attribute->val.clusterDim.z = (unsigned)splits;
+    config->attrs = attribute;
+    config->numAttrs = 1;
+}
+/* Whether the device can run at least one such cluster at a time (cudaOccupancyMaxActiveClusters: one block of this
+ * shared memory per SM, `splits` SMs of one GPC), asked once per instantiation, split count and device (bits of
+ * `asked`, `fits`; device ≥ 64: every time). False on any error (the workspace's launch then runs). */
+template <typename Kernel>
+static bool cluster_schedulable(Kernel kernel, dim3 grid, size_t shared, int splits, unsigned long long *asked,
+                                unsigned long long *fits) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return cudaGetLastError(), false;
+    const unsigned long long bit = device < 64 ? 1ull << device : 0;
+    if (*asked & bit) return (*fits & bit) != 0;
+    cudaLaunchConfig_t config;
+    cudaLaunchAttribute attribute;
+    cluster_config(&config, &attribute, grid, shared, nullptr, splits);
+    int clusters = 0;
+    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters >= 1;
+    if (!ok) cudaGetLastError(); /* not the call's failure: it runs through the workspace */
+    *asked |= bit;
+    if (ok) *fits |= bit;
+    return ok;
+}
+template <typename... Params, typename... Args>
+static int launch_cluster_z(void (*kernel)(Params...), dim3 grid, size_t shared, void *stream, int splits, Args... args) {
+    cudaLaunchConfig_t config;
+    cudaLaunchAttribute attribute;
+    cluster_config(&config, &attribute, grid, shared, stream, splits);
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
+    const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+    return (int)(error != cudaSuccess ? error : cudaGetLastError());
+}
+
 /* PREP (c->wgmma_prepared, the default rows): x prepared by wgmma_prepare_x, then the tile with b·Σx on the tensor
  * cores; otherwise (the _fma rows, batch-invariant calls, or no workspace) x permuted in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
@@ -736,10 +827,17 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                                          c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, 0);
         if (status) return status;
     }
-    return launch_kernel(kernel, dim3((unsigned)(tiles - whole), 1, (unsigned)splits), dim3(WG_THREADS), shared,
-                         c->stream, false, x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb,
-                         c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials, c->counters,
-                         x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, whole);
+    const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
+    static unsigned long long cluster_asked[4][WG_CLUSTER_MAX + 1], cluster_fits[4][WG_CLUSTER_MAX + 1];
+    if (c->wgmma_cluster && splits >= 2 && splits <= WG_CLUSTER_MAX &&
+        cluster_schedulable(kernel, grid, shared, splits, &cluster_asked[variant][splits], &cluster_fits[variant][splits]))
+        return launch_cluster_z(kernel, grid, shared, c->stream, splits, x_map, (const T *)c->x, (const uint4 *)c->packed,
+                                (const uint32_t *)c->sb, c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out,
+                                c->partials, c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, whole);
+    return launch_kernel(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, x_map, (const T *)c->x,
+                         (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                         (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,
+                         (int)c->K, per_split, whole);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {

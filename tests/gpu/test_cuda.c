@@ -401,6 +401,55 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* The wgmma rows' split-K through a thread-block cluster (the splits of a tile sum their partials in each other's
+ * shared memory) and through the workspace (QMM_CUDA_WGMMA_CLUSTER=0): each against the oracle with poisoned outputs,
+ * and the same bits (both add the splits' partials in split order) — split counts 2–8 forced (QMM_CUDA_SPLITS, the
+ * cluster sizes) and 12 (past a portable cluster: the workspace either way), PREP and _fma rows, both token tiles,
+ * edges: N not a multiple of 128, K ending inside a super-block, M past one token tile. Hopper only. */
+static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, N, K;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {{128, 4096, 4096, 4, 64, QMM_F16}, {200, 1000, 2112, 8, 32, QMM_BF16}, {64, 300, 4160, 4, 128, QMM_BF16}};
+    static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
+                                 "cuda.qmm_t.wgmma_tile_fma.m128n128"};
+    static const char *splits[] = {"2", "3", "4", "8", "12"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
+                          cases[c].dtype, "cluster splits", &p))
+            continue;
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        void *clustered = malloc(bytes);
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            if (qmm_kernel_supports(context, rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue; /* not Hopper */
+            for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+                const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
+                char label[240];
+                setenv("QMM_CUDA_SPLITS", splits[k], 1);
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                snprintf(label, sizeof label, "%s %s splits in a cluster M=%zu N=%zu K=%zu %d-bit gs%d %s", rows[r],
+                         splits[k], p.M, p.N, p.K, cases[c].bits, cases[c].group_size, qmm_dtype_name(p.dtype));
+                product_check(&p, label, 2.0);
+                if (clustered) memcpy(clustered, p.host_out, bytes);
+                setenv("QMM_CUDA_WGMMA_CLUSTER", "0", 1);
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                unsetenv("QMM_CUDA_WGMMA_CLUSTER");
+                unsetenv("QMM_CUDA_SPLITS");
+                snprintf(label, sizeof label, "%s %s splits through the workspace M=%zu N=%zu K=%zu %d-bit gs%d %s",
+                         rows[r], splits[k], p.M, p.N, p.K, cases[c].bits, cases[c].group_size, qmm_dtype_name(p.dtype));
+                product_check(&p, label, 2.0);
+                CHECK(clustered && memcmp(clustered, p.host_out, bytes) == 0, "%s: not the cluster's bits", label);
+            }
+        }
+        free(clustered);
+        product_free(&p);
+    }
+}
+
 /* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer 64-row
  * blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
  * and the rule, each against the oracle with poisoned outputs, three runs the same bits; then, in a context with 8
@@ -1347,6 +1396,7 @@ static const section sections[] = {
     {"wgmma_tile_order", test_wgmma_tile_order},
     {"wgmma_prepared", test_wgmma_prepared},
     {"wgmma_last_wave", test_wgmma_last_wave},
+    {"wgmma_cluster_splits", test_wgmma_cluster_splits},
     {"qmm_n", test_qmm_n},
 };
 #define SECTION_COUNT (sizeof sections / sizeof sections[0])
