@@ -795,13 +795,16 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     return split_limits(call, s, tiles, tokens * 128, units, best);
 }
 
-/* Whether the wgmma rows' splits of a tile run as one thread-block cluster that sums them in shared memory
- * (kernels_wgmma.cu cluster_finish; sm_90, 2–8 splits, where the device can schedule the cluster) rather than through
- * the split-K workspace; the same bits either way. QMM_CUDA_WGMMA_CLUSTER=0 turns it off (experiments, tests). */
+/* Whether the wgmma rows' splits of a tile may run as one thread-block cluster that sums them in shared memory
+ * (kernels_wgmma.cu cluster_finish; sm_90, 2–8 splits, where the device runs the clusters in no more waves than the
+ * workspace launch) rather than through the split-K workspace; the same bits either way: 1 yes, 0 no, 2 always where
+ * the device can run the cluster at all, and the call fails where it cannot (tests). QMM_CUDA_WGMMA_CLUSTER=0 turns it
+ * off, =require gives 2 (experiments, tests). */
 static int wgmma_cluster(const qmm_call *call) {
     const cuda_state *s = call->backend_state;
-    const char *off = getenv("QMM_CUDA_WGMMA_CLUSTER");
-    return s->major >= 9 && !(off && strcmp(off, "0") == 0);
+    const char *mode = getenv("QMM_CUDA_WGMMA_CLUSTER");
+    if (s->major < 9 || (mode && strcmp(mode, "0") == 0)) return 0;
+    return mode && strcmp(mode, "require") == 0 ? 2 : 1;
 }
 
 /* The wgmma rows' workspace for this call's prepared x (cuda_state.wgmma_prepared), grown if need be; NULL where it

@@ -53,9 +53,10 @@ typedef struct qmm_cuda_launch {
      * in `splits` splits (or none). A value the launch cannot use (the range not inside the tiles) runs one launch
      * of every tile unsplit. */
     int wgmma_whole_tiles;
-    /* wgmma_tile with 2–8 splits: launch each tile's splits as one thread-block cluster (sm_90, cluster dimension z =
-     * splits) that sums them through distributed shared memory, where the device can schedule such clusters;
-     * 0 (or a count it cannot take): through partials and counters */
+    /* wgmma_tile with 2–8 splits: 1 launch each tile's splits as one thread-block cluster (sm_90, cluster dimension
+     * z = splits) that sums them through distributed shared memory, where the device runs those clusters in no more
+     * waves than the split launch would take; 2 wherever it can run them at all (the launch fails where it cannot:
+     * tests); 0 (or another count): through partials and counters */
     int wgmma_cluster;
 } qmm_cuda_launch;
 

@@ -26,7 +26,9 @@
  * Edges: weight rows past N and blocks past K are zero-filled copies (zero pairs), tokens past M zero rows of x;
  * only outputs inside [M, N] are stored. Each output's f32 accumulator goes through the non-finite rule (§2).
  * Split-K (the SPLIT instantiation, grid.z splits; docs/kernels.md §9.6): each block takes a contiguous range of
- * super-blocks, and the last split of a tile to arrive adds the tiles' partials in split order.
+ * super-blocks; the last split of a tile to arrive adds the tiles' partials in split order (split_finish), or, where
+ * the splits of a tile run as one thread-block cluster, each split adds its slice of the tile over the splits' shared
+ * memory in split order (cluster_finish) — the same sums either way.
  * PREP (the default rows; the _fma rows and batch-invariant calls run without it): wgmma_prepare_x first permutes x
  * and sums it per segment once per call, into a context workspace (x_prepared, and Σx as three tf32 pieces per
  * segment); the producer then copies x_prepared by TMA and the stage's pieces by one bulk copy, and does no
@@ -290,11 +292,15 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
     unsigned splits, rank;
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(splits));
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    constexpr int STEPS = TOKS * WG_ROWS / 4;
+    constexpr int STEPS = TOKS * WG_ROWS / 4, MOST = (STEPS / 2 + 255) / 256; /* a thread's steps at 2 splits */
     const int per = (STEPS + (int)splits - 1) / (int)splits, begin = (int)rank * per, end = min(STEPS, begin + per);
     const uint32_t local = smem_address(tile_partial);
-    for (int i4 = begin + (int)threadIdx.x; i4 < end; i4 += 256) {
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 v[MOST];
+#pragma unroll
+    for (int r = 0; r < MOST; r++) {
+        v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int i4 = begin + (int)threadIdx.x + 256 * r;
+        if (i4 >= end) continue;
         for (unsigned z = 0; z < splits; z++) {
             uint32_t remote;
             float4 p;
@@ -303,11 +309,18 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
                          : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
                          : "r"(remote)
                          : "memory");
-            v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+            v[r].x += p.x, v[r].y += p.y, v[r].z += p.z, v[r].w += p.w;
         }
-        store_split_step<BITS, T, GS, WG_ROWS>(v, i4, x, w_orig, scales, biases, out, M, N, K, n0, m0);
     }
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+    /* done reading the other blocks' shared memory: arrive before the stores (a release arrive waits for this thread's
+     * earlier memory operations — after the stores it would wait for every one of them), wait before the exit */
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#pragma unroll
+    for (int r = 0; r < MOST; r++) {
+        const int i4 = begin + (int)threadIdx.x + 256 * r;
+        if (i4 < end) store_split_step<BITS, T, GS, WG_ROWS>(v[r], i4, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+    }
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 }
 #endif /* QMM_WGMMA_DEVICE */
 
@@ -747,25 +760,29 @@ static void cluster_config(cudaLaunchConfig_t *config, cudaLaunchAttribute *attr
     config->attrs = attribute;
     config->numAttrs = 1;
 }
-/* Whether the device can run at least one such cluster at a time (cudaOccupancyMaxActiveClusters: one block of this
- * shared memory per SM, `splits` SMs of one GPC), asked once per instantiation, split count and device (bits of
- * `asked`, `fits`; device ≥ 64: every time). False on any error (the workspace's launch then runs). */
+/* How many such clusters the device runs at a time (cudaOccupancyMaxActiveClusters: one block of this shared memory
+ * per SM, `splits` SMs of one GPC — the GPCs' sizes leave some SMs out), asked once per instantiation, split count and
+ * device (`asked`: bits per device, `clusters`: the answers; devices 0–7, others ask every time); 0 where it cannot be had — an
+ * error (not cached: it may be an earlier launch's), or inside a stream capture before the first answer (a call that
+ * is not known to be capture-safe is not made there). */
 template <typename Kernel>
-static bool cluster_schedulable(Kernel kernel, dim3 grid, size_t shared, int splits, unsigned long long *asked,
-                                unsigned long long *fits) {
+static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits, void *stream, unsigned long long *asked,
+                            int (*clusters)[8]) {
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return cudaGetLastError(), false;
-    const unsigned long long bit = device < 64 ? 1ull << device : 0;
-    if (*asked & bit) return (*fits & bit) != 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return cudaGetLastError(), 0;
+    const unsigned long long bit = device < 8 ? 1ull << device : 0;
+    if (*asked & bit) return (*clusters)[device];
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+        return cudaGetLastError(), 0;
     cudaLaunchConfig_t config;
     cudaLaunchAttribute attribute;
     cluster_config(&config, &attribute, grid, shared, nullptr, splits);
-    int clusters = 0;
-    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters >= 1;
-    if (!ok) cudaGetLastError(); /* not the call's failure: it runs through the workspace */
-    *asked |= bit;
-    if (ok) *fits |= bit;
-    return ok;
+    int count = 0;
+    if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess)
+        return cudaGetLastError(), 0; /* not the call's failure: it runs through the workspace */
+    if (bit) (*clusters)[device] = count, *asked |= bit;
+    return count;
 }
 template <typename... Params, typename... Args>
 static int launch_cluster_z(void (*kernel)(Params...), dim3 grid, size_t shared, void *stream, int splits, Args... args) {
@@ -828,12 +845,22 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         if (status) return status;
     }
     const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
-    static unsigned long long cluster_asked[4][WG_CLUSTER_MAX + 1], cluster_fits[4][WG_CLUSTER_MAX + 1];
-    if (c->wgmma_cluster && splits >= 2 && splits <= WG_CLUSTER_MAX &&
-        cluster_schedulable(kernel, grid, shared, splits, &cluster_asked[variant][splits], &cluster_fits[variant][splits]))
-        return launch_cluster_z(kernel, grid, shared, c->stream, splits, x_map, (const T *)c->x, (const uint4 *)c->packed,
-                                (const uint32_t *)c->sb, c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out,
-                                c->partials, c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, whole);
+    /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
+     * SMs (wgmma_splits' model; c->wgmma_cluster 2 — tests — takes any cluster it can run, and fails otherwise) */
+    static unsigned long long cluster_asked[4][WG_CLUSTER_MAX + 1];
+    static int cluster_count[4][WG_CLUSTER_MAX + 1][8];
+    if (c->wgmma_cluster && splits >= 2 && splits <= WG_CLUSTER_MAX) {
+        const int clusters = cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_asked[variant][splits],
+                                              &cluster_count[variant][splits]);
+        const long long sms = c->multiprocessors > 0 ? c->multiprocessors : 1, tiles_here = (long long)grid.x;
+        const bool waves_ok = clusters > 0 && (tiles_here + clusters - 1) / clusters <= (tiles_here * splits + sms - 1) / sms;
+        if (c->wgmma_cluster == 2 && clusters <= 0) return (int)cudaErrorNotSupported;
+        if (waves_ok || c->wgmma_cluster == 2)
+            return launch_cluster_z(kernel, grid, shared, c->stream, splits, x_map, (const T *)c->x,
+                                    (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                                    (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M,
+                                    (int)c->N, (int)c->K, per_split, whole);
+    }
     return launch_kernel(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, x_map, (const T *)c->x,
                          (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,

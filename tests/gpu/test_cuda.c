@@ -402,16 +402,21 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
 }
 
 /* The wgmma rows' split-K through a thread-block cluster (the splits of a tile sum their partials in each other's
- * shared memory) and through the workspace (QMM_CUDA_WGMMA_CLUSTER=0): each against the oracle with poisoned outputs,
+ * shared memory; QMM_CUDA_WGMMA_CLUSTER=require: the call fails where the cluster launch is not taken, so the
+ * comparison cannot pass vacuously) and through the workspace (=0): each against the oracle with poisoned outputs,
  * and the same bits (both add the splits' partials in split order) — split counts 2–8 forced (QMM_CUDA_SPLITS, the
- * cluster sizes) and 12 (past a portable cluster: the workspace either way), PREP and _fma rows, both token tiles,
- * edges: N not a multiple of 128, K ending inside a super-block, M past one token tile. Hopper only. */
+ * cluster sizes; split_limits may lower them) and, on 64 super-blocks, 12 (11 splits: past a portable cluster, the
+ * workspace either way), PREP and _fma rows, both token tiles, edges: N not a multiple of 128, K ending inside a
+ * super-block, M past one token tile. Hopper only. */
 static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
         int bits, group_size;
         qmm_dtype dtype;
-    } cases[] = {{128, 4096, 4096, 4, 64, QMM_F16}, {200, 1000, 2112, 8, 32, QMM_BF16}, {64, 300, 4160, 4, 128, QMM_BF16}};
+    } cases[] = {{128, 4096, 4096, 4, 64, QMM_F16},
+                 {200, 1000, 2112, 8, 32, QMM_BF16},
+                 {64, 300, 4160, 4, 64, QMM_BF16},
+                 {128, 1024, 8192, 4, 64, QMM_F16}};
     static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
                                  "cuda.qmm_t.wgmma_tile_fma.m128n128"};
     static const char *splits[] = {"2", "3", "4", "8", "12"};
@@ -427,11 +432,15 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
             for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
                 const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
                 char label[240];
+                const bool cluster = strcmp(splits[k], "12") != 0; /* 2–8 requested: a cluster (11 splits: none) */
                 setenv("QMM_CUDA_SPLITS", splits[k], 1);
+                if (cluster) setenv("QMM_CUDA_WGMMA_CLUSTER", "require", 1);
                 CHECK_OK(qmm_buffer_poison(p.out));
                 CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
-                snprintf(label, sizeof label, "%s %s splits in a cluster M=%zu N=%zu K=%zu %d-bit gs%d %s", rows[r],
-                         splits[k], p.M, p.N, p.K, cases[c].bits, cases[c].group_size, qmm_dtype_name(p.dtype));
+                unsetenv("QMM_CUDA_WGMMA_CLUSTER");
+                snprintf(label, sizeof label, "%s %s splits %s M=%zu N=%zu K=%zu %d-bit gs%d %s", rows[r], splits[k],
+                         cluster ? "in a cluster" : "(cluster path allowed)", p.M, p.N, p.K, cases[c].bits,
+                         cases[c].group_size, qmm_dtype_name(p.dtype));
                 product_check(&p, label, 2.0);
                 if (clustered) memcpy(clustered, p.host_out, bytes);
                 setenv("QMM_CUDA_WGMMA_CLUSTER", "0", 1);
