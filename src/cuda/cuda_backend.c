@@ -844,28 +844,43 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
     return memory;
 }
 
+/* A wgmma row's launch for this call: splits, last wave, cluster mode and (PREPARED rows) the prepared-x workspace. */
+static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool prepared) {
+    int whole_tiles;
+    qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, tokens, &whole_tiles));
+    launch.wgmma_whole_tiles = whole_tiles;
+    launch.wgmma_cluster = wgmma_cluster(call);
+    if (prepared) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);
+    return launch;
+}
+
 /* The wgmma rows (PREPARED: x prepared once per call, b·Σx on the tensor cores) and their _fma twins (x permuted in
- * each block, b·Σx by FMA: the mma_tile rows' order, for batch-invariant calls). */
+ * each block, b·Σx by FMA: the mma_tile rows' order, for batch-invariant calls). The reserve hook runs when a chain
+ * step is recorded, before any capture: it sets up the prepared-x workspace (PREPARED) and asks the device what the
+ * cluster launch needs to know (wgmma_prime), neither of which can be done inside the capture. */
 #define WGMMA_ROW(NAME, TOKENS, PREPARED)                                                                         \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
-        int whole_tiles;                                                                                          \
-        qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS, &whole_tiles));                 \
-        launch.wgmma_whole_tiles = whole_tiles;                                                                   \
-        launch.wgmma_cluster = wgmma_cluster(call);                                                               \
-        if (PREPARED) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);                \
+        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED);                                         \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
+    }                                                                                                             \
+    static void NAME##_reserve(const qmm_call *call) {                                                            \
+        const cuda_state *s = call->backend_state;                                                                \
+        if (cudaSetDevice(s->device) != cudaSuccess) {                                                            \
+            cudaGetLastError(); /* the step then runs through the workspace (and without prepared x) */           \
+            return;                                                                                               \
+        }                                                                                                         \
+        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED);                                         \
+        launch.wgmma_prime = 1; /* nothing enqueued; where a question fails, the step takes the workspace */      \
+        if (qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS) != 0) cudaGetLastError();                                  \
     }
 
 WGMMA_ROW(wgmma_m128n128, 128, true)
 WGMMA_ROW(wgmma_m64n128, 64, true)
 WGMMA_ROW(wgmma_fma_m128n128, 128, false)
 WGMMA_ROW(wgmma_fma_m64n128, 64, false)
-
-/* The default wgmma rows' reserve hook: the workspace for a chain step's call, set up before any capture. */
-static void wgmma_reserve(const qmm_call *call) { wgmma_prepared_workspace(call->backend_state, call); }
 
 /* The mma_tile rows' batch-invariant order (docs/kernels.md §11): per output, the 64-byte super-blocks of K in
  * order; in each, the group segments in order; a segment's q·x MMAs (and the all-ones Σx MMAs) chained in the
@@ -1015,20 +1030,24 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_max_m_small_n = 128},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
-     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_reserve, .prefer_min_m = 65,
+     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_m128n128_reserve,
+     .prefer_min_m = 65,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
-     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_reserve, .prefer_min_m = 33,
+     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_m64n128_reserve,
+     .prefer_min_m = 33,
      .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     /* the same tiles in the mma_tile rows' order (batch-invariant calls; default calls take the rows above) */
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
-     .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .prefer_min_m = 65,
+     .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .reserve = wgmma_fma_m128n128_reserve,
+     .prefer_min_m = 65,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
-     .supports = wgmma_fma_m64n128_supports, .run = wgmma_fma_m64n128_run, .prefer_min_m = 33,
+     .supports = wgmma_fma_m64n128_supports, .run = wgmma_fma_m64n128_run, .reserve = wgmma_fma_m64n128_reserve,
+     .prefer_min_m = 33,
      .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),

@@ -58,6 +58,10 @@ typedef struct qmm_cuda_launch {
      * waves than the split launch would take; 2 wherever it can run them at all (the launch fails where it cannot:
      * tests); 0 (or another count): through partials and counters */
     int wgmma_cluster;
+    /* wgmma_tile: 1 enqueues nothing — it only asks the device, outside any stream capture, what the launch will need
+     * to know inside one (how many clusters it runs at a time: cudaOccupancyMaxActiveClusters is not asked during a
+     * capture); a chain step's reserve hook, before the chain's graph is captured */
+    int wgmma_prime;
 } qmm_cuda_launch;
 
 /* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */

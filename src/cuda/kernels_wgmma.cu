@@ -820,6 +820,16 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     int opt_in = shared_memory_opt_in(kernel, shared, &opted_in[variant]);
     if (!opt_in && whole) opt_in = shared_memory_opt_in(whole_kernel, shared, &opted_in[whole_variant]);
     if (opt_in) return opt_in;
+    const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
+    static unsigned long long cluster_asked[4][WG_CLUSTER_MAX + 1];
+    static int cluster_count[4][WG_CLUSTER_MAX + 1][8];
+    const bool cluster_size = splits >= 2 && splits <= WG_CLUSTER_MAX;
+    if (c->wgmma_prime) { /* the answer the launch below will look up, asked now (outside a capture) */
+        if (c->wgmma_cluster && cluster_size)
+            cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_asked[variant][splits],
+                             &cluster_count[variant][splits]);
+        return 0;
+    }
     const void *x = c->x;
     const float *x_sums = nullptr;
     if (prep) {
@@ -844,12 +854,9 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                                          c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, 0);
         if (status) return status;
     }
-    const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
     /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
      * SMs (wgmma_splits' model; c->wgmma_cluster 2 — tests — takes any cluster it can run, and fails otherwise) */
-    static unsigned long long cluster_asked[4][WG_CLUSTER_MAX + 1];
-    static int cluster_count[4][WG_CLUSTER_MAX + 1][8];
-    if (c->wgmma_cluster && splits >= 2 && splits <= WG_CLUSTER_MAX) {
+    if (c->wgmma_cluster && cluster_size) {
         const int clusters = cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_asked[variant][splits],
                                               &cluster_count[variant][splits]);
         const long long sms = c->multiprocessors > 0 ? c->multiprocessors : 1, tiles_here = (long long)grid.x;

@@ -457,6 +457,43 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
         free(clustered);
         product_free(&p);
     }
+    /* In a chain: the graph is captured on the first run, where the device cannot be asked how many clusters it
+     * runs; the step's reserve hook asks before (wgmma_prime). Under require the capture fails without that answer,
+     * so a chain that runs and matches the oracle and the workspace's bits shows the hook did its work — strictly where
+     * no earlier call asked the same question (5 splits at group 128: run this section alone, QMM_TEST_SECTION). */
+    product p;
+    if (!product_make(context, rng, 96, 2000, 4096, 4, 128, QMM_F16, "cluster splits in a chain", &p)) return;
+    const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+    void *chained = malloc(bytes);
+    static const char *chain_rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile_fma.m64n128"};
+    for (size_t r = 0; r < sizeof chain_rows / sizeof chain_rows[0]; r++) {
+        if (qmm_kernel_supports(context, chain_rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue;
+        const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = chain_rows[r]};
+        char label[200];
+        snprintf(label, sizeof label, "%s 5 splits in a cluster, in a chain", chain_rows[r]);
+        setenv("QMM_CUDA_SPLITS", "5", 1);
+        setenv("QMM_CUDA_WGMMA_CLUSTER", "require", 1);
+        qmm_chain *chain = NULL;
+        CHECK_OK(qmm_chain_create(context, &chain));
+        CHECK_OK(qmm_chain_add_matmul(chain, p.weights, p.x, p.M, p.out, &options));
+        for (int run = 0; run < 2; run++) { /* the capture, then a replay */
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_chain_run(chain));
+            product_check(&p, label, 2.0);
+        }
+        qmm_chain_destroy(chain);
+        if (chained) memcpy(chained, p.host_out, bytes);
+        setenv("QMM_CUDA_WGMMA_CLUSTER", "0", 1);
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+        unsetenv("QMM_CUDA_WGMMA_CLUSTER");
+        unsetenv("QMM_CUDA_SPLITS");
+        snprintf(label, sizeof label, "%s 5 splits through the workspace", chain_rows[r]);
+        product_check(&p, label, 2.0);
+        CHECK(chained && memcmp(chained, p.host_out, bytes) == 0, "%s: not the chain's bits", label);
+    }
+    free(chained);
+    product_free(&p);
 }
 
 /* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer 64-row
