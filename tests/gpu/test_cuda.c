@@ -231,7 +231,7 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
     product_free(&p);
 }
 
-/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
+/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 33 · 4096,
  * m64n128 from M = 33 (49 for N > 5120, 65 within m16n64's box) where its tiles of 128 × 64 times K reach 128 · 768
  * (mma_gemv m16n64 first in its box, m32n16 up
  * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
@@ -244,9 +244,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         size_t M, N, K;
         const char *want; /* NULL: neither wgmma row */
     } cases[] = {
-        {65, 4096, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 32 tiles, K 4096 (split-K: 4 splits) */
+        {65, 4096, 4224, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 32 tiles × K 4224 = 33 · 4096 (split-K) */
+        {65, 4224, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 33 tiles × K 4096 */
+        {65, 4096, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles × K 4096: 64 tiles of 64 tokens */
         {65, 3968, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 31 tiles of 128 tokens, 62 of 64 */
-        {65, 4096, 4032, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles × K 4032 */
         {49, 8192, 1536, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 64 tiles of 64 tokens × K 1536 = 128 × 768 */
         {49, 8192, 1472, NULL},                             /* 64 × 1472: below it, mma_tile m64n64 */
         {33, 4096, 3072, NULL},                             /* M 33–64, N ≤ 5120: mma_gemv m16n64 first */
