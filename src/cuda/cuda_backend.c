@@ -970,14 +970,15 @@ static qmm_status gather_run(const qmm_call *call);
  *   On Hopper, the wgmma_tile rows (the seventh session's sweep, 330 cells; the tenth session's with split-K in
  *   the wgmma rows, docs/PERF.md), where their 128-row tiles times K are enough work to fill the device, split-K
  *   included (prefer_min_tiles_k; wgmma_splits):
- *   M ≥ 65, tiles of 128 × 128 tokens times K ≥ 33 · 4096: wgmma_tile m128n128 — wgmma with the decoded weights
+ *   M ≥ 65, ≥ 33 tiles of 128 × 128 tokens, times K ≥ 32 · 4096: wgmma_tile m128n128 — wgmma with the decoded weights
  *            in registers, x by TMA: the fastest row in every bf16 cell with N ≥ 4096 at M = 128 (5120²: 43 vs
  *            53 µs for mma_tile m64n64; 4096×12288: 60 vs 86; 5120² M = 2048 f16: 358 vs 567). Few tiles with a
  *            short K do not split (the 30B-A3B experts' K = 768 or 2048 at M = 256–512: the other rows are faster);
- *            many of them do not need to (768×2048 at M = 2048, 96 tiles: the fastest row). At 32 tiles × 4096
- *            (4096² M = 128) m64n128's 64 tiles in 2 splits are faster: 23.7 vs 26.9 µs through the workspace,
- *            18.8 with its splits as clusters, where m128n128's clusters of 4 would take two waves (twenty-fifth
- *            session).
+ *            many of them do not need to (768×2048 at M = 2048, 96 tiles: the fastest row). At 32 tiles m64n128's
+ *            64 in 2 splits are faster, their clusters of 2 fitting where m128n128's of 4 would take two waves
+ *            (twenty-fifth session, f16: 4096² M = 128 18.7 vs 26.7 µs; 1024×4096 and 1024×5120 at M = 512 20.3
+ *            vs ~24 and 23.6 vs 30.9; 4096×12288 M = 128 41.3 vs 44.1); at 40 tiles the two are level (5120²
+ *            M = 128) or m128n128 is faster (5120×14336 M = 128: 60 vs 70).
  *   M ≥ 33, tiles of 128 × 64 tokens times K ≥ 128 · 768 (outside mma_gemv m16n64's box, which comes first):
  *            wgmma_tile m64n128 — the same kernel with 64 tokens per block: the fastest tile row at M = 64 for
  *            N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs 79), except where the tiles come to just
@@ -1034,8 +1035,8 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
      .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_m128n128_reserve,
-     .prefer_min_m = 65,
-     .prefer_min_tiles_k = 33 * 4096, .prefer_min_tiles_unsplit = 80},
+     .prefer_min_m = 65, .prefer_min_tiles = 33,
+     .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
      .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_m64n128_reserve,
@@ -1045,7 +1046,7 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
      .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .reserve = wgmma_fma_m128n128_reserve,
-     .prefer_min_m = 65,
+     .prefer_min_m = 65, .prefer_min_tiles = 33,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),

@@ -64,7 +64,8 @@ typedef struct qmm_cuda_launch {
     int wgmma_prime;
 } qmm_cuda_launch;
 
-/* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */
+/* Launchers: enqueue the call's kernels (one, or a few: the wgmma rows' pre-pass and split launches; none with
+ * wgmma_prime) on launch->stream and return the cudaError_t of the launch (0 = ok). */
 int qmm_cuda_generic_qmm_t(const qmm_cuda_launch *launch);
 int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
 /* The mma GEMV family: tokens (rows of x) on the MMA's N side, 8·tokens_tiles of them; 16·row_tiles

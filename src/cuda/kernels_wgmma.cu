@@ -762,16 +762,18 @@ static void cluster_config(cudaLaunchConfig_t *config, cudaLaunchAttribute *attr
 }
 /* How many such clusters the device runs at a time (cudaOccupancyMaxActiveClusters: one block of this shared memory
  * per SM, `splits` SMs of one GPC — the GPCs' sizes leave some SMs out), asked once per instantiation, split count and
- * device (`asked`: bits per device, `clusters`: the answers; devices 0–7, others ask every time); 0 where it cannot be had — an
- * error (not cached: it may be an earlier launch's), or inside a stream capture before the first answer (a call that
- * is not known to be capture-safe is not made there). */
+ * device (`answers`: per device, the count + 1, 0 = not asked yet; atomic, since contexts may run on several threads;
+ * devices 0–7, others ask every time); 0 where it cannot be had — an error (not cached: it may be an earlier
+ * launch's), or inside a stream capture before the first answer (a call that is not known to be capture-safe is not
+ * made there; a chain step's reserve hook asks before the capture, wgmma_prime). */
 template <typename Kernel>
-static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits, void *stream, unsigned long long *asked,
-                            int (*clusters)[8]) {
+static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits, void *stream,
+                            std::atomic<int> (*answers)[8]) {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return cudaGetLastError(), 0;
-    const unsigned long long bit = device < 8 ? 1ull << device : 0;
-    if (*asked & bit) return (*clusters)[device];
+    std::atomic<int> *answer = device >= 0 && device < 8 ? &(*answers)[device] : nullptr;
+    const int known = answer ? answer->load(std::memory_order_relaxed) : 0;
+    if (known > 0) return known - 1;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
         return cudaGetLastError(), 0;
@@ -781,7 +783,8 @@ static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits,
     int count = 0;
     if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess)
         return cudaGetLastError(), 0; /* not the call's failure: it runs through the workspace */
-    if (bit) (*clusters)[device] = count, *asked |= bit;
+    if (count < 0) count = 0;
+    if (answer) answer->store(count + 1, std::memory_order_relaxed);
     return count;
 }
 template <typename... Params, typename... Args>
@@ -821,13 +824,11 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     if (!opt_in && whole) opt_in = shared_memory_opt_in(whole_kernel, shared, &opted_in[whole_variant]);
     if (opt_in) return opt_in;
     const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
-    static unsigned long long cluster_asked[4][WG_CLUSTER_MAX + 1];
-    static int cluster_count[4][WG_CLUSTER_MAX + 1][8];
+    static std::atomic<int> cluster_answers[4][WG_CLUSTER_MAX + 1][8];
     const bool cluster_size = splits >= 2 && splits <= WG_CLUSTER_MAX;
     if (c->wgmma_prime) { /* the answer the launch below will look up, asked now (outside a capture) */
         if (c->wgmma_cluster && cluster_size)
-            cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_asked[variant][splits],
-                             &cluster_count[variant][splits]);
+            cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_answers[variant][splits]);
         return 0;
     }
     const void *x = c->x;
@@ -857,8 +858,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
      * SMs (wgmma_splits' model; c->wgmma_cluster 2 — tests — takes any cluster it can run, and fails otherwise) */
     if (c->wgmma_cluster && cluster_size) {
-        const int clusters = cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_asked[variant][splits],
-                                              &cluster_count[variant][splits]);
+        const int clusters = cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_answers[variant][splits]);
         const long long sms = c->multiprocessors > 0 ? c->multiprocessors : 1, tiles_here = (long long)grid.x;
         const bool waves_ok = clusters > 0 && (tiles_here + clusters - 1) / clusters <= (tiles_here * splits + sms - 1) / sms;
         if (c->wgmma_cluster == 2 && clusters <= 0) return (int)cudaErrorNotSupported;

@@ -231,7 +231,8 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
     product_free(&p);
 }
 
-/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 33 · 4096,
+/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 with 33 tiles of 128 × 128 whose tiles times K reach
+ * 32 · 4096,
  * m64n128 from M = 33 (49 for N > 5120, 65 within m16n64's box) where its tiles of 128 × 64 times K reach 128 · 768
  * (mma_gemv m16n64 first in its box, m32n16 up
  * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
@@ -244,9 +245,9 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         size_t M, N, K;
         const char *want; /* NULL: neither wgmma row */
     } cases[] = {
-        {65, 4096, 4224, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 32 tiles × K 4224 = 33 · 4096 (split-K) */
-        {65, 4224, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 33 tiles × K 4096 */
-        {65, 4096, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles × K 4096: 64 tiles of 64 tokens */
+        {65, 4224, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 33 tiles × K 4096 (split-K) */
+        {65, 4224, 3968, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 33 tiles × K 3968: short of 32 · 4096 */
+        {65, 4096, 8192, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles, however long K: 64 tiles of 64 tokens */
         {65, 3968, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 31 tiles of 128 tokens, 62 of 64 */
         {49, 8192, 1536, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 64 tiles of 64 tokens × K 1536 = 128 × 768 */
         {49, 8192, 1472, NULL},                             /* 64 × 1472: below it, mma_tile m64n64 */
@@ -466,7 +467,8 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     if (!product_make(context, rng, 96, 2000, 4096, 4, 128, QMM_F16, "cluster splits in a chain", &p)) return;
     const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
     void *chained = malloc(bytes);
-    static const char *chain_rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile_fma.m64n128"};
+    static const char *chain_rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
+                                       "cuda.qmm_t.wgmma_tile_fma.m64n128"};
     for (size_t r = 0; r < sizeof chain_rows / sizeof chain_rows[0]; r++) {
         if (qmm_kernel_supports(context, chain_rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue;
         const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = chain_rows[r]};
