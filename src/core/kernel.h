@@ -68,8 +68,9 @@ typedef struct qmm_kernel {
     /* Computes the product. Only called after supports() accepted the call. */
     qmm_status (*run)(const qmm_call *call);
     /* Optional (NULL: nothing to do): called when a chain records the call (qmm_chain_add_matmul), never inside a
-     * stream capture, so that the row can set up now what its run would otherwise allocate (a captured run may not:
-     * the CUDA wgmma rows' workspace for x, which they otherwise go without). Must not fail. */
+     * stream capture, so that the row can set up now what its run would otherwise allocate or ask (a captured run may
+     * not: the CUDA wgmma rows' workspace for x, which they otherwise go without, and how many thread-block clusters
+     * the device runs at a time, without which their split-K takes the workspace). Must not fail. */
     void (*reserve)(const qmm_call *call);
     /* Selector hints (src/select.c), never capabilities: unforced, the selector takes this row only for
      * M ≤ prefer_max_m (0 = no limit) and N ≥ prefer_min_n, and never when tune_only is set (rows kept for

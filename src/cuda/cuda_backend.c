@@ -795,6 +795,18 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
     return split_limits(call, s, tiles, tokens * 128, units, best);
 }
 
+/* Whether the wgmma rows' splits of a tile may run as one thread-block cluster that sums them in shared memory
+ * (kernels_wgmma.cu cluster_finish; sm_90, 2–8 splits, where the device runs the clusters in no more waves than the
+ * workspace launch) rather than through the split-K workspace; the same bits either way: 1 yes, 0 no, 2 always where
+ * the device can run the cluster at all, and the call fails where it cannot (tests). QMM_CUDA_WGMMA_CLUSTER=0 turns it
+ * off, =require gives 2 (experiments, tests). */
+static int wgmma_cluster(const qmm_call *call) {
+    const cuda_state *s = call->backend_state;
+    const char *mode = getenv("QMM_CUDA_WGMMA_CLUSTER");
+    if (s->major < 9 || (mode && strcmp(mode, "0") == 0)) return 0;
+    return mode && strcmp(mode, "require") == 0 ? 2 : 1;
+}
+
 /* The wgmma rows' workspace for this call's prepared x (cuda_state.wgmma_prepared), grown if need be; NULL where it
  * cannot be had now — inside a stream capture (no allocation there: a chain's steps reserve it when recorded, the
  * rows' reserve hook) or out of device memory — and the call then runs the _fma variant (x permuted in each block),
@@ -832,27 +844,43 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
     return memory;
 }
 
+/* A wgmma row's launch for this call: splits, last wave, cluster mode and (PREPARED rows) the prepared-x workspace. */
+static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool prepared) {
+    int whole_tiles;
+    qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, tokens, &whole_tiles));
+    launch.wgmma_whole_tiles = whole_tiles;
+    launch.wgmma_cluster = wgmma_cluster(call);
+    if (prepared) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);
+    return launch;
+}
+
 /* The wgmma rows (PREPARED: x prepared once per call, b·Σx on the tensor cores) and their _fma twins (x permuted in
- * each block, b·Σx by FMA: the mma_tile rows' order, for batch-invariant calls). */
+ * each block, b·Σx by FMA: the mma_tile rows' order, for batch-invariant calls). The reserve hook runs when a chain
+ * step is recorded, before any capture: it sets up the prepared-x workspace (PREPARED) and asks the device what the
+ * cluster launch needs to know (wgmma_prime), neither of which can be done inside the capture. */
 #define WGMMA_ROW(NAME, TOKENS, PREPARED)                                                                         \
     static bool NAME##_supports(const qmm_call *call, char *why_not, size_t size) {                               \
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
-        int whole_tiles;                                                                                          \
-        qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, TOKENS, &whole_tiles));                 \
-        launch.wgmma_whole_tiles = whole_tiles;                                                                   \
-        if (PREPARED) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);                \
+        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED);                                         \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
+    }                                                                                                             \
+    static void NAME##_reserve(const qmm_call *call) {                                                            \
+        const cuda_state *s = call->backend_state;                                                                \
+        if (cudaSetDevice(s->device) != cudaSuccess) {                                                            \
+            cudaGetLastError(); /* the step then runs through the workspace (and without prepared x) */           \
+            return;                                                                                               \
+        }                                                                                                         \
+        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED);                                         \
+        launch.wgmma_prime = 1; /* nothing enqueued; where a question fails, the step takes the workspace */      \
+        if (qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS) != 0) cudaGetLastError();                                  \
     }
 
 WGMMA_ROW(wgmma_m128n128, 128, true)
 WGMMA_ROW(wgmma_m64n128, 64, true)
 WGMMA_ROW(wgmma_fma_m128n128, 128, false)
 WGMMA_ROW(wgmma_fma_m64n128, 64, false)
-
-/* The default wgmma rows' reserve hook: the workspace for a chain step's call, set up before any capture. */
-static void wgmma_reserve(const qmm_call *call) { wgmma_prepared_workspace(call->backend_state, call); }
 
 /* The mma_tile rows' batch-invariant order (docs/kernels.md §11): per output, the 64-byte super-blocks of K in
  * order; in each, the group segments in order; a segment's q·x MMAs (and the all-ones Σx MMAs) chained in the
@@ -942,11 +970,15 @@ static qmm_status gather_run(const qmm_call *call);
  *   On Hopper, the wgmma_tile rows (the seventh session's sweep, 330 cells; the tenth session's with split-K in
  *   the wgmma rows, docs/PERF.md), where their 128-row tiles times K are enough work to fill the device, split-K
  *   included (prefer_min_tiles_k; wgmma_splits):
- *   M ≥ 65, tiles of 128 × 128 tokens times K ≥ 32 · 4096: wgmma_tile m128n128 — wgmma with the decoded weights
+ *   M ≥ 65, ≥ 33 tiles of 128 × 128 tokens, times K ≥ 32 · 4096: wgmma_tile m128n128 — wgmma with the decoded weights
  *            in registers, x by TMA: the fastest row in every bf16 cell with N ≥ 4096 at M = 128 (5120²: 43 vs
  *            53 µs for mma_tile m64n64; 4096×12288: 60 vs 86; 5120² M = 2048 f16: 358 vs 567). Few tiles with a
  *            short K do not split (the 30B-A3B experts' K = 768 or 2048 at M = 256–512: the other rows are faster);
- *            many of them do not need to (768×2048 at M = 2048, 96 tiles: the fastest row).
+ *            many of them do not need to (768×2048 at M = 2048, 96 tiles: the fastest row). At 32 tiles m64n128's
+ *            64 in 2 splits are faster, their clusters of 2 fitting where m128n128's of 4 would take two waves
+ *            (twenty-fifth session, f16: 4096² M = 128 18.7 vs 26.7 µs; 1024×4096 and 1024×5120 at M = 512 20.3
+ *            vs ~24 and 23.6 vs 30.9; 4096×12288 M = 128 41.3 vs 44.1); at 40 tiles the two are level (5120²
+ *            M = 128) or m128n128 is faster (5120×14336 M = 128: 60 vs 70).
  *   M ≥ 33, tiles of 128 × 64 tokens times K ≥ 128 · 768 (outside mma_gemv m16n64's box, which comes first):
  *            wgmma_tile m64n128 — the same kernel with 64 tokens per block: the fastest tile row at M = 64 for
  *            N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs 79), except where the tiles come to just
@@ -1002,20 +1034,24 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_max_m_small_n = 128},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
-     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_reserve, .prefer_min_m = 65,
+     .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_m128n128_reserve,
+     .prefer_min_m = 65, .prefer_min_tiles = 33,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
-     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_reserve, .prefer_min_m = 33,
+     .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_m64n128_reserve,
+     .prefer_min_m = 33,
      .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     /* the same tiles in the mma_tile rows' order (batch-invariant calls; default calls take the rows above) */
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
-     .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .prefer_min_m = 65,
+     .supports = wgmma_fma_m128n128_supports, .run = wgmma_fma_m128n128_run, .reserve = wgmma_fma_m128n128_reserve,
+     .prefer_min_m = 65, .prefer_min_tiles = 33,
      .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m64n128", 64,
                         "Hopper wgmma tile, 128 rows x 64 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),
-     .supports = wgmma_fma_m64n128_supports, .run = wgmma_fma_m64n128_run, .prefer_min_m = 33,
+     .supports = wgmma_fma_m64n128_supports, .run = wgmma_fma_m64n128_run, .reserve = wgmma_fma_m64n128_reserve,
+     .prefer_min_m = 33,
      .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
     {.info = TILE_INFO("cuda.qmm_t.mma_tile.m64n64", 64, 64, 128,
                        "tensor-core tile, 64 rows x 64 tokens, cp.async pipeline, split-K, 4/8-bit f16/bf16"),

@@ -53,9 +53,19 @@ typedef struct qmm_cuda_launch {
      * in `splits` splits (or none). A value the launch cannot use (the range not inside the tiles) runs one launch
      * of every tile unsplit. */
     int wgmma_whole_tiles;
+    /* wgmma_tile with 2–8 splits: 1 launch each tile's splits as one thread-block cluster (sm_90, cluster dimension
+     * z = splits) that sums them through distributed shared memory, where the device runs those clusters in no more
+     * waves than the split launch would take; 2 wherever it can run them at all (the launch fails where it cannot:
+     * tests); 0 (or another count): through partials and counters */
+    int wgmma_cluster;
+    /* wgmma_tile: 1 enqueues nothing — it only asks the device, outside any stream capture, what the launch will need
+     * to know inside one (how many clusters it runs at a time: cudaOccupancyMaxActiveClusters is not asked during a
+     * capture); a chain step's reserve hook, before the chain's graph is captured */
+    int wgmma_prime;
 } qmm_cuda_launch;
 
-/* Launchers: enqueue one kernel on launch->stream and return the cudaError_t of the launch (0 = ok). */
+/* Launchers: enqueue the call's kernels (one, or a few: the wgmma rows' pre-pass and split launches; none with
+ * wgmma_prime) on launch->stream and return the cudaError_t of the launch (0 = ok). */
 int qmm_cuda_generic_qmm_t(const qmm_cuda_launch *launch);
 int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
 /* The mma GEMV family: tokens (rows of x) on the MMA's N side, 8·tokens_tiles of them; 16·row_tiles

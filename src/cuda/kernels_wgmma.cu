@@ -26,7 +26,9 @@
  * Edges: weight rows past N and blocks past K are zero-filled copies (zero pairs), tokens past M zero rows of x;
  * only outputs inside [M, N] are stored. Each output's f32 accumulator goes through the non-finite rule (§2).
  * Split-K (the SPLIT instantiation, grid.z splits; docs/kernels.md §9.6): each block takes a contiguous range of
- * super-blocks, and the last split of a tile to arrive adds the tiles' partials in split order.
+ * super-blocks; the last split of a tile to arrive adds the tiles' partials in split order (split_finish), or, where
+ * the splits of a tile run as one thread-block cluster, each split adds its slice of the tile over the splits' shared
+ * memory in split order (cluster_finish) — the same sums either way.
  * PREP (the default rows; the _fma rows and batch-invariant calls run without it): wgmma_prepare_x first permutes x
  * and sums it per segment once per call, into a context workspace (x_prepared, and Σx as three tf32 pieces per
  * segment); the producer then copies x_prepared by TMA and the stage's pieces by one bulk copy, and does no
@@ -271,6 +273,56 @@ __device__ __noinline__ void split_finish(const float *tile_partial, float *part
         scales, biases, out, M, N, K, n0, m0);
     if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
 }
+
+/* Split-K's end in a cluster (launch_wgmma with c->wgmma_cluster: the tile's splits are one thread-block cluster, split
+ * z its rank z): every split's partial tile stays in its own shared memory ([TOKS tokens][128 rows] f32); after a
+ * cluster barrier (release/acquire: the partials visible across the cluster; PTX ISA `barrier.cluster`) the
+ * split of rank r sums the r-th slice of the tile's 4-row steps over the splits' shared memory in split order
+ * (PTX ISA `mapa` + `ld.shared::cluster` — the same sums 0 + p0 + p1 + … as split_finish's, so the same
+ * bits) and stores it (store_split_step: the non-finite rule); a second barrier keeps every block, and so its shared
+ * memory, alive until the other splits have read it. Consumers only (threads 0–255): the producer has returned, and an
+ * exited thread holds no cluster barrier up (PTX ISA, `exit`). Replaces the workspace's round trip and the last
+ * split's serial sum (≈ a quarter of the tile kernel's time at 4096² M = 128 with 4 splits: ncu, twenty-fourth
+ * session). Not inlined: its registers stay out of the consumers' main loop. */
+#if QMM_WGMMA_DEVICE
+template <int BITS, typename T, int GS, int TOKS>
+__device__ __noinline__ void cluster_finish(const float *tile_partial, const T *x, const uint32_t *w_orig, const T *scales,
+                                            const T *biases, T *out, int M, int N, int K, int n0, int m0) {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+    unsigned splits, rank;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(splits));
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    constexpr int STEPS = TOKS * WG_ROWS / 4, MOST = (STEPS / 2 + 255) / 256; /* a thread's steps at 2 splits */
+    const int per = (STEPS + (int)splits - 1) / (int)splits, begin = (int)rank * per, end = min(STEPS, begin + per);
+    const uint32_t local = smem_address(tile_partial);
+    float4 v[MOST];
+#pragma unroll
+    for (int r = 0; r < MOST; r++) {
+        v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int i4 = begin + (int)threadIdx.x + 256 * r;
+        if (i4 >= end) continue;
+        for (unsigned z = 0; z < splits; z++) {
+            uint32_t remote;
+            float4 p;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local + 16u * (unsigned)i4), "r"(z));
+            asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
+                         : "r"(remote)
+                         : "memory");
+            v[r].x += p.x, v[r].y += p.y, v[r].z += p.z, v[r].w += p.w;
+        }
+    }
+    /* done reading the other blocks' shared memory: arrive before the stores (a release arrive waits for this thread's
+     * earlier memory operations — after the stores it would wait for every one of them), wait before the exit */
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#pragma unroll
+    for (int r = 0; r < MOST; r++) {
+        const int i4 = begin + (int)threadIdx.x + 256 * r;
+        if (i4 < end) store_split_step<BITS, T, GS, WG_ROWS>(v[r], i4, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+    }
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+#endif /* QMM_WGMMA_DEVICE */
 
 template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP>
 __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -558,8 +610,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 tile_partial[(8 * j + 2 * t + (e & 1)) * WG_ROWS + row_w + g + 8 * (e >> 1)] = acc[4 * j + e];
-        split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K, n0,
-                                        m0);
+        unsigned cluster_ctas;
+        asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cluster_ctas));
+        if (cluster_ctas > 1 && cluster_ctas == gridDim.z) /* the splits are one cluster: launch_wgmma's cluster launch */
+            cluster_finish<BITS, T, GS, TOKS>(tile_partial, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+        else
+            split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K,
+                                            n0, m0);
     } else {
         /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
 #pragma unroll
@@ -686,6 +743,60 @@ static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, const void *
     return result == CUDA_SUCCESS ? 0 : (int)cudaErrorInvalidValue;
 }
 
+/* The split-K cluster launch (cluster_finish): grid (tiles, 1, splits) in clusters of (1, 1, splits), at most
+ * WG_CLUSTER_MAX = 8 blocks (the portable cluster size, CUDA programming guide "Thread Block Clusters"). */
+constexpr int WG_CLUSTER_MAX = 8;
+static void cluster_config(cudaLaunchConfig_t *config, cudaLaunchAttribute *attribute, dim3 grid, size_t shared,
+                           void *stream, int splits) {
+    *config = cudaLaunchConfig_t{};
+    config->gridDim = grid;
+    config->blockDim = dim3(WG_THREADS);
+    config->dynamicSmemBytes = shared;
+    config->stream = (cudaStream_t)stream;
+    attribute->id = cudaLaunchAttributeClusterDimension;
+    attribute->val.clusterDim.x = 1;
+    attribute->val.clusterDim.y = 1;
+    attribute->val.clusterDim.z = (unsigned)splits;
+    config->attrs = attribute;
+    config->numAttrs = 1;
+}
+/* How many such clusters the device runs at a time (cudaOccupancyMaxActiveClusters: one block of this shared memory
+ * per SM, `splits` SMs of one GPC — the GPCs' sizes leave some SMs out), asked once per instantiation, split count and
+ * device (`answers`: per device, the count + 1, 0 = not asked yet; atomic, since contexts may run on several threads;
+ * devices 0–7, others ask every time); 0 where it cannot be had — an error (not cached: it may be an earlier
+ * launch's), or inside a stream capture before the first answer (a call that is not known to be capture-safe is not
+ * made there; a chain step's reserve hook asks before the capture, wgmma_prime). */
+template <typename Kernel>
+static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits, void *stream,
+                            std::atomic<int> (*answers)[8]) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return cudaGetLastError(), 0;
+    std::atomic<int> *answer = device >= 0 && device < 8 ? &(*answers)[device] : nullptr;
+    const int known = answer ? answer->load(std::memory_order_relaxed) : 0;
+    if (known > 0) return known - 1;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+        return cudaGetLastError(), 0;
+    cudaLaunchConfig_t config;
+    cudaLaunchAttribute attribute;
+    cluster_config(&config, &attribute, grid, shared, nullptr, splits);
+    int count = 0;
+    if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess)
+        return cudaGetLastError(), 0; /* not the call's failure: it runs through the workspace */
+    if (count < 0) count = 0;
+    if (answer) answer->store(count + 1, std::memory_order_relaxed);
+    return count;
+}
+template <typename... Params, typename... Args>
+static int launch_cluster_z(void (*kernel)(Params...), dim3 grid, size_t shared, void *stream, int splits, Args... args) {
+    cudaLaunchConfig_t config;
+    cudaLaunchAttribute attribute;
+    cluster_config(&config, &attribute, grid, shared, stream, splits);
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
+    const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+    return (int)(error != cudaSuccess ? error : cudaGetLastError());
+}
+
 /* PREP (c->wgmma_prepared, the default rows): x prepared by wgmma_prepare_x, then the tile with b·Σx on the tensor
  * cores; otherwise (the _fma rows, batch-invariant calls, or no workspace) x permuted in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
@@ -712,6 +823,14 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     int opt_in = shared_memory_opt_in(kernel, shared, &opted_in[variant]);
     if (!opt_in && whole) opt_in = shared_memory_opt_in(whole_kernel, shared, &opted_in[whole_variant]);
     if (opt_in) return opt_in;
+    const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
+    static std::atomic<int> cluster_answers[4][WG_CLUSTER_MAX + 1][8];
+    const bool cluster_size = splits >= 2 && splits <= WG_CLUSTER_MAX;
+    if (c->wgmma_prime) { /* the answer the launch below will look up, asked now (outside a capture) */
+        if (c->wgmma_cluster && cluster_size)
+            cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_answers[variant][splits]);
+        return 0;
+    }
     const void *x = c->x;
     const float *x_sums = nullptr;
     if (prep) {
@@ -736,10 +855,23 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                                          c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, 0);
         if (status) return status;
     }
-    return launch_kernel(kernel, dim3((unsigned)(tiles - whole), 1, (unsigned)splits), dim3(WG_THREADS), shared,
-                         c->stream, false, x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb,
-                         c->w, (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials, c->counters,
-                         x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, whole);
+    /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
+     * SMs (wgmma_splits' model; c->wgmma_cluster 2 — tests — takes any cluster it can run, and fails otherwise) */
+    if (c->wgmma_cluster && cluster_size) {
+        const int clusters = cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_answers[variant][splits]);
+        const long long sms = c->multiprocessors > 0 ? c->multiprocessors : 1, tiles_here = (long long)grid.x;
+        const bool waves_ok = clusters > 0 && (tiles_here + clusters - 1) / clusters <= (tiles_here * splits + sms - 1) / sms;
+        if (c->wgmma_cluster == 2 && clusters <= 0) return (int)cudaErrorNotSupported;
+        if (waves_ok || c->wgmma_cluster == 2)
+            return launch_cluster_z(kernel, grid, shared, c->stream, splits, x_map, (const T *)c->x,
+                                    (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                                    (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M,
+                                    (int)c->N, (int)c->K, per_split, whole);
+    }
+    return launch_kernel(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, x_map, (const T *)c->x,
+                         (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                         (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,
+                         (int)c->K, per_split, whole);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {

@@ -330,6 +330,29 @@ template <int THREADS = 0> __device__ __forceinline__ bool split_arrived_last(un
     return true;
 }
 
+/* One step of a split tile's sum: `v` = the four rows row … row + 3 of token tok (step i4 of [BM tokens][BN rows] in
+ * 4-row steps) of the tile at row n0, token m0 — stored with the non-finite rule applied (a sum that is not finite is
+ * recomputed directly from the original weights), rows past N and tokens past M skipped. */
+template <int BITS, typename T, int GS, int BN>
+__device__ __forceinline__ void store_split_step(float4 v, int i4, const T *__restrict__ x, const uint32_t *__restrict__ w_orig,
+                                                 const T *__restrict__ scales, const T *__restrict__ biases, T *__restrict__ out,
+                                                 int M, int N, int K, int n0, int m0) {
+    const int groups = K / GS;
+    const int tok = 4 * i4 / BN, row = 4 * i4 % BN, m = m0 + tok;
+    if (m >= M) return;
+    const float sums[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int n = n0 + row + c;
+        if (n >= N) break;
+        float value = sums[c];
+        if (!isfinite(value))
+            value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS), scales + (size_t)n * groups,
+                                    biases + (size_t)n * groups, BITS, (size_t)K, GS);
+        store_f32(out, (size_t)m * N + n, value);
+    }
+}
+
 /* The last split's sum of a tile's partials ([split][BM tokens][BN rows] f32 from `all`, the tile's first split; the
  * tile starts at row n0, token m0; threads 0 … THREADS − 1 take part), stored with the non-finite rule applied:
  * four neighbouring rows of one token per step
@@ -343,7 +366,6 @@ __device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsig
                                            const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K,
                                            int n0, int m0) {
     static_assert(BN % 4 == 0, "four rows per step");
-    const int groups = K / GS;
     for (int i4 = threadIdx.x; i4 < BM * BN / 4; i4 += THREADS) {
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
@@ -351,19 +373,7 @@ __device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsig
             const float4 p = __ldcg(all + (size_t)z * (BM * BN / 4) + i4);
             v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
         }
-        const int tok = 4 * i4 / BN, row = 4 * i4 % BN, m = m0 + tok;
-        if (m >= M) continue;
-        const float sums[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int n = n0 + row + c;
-            if (n >= N) break;
-            float value = sums[c];
-            if (!isfinite(value))
-                value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
-                                        scales + (size_t)n * groups, biases + (size_t)n * groups, BITS, (size_t)K, GS);
-            store_f32(out, (size_t)m * N + n, value);
-        }
+        store_split_step<BITS, T, GS, BN>(v, i4, x, w_orig, scales, biases, out, M, N, K, n0, m0);
     }
 }
 

@@ -231,7 +231,8 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
     product_free(&p);
 }
 
-/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 where its tiles of 128 × 128 times K reach 32 · 4096,
+/* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 with 33 tiles of 128 × 128 whose tiles times K reach
+ * 32 · 4096,
  * m64n128 from M = 33 (49 for N > 5120, 65 within m16n64's box) where its tiles of 128 × 64 times K reach 128 · 768
  * (mma_gemv m16n64 first in its box, m32n16 up
  * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
@@ -244,9 +245,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         size_t M, N, K;
         const char *want; /* NULL: neither wgmma row */
     } cases[] = {
-        {65, 4096, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 32 tiles, K 4096 (split-K: 4 splits) */
+        {65, 4224, 4096, "cuda.qmm_t.wgmma_tile.m128n128"}, /* 33 tiles × K 4096 (split-K) */
+        {65, 4224, 3968, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 33 tiles × K 3968: short of 32 · 4096 */
+        {65, 4096, 8192, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles, however long K: 64 tiles of 64 tokens */
         {65, 3968, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 31 tiles of 128 tokens, 62 of 64 */
-        {65, 4096, 4032, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles × K 4032 */
         {49, 8192, 1536, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 64 tiles of 64 tokens × K 1536 = 128 × 768 */
         {49, 8192, 1472, NULL},                             /* 64 × 1472: below it, mma_tile m64n64 */
         {33, 4096, 3072, NULL},                             /* M 33–64, N ≤ 5120: mma_gemv m16n64 first */
@@ -399,6 +401,102 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
         free(first);
         product_free(&p);
     }
+}
+
+/* The wgmma rows' split-K through a thread-block cluster (the splits of a tile sum their partials in each other's
+ * shared memory; QMM_CUDA_WGMMA_CLUSTER=require: the call fails where the cluster launch is not taken, so the
+ * comparison cannot pass vacuously) and through the workspace (=0): each against the oracle with poisoned outputs,
+ * and the same bits (both add the splits' partials in split order) — split counts 2–8 forced (QMM_CUDA_SPLITS, the
+ * cluster sizes; split_limits may lower them) and, on 64 super-blocks, 12 (11 splits: past a portable cluster, the
+ * workspace either way), PREP and _fma rows, both token tiles, edges: N not a multiple of 128, K ending inside a
+ * super-block, M past one token tile. Hopper only. */
+static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, N, K;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {{128, 4096, 4096, 4, 64, QMM_F16},
+                 {200, 1000, 2112, 8, 32, QMM_BF16},
+                 {64, 300, 4160, 4, 64, QMM_BF16},
+                 {128, 1024, 8192, 4, 64, QMM_F16}};
+    static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
+                                 "cuda.qmm_t.wgmma_tile_fma.m128n128"};
+    static const char *splits[] = {"2", "3", "4", "8", "12"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
+                          cases[c].dtype, "cluster splits", &p))
+            continue;
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        void *clustered = malloc(bytes);
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            if (qmm_kernel_supports(context, rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue; /* not Hopper */
+            for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+                const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = rows[r]};
+                char label[240];
+                const bool cluster = strcmp(splits[k], "12") != 0; /* 2–8 requested: a cluster (11 splits: none) */
+                setenv("QMM_CUDA_SPLITS", splits[k], 1);
+                if (cluster) setenv("QMM_CUDA_WGMMA_CLUSTER", "require", 1);
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                unsetenv("QMM_CUDA_WGMMA_CLUSTER");
+                snprintf(label, sizeof label, "%s %s splits %s M=%zu N=%zu K=%zu %d-bit gs%d %s", rows[r], splits[k],
+                         cluster ? "in a cluster" : "(cluster path allowed)", p.M, p.N, p.K, cases[c].bits,
+                         cases[c].group_size, qmm_dtype_name(p.dtype));
+                product_check(&p, label, 2.0);
+                if (clustered) memcpy(clustered, p.host_out, bytes);
+                setenv("QMM_CUDA_WGMMA_CLUSTER", "0", 1);
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+                unsetenv("QMM_CUDA_WGMMA_CLUSTER");
+                unsetenv("QMM_CUDA_SPLITS");
+                snprintf(label, sizeof label, "%s %s splits through the workspace M=%zu N=%zu K=%zu %d-bit gs%d %s",
+                         rows[r], splits[k], p.M, p.N, p.K, cases[c].bits, cases[c].group_size, qmm_dtype_name(p.dtype));
+                product_check(&p, label, 2.0);
+                CHECK(clustered && memcmp(clustered, p.host_out, bytes) == 0, "%s: not the cluster's bits", label);
+            }
+        }
+        free(clustered);
+        product_free(&p);
+    }
+    /* In a chain: the graph is captured on the first run, where the device cannot be asked how many clusters it
+     * runs; the step's reserve hook asks before (wgmma_prime). Under require the capture fails without that answer,
+     * so a chain that runs and matches the oracle and the workspace's bits shows the hook did its work — strictly where
+     * no earlier call asked the same question (5 splits at group 128: run this section alone, QMM_TEST_SECTION). */
+    product p;
+    if (!product_make(context, rng, 96, 2000, 4096, 4, 128, QMM_F16, "cluster splits in a chain", &p)) return;
+    const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+    void *chained = malloc(bytes);
+    static const char *chain_rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
+                                       "cuda.qmm_t.wgmma_tile_fma.m64n128"};
+    for (size_t r = 0; r < sizeof chain_rows / sizeof chain_rows[0]; r++) {
+        if (qmm_kernel_supports(context, chain_rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue;
+        const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = chain_rows[r]};
+        char label[200];
+        snprintf(label, sizeof label, "%s 5 splits in a cluster, in a chain", chain_rows[r]);
+        setenv("QMM_CUDA_SPLITS", "5", 1);
+        setenv("QMM_CUDA_WGMMA_CLUSTER", "require", 1);
+        qmm_chain *chain = NULL;
+        CHECK_OK(qmm_chain_create(context, &chain));
+        CHECK_OK(qmm_chain_add_matmul(chain, p.weights, p.x, p.M, p.out, &options));
+        for (int run = 0; run < 2; run++) { /* the capture, then a replay */
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_chain_run(chain));
+            product_check(&p, label, 2.0);
+        }
+        qmm_chain_destroy(chain);
+        if (chained) memcpy(chained, p.host_out, bytes);
+        setenv("QMM_CUDA_WGMMA_CLUSTER", "0", 1);
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+        unsetenv("QMM_CUDA_WGMMA_CLUSTER");
+        unsetenv("QMM_CUDA_SPLITS");
+        snprintf(label, sizeof label, "%s 5 splits through the workspace", chain_rows[r]);
+        product_check(&p, label, 2.0);
+        CHECK(chained && memcmp(chained, p.host_out, bytes) == 0, "%s: not the chain's bits", label);
+    }
+    free(chained);
+    product_free(&p);
 }
 
 /* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer 64-row
@@ -1347,6 +1445,7 @@ static const section sections[] = {
     {"wgmma_tile_order", test_wgmma_tile_order},
     {"wgmma_prepared", test_wgmma_prepared},
     {"wgmma_last_wave", test_wgmma_last_wave},
+    {"wgmma_cluster_splits", test_wgmma_cluster_splits},
     {"qmm_n", test_qmm_n},
 };
 #define SECTION_COUNT (sizeof sections / sizeof sections[0])
