@@ -977,7 +977,7 @@ static qmm_status gather_run(const qmm_call *call);
  *            many of them do not need to (768×2048 at M = 2048, 96 tiles: the fastest row). At 32 tiles m64n128's
  *            64 in 2 splits are faster, their clusters of 2 fitting where m128n128's of 4 would take two waves
  *            (twenty-fifth session, f16: 4096² M = 128 18.7 vs 26.7 µs; 1024×4096 and 1024×5120 at M = 512 20.3
- *            vs ~24 and 23.6 vs 30.9; 4096×12288 M = 128 41.3 vs 44.1); at 40 tiles the two are level (5120²
+ *            vs 28.2 and 23.6 vs 30.9; 4096×12288 M = 128 41.3 vs 44.1); at 40 tiles the two are level (5120²
  *            M = 128) or m128n128 is faster (5120×14336 M = 128: 60 vs 70).
  *   M ≥ 33, tiles of 128 × 64 tokens times K ≥ 128 · 768 (outside mma_gemv m16n64's box, which comes first):
  *            wgmma_tile m64n128 — the same kernel with 64 tokens per block: the fastest tile row at M = 64 for
