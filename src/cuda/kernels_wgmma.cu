@@ -746,20 +746,6 @@ static int x_tensor_map(CUtensorMap *map, const qmm_cuda_launch *c, const void *
 /* The split-K cluster launch (cluster_finish): grid (tiles, 1, splits) in clusters of (1, 1, splits), at most
  * WG_CLUSTER_MAX = 8 blocks (the portable cluster size, CUDA programming guide "Thread Block Clusters"). */
 constexpr int WG_CLUSTER_MAX = 8;
-static void cluster_config(cudaLaunchConfig_t *config, cudaLaunchAttribute *attribute, dim3 grid, size_t shared,
-                           void *stream, int splits) {
-    *config = cudaLaunchConfig_t{};
-    config->gridDim = grid;
-    config->blockDim = dim3(WG_THREADS);
-    config->dynamicSmemBytes = shared;
-    config->stream = (cudaStream_t)stream;
-    attribute->id = cudaLaunchAttributeClusterDimension;
-    attribute->val.clusterDim.x = 1;
-    attribute->val.clusterDim.y = 1;
-    attribute->val.clusterDim.z = (unsigned)splits;
-    config->attrs = attribute;
-    config->numAttrs = 1;
-}
 /* How many such clusters the device runs at a time (cudaOccupancyMaxActiveClusters: one block of this shared memory
  * per SM, `splits` SMs of one GPC — the GPCs' sizes leave some SMs out), asked once per instantiation, split count and
  * device (`answers`: per device, the count + 1, 0 = not asked yet; atomic, since contexts may run on several threads;
@@ -778,8 +764,8 @@ static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits,
     if (cudaStreamIsCapturing((cudaStream_t)stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
         return cudaGetLastError(), 0;
     cudaLaunchConfig_t config;
-    cudaLaunchAttribute attribute;
-    cluster_config(&config, &attribute, grid, shared, nullptr, splits);
+    cudaLaunchAttribute attributes[2];
+    launch_config(&config, attributes, grid, dim3(WG_THREADS), shared, nullptr, false, splits);
     int count = 0;
     if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess)
         return cudaGetLastError(), 0; /* not the call's failure: it runs through the workspace */
@@ -787,16 +773,6 @@ static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits,
     if (answer) answer->store(count + 1, std::memory_order_relaxed);
     return count;
 }
-template <typename... Params, typename... Args>
-static int launch_cluster_z(void (*kernel)(Params...), dim3 grid, size_t shared, void *stream, int splits, Args... args) {
-    cudaLaunchConfig_t config;
-    cudaLaunchAttribute attribute;
-    cluster_config(&config, &attribute, grid, shared, stream, splits);
-    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
-    const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-    return (int)(error != cudaSuccess ? error : cudaGetLastError());
-}
-
 /* PREP (c->wgmma_prepared, the default rows): x prepared by wgmma_prepare_x, then the tile with b·Σx on the tensor
  * cores; otherwise (the _fma rows, batch-invariant calls, or no workspace) x permuted in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
@@ -857,21 +833,18 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     }
     /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
      * SMs (wgmma_splits' model; c->wgmma_cluster 2 — tests — takes any cluster it can run, and fails otherwise) */
+    int cluster_z = 0;
     if (c->wgmma_cluster && cluster_size) {
         const int clusters = cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_answers[variant][splits]);
         const long long sms = c->multiprocessors > 0 ? c->multiprocessors : 1, tiles_here = (long long)grid.x;
         const bool waves_ok = clusters > 0 && (tiles_here + clusters - 1) / clusters <= (tiles_here * splits + sms - 1) / sms;
         if (c->wgmma_cluster == 2 && clusters <= 0) return (int)cudaErrorNotSupported;
-        if (waves_ok || c->wgmma_cluster == 2)
-            return launch_cluster_z(kernel, grid, shared, c->stream, splits, x_map, (const T *)c->x,
-                                    (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-                                    (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M,
-                                    (int)c->N, (int)c->K, per_split, whole);
+        if (waves_ok || c->wgmma_cluster == 2) cluster_z = splits;
     }
-    return launch_kernel(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, x_map, (const T *)c->x,
-                         (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-                         (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,
-                         (int)c->K, per_split, whole);
+    return launch_kernel_ex(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, cluster_z, x_map, (const T *)c->x,
+                            (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                            (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,
+                            (int)c->K, per_split, whole);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {

@@ -394,25 +394,53 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+/* The configuration of a launch_kernel_ex launch: kernel<<<grid, block, shared, stream>>>, with the
+ * programmatic-stream-serialization attribute when pdl (the kernel must call pdl_wait before it depends on earlier
+ * work) and the blocks in thread-block clusters of (1, 1, cluster_z) when cluster_z ≥ 2 (sm_90; grid.z a multiple of
+ * it). `attributes`: room for two, alive as long as the configuration. */
+static inline void launch_config(cudaLaunchConfig_t *config, cudaLaunchAttribute *attributes, dim3 grid, dim3 block,
+                                 size_t shared, void *stream, bool pdl, int cluster_z) {
+    *config = cudaLaunchConfig_t{};
+    config->gridDim = grid;
+    config->blockDim = block;
+    config->dynamicSmemBytes = shared;
+    config->stream = (cudaStream_t)stream;
+    config->attrs = attributes;
+    config->numAttrs = 0;
+    if (pdl) {
+        cudaLaunchAttribute *a = &attributes[config->numAttrs++];
+        a->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        a->val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z >= 2) {
+        cudaLaunchAttribute *a = &attributes[config->numAttrs++];
+        a->id = cudaLaunchAttributeClusterDimension;
+        a->val.clusterDim.x = 1;
+        a->val.clusterDim.y = 1;
+        a->val.clusterDim.z = (unsigned)cluster_z;
+    }
+}
+
+/* Launches kernel<<<grid, block, shared, stream>>>(args...) as launch_config sets it up. Returns the cudaError_t
+ * of the launch. */
+template <typename... Params, typename... Args>
+static int launch_kernel_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, void *stream, bool pdl,
+                            int cluster_z, Args... args) {
+    cudaLaunchConfig_t config;
+    cudaLaunchAttribute attributes[2];
+    launch_config(&config, attributes, grid, block, shared, stream, pdl, cluster_z);
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
+    const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+    return (int)(error != cudaSuccess ? error : cudaGetLastError());
+}
+
 /* Launches kernel<<<grid, block, shared, stream>>>(args...), with the programmatic-stream-serialization
  * attribute when pdl (the kernel must call pdl_wait before it depends on earlier work). Returns the
  * cudaError_t of the launch. */
 template <typename... Params, typename... Args>
 static int launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, void *stream, bool pdl,
                          Args... args) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = shared;
-    config.stream = (cudaStream_t)stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = pdl ? 1 : 0;
-    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
-    const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-    return (int)(error != cudaSuccess ? error : cudaGetLastError());
+    return launch_kernel_ex(kernel, grid, block, shared, stream, pdl, 0, args...);
 }
 
 /* The opt-in to more than 48 KB of dynamic shared memory for `kernel`, once per kernel instantiation and
