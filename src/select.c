@@ -10,7 +10,8 @@
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
  *      when N ≤ prefer_small_n (and K ≤ prefer_max_k_small_n, where set), rows whose prefer_min_m is above
- *      M (or, when N ≥ prefer_large_n, whose prefer_min_m_large_n is), and rows whose prefer_min_tiles exceeds the call's ceil(M/bm)·ceil(N/bn) tiles
+ *      M (or, when N ≥ prefer_large_n, whose prefer_min_m_large_n is), rows whose prefer_gap_tiles range holds the
+ *      call's ceil(M/bm)·ceil(N/bn) tiles, and rows whose prefer_min_tiles exceeds those tiles
  *      (prefer_min_tiles_unsplit too, in batch-invariant mode), or whose prefer_min_tiles_k exceeds those tiles
  *      times K (a row
  *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each
@@ -134,13 +135,15 @@ static size_t preferred_min_m(const qmm_kernel *row, size_t N) {
 }
 
 /* Whether the call has the tiles of the row's bm × bn its prefer_min_tiles hint asks for (prefer_min_tiles_unsplit in
- * batch-invariant mode, where nothing splits K), and the tiles × K its prefer_min_tiles_k hint asks for. */
+ * batch-invariant mode, where nothing splits K), outside its prefer_gap_tiles range, and the tiles × K its
+ * prefer_min_tiles_k hint asks for. */
 static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
     const size_t unsplit = call->batch_invariant ? row->prefer_min_tiles_unsplit : 0;
-    if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit) return true;
+    if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit && !row->prefer_gap_tiles_max) return true;
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
     const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
     if (tiles < row->prefer_min_tiles || tiles < unsplit) return false;
+    if (tiles >= row->prefer_gap_tiles_min && tiles <= row->prefer_gap_tiles_max) return false;
     if (!row->prefer_min_tiles_k) return true;
     if (call->K == 0) return false; /* (no valid call has K = 0) */
     const size_t need = row->prefer_min_tiles_k / call->K + (row->prefer_min_tiles_k % call->K != 0);

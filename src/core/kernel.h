@@ -86,7 +86,10 @@ typedef struct qmm_kernel {
      * tiles with a long K split well, few with a short K do not). prefer_min_tiles_unsplit (0 = no limit): in
      * batch-invariant mode, where no row splits K, only with at least that many tiles. When N ≥ prefer_large_n
      * (0 = no such box), only for M ≥ prefer_min_m_large_n: a row that is the fastest on many weight rows only once
-     * M has grown (the CUDA m16n64 GEMV: from M = 17 past 300 blocks of 64 rows on the H200). */
+     * M has grown (the CUDA m16n64 GEMV: from M = 17 past 300 blocks of 64 rows on the H200).
+     * prefer_gap_tiles_min … prefer_gap_tiles_max (0 = no gap): not when the call's tiles of bm × bn fall in that
+     * range — a tile count the device's SMs divide badly for this row where a row of smaller tiles divides it
+     * well (the CUDA m8n64 GEMV at 265–396 blocks of 64 rows on the H200's 132 SMs). */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
@@ -98,6 +101,8 @@ typedef struct qmm_kernel {
     size_t prefer_min_tiles_unsplit;
     size_t prefer_large_n;
     size_t prefer_min_m_large_n;
+    size_t prefer_gap_tiles_min;
+    size_t prefer_gap_tiles_max;
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

@@ -922,7 +922,11 @@ static qmm_status gather_run(const qmm_call *call);
  * with the launcher's warps-per-block rule, over the 120 seed and Qwen3 cells M ≤ 8: 115 within 5 % of the
  * fastest row, 101 with the earlier m8n64/m8n16 split):
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
- *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16).
+ *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
+ *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132): one wave of them takes blocks of 5–6 warps
+ *            (gemv_warps), 10–12 on most SMs, where m8n32's 8-warp blocks keep 16 (the likely reason) — 17408×5120
+ *            (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97 (f16 1.54–1.63× the floor
+ *            against 1.53–1.65, bf16 1.69–1.78 against 1.74–1.84; docs/PERF.md, twenty-sixth session).
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
@@ -1013,7 +1017,8 @@ static qmm_status gather_run(const qmm_call *call);
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §9). */
 static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120},
+     .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120,
+     .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),

@@ -308,6 +308,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * M = 64, 128 tiles × 768, goes to m32n16 (1.10–1.24× faster there, docs/PERF.md eighteenth session) */
                {48, 2048, 2048, m16n64, true, NULL},     {48, 2048, 1984, m16n64, false, m32n16},
                {64, 2048, 768, m16n64, false, m32n16},
+               /* mma_gemv m8n64: not at 265–396 blocks of 64 rows (prefer_gap_tiles), m8n32 there */
+               {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, "cuda.qmm_t.mma_gemv.m8n32"},
+               {4, 17408, 512, m8n64, false, "cuda.qmm_t.mma_gemv.m8n32"},
+               {8, 25344, 256, m8n64, false, "cuda.qmm_t.mma_gemv.m8n32"}, {8, 25345, 256, m8n64, true, NULL},
                /* mma_gemv m16n32: M ≤ 16 outside m16n64's box; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},

@@ -140,6 +140,25 @@ static void test_hints(void) {
           pick_hinted(8192, 129, 1024));
     CHECK(strcmp(pick_hinted(8192, 129, 960), "fake.hint.any") == 0, "hints: 128 tiles, K=960 picked %s",
           pick_hinted(8192, 129, 960));
+    /* prefer_gap_tiles_min … _max = 265 … 396 tiles of 8 × 64 (the CUDA m8n64 row's): 264 and 397 take it, 265 and 396
+     * do not; M ≤ 8 one tile of tokens, M = 9 two (133 row tiles: 266 in the gap) */
+    qmm_kernel_info gap_info = FAKE("fake.hint.gap", QMM_OP_QMM_T);
+    gap_info.bm = 8, gap_info.bn = 64;
+    const qmm_kernel gap = {.info = gap_info, .supports = supports_all, .run = run_nothing,
+                            .prefer_gap_tiles_min = 265, .prefer_gap_tiles_max = 396};
+    const qmm_kernel *gap_table[] = {&gap, &hint_rows[2]};
+    static const struct { size_t N, M; const char *want; } gap_cases[] = {
+        {16896, 1, "fake.hint.gap"}, {16897, 1, "fake.hint.any"}, {25344, 8, "fake.hint.any"},
+        {25345, 8, "fake.hint.gap"}, {8512, 8, "fake.hint.gap"},  {8512, 9, "fake.hint.any"},
+    };
+    for (size_t i = 0; i < sizeof gap_cases / sizeof gap_cases[0]; i++) {
+        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, gap_cases[i].N, 4096, gap_cases[i].M);
+        const qmm_kernel *chosen = NULL;
+        CHECK(qmm_select_kernel_tuned(gap_table, 2, NULL, &call, NULL, &chosen) == QMM_OK && chosen &&
+                  strcmp(chosen->info.name, gap_cases[i].want) == 0,
+              "hints: prefer_gap_tiles N=%zu M=%zu picked %s, want %s", gap_cases[i].N, gap_cases[i].M,
+              chosen ? chosen->info.name : "(none)", gap_cases[i].want);
+    }
     /* prefer_min_tiles_unsplit = 80, in batch-invariant mode only: 64 tiles are enough without it, 80 with it */
     const qmm_kernel_info order_info = {.name = "fake.hint.order", .backend = QMM_BACKEND_REF, .op = QMM_OP_QMM_T,
                                         .family = "fake", .bm = 128, .bn = 128, .batch_invariant_order = "fake-order"};
