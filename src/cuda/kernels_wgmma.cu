@@ -192,7 +192,7 @@ template <typename I> __host__ __device__ constexpr I x_sums_tokens(I M) { retur
  * chunk, two core matrices (slots 0–3, 4–7) of 8 tokens × 4 f32 — the K-major B operand of wgmma k8 tf32 without
  * swizzle, [m / 8][chunks][k % 8 / 4][m % 8][k % 4] (LBO 128 bytes, SBO chunks · 256). A tile of tokens m0 … (m0 a
  * multiple of 8) is one contiguous run from float m0 · 8 · chunks. */
-__host__ __device__ constexpr int x_sums_at(int m, int k, int chunks) {
+[[maybe_unused]] __host__ __device__ constexpr int x_sums_at(int m, int k, int chunks) {
     return (m / 8) * 64 * chunks + (k / 8) * 64 + (k % 8 / 4) * 32 + (m % 8) * 4 + k % 4;
 }
 
