@@ -2,7 +2,8 @@
 #   make run    builds qmm and runs the main job (`qmm run` on the embedded real-model fixture)
 #   make test   builds everything and runs every test: unit + kernels + CLI + the MLX cross-check,
 #               the unit tests again under ASan+UBSan, and the fuzzers for a bounded time
-# Both install what is missing first (scripts/setup.sh). Other targets: build, install, clean.
+# Both install what is missing first (scripts/setup.sh). Other targets: build, install, clean; test-asan and
+# test-fuzz (parts of test), test-gpu (on a GPU machine, README "GPU"), setup-build/-test/-bench (the set-up alone).
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 30
@@ -58,4 +59,4 @@ install: setup-build
 	cmake --install build
 
 clean:
-	rm -rf build build-asan build-fuzz build-gpu
+	rm -rf build build-asan build-fuzz build-gpu build-ab
