@@ -143,7 +143,8 @@ static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
     const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
     if (tiles < row->prefer_min_tiles || tiles < unsplit) return false;
-    if (tiles >= row->prefer_gap_tiles_min && tiles <= row->prefer_gap_tiles_max) return false;
+    if (row->prefer_gap_tiles_max && tiles >= row->prefer_gap_tiles_min && tiles <= row->prefer_gap_tiles_max)
+        return false;
     if (!row->prefer_min_tiles_k) return true;
     if (call->K == 0) return false; /* (no valid call has K = 0) */
     const size_t need = row->prefer_min_tiles_k / call->K + (row->prefer_min_tiles_k % call->K != 0);

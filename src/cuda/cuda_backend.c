@@ -924,8 +924,9 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
  *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
  *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132): one wave of them takes blocks of 5–6 warps
- *            (gemv_warps), 10–12 on most SMs, where m8n32's 8-warp blocks keep 16 (m8n64 forced to 8 warps there took
- *            0.96–0.97× the rule's time at M = 1: the warps, not the tile, call 5) — 17408×5120
+ *            (gemv_warps), 10–12 on most SMs, where m8n32's 8-warp blocks keep 16. The cause is that warps rule, not
+ *            the tile (m8n64 forced to 8 warps there took 0.96–0.97× the rule's time at M = 1): this gap stands in
+ *            until gemv_warps chooses better (branch gemv-warps-model, not yet measured) — 17408×5120
  *            (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97 (f16 1.54–1.63× the floor
  *            against 1.53–1.65, bf16 1.69–1.78 against 1.74–1.84; docs/PERF.md, twenty-sixth session).
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.

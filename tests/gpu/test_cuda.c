@@ -279,6 +279,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #define m16n32 "cuda.qmm_t.mma_gemv.m16n32"
 #define m32n16 "cuda.qmm_t.mma_gemv.m32n16"
 #define m8n64 "cuda.qmm_t.mma_gemv.m8n64"
+#define m8n32 "cuda.qmm_t.mma_gemv.m8n32"
     static const struct {
         size_t M, N, K;
         const char *row;
@@ -309,9 +310,9 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {48, 2048, 2048, m16n64, true, NULL},     {48, 2048, 1984, m16n64, false, m32n16},
                {64, 2048, 768, m16n64, false, m32n16},
                /* mma_gemv m8n64: not at 265–396 blocks of 64 rows (prefer_gap_tiles), m8n32 there */
-               {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, "cuda.qmm_t.mma_gemv.m8n32"},
-               {4, 17408, 512, m8n64, false, "cuda.qmm_t.mma_gemv.m8n32"},
-               {8, 25344, 256, m8n64, false, "cuda.qmm_t.mma_gemv.m8n32"}, {8, 25345, 256, m8n64, true, NULL},
+               {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n32},
+               {4, 17408, 512, m8n64, false, m8n32},     {8, 25344, 256, m8n64, false, m8n32},
+               {8, 25345, 256, m8n64, true, NULL},
                /* mma_gemv m16n32: M ≤ 16 outside m16n64's box; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
@@ -322,6 +323,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #undef m16n32
 #undef m32n16
 #undef m8n64
+#undef m8n32
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++)
         check_box(context, rng, box[i].M, box[i].N, box[i].K, box[i].row, box[i].want, box[i].instead, NULL);
     /* Batch-invariant calls: the GEMVs declare no order, so mma_tile m16n256 keeps its box there (M 17–32, N ≥ 12288) */
