@@ -41,6 +41,7 @@ typedef struct cuda_state {
     size_t shared_per_sm; /* sharedMemPerMultiprocessor */
     bool pdl; /* launch the kernels that support it with programmatic dependent launch (docs/kernels.md §9.5) */
     int forced_warps; /* QMM_CUDA_WARPS: the mma_gemv family's warps per block (0: the launcher's rule) */
+    int gemv_warps_model; /* the launcher's rule for them: 1 its model, 0 (QMM_CUDA_GEMV_WARPS_MODEL=0) the one-wave rule */
     cudaStream_t stream;
     /* The split-K workspace of the tile families (mma_tile, mma_tile_n, wgmma_tile), allocated with the first
      * repacked weights (tile_workspace) and kept until the context closes (a captured graph holds these pointers):
@@ -118,6 +119,10 @@ static qmm_status cuda_open(int device, void **state) {
     const char *warps = getenv("QMM_CUDA_WARPS");
     created->forced_warps = warps && *warps ? (int)strtol(warps, NULL, 10) : 0;
     if (created->forced_warps < 0 || created->forced_warps > 16) created->forced_warps = 0;
+    /* QMM_CUDA_GEMV_WARPS_MODEL=0: the mma_gemv launcher's one-wave rule instead of its model (kernels.cu gemv_warps;
+     * experiments, docs/PERF.md) */
+    const char *warps_model = getenv("QMM_CUDA_GEMV_WARPS_MODEL");
+    created->gemv_warps_model = !(warps_model && strcmp(warps_model, "0") == 0);
     error = cudaStreamCreateWithFlags(&created->stream, cudaStreamNonBlocking);
     if (error != cudaSuccess) {
         free(created);
@@ -426,6 +431,7 @@ static qmm_cuda_launch launch_of(const qmm_call *call) {
         .out = call->out,
         .stream = s->stream,
         .warps = s->forced_warps,
+        .gemv_warps_model = s->gemv_warps_model,
         .multiprocessors = s->multiprocessors,
         .shared_optin = s->shared_optin,
         .pdl = s->pdl,

@@ -284,29 +284,59 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
     }
 }
 
-/* Warps per block for an mma_gemv launch of `blocks` blocks (docs/kernels.md §9.1, "Warps per block"): the
- * most warps (≤ max_warps) for which every block is resident at once — one wave, all blocks streaming their
- * rows together — as long as that leaves ≥ 4 warps per block; else 8 (several waves); the launcher then caps
- * it at the super-blocks. Measured on the H200 against 4, 8 and 16 warps for every row,
- * seed and Qwen3 shape, M = 1–16 (docs/PERF.md, sixth session): within 0.8 % of each cell's best count
+/* Warps per block for an mma_gemv launch of `blocks` blocks (docs/kernels.md §9.1, "Warps per block").
+ * The one-wave rule (model == 0): the most warps (≤ max_warps) for which every block is resident at once — one
+ * wave, all blocks streaming their rows together — as long as that leaves ≥ 4 warps per block; else 8 (several
+ * waves); the launcher then caps it at the super-blocks. Measured on the H200 against 4, 8 and 16 warps for every
+ * row, seed and Qwen3 shape, M = 1–16 (docs/PERF.md, sixth session): within 0.8 % of each cell's best count
  * (geomean), where a fixed 8 was 11 % off (1024×5120: 64 blocks of 16 warps 2.8 µs, of 8 warps 3.5).
+ * The model (model == 1; bench/probes/gemv_warps_model.py, fitted to the twenty-sixth session's sweeps): the count
+ * w of 4 … max_warps with the least modelled time of the busiest SM — it holds ceil(blocks / SMs) blocks, r(w) at a
+ * time (the occupancy below), each warp of a block taking ceil(super_blocks / w) super-blocks of K plus 3 steps of
+ * fixed cost, the SM running k blocks' steps at max(1, k·w / 16) times a lone warp's step time; ties to the more
+ * warps. Where the grid does not fit one wave it can take more, smaller blocks per SM (m16n64 at 27648×5120: 6 warps
+ * at M = 16, 4 at M = 32, 0.82–0.89× the one-wave rule's fallback of 8).
  * occupancy[w] caches the blocks of w warps one SM holds (per instantiation and device; NULL: ask each time). */
 template <typename Kernel>
-static int gemv_warps(Kernel kernel, size_t blocks, size_t shared_per_warp, int max_warps, int multiprocessors,
-                      std::atomic<int> *occupancy) {
+static int gemv_resident(Kernel kernel, int w, size_t shared_per_warp, std::atomic<int> *occupancy) {
+    int resident = occupancy ? occupancy[w].load(std::memory_order_relaxed) : 0;
+    if (resident == 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, w * 32, shared_per_warp * (size_t)w) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            resident = -1;
+        }
+        if (resident == 0) resident = -1; /* cached as "does not fit" */
+        if (occupancy) occupancy[w].store(resident, std::memory_order_relaxed);
+    }
+    return resident;
+}
+
+template <typename Kernel>
+static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, size_t shared_per_warp, int max_warps,
+                      int multiprocessors, int model, std::atomic<int> *occupancy) {
     if (multiprocessors <= 0) multiprocessors = 1;
     int chosen = 0;
-    for (int w = max_warps; w >= 4 && !chosen; w--) {
-        int resident = occupancy ? occupancy[w].load(std::memory_order_relaxed) : 0;
-        if (resident == 0) {
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, w * 32, shared_per_warp * (size_t)w) !=
-                cudaSuccess) {
-                cudaGetLastError();
-                resident = -1;
+    if (model) {
+        const size_t busiest = (blocks + (size_t)multiprocessors - 1) / (size_t)multiprocessors;
+        double best = 0.0;
+        for (int w = max_warps; w >= 4; w--) {
+            const int resident = gemv_resident(kernel, w, shared_per_warp, occupancy);
+            if (resident <= 0) continue;
+            const double steps = (double)((super_blocks + w - 1) / w) + 3.0;
+            double time = 0.0;
+            for (size_t left = busiest; left > 0;) {
+                const size_t k = left < (size_t)resident ? left : (size_t)resident;
+                const double shared = (double)k * w / 16.0;
+                time += steps * (shared > 1.0 ? shared : 1.0);
+                left -= k;
             }
-            if (resident == 0) resident = -1; /* cached as "does not fit" */
-            if (occupancy) occupancy[w].store(resident, std::memory_order_relaxed);
+            if (!chosen || time < best - 1e-9) chosen = w, best = time;
         }
+        return chosen ? chosen : max_warps < 8 ? max_warps : 8;
+    }
+    for (int w = max_warps; w >= 4 && !chosen; w--) {
+        const int resident = gemv_resident(kernel, w, shared_per_warp, occupancy);
         if (resident > 0 && (size_t)resident * (size_t)multiprocessors >= blocks) chosen = w;
     }
     return chosen ? chosen : max_warps < 8 ? max_warps : 8;
@@ -358,7 +388,8 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
-                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, per_warp, max_warps, c->multiprocessors,
+                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, super_blocks, per_warp, max_warps,
+                                          c->multiprocessors, c->gemv_warps_model,
                                           device >= 0 && device < 8 ? occupancy[device][mx] : nullptr);
     if (warps > super_blocks) warps = super_blocks; /* warp w takes super-blocks w, w + W, ...: none left idle */
     if (warps < 1) warps = 1;
@@ -417,7 +448,8 @@ static int launch_mma_gemv_grouped(const qmm_cuda_launch *c, const Table &table,
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
-                             : gemv_warps(kernel, (size_t)blocks.x * blocks.z, per_warp, max_warps, c->multiprocessors,
+                             : gemv_warps(kernel, (size_t)blocks.x * blocks.z, super_blocks, per_warp, max_warps,
+                                          c->multiprocessors, c->gemv_warps_model,
                                           device >= 0 && device < 8 ? occupancy[device] : nullptr);
     if (warps > super_blocks) warps = super_blocks;
     if (warps < 1) warps = 1;
