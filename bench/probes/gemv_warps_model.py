@@ -11,6 +11,10 @@ below; the miss is m8n64 at M = 1 on 272 blocks (17408×5120), where it names 4 
 best (1.48) — eight 8-warp blocks left for a second wave cost less than it predicts. The resident blocks per SM of the
 forced counts (r below) are worked out from the kernels' registers and shared memory, not asked of the device; the
 times are f16, one run each.
+
+In `gemv_warps` since the twenty-seventh session, with Wsat scaled for the tiles of fewer than 4 MMA tiles per k-step
+(m8n32: 32, m8n16: 64): with Wsat = 16 they got fewer warps than the one-wave rule and ran up to 1.16× / 1.36× slower.
+The sweeps below are all of tiles with Wsat = 16.
 """
 import math
 

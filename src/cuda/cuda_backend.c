@@ -120,7 +120,7 @@ static qmm_status cuda_open(int device, void **state) {
     created->forced_warps = warps && *warps ? (int)strtol(warps, NULL, 10) : 0;
     if (created->forced_warps < 0 || created->forced_warps > 16) created->forced_warps = 0;
     /* QMM_CUDA_GEMV_WARPS_MODEL=0: the mma_gemv launcher's one-wave rule instead of its model (kernels.cu gemv_warps;
-     * experiments, docs/PERF.md) */
+     * A/B runs, docs/PERF.md) */
     const char *warps_model = getenv("QMM_CUDA_GEMV_WARPS_MODEL");
     created->gemv_warps_model = !(warps_model && strcmp(warps_model, "0") == 0);
     error = cudaStreamCreateWithFlags(&created->stream, cudaStreamNonBlocking);
@@ -929,12 +929,11 @@ static qmm_status gather_run(const qmm_call *call);
  * fastest row, 101 with the earlier m8n64/m8n16 split):
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
  *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
- *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132): one wave of them takes blocks of 5–6 warps
- *            (gemv_warps), 10–12 on most SMs, where m8n32's 8-warp blocks keep 16. The cause is that warps rule, not
- *            the tile (m8n64 forced to 8 warps there took 0.96–0.97× the rule's time at M = 1): this gap stands in
- *            until gemv_warps chooses better (branch gemv-warps-model, not yet measured) — 17408×5120
- *            (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97 (f16 1.54–1.63× the floor
- *            against 1.53–1.65, bf16 1.69–1.78 against 1.74–1.84; docs/PERF.md, twenty-sixth session).
+ *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get fewer warps than
+ *            its 16 (gemv_warps: 5–6 under the older one-wave rule, 4 under the model, whose one miss this is: 8 were
+ *            best, 0.96–0.97× the one-wave rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
+ *            17408×5120 (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97
+ *            (docs/PERF.md, twenty-sixth session); with the model 0.94–1.00 (twenty-seventh).
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).

@@ -285,17 +285,21 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
 }
 
 /* Warps per block for an mma_gemv launch of `blocks` blocks (docs/kernels.md §9.1, "Warps per block").
- * The one-wave rule (model == 0): the most warps (≤ max_warps) for which every block is resident at once — one
- * wave, all blocks streaming their rows together — as long as that leaves ≥ 4 warps per block; else 8 (several
- * waves); the launcher then caps it at the super-blocks. Measured on the H200 against 4, 8 and 16 warps for every
- * row, seed and Qwen3 shape, M = 1–16 (docs/PERF.md, sixth session): within 0.8 % of each cell's best count
- * (geomean), where a fixed 8 was 11 % off (1024×5120: 64 blocks of 16 warps 2.8 µs, of 8 warps 3.5).
- * The model (model == 1; bench/probes/gemv_warps_model.py, fitted to the twenty-sixth session's sweeps): the count
- * w of 4 … max_warps with the least modelled time of the busiest SM — it holds ceil(blocks / SMs) blocks, r(w) at a
- * time (the occupancy below), each warp of a block taking ceil(super_blocks / w) super-blocks of K plus 3 steps of
- * fixed cost, the SM running k blocks' steps at max(1, k·w / 16) times a lone warp's step time; ties to the more
- * warps. Where the grid does not fit one wave it can take more, smaller blocks per SM (m16n64 at 27648×5120: 6 warps
- * at M = 16, 4 at M = 32, 0.82–0.89× the one-wave rule's fallback of 8).
+ * The model (model == 1, the default; bench/probes/gemv_warps_model.py, fitted to the twenty-sixth session's sweeps):
+ * the count w of 4 … max_warps with the least modelled time of the busiest SM — it holds ceil(blocks / SMs) blocks,
+ * r(w) at a time (the occupancy below), each warp of a block taking ceil(super_blocks / w) super-blocks of K plus 3
+ * steps of fixed cost, the SM running k blocks' steps at max(1, k·w / Wsat) times a lone warp's step time; ties to
+ * the more warps. Wsat, the warps that saturate an SM: 16 for a tile of ≥ 4 16×8 MMA tiles per k-step (m8n64,
+ * m16n32, m16n64, m32n16); 16·4 / (its MMA tiles) for the smaller ones, whose warps each do less per step (32 for
+ * m8n32, 64 for m8n16: with 16 the model gave them fewer warps than the rule and cost up to 1.16× and 1.36×).
+ * Where the grid does not fit one wave it takes more, smaller blocks per SM. Measured on the H200 against the
+ * one-wave rule, every row at every seed and Qwen3 cell (docs/PERF.md, twenty-seventh session): the selector's row
+ * 0.81–0.85× the time at M = 32–48 on the large shapes (m16n64 at 27648×5120), 0.89–0.93× at M = 16 there, the
+ * other cells at M ≤ 16 within ±4 % (geomean 1.000); the gather 0.75–0.97× at 8–128 tokens.
+ * The one-wave rule (model == 0, QMM_CUDA_GEMV_WARPS_MODEL=0, for A/B runs): the most warps (≤ max_warps) for which
+ * every block is resident at once, as long as that leaves ≥ 4 warps per block; else 8 (several waves) — the sixth
+ * session's rule (1024×5120: 64 blocks of 16 warps 2.8 µs, of 8 warps 3.5).
+ * The launcher then caps the count at the super-blocks.
  * occupancy[w] caches the blocks of w warps one SM holds (per instantiation and device; NULL: ask each time). */
 template <typename Kernel>
 static int gemv_resident(Kernel kernel, int w, size_t shared_per_warp, std::atomic<int> *occupancy) {
@@ -313,12 +317,13 @@ static int gemv_resident(Kernel kernel, int w, size_t shared_per_warp, std::atom
 }
 
 template <typename Kernel>
-static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, size_t shared_per_warp, int max_warps,
-                      int multiprocessors, int model, std::atomic<int> *occupancy) {
+static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, int mma_tiles, size_t shared_per_warp,
+                      int max_warps, int multiprocessors, int model, std::atomic<int> *occupancy) {
     if (multiprocessors <= 0) multiprocessors = 1;
     int chosen = 0;
     if (model) {
         const size_t busiest = (blocks + (size_t)multiprocessors - 1) / (size_t)multiprocessors;
+        const double saturating = mma_tiles < 4 ? 64.0 / (double)(mma_tiles > 0 ? mma_tiles : 1) : 16.0;
         double best = 0.0;
         for (int w = max_warps; w >= 4; w--) {
             const int resident = gemv_resident(kernel, w, shared_per_warp, occupancy);
@@ -327,7 +332,7 @@ static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, size_t sha
             double time = 0.0;
             for (size_t left = busiest; left > 0;) {
                 const size_t k = left < (size_t)resident ? left : (size_t)resident;
-                const double shared = (double)k * w / 16.0;
+                const double shared = (double)k * w / saturating;
                 time += steps * (shared > 1.0 ? shared : 1.0);
                 left -= k;
             }
@@ -388,7 +393,7 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
-                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, super_blocks, per_warp, max_warps,
+                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, super_blocks, RT * TT, per_warp, max_warps,
                                           c->multiprocessors, c->gemv_warps_model,
                                           device >= 0 && device < 8 ? occupancy[device][mx] : nullptr);
     if (warps > super_blocks) warps = super_blocks; /* warp w takes super-blocks w, w + W, ...: none left idle */
@@ -448,7 +453,7 @@ static int launch_mma_gemv_grouped(const qmm_cuda_launch *c, const Table &table,
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
-                             : gemv_warps(kernel, (size_t)blocks.x * blocks.z, super_blocks, per_warp, max_warps,
+                             : gemv_warps(kernel, (size_t)blocks.x * blocks.z, super_blocks, RT * TT, per_warp, max_warps,
                                           c->multiprocessors, c->gemv_warps_model,
                                           device >= 0 && device < 8 ? occupancy[device] : nullptr);
     if (warps > super_blocks) warps = super_blocks;
