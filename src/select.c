@@ -9,11 +9,11 @@
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
- *      when N ≤ prefer_small_n (and K ≤ prefer_max_k_small_n, where set), rows whose prefer_min_m is above
+ *      when N ≤ prefer_small_n, rows whose prefer_min_m is above
  *      M (or, when N ≥ prefer_large_n, whose prefer_min_m_large_n is), rows whose prefer_gap_tiles range holds the
  *      call's ceil(M/bm)·ceil(N/bn) tiles, and rows whose prefer_min_tiles exceeds those tiles
  *      (prefer_min_tiles_unsplit too, in batch-invariant mode), or whose prefer_min_tiles_k exceeds those tiles
- *      times K (a row
+ *      times K, or (from M = prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed (a row
  *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each
  *      backend's table). Tables are ordered fastest-first by their backend and end with rows that accept
  *      every valid call (the reference rows, or on CUDA the generic kernels), so there is always an answer.
@@ -120,10 +120,9 @@ qmm_status qmm_batch_invariant_row(const qmm_kernel *const *table, size_t count,
                      qmm_dtype_name(call->dtype), call->bits, call->group_size);
 }
 
-/* The largest M the row's hints let the selector take it for, unforced, at this N and K (SIZE_MAX: no limit). */
-static size_t preferred_max_m(const qmm_kernel *row, size_t N, size_t K) {
-    const bool small_n = row->prefer_small_n && N <= row->prefer_small_n &&
-                         (!row->prefer_max_k_small_n || K <= row->prefer_max_k_small_n);
+/* The largest M the row's hints let the selector take it for, unforced, at this N (SIZE_MAX: no limit). */
+static size_t preferred_max_m(const qmm_kernel *row, size_t N) {
+    const bool small_n = row->prefer_small_n && N <= row->prefer_small_n;
     const size_t limit = small_n ? row->prefer_max_m_small_n : row->prefer_max_m;
     return limit ? limit : SIZE_MAX;
 }
@@ -136,19 +135,22 @@ static size_t preferred_min_m(const qmm_kernel *row, size_t N) {
 
 /* Whether the call has the tiles of the row's bm × bn its prefer_min_tiles hint asks for (prefer_min_tiles_unsplit in
  * batch-invariant mode, where nothing splits K), outside its prefer_gap_tiles range, and the tiles × K its
- * prefer_min_tiles_k hint asks for. */
+ * prefer_min_tiles_k hint asks for and (from M = prefer_max_tiles_k_min_m) its prefer_max_tiles_k allows. */
 static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
     const size_t unsplit = call->batch_invariant ? row->prefer_min_tiles_unsplit : 0;
-    if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit && !row->prefer_gap_tiles_max) return true;
+    const bool capped = row->prefer_max_tiles_k && call->M >= row->prefer_max_tiles_k_min_m;
+    if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit && !row->prefer_gap_tiles_max && !capped)
+        return true;
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
     const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
     if (tiles < row->prefer_min_tiles || tiles < unsplit) return false;
     if (row->prefer_gap_tiles_max && tiles >= row->prefer_gap_tiles_min && tiles <= row->prefer_gap_tiles_max)
         return false;
-    if (!row->prefer_min_tiles_k) return true;
+    if (!row->prefer_min_tiles_k && !capped) return true;
     if (call->K == 0) return false; /* (no valid call has K = 0) */
     const size_t need = row->prefer_min_tiles_k / call->K + (row->prefer_min_tiles_k % call->K != 0);
-    return tiles >= need; /* tiles·K ≥ prefer_min_tiles_k, without the product's overflow */
+    if (tiles < need) return false; /* tiles·K ≥ prefer_min_tiles_k, without the product's overflow */
+    return !capped || tiles <= row->prefer_max_tiles_k / call->K; /* tiles·K ≤ prefer_max_tiles_k, the same way */
 }
 
 /* Whether a row that accepts a batch-invariant call reduces in the call's order (set by `order_row`). */
@@ -210,7 +212,7 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
     }
     why_not[0] = '\0';
     for (size_t i = 0; i < count; i++) {
-        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N, call->K) ||
+        if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) ||
             call->M < preferred_min_m(table[i], call->N) || call->N < table[i]->prefer_min_n ||
             !tiles_in_range(table[i], call))
             continue;

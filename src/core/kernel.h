@@ -76,14 +76,15 @@ typedef struct qmm_kernel {
      * M ≤ prefer_max_m (0 = no limit) and N ≥ prefer_min_n, and never when tune_only is set (rows kept for
      * forcing and tuning). When N ≤ prefer_small_n (0 = no such box), the M limit is
      * prefer_max_m_small_n instead: a row that stays the fastest to a larger M while the weights have few
-     * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048) — and only while
-     * K ≤ prefer_max_k_small_n (0 = no limit; the CUDA m16n64 GEMV, whose M 49–64 box on N ≤ 5120 ends at
-     * K = 12288: past it the wgmma tile's split-K wins). prefer_min_m (0 = no
+     * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048). prefer_min_m (0 = no
      * limit): only for M ≥ prefer_min_m. prefer_min_tiles (0 = no limit): only when the call has at least that
      * many tiles of the row's bm × bn, ceil(M/bm)·ceil(N/bn) — a large tile that is the fastest once there are
      * enough of them to spread over the device (the CUDA wgmma tiles). prefer_min_tiles_k (0 = no limit): only
      * when those tiles times K reach it — the work a large tile needs to fill the device, split-K included (few
-     * tiles with a long K split well, few with a short K do not). prefer_min_tiles_unsplit (0 = no limit): in
+     * tiles with a long K split well, few with a short K do not). prefer_max_tiles_k (0 = no limit): for
+     * M ≥ prefer_max_tiles_k_min_m, only while those tiles times K stay within it — a row whose time grows with
+     * each tile of M it adds, where a row of one tall tile costs about the same up to its height (the CUDA m16n64
+     * GEMV, one pass over the weights per 16 rows of x, against the wgmma tile of 64 tokens from M = 33). prefer_min_tiles_unsplit (0 = no limit): in
      * batch-invariant mode, where no row splits K, only with at least that many tiles. When N ≥ prefer_large_n
      * (0 = no such box), only for M ≥ prefer_min_m_large_n: a row that is the fastest on many weight rows only once
      * M has grown (the CUDA m16n64 GEMV: from M = 17 past 300 blocks of 64 rows on the H200).
@@ -95,9 +96,10 @@ typedef struct qmm_kernel {
     size_t prefer_min_n;
     size_t prefer_small_n;
     size_t prefer_max_m_small_n;
-    size_t prefer_max_k_small_n;
     size_t prefer_min_tiles;
     size_t prefer_min_tiles_k;
+    size_t prefer_max_tiles_k;
+    size_t prefer_max_tiles_k_min_m;
     size_t prefer_min_tiles_unsplit;
     size_t prefer_large_n;
     size_t prefer_min_m_large_n;

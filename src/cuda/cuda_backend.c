@@ -622,6 +622,8 @@ static bool mma_supports(const qmm_call *call, size_t max_m, size_t max_n, char 
  * but 1.05–1.10× on 14336×5120, whose 224 blocks per launch and 448 in one grid both put 4 on the busiest SM.
  * QMM_CUDA_M16N64_ONE_GRID=1/0 forces one grid / one launch per chunk (tests, experiments). */
 #define M16N64_ALONE_MAX 300
+/* m16n64's blocks (64 rows × 16 rows of x) times K from M = 33 (the selector's prefer_max_tiles_k): 5120² at M = 48 */
+#define M16N64_MAX_WORK ((size_t)3 * 80 * 5120)
 static bool m16n64_one_grid(const qmm_cuda_launch *launch) {
     const char *forced = getenv("QMM_CUDA_M16N64_ONE_GRID");
     if (forced && strcmp(forced, "1") == 0) return true;
@@ -937,8 +939,9 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–48 (M 17–64 for N ≤ 5120, K ≤ 12288) with 72
- *            blocks or more of 64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32), and those blocks times K ≥ 48 · 4096 (a short K: below):
+ *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–64 with 72 blocks or more of 64 rows × 16 rows of x
+ *            (N ≥ 2241 at M ≤ 32), those blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33, ≤ 240 · 5120
+ *            (M16N64_MAX_WORK: 5120² to M = 48, 4096² to M = 64):
  *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
  *            warps at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth
  *            session: 0.78–0.94× the time of the 242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
@@ -950,13 +953,19 @@ static qmm_status gather_run(const qmm_call *call);
  *            M = 17–32 in one grid (the fifteenth session, M = 20 and 32): the fastest row from 40 blocks (2560×4096
  *            M = 32 f16 7.9 µs vs 12.6 for m32n16; 4096² 8.9 vs 12.7 for m16n32; 27648×5120 66.6 vs 82.6; 12288×4096
  *            20.3 vs 27.9 in two launches), slower at 32 blocks with a short K (2048×768: 4.4 vs 3.7) and at 16 (1024
- *            rows: 8.1 vs 7.4). M 33–48 with 72 tiles or more, and M 49–64 as well where N ≤ 5120 (the seventeenth
+ *            rows: 8.1 vs 7.4). M 33–64 while its blocks times K stay within 240 · 5120: the twenty-seventh session's
+ *            sweep (M = 32–64, every row, seed and Qwen3 shapes, with the warps model) found the wgmma tile faster than
+ *            it wherever they exceed that (M = 48: 12288×4096 and 4096×12288 1.13–1.28×, 5120×14336 1.04–1.09,
+ *            17408×5120 1.02–1.10, 14336×5120 and 27648×5120 1.25–1.58; M = 56–64 on 5120² 1.03–1.11, on 5120 rows
+ *            with K ≥ 12288 1.19–1.63) and slower within it (4096² at M = 48–64 0.77–0.83×, 5120² at M = 48 0.76–0.80),
+ *            the small-N rows aside (bench-cuda-h200-2026-12-03-s27-m48-64.json). Before it, M 33–48 with 72 tiles
+ *            or more, and M 49–64 as well where N ≤ 5120 and K ≤ 12288 (the seventeenth
  *            session's sweep, M = 48 and 64, against wgmma_tile m64n128 which had them): M = 48 faster on every seed and
  *            Qwen3 shape of ≥ 4096 rows (0.60–1.00× its time: 5120² f16 16.6 vs 27.8 µs, 17408×5120 65.0 vs 94.6,
  *            27648×5120 94.0 vs 106.7); M = 64 faster on N ≤ 5120 with K ≤ 12288 (4096² 13.8 vs 20.0, 5120² 23.0 vs
  *            28.0, 4096×12288 35.4 vs 39.6) but 1.03–1.12× slower at 5120 rows with K ≥ 14336 (1.34–1.44× once the
  *            wgmma tile had gained: 5120×14336 f16 58.4 vs 43.5 µs, bf16 67.1 vs 46.4, the twenty-third session —
- *            so the box ends at K = 12288, prefer_max_k_small_n) and 1.08–1.27× on 12288,
+ *            so the box ended at K = 12288) and 1.08–1.27× on 12288,
  *            14336 and 27648 rows (14336×5120 bf16 71.9 vs 56.5), where wgmma keeps M ≥ 49 — though on 17408 rows
  *            (136 wgmma tiles, just over a wave) m16n64 took 0.86–0.90× its time; and 1.11–1.27× m32n16's time on
  *            2048×768 at M = 40–64 (3.8 vs 4.7 µs; the eighteenth session's sweep 1.10–1.24 at M = 48/64), which the
@@ -1031,9 +1040,8 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 48, .prefer_small_n = 5120,
-     .prefer_max_m_small_n = 64, .prefer_max_k_small_n = 12288, .prefer_min_tiles = 72,
-     .prefer_min_tiles_k = 48 * 4096,
+     .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 64, .prefer_min_tiles = 72,
+     .prefer_min_tiles_k = 48 * 4096, .prefer_max_tiles_k = M16N64_MAX_WORK, .prefer_max_tiles_k_min_m = 33,
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},

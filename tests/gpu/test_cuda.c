@@ -233,12 +233,12 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
 
 /* The wgmma tiles' switch points (Hopper): m128n128 from M = 65 with 33 tiles of 128 × 128 whose tiles times K reach
  * 32 · 4096,
- * m64n128 from M = 33 (49 for N > 5120, 65 within m16n64's box) where its tiles of 128 × 64 times K reach 128 · 768
- * (mma_gemv m16n64 first in its box, m32n16 up
+ * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m16n64 first in its box —
+ * from M = 33 while its tiles × K stay within 240 · 5120 —, m32n16 up
  * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
  * that takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then
- * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–48 — 17–64 for N ≤ 5120 — with 72 tiles of 64 rows ×
- * 16 rows of x, and tiles × K ≥ 48 · 4096) and m16n32 (M ≤ 16 outside it), which take
+ * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–64 with 72 tiles of 64 rows × 16 rows of x, and
+ * tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120) and m16n32 (M ≤ 16 outside it), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -249,9 +249,11 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         {65, 4224, 3968, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 33 tiles × K 3968: short of 32 · 4096 */
         {65, 4096, 8192, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 32 tiles, however long K: 64 tiles of 64 tokens */
         {65, 3968, 4096, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 31 tiles of 128 tokens, 62 of 64 */
-        {49, 8192, 1536, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 64 tiles of 64 tokens × K 1536 = 128 × 768 */
-        {49, 8192, 1472, NULL},                             /* 64 × 1472: below it, mma_tile m64n64 */
-        {33, 4096, 3072, NULL},                             /* M 33–64, N ≤ 5120: mma_gemv m16n64 first */
+        {65, 4096, 1536, "cuda.qmm_t.wgmma_tile.m64n128"},  /* 64 tiles of 64 tokens × K 1536 = 128 × 768 */
+        {65, 4096, 1472, NULL},                             /* 64 × 1472: below it, mma_tile m64n64 */
+        {49, 8192, 2432, "cuda.qmm_t.wgmma_tile.m64n128"},  /* m16n64's 512 tiles × 2432 past its 240 · 5120 */
+        {49, 8192, 2368, NULL},                             /* 512 × 2368 within it: mma_gemv m16n64 first */
+        {33, 4096, 3072, NULL},                             /* 192 × 3072: mma_gemv m16n64 */
         {32, 12161, 256, NULL}, /* M ≤ 32: an mma_gemv row (m32n16: 382 tiles × K 256 are short of m16n64's floor) */
         {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
         {128, 2048, 8192, NULL}, /* the same, though m128n128's 16 tiles × 8192 reach its work hint: m32n16 first */
@@ -288,16 +290,19 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by mma_gemv m16n64 (it keeps it for
                 * batch-invariant calls: below) */
                {17, 12288, 512, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
-               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–48 (17–64 for
-                * N ≤ 5120) with 72 blocks or more of 64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32: one grid of two
-                * chunks), no upper end in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest
-                * multiple of 64 that reaches it, where 256 does not; the floor's own edges last) */
+               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–64 with 72
+                * blocks or more of 64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32: one grid of two chunks), no upper end
+                * in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest multiple of 64 that
+                * reaches it, where 256 does not; the floor's own edges last), from M = 33 ≤ 240 · 5120 (its edges:
+                * 80 blocks × 3 chunks × K 5120, × 4 chunks × K 3840; none at M = 32: 2 chunks × K 7744 past it) */
                {9, 5120, 2496, m16n64, true, NULL},      {16, 5120, 2496, m16n64, true, NULL},
                {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 1280, m16n64, true, NULL},
                {32, 5120, 1280, m16n64, true, NULL},     {33, 5120, 832, m16n64, true, NULL},
                {64, 5120, 640, m16n64, true, NULL},      {65, 5120, 640, m16n64, false, NULL},
-               {48, 27648, 256, m16n64, true, NULL},     {49, 27648, 256, m16n64, false, NULL},
-               {49, 5121, 640, m16n64, false, NULL},     {48, 1536, 2752, m16n64, true, NULL},
+               {48, 27648, 256, m16n64, true, NULL},     {64, 27648, 256, m16n64, true, NULL},
+               {48, 5120, 5120, m16n64, true, NULL},     {48, 5120, 5184, m16n64, false, NULL},
+               {49, 5120, 3840, m16n64, true, NULL},     {49, 5120, 3904, m16n64, false, NULL},
+               {32, 5120, 7744, m16n64, true, NULL},     {48, 1536, 2752, m16n64, true, NULL},
                {48, 1472, 2752, m16n64, false, m32n16},
                {16, 4544, 2752, m16n64, false, m16n32},  {16, 4545, 2752, m16n64, true, NULL},
                {16, 19200, 704, m16n64, true, NULL},     {16, 19201, 704, m16n64, false, m16n32},

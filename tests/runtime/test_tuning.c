@@ -112,24 +112,28 @@ static void test_hints(void) {
         CHECK(strcmp(got, cases[i].want) == 0, "hints: N=%zu M=%zu picked %s, want %s", cases[i].N, cases[i].M, got,
               cases[i].want);
     }
-    /* prefer_max_k_small_n (the CUDA m16n64 row's: M ≤ 64 on N ≤ 5120 only while K ≤ 12288, else M ≤ 48) */
-    const qmm_kernel small_k = {.info = FAKE("fake.hint.small_k", QMM_OP_QMM_T), .supports = supports_all,
-                                .run = run_nothing, .prefer_max_m = 48, .prefer_small_n = 5120,
-                                .prefer_max_m_small_n = 64, .prefer_max_k_small_n = 12288};
-    const qmm_kernel *small_k_table[] = {&small_k, &hint_rows[2]};
-    static const struct { size_t N, M, K; const char *want; } small_k_cases[] = {
-        {5120, 64, 12288, "fake.hint.small_k"}, {5120, 64, 12352, "fake.hint.any"}, {5120, 65, 4096, "fake.hint.any"},
-        {5120, 48, 14336, "fake.hint.small_k"}, {5120, 49, 14336, "fake.hint.any"}, {5121, 64, 4096, "fake.hint.any"},
-        {5121, 48, 4096, "fake.hint.small_k"},
+    /* prefer_max_tiles_k from prefer_max_tiles_k_min_m (the CUDA m16n64 row's: tiles of 16 × 64, from M = 33 at most
+     * 240 · 5120 tiles × K; 5120 rows are 80 tiles, M 33–48 three tiles of M, 49–64 four) */
+    qmm_kernel_info capped_info = FAKE("fake.hint.capped", QMM_OP_QMM_T);
+    capped_info.bm = 16, capped_info.bn = 64;
+    const qmm_kernel capped = {.info = capped_info, .supports = supports_all, .run = run_nothing, .prefer_max_m = 64,
+                               .prefer_max_tiles_k = 240 * 5120, .prefer_max_tiles_k_min_m = 33};
+    const qmm_kernel *capped_table[] = {&capped, &hint_rows[2]};
+    static const struct { size_t N, M, K; const char *want; } capped_cases[] = {
+        {5120, 48, 5120, "fake.hint.capped"}, {5120, 49, 5120, "fake.hint.any"},  {5120, 33, 5184, "fake.hint.any"},
+        {5120, 32, 1 << 20, "fake.hint.capped"}, /* below prefer_max_tiles_k_min_m: no cap */
+        {4096, 64, 4096, "fake.hint.capped"}, {4096, 64, 4800, "fake.hint.capped"}, {4096, 64, 4864, "fake.hint.any"},
+        {5120, 65, 64, "fake.hint.any"},      /* prefer_max_m */
+        {SIZE_MAX / 2, 33, 1 << 20, "fake.hint.any"}, /* tiles × K past SIZE_MAX: no overflow */
     };
-    for (size_t i = 0; i < sizeof small_k_cases / sizeof small_k_cases[0]; i++) {
-        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, small_k_cases[i].N, small_k_cases[i].K,
-                                        small_k_cases[i].M);
+    for (size_t i = 0; i < sizeof capped_cases / sizeof capped_cases[0]; i++) {
+        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, capped_cases[i].N, capped_cases[i].K,
+                                        capped_cases[i].M);
         const qmm_kernel *chosen = NULL;
-        CHECK(qmm_select_kernel_tuned(small_k_table, 2, NULL, &call, NULL, &chosen) == QMM_OK && chosen &&
-                  strcmp(chosen->info.name, small_k_cases[i].want) == 0,
-              "hints: N=%zu M=%zu K=%zu picked %s, want %s", small_k_cases[i].N, small_k_cases[i].M, small_k_cases[i].K,
-              chosen ? chosen->info.name : "(none)", small_k_cases[i].want);
+        CHECK(qmm_select_kernel_tuned(capped_table, 2, NULL, &call, NULL, &chosen) == QMM_OK && chosen &&
+                  strcmp(chosen->info.name, capped_cases[i].want) == 0,
+              "hints: N=%zu M=%zu K=%zu picked %s, want %s", capped_cases[i].N, capped_cases[i].M, capped_cases[i].K,
+              chosen ? chosen->info.name : "(none)", capped_cases[i].want);
     }
     /* prefer_min_tiles_k = 64·2048: at 64 tiles K 2048 takes the tiled row, K 1984 does not; at 128 tiles K 1024
      * does */
