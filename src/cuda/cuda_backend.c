@@ -622,7 +622,10 @@ static bool mma_supports(const qmm_call *call, size_t max_m, size_t max_n, char 
  * but 1.05–1.10× on 14336×5120, whose 224 blocks per launch and 448 in one grid both put 4 on the busiest SM.
  * QMM_CUDA_M16N64_ONE_GRID=1/0 forces one grid / one launch per chunk (tests, experiments). */
 #define M16N64_ALONE_MAX 300
-/* m16n64's blocks (64 rows × 16 rows of x) times K from M = 33 (the selector's prefer_max_tiles_k): 5120² at M = 48 */
+/* m16n64's blocks (64 rows × 16 rows of x) times K from M = 33 (the selector's prefer_max_tiles_k): 5120² at M = 48.
+ * Measured against the H200's wgmma tile, on shapes with K ≥ 4096 (docs/PERF.md, twenty-seventh session); where the
+ * device has no wgmma rows (sm_80–89) the calls past it go to the mma_tile rows, which nobody has timed against
+ * m16n64 there — `qmm tune` measures both on such a device. */
 #define M16N64_MAX_WORK ((size_t)3 * 80 * 5120)
 static bool m16n64_one_grid(const qmm_cuda_launch *launch) {
     const char *forced = getenv("QMM_CUDA_M16N64_ONE_GRID");
@@ -931,9 +934,9 @@ static qmm_status gather_run(const qmm_call *call);
  * fastest row, 101 with the earlier m8n64/m8n16 split):
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
  *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
- *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get fewer warps than
- *            its 16 (gemv_warps: 5–6 under the older one-wave rule, 4 under the model, whose one miss this is: 8 were
- *            best, 0.96–0.97× the one-wave rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
+ *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get 4–6 warps under
+ *            either rule of gemv_warps (the model's one miss in its sweeps: 8 were best, 0.96–0.97× the one-wave
+ *            rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
  *            17408×5120 (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97
  *            (docs/PERF.md, twenty-sixth session); with the model 0.94–1.00 (twenty-seventh).
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
@@ -943,7 +946,8 @@ static qmm_status gather_run(const qmm_call *call);
  *            (N ≥ 2241 at M ≤ 32), those blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33, ≤ 240 · 5120
  *            (M16N64_MAX_WORK: 5120² to M = 48, 4096² to M = 64):
  *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
- *            warps at 168 registers, one per SM (x no longer a super-block ahead in registers, the fourteenth
+ *            warps at 168 registers, one such block per SM (past one wave gemv_warps may take smaller ones, several
+ *            per SM; x no longer a super-block ahead in registers, the fourteenth
  *            session: 0.78–0.94× the time of the 242-register version where it is selected); past M = 16 one grid of a block per 16 rows of x and row
  *            tile (m16n64_one_grid). At M 9–16 against m16n32 (the fourteenth session, seed and Qwen3 shapes at M = 12
  *            and 16): faster on 80 blocks (5120² 9.7 vs 10.9 µs f16, 5120×14336 21.6 vs 27.4, 5120×17408 25.8 vs 33.0),
@@ -966,7 +970,7 @@ static qmm_status gather_run(const qmm_call *call);
  *            28.0, 4096×12288 35.4 vs 39.6) but 1.03–1.12× slower at 5120 rows with K ≥ 14336 (1.34–1.44× once the
  *            wgmma tile had gained: 5120×14336 f16 58.4 vs 43.5 µs, bf16 67.1 vs 46.4, the twenty-third session —
  *            so the box ended at K = 12288) and 1.08–1.27× on 12288,
- *            14336 and 27648 rows (14336×5120 bf16 71.9 vs 56.5), where wgmma keeps M ≥ 49 — though on 17408 rows
+ *            14336 and 27648 rows (14336×5120 bf16 71.9 vs 56.5), where wgmma kept M ≥ 49 — though on 17408 rows
  *            (136 wgmma tiles, just over a wave) m16n64 took 0.86–0.90× its time; and 1.11–1.27× m32n16's time on
  *            2048×768 at M = 40–64 (3.8 vs 4.7 µs; the eighteenth session's sweep 1.10–1.24 at M = 48/64), which the
  *            floor of 48 · 4096 on tiles × K gives back to m32n16 (96–128 tiles × 768; in that sweep it moves no
@@ -983,7 +987,7 @@ static qmm_status gather_run(const qmm_call *call);
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows) where m16n64's box (first in the
  *            table) does not take the call — at M 33–64 it does from 72 tiles (N ≥ 1473 at M ≤ 48, N ≥ 1089 at
- *            M 49–64) with tiles × K ≥ 48 · 4096: the tiles are too few there
+ *            M 49–64) with tiles × K ≥ 48 · 4096 and ≤ 240 · 5120: the tiles are too few there
  *            (768×2048 M = 64: 6.1 vs 11.8 µs for mma_tile; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
  *            with M 33–128 within 3 % of the tile or faster, and faster than the wgmma rows with split-K in the
  *            tenth session's sweep; from M = 192 the tiles win; docs/PERF.md, third and tenth sessions).

@@ -71,8 +71,8 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
 /* The hints without a tuning table (src/select.c step 2): prefer_max_m, prefer_min_n, the small-N box
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
- * box); then prefer_gap_tiles (the CUDA m8n64 row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_large_n
- * (the CUDA m16n64 row's). */
+ * box); then prefer_max_tiles_k from prefer_max_tiles_k_min_m and prefer_large_n (the CUDA m16n64 row's),
+ * prefer_gap_tiles (the CUDA m8n64 row's) and prefer_min_tiles_unsplit (batch-invariant calls). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
     info.bm = 128, info.bn = 128;
