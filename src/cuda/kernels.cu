@@ -299,7 +299,7 @@ extern "C" int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *c) {
  * The one-wave rule (model == 0, QMM_CUDA_GEMV_WARPS_MODEL=0, for A/B runs): the most warps (≤ max_warps) for which
  * every block is resident at once, as long as that leaves ≥ 4 warps per block; else 8 (several waves) — the sixth
  * session's rule (1024×5120: 64 blocks of 16 warps 2.8 µs, of 8 warps 3.5).
- * The launcher then caps the count at the super-blocks.
+ * gemv_launch_warps then caps the count at the super-blocks.
  * occupancy[w] caches the blocks of w warps one SM holds (per instantiation and device; NULL: ask each time). */
 template <typename Kernel>
 static int gemv_resident(Kernel kernel, int w, size_t shared_per_warp, std::atomic<int> *occupancy) {
@@ -324,27 +324,39 @@ static int gemv_warps(Kernel kernel, size_t blocks, int super_blocks, int mma_ti
     if (model) {
         const size_t busiest = (blocks + (size_t)multiprocessors - 1) / (size_t)multiprocessors;
         const double saturating = mma_tiles < 4 ? 64.0 / (double)(mma_tiles > 0 ? mma_tiles : 1) : 16.0;
+        /* k resident blocks of w warps run each step at max(1, k·w / Wsat) times a lone warp's step time */
+        const auto pace = [&](size_t k, int w) {
+            const double shared = (double)k * w / saturating;
+            return shared > 1.0 ? shared : 1.0;
+        };
         double best = 0.0;
         for (int w = max_warps; w >= 4; w--) {
             const int resident = gemv_resident(kernel, w, shared_per_warp, occupancy);
             if (resident <= 0) continue;
+            const size_t full = busiest / (size_t)resident, rest = busiest % (size_t)resident;
             const double steps = (double)((super_blocks + w - 1) / w) + 3.0;
-            double time = 0.0;
-            for (size_t left = busiest; left > 0;) {
-                const size_t k = left < (size_t)resident ? left : (size_t)resident;
-                const double shared = (double)k * w / saturating;
-                time += steps * (shared > 1.0 ? shared : 1.0);
-                left -= k;
-            }
+            const double time = steps * ((double)full * pace((size_t)resident, w) + (rest ? pace(rest, w) : 0.0));
             if (!chosen || time < best - 1e-9) chosen = w, best = time;
         }
-        return chosen ? chosen : max_warps < 8 ? max_warps : 8;
-    }
-    for (int w = max_warps; w >= 4 && !chosen; w--) {
-        const int resident = gemv_resident(kernel, w, shared_per_warp, occupancy);
-        if (resident > 0 && (size_t)resident * (size_t)multiprocessors >= blocks) chosen = w;
+    } else {
+        for (int w = max_warps; w >= 4 && !chosen; w--) {
+            const int resident = gemv_resident(kernel, w, shared_per_warp, occupancy);
+            if (resident > 0 && (size_t)resident * (size_t)multiprocessors >= blocks) chosen = w;
+        }
     }
     return chosen ? chosen : max_warps < 8 ? max_warps : 8;
+}
+
+/* The warps of an mma_gemv launch: QMM_CUDA_WARPS where set (≤ max_warps), else gemv_warps; then at most the
+ * super-blocks (warp w takes super-blocks w, w + W, ...: none left idle) and at least 1. */
+template <typename Kernel>
+static int gemv_launch_warps(const qmm_cuda_launch *c, Kernel kernel, size_t blocks, int super_blocks, int mma_tiles,
+                             size_t per_warp, int max_warps, std::atomic<int> *occupancy) {
+    int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
+                             : gemv_warps(kernel, blocks, super_blocks, mma_tiles, per_warp, max_warps,
+                                          c->multiprocessors, c->gemv_warps_model, occupancy);
+    if (warps > super_blocks) warps = super_blocks;
+    return warps < 1 ? 1 : warps;
 }
 
 template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X, bool ONE_TOKEN = false>
@@ -392,12 +404,8 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     static std::atomic<int> occupancy[8][STAGED_X ? 9 : 1][mma_gemv_limits<RT, TT>::max_warps + 1];
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
-    int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
-                             : gemv_warps(kernel, (size_t)blocks.x * blocks.y, super_blocks, RT * TT, per_warp, max_warps,
-                                          c->multiprocessors, c->gemv_warps_model,
-                                          device >= 0 && device < 8 ? occupancy[device][mx] : nullptr);
-    if (warps > super_blocks) warps = super_blocks; /* warp w takes super-blocks w, w + W, ...: none left idle */
-    if (warps < 1) warps = 1;
+    const int warps = gemv_launch_warps(c, kernel, (size_t)blocks.x * blocks.y, super_blocks, RT * TT, per_warp,
+                                        max_warps, device >= 0 && device < 8 ? occupancy[device][mx] : nullptr);
     return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
@@ -452,12 +460,8 @@ static int launch_mma_gemv_grouped(const qmm_cuda_launch *c, const Table &table,
     static std::atomic<int> occupancy[8][mma_gemv_limits<RT, TT>::max_warps + 1];
     int device = 0;
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
-    int warps = c->warps > 0 ? (c->warps < max_warps ? c->warps : max_warps)
-                             : gemv_warps(kernel, (size_t)blocks.x * blocks.z, super_blocks, RT * TT, per_warp, max_warps,
-                                          c->multiprocessors, c->gemv_warps_model,
-                                          device >= 0 && device < 8 ? occupancy[device] : nullptr);
-    if (warps > super_blocks) warps = super_blocks;
-    if (warps < 1) warps = 1;
+    const int warps = gemv_launch_warps(c, kernel, (size_t)blocks.x * blocks.z, super_blocks, RT * TT, per_warp,
+                                        max_warps, device >= 0 && device < 8 ? occupancy[device] : nullptr);
     return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, false, table,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, (int)c->N, (int)c->K);

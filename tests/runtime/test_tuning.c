@@ -86,6 +86,14 @@ static const qmm_kernel hint_rows[] = {
     {.info = FAKE("fake.hint.any", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing},
 };
 
+/* The selector's pick between `row` and the hint-free fake.hint.any after it, for an N×K call with M rows of x. */
+static const char *pick_row_or_any(const qmm_kernel *row, size_t N, size_t M, size_t K) {
+    const qmm_kernel *table[] = {row, &hint_rows[2]}, *chosen = NULL;
+    const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, N, K, M);
+    if (qmm_select_kernel_tuned(table, 2, NULL, &call, NULL, &chosen) != QMM_OK || !chosen) return "(error)";
+    return chosen->info.name;
+}
+
 static const char *pick_hinted(size_t N, size_t M, size_t K) {
     qmm_kernel tiled = {.info = tiled_info(), .supports = supports_all, .run = run_nothing, .prefer_min_m = 33,
                         .prefer_min_tiles = 64, .prefer_min_tiles_k = 64 * 2048};
@@ -118,7 +126,6 @@ static void test_hints(void) {
     capped_info.bm = 16, capped_info.bn = 64;
     const qmm_kernel capped = {.info = capped_info, .supports = supports_all, .run = run_nothing, .prefer_max_m = 64,
                                .prefer_max_tiles_k = 240 * 5120, .prefer_max_tiles_k_min_m = 33};
-    const qmm_kernel *capped_table[] = {&capped, &hint_rows[2]};
     static const struct { size_t N, M, K; const char *want; } capped_cases[] = {
         {5120, 48, 5120, "fake.hint.capped"}, {5120, 49, 5120, "fake.hint.any"},  {5120, 33, 5184, "fake.hint.any"},
         {5120, 32, 1 << 20, "fake.hint.capped"}, /* below prefer_max_tiles_k_min_m: no cap */
@@ -127,13 +134,9 @@ static void test_hints(void) {
         {SIZE_MAX / 2, 33, 1 << 20, "fake.hint.any"}, /* tiles × K past SIZE_MAX: no overflow */
     };
     for (size_t i = 0; i < sizeof capped_cases / sizeof capped_cases[0]; i++) {
-        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, capped_cases[i].N, capped_cases[i].K,
-                                        capped_cases[i].M);
-        const qmm_kernel *chosen = NULL;
-        CHECK(qmm_select_kernel_tuned(capped_table, 2, NULL, &call, NULL, &chosen) == QMM_OK && chosen &&
-                  strcmp(chosen->info.name, capped_cases[i].want) == 0,
-              "hints: N=%zu M=%zu K=%zu picked %s, want %s", capped_cases[i].N, capped_cases[i].M, capped_cases[i].K,
-              chosen ? chosen->info.name : "(none)", capped_cases[i].want);
+        const char *got = pick_row_or_any(&capped, capped_cases[i].N, capped_cases[i].M, capped_cases[i].K);
+        CHECK(strcmp(got, capped_cases[i].want) == 0, "hints: N=%zu M=%zu K=%zu picked %s, want %s", capped_cases[i].N,
+              capped_cases[i].M, capped_cases[i].K, got, capped_cases[i].want);
     }
     /* prefer_min_tiles_k = 64·2048: at 64 tiles K 2048 takes the tiled row, K 1984 does not; at 128 tiles K 1024
      * does */
@@ -151,18 +154,14 @@ static void test_hints(void) {
     gap_info.bm = 8, gap_info.bn = 64;
     const qmm_kernel gap = {.info = gap_info, .supports = supports_all, .run = run_nothing,
                             .prefer_gap_tiles_min = 265, .prefer_gap_tiles_max = 396};
-    const qmm_kernel *gap_table[] = {&gap, &hint_rows[2]};
     static const struct { size_t N, M; const char *want; } gap_cases[] = {
         {16896, 1, "fake.hint.gap"}, {16897, 1, "fake.hint.any"}, {25344, 8, "fake.hint.any"},
         {25345, 8, "fake.hint.gap"}, {8512, 8, "fake.hint.gap"},  {8512, 9, "fake.hint.any"},
     };
     for (size_t i = 0; i < sizeof gap_cases / sizeof gap_cases[0]; i++) {
-        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, gap_cases[i].N, 4096, gap_cases[i].M);
-        const qmm_kernel *chosen = NULL;
-        CHECK(qmm_select_kernel_tuned(gap_table, 2, NULL, &call, NULL, &chosen) == QMM_OK && chosen &&
-                  strcmp(chosen->info.name, gap_cases[i].want) == 0,
-              "hints: prefer_gap_tiles N=%zu M=%zu picked %s, want %s", gap_cases[i].N, gap_cases[i].M,
-              chosen ? chosen->info.name : "(none)", gap_cases[i].want);
+        const char *got = pick_row_or_any(&gap, gap_cases[i].N, gap_cases[i].M, 4096);
+        CHECK(strcmp(got, gap_cases[i].want) == 0, "hints: prefer_gap_tiles N=%zu M=%zu picked %s, want %s",
+              gap_cases[i].N, gap_cases[i].M, got, gap_cases[i].want);
     }
     /* prefer_min_tiles_unsplit = 80, in batch-invariant mode only: 64 tiles are enough without it, 80 with it */
     const qmm_kernel_info order_info = {.name = "fake.hint.order", .backend = QMM_BACKEND_REF, .op = QMM_OP_QMM_T,
@@ -204,12 +203,9 @@ static void test_hints(void) {
         {100, 20, true, "fake.hint.wave"},
     };
     for (size_t i = 0; i < sizeof wave_cases / sizeof wave_cases[0]; i++) {
-        const qmm_kernel *wave_table[] = {wave_cases[i].min_m ? &wave_min_m : &wave, &hint_rows[2]}, *chosen = NULL;
-        const qmm_call call = make_call(QMM_OP_QMM_T, QMM_F16, 4, 64, wave_cases[i].N, 4096, wave_cases[i].M);
-        CHECK_OK(qmm_select_kernel_tuned(wave_table, 2, NULL, &call, NULL, &chosen));
-        CHECK(chosen && strcmp(chosen->info.name, wave_cases[i].want) == 0,
-              "hints: prefer_large_n N=%zu M=%zu (prefer_min_m %d) picked %s, want %s", wave_cases[i].N, wave_cases[i].M,
-              wave_cases[i].min_m ? 20 : 0, chosen ? chosen->info.name : "(none)", wave_cases[i].want);
+        const char *got = pick_row_or_any(wave_cases[i].min_m ? &wave_min_m : &wave, wave_cases[i].N, wave_cases[i].M, 4096);
+        CHECK(strcmp(got, wave_cases[i].want) == 0, "hints: prefer_large_n N=%zu M=%zu (prefer_min_m %d) picked %s, want %s",
+              wave_cases[i].N, wave_cases[i].M, wave_cases[i].min_m ? 20 : 0, got, wave_cases[i].want);
     }
 }
 
