@@ -11,11 +11,11 @@
  *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
  *      when N ≤ prefer_small_n, rows whose prefer_min_m is above
  *      M (or, when N ≥ prefer_large_n, whose prefer_min_m_large_n is), rows whose prefer_gap_tiles range holds the
- *      call's ceil(M/bm)·ceil(N/bn) tiles, and rows whose prefer_min_tiles exceeds those tiles
- *      (prefer_min_tiles_unsplit too, in batch-invariant mode), or whose prefer_min_tiles_k exceeds those tiles
- *      times K, or (from M = prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed (a row
- *      may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside each
- *      backend's table). Tables are ordered fastest-first by their backend and end with rows that accept
+ *      call's ceil(M/bm)·ceil(N/bn) tiles, and rows whose prefer_min_tiles (from M = prefer_large_m,
+ *      prefer_min_tiles_large_m) exceeds those tiles (prefer_min_tiles_unsplit too, in batch-invariant
+ *      mode), or whose prefer_min_tiles_k exceeds those tiles times K, or (from M =
+ *      prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed (a row may handle calls it is not the
+ *      fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are ordered fastest-first by their backend and end with rows that accept
  *      every valid call (the reference rows, or on CUDA the generic kernels), so there is always an answer.
  * Between 1 and 2, a measured tuning table (qmm_context_load_tuning, written by `qmm tune` on this
  * device) is consulted: when one of its entries matches the call exactly (op, dtype, bits, group_size,
@@ -133,17 +133,19 @@ static size_t preferred_min_m(const qmm_kernel *row, size_t N) {
     return large > row->prefer_min_m ? large : row->prefer_min_m;
 }
 
-/* Whether the call has the tiles of the row's bm × bn its prefer_min_tiles hint asks for (prefer_min_tiles_unsplit in
+/* Whether the call has the tiles of the row's bm × bn its prefer_min_tiles hint asks for (from M = prefer_large_m its
+ * prefer_min_tiles_large_m; prefer_min_tiles_unsplit in
  * batch-invariant mode, where nothing splits K), outside its prefer_gap_tiles range, and the tiles × K its
  * prefer_min_tiles_k hint asks for and (from M = prefer_max_tiles_k_min_m) its prefer_max_tiles_k allows. */
 static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
     const size_t unsplit = call->batch_invariant ? row->prefer_min_tiles_unsplit : 0;
     const bool capped = row->prefer_max_tiles_k && call->M >= row->prefer_max_tiles_k_min_m;
-    if (!row->prefer_min_tiles && !row->prefer_min_tiles_k && !unsplit && !row->prefer_gap_tiles_max && !capped)
-        return true;
+    const size_t min_tiles =
+        row->prefer_large_m && call->M >= row->prefer_large_m ? row->prefer_min_tiles_large_m : row->prefer_min_tiles;
+    if (!min_tiles && !row->prefer_min_tiles_k && !unsplit && !row->prefer_gap_tiles_max && !capped) return true;
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
     const size_t tiles = ((call->M + bm - 1) / bm) * ((call->N + bn - 1) / bn);
-    if (tiles < row->prefer_min_tiles || tiles < unsplit) return false;
+    if (tiles < min_tiles || tiles < unsplit) return false;
     if (row->prefer_gap_tiles_max && tiles >= row->prefer_gap_tiles_min && tiles <= row->prefer_gap_tiles_max)
         return false;
     if (!row->prefer_min_tiles_k && !capped) return true;

@@ -79,7 +79,9 @@ typedef struct qmm_kernel {
      * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048). prefer_min_m (0 = no
      * limit): only for M ≥ prefer_min_m. prefer_min_tiles (0 = no limit): only when the call has at least that
      * many tiles of the row's bm × bn, ceil(M/bm)·ceil(N/bn) — a large tile that is the fastest once there are
-     * enough of them to spread over the device (the CUDA wgmma tiles). prefer_min_tiles_k (0 = no limit): only
+     * enough of them to spread over the device (the CUDA wgmma tiles); from M = prefer_large_m (0 = never) the floor
+     * is prefer_min_tiles_large_m instead (the CUDA m16n64 GEMV: fewer of its blocks are enough once each row tile
+     * has three or four chunks of 16 rows of x). prefer_min_tiles_k (0 = no limit): only
      * when those tiles times K reach it — the work a large tile needs to fill the device, split-K included (few
      * tiles with a long K split well, few with a short K do not). prefer_max_tiles_k (0 = no limit): for
      * M ≥ prefer_max_tiles_k_min_m, only while those tiles times K stay within it — a row whose time grows with
@@ -97,6 +99,8 @@ typedef struct qmm_kernel {
     size_t prefer_small_n;
     size_t prefer_max_m_small_n;
     size_t prefer_min_tiles;
+    size_t prefer_large_m;
+    size_t prefer_min_tiles_large_m;
     size_t prefer_min_tiles_k;
     size_t prefer_max_tiles_k;
     size_t prefer_max_tiles_k_min_m;

@@ -942,9 +942,9 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–64 with 72 blocks or more of 64 rows × 16 rows of x
- *            (N ≥ 2241 at M ≤ 32), those blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33, ≤ 240 · 5120
- *            (M16N64_MAX_WORK: 5120² to M = 48, 4096² to M = 64):
+ *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–32 with 72 blocks or more of 64 rows × 16 rows of x
+ *            (N ≥ 2241), M 33–64 with 48 or more (N ≥ 1024: Qwen3's k_proj/v_proj), those blocks times K ≥ 48 · 4096
+ *            (a short K: below) and, from M = 33, ≤ 240 · 5120 (M16N64_MAX_WORK: 5120² to M = 48, 4096² to M = 64):
  *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
  *            warps at 168 registers, one such block per SM (past one wave gemv_warps may take smaller ones, several
  *            per SM; x no longer a super-block ahead in registers, the fourteenth
@@ -962,7 +962,10 @@ static qmm_status gather_run(const qmm_call *call);
  *            it wherever they exceed that (M = 48: 12288×4096 and 4096×12288 1.13–1.28×, 5120×14336 1.04–1.09,
  *            17408×5120 1.02–1.10, 14336×5120 and 27648×5120 1.25–1.58; M = 56–64 on 5120² 1.03–1.11, on 5120 rows
  *            with K ≥ 12288 1.19–1.63) and slower within it (4096² at M = 48–64 0.77–0.83×, 5120² at M = 48 0.76–0.80),
- *            the small-N rows aside (bench-cuda-h200-2026-12-03-s27-m48-64.json). Before it, M 33–48 with 72 tiles
+ *            the small-N rows aside (bench-cuda-h200-2026-12-03-s27-m48-64.json). The floor of 48 blocks from M = 33
+ *            (prefer_min_tiles_large_m; 72 before): on 1024×4096 and 1024×5120 (48–64 blocks) m16n64 took 0.83–0.95×
+ *            m32n16's time in f16 at M = 32–64 and 0.91–0.94× in bf16 at M = 64, 1.00–1.03× in bf16 at M = 40–48 (the
+ *            twenty-seventh and twenty-eighth sessions' sweeps); at M = 20 m32n16 is 2 % faster, so M ≤ 32 keeps 72. Before it, M 33–48 with 72 tiles
  *            or more, and M 49–64 as well where N ≤ 5120 and K ≤ 12288 (the seventeenth
  *            session's sweep, M = 48 and 64, against wgmma_tile m64n128 which had them): M = 48 faster on every seed and
  *            Qwen3 shape of ≥ 4096 rows (0.60–1.00× its time: 5120² f16 16.6 vs 27.8 µs, 17408×5120 65.0 vs 94.6,
@@ -986,7 +989,7 @@ static qmm_status gather_run(const qmm_call *call);
  *   M 17–32 with N < 2241: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows) where m16n64's box (first in the
- *            table) does not take the call — at M 33–64 it does from 72 tiles (N ≥ 1473 at M ≤ 48, N ≥ 1089 at
+ *            table) does not take the call — at M 33–64 it does from 48 tiles (N ≥ 961 at M ≤ 48, N ≥ 705 at
  *            M 49–64) with tiles × K ≥ 48 · 4096 and ≤ 240 · 5120: the tiles are too few there
  *            (768×2048 M = 64: 6.1 vs 11.8 µs for mma_tile; 1024×5120 M = 128: 22.2 vs 24.7; every N ≤ 2048 cell
  *            with M 33–128 within 3 % of the tile or faster, and faster than the wgmma rows with split-K in the
@@ -1045,6 +1048,7 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 64, .prefer_min_tiles = 72,
+     .prefer_large_m = 33, .prefer_min_tiles_large_m = 48,
      .prefer_min_tiles_k = 48 * 4096, .prefer_max_tiles_k = M16N64_MAX_WORK, .prefer_max_tiles_k_min_m = 33,
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),

@@ -314,6 +314,12 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * M = 64, 128 tiles × 768, goes to m32n16 (1.10–1.24× faster there, docs/PERF.md eighteenth session) */
                {48, 2048, 2048, m16n64, true, NULL},     {48, 2048, 1984, m16n64, false, m32n16},
                {64, 2048, 768, m16n64, false, m32n16},
+               /* from M = 33 a floor of 48 blocks instead of 72 (prefer_min_tiles_large_m): Qwen3's k_proj/v_proj (1024
+                * rows, 16 row tiles) at M = 33 … 64, not at M = 32 (32 tiles: m32n16); 768 rows from M = 49 (48 tiles),
+                * the tiles × K floor still applying (48 × 4032 short of it) */
+               {33, 1024, 4096, m16n64, true, NULL},     {64, 1024, 5120, m16n64, true, NULL},
+               {32, 1024, 4096, m16n64, false, m32n16},  {48, 1024, 4032, m16n64, false, m32n16},
+               {48, 768, 8192, m16n64, false, m32n16},   {49, 768, 4096, m16n64, true, NULL},
                /* mma_gemv m8n64: not at 265–396 blocks of 64 rows (prefer_gap_tiles), m8n32 there */
                {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n32},
                {4, 17408, 512, m8n64, false, m8n32},     {8, 25344, 256, m8n64, false, m8n32},

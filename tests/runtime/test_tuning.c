@@ -72,7 +72,8 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
  * box); then prefer_max_tiles_k from prefer_max_tiles_k_min_m and prefer_large_n (the CUDA m16n64 row's),
- * prefer_gap_tiles (the CUDA m8n64 row's) and prefer_min_tiles_unsplit (batch-invariant calls). */
+ * prefer_gap_tiles (the CUDA m8n64 row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_min_tiles_large_m
+ * from prefer_large_m (the CUDA m16n64 row's). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
     info.bm = 128, info.bn = 128;
@@ -206,6 +207,26 @@ static void test_hints(void) {
         const char *got = pick_row_or_any(wave_cases[i].min_m ? &wave_min_m : &wave, wave_cases[i].N, wave_cases[i].M, 4096);
         CHECK(strcmp(got, wave_cases[i].want) == 0, "hints: prefer_large_n N=%zu M=%zu (prefer_min_m %d) picked %s, want %s",
               wave_cases[i].N, wave_cases[i].M, wave_cases[i].min_m ? 20 : 0, got, wave_cases[i].want);
+    }
+    /* prefer_large_m = 33, prefer_min_tiles_large_m = 48 beside prefer_min_tiles = 72 of 16 × 64 (the CUDA m16n64 row's):
+     * 1024 rows (16 row tiles) take it from M = 33 (48 tiles) but not at M = 32 (32 tiles, the floor of 72 there);
+     * 768 rows (12) not at M = 48 (36 tiles) but at M = 49 (48); 2048 rows at M = 32 (64 tiles) not; at M ≤ 32 the floor
+     * of 72 (4608 rows at M = 16: 72 tiles, 4544: 71, at M = 17 142); prefer_large_m = 0 keeps the one floor at every M */
+    const qmm_kernel late = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_max_m = 64,
+                             .prefer_min_tiles = 72, .prefer_large_m = 33, .prefer_min_tiles_large_m = 48},
+                     one_floor = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_max_m = 64,
+                                  .prefer_min_tiles = 72, .prefer_min_tiles_large_m = 48};
+    static const struct { size_t N, M; bool late; const char *want; } late_cases[] = {
+        {1024, 33, true, "fake.hint.wave"},  {1024, 32, true, "fake.hint.any"},  {1024, 64, true, "fake.hint.wave"},
+        {768, 48, true, "fake.hint.any"},    {768, 49, true, "fake.hint.wave"},  {2048, 32, true, "fake.hint.any"},
+        {4608, 16, true, "fake.hint.wave"},  {4544, 16, true, "fake.hint.any"},  {4544, 17, true, "fake.hint.wave"},
+        {1024, 65, true, "fake.hint.any"},   /* prefer_max_m */
+        {1024, 64, false, "fake.hint.any"},  {1152, 64, false, "fake.hint.wave"}, /* one floor: 64 and 72 tiles */
+    };
+    for (size_t i = 0; i < sizeof late_cases / sizeof late_cases[0]; i++) {
+        const char *got = pick_row_or_any(late_cases[i].late ? &late : &one_floor, late_cases[i].N, late_cases[i].M, 4096);
+        CHECK(strcmp(got, late_cases[i].want) == 0, "hints: prefer_large_m N=%zu M=%zu (prefer_large_m %d) picked %s, want %s",
+              late_cases[i].N, late_cases[i].M, late_cases[i].late ? 33 : 0, got, late_cases[i].want);
     }
 }
 
