@@ -943,8 +943,9 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–32 with 72 blocks or more of 64 rows × 16 rows of x
- *            (N ≥ 2241), M 33–64 with 48 or more (N ≥ 1024: Qwen3's k_proj/v_proj), those blocks times K ≥ 48 · 4096
- *            (a short K: below) and, from M = 33, ≤ 240 · 5120 (M16N64_MAX_WORK: 5120² to M = 48, 4096² to M = 64):
+ *            (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond: Qwen3's k_proj/v_proj), those
+ *            blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33, ≤ 240 · 5120 (M16N64_MAX_WORK: 5120² to
+ *            M = 48, 4096² to M = 64):
  *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
  *            warps at 168 registers, one such block per SM (past one wave gemv_warps may take smaller ones, several
  *            per SM; x no longer a super-block ahead in registers, the fourteenth
@@ -964,9 +965,10 @@ static qmm_status gather_run(const qmm_call *call);
  *            with K ≥ 12288 1.19–1.63) and slower within it (4096² at M = 48–64 0.77–0.83×, 5120² at M = 48 0.76–0.80),
  *            the small-N rows aside (bench-cuda-h200-2026-12-03-s27-m48-64.json). The floor of 48 blocks from M = 33
  *            (prefer_min_tiles_large_m; 72 before): on 1024×4096 and 1024×5120 (48–64 blocks) m16n64 took 0.83–0.95×
- *            m32n16's time in f16 at M = 32–64 and 0.91–0.94× in bf16 at M = 64, 1.00–1.03× in bf16 at M = 40–48 (the
- *            twenty-seventh and twenty-eighth sessions' sweeps); at M = 20 m32n16 is 2 % faster, so M ≤ 32 keeps 72. Before it, M 33–48 with 72 tiles
- *            or more, and M 49–64 as well where N ≤ 5120 and K ≤ 12288 (the seventeenth
+ *            m32n16's time in f16 at M = 33–64, in bf16 0.91–0.95× at M = 64 and 0.99–1.04× at M = 33–48 (the
+ *            twenty-seventh and twenty-eighth sessions' sweeps). M ≤ 32 keeps 72: the calls a floor of 48 would add
+ *            there (N 1537–2240 at M 17–32) were not measured; 1024 rows at M ≤ 32 are 32 blocks, under either.
+ *            Before it, M 33–48 with 72 tiles or more, and M 49–64 as well where N ≤ 5120 and K ≤ 12288 (the seventeenth
  *            session's sweep, M = 48 and 64, against wgmma_tile m64n128 which had them): M = 48 faster on every seed and
  *            Qwen3 shape of ≥ 4096 rows (0.60–1.00× its time: 5120² f16 16.6 vs 27.8 µs, 17408×5120 65.0 vs 94.6,
  *            27648×5120 94.0 vs 106.7); M = 64 faster on N ≤ 5120 with K ≤ 12288 (4096² 13.8 vs 20.0, 5120² 23.0 vs

@@ -237,8 +237,8 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * from M = 33 while its tiles × K stay within 240 · 5120 —, m32n16 up
  * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
  * that takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then
- * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–64 with 72 tiles of 64 rows × 16 rows of x, and
- * tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120) and m16n32 (M ≤ 16 outside it), which take
+ * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–32 with 72 tiles of 64 rows × 16 rows of x, M 33–64
+ * with 48, and tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120) and m16n32 (M ≤ 16 outside it), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -290,8 +290,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by mma_gemv m16n64 (it keeps it for
                 * batch-invariant calls: below) */
                {17, 12288, 512, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
-               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–64 with 72
-                * blocks or more of 64 rows × 16 rows of x (N ≥ 2241 at M ≤ 32: one grid of two chunks), no upper end
+               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–32 with 72
+                * blocks or more of 64 rows × 16 rows of x (N ≥ 2241: one grid of two chunks), M 33–64 with 48 (below), no upper end
                 * in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest multiple of 64 that
                 * reaches it, where 256 does not; the floor's own edges last), from M = 33 ≤ 240 · 5120 (its edges:
                 * 80 blocks × 3 chunks × K 5120, × 4 chunks × K 3840; none at M = 32: 2 chunks × K 7744 past it) */
@@ -320,6 +320,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {33, 1024, 4096, m16n64, true, NULL},     {64, 1024, 5120, m16n64, true, NULL},
                {32, 1024, 4096, m16n64, false, m32n16},  {48, 1024, 4032, m16n64, false, m32n16},
                {48, 768, 8192, m16n64, false, m32n16},   {49, 768, 4096, m16n64, true, NULL},
+               {32, 1536, 8192, m16n64, false, m32n16}, /* M ≤ 32 keeps 72: 48 tiles with enough tiles × K */
                /* mma_gemv m8n64: not at 265–396 blocks of 64 rows (prefer_gap_tiles), m8n32 there */
                {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n32},
                {4, 17408, 512, m8n64, false, m8n32},     {8, 25344, 256, m8n64, false, m8n32},

@@ -209,9 +209,9 @@ static void test_hints(void) {
               wave_cases[i].N, wave_cases[i].M, wave_cases[i].min_m ? 20 : 0, got, wave_cases[i].want);
     }
     /* prefer_large_m = 33, prefer_min_tiles_large_m = 48 beside prefer_min_tiles = 72 of 16 × 64 (the CUDA m16n64 row's):
-     * 1024 rows (16 row tiles) take it from M = 33 (48 tiles) but not at M = 32 (32 tiles, the floor of 72 there);
-     * 768 rows (12) not at M = 48 (36 tiles) but at M = 49 (48); 2048 rows at M = 32 (64 tiles) not; at M ≤ 32 the floor
-     * of 72 (4608 rows at M = 16: 72 tiles, 4544: 71, at M = 17 142); prefer_large_m = 0 keeps the one floor at every M */
+     * 1024 rows (16 row tiles) take it from M = 33 (48 tiles) but not at M = 32 (32 tiles: under either floor);
+     * 768 rows (12) not at M = 48 (36 tiles) but at M = 49 (48); 2048 rows not at M = 32 (64 tiles: 72 still the
+     * floor there; 4608 rows at M = 16: 72 tiles, 4544: 71, at M = 17 142); prefer_large_m = 0 keeps one floor */
     const qmm_kernel late = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_max_m = 64,
                              .prefer_min_tiles = 72, .prefer_large_m = 33, .prefer_min_tiles_large_m = 48},
                      one_floor = {.info = wave_info, .supports = supports_all, .run = run_nothing, .prefer_max_m = 64,
