@@ -291,9 +291,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * batch-invariant calls: below) */
                {17, 12288, 512, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
                /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–32 with 72
-                * blocks or more of 64 rows × 16 rows of x (N ≥ 2241: one grid of two chunks), M 33–64 with 48 (below), no upper end
-                * in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest multiple of 64 that
-                * reaches it, where 256 does not; the floor's own edges last), from M = 33 ≤ 240 · 5120 (its edges:
+                * blocks or more of 64 rows × 16 rows of x (N ≥ 2241: one grid of two chunks), M 33–64 with 48
+                * (below), no upper end in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest
+                * multiple of 64 that reaches it, where 256 does not; the floor's own edges last), from M = 33
+                * ≤ 240 · 5120 (its edges:
                 * 80 blocks × 3 chunks × K 5120, × 4 chunks × K 3840; none at M = 32: 2 chunks × K 7744 past it) */
                {9, 5120, 2496, m16n64, true, NULL},      {16, 5120, 2496, m16n64, true, NULL},
                {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 1280, m16n64, true, NULL},
