@@ -128,6 +128,14 @@ check "--shapes with 600-character comments: its shape" out_matches '^long +128Ã
 printf '%0130d 128 256\n' 0 >"$WORK/longname.txt"
 expect_library_error bench "corrupt file" "$WORK/longname.txt:1: shape name '00000000000000000000000000000000â€¦' is longer than 63 characters" \
   bench --backend ref --quick --shapes "$WORK/longname.txt"
+# A NUL byte is refused, naming the file, the line and the rule: C strings would cut the line there (the text after
+# it silently dropped) or, at its start, skip the line.
+printf 'ok 64 64\nmine 128 256\0 junk\n' >"$WORK/nul.txt"
+expect_library_error bench "corrupt file" "$WORK/nul.txt:2: a NUL byte at column 13; a shapes file is text (\"name N K\" lines)" \
+  bench --backend ref --quick --shapes "$WORK/nul.txt"
+printf 'ok 64 64\n\0skipped 128 256\n' >"$WORK/nul-first.txt"
+expect_library_error bench "corrupt file" "$WORK/nul-first.txt:2: a NUL byte at column 1" \
+  bench --backend ref --quick --shapes "$WORK/nul-first.txt"
 printf 'n %040d 256\n' 128 >"$WORK/longnumber.txt"
 expect_ok "--shapes: a 40-digit N with leading zeros is 128" bench --backend ref --no-peers --quick --m 1 --dtype bf16 \
   --repeats 1 --shapes "$WORK/longnumber.txt"

@@ -100,13 +100,22 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
     qmm_status status = QMM_OK;
     while (status == QMM_OK) {
         errno = 0;
-        if (getline(&line, &capacity, f) == -1) {
+        const ssize_t length = getline(&line, &capacity, f);
+        if (length == -1) {
             if (errno != 0 || ferror(f)) /* a read error, or a line too long for memory: never a silent end */
                 status = qmm_error(errno == ENOMEM ? QMM_ERR_OUT_OF_MEMORY : QMM_ERR_IO, "%s:%d: cannot read the line: %s",
                                    path, number + 1, strerror(errno ? errno : EIO));
             break;
         }
         number++;
+        /* The line is read as a C string below: a NUL byte would end it there, dropping the text after it (or the
+         * whole line, at its start) without a word. */
+        const size_t nul = strlen(line);
+        if (nul < (size_t)length) {
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: a NUL byte at column %zu; a shapes file is text (\"name N K\" lines)",
+                               path, number, nul + 1);
+            break;
+        }
         line[strcspn(line, "#\n")] = '\0';
         char *field[3] = {NULL, NULL, NULL}, *save = NULL;
         int fields = 0;

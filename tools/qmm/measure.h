@@ -51,8 +51,8 @@ qmm_status load_measure_shapes(const char *shapes_text, int quick, int group_siz
 /* "qmm NAME ARGS..." into out[size] (cut at size), for the JSON and the header. */
 void format_command_line(char *out, size_t size, const char *name, int argc, char **argv);
 /* --shapes A,B: each a file of "name N K" lines ('#' comments) or the name of bench/shapes/NAME.txt, appended to
- * shapes[MAX_SHAPES]. Errors name the file, line and rule (K must be a multiple of group_size; a file without a
- * shape, a directory). */
+ * shapes[MAX_SHAPES]. Errors name the file, line and rule (K must be a multiple of group_size; a NUL byte; a file
+ * without a shape, a directory). */
 qmm_status load_shapes(bench_shape *shapes, size_t *shape_count, int group_size, const char *text);
 /* Random f32 weights of one shape (deterministic per shape): random codes, scales in [2^-8, 2^-6), biases in
  * [-2^-4, 2^-4). The arrays are malloc'd into *w, *scales, *biases (free them even on failure). */
