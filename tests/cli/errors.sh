@@ -73,6 +73,15 @@ expect_usage_error convert "expected IN.gguf and OUTDIR" convert "$WORK/x.gguf"
 expect_usage_error convert "--only needs a value" convert "$WORK/x.gguf" "$WORK/out" --only
 expect_usage_error quantize "--bits is required" quantize "$WORK/float.safetensors" "$WORK/q" --group-size 32
 expect_usage_error quantize "--group-size is required" quantize "$WORK/float.safetensors" "$WORK/q" --bits 4
+# A value given wrongly is named before a missing one is asked for: --bits 7 alone hears about the 7.
+expect_usage_error quantize "--bits 7: bits=7 is not supported (allowed: {2, 3, 4, 5, 6, 8})" quantize \
+  "$WORK/float.safetensors" "$WORK/q" --bits 7
+check "--bits 7 alone: the missing --group-size not said first" bash -c '! grep -q "group-size is required" <<<"$0"' "$ERR"
+expect_usage_error quantize "--bits 'four' is not an integer" quantize "$WORK/float.safetensors" "$WORK/q" --bits four
+expect_usage_error quantize "--group-size 48: group_size=48 is not supported (allowed:" quantize \
+  "$WORK/float.safetensors" "$WORK/q" --group-size 48
+expect_usage_error quantize "--bits 7 --group-size 48: bits=7 is not supported" quantize "$WORK/float.safetensors" \
+  "$WORK/q" --bits 7 --group-size 48
 
 # bad numbers and names
 for m in 0 abc -1 1.5 "" 65537 99999999999999999999999; do

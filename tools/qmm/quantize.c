@@ -25,20 +25,27 @@ int cmd_quantize(const command *c, int argc, char **argv) {
     int rc = parse_args(c, argc, argv, flags, 4, positional, 2, &npositional);
     if (rc) return rc;
     if (npositional != 2) return usage_error(c, "expected IN.safetensors and OUTDIR");
-    int bits = 0, group_size = 0;
+    /* A value given wrongly is named before a missing one is asked for (`--bits 7` alone hears about the 7): each value
+     * given is parsed and judged — a missing one by a supported stand-in, since qmm_format_validate judges the pair,
+     * bits first — and only then are the missing ones required. */
+    int bits = 4, group_size = 64;
+    if (bits_text && !parse_int(bits_text, &bits)) return usage_error(c, "--bits '%s' is not an integer", bits_text);
+    if (group_text && !parse_int(group_text, &group_size))
+        return usage_error(c, "--group-size '%s' is not an integer", group_text);
+    if ((bits_text || group_text) && qmm_format_validate(bits, group_size) != QMM_OK) {
+        if (bits_text && group_text)
+            return usage_error(c, "--bits %d --group-size %d: %s", bits, group_size, qmm_last_error());
+        return usage_error(c, "%s %d: %s", bits_text ? "--bits" : "--group-size", bits_text ? bits : group_size,
+                           qmm_last_error());
+    }
     if (!bits_text) return usage_error(c, "--bits is required");
     if (!group_text) return usage_error(c, "--group-size is required");
-    if (!parse_int(bits_text, &bits)) return usage_error(c, "--bits '%s' is not an integer", bits_text);
-    if (!parse_int(group_text, &group_size))
-        return usage_error(c, "--group-size '%s' is not an integer", group_text);
     qmm_convention convention = QMM_CONVENTION_CPU;
     if (convention_text) {
         if (strcmp(convention_text, "gpu") == 0) convention = QMM_CONVENTION_GPU;
         else if (strcmp(convention_text, "cpu") != 0)
             return usage_error(c, "--convention '%s' is not cpu or gpu", convention_text);
     }
-    if (qmm_format_validate(bits, group_size) != QMM_OK)
-        return usage_error(c, "--bits %d --group-size %d: %s", bits, group_size, qmm_last_error());
     if ((rc = check_outdir(c, positional[1], force))) return rc;
     /* The library decides and reports; every weight left unquantized is named here with its reason. */
     qmm_quantize_summary summary;
