@@ -525,6 +525,14 @@ static qmm_status aligned_view(const qmm_tensor *tensor, const void **data, void
     return QMM_OK;
 }
 
+/* Whether tensor t has ndim dimensions of these sizes. */
+static bool has_shape(const qmm_tensor *t, int ndim, const int64_t *shape) {
+    if (t->ndim != ndim) return false;
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] != shape[d]) return false;
+    return true;
+}
+
 /* Checks a quantized layer's three tensors against (bits, group_size), the same rules for the reader
  * and the writer: weight U32 with ≥ 2 dims (leading dims folded into rows), scales and biases one
  * float dtype and one shape [leading dims..., cols/group_size], words per row = cols·bits/32, no empty
@@ -542,21 +550,10 @@ static qmm_status check_layer_tensors(const char *name, const qmm_tensor *weight
         return qmm_error(QMM_ERR_CORRUPT,
                          "layer \"%s\": scales (%s) and biases (%s) must have the same dtype, one of f32, f16, bf16",
                          name, qmm_dtype_name(scales->dtype), qmm_dtype_name(biases->dtype));
-    bool same_shape = scales->ndim == weight->ndim && biases->ndim == weight->ndim;
-    for (int d = 0; same_shape && d < weight->ndim; d++) {
-        if (scales->shape[d] != biases->shape[d]) same_shape = false;
-        if (d < weight->ndim - 1 && scales->shape[d] != weight->shape[d]) same_shape = false;
-    }
-    if (!same_shape)
-        return qmm_error(QMM_ERR_CORRUPT,
-                         "layer \"%s\": scales and biases must have the weight's leading dimensions and one shape "
-                         "(weight %d-D, scales %d-D, biases %d-D)",
-                         name, weight->ndim, scales->ndim, biases->ndim);
     size_t rows = 1;
     for (int d = 0; d < weight->ndim - 1; d++)
         rows *= (size_t)weight->shape[d]; /* bounded by nbytes */
     size_t words = (size_t)weight->shape[weight->ndim - 1];
-    size_t groups = (size_t)scales->shape[scales->ndim - 1];
     size_t stream_bits = words * 32; /* words ≤ 2^53 (validated header), so no overflow */
     if (stream_bits % (size_t)bits != 0)
         return qmm_error(QMM_ERR_CORRUPT, "layer \"%s\": %zu words per row is not a whole number of %d-bit codes", name,
@@ -568,11 +565,27 @@ static qmm_status check_layer_tensors(const char *name, const qmm_tensor *weight
         return qmm_error(QMM_ERR_CORRUPT,
                          "layer \"%s\": %zu words per row at bits=%d give %zu columns, not a multiple of group_size=%d",
                          name, words, bits, cols, group_size);
-    if (cols / (size_t)group_size != groups)
+    /* scales and biases: the weight's leading dimensions, then the groups of a row */
+    int64_t want[QMM_MAX_DIMS];
+    memcpy(want, weight->shape, (size_t)weight->ndim * sizeof want[0]);
+    want[weight->ndim - 1] = (int64_t)(cols / (size_t)group_size);
+    if (!has_shape(scales, weight->ndim, want) || !has_shape(biases, weight->ndim, want)) {
+        char scales_shape[QMM_IO_SHAPE_TEXT_SIZE], biases_shape[QMM_IO_SHAPE_TEXT_SIZE],
+            weight_shape[QMM_IO_SHAPE_TEXT_SIZE], want_shape[QMM_IO_SHAPE_TEXT_SIZE];
+        qmm_io_shape_text(scales->ndim, scales->shape, scales_shape, sizeof scales_shape);
+        qmm_io_shape_text(biases->ndim, biases->shape, biases_shape, sizeof biases_shape);
+        qmm_io_shape_text(weight->ndim, weight->shape, weight_shape, sizeof weight_shape);
+        qmm_io_shape_text(weight->ndim, want, want_shape, sizeof want_shape);
+        const char *rule = weight->ndim == 2 ? "[N, K/group_size]"
+                           : weight->ndim == 3 ? "[E, N, K/group_size]"
+                                               : "[..., N, K/group_size]";
         return qmm_error(QMM_ERR_CORRUPT,
-                         "layer \"%s\": scales have %zu groups per row but %zu columns at group_size=%d need %zu "
-                         "(bits=%d)",
-                         name, groups, cols, group_size, cols / (size_t)group_size, bits);
+                         "layer \"%s\": scales %s and biases %s must both be %s, %s for weight %s (N=%lld, K=%zu: %zu "
+                         "words of %d-bit codes per row, so %zu groups of group_size=%d)",
+                         name, scales_shape, biases_shape, want_shape, rule, weight_shape,
+                         (long long)weight->shape[weight->ndim - 2], cols, words, bits, cols / (size_t)group_size,
+                         group_size);
+    }
     *rows_out = rows;
     *cols_out = cols;
     return QMM_OK;

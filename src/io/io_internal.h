@@ -2,7 +2,7 @@
  * io_internal.h — helpers shared by the checkpoint readers and writers in src/io/ (not installed).
  *
  * Defined in safetensors.c: read-only file mappings, whole-file reads, UTF-8 validation, printable
- * copies of untrusted names for error messages, JSON parsing, the duplicate-name and overlapping-span
+ * copies of untrusted names and shapes as text for error messages, JSON parsing, the duplicate-name and overlapping-span
  * checks of the readers, and atomic file writes (temporary file in the same directory + rename, so a
  * failure never leaves a partial file at the destination, DESIGN.md §4).
  */
@@ -41,6 +41,10 @@ bool qmm_io_utf8_valid(const char *bytes, size_t size);
  * become \xNN and long names end in "...". Returns buffer. */
 const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size);
 #define QMM_IO_PRINTABLE_SIZE 96
+
+/* "[d0, d1, ...]" into out[size] (cut to fit), for messages about shapes. */
+void qmm_io_shape_text(int ndim, const int64_t *shape, char *out, size_t size);
+#define QMM_IO_SHAPE_TEXT_SIZE 192
 
 /* Atomic file writes (qmm_atomic_file): internal.h (src/core/atomic_file.c). */
 

@@ -16,13 +16,6 @@ static bool has_suffix(const char *s, const char *suffix) {
     return n >= m && memcmp(s + n - m, suffix, m) == 0;
 }
 
-static void shape_text(const qmm_tensor *t, char *out, size_t size) {
-    size_t at = (size_t)snprintf(out, size, "[");
-    for (int d = 0; d < t->ndim && at < size; d++)
-        at += (size_t)snprintf(out + at, size - at, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-    if (at < size) snprintf(out + at, size - at, "]");
-}
-
 /* Whether the input's config.json says "P": false for weight "P.weight". */
 static bool marked_false(const qmm_checkpoint *input, const char *weight_name) {
     size_t length = strlen(weight_name) - strlen(".weight");
@@ -93,7 +86,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
             tensors[tensor_count++] = t;
             counts.copied++;
             if (reason) {
-                shape_text(&t, shape, sizeof shape);
+                qmm_io_shape_text(t.ndim, t.shape, shape, sizeof shape);
                 snprintf(message, sizeof message, "%s %s %s left unquantized: %s",
                          qmm_io_printable(t.name, strlen(t.name), printable, sizeof printable), shape,
                          qmm_dtype_name(t.dtype), reason);
@@ -138,7 +131,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
         if (note) {
             char expert_text[48] = "";
             if (experts > 1) snprintf(expert_text, sizeof expert_text, "%zu experts, ", experts);
-            shape_text(&t, shape, sizeof shape);
+            qmm_io_shape_text(t.ndim, t.shape, shape, sizeof shape);
             snprintf(message, sizeof message, "%s %s %s -> %s%d-bit gs%d",
                      qmm_io_printable(name, length, printable, sizeof printable), shape, qmm_dtype_name(t.dtype),
                      expert_text, bits, group_size);

@@ -196,6 +196,13 @@ const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_
     return buffer;
 }
 
+void qmm_io_shape_text(int ndim, const int64_t *shape, char *out, size_t size) {
+    size_t at = (size_t)snprintf(out, size, "[");
+    for (int d = 0; d < ndim && at < size; d++)
+        at += (size_t)snprintf(out + at, size - at, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (at < size) snprintf(out + at, size - at, "]");
+}
+
 /* ───────────────────────────── dtypes ───────────────────────────── */
 
 static const struct {

@@ -184,4 +184,21 @@ expect_library_error matmul "not found" "no.such.kernel" matmul "$FIXTURE" --lay
 expect_library_error matmul "" "" matmul "$FIXTURE" --layer $L -m 1 --kernel ref.qmm_n.scalar.r1
 make_safetensors "$WORK/wrongk.safetensors" "x:F32:3,100"
 expect_library_error matmul "bad shape" "K=576" matmul "$FIXTURE" --layer $L --x "$WORK/wrongk.safetensors"
+# --x without a tensor named like the layer: the message says how many tensors the file has (none is not "more than one").
+make_safetensors "$WORK/empty-x.safetensors"
+expect_library_error matmul "not found" "'$WORK/empty-x.safetensors' holds no tensors (want x [M, K=576]: a tensor named '$L', or the file's only tensor)" \
+  matmul "$FIXTURE" --layer $L --x "$WORK/empty-x.safetensors"
+make_safetensors "$WORK/two-x.safetensors" "a:F32:1,576" "b:F32:1,576"
+expect_library_error matmul "not found" "'$WORK/two-x.safetensors' has no tensor named '$L' and 2 tensors (want x [M, K=576]: a tensor named '$L', or the file's only tensor)" \
+  matmul "$FIXTURE" --layer $L --x "$WORK/two-x.safetensors"
+
+# A layer whose scales or biases disagree with its weight: both shapes named, and the rule.
+mkdir -p "$WORK/bad-scales"
+printf '{"quantization": {"group_size": 32, "bits": 4}}' >"$WORK/bad-scales/config.json"
+make_safetensors "$WORK/bad-scales/model.safetensors" "p.weight:U32:8,8" "p.scales:F16:7,2" "p.biases:F16:8,2"
+expect_library_error info "corrupt file" 'layer "p": scales [7, 2] and biases [8, 2] must both be [8, 2], [N, K/group_size] for weight [8, 8] (N=8, K=64: 8 words of 4-bit codes per row, so 2 groups of group_size=32)' \
+  info "$WORK/bad-scales"
+make_safetensors "$WORK/bad-scales/model.safetensors" "p.weight:U32:2,8,8" "p.scales:F16:2,8,4" "p.biases:F16:2,8,4"
+expect_library_error info "corrupt file" 'layer "p": scales [2, 8, 4] and biases [2, 8, 4] must both be [2, 8, 2], [E, N, K/group_size] for weight [2, 8, 8]' \
+  info "$WORK/bad-scales"
 finish

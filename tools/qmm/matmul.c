@@ -63,8 +63,15 @@ int cmd_matmul(const command *c, int argc, char **argv) {
         if ((status = qmm_safetensors_open(x_path, &x_file)) != QMM_OK) goto cleanup;
         /* The tensor named like the layer, else the file's only tensor. */
         if (qmm_safetensors_find(x_file, layer_name, &tensor) != QMM_OK) {
-            if (qmm_safetensors_count(x_file) != 1) {
-                status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' has no tensor named '%s' and more than one tensor", x_path,
+            const size_t count = qmm_safetensors_count(x_file);
+            if (count == 0) {
+                status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' holds no tensors (want x [M, K=%zu]: a tensor named '%s', or "
+                                   "the file's only tensor)", x_path, matrix.cols, layer_name);
+                goto cleanup;
+            }
+            if (count > 1) {
+                status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' has no tensor named '%s' and %zu tensors (want x [M, K=%zu]: a "
+                                   "tensor named '%s', or the file's only tensor)", x_path, layer_name, count, matrix.cols,
                                    layer_name);
                 goto cleanup;
             }
