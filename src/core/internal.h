@@ -27,6 +27,22 @@ qmm_status qmm_error(qmm_status status, const char *format, ...) QMM_PRINTF(2, 3
 /* Clears the thread-local message (called by nothing on success paths; tests use it). */
 void qmm_error_clear(void);
 
+/* ───────────────────────── untrusted text in messages (status.c) ───────────────────────── */
+
+/* The length (1-4) of the well-formed UTF-8 character at bytes[0, size) and its code point in *code_point (when not
+ * NULL), or 0 when no character starts there: a stray continuation byte, an overlong form, a surrogate, a code point
+ * past U+10FFFF, or a sequence cut short by size. */
+size_t qmm_utf8_char(const char *bytes, size_t size, uint32_t *code_point);
+/* qmm_utf8_char's length when that character is printable, else 0: also for the control characters (C0, DEL, C1)
+ * and the format characters that make a terminal show the text around them otherwise (the bidirectional marks,
+ * embeddings, overrides and isolates U+200E-F, U+202A-E, U+2066-9; the line and paragraph separators U+2028-9). */
+size_t qmm_printable_char(const char *bytes, size_t size);
+/* A printable copy of untrusted bytes (a name from a file, a line a script printed) for a message or a terminal:
+ * printable UTF-8 characters kept, a backslash doubled, every other byte as \xNN; a copy that does not fit in
+ * buffer_size ends in "..." after a whole character. Returns buffer. */
+const char *qmm_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size);
+#define QMM_PRINTABLE_SIZE 96
+
 /* Overflow-checked size arithmetic: return false on overflow (result unspecified then). */
 static inline bool qmm_mul_size(size_t a, size_t b, size_t *result) {
     return !__builtin_mul_overflow(a, b, result);

@@ -1,4 +1,5 @@
-/* status.c — status names and the thread-local last-error message (DESIGN.md §4). */
+/* status.c — status names, the thread-local last-error message (DESIGN.md §4) and printable copies of untrusted
+ * text for messages. */
 #include "internal.h"
 
 #include <stdarg.h>
@@ -35,8 +36,83 @@ qmm_status qmm_error(qmm_status status, const char *format, ...) {
     char message[sizeof last_error];
     va_list args;
     va_start(args, format);
-    vsnprintf(message, sizeof message, format, args);
+    const int length = vsnprintf(message, sizeof message, format, args);
     va_end(args);
+    if (length >= (int)sizeof message) { /* cut: never inside a UTF-8 character (names in messages keep theirs) */
+        size_t end = sizeof message - 1, lead = end;
+        while (lead > 0 && ((uint8_t)message[lead - 1] & 0xC0) == 0x80) lead--; /* back over continuation bytes */
+        const size_t start = lead - 1; /* the last character's first byte */
+        if (lead > 0 && (uint8_t)message[start] >= 0xC0 && qmm_utf8_char(message + start, end - start, NULL) == 0)
+            end = start; /* that character was cut: drop what is left of it */
+        message[end] = '\0';
+    }
     memcpy(last_error, message, sizeof message);
     return status;
+}
+
+/* ───────────────────────────── untrusted text in messages ───────────────────────────── */
+
+size_t qmm_utf8_char(const char *bytes, size_t size, uint32_t *code_point) {
+    const uint8_t *s = (const uint8_t *)bytes;
+    if (size == 0) return 0;
+    size_t length;
+    uint32_t code, minimum;
+    if (s[0] < 0x80) length = 1, code = s[0], minimum = 0;
+    else if ((s[0] & 0xE0) == 0xC0) length = 2, code = s[0] & 0x1F, minimum = 0x80;
+    else if ((s[0] & 0xF0) == 0xE0) length = 3, code = s[0] & 0x0F, minimum = 0x800;
+    else if ((s[0] & 0xF8) == 0xF0) length = 4, code = s[0] & 0x07, minimum = 0x10000;
+    else return 0; /* a continuation byte, or 0xF8-0xFF */
+    if (size < length) return 0;
+    for (size_t k = 1; k < length; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        code = (code << 6) | (s[k] & 0x3F);
+    }
+    if (code < minimum || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) /* overlong, past Unicode, surrogate */
+        return 0;
+    if (code_point) *code_point = code;
+    return length;
+}
+
+size_t qmm_printable_char(const char *bytes, size_t size) {
+    uint32_t code = 0;
+    const size_t length = qmm_utf8_char(bytes, size, &code);
+    if (length == 0 || code < 0x20 || (code >= 0x7F && code <= 0x9F)) return 0; /* C0, DEL, C1 */
+    /* format characters that make a terminal show the text around them otherwise: the bidirectional marks,
+     * embeddings, overrides and isolates (a name could read as another name) and the line and paragraph separators */
+    if (code == 0x200E || code == 0x200F || (code >= 0x2028 && code <= 0x202E) || (code >= 0x2066 && code <= 0x2069))
+        return 0;
+    return length;
+}
+
+const char *qmm_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size) {
+    static const char hex[] = "0123456789abcdef";
+    size_t out = 0;
+    if (buffer_size < 8) {
+        if (buffer_size) buffer[0] = '\0';
+        return buffer;
+    }
+    for (size_t i = 0; i < size;) {
+        const uint8_t c = (uint8_t)bytes[i];
+        const size_t length = c == '\\' ? 0 : qmm_printable_char(bytes + i, size - i);
+        const size_t need = length ? length : c == '\\' ? 2 : 4;
+        if (out + need + 4 > buffer_size) { /* room for "..." and the NUL */
+            memcpy(buffer + out, "...", 3);
+            out += 3;
+            break;
+        }
+        if (length) {
+            memcpy(buffer + out, bytes + i, length);
+        } else if (c == '\\') {
+            buffer[out] = buffer[out + 1] = '\\';
+        } else {
+            buffer[out] = '\\';
+            buffer[out + 1] = 'x';
+            buffer[out + 2] = hex[c >> 4];
+            buffer[out + 3] = hex[c & 15];
+        }
+        out += need;
+        i += length ? length : 1;
+    }
+    buffer[out] = '\0';
+    return buffer;
 }

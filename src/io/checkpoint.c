@@ -50,19 +50,19 @@ static bool format_group_ok(double group_size) { return group_size == 32 || grou
 /* Reads "bits"/"group_size" of a quantization object; a missing member inherits *bits / *group_size
  * when those are non-zero (an override that names only what differs). */
 static qmm_status parse_format(const cJSON *object, const char *where, int *bits, int *group_size) {
-    char printable[QMM_IO_PRINTABLE_SIZE];
-    qmm_io_printable(where, strlen(where), printable, sizeof printable);
+    char printable[QMM_PRINTABLE_SIZE];
+    qmm_printable(where, strlen(where), printable, sizeof printable);
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(object, "mode");
     if (mode) {
         if (!cJSON_IsString(mode) || !mode->valuestring)
             return qmm_error(QMM_ERR_CORRUPT, "config.json %s.mode is %s; it must be a string", printable,
                              qmm_io_json_kind(mode));
         if (strcmp(mode->valuestring, "affine") != 0) {
-            char mode_printable[QMM_IO_PRINTABLE_SIZE];
+            char mode_printable[QMM_PRINTABLE_SIZE];
             return qmm_error(
                 QMM_ERR_UNSUPPORTED, "config.json %s.mode=\"%s\": qmm reads only MLX \"affine\" quantization",
                 printable,
-                qmm_io_printable(mode->valuestring, strlen(mode->valuestring), mode_printable, sizeof mode_printable));
+                qmm_printable(mode->valuestring, strlen(mode->valuestring), mode_printable, sizeof mode_printable));
         }
     }
     const char *names[2] = {"bits", "group_size"};
@@ -103,7 +103,7 @@ static int compare_layer_formats(const void *a, const void *b) {
 /* Parses one quantization object (the value of config.json's `key`) into *config. */
 static qmm_status parse_quantization(const cJSON *quantization, const char *key, quant_config *config) {
     qmm_io_name *names = NULL;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     qmm_status status = QMM_OK;
     memset(config, 0, sizeof *config);
     if (!quantization || cJSON_IsFalse(quantization) || cJSON_IsNull(quantization)) return QMM_OK;
@@ -115,7 +115,7 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
         const char *value = cJSON_IsString(method) && method->valuestring ? method->valuestring : "?";
         return qmm_error(QMM_ERR_UNSUPPORTED,
                          "config.json %s.quant_method=\"%s\" is not MLX affine quantization (no quant_method)", key,
-                         qmm_io_printable(value, strlen(value), printable, sizeof printable));
+                         qmm_printable(value, strlen(value), printable, sizeof printable));
     }
     if ((status = parse_format(quantization, key, &config->bits, &config->group_size)) != QMM_OK) goto cleanup;
 
@@ -144,7 +144,7 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
         const char *name = item->string ? item->string : "";
         if (!qmm_io_utf8_valid(name, strlen(name))) {
             status = qmm_error(QMM_ERR_CORRUPT, "config.json %s key \"%s\" is not valid UTF-8", key,
-                               qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                               qmm_printable(name, strlen(name), printable, sizeof printable));
             goto cleanup;
         }
         static const char *const format_members[] = {"bits", "group_size", "mode", "quant_method"};
@@ -162,7 +162,7 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
         if (entry->quantized && !cJSON_IsObject(item) && !cJSON_IsBool(item)) {
             entry->bad_kind = qmm_io_json_kind(item);
         } else if (entry->quantized && cJSON_IsObject(item)) {
-            char where[QMM_IO_PRINTABLE_SIZE + 32], in_config[QMM_IO_PRINTABLE_SIZE + 48];
+            char where[QMM_PRINTABLE_SIZE + 32], in_config[QMM_PRINTABLE_SIZE + 48];
             snprintf(where, sizeof where, "%s[\"%s\"]", key, name);
             /* its keys given twice: cJSON would read the first copy, Python's json (mlx-lm) the last (the quantization
              * object's own member names are checked unique above) */
@@ -174,7 +174,7 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
                 goto cleanup;
         } else if (entry->quantized && config->bits == 0) {
             status = qmm_error(QMM_ERR_CORRUPT, "config.json %s[\"%s\"] is true but there is no default format", key,
-                               qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                               qmm_printable(name, strlen(name), printable, sizeof printable));
             goto cleanup;
         }
         entry->name = strdup(name);
@@ -198,7 +198,7 @@ static const char *config_difference(const quant_config *a, const quant_config *
                  b->bits, b->group_size);
         return buffer;
     }
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     for (size_t i = 0; i < a->override_count || i < b->override_count; i++) {
         const layer_format *x = i < a->override_count ? &a->overrides[i] : NULL;
         const layer_format *y = i < b->override_count ? &b->overrides[i] : NULL;
@@ -207,7 +207,7 @@ static const char *config_difference(const quant_config *a, const quant_config *
             continue;
         const layer_format *named = !y || (x && strcmp(x->name, y->name) < 0) ? x : y;
         snprintf(buffer, size, "layer \"%s\" has a different entry",
-                 qmm_io_printable(named->name, strlen(named->name), printable, sizeof printable));
+                 qmm_printable(named->name, strlen(named->name), printable, sizeof printable));
         return buffer;
     }
     return NULL;
@@ -400,13 +400,13 @@ static bool in_numbered_set(const char *name, const char *set_name, size_t stem,
  * once — or the layers in a missing shard would be silently absent (mlx-lm loads what it globs and then fails on the
  * missing weights). names: sorted. Each set is checked once, from its first member in the list. */
 static qmm_status check_numbered_shards(const char *dir, char *const *names, size_t count) {
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     size_t stem;
     unsigned long i, n;
     for (size_t a = 0; a < count; a++)
         if (numbered_shard(names[a], &stem, &i, &n) && (n == 0 || i == 0 || i > n))
             return qmm_error(QMM_ERR_CORRUPT, "\"%s\": shard \"%s\" is numbered %lu of %lu; shards count from 1 to their total",
-                             dir, qmm_io_printable(names[a], strlen(names[a]), printable, sizeof printable), i, n);
+                             dir, qmm_printable(names[a], strlen(names[a]), printable, sizeof printable), i, n);
     for (size_t a = 0; a < count; a++) {
         if (!numbered_shard(names[a], &stem, &i, &n)) continue;
         bool seen = false; /* an earlier member of the same set has checked it */
@@ -418,7 +418,7 @@ static qmm_status check_numbered_shards(const char *dir, char *const *names, siz
                 return qmm_error(QMM_ERR_NOT_FOUND,
                                  "\"%s\": \"%s\" is one of %lu shards, but shard %lu of them is missing (no "
                                  "model.safetensors.index.json to say otherwise)",
-                                 dir, qmm_io_printable(names[a], strlen(names[a]), printable, sizeof printable), n, want);
+                                 dir, qmm_printable(names[a], strlen(names[a]), printable, sizeof printable), n, want);
         }
     }
     return QMM_OK;
@@ -432,7 +432,7 @@ static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJS
     char *text = NULL;
     size_t size = 0, capacity = 0;
     DIR *listing = NULL;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     if (!index_path) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
     status = qmm_io_read_file(index_path, CONFIG_MAX_BYTES, &text, &size);
     if (status == QMM_OK) {
@@ -449,7 +449,7 @@ static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJS
                 const char *name = item->string ? item->string : "";
                 status = qmm_error(QMM_ERR_CORRUPT,
                                    "%s: weight_map[\"%s\"] must be the file name of a shard in the same directory",
-                                   index_path, qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                                   index_path, qmm_printable(name, strlen(name), printable, sizeof printable));
                 goto cleanup;
             }
             if ((status = add_name(names, count, &capacity, item->valuestring)) != QMM_OK) goto cleanup;
@@ -517,8 +517,11 @@ static qmm_status aligned_view(const qmm_tensor *tensor, const void **data, void
     if (((uintptr_t)tensor->data % element) == 0) return QMM_OK;
     bool injected = qmm_io_fail_aligned_copy > 0 && --qmm_io_fail_aligned_copy == 0;
     void *copy = injected ? NULL : malloc(tensor->nbytes ? tensor->nbytes : 1);
-    if (!copy)
-        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to align %s", tensor->nbytes, tensor->name);
+    if (!copy) {
+        char printable[QMM_PRINTABLE_SIZE];
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to align \"%s\"", tensor->nbytes,
+                         qmm_printable(tensor->name, strlen(tensor->name), printable, sizeof printable));
+    }
     memcpy(copy, tensor->data, tensor->nbytes);
     *owned = copy;
     *data = copy;
@@ -593,7 +596,7 @@ static qmm_status check_layer_tensors(const char *name, const qmm_tensor *weight
 
 static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_name, checkpoint_layer *layer) {
     qmm_status status = QMM_OK;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     size_t prefix_length = strlen(scales_name) - strlen(".scales");
     char *name = malloc(prefix_length + sizeof ".weight");
     char *tensor_name = malloc(prefix_length + sizeof ".weight");
@@ -603,7 +606,7 @@ static qmm_status build_layer(qmm_checkpoint *checkpoint, const char *scales_nam
     }
     memcpy(name, scales_name, prefix_length);
     name[prefix_length] = '\0';
-    qmm_io_printable(name, prefix_length, printable, sizeof printable);
+    qmm_printable(name, prefix_length, printable, sizeof printable);
 
     qmm_tensor weight, scales, biases;
     find_view(checkpoint, scales_name, &scales);
@@ -741,7 +744,7 @@ cleanup:
  * cross-check with model.safetensors.index.json when there is one, and every quantized layer. */
 static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index) {
     qmm_status status = QMM_OK;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     size_t total = checkpoint->tensor_count;
     checkpoint->tensors = calloc(total ? total : 1, sizeof(tensor_ref));
     checkpoint->by_name = calloc(total ? total : 1, sizeof(tensor_ref));
@@ -764,7 +767,7 @@ static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index) 
         const tensor_ref *a = &checkpoint->by_name[i - 1], *b = &checkpoint->by_name[i];
         if (strcmp(a->name, b->name) == 0) {
             status = qmm_error(QMM_ERR_CORRUPT, "tensor \"%s\" appears in two shards, %s and %s",
-                               qmm_io_printable(a->name, strlen(a->name), printable, sizeof printable),
+                               qmm_printable(a->name, strlen(a->name), printable, sizeof printable),
                                checkpoint->shard_names[a->shard], checkpoint->shard_names[b->shard]);
             goto cleanup;
         }
@@ -776,7 +779,7 @@ static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index) 
             const tensor_ref *ref = find_ref(checkpoint, name);
             if (!ref || strcmp(checkpoint->shard_names[ref->shard], item->valuestring) != 0) {
                 status = qmm_error(QMM_ERR_CORRUPT, "model.safetensors.index.json puts \"%s\" in %s, but %s",
-                                   qmm_io_printable(name, strlen(name), printable, sizeof printable), item->valuestring,
+                                   qmm_printable(name, strlen(name), printable, sizeof printable), item->valuestring,
                                    ref ? "it is in another shard" : "no shard has it");
                 goto cleanup;
             }
@@ -809,7 +812,7 @@ qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoi
     qmm_status status = QMM_OK;
     char *dir = NULL, *config_path = NULL, *text = NULL;
     size_t size = 0;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     qmm_checkpoint *result = calloc(1, sizeof *result);
     if (!result) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate a checkpoint handle");
     result->shards = calloc(1, sizeof(qmm_safetensors *));
@@ -846,7 +849,7 @@ qmm_status qmm_io_checkpoint_of_file(const char *path, qmm_checkpoint **checkpoi
                            "\"%s\" holds the already quantized layer \"%s\", but there is no %s to give its bits "
                            "and group_size (a format is never guessed from array shapes: 4-bit gs32 and 2-bit "
                            "gs64 have the same ones)",
-                           path, qmm_io_printable(quantized, length, printable, sizeof printable), config_path);
+                           path, qmm_printable(quantized, length, printable, sizeof printable), config_path);
         goto cleanup;
     }
     if (status == QMM_ERR_NOT_FOUND) status = QMM_OK; /* a float file needs no config */
@@ -904,9 +907,9 @@ qmm_status qmm_checkpoint_find_tensor(const qmm_checkpoint *checkpoint, const ch
     if (!checkpoint || !name || !tensor)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_find_tensor: null argument");
     if (find_view(checkpoint, name, tensor)) return QMM_OK;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     return qmm_error(QMM_ERR_NOT_FOUND, "the checkpoint has no tensor named \"%s\"",
-                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                     qmm_printable(name, strlen(name), printable, sizeof printable));
 }
 
 size_t qmm_checkpoint_layer_count(const qmm_checkpoint *checkpoint) { return checkpoint ? checkpoint->layer_count : 0; }
@@ -932,9 +935,9 @@ qmm_status qmm_checkpoint_find_layer(const qmm_checkpoint *checkpoint, const cha
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_find_layer: null argument");
     size_t position = qmm_io_find_sorted(checkpoint, checkpoint->layer_count, layer_name_at, name);
     if (position != QMM_IO_NOT_FOUND) return qmm_checkpoint_layer(checkpoint, position, layer);
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     return qmm_error(QMM_ERR_NOT_FOUND, "the checkpoint has no quantized layer named \"%s\"",
-                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                     qmm_printable(name, strlen(name), printable, sizeof printable));
 }
 
 qmm_status qmm_checkpoint_default_format(const qmm_checkpoint *checkpoint, int *bits, int *group_size) {
@@ -959,11 +962,11 @@ static qmm_status check_no_stale_shards(const char *dir) {
                      (strncmp(name, "model", 5) == 0 && ends_with(name, ".safetensors") &&
                       strcmp(name, "model.safetensors") != 0);
         if (stale) {
-            char printable[QMM_IO_PRINTABLE_SIZE];
+            char printable[QMM_PRINTABLE_SIZE];
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
                                "\"%s\" already holds \"%s\", which a reader would mix with the new model.safetensors; "
                                "write into an empty or new directory",
-                               dir, qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                               dir, qmm_printable(name, strlen(name), printable, sizeof printable));
             break;
         }
     }
@@ -1146,7 +1149,7 @@ static qmm_status check_write_arguments(const qmm_tensor *tensors, size_t tensor
     qmm_io_name *tensor_names = calloc(tensor_count ? tensor_count : 1, sizeof(qmm_io_name));
     qmm_io_name *layer_names = calloc(layer_count ? layer_count : 1, sizeof(qmm_io_name));
     char *buffer = NULL;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     if (!tensor_names || !layer_names) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu names", tensor_count + layer_count);
         goto cleanup;
@@ -1167,7 +1170,7 @@ static qmm_status check_write_arguments(const qmm_tensor *tensors, size_t tensor
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT, "layer %zu has no name", i);
             goto cleanup;
         }
-        qmm_io_printable(name, strlen(name), printable, sizeof printable);
+        qmm_printable(name, strlen(name), printable, sizeof printable);
         for (size_t k = 0; k < sizeof reserved / sizeof reserved[0]; k++) {
             if (strcmp(name, reserved[k]) == 0) {
                 status = qmm_error(QMM_ERR_INVALID_ARGUMENT,
@@ -1189,7 +1192,7 @@ static qmm_status check_write_arguments(const qmm_tensor *tensors, size_t tensor
     }
     for (size_t i = 0; i < layer_count; i++) {
         const qmm_layer *layer = &layers[i];
-        qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
+        qmm_printable(layer->name, strlen(layer->name), printable, sizeof printable);
         if (!described_only(layer)) { /* its arrays: qmm_qmatrix_validate in the caller */
             for (int k = 0; k < 3; k++) {
                 snprintf(buffer, longest + sizeof ".weight", "%s%s", layer->name, suffixes[k]);
@@ -1245,7 +1248,7 @@ static qmm_status check_write_arguments(const qmm_tensor *tensors, size_t tensor
                     QMM_ERR_INVALID_ARGUMENT,
                     "tensor \"%s\" ends in %s but no layer describes it: a reader would take it for part of a quantized "
                     "layer whose format config.json does not give (pass the layer, or rename the tensor)",
-                    qmm_io_printable(name, length, printable, sizeof printable), suffixes[k]);
+                    qmm_printable(name, length, printable, sizeof printable), suffixes[k]);
                 goto cleanup;
             }
         }
@@ -1269,7 +1272,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     bool created_dir = false, model_renamed = false;
     qmm_atomic_file model_file = {-1, NULL, NULL}, config_file = {-1, NULL, NULL};
     kept_file old_model = {NULL, false};
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
 
     size_t total = 0, name_count = 0;
     if ((status = check_write_arguments(tensors, tensor_count, layers, layer_count)) != QMM_OK) return status;
@@ -1286,7 +1289,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     for (size_t i = 0; i < layer_count; i++) {
         const qmm_layer *layer = &layers[i];
         if (described_only(layer)) continue; /* its tensors are among tensors (check_write_arguments) */
-        qmm_io_printable(layer->name, strlen(layer->name), printable, sizeof printable);
+        qmm_printable(layer->name, strlen(layer->name), printable, sizeof printable);
         if ((status = qmm_qmatrix_validate(&layer->matrix)) != QMM_OK) {
             qmm_error(status, "layer \"%s\": %s", printable, qmm_last_error());
             goto cleanup;

@@ -246,7 +246,7 @@ void qmm_gguf_close(qmm_gguf *file) {
 }
 
 static qmm_status parse_metadata(qmm_gguf *file, cursor *c, uint64_t kv_count) {
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     qmm_status status;
     file->kvs = calloc(kv_count ? (size_t)kv_count : 1, sizeof(gguf_kv));
     if (!file->kvs)
@@ -257,12 +257,12 @@ static qmm_status parse_metadata(qmm_gguf *file, cursor *c, uint64_t kv_count) {
         if ((status = read_string(c, &key, &key_length, "metadata key")) != QMM_OK) return status;
         if (!qmm_io_utf8_valid(key, key_length))
             return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata key \"%s\" is not valid UTF-8",
-                             qmm_io_printable(key, key_length, printable, sizeof printable));
+                             qmm_printable(key, key_length, printable, sizeof printable));
         gguf_kv *kv = &file->kvs[file->kv_count];
         kv->key = copy_string(key, key_length);
         if (!kv->key) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a metadata key");
         file->kv_count++;
-        qmm_io_printable(key, key_length, printable, sizeof printable);
+        qmm_printable(key, key_length, printable, sizeof printable);
         if ((status = read_u32(c, &kv->type, printable)) != QMM_OK) return status;
         size_t value_at = c->at;
         if (kv->type == GGUF_VALUE_STRING) {
@@ -291,17 +291,17 @@ static qmm_status parse_metadata(qmm_gguf *file, cursor *c, uint64_t kv_count) {
     for (size_t i = 1; i < file->kv_count; i++)
         if (strcmp(file->kvs[i - 1].key, file->kvs[i].key) == 0)
             return qmm_error(QMM_ERR_CORRUPT, "GGUF metadata key \"%s\" appears twice",
-                             qmm_io_printable(file->kvs[i].key, strlen(file->kvs[i].key), printable, sizeof printable));
+                             qmm_printable(file->kvs[i].key, strlen(file->kvs[i].key), printable, sizeof printable));
     return QMM_OK;
 }
 
 static qmm_status parse_tensor_info(qmm_gguf *file, cursor *c, gguf_tensor *tensor) {
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     qmm_status status;
     const char *name;
     size_t name_length;
     if ((status = read_string(c, &name, &name_length, "tensor name")) != QMM_OK) return status;
-    qmm_io_printable(name, name_length, printable, sizeof printable);
+    qmm_printable(name, name_length, printable, sizeof printable);
     if (name_length == 0 || !qmm_io_utf8_valid(name, name_length))
         return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor name \"%s\" is empty or not valid UTF-8", printable);
     tensor->name = copy_string(name, name_length);
@@ -364,7 +364,7 @@ static qmm_status parse_tensor_info(qmm_gguf *file, cursor *c, gguf_tensor *tens
 
 static qmm_status parse_file(qmm_gguf *file) {
     qmm_status status;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     cursor c = {file->bytes, file->size, 0};
     uint32_t magic;
     if ((status = read_u32(&c, &magic, "magic")) != QMM_OK) return status;
@@ -411,7 +411,7 @@ static qmm_status parse_file(qmm_gguf *file) {
                 QMM_ERR_CORRUPT,
                 "GGUF tensor \"%s\" (%s): data [%zu, +%zu) runs past the end of the file (data area of %zu "
                 "bytes starting at %zu)",
-                qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable), t->type_name, t->offset,
+                qmm_printable(t->name, strlen(t->name), printable, sizeof printable), t->type_name, t->offset,
                 t->nbytes, data_size, data_start);
     }
 
@@ -503,9 +503,9 @@ qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index) 
         *index = file->by_name[position].index;
         return QMM_OK;
     }
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     return qmm_error(QMM_ERR_NOT_FOUND, "the GGUF file has no tensor named \"%s\"",
-                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                     qmm_printable(name, strlen(name), printable, sizeof printable));
 }
 
 const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key) {
@@ -577,8 +577,8 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor index %zu is out of range (the file has %zu tensors)", index,
                          file->tensor_count);
     const gguf_tensor *t = &file->tensors[index];
-    char printable[QMM_IO_PRINTABLE_SIZE];
-    qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable);
+    char printable[QMM_PRINTABLE_SIZE];
+    qmm_printable(t->name, strlen(t->name), printable, sizeof printable);
     const uint8_t *data = file->bytes + file->data_start + t->offset;
 
     if (t->type == QMM_GGUF_F32 || t->type == QMM_GGUF_F16 || t->type == QMM_GGUF_BF16) {
@@ -678,7 +678,7 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
     size_t tensor_count = 0, layer_count = 0;
     cJSON *extra = NULL;
     char *extra_text = NULL;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     qmm_status status = qmm_gguf_open(gguf_path, &file);
     if (status != QMM_OK) return status;
 
@@ -692,7 +692,7 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
             status = qmm_error(QMM_ERR_UNSUPPORTED,
                                "%s: tensor \"%s\" has type %s, which qmm cannot import (importable: F32, F16, BF16, "
                                "Q4_0, Q4_1, Q8_0); nothing was written",
-                               gguf_path, qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable),
+                               gguf_path, qmm_printable(t->name, strlen(t->name), printable, sizeof printable),
                                t->type_name);
             goto cleanup;
         }

@@ -1,8 +1,8 @@
 /*
  * io_internal.h — helpers shared by the checkpoint readers and writers in src/io/ (not installed).
  *
- * Defined in safetensors.c: read-only file mappings, whole-file reads, UTF-8 validation, printable
- * copies of untrusted names and shapes as text for error messages, JSON parsing, the duplicate-name and overlapping-span
+ * Defined in safetensors.c: read-only file mappings, whole-file reads, UTF-8 validation, shapes as text
+ * for error messages, JSON parsing, the duplicate-name and overlapping-span
  * checks of the readers, and atomic file writes (temporary file in the same directory + rename, so a
  * failure never leaves a partial file at the destination, DESIGN.md §4).
  */
@@ -37,10 +37,7 @@ char *qmm_io_join(const char *dir, const char *name);
  * bytes are rejected too: every name qmm hands out is a C string. */
 bool qmm_io_utf8_valid(const char *bytes, size_t size);
 
-/* A printable, truncated copy of untrusted bytes for an error message: bytes outside printable ASCII
- * become \xNN and long names end in "...". Returns buffer. */
-const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size);
-#define QMM_IO_PRINTABLE_SIZE 96
+/* Printable copies of untrusted names for messages (qmm_printable): internal.h (src/core/status.c). */
 
 /* "[d0, d1, ...]" into out[size] (cut to fit), for messages about shapes. */
 void qmm_io_shape_text(int ndim, const int64_t *shape, char *out, size_t size);

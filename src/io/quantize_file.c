@@ -42,7 +42,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
     size_t tensor_count = 0, layer_count = 0, owned_count = 0;
     qmm_quantize_summary counts = {0, 0, 0, 0};
     char first_left[512] = "";
-    char message[512], shape[160], printable[QMM_IO_PRINTABLE_SIZE];
+    char message[512], shape[160], printable[QMM_PRINTABLE_SIZE];
 
     if ((status = qmm_io_checkpoint_of_file(in_path, &input)) != QMM_OK) goto cleanup;
     size_t count = qmm_checkpoint_tensor_count(input), kept = qmm_checkpoint_layer_count(input);
@@ -88,7 +88,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
             if (reason) {
                 qmm_io_shape_text(t.ndim, t.shape, shape, sizeof shape);
                 snprintf(message, sizeof message, "%s %s %s left unquantized: %s",
-                         qmm_io_printable(t.name, strlen(t.name), printable, sizeof printable), shape,
+                         qmm_printable(t.name, strlen(t.name), printable, sizeof printable), shape,
                          qmm_dtype_name(t.dtype), reason);
                 if (!first_left[0]) snprintf(first_left, sizeof first_left, "%s", message);
                 counts.left++;
@@ -111,14 +111,14 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
         void *biases = owned[owned_count++] = malloc(s_bytes);
         if (!name || !w || !scales || !biases) {
             status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate the quantized \"%s\"",
-                               qmm_io_printable(t.name, strlen(t.name), printable, sizeof printable));
+                               qmm_printable(t.name, strlen(t.name), printable, sizeof printable));
             goto cleanup;
         }
         memcpy(name, t.name, length);
         name[length] = '\0';
         if ((status = qmm_quantize(t.data, t.dtype, rows, cols, bits, group_size, convention, w, scales, biases)) !=
             QMM_OK) {
-            qmm_error(status, "weight \"%s\": %s", qmm_io_printable(t.name, strlen(t.name), printable, sizeof printable),
+            qmm_error(status, "weight \"%s\": %s", qmm_printable(t.name, strlen(t.name), printable, sizeof printable),
                       qmm_last_error());
             goto cleanup;
         }
@@ -133,7 +133,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
             if (experts > 1) snprintf(expert_text, sizeof expert_text, "%zu experts, ", experts);
             qmm_io_shape_text(t.ndim, t.shape, shape, sizeof shape);
             snprintf(message, sizeof message, "%s %s %s -> %s%d-bit gs%d",
-                     qmm_io_printable(name, length, printable, sizeof printable), shape, qmm_dtype_name(t.dtype),
+                     qmm_printable(name, length, printable, sizeof printable), shape, qmm_dtype_name(t.dtype),
                      expert_text, bits, group_size);
             note(user, QMM_QUANTIZE_QUANTIZED, name, message);
         }
@@ -165,7 +165,7 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
         counts.kept++;
         if (note) {
             snprintf(message, sizeof message, "%s already quantized: kept as %d-bit gs%d",
-                     qmm_io_printable(layer.name, strlen(layer.name), printable, sizeof printable), layer.matrix.bits,
+                     qmm_printable(layer.name, strlen(layer.name), printable, sizeof printable), layer.matrix.bits,
                      layer.matrix.group_size);
             note(user, QMM_QUANTIZE_KEPT, layer.name, message);
         }

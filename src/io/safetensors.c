@@ -134,66 +134,12 @@ char *qmm_io_join(const char *dir, const char *name) {
 }
 
 bool qmm_io_utf8_valid(const char *bytes, size_t size) {
-    const uint8_t *s = (const uint8_t *)bytes;
-    size_t i = 0;
-    while (i < size) {
-        uint8_t c = s[i];
-        if (c == 0) return false;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t extra;
-        uint32_t code, minimum;
-        if ((c & 0xE0) == 0xC0) {
-            extra = 1, code = c & 0x1F, minimum = 0x80;
-        } else if ((c & 0xF0) == 0xE0) {
-            extra = 2, code = c & 0x0F, minimum = 0x800;
-        } else if ((c & 0xF8) == 0xF0) {
-            extra = 3, code = c & 0x07, minimum = 0x10000;
-        } else {
-            return false;
-        }
-        if (size - i - 1 < extra) return false;
-        for (size_t k = 1; k <= extra; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return false;
-            code = (code << 6) | (s[i + k] & 0x3F);
-        }
-        if (code < minimum || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
-        i += extra + 1;
+    for (size_t i = 0; i < size;) {
+        const size_t length = qmm_utf8_char(bytes + i, size - i, NULL);
+        if (length == 0 || bytes[i] == '\0') return false;
+        i += length;
     }
     return true;
-}
-
-const char *qmm_io_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size) {
-    static const char hex[] = "0123456789abcdef";
-    size_t out = 0;
-    if (buffer_size < 8) {
-        if (buffer_size) buffer[0] = '\0';
-        return buffer;
-    }
-    for (size_t i = 0; i < size; i++) {
-        uint8_t c = (uint8_t)bytes[i];
-        size_t need = (c >= 0x20 && c < 0x7F && c != '\\') ? 1 : (c == '\\' ? 2 : 4);
-        if (out + need + 4 > buffer_size) {
-            memcpy(buffer + out, "...", 3);
-            out += 3;
-            break;
-        }
-        if (need == 1) {
-            buffer[out++] = (char)c;
-        } else if (need == 2) {
-            buffer[out++] = '\\';
-            buffer[out++] = '\\';
-        } else {
-            buffer[out++] = '\\';
-            buffer[out++] = 'x';
-            buffer[out++] = hex[c >> 4];
-            buffer[out++] = hex[c & 15];
-        }
-    }
-    buffer[out] = '\0';
-    return buffer;
 }
 
 void qmm_io_shape_text(int ndim, const int64_t *shape, char *out, size_t size) {
@@ -359,11 +305,11 @@ qmm_status qmm_io_parse_json(const char *what, const char *json, size_t size, cJ
      * different names would read as one, a name as another. Every name and value qmm hands out is a C string. */
     size_t start, stop;
     if (qmm_io_json_find_nul(json, size, &start, &stop)) {
-        char printable[QMM_IO_PRINTABLE_SIZE];
+        char printable[QMM_PRINTABLE_SIZE];
         status = qmm_error(QMM_ERR_CORRUPT,
                            "%s: the string at byte %zu, %s, holds a NUL byte (\\u0000); names and values must not "
                            "contain NUL",
-                           what, start, qmm_io_printable(json + start, stop - start, printable, sizeof printable));
+                           what, start, qmm_printable(json + start, stop - start, printable, sizeof printable));
         goto cleanup;
     }
     *root = tree;
@@ -387,9 +333,9 @@ qmm_status qmm_io_sort_unique(qmm_io_name *names, size_t count, qmm_status statu
     if (count > 1) qsort(names, count, sizeof(qmm_io_name), compare_names);
     for (size_t i = 1; i < count; i++) {
         if (strcmp(names[i - 1].name, names[i].name) == 0) {
-            char printable[QMM_IO_PRINTABLE_SIZE];
+            char printable[QMM_PRINTABLE_SIZE];
             return qmm_error(status, "%s \"%s\" appears twice", what,
-                             qmm_io_printable(names[i].name, strlen(names[i].name), printable, sizeof printable));
+                             qmm_printable(names[i].name, strlen(names[i].name), printable, sizeof printable));
         }
     }
     return QMM_OK;
@@ -418,11 +364,11 @@ qmm_status qmm_io_check_spans(qmm_io_span *spans, size_t count, const char *what
         const qmm_io_span *span = &spans[i];
         if (span->begin == span->end) continue;
         if (furthest && span->begin < furthest->end) {
-            char first[QMM_IO_PRINTABLE_SIZE], second[QMM_IO_PRINTABLE_SIZE];
+            char first[QMM_PRINTABLE_SIZE], second[QMM_PRINTABLE_SIZE];
             return qmm_error(QMM_ERR_CORRUPT, "%s \"%s\" [%zu, %zu) and \"%s\" [%zu, %zu) overlap in the data area",
-                             what, qmm_io_printable(furthest->name, strlen(furthest->name), first, sizeof first),
+                             what, qmm_printable(furthest->name, strlen(furthest->name), first, sizeof first),
                              furthest->begin, furthest->end,
-                             qmm_io_printable(span->name, strlen(span->name), second, sizeof second), span->begin,
+                             qmm_printable(span->name, strlen(span->name), second, sizeof second), span->begin,
                              span->end);
         }
         if (!furthest || span->end > furthest->end) furthest = span;
@@ -458,20 +404,20 @@ static qmm_status parse_metadata(qmm_safetensors *file, const cJSON *metadata) {
     file->metadata_values = calloc(count ? count : 1, sizeof(char *));
     if (!file->metadata_keys || !file->metadata_values)
         return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu metadata entries", count);
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     /* Each key and its value share one block "key\0value", so sorting the keys moves the values. */
     const cJSON *item;
     cJSON_ArrayForEach(item, metadata) {
         const char *key = item->string;
         if (!key || !qmm_io_utf8_valid(key, strlen(key)))
             return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__ key \"%s\" is not valid UTF-8",
-                             qmm_io_printable(key ? key : "", key ? strlen(key) : 0, printable, sizeof printable));
+                             qmm_printable(key ? key : "", key ? strlen(key) : 0, printable, sizeof printable));
         if (!cJSON_IsString(item) || !item->valuestring)
             return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__[\"%s\"] is %s; values must be strings",
-                             qmm_io_printable(key, strlen(key), printable, sizeof printable), qmm_io_json_kind(item));
+                             qmm_printable(key, strlen(key), printable, sizeof printable), qmm_io_json_kind(item));
         if (!qmm_io_utf8_valid(item->valuestring, strlen(item->valuestring)))
             return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__[\"%s\"] is not valid UTF-8",
-                             qmm_io_printable(key, strlen(key), printable, sizeof printable));
+                             qmm_printable(key, strlen(key), printable, sizeof printable));
         size_t i = file->metadata_count;
         size_t key_length = strlen(key), value_length = strlen(item->valuestring);
         char *pair = malloc(key_length + value_length + 2);
@@ -486,22 +432,22 @@ static qmm_status parse_metadata(qmm_safetensors *file, const cJSON *metadata) {
         const char *pair = file->metadata_keys[i];
         if (i > 0 && strcmp(file->metadata_keys[i - 1], pair) == 0)
             return qmm_error(QMM_ERR_CORRUPT, "safetensors __metadata__ key \"%s\" appears twice",
-                             qmm_io_printable(pair, strlen(pair), printable, sizeof printable));
+                             qmm_printable(pair, strlen(pair), printable, sizeof printable));
         file->metadata_values[i] = pair + strlen(pair) + 1; /* points into the pair block */
     }
     return QMM_OK;
 }
 
 static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJSON *item, st_entry *entry) {
-    char printable[QMM_IO_PRINTABLE_SIZE];
-    qmm_io_printable(name, strlen(name), printable, sizeof printable);
+    char printable[QMM_PRINTABLE_SIZE];
+    qmm_printable(name, strlen(name), printable, sizeof printable);
     if (!cJSON_IsObject(item))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\" is %s; it must be an object", printable,
                          qmm_io_json_kind(item));
     /* cJSON finds the first copy of a key, Python's json keeps the last and the reference reader (serde) refuses
      * the file: a field given twice is refused here too, so no two readers see different tensors. */
     static const char *const fields[] = {"dtype", "shape", "data_offsets"};
-    char what[QMM_IO_PRINTABLE_SIZE + 32];
+    char what[QMM_PRINTABLE_SIZE + 32];
     snprintf(what, sizeof what, "safetensors tensor \"%s\"", printable);
     qmm_status status = qmm_io_json_keys_once(item, fields, sizeof fields / sizeof fields[0], what);
     if (status != QMM_OK) return status;
@@ -519,13 +465,13 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
         }
     }
     if (!known) {
-        char dtype_printable[QMM_IO_PRINTABLE_SIZE];
+        char dtype_printable[QMM_PRINTABLE_SIZE];
         return qmm_error(
             QMM_ERR_UNSUPPORTED,
             "safetensors tensor \"%s\": dtype \"%s\" is not supported (known: F32, F16, BF16, F64, U8, "
             "I8, U16, I16, U32, I32, U64, I64, BOOL)",
             printable,
-            qmm_io_printable(dtype->valuestring, strlen(dtype->valuestring), dtype_printable, sizeof dtype_printable));
+            qmm_printable(dtype->valuestring, strlen(dtype->valuestring), dtype_printable, sizeof dtype_printable));
     }
     if (!cJSON_IsArray(shape))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": \"shape\" is %s; it must be an array", printable,
@@ -601,13 +547,13 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
  * the last ends at the end of the file. Bytes no tensor owns are refused, naming the tensors around
  * them. Runs after qmm_io_check_spans, on entries sorted by (begin, end, name). */
 static qmm_status check_tiling(const qmm_safetensors *file) {
-    char first[QMM_IO_PRINTABLE_SIZE], second[QMM_IO_PRINTABLE_SIZE];
+    char first[QMM_PRINTABLE_SIZE], second[QMM_PRINTABLE_SIZE];
     size_t expected = 0;
     const st_entry *previous = NULL;
     for (size_t i = 0; i < file->count; i++) {
         const st_entry *entry = &file->entries[i];
         if (entry->begin != expected) {
-            qmm_io_printable(entry->name, strlen(entry->name), second, sizeof second);
+            qmm_printable(entry->name, strlen(entry->name), second, sizeof second);
             if (!previous)
                 return qmm_error(QMM_ERR_CORRUPT,
                                  "safetensors tensor \"%s\" begins at %zu, leaving bytes [0, %zu) of the data area to no "
@@ -616,7 +562,7 @@ static qmm_status check_tiling(const qmm_safetensors *file) {
             return qmm_error(QMM_ERR_CORRUPT,
                              "safetensors tensors \"%s\" [%zu, %zu) and \"%s\" [%zu, %zu) are not adjacent: bytes "
                              "[%zu, %zu) belong to no tensor; offsets must tile the data area",
-                             qmm_io_printable(previous->name, strlen(previous->name), first, sizeof first),
+                             qmm_printable(previous->name, strlen(previous->name), first, sizeof first),
                              previous->begin, previous->end, second, entry->begin, entry->end,
                              entry->begin > expected ? expected : entry->begin,
                              entry->begin > expected ? entry->begin : expected);
@@ -633,7 +579,7 @@ static qmm_status check_tiling(const qmm_safetensors *file) {
                          "safetensors data area has %zu bytes after the last tensor \"%s\" [%zu, %zu); offsets must "
                          "tile the data area",
                          file->data_size - expected,
-                         qmm_io_printable(previous->name, strlen(previous->name), first, sizeof first), previous->begin,
+                         qmm_printable(previous->name, strlen(previous->name), first, sizeof first), previous->begin,
                          previous->end);
     }
     return QMM_OK;
@@ -643,7 +589,7 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
     qmm_status status = QMM_OK;
     cJSON *root = NULL;
     qmm_io_span *spans = NULL;
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
 
     if (size < 8)
         return qmm_error(QMM_ERR_CORRUPT, "safetensors file is %zu bytes, shorter than its 8-byte header length", size);
@@ -692,7 +638,7 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
         }
         if (!qmm_io_utf8_valid(name, name_length)) {
             status = qmm_error(QMM_ERR_CORRUPT, "safetensors tensor name \"%s\" is not valid UTF-8",
-                               qmm_io_printable(name, name_length, printable, sizeof printable));
+                               qmm_printable(name, name_length, printable, sizeof printable));
             goto cleanup;
         }
         st_entry *entry = &file->entries[file->count];
@@ -801,9 +747,9 @@ qmm_status qmm_safetensors_find(const qmm_safetensors *file, const char *name, q
         fill_tensor(file, &file->entries[file->by_name[position].index], tensor);
         return QMM_OK;
     }
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     return qmm_error(QMM_ERR_NOT_FOUND, "no tensor named \"%s\" in the safetensors file",
-                     qmm_io_printable(name, strlen(name), printable, sizeof printable));
+                     qmm_printable(name, strlen(name), printable, sizeof printable));
 }
 
 const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *key) {
@@ -828,14 +774,14 @@ static int compare_write_order(const void *a, const void *b) {
 
 static qmm_status validate_write(const qmm_tensor *tensors, size_t count, const char *const *metadata_keys,
                                  const char *const *metadata_values, size_t metadata_count) {
-    char printable[QMM_IO_PRINTABLE_SIZE];
+    char printable[QMM_PRINTABLE_SIZE];
     if (count > 0 && !tensors) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_write: tensors is NULL");
     if (metadata_count > 0 && (!metadata_keys || !metadata_values))
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_safetensors_write: metadata arrays are NULL");
     for (size_t i = 0; i < count; i++) {
         const qmm_tensor *t = &tensors[i];
         if (!t->name || !t->name[0]) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor %zu has no name", i);
-        qmm_io_printable(t->name, strlen(t->name), printable, sizeof printable);
+        qmm_printable(t->name, strlen(t->name), printable, sizeof printable);
         if (!qmm_io_utf8_valid(t->name, strlen(t->name)))
             return qmm_error(QMM_ERR_INVALID_ARGUMENT, "tensor name \"%s\" is not valid UTF-8", printable);
         if (strcmp(t->name, "__metadata__") == 0)
@@ -865,7 +811,7 @@ static qmm_status validate_write(const qmm_tensor *tensors, size_t count, const 
         if (!qmm_io_utf8_valid(metadata_keys[i], strlen(metadata_keys[i])) ||
             !qmm_io_utf8_valid(metadata_values[i], strlen(metadata_values[i])))
             return qmm_error(QMM_ERR_INVALID_ARGUMENT, "metadata entry \"%s\" is not valid UTF-8",
-                             qmm_io_printable(metadata_keys[i], strlen(metadata_keys[i]), printable, sizeof printable));
+                             qmm_printable(metadata_keys[i], strlen(metadata_keys[i]), printable, sizeof printable));
     }
     return QMM_OK;
 }

@@ -85,7 +85,7 @@ static qmm_status parse_entry(const cJSON *entry, size_t index, const char *orig
     *use = 0;
     if (!cJSON_IsObject(entry)) return corrupt_entry(origin, index, "is not an object");
     static const char *const keys[] = {"op", "dtype", "bits", "group_size", "N", "K", "m_min", "m_max", "kernel", "device"};
-    char what[QMM_IO_PRINTABLE_SIZE + 64];
+    char what[QMM_PRINTABLE_SIZE + 64];
     snprintf(what, sizeof what, "tuning table '%s': entries[%zu]", origin, index);
     if ((status = qmm_io_json_keys_once(entry, keys, sizeof keys / sizeof keys[0], what)) != QMM_OK) return status;
     if ((status = entry_string(entry, "op", 1, origin, index, &op_text)) != QMM_OK) return status;
@@ -161,7 +161,7 @@ qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, q
     qmm_status status = QMM_OK;
     qmm_tuning_entry *entries = NULL;
     cJSON *root = NULL;
-    char what[QMM_IO_PRINTABLE_SIZE + 32];
+    char what[QMM_PRINTABLE_SIZE + 32];
     snprintf(what, sizeof what, "tuning table '%s'", origin);
     /* the shared reader: not JSON, data after the value (two tables one after the other would load the first
      * silently), a string holding a NUL byte (cJSON would cut a kernel or shape name there) — all QMM_ERR_CORRUPT */

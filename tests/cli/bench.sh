@@ -282,6 +282,32 @@ if grep -q '^MemAvailable:' /proc/meminfo 2>/dev/null; then
   expect_library_error bench "out of memory" "shape huge (1048576×1048576 per expert) would hold ~" \
     bench --gather --backend ref --quick --shapes "$WORK/huge.txt" --experts 2 --experts-per-token 1 --m 1 --dtype f32 --no-peers
 fi
+# Text from outside reaches the terminal escaped: a shapes file's bad name or number (a control character as \xNN), and
+# a peer script's line that is not JSON (passed on to stderr); a script's text in the table keeps printable UTF-8, '?'
+# for the rest (a C1 control included). The peer's python is a stand-in: QMM_SOURCE_DIR points at a folder whose
+# .venv/bin/python prints the lines whatever script it is given.
+ESC=$'\x1b'
+printf 'bad\x1bname 64 64\n' >"$WORK/esc-name.txt"
+expect_library_error bench "corrupt file" "$WORK/esc-name.txt:1: shape name 'bad\\x1bname' must be" \
+  bench --backend ref --quick --shapes "$WORK/esc-name.txt"
+check "a shapes file's name: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$ERR" "$ESC"
+printf 'n 6\x1b4 64\n' >"$WORK/esc-number.txt"
+expect_library_error bench "corrupt file" "$WORK/esc-number.txt:1: N='6\\x1b4' and K='64' must be whole numbers" \
+  bench --backend ref --quick --shapes "$WORK/esc-number.txt"
+check "a shapes file's number: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$ERR" "$ESC"
+mkdir -p "$WORK/fake-src/.venv/bin"
+cat >"$WORK/fake-src/.venv/bin/python" <<'SH'
+#!/bin/sh
+printf 'chatter \033[31mred\033[0m \302\233csi \346\250\241\n'
+printf '{"peer": "c1", "shape": "tiny", "M": 1, "dtype": "f32", "us": 9.0, "note": "c1 \\u009b here"}\n'
+SH
+chmod +x "$WORK/fake-src/.venv/bin/python"
+QMM_SOURCE_DIR="$WORK/fake-src" q bench --backend ref --quick --shapes "$WORK/tiny.txt" --m 1 --dtype f32 --repeats 1 \
+  --kernel ref.qmm_t.scalar.r1
+check "a peer's non-JSON line: exit 0" rc_is 0
+check "a peer's non-JSON line: passed on escaped" err_has '  peer: chatter \x1b[31mred\x1b[0m \xc2\x9bcsi 模'
+check "a peer's non-JSON line: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$ERR" "$ESC"
+check "a peer's C1 control in the table: '?'" out_matches 'peer c1 +9\.0 .* c1 \? here'
 # Shape lists too long for a peer script's command line (8 KiB) leave the peers absent instead of cut short.
 for i in $(seq 100 239); do printf 's%s%d 32 64\n' "$(printf 'x%.0s' $(seq 58))" "$i"; done >"$WORK/many.txt"
 q bench --backend ref --quick --shapes "$WORK/many.txt" --m 1 --dtype f32 --kernel ref.qmm_t.scalar.r1

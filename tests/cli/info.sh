@@ -90,4 +90,40 @@ if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
 fi
 expect_usage_error kernels "unexpected argument 'x'" kernels x
 
+# Names come from files: every command prints them escaped (a control character as \xNN, a backslash doubled, invalid
+# UTF-8 escaped too), never raw to the terminal, and keeps printable UTF-8 as it is. JSON escapes put the control
+# characters into the names: ESC (an ANSI colour), a C1 control (CSI, U+009B) and 模型 in UTF-8.
+ESC=$'\x1b'
+mkdir -p "$WORK/names"
+printf '{"quantization": {"group_size": 32, "bits": 4}}' >"$WORK/names/config.json"
+make_safetensors "$WORK/names/model.safetensors" 'e\u001b[31m.weight:U32:8,8' 'e\u001b[31m.scales:F16:8,2' \
+  'e\u001b[31m.biases:F16:8,2' 'c1\u009b.weight:F32:2,4' '\u6a21\u578b.weight:F32:2,4' 'back\\slash:F32:1'
+no_raw_escape() { ! grep -q "$ESC" <<<"$OUT$ERR" && ! grep -q $'\xc2\x9b' <<<"$OUT$ERR"; }
+expect_ok "info, names with control characters" info "$WORK/names"
+check "info: a tensor name with ESC escaped" out_matches '^  e\\x1b\[31m\.weight +u32 +\[8, 8\]'
+check "info: a layer name with ESC escaped" out_matches '^  e\\x1b\[31m +N=8 +K=64 +4-bit gs32 f16'
+check "info: a C1 control escaped" out_matches '^  c1\\xc2\\x9b\.weight +f32'
+check "info: printable UTF-8 kept" out_matches '^  模型\.weight +f32'
+check "info: a backslash doubled" out_matches '^  back\\\\slash +f32'
+check "info: no raw control character" no_raw_escape
+expect_ok "info FILE, names with control characters" info "$WORK/names/model.safetensors"
+check "info FILE: the layer name escaped" out_matches '^  e\\x1b\[31m +N=8'
+check "info FILE: no raw control character" no_raw_escape
+expect_ok "matmul, a layer name with ESC" matmul "$WORK/names" --layer "e${ESC}[31m" -m 2
+check "matmul: the layer line escaped" out_has 'layer              e\x1b[31m (N=8, K=64)'
+check "matmul: the progress line escaped" err_has 'qmm matmul: e\x1b[31m on backend'
+check "matmul: no raw control character" no_raw_escape
+expect_ok "gather, a layer name with ESC" gather "$WORK/names" --layer "e${ESC}[31m" -t 2 -k 1
+check "gather: the layer line escaped" out_has 'layer              e\x1b[31m (1 expert of N=8, K=64)'
+check "gather: no raw control character" no_raw_escape
+expect_usage_error gather 'exceeds the 1 expert of layer '"'"'e\x1b[31m'"'" gather "$WORK/names" --layer "e${ESC}[31m" -k 2
+check "gather usage error: no raw control character" no_raw_escape
+expect_ok "run, a layer name with ESC" run "$WORK/names"
+check "run: the table row escaped" out_matches '^e\\x1b\[31m +16×8×64 '
+check "run: no raw control character" no_raw_escape
+make_safetensors "$WORK/names-x.safetensors" 'x\u001b:F32:2,32'
+expect_library_error matmul "bad shape" "activation tensor 'x\\x1b' has shape [2, 32], want [T, K=64]" \
+  matmul "$WORK/names" --layer "e${ESC}[31m" --x "$WORK/names-x.safetensors"
+check "matmul --x: no raw control character" no_raw_escape
+
 finish

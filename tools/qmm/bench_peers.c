@@ -27,28 +27,20 @@ static const char *string_of(const cJSON *object, const char *key) {
     return cJSON_IsString(item) ? item->valuestring : NULL;
 }
 
-/* src into dst[size] as printable UTF-8: whole characters only (a character that does not fit ends the copy, so
- * nothing is cut in the middle of one), an invalid byte or a control character (a line break, an escape) as '?' —
- * a script's text goes into the table, the terminal and the JSON file. */
+/* src into dst[size] as printable UTF-8 (qmm_printable_char, internal.h): whole characters only (a character that does
+ * not fit ends the copy, so nothing is cut in the middle of one), an invalid byte or a control character (a line break,
+ * an escape, a C1 control) as one '?' — a script's text goes into the table, the terminal and the JSON file. */
 static void copy_text(char *dst, size_t size, const char *src) {
-    const unsigned char *p = (const unsigned char *)src;
+    const size_t length = strlen(src);
     size_t at = 0;
-    while (*p && size > 0) {
-        size_t length = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 ? 2 : (*p & 0xF0) == 0xE0 ? 3 : (*p & 0xF8) == 0xF0 ? 4 : 0;
-        for (size_t i = 1; i < length; i++)
-            if ((p[i] & 0xC0) != 0x80) length = 0; /* (stops at the NUL too) */
-        if ((length == 2 && *p < 0xC2) || (length == 3 && *p == 0xE0 && p[1] < 0xA0) ||
-            (length == 4 && *p == 0xF0 && p[1] < 0x90)) /* overlong forms */
-            length = 0;
-        if ((length == 3 && *p == 0xED && p[1] >= 0xA0) || (length == 4 && (*p > 0xF4 || (*p == 0xF4 && p[1] >= 0x90))))
-            length = 0; /* surrogates, past U+10FFFF */
-        const bool control = length == 1 && (*p < 0x20 || *p == 0x7F);
-        const size_t take = length && !control ? length : 1;
+    for (size_t i = 0; i < length && size > 0;) {
+        const size_t kept = qmm_printable_char(src + i, length - i), character = qmm_utf8_char(src + i, length - i, NULL);
+        const size_t take = kept ? kept : 1;
         if (at + take >= size) break;
-        if (length && !control) memcpy(dst + at, p, length);
+        if (kept) memcpy(dst + at, src + i, kept);
         else dst[at] = '?';
         at += take;
-        p += length ? length : 1;
+        i += character ? character : 1;
     }
     if (size > 0) dst[at] = '\0';
 }
@@ -100,10 +92,12 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_
         snprintf(absent, absent_size, "cannot start '%s'", shell_command);
         return 0;
     }
-    enum { LINE_BYTES = 64 * 1024 };
-    char *line = malloc(LINE_BYTES);
-    if (!line) {
+    enum { LINE_BYTES = 64 * 1024, SHOWN_BYTES = 4 * LINE_BYTES + 8 }; /* a byte escaped is 4 ("\x1b") */
+    char *line = malloc(LINE_BYTES), *shown = malloc(SHOWN_BYTES);
+    if (!line || !shown) {
         pclose(pipe);
+        free(line);
+        free(shown);
         snprintf(absent, absent_size, "no memory to read the script's lines");
         return 0;
     }
@@ -116,8 +110,8 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_
         }
         if (!line[0]) continue;
         cJSON *object = cJSON_Parse(line);
-        if (!cJSON_IsObject(object)) { /* not ours (a library printing to stdout): pass it on to stderr */
-            fprintf(stderr, "  peer: %s\n", line);
+        if (!cJSON_IsObject(object)) { /* not ours (a library printing to stdout): pass it on to stderr, escaped */
+            fprintf(stderr, "  peer: %s\n", qmm_printable(line, strlen(line), shown, SHOWN_BYTES));
             cJSON_Delete(object);
             continue;
         }
@@ -176,6 +170,7 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_
         cJSON_Delete(object);
     }
     free(line);
+    free(shown);
     const int rc = pclose(pipe);
     if (too_long_lines)
         fprintf(stderr, "  peer: %zu line%s longer than %d KiB dropped\n", too_long_lines, too_long_lines == 1 ? "" : "s",

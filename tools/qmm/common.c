@@ -191,6 +191,10 @@ int ends_with(const char *text, const char *suffix) {
     return a >= b && strcmp(text + a - b, suffix) == 0;
 }
 
+const char *printable(const char *text, char *buffer, size_t size) {
+    return qmm_printable(text, strlen(text), buffer, size);
+}
+
 void format_shape(char *out, size_t size, int ndim, const int64_t *shape) {
     size_t used = 0;
     used += (size_t)snprintf(out, size, "[");
@@ -565,8 +569,10 @@ cleanup:
 qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, size_t M, void **x,
                            size_t *rows) {
     *x = NULL;
+    char name[PRINTABLE_SIZE]; /* from a file */
+    printable(tensor->name, name, sizeof name);
     if (!qmm_is_float_dtype(tensor->dtype))
-        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has dtype %s, want f32, f16 or bf16", tensor->name,
+        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has dtype %s, want f32, f16 or bf16", name,
                          qmm_dtype_name(tensor->dtype));
     int64_t last = tensor->ndim >= 1 ? tensor->shape[tensor->ndim - 1] : 0;
     int64_t T = tensor->ndim == 2 ? tensor->shape[0] : 1;
@@ -574,15 +580,15 @@ qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, 
         char shape[128];
         format_shape(shape, sizeof shape, tensor->ndim, tensor->shape);
         return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has shape %s, want [T, K=%zu] with T >= 1",
-                         tensor->name, shape, K);
+                         name, shape, K);
     }
     if (M == 0 && T > MAX_M) /* -m is capped at MAX_M; all T rows must not bypass the cap */
         return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has T=%lld rows, more than the %d one product may use "
-                         "(qmm matmul -m M takes the first M)", tensor->name, (long long)T, MAX_M);
+                         "(qmm matmul -m M takes the first M)", name, (long long)T, MAX_M);
     if (M == 0) M = (size_t)T;
     if (M > (size_t)T)
         return qmm_error(QMM_ERR_SHAPE, "-m %zu asks for more rows than activation tensor '%s' has (T=%lld)", M,
-                         tensor->name, (long long)T);
+                         name, (long long)T);
     size_t count, bytes;
     if (!qmm_mul_size(M, K, &count) || !qmm_mul_size(count, qmm_dtype_size(dtype), &bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "M=%zu × K=%zu overflows size_t", M, K);

@@ -99,6 +99,11 @@ int parse_int(const char *text, int *out);
 /* ───────────────────────────── small helpers ───────────────────────────── */
 
 int ends_with(const char *text, const char *suffix);
+/* Untrusted text — a tensor or layer name from a file (or given to match one), a line a peer script printed — made
+ * safe for the terminal: the library's qmm_printable (internal.h) into buffer[size], printable UTF-8 kept, control
+ * characters, invalid UTF-8 and backslashes escaped (\x1b, \\), "..." where cut. Returns buffer. */
+const char *printable(const char *text, char *buffer, size_t size);
+#define PRINTABLE_SIZE 512
 /* "[d0, d1, ...]" */
 void format_shape(char *out, size_t size, int ndim, const int64_t *shape);
 /* "4-bit gs32 f16" */

@@ -83,6 +83,8 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if (rc) return rc;
     if (npositional != 1) return usage_error(c, "expected one checkpoint DIR");
     if (!layer_name) return usage_error(c, "--layer NAME is required");
+    char layer_shown[PRINTABLE_SIZE]; /* the name of a layer from the file, printed escaped */
+    printable(layer_name, layer_shown, sizeof layer_shown);
     unsigned long long tokens = RANDOM_ROWS, top_k = 8, seed = DEFAULT_SEED, faults = 0;
     if (tokens_text && !parse_unsigned(tokens_text, 1, MAX_M, &tokens))
         return usage_error(c, "--tokens '%s' is not an integer from 1 to %d", tokens_text, MAX_M);
@@ -115,7 +117,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if (top_k > E) { /* a rule of this layer: checked before any work */
         qmm_checkpoint_close(checkpoint);
         return usage_error(c, "--experts-per-token %llu exceeds the %zu expert%s of layer '%s'", top_k, E,
-                           E == 1 ? "" : "s", layer_name);
+                           E == 1 ? "" : "s", layer_shown);
     }
     qmm_qmatrix matrix = layer.matrix;
     if (!dtype_text) dtype = matrix.dtype;
@@ -148,7 +150,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if ((status = open_context_for(backend_choice, QMM_OP_GATHER, &context)) != QMM_OK) goto cleanup;
     if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
     warn_if_loaded(c, context);
-    fprintf(stderr, "qmm gather: %s on backend %s, %zu expert(s), T=%zu, B=%zu\n", layer_name,
+    fprintf(stderr, "qmm gather: %s on backend %s, %zu expert(s), T=%zu, B=%zu\n", layer_shown,
             qmm_backend_name(qmm_context_backend(context)), E, T, B);
     if ((status = qmm_weights_create_experts(context, &matrix, E, &weights)) != QMM_OK) goto cleanup;
     if ((status = qmm_buffer_create(context, dtype, count_x, &x_buffer)) != QMM_OK) goto cleanup;
@@ -203,7 +205,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
 
     char format[64];
     format_format(format, sizeof format, &matrix);
-    printf("layer              %s (%zu expert%s of N=%zu, K=%zu)\n", layer_name, E, E == 1 ? "" : "s", N, K);
+    printf("layer              %s (%zu expert%s of N=%zu, K=%zu)\n", layer_shown, E, E == 1 ? "" : "s", N, K);
     printf("format             %s\n", format);
     if (dtype != stored)
         print_scale_conversion(stored, dtype);

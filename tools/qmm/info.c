@@ -12,20 +12,22 @@
 
 /* ───────────────────────────── qmm info ───────────────────────────── */
 
+/* Names come from the file: printed through printable (common.h), a control character escaped. */
 static void print_tensor_row(const qmm_tensor *t) {
-    char shape[160];
+    char shape[160], name[PRINTABLE_SIZE];
     format_shape(shape, sizeof shape, t->ndim, t->shape);
-    printf("  %-48s %-5s %s\n", t->name, qmm_dtype_name(t->dtype), shape);
+    printf("  %-48s %-5s %s\n", printable(t->name, name, sizeof name), qmm_dtype_name(t->dtype), shape);
 }
 
 static void print_layer_row(const qmm_layer *layer) {
-    char format[64];
+    char format[64], name[PRINTABLE_SIZE];
     format_format(format, sizeof format, &layer->matrix);
+    printable(layer->name, name, sizeof name);
     if (layer->experts > 1) /* MoE: the rows stack the experts */
-        printf("  %-40s N=%-6zu K=%-6zu %s, %zu experts (qmm gather)\n", layer->name, layer->matrix.rows / layer->experts,
+        printf("  %-40s N=%-6zu K=%-6zu %s, %zu experts (qmm gather)\n", name, layer->matrix.rows / layer->experts,
                layer->matrix.cols, format, layer->experts);
     else
-        printf("  %-40s N=%-6zu K=%-6zu %s\n", layer->name, layer->matrix.rows, layer->matrix.cols, format);
+        printf("  %-40s N=%-6zu K=%-6zu %s\n", name, layer->matrix.rows, layer->matrix.cols, format);
 }
 
 static int info_checkpoint(const command *c, const char *dir) {
@@ -104,15 +106,16 @@ static int info_safetensors(const command *c, const char *path) {
         if (checkpoint && qmm_checkpoint_find_layer(checkpoint, name, &layer) == QMM_OK) {
             print_layer_row(&layer);
         } else {
-            char weight_name[1040];
+            char weight_name[1040], shown[PRINTABLE_SIZE];
             snprintf(weight_name, sizeof weight_name, "%s.weight", name);
+            printable(name, shown, sizeof shown);
             if (qmm_safetensors_find(file, weight_name, &weight) != QMM_OK || weight.ndim != 2 || scales.ndim != 2 ||
                 scales.shape[1] == 0) {
-                printf("  %-40s (scales without a matching 2-D %s)\n", name, weight_name);
+                printf("  %-40s (scales without a matching 2-D %s.weight)\n", shown, shown);
             } else {
                 long long product = (long long)weight.shape[1] * 32 / (long long)scales.shape[1];
                 printf("  %-40s N=%-6lld bits×group_size=%lld, scales %s (bits and group_size are in config.json)\n",
-                       name, (long long)weight.shape[0], product, qmm_dtype_name(scales.dtype));
+                       shown, (long long)weight.shape[0], product, qmm_dtype_name(scales.dtype));
             }
         }
         found++;
@@ -133,8 +136,10 @@ static int info_gguf(const command *c, const char *path) {
     size_t count = qmm_gguf_tensor_count(file), importable = 0;
     const char *arch = qmm_gguf_metadata_string(file, "general.architecture");
     const char *name = qmm_gguf_metadata_string(file, "general.name");
-    printf("%s: GGUF, %zu tensors, architecture %s%s%s%s\n", path, count, arch ? arch : "(none)",
-           name ? " (\"" : "", name ? name : "", name ? "\")" : "");
+    char arch_shown[PRINTABLE_SIZE], name_shown[PRINTABLE_SIZE], tensor_shown[PRINTABLE_SIZE]; /* text from the file */
+    printf("%s: GGUF, %zu tensors, architecture %s%s%s%s\n", path, count,
+           arch ? printable(arch, arch_shown, sizeof arch_shown) : "(none)", name ? " (\"" : "",
+           name ? printable(name, name_shown, sizeof name_shown) : "", name ? "\")" : "");
     printf("  %-40s %-6s %-16s %s\n", "tensor", "type", "shape", "importable");
     for (size_t i = 0; i < count; i++) {
         qmm_gguf_tensor_info info;
@@ -151,7 +156,8 @@ static int info_gguf(const command *c, const char *path) {
             default: as = "yes: float"; break;
             }
         }
-        printf("  %-40s %-6s %-16s %s\n", info.name, info.type_name, shape, as);
+        printf("  %-40s %-6s %-16s %s\n", printable(info.name, tensor_shown, sizeof tensor_shown), info.type_name, shape,
+               as);
     }
     qmm_gguf_close(file);
     if (status != QMM_OK) return library_error(c, status);

@@ -25,6 +25,8 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if (rc) return rc;
     if (npositional != 1) return usage_error(c, "expected one checkpoint DIR");
     if (!layer_name) return usage_error(c, "--layer NAME is required");
+    char layer_shown[PRINTABLE_SIZE]; /* the name of a layer from the file, printed escaped */
+    printable(layer_name, layer_shown, sizeof layer_shown);
     unsigned long long M = 0, seed = DEFAULT_SEED;
     if (m_text && !parse_unsigned(m_text, 1, MAX_M, &M))
         return usage_error(c, "-m '%s' is not an integer from 1 to %d", m_text, MAX_M);
@@ -66,13 +68,13 @@ int cmd_matmul(const command *c, int argc, char **argv) {
             const size_t count = qmm_safetensors_count(x_file);
             if (count == 0) {
                 status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' holds no tensors (want x [M, K=%zu]: a tensor named '%s', or "
-                                   "the file's only tensor)", x_path, matrix.cols, layer_name);
+                                   "the file's only tensor)", x_path, matrix.cols, layer_shown);
                 goto cleanup;
             }
             if (count > 1) {
-                status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' has no tensor named '%s' and %zu tensors (want x [M, K=%zu]: a "
-                                   "tensor named '%s', or the file's only tensor)", x_path, layer_name, count, matrix.cols,
-                                   layer_name);
+                status = qmm_error(QMM_ERR_NOT_FOUND, "'%s' has no tensor named '%s' and %zu tensors (want x [M, K=%zu]: "
+                                   "a tensor named '%s', or the file's only tensor)", x_path, layer_shown, count,
+                                   matrix.cols, layer_shown);
                 goto cleanup;
             }
             if ((status = qmm_safetensors_get(x_file, 0, &tensor)) != QMM_OK) goto cleanup;
@@ -99,13 +101,13 @@ int cmd_matmul(const command *c, int argc, char **argv) {
         if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;
         fprintf(stderr, "qmm matmul: %s\n", note);
     }
-    fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_name, qmm_backend_name(qmm_context_backend(context)),
+    fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_shown, qmm_backend_name(qmm_context_backend(context)),
             rows);
     if ((status = check_product(context, &matrix, x, rows, kernel, batch_invariant, 0.25, faults > 0, &result)) != QMM_OK) goto cleanup;
 
     char format[64];
     format_format(format, sizeof format, &matrix);
-    printf("layer              %s (N=%zu, K=%zu)\n", layer_name, matrix.rows, matrix.cols);
+    printf("layer              %s (N=%zu, K=%zu)\n", layer_shown, matrix.rows, matrix.cols);
     printf("format             %s\n", format);
     if (layer.experts > 1) /* the stacked product: every token against every expert's rows */
         printf("note               the layer holds %zu experts of %zu rows: multiplied here as one stacked matrix of %zu "

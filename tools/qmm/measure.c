@@ -89,6 +89,15 @@ static bool shape_named(const bench_shape *shapes, size_t count, const char *nam
     return false;
 }
 
+/* The first `limit` bytes of a field of a shapes file for a message: printable (a control character escaped), "…" after
+ * a longer field. */
+static const char *field_text(const char *field, size_t limit, char *buffer, size_t size) {
+    const size_t length = strlen(field);
+    qmm_printable(field, length < limit ? length : limit, buffer, size - 4);
+    if (length > limit) strcat(buffer, "…");
+    return buffer;
+}
+
 static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int group_size, const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return qmm_error(QMM_ERR_IO, "cannot open shapes file '%s': %s", path, strerror(errno));
@@ -123,19 +132,20 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
             if (fields++ < 3) field[fields - 1] = token;
         if (fields == 0) continue;
         const char *name = field[0], *n_text = field[1], *k_text = field[2];
+        char shown[2][PRINTABLE_SIZE];
         unsigned long long N, K;
         if (fields != 3) {
             status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: want \"name N K\" (3 fields), got %d", path, number, fields);
         } else if (!valid_shape_name(name)) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%.64s%s' must be 1-63 characters of A-Z a-z 0-9 . _ -",
-                               path, number, name, strlen(name) > 64 ? "…" : "");
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%s' must be 1-63 characters of A-Z a-z 0-9 . _ -",
+                               path, number, field_text(name, 64, shown[0], sizeof shown[0]));
         } else if (strlen(name) >= sizeof shapes[0].name) {
             status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: shape name '%.32s…' is longer than %zu characters", path, number,
                                name, sizeof shapes[0].name - 1);
         } else if (!parse_unsigned(n_text, 1, 1u << 30, &N) || !parse_unsigned(k_text, 1, 1u << 30, &K)) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: N='%.32s%s' and K='%.32s%s' must be whole numbers in [1, 2^30]",
-                               path, number, n_text, strlen(n_text) > 32 ? "…" : "", k_text,
-                               strlen(k_text) > 32 ? "…" : "");
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: N='%s' and K='%s' must be whole numbers in [1, 2^30]", path,
+                               number, field_text(n_text, 32, shown[0], sizeof shown[0]),
+                               field_text(k_text, 32, shown[1], sizeof shown[1]));
         } else if (K % (unsigned long long)group_size != 0) {
             status = qmm_error(QMM_ERR_SHAPE, "%s:%d: shape %s has K=%llu, not a multiple of --group-size %d", path,
                                number, name, K, group_size);

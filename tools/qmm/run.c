@@ -112,22 +112,24 @@ int cmd_run(const command *c, int argc, char **argv) {
         int random_x = 1;
         if ((status = qmm_checkpoint_layer(checkpoint, i, &layer)) != QMM_OK) goto cleanup;
         m = &layer.matrix;
+        char name[PRINTABLE_SIZE]; /* from the file, printed escaped */
+        printable(layer.name, name, sizeof name);
         if (activations && qmm_safetensors_find(activations, layer.name, &tensor) == QMM_OK) {
             if ((status = load_activation(&tensor, m->cols, m->dtype, 0, &x, &rows)) != QMM_OK) goto cleanup;
             random_x = 0;
         } else {
             size_t elements;
             if (!qmm_mul_size(rows, m->cols, &elements) || !(x = malloc(elements * qmm_dtype_size(m->dtype)))) {
-                status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate x for layer '%s'", layer.name);
+                status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate x for layer '%s'", name);
                 goto cleanup;
             }
             if ((status = fill_random(seed + i, x, m->dtype, elements)) != QMM_OK) goto cleanup;
         }
         if (layer.experts > 1)
             fprintf(stderr, "qmm run: %s (%zu experts, multiplied as one stacked matrix of %zu rows; qmm gather routes "
-                    "tokens to experts) ...\n", layer.name, layer.experts, m->rows);
+                    "tokens to experts) ...\n", name, layer.experts, m->rows);
         else
-            fprintf(stderr, "qmm run: %s ...\n", layer.name);
+            fprintf(stderr, "qmm run: %s ...\n", name);
         status = check_product(context, m, x, rows, NULL, batch_invariant, 0.05, i < faults, &result);
         free(x);
         x = NULL;
@@ -139,7 +141,7 @@ int cmd_run(const command *c, int argc, char **argv) {
         snprintf(ratio, sizeof ratio, "%.3f%s", result.worst_ratio,
                  result.outside ? " FAIL" : result.invariant_differ ? " FAIL (rows differ alone)" : "");
         snprintf(time, sizeof time, "%.1f", result.microseconds);
-        const char *cells[] = {layer.name, shape, format, result.kernel.name, error, ratio, time};
+        const char *cells[] = {name, shape, format, result.kernel.name, error, ratio, time};
         for (int k = 0; k < 7; k++) print_cell(cells[k], widths[k]);
         printf("%s\n", random_x ? "random x" : "real x");
         if (result.outside || result.invariant_differ) failed++;

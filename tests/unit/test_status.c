@@ -1,0 +1,90 @@
+/*
+ * test_status.c — the message helpers of status.c: qmm_utf8_char, qmm_printable_char and qmm_printable (untrusted
+ * text made printable: printable UTF-8 kept, control characters, invalid UTF-8 and backslashes escaped, a cut only
+ * between whole characters), and qmm_error cutting an over-long message between whole characters.
+ */
+#include "check.h"
+#include "internal.h"
+
+#include <string.h>
+
+/* qmm_printable of a C string into a buffer of size bytes must read want. */
+static void expect_printable(const char *text, size_t size, const char *want) {
+    char buffer[256];
+    const char *got = qmm_printable(text, strlen(text), buffer, size);
+    CHECK(got == buffer && strcmp(got, want) == 0, "qmm_printable into %zu bytes: got \"%s\", want \"%s\"", size, got,
+          want);
+}
+
+static void test_utf8_char(void) {
+    uint32_t code = 0;
+    CHECK(qmm_utf8_char("A", 1, &code) == 1 && code == 'A', "ASCII");
+    CHECK(qmm_utf8_char("\xc3\xa9", 2, &code) == 2 && code == 0xE9, "U+00E9");
+    CHECK(qmm_utf8_char("\xe6\xa8\xa1", 3, &code) == 3 && code == 0x6A21, "U+6A21");
+    CHECK(qmm_utf8_char("\xf0\x9f\x98\x80", 4, &code) == 4 && code == 0x1F600, "U+1F600");
+    CHECK(qmm_utf8_char("\xe6\xa8\xa1", 2, NULL) == 0, "a sequence cut short by size");
+    CHECK(qmm_utf8_char("\x80", 1, NULL) == 0, "a stray continuation byte");
+    CHECK(qmm_utf8_char("\xc0\xaf", 2, NULL) == 0, "an overlong '/'");
+    CHECK(qmm_utf8_char("\xed\xa0\x80", 3, NULL) == 0, "a surrogate");
+    CHECK(qmm_utf8_char("\xf4\x90\x80\x80", 4, NULL) == 0, "past U+10FFFF");
+    CHECK(qmm_utf8_char("\xff", 1, NULL) == 0, "0xFF");
+    CHECK(qmm_utf8_char("", 0, NULL) == 0, "nothing");
+}
+
+static void test_printable(void) {
+    char nul_name[] = "a\0b";
+    char buffer[64];
+    CHECK(strcmp(qmm_printable(nul_name, 3, buffer, sizeof buffer), "a\\x00b") == 0, "NUL: %s", buffer);
+    expect_printable("blk.0.attn_q", 64, "blk.0.attn_q");
+    expect_printable("a\\b", 64, "a\\\\b");                              /* the escape character itself */
+    expect_printable("red \x1b[31m tab\tnl\n", 64, "red \\x1b[31m tab\\x09nl\\x0a"); /* C0 */
+    expect_printable("del\x7f", 64, "del\\x7f");
+    expect_printable("csi\xc2\x9b", 64, "csi\\xc2\\x9b");                 /* C1, well-formed UTF-8 */
+    expect_printable("\xe6\xa8\xa1\xe5\x9e\x8b.weight", 64, "\xe6\xa8\xa1\xe5\x9e\x8b.weight"); /* kept */
+    expect_printable("caf\xc3\xa9 \xf0\x9f\x98\x80", 64, "caf\xc3\xa9 \xf0\x9f\x98\x80");
+    expect_printable("rlo\xe2\x80\xaegpj.exe", 64, "rlo\\xe2\\x80\\xaegpj.exe"); /* U+202E: reorders the display */
+    expect_printable("ls\xe2\x80\xa8", 64, "ls\\xe2\\x80\\xa8");          /* U+2028 line separator */
+    expect_printable("bad\xff\xfe", 64, "bad\\xff\\xfe");
+    expect_printable("cut\xe6\xa8", 64, "cut\\xe6\\xa8");                 /* a character cut short */
+    expect_printable("over\xc0\xaf", 64, "over\\xc0\\xaf");
+    /* too long for the buffer: "..." after whole characters, never inside one */
+    expect_printable("abcdefghij", 10, "abcdef...");
+    expect_printable("\xe6\xa8\xa1\xe6\xa8\xa1\xe6\xa8\xa1", 12, "\xe6\xa8\xa1\xe6\xa8\xa1...");
+    expect_printable("\x1b\x1b\x1b", 12, "\\x1b\\x1b...");
+    expect_printable("anything", 4, ""); /* no room for a character and "..." */
+}
+
+static void test_error_cut(void) {
+    /* a message longer than the 1023 bytes kept: cut between whole characters */
+    char name[1200];
+    size_t at = 0;
+    name[at++] = 'x';
+    while (at + 3 < sizeof name) {
+        memcpy(name + at, "\xe6\xa8\xa1", 3);
+        at += 3;
+    }
+    name[at] = '\0';
+    for (int shift = 0; shift < 3; shift++) {
+        qmm_error(QMM_ERR_NOT_FOUND, "%.*s%s", shift, "ab", name);
+        const char *message = qmm_last_error();
+        const size_t length = strlen(message);
+        CHECK(length >= 1020 && length <= 1023, "shift %d: %zu bytes kept", shift, length);
+        size_t i = 0;
+        while (i < length) {
+            const size_t step = qmm_utf8_char(message + i, length - i, NULL);
+            if (step == 0) break;
+            i += step;
+        }
+        CHECK(i == length, "shift %d: the message is whole UTF-8 characters (stopped at byte %zu of %zu)", shift, i,
+              length);
+    }
+    qmm_error(QMM_ERR_NOT_FOUND, "short \xe6\xa8\xa1");
+    CHECK(strcmp(qmm_last_error(), "short \xe6\xa8\xa1") == 0, "a short message is kept whole: %s", qmm_last_error());
+}
+
+int main(void) {
+    test_utf8_char();
+    test_printable();
+    test_error_cut();
+    return check_finish("test_status");
+}
