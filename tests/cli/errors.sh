@@ -165,6 +165,43 @@ expect_library_error matmul "bad shape" "T=65537 rows" matmul "$FIXTURE" --layer
 expect_ok "the first rows of a tall x" matmul "$FIXTURE" --layer $L -m 2 --x "$WORK/tall-x.safetensors"
 rm -f "$WORK/tall-x.safetensors"
 
+# Products that would not fit in the host memory are refused before anything of their size is allocated, naming the
+# layer, the shape and both sizes — not left to be killed by the system. A layer of 2^24 rows × K=32 (2-bit) in a
+# sparse file: -m 65536 would hold ~24 TiB (the output, as f32 and the f64 oracle's two arrays), more than any machine.
+if grep -q '^MemAvailable:' /proc/meminfo 2>/dev/null; then
+  mkdir -p "$WORK/huge"
+  printf '{"quantization": {"group_size": 32, "bits": 2}}' >"$WORK/huge/config.json"
+  huge_header='{"big.weight":{"dtype":"U32","shape":[16777216,2],"data_offsets":[0,134217728]},"big.scales":{"dtype":"F16","shape":[16777216,1],"data_offsets":[134217728,167772160]},"big.biases":{"dtype":"F16","shape":[16777216,1],"data_offsets":[167772160,201326592]}}'
+  while [ $((${#huge_header} % 8)) != 0 ]; do huge_header+=" "; done
+  { printf '%b' "$(le64 ${#huge_header})"; printf '%s' "$huge_header"; } >"$WORK/huge/model.safetensors"
+  truncate -s $((8 + ${#huge_header} + 201326592)) "$WORK/huge/model.safetensors"
+  for backend in ref cpu; do
+    q kernels --backend $backend
+    [ "$RC" = 0 ] || continue
+    expect_library_error matmul "out of memory" "layer 'big' (N=16777216, K=32) at M=65536 in f16 would hold ~" \
+      matmul "$WORK/huge" --layer big -m 65536 --backend $backend
+    check "matmul beyond the host memory ($backend): both sizes named" \
+      err_matches "would hold ~[0-9]+\.[0-9] GiB of host memory at once \(x, the output, its f64 oracle, the weights and the backend's buffers\), more than the [0-9]+\.[0-9] GiB available \(MemAvailable in /proc/meminfo\): use a smaller -m"
+    check "matmul beyond the host memory ($backend): ~24 TiB" err_matches "would hold ~2[45][0-9]{3}\.[0-9] GiB"
+    expect_library_error matmul "out of memory" "layer 'big' (N=16777216, K=32) at M=65536 in f32 would hold ~" \
+      matmul "$WORK/huge" --layer big -m 65536 --dtype f32 --backend $backend
+    expect_library_error gather "out of memory" \
+      "layer 'big' (1 expert of N=16777216, K=32) at T=65536, B=65536 in f16 would hold ~" \
+      gather "$WORK/huge" --layer big -t 65536 -k 1 --backend $backend
+    check "gather beyond the host memory ($backend): the available size named" \
+      err_matches "GiB available \(MemAvailable in /proc/meminfo\): use fewer --tokens or --experts-per-token"
+  done
+  # qmm run: every layer is checked before the first runs; activations of 65536 tokens (a sparse file of zeros).
+  x_header='{"big":{"dtype":"F16","shape":[65536,32],"data_offsets":[0,4194304]}}'
+  while [ $((${#x_header} % 8)) != 0 ]; do x_header+=" "; done
+  { printf '%b' "$(le64 ${#x_header})"; printf '%s' "$x_header"; } >"$WORK/huge/activations.safetensors"
+  truncate -s $((8 + ${#x_header} + 4194304)) "$WORK/huge/activations.safetensors"
+  expect_library_error run "out of memory" "layer 'big' (N=16777216, K=32) at M=65536 in f16 would hold ~" \
+    run "$WORK/huge" --backend ref
+  check "run beyond the host memory: refused before the table" bash -c '! grep -q "^layer" <<<"$0"' "$OUT"
+  rm -rf "$WORK/huge"
+fi
+
 # an OUTDIR that already holds a checkpoint is replaced only with --force
 mkdir -p "$WORK/existing"
 cp "$FIXTURE/config.json" "$FIXTURE/model.safetensors" "$WORK/existing/"

@@ -109,6 +109,16 @@ q tune --backend cpu --quick --m 1 --dtype f32 --threads 1 --out "$WORK/one-thre
 check "--threads 1: exit 0" rc_is 0
 check "--threads 1: a table" out_matches '^wrote [0-9]+ entr(y|ies) for [0-9]+ cells'
 expect_usage_error tune "--threads '0' is not a whole number from 1 to" tune --backend cpu --quick --threads 0
+# A shape whose arrays would not fit in the host memory is refused before any measurement, naming the shape and both
+# sizes (2^30 × 2^20 at 4 bits: ~512 TiB of codes alone, more than any machine; nothing of it is allocated).
+if grep -q '^MemAvailable:' /proc/meminfo 2>/dev/null; then
+  printf 'huge 1073741824 1048576\n' >"$WORK/huge.txt"
+  expect_library_error tune "out of memory" "shape huge (1073741824×1048576) would hold ~" \
+    tune --backend ref --quick --m 1 --dtype f32 --shapes "$WORK/huge.txt" --out "$WORK/huge.json"
+  check "tune beyond the host memory: both sizes named" \
+    err_matches "would hold ~[0-9]+\.[0-9] GiB of host memory at once \(the weights and their copies, x and out at the largest M\), more than the [0-9]+\.[0-9] GiB available \(MemAvailable in /proc/meminfo\): tune it on a larger machine or a smaller shape"
+  check "tune beyond the host memory: no table written" [ ! -e "$WORK/huge.json" ]
+fi
 q help tune
 check "help tune" out_has "usage: qmm tune"
 check "help tune: --threads" out_has "--threads N"

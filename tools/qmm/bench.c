@@ -494,34 +494,23 @@ static double shape_host_bytes(const bench_run *run, const bench_shape *shape, i
     return most;
 }
 
-/* The host memory the system can give without swapping (Linux /proc/meminfo MemAvailable), in bytes; 0 if unknown. */
-static double host_memory_available(void) {
-    FILE *file = fopen("/proc/meminfo", "r");
-    if (!file) return 0.0;
-    char line[256];
-    double kib = 0.0;
-    while (fgets(line, sizeof line, file))
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
-    fclose(file);
-    return kib * 1024.0;
-}
-
-/* Refuses, before any measurement, a run with a shape whose arrays would not fit in the host memory available: past
- * it the allocations may each succeed and the process be killed by the system when they are touched, with nothing
- * said (the sixteenth session's break-it helper: --gather at 65536×65536 × 4 experts on a 23 GB machine). */
-static qmm_status check_host_memory(const bench_run *run, int host_weights, int openblas) {
-    const double available = host_memory_available();
-    if (available <= 0.0) return QMM_OK; /* not Linux, or no MemAvailable: nothing to compare with */
+/* Refuses, before any measurement, a run with a shape whose arrays would not fit in the host memory available
+ * (check_host_memory, common.h: the sixteenth session's break-it helper had --gather at 65536×65536 × 4 experts killed
+ * by the system on a 23 GB machine). */
+static qmm_status check_shapes_fit(const bench_run *run, int host_weights, int openblas) {
+    const char *advice = run->gather ? "measure it on a larger machine or a smaller shape or fewer --experts"
+                         : openblas  ? "measure it on a larger machine or a smaller shape (or --no-peers)"
+                                     : "measure it on a larger machine or a smaller shape";
+    char held[128];
+    snprintf(held, sizeof held, "the weights%s%s", host_weights ? " and their copies" : "",
+             openblas ? ", the OpenBLAS peer's f32 copies" : "");
     for (size_t s = 0; s < run->shape_count; s++) {
-        const double needed = shape_host_bytes(run, &run->shapes[s], host_weights, openblas);
-        if (needed > available)
-            return qmm_error(QMM_ERR_OUT_OF_MEMORY,
-                             "shape %s (%zu×%zu%s) would hold ~%.1f GiB of host memory at once (the weights%s%s), more "
-                             "than the %.1f GiB available (MemAvailable in /proc/meminfo): measure it on a larger machine "
-                             "or a smaller shape%s", run->shapes[s].name, run->shapes[s].N, run->shapes[s].K,
-                             run->gather ? " per expert" : "", needed / 1073741824.0,
-                             host_weights ? " and their copies" : "", openblas ? ", the OpenBLAS peer's f32 copies" : "",
-                             available / 1073741824.0, run->gather ? " or fewer --experts" : openblas ? " (or --no-peers)" : "");
+        const bench_shape *shape = &run->shapes[s];
+        char subject[160];
+        snprintf(subject, sizeof subject, "shape %s (%zu×%zu%s)", shape->name, shape->N, shape->K,
+                 run->gather ? " per expert" : "");
+        qmm_status status = check_host_memory(shape_host_bytes(run, shape, host_weights, openblas), subject, held, advice);
+        if (status != QMM_OK) return status;
     }
     return QMM_OK;
 }
@@ -1294,7 +1283,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
     char openblas[256];
     int have_openblas = !cuda && !gather && run->peers && bench_openblas_available(openblas, sizeof openblas);
     if (!cuda && !gather && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
-    if ((status = check_host_memory(run, !cuda, have_openblas)) != QMM_OK) {
+    if ((status = check_shapes_fit(run, !cuda, have_openblas)) != QMM_OK) {
         rc = library_error(c, status);
         goto done;
     }

@@ -1,7 +1,8 @@
 /*
  * common.c — what the qmm commands share: usage and library errors, flag parsing, number parsing,
  * small formatting helpers, seeded random x, the backend choice, one checked and timed product
- * (check_product), activations, scale conversion and the OUTDIR guard of convert and quantize.
+ * (check_product), activations, scale conversion, the host memory check and the OUTDIR guard of convert and
+ * quantize.
  */
 #include "common.h"
 
@@ -562,13 +563,40 @@ cleanup:
     return status;
 }
 
+/* check_product's arrays at their peak, the timing runs after the oracle (every array still held, the kernel running
+ * again), or the oracle's own scratch if larger; the caller's x and, on a host backend, the runtime's copies. */
+static double product_host_bytes(const qmm_qmatrix *matrix, qmm_dtype dtype, size_t M, qmm_backend backend) {
+    const double N = (double)matrix->rows, K = (double)matrix->cols, rows = (double)M;
+    const double element = (double)qmm_dtype_size(dtype);
+    const double groups = N * (double)qmm_groups(matrix->cols, matrix->group_size);
+    const double weights = N * (double)qmm_packed_words(matrix->cols, matrix->bits) * 4.0 + 2.0 * groups * element;
+    /* x; the output read back (dtype), as f32, and the f64 oracle's values and sums of |terms| */
+    double held = rows * K * element + rows * N * (element + 4.0 + 8.0 + 8.0);
+    /* the runtime's weights and x and out buffers live in host memory on the ref and cpu backends */
+    if (backend != QMM_BACKEND_CUDA) held += weights + rows * K * element + rows * N * element;
+    /* while a kernel runs, a tiled CPU row's f32 copy of x (xᵀ, simd_kernels.h); before, the oracle's scratch
+     * (qmm_ref_dense_f64: 32 rows of x and of |x|, one decoded row and its |ŵ|, in f64) */
+    const double kernel_scratch = backend == QMM_BACKEND_CPU ? rows * K * 4.0 : 0.0;
+    const double oracle_scratch = (2.0 * 32.0 + 2.0) * K * 8.0;
+    return held + (kernel_scratch > oracle_scratch ? kernel_scratch : oracle_scratch);
+}
+
+qmm_status check_product_fits(qmm_context *context, const char *name, const qmm_qmatrix *matrix, qmm_dtype dtype,
+                              size_t M, double extra, const char *advice) {
+    const qmm_backend backend = qmm_context_backend(context);
+    char subject[PRINTABLE_SIZE + 96];
+    snprintf(subject, sizeof subject, "layer '%s' (N=%zu, K=%zu) at M=%zu in %s", name, matrix->rows, matrix->cols, M,
+             qmm_dtype_name(dtype));
+    return check_host_memory(product_host_bytes(matrix, dtype, M, backend) + extra, subject,
+                             backend != QMM_BACKEND_CUDA
+                                 ? "x, the output, its f64 oracle, the weights and the backend's buffers"
+                                 : "x, the output and its f64 oracle",
+                             advice);
+}
+
 /* ───────────────────────────── activations ───────────────────────────── */
 
-/* Copies the first M rows of a float tensor [T, K] (or [K] as one row) into x (dtype), rounding once.
- * *rows receives T. Errors name the tensor and the disagreement. */
-qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, size_t M, void **x,
-                           size_t *rows) {
-    *x = NULL;
+qmm_status activation_rows(const qmm_tensor *tensor, size_t K, size_t M, size_t *rows) {
     char name[PRINTABLE_SIZE]; /* from a file */
     printable(tensor->name, name, sizeof name);
     if (!qmm_is_float_dtype(tensor->dtype))
@@ -585,16 +613,26 @@ qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, 
     if (M == 0 && T > MAX_M) /* -m is capped at MAX_M; all T rows must not bypass the cap */
         return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has T=%lld rows, more than the %d one product may use "
                          "(qmm matmul -m M takes the first M)", name, (long long)T, MAX_M);
-    if (M == 0) M = (size_t)T;
     if (M > (size_t)T)
         return qmm_error(QMM_ERR_SHAPE, "-m %zu asks for more rows than activation tensor '%s' has (T=%lld)", M,
                          name, (long long)T);
+    *rows = M ? M : (size_t)T;
+    return QMM_OK;
+}
+
+/* Copies the first M rows of a float tensor [T, K] (or [K] as one row) into x (dtype), rounding once.
+ * *rows receives the row count. Errors name the tensor and the disagreement. */
+qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, size_t M, void **x,
+                           size_t *rows) {
+    *x = NULL;
+    qmm_status status = activation_rows(tensor, K, M, &M);
+    if (status != QMM_OK) return status;
     size_t count, bytes;
     if (!qmm_mul_size(M, K, &count) || !qmm_mul_size(count, qmm_dtype_size(dtype), &bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "M=%zu × K=%zu overflows size_t", M, K);
     *x = malloc(bytes);
     if (!*x) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of x", bytes);
-    qmm_status status = qmm_convert(tensor->data, tensor->dtype, *x, dtype, count);
+    status = qmm_convert(tensor->data, tensor->dtype, *x, dtype, count);
     if (status != QMM_OK) {
         free(*x);
         *x = NULL;
@@ -629,6 +667,26 @@ qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatri
     converted->biases = *biases;
     converted->dtype = dtype;
     return QMM_OK;
+}
+
+/* ───────────────────────────── host memory ───────────────────────────── */
+
+double host_memory_available(void) {
+    FILE *file = fopen("/proc/meminfo", "r");
+    if (!file) return 0.0;
+    char line[256];
+    double kib = 0.0;
+    while (fgets(line, sizeof line, file))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(file);
+    return kib * 1024.0;
+}
+
+qmm_status check_host_memory(double needed, const char *subject, const char *held, const char *advice) {
+    const double available = host_memory_available(), gib = 1073741824.0;
+    if (available <= 0.0 || needed <= available) return QMM_OK; /* fits, or nothing to compare with */
+    return qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s would hold ~%.1f GiB of host memory at once (%s), more than the %.1f GiB "
+                     "available (MemAvailable in /proc/meminfo): %s", subject, needed / gib, held, available / gib, advice);
 }
 
 /* ───────────────────────────── OUTDIR of convert and quantize ───────────────────────────── */

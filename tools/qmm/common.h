@@ -173,9 +173,31 @@ typedef struct layer_result {
 qmm_status check_product(qmm_context *context, const qmm_qmatrix *matrix, const void *x, size_t M,
                          const char *kernel, int batch_invariant, double time_budget, int inject_fault,
                          layer_result *result);
+/* Before a checked product is allocated (matmul, run): check_host_memory for the most check_product holds at once for
+ * M rows of x in dtype against matrix's N×K (its dtype is not read), with the caller's x [M, K] and `extra` bytes more
+ * that the caller holds — the arrays' sizes, in double (no size arithmetic can overflow); the weights and buffers count
+ * where the context's backend keeps them in host memory (ref, cpu). The message names layer `name` (printable), the
+ * shape, M and dtype, and ends with advice. */
+qmm_status check_product_fits(qmm_context *context, const char *name, const qmm_qmatrix *matrix, qmm_dtype dtype,
+                              size_t M, double extra, const char *advice);
+/* The rows the first M rows (all T when M is 0) of a float tensor [T, K] or [K] make: checked as load_activation
+ * checks them (dtype, shape, T ≤ MAX_M when M is 0, M ≤ T), without reading the data. */
+qmm_status activation_rows(const qmm_tensor *tensor, size_t K, size_t M, size_t *rows);
 /* The first M rows (all T when M is 0) of a float tensor [T, K] or [K], rounded once to dtype, in a
  * malloc'd *x; *rows receives the row count. */
 qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, size_t M, void **x, size_t *rows);
+
+/* ───────────────────────────── host memory ───────────────────────────── */
+
+/* The host memory the system can give without swapping (Linux /proc/meminfo MemAvailable), in bytes; 0 where it
+ * cannot be read (not Linux): then nothing is refused. */
+double host_memory_available(void);
+/* Before a command allocates its arrays: QMM_ERR_OUT_OF_MEMORY when `needed` bytes — the most it would hold at once,
+ * estimated in double from the shapes — exceed host_memory_available(), with the message "<subject> would hold ~X GiB
+ * of host memory at once (<held>), more than the Y GiB available (MemAvailable in /proc/meminfo): <advice>". Past it,
+ * the allocations may each succeed and the process be killed by the system when they are touched, with nothing said.
+ * QMM_OK otherwise. */
+qmm_status check_host_memory(double needed, const char *subject, const char *held, const char *advice);
 /* A copy of matrix with scales and biases converted to dtype (malloc'd, returned in scales and biases). */
 qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatrix *converted, void **scales,
                           void **biases);

@@ -64,6 +64,27 @@ cleanup:
     return status;
 }
 
+/* The most host memory qmm gather holds at once for T tokens and B pairs against stacked's E experts (its dtype is
+ * not read), in bytes — the arrays' sizes, in double (no size arithmetic can overflow): x [T, K] and the routing; the
+ * output read back [B, N] in dtype, as f32, and the f64 oracle's values and sums of |terms|; the scales and biases
+ * converted to dtype (converted); where the backend keeps them in host memory (ref, cpu), the weights and the x and out
+ * buffers; and the larger of the f64 oracle's scratch (x gathered by expert [B, K], its [B, N] values and sums, the
+ * pair order: more than the reference gather rows' own) and a CPU gather's (the rows of x it gathers, at most
+ * [B, K], and a tiled row's f32 copy of them). */
+static double gather_host_bytes(const qmm_qmatrix *stacked, size_t E, qmm_dtype dtype, int converted, size_t T,
+                                size_t B, qmm_backend backend) {
+    const double rows = (double)stacked->rows, N = rows / (double)E, K = (double)stacked->cols;
+    const double element = (double)qmm_dtype_size(dtype), pairs = (double)B, tokens = (double)T;
+    const double groups = rows * (double)qmm_groups(stacked->cols, stacked->group_size);
+    const double weights = rows * (double)qmm_packed_words(stacked->cols, stacked->bits) * 4.0 + 2.0 * groups * element;
+    double held = tokens * K * element + pairs * 2.0 * sizeof(uint32_t) + pairs * N * (element + 4.0 + 8.0 + 8.0);
+    if (converted) held += 2.0 * groups * element;
+    if (backend != QMM_BACKEND_CUDA) held += weights + tokens * K * element + pairs * N * element;
+    const double oracle_scratch = pairs * K * element + pairs * N * 16.0 + pairs * 8.0 + ((double)E + 1.0) * 8.0;
+    const double kernel_scratch = backend == QMM_BACKEND_CPU ? pairs * K * (element + 4.0) : 0.0;
+    return held + (oracle_scratch > kernel_scratch ? oracle_scratch : kernel_scratch);
+}
+
 int cmd_gather(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *tokens_text = NULL, *top_k_text = NULL, *dtype_text = NULL, *kernel = NULL,
                *seed_text = NULL, *backend = NULL, *threads_text = NULL;
@@ -122,10 +143,28 @@ int cmd_gather(const command *c, int argc, char **argv) {
     qmm_qmatrix matrix = layer.matrix;
     if (!dtype_text) dtype = matrix.dtype;
     const qmm_dtype stored = matrix.dtype;
+    const size_t T = (size_t)tokens, B = T * (size_t)top_k; /* ≤ 65536·2^20: no overflow */
+
+    if ((status = open_context_for(backend_choice, QMM_OP_GATHER, &context)) != QMM_OK) goto cleanup;
+    if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
+    warn_if_loaded(c, context);
+    /* Before anything of the product's size is allocated: refused if it would not fit in the host memory (-t 65536 on
+     * a large layer holds tens of GiB; past the memory the system kills the process, with nothing said). */
+    {
+        const qmm_backend on = qmm_context_backend(context);
+        char subject[PRINTABLE_SIZE + 128];
+        snprintf(subject, sizeof subject, "layer '%s' (%zu expert%s of N=%zu, K=%zu) at T=%zu, B=%zu in %s", layer_shown,
+                 E, E == 1 ? "" : "s", N, K, T, B, qmm_dtype_name(dtype));
+        status = check_host_memory(gather_host_bytes(&layer.matrix, E, dtype, dtype != stored, T, B, on), subject,
+                                   on != QMM_BACKEND_CUDA ? "x, the routing, the output, its f64 oracle, the weights "
+                                                            "and the backend's buffers"
+                                                          : "x, the routing, the output and its f64 oracle",
+                                   "use fewer --tokens or --experts-per-token, or a larger machine");
+        if (status != QMM_OK) goto cleanup;
+    }
     if (dtype != stored && (status = convert_scales(&layer.matrix, dtype, &matrix, &scales, &biases)) != QMM_OK)
         goto cleanup;
 
-    const size_t T = (size_t)tokens, B = T * (size_t)top_k; /* ≤ 65536·2^20: no overflow */
     size_t count_x, count_out, bytes;
     if (!qmm_mul_size(T, K, &count_x) || !qmm_mul_size(B, N, &count_out) ||
         !qmm_mul_size(count_out, sizeof(double), &bytes)) {
@@ -147,9 +186,6 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if ((status = fill_random(seed, x, dtype, count_x)) != QMM_OK) goto cleanup;
     if ((status = route(seed, T, (size_t)top_k, E, !unsorted, lhs, rhs, &experts_used)) != QMM_OK) goto cleanup;
 
-    if ((status = open_context_for(backend_choice, QMM_OP_GATHER, &context)) != QMM_OK) goto cleanup;
-    if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
-    warn_if_loaded(c, context);
     fprintf(stderr, "qmm gather: %s on backend %s, %zu expert(s), T=%zu, B=%zu\n", layer_shown,
             qmm_backend_name(qmm_context_backend(context)), E, T, B);
     if ((status = qmm_weights_create_experts(context, &matrix, E, &weights)) != QMM_OK) goto cleanup;

@@ -57,11 +57,9 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     qmm_qmatrix matrix = layer.matrix;
     if (!dtype_text) dtype = matrix.dtype;
     const qmm_dtype stored = matrix.dtype;
-    if (dtype != stored && (status = convert_scales(&layer.matrix, dtype, &matrix, &scales, &biases)) != QMM_OK)
-        goto cleanup;
 
+    qmm_tensor tensor;
     if (x_path) {
-        qmm_tensor tensor;
         if ((status = qmm_safetensors_open(x_path, &x_file)) != QMM_OK) goto cleanup;
         /* The tensor named like the layer, else the file's only tensor. */
         if (qmm_safetensors_find(x_file, layer_name, &tensor) != QMM_OK) {
@@ -79,6 +77,30 @@ int cmd_matmul(const command *c, int argc, char **argv) {
             }
             if ((status = qmm_safetensors_get(x_file, 0, &tensor)) != QMM_OK) goto cleanup;
         }
+        if ((status = activation_rows(&tensor, matrix.cols, (size_t)M, &rows)) != QMM_OK) goto cleanup;
+    }
+
+    if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
+    if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
+    warn_if_loaded(c, context);
+    if (tuning) {
+        char note[1024];
+        if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;
+        fprintf(stderr, "qmm matmul: %s\n", note);
+    }
+
+    /* Before anything of the product's size is allocated: refused if it would not fit in the host memory (-m 65536 on a
+     * layer of 20480 rows holds tens of GiB; past the memory the system kills the process, with nothing said). */
+    double converted = 0.0; /* the scales and biases converted to --dtype */
+    if (dtype != stored)
+        converted = 2.0 * (double)matrix.rows * (double)qmm_groups(matrix.cols, matrix.group_size) *
+                    (double)qmm_dtype_size(dtype);
+    if ((status = check_product_fits(context, layer_shown, &matrix, dtype, rows, converted,
+                                     "use a smaller -m (the first rows of --x), or a larger machine")) != QMM_OK)
+        goto cleanup;
+    if (dtype != stored && (status = convert_scales(&layer.matrix, dtype, &matrix, &scales, &biases)) != QMM_OK)
+        goto cleanup;
+    if (x_path) {
         if ((status = load_activation(&tensor, matrix.cols, dtype, (size_t)M, &x, &rows)) != QMM_OK) goto cleanup;
     } else {
         size_t count, bytes;
@@ -91,15 +113,6 @@ int cmd_matmul(const command *c, int argc, char **argv) {
             goto cleanup;
         }
         if ((status = fill_random(seed, x, dtype, count)) != QMM_OK) goto cleanup;
-    }
-
-    if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
-    if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
-    warn_if_loaded(c, context);
-    if (tuning) {
-        char note[1024];
-        if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;
-        fprintf(stderr, "qmm matmul: %s\n", note);
     }
     fprintf(stderr, "qmm matmul: %s on backend %s, M=%zu\n", layer_shown, qmm_backend_name(qmm_context_backend(context)),
             rows);

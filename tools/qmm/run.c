@@ -86,6 +86,21 @@ int cmd_run(const command *c, int argc, char **argv) {
         goto cleanup;
     if ((status = open_context(backend_choice, &context)) != QMM_OK) goto cleanup;
     if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
+    /* Before any layer runs: each layer's product must fit in the host memory (activations of many tokens on a large
+     * layer hold tens of GiB; past the memory the system kills the process, with nothing said). */
+    for (size_t i = 0; i < count; i++) {
+        qmm_layer layer;
+        qmm_tensor tensor;
+        size_t rows = RANDOM_ROWS;
+        if ((status = qmm_checkpoint_layer(checkpoint, i, &layer)) != QMM_OK) goto cleanup;
+        if (activations && qmm_safetensors_find(activations, layer.name, &tensor) == QMM_OK &&
+            (status = activation_rows(&tensor, layer.matrix.cols, 0, &rows)) != QMM_OK)
+            goto cleanup;
+        char name[PRINTABLE_SIZE];
+        status = check_product_fits(context, printable(layer.name, name, sizeof name), &layer.matrix, layer.matrix.dtype,
+                                    rows, 0.0, "run it on a larger machine, or with fewer tokens in activations.safetensors");
+        if (status != QMM_OK) goto cleanup;
+    }
     if (tuning) {
         char note[1024];
         if ((status = load_tuning_option(context, tuning, note, sizeof note)) != QMM_OK) goto cleanup;

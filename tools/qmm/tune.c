@@ -117,6 +117,32 @@ static qmm_status tune_dtype(tune_run *run, const bench_shape *shape, const qmm_
     return status;
 }
 
+/* The most host memory tuning one shape holds at once, in bytes — the arrays' sizes, in double (no size arithmetic can
+ * overflow): the f32 master (codes, scales, biases); for the dtype that needs most, its converted scales and biases,
+ * the weight copies where the backend keeps them in host memory (ref, cpu; CUDA's are device memory), and at the
+ * largest M the operands — x made on the host, and on a host backend the x and out buffers and, on the CPU backend
+ * once x made on the host is freed, a tiled row's f32 copy of x while it runs. Loading the table back later holds less (one set of
+ * weights). */
+static double tune_host_bytes(const tune_run *run, const bench_shape *shape) {
+    const int host_memory = run->backend != QMM_BACKEND_CUDA, cpu = run->backend == QMM_BACKEND_CPU;
+    const double N = (double)shape->N, K = (double)shape->K;
+    const double w_bytes = N * (double)qmm_packed_words(shape->K, run->bits) * sizeof(uint32_t);
+    const double groups = N * (double)qmm_groups(shape->K, run->group_size);
+    const double master = w_bytes + 2.0 * groups * sizeof(float);
+    double m_max = 1.0;
+    for (size_t i = 0; i < run->m_count; i++) m_max = (double)run->ms[i] > m_max ? (double)run->ms[i] : m_max;
+    double most = 0.0;
+    for (size_t d = 0; d < run->dtype_count; d++) {
+        const double element = (double)qmm_dtype_size(run->dtypes[d]), copy = w_bytes + 2.0 * groups * element;
+        const double converted = element < 4 ? 2.0 * groups * element : 0.0;
+        /* x made on the host (operands_create), then on the CPU backend the larger f32 copy a tiled row makes */
+        double held = master + converted + m_max * K * (cpu ? 4.0 : element);
+        if (host_memory) held += (double)copies_for(run->cache_bytes, run->quick, copy) * copy + m_max * (K + N) * element;
+        most = held > most ? held : most;
+    }
+    return most;
+}
+
 /* ───────────────────────────── the file ───────────────────────────── */
 
 /* text as a JSON string (quotes, backslashes and control characters escaped). */
@@ -337,6 +363,22 @@ int cmd_tune(const command *c, int argc, char **argv) {
                                   sizeof run->cache_desc)) != QMM_OK) {
         rc = library_error(c, status);
         goto done;
+    }
+
+    /* Before any measurement: every shape must fit in the host memory (past it the system kills the process, with
+     * nothing said: a 1048576×16384 shape holds tens of GiB with its copies). */
+    for (size_t s = 0; s < run->shape_count; s++) {
+        const bench_shape *shape = &run->shapes[s];
+        char subject[160];
+        snprintf(subject, sizeof subject, "shape %s (%zu×%zu)", shape->name, shape->N, shape->K);
+        status = check_host_memory(tune_host_bytes(run, shape), subject,
+                                   cuda ? "the weights, x at the largest M"
+                                        : "the weights and their copies, x and out at the largest M",
+                                   "tune it on a larger machine or a smaller shape");
+        if (status != QMM_OK) {
+            rc = library_error(c, status);
+            goto done;
+        }
     }
 
     run->cell_count = run->shape_count * run->dtype_count * run->m_count;
