@@ -509,7 +509,8 @@ static qmm_status check_shapes_fit(const bench_run *run, int host_weights, int o
         char subject[160];
         snprintf(subject, sizeof subject, "shape %s (%zu×%zu%s)", shape->name, shape->N, shape->K,
                  run->gather ? " per expert" : "");
-        qmm_status status = check_host_memory(shape_host_bytes(run, shape, host_weights, openblas), subject, held, advice);
+        const double needed = shape_host_bytes(run, shape, host_weights, openblas);
+        qmm_status status = check_host_memory(needed, subject, held, advice);
         if (status != QMM_OK) return status;
     }
     return QMM_OK;

@@ -34,7 +34,8 @@ static void copy_text(char *dst, size_t size, const char *src) {
     const size_t length = strlen(src);
     size_t at = 0;
     for (size_t i = 0; i < length && size > 0;) {
-        const size_t kept = qmm_printable_char(src + i, length - i), character = qmm_utf8_char(src + i, length - i, NULL);
+        const size_t kept = qmm_printable_char(src + i, length - i);
+        const size_t character = qmm_utf8_char(src + i, length - i, NULL); /* a control character's whole length */
         const size_t take = kept ? kept : 1;
         if (at + take >= size) break;
         if (kept) memcpy(dst + at, src + i, kept);

@@ -685,8 +685,10 @@ double host_memory_available(void) {
 qmm_status check_host_memory(double needed, const char *subject, const char *held, const char *advice) {
     const double available = host_memory_available(), gib = 1073741824.0;
     if (available <= 0.0 || needed <= available) return QMM_OK; /* fits, or nothing to compare with */
-    return qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s would hold ~%.1f GiB of host memory at once (%s), more than the %.1f GiB "
-                     "available (MemAvailable in /proc/meminfo): %s", subject, needed / gib, held, available / gib, advice);
+    return qmm_error(QMM_ERR_OUT_OF_MEMORY,
+                     "%s would hold ~%.1f GiB of host memory at once (%s), more than the %.1f GiB available "
+                     "(MemAvailable in /proc/meminfo): %s",
+                     subject, needed / gib, held, available / gib, advice);
 }
 
 /* ───────────────────────────── OUTDIR of convert and quantize ───────────────────────────── */

@@ -121,8 +121,8 @@ static qmm_status load_shape_file(bench_shape *shapes, size_t *shape_count, int 
          * whole line, at its start) without a word. */
         const size_t nul = strlen(line);
         if (nul < (size_t)length) {
-            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: a NUL byte at column %zu; a shapes file is text (\"name N K\" lines)",
-                               path, number, nul + 1);
+            status = qmm_error(QMM_ERR_CORRUPT, "%s:%d: a NUL byte at column %zu; a shapes file is text (\"name N K\" "
+                               "lines)", path, number, nul + 1);
             break;
         }
         line[strcspn(line, "#\n")] = '\0';

@@ -97,8 +97,9 @@ int cmd_run(const command *c, int argc, char **argv) {
             (status = activation_rows(&tensor, layer.matrix.cols, 0, &rows)) != QMM_OK)
             goto cleanup;
         char name[PRINTABLE_SIZE];
-        status = check_product_fits(context, printable(layer.name, name, sizeof name), &layer.matrix, layer.matrix.dtype,
-                                    rows, 0.0, "run it on a larger machine, or with fewer tokens in activations.safetensors");
+        printable(layer.name, name, sizeof name);
+        status = check_product_fits(context, name, &layer.matrix, layer.matrix.dtype, rows, 0.0,
+                                    "run it on a larger machine, or with fewer tokens in activations.safetensors");
         if (status != QMM_OK) goto cleanup;
     }
     if (tuning) {

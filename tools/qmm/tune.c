@@ -120,9 +120,9 @@ static qmm_status tune_dtype(tune_run *run, const bench_shape *shape, const qmm_
 /* The most host memory tuning one shape holds at once, in bytes — the arrays' sizes, in double (no size arithmetic can
  * overflow): the f32 master (codes, scales, biases); for the dtype that needs most, its converted scales and biases,
  * the weight copies where the backend keeps them in host memory (ref, cpu; CUDA's are device memory), and at the
- * largest M the operands — x made on the host, and on a host backend the x and out buffers and, on the CPU backend
- * once x made on the host is freed, a tiled row's f32 copy of x while it runs. Loading the table back later holds less (one set of
- * weights). */
+ * largest M the operands: x made on the host, and on a host backend the x and out buffers and, on the CPU backend once
+ * x made on the host is freed, a tiled row's f32 copy of x while it runs. Loading the table back later holds less (one
+ * set of weights). */
 static double tune_host_bytes(const tune_run *run, const bench_shape *shape) {
     const int host_memory = run->backend != QMM_BACKEND_CUDA, cpu = run->backend == QMM_BACKEND_CPU;
     const double N = (double)shape->N, K = (double)shape->K;
@@ -137,7 +137,8 @@ static double tune_host_bytes(const tune_run *run, const bench_shape *shape) {
         const double converted = element < 4 ? 2.0 * groups * element : 0.0;
         /* x made on the host (operands_create), then on the CPU backend the larger f32 copy a tiled row makes */
         double held = master + converted + m_max * K * (cpu ? 4.0 : element);
-        if (host_memory) held += (double)copies_for(run->cache_bytes, run->quick, copy) * copy + m_max * (K + N) * element;
+        if (host_memory) /* the weight copies, x and out */
+            held += (double)copies_for(run->cache_bytes, run->quick, copy) * copy + m_max * (K + N) * element;
         most = held > most ? held : most;
     }
     return most;
