@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -84,6 +85,22 @@ size_t qmm_printable_char(const char *bytes, size_t size) {
     return length;
 }
 
+/* How untrusted text at bytes[0, size) is shown: the bytes it takes in *consumed and the bytes it is shown as (a
+ * printable character as it is, a backslash doubled, any other byte as \xNN). */
+static size_t shown_length(const char *bytes, size_t size, size_t *consumed) {
+    const size_t length = bytes[0] == '\\' ? 0 : qmm_printable_char(bytes, size);
+    *consumed = length ? length : 1;
+    return length ? length : bytes[0] == '\\' ? 2 : 4;
+}
+
+/* Whether bytes[0, size) shown takes at most room bytes (only the end of a text is asked about: room is small). */
+static bool shown_fits(const char *bytes, size_t size, size_t room) {
+    size_t used = 0;
+    for (size_t i = 0, consumed; i < size && used <= room; i += consumed)
+        used += shown_length(bytes + i, size - i, &consumed);
+    return used <= room;
+}
+
 const char *qmm_printable(const char *bytes, size_t size, char *buffer, size_t buffer_size) {
     static const char hex[] = "0123456789abcdef";
     size_t out = 0;
@@ -93,15 +110,17 @@ const char *qmm_printable(const char *bytes, size_t size, char *buffer, size_t b
     }
     for (size_t i = 0; i < size;) {
         const uint8_t c = (uint8_t)bytes[i];
-        const size_t length = c == '\\' ? 0 : qmm_printable_char(bytes + i, size - i);
-        const size_t need = length ? length : c == '\\' ? 2 : 4;
-        if (out + need + 4 > buffer_size) { /* room for "..." and the NUL */
+        size_t consumed;
+        const size_t need = shown_length(bytes + i, size - i, &consumed);
+        /* room for "..." and the NUL after this character, unless the rest of the text fits whole (a name exactly at
+         * the limit is shown as it is, not cut) */
+        if (out + need + 4 > buffer_size && !shown_fits(bytes + i, size - i, buffer_size - 1 - out)) {
             memcpy(buffer + out, "...", 3);
             out += 3;
             break;
         }
-        if (length) {
-            memcpy(buffer + out, bytes + i, length);
+        if (consumed == need) { /* a printable character, kept as it is */
+            memcpy(buffer + out, bytes + i, need);
         } else if (c == '\\') {
             buffer[out] = buffer[out + 1] = '\\';
         } else {
@@ -111,7 +130,7 @@ const char *qmm_printable(const char *bytes, size_t size, char *buffer, size_t b
             buffer[out + 3] = hex[c & 15];
         }
         out += need;
-        i += length ? length : 1;
+        i += consumed;
     }
     buffer[out] = '\0';
     return buffer;

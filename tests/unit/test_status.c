@@ -49,9 +49,16 @@ static void test_printable(void) {
     expect_printable("over\xc0\xaf", 64, "over\\xc0\\xaf");
     /* too long for the buffer: "..." after whole characters, never inside one */
     expect_printable("abcdefghij", 10, "abcdef...");
-    expect_printable("\xe6\xa8\xa1\xe6\xa8\xa1\xe6\xa8\xa1", 12, "\xe6\xa8\xa1\xe6\xa8\xa1...");
+    expect_printable("\xe6\xa8\xa1\xe6\xa8\xa1\xe6\xa8\xa1\xe6\xa8\xa1", 12, "\xe6\xa8\xa1\xe6\xa8\xa1...");
     expect_printable("\x1b\x1b\x1b", 12, "\\x1b\\x1b...");
     expect_printable("anything", 4, ""); /* no room for a character and "..." */
+    /* a text that fits exactly is shown whole: "..." is kept for a text that is cut */
+    expect_printable("abcdefghi", 10, "abcdefghi");
+    expect_printable("\xe6\xa8\xa1\xe6\xa8\xa1\xe6\xa8\xa1", 10, "\xe6\xa8\xa1\xe6\xa8\xa1\xe6\xa8\xa1");
+    expect_printable("abcdefgh\x1b", 13, "abcdefgh\\x1b");
+    expect_printable("abcdefgh\x1b", 12, "abcdefgh...");
+    expect_printable("abcdef\\", 9, "abcdef\\\\");
+    expect_printable("abcdef\\", 8, "abcd...");
 }
 
 static void test_error_cut(void) {
