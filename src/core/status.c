@@ -78,9 +78,11 @@ size_t qmm_printable_char(const char *bytes, size_t size) {
     uint32_t code = 0;
     const size_t length = qmm_utf8_char(bytes, size, &code);
     if (length == 0 || code < 0x20 || (code >= 0x7F && code <= 0x9F)) return 0; /* C0, DEL, C1 */
-    /* format characters that make a terminal show the text around them otherwise: the bidirectional marks,
-     * embeddings, overrides and isolates (a name could read as another name) and the line and paragraph separators */
-    if (code == 0x200E || code == 0x200F || (code >= 0x2028 && code <= 0x202E) || (code >= 0x2066 && code <= 0x2069))
+    /* format characters that make a terminal show the text around them otherwise: the bidirectional marks (U+061C
+     * ARABIC LETTER MARK among them: Unicode's Bidi_Control set is U+061C, U+200E-F, U+202A-E, U+2066-9), embeddings,
+     * overrides and isolates (a name could read as another name) and the line and paragraph separators */
+    if (code == 0x061C || code == 0x200E || code == 0x200F || (code >= 0x2028 && code <= 0x202E) ||
+        (code >= 0x2066 && code <= 0x2069))
         return 0;
     return length;
 }

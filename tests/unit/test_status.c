@@ -44,6 +44,9 @@ static void test_printable(void) {
     expect_printable("caf\xc3\xa9 \xf0\x9f\x98\x80", 64, "caf\xc3\xa9 \xf0\x9f\x98\x80");
     expect_printable("rlo\xe2\x80\xaegpj.exe", 64, "rlo\\xe2\\x80\\xaegpj.exe"); /* U+202E: reorders the display */
     expect_printable("ls\xe2\x80\xa8", 64, "ls\\xe2\\x80\\xa8");          /* U+2028 line separator */
+    expect_printable("alm\xd8\x9c", 64, "alm\\xd8\\x9c");              /* U+061C arabic letter mark: bidi too */
+    expect_printable("lri\xe2\x81\xa6", 64, "lri\\xe2\\x81\\xa6");        /* U+2066 left-to-right isolate */
+    expect_printable("arabic \xd8\xb9", 64, "arabic \xd8\xb9");        /* U+0639, a letter: kept */
     expect_printable("bad\xff\xfe", 64, "bad\\xff\\xfe");
     expect_printable("cut\xe6\xa8", 64, "cut\\xe6\\xa8");                 /* a character cut short */
     expect_printable("over\xc0\xaf", 64, "over\\xc0\\xaf");
