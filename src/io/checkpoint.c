@@ -48,10 +48,10 @@ static bool format_bits_ok(double bits) {
 static bool format_group_ok(double group_size) { return group_size == 32 || group_size == 64 || group_size == 128; }
 
 /* Reads "bits"/"group_size" of a quantization object; a missing member inherits *bits / *group_size
- * when those are non-zero (an override that names only what differs). */
+ * when those are non-zero (an override that names only what differs). where (printable: a layer's name in it
+ * escaped) names the object in messages. */
 static qmm_status parse_format(const cJSON *object, const char *where, int *bits, int *group_size) {
-    char printable[QMM_PRINTABLE_SIZE];
-    qmm_printable(where, strlen(where), printable, sizeof printable);
+    const char *printable = where;
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(object, "mode");
     if (mode) {
         if (!cJSON_IsString(mode) || !mode->valuestring)
@@ -162,8 +162,10 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
         if (entry->quantized && !cJSON_IsObject(item) && !cJSON_IsBool(item)) {
             entry->bad_kind = qmm_io_json_kind(item);
         } else if (entry->quantized && cJSON_IsObject(item)) {
+            /* the name escaped once, here: where goes into messages as it is (qmm_io_json_keys_once, parse_format) */
             char where[QMM_PRINTABLE_SIZE + 32], in_config[QMM_PRINTABLE_SIZE + 48];
-            snprintf(where, sizeof where, "%s[\"%s\"]", key, name);
+            snprintf(where, sizeof where, "%s[\"%s\"]", key,
+                     qmm_printable(name, strlen(name), printable, sizeof printable));
             /* its keys given twice: cJSON would read the first copy, Python's json (mlx-lm) the last (the quantization
              * object's own member names are checked unique above) */
             static const char *const format_keys[] = {"bits", "group_size", "mode"};

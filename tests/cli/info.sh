@@ -125,5 +125,13 @@ make_safetensors "$WORK/names-x.safetensors" 'x\u001b:F32:2,32'
 expect_library_error matmul "bad shape" "activation tensor 'x\\x1b' has shape [2, 32], want [T, K=64]" \
   matmul "$WORK/names" --layer "e${ESC}[31m" --x "$WORK/names-x.safetensors"
 check "matmul --x: no raw control character" no_raw_escape
+# A layer's entry in config.json's quantization is named escaped too, also where one of its keys is given twice.
+printf '{"quantization": {"group_size": 32, "bits": 4, "e\\u001b[31m": {"bits": 4, "bits": 8}}}' >"$WORK/names/config.json"
+expect_library_error info "corrupt file" 'config.json quantization["e\x1b[31m"]: "bits" appears 2 times' info "$WORK/names"
+check "config.json, a key given twice in a layer's entry: no raw control character" no_raw_escape
+printf '{"quantization": {"group_size": 32, "bits": 4, "e\\u001b[31m": {"bits": 7}}}' >"$WORK/names/config.json"
+expect_library_error info "unsupported format" 'config.json quantization["e\x1b[31m"].bits=7 is not one of' \
+  info "$WORK/names"
+check "config.json, a layer's entry with bits=7: no raw control character" no_raw_escape
 
 finish
