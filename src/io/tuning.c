@@ -46,8 +46,9 @@ static qmm_status entry_size(const cJSON *entry, const char *name, const char *o
     double number = cJSON_IsNumber(item) ? item->valuedouble : NAN;
     /* below 2^53: a larger integer may be a rounded neighbour (JSON numbers are doubles in cJSON) */
     if (!(number >= 1.0 && number < MAX_WHOLE && floor(number) == number) || number > (double)SIZE_MAX) {
-        char *printed = cJSON_PrintUnformatted(item);
-        snprintf(rule, sizeof rule, "\"%s\": %.60s is not a whole number from 1 to 2^53 - 1", name, printed ? printed : "?");
+        char *printed = cJSON_PrintUnformatted(item), shown[64]; /* the value as JSON, printable (cJSON keeps U+009B) */
+        snprintf(rule, sizeof rule, "\"%s\": %s is not a whole number from 1 to 2^53 - 1", name,
+                 printed ? qmm_printable(printed, strlen(printed), shown, sizeof shown) : "?");
         cJSON_free(printed);
         return corrupt_entry(origin, index, rule);
     }
@@ -78,7 +79,7 @@ static qmm_status entry_string(const cJSON *entry, const char *name, int require
 static qmm_status parse_entry(const cJSON *entry, size_t index, const char *origin, const char *file_device,
                               const char *device, const qmm_kernel *const *table, size_t count,
                               qmm_tuning_entry *out, int *use, qmm_tuning_ignored *ignored) {
-    char rule[320];
+    char rule[320], shown[QMM_PRINTABLE_SIZE]; /* a string from the file, printable (an escape escaped) */
     const char *op_text, *dtype_text, *kernel, *entry_device;
     size_t bits, group_size;
     qmm_status status;
@@ -92,7 +93,8 @@ static qmm_status parse_entry(const cJSON *entry, size_t index, const char *orig
     if (strcmp(op_text, "qmm_t") == 0) out->op = QMM_OP_QMM_T;
     else if (strcmp(op_text, "qmm_n") == 0) out->op = QMM_OP_QMM_N;
     else {
-        snprintf(rule, sizeof rule, "op \"%.60s\" is not qmm_t or qmm_n", op_text);
+        snprintf(rule, sizeof rule, "op \"%s\" is not qmm_t or qmm_n",
+                 qmm_printable(op_text, strlen(op_text), shown, sizeof shown));
         return corrupt_entry(origin, index, rule);
     }
     if ((status = entry_string(entry, "dtype", 1, origin, index, &dtype_text)) != QMM_OK) return status;
@@ -100,7 +102,8 @@ static qmm_status parse_entry(const cJSON *entry, size_t index, const char *orig
     else if (strcmp(dtype_text, "f16") == 0) out->dtype = QMM_F16;
     else if (strcmp(dtype_text, "bf16") == 0) out->dtype = QMM_BF16;
     else {
-        snprintf(rule, sizeof rule, "dtype \"%.60s\" is not f32, f16 or bf16", dtype_text);
+        snprintf(rule, sizeof rule, "dtype \"%s\" is not f32, f16 or bf16",
+                 qmm_printable(dtype_text, strlen(dtype_text), shown, sizeof shown));
         return corrupt_entry(origin, index, rule);
     }
     if ((status = entry_size(entry, "bits", origin, index, &bits)) != QMM_OK) return status;
@@ -199,9 +202,12 @@ qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, q
         goto cleanup;
     }
     if (strcmp(file_backend->valuestring, qmm_backend_name(backend)) != 0) {
-        status = qmm_error(QMM_ERR_UNSUPPORTED, "tuning table '%s' was measured on backend \"%.40s\"; this context is "
+        char shown[QMM_PRINTABLE_SIZE]; /* from the file, printable */
+        status = qmm_error(QMM_ERR_UNSUPPORTED, "tuning table '%s' was measured on backend \"%s\"; this context is "
                            "backend %s (a table applies only to the backend it was measured on)", origin,
-                           file_backend->valuestring, qmm_backend_name(backend));
+                           qmm_printable(file_backend->valuestring, strlen(file_backend->valuestring), shown,
+                                         sizeof shown),
+                           qmm_backend_name(backend));
         goto cleanup;
     }
     const size_t total = (size_t)cJSON_GetArraySize(list);

@@ -406,6 +406,19 @@ static void test_parser(void) {
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: op \"qmm_x\" is not qmm_t or qmm_n");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f64\"}]}");
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: dtype \"f64\" is not f32, f16 or bf16");
+    /* strings from the file are named printable: a control character (ESC, C1 CSI) or a bidi override escaped */
+    expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1, \"backend\": \"cpu\\u001b[2J\", \"device\": \"x\", "
+                   "\"entries\": []}",
+                   QMM_ERR_UNSUPPORTED,
+                   "tuning table 't.json' was measured on backend \"cpu\\x1b[2J\"; this context is backend cuda (a table "
+                   "applies only to the backend it was measured on)");
+    snprintf(json, sizeof json, HEAD "{\"op\": \"qmm\\u001b[2J\"}]}");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: op \"qmm\\x1b[2J\" is not qmm_t or qmm_n");
+    snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f\\u009b\"}]}");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: dtype \"f\\xc2\\x9b\" is not f32, f16 or bf16");
+    snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": \"\\u202e4\"}]}");
+    expect_refused(json, QMM_ERR_CORRUPT,
+                   "tuning table 't.json': entries[0]: \"bits\": \"\\xe2\\x80\\xae4\" is not a whole number from 1 to 2^53 - 1");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 7, \"group_size\": 64}]}");
     expect_refused(json, QMM_ERR_CORRUPT,
                    "tuning table 't.json': entries[0]: bits=7, group_size=64: bits must be one of 2, 3, 4, 5, 6, 8 and "
