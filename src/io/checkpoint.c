@@ -726,8 +726,9 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
             goto cleanup;
         }
         if (access(shard_path, F_OK) != 0) {
+            char shown[QMM_IO_PATH_SHOWN]; /* the shard's name comes from the index: printable */
             status = qmm_error(QMM_ERR_NOT_FOUND, "shard \"%s\" (named by model.safetensors.index.json) does not exist",
-                               shard_path);
+                               qmm_printable(shard_path, strlen(shard_path), shown, sizeof shown));
             goto cleanup;
         }
         if ((status = qmm_safetensors_open(shard_path, &checkpoint->shards[i])) != QMM_OK) goto cleanup;
@@ -768,9 +769,12 @@ static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index) 
     for (size_t i = 1; i < total; i++) {
         const tensor_ref *a = &checkpoint->by_name[i - 1], *b = &checkpoint->by_name[i];
         if (strcmp(a->name, b->name) == 0) {
+            const char *first = checkpoint->shard_names[a->shard], *second = checkpoint->shard_names[b->shard];
+            char first_shown[QMM_PRINTABLE_SIZE], second_shown[QMM_PRINTABLE_SIZE]; /* shard names: printable */
             status = qmm_error(QMM_ERR_CORRUPT, "tensor \"%s\" appears in two shards, %s and %s",
                                qmm_printable(a->name, strlen(a->name), printable, sizeof printable),
-                               checkpoint->shard_names[a->shard], checkpoint->shard_names[b->shard]);
+                               qmm_printable(first, strlen(first), first_shown, sizeof first_shown),
+                               qmm_printable(second, strlen(second), second_shown, sizeof second_shown));
             goto cleanup;
         }
     }
@@ -780,8 +784,10 @@ static qmm_status index_tensors(qmm_checkpoint *checkpoint, const cJSON *index) 
             const char *name = item->string ? item->string : "";
             const tensor_ref *ref = find_ref(checkpoint, name);
             if (!ref || strcmp(checkpoint->shard_names[ref->shard], item->valuestring) != 0) {
+                char shard[QMM_PRINTABLE_SIZE]; /* the shard's name from the index: printable */
                 status = qmm_error(QMM_ERR_CORRUPT, "model.safetensors.index.json puts \"%s\" in %s, but %s",
-                                   qmm_printable(name, strlen(name), printable, sizeof printable), item->valuestring,
+                                   qmm_printable(name, strlen(name), printable, sizeof printable),
+                                   qmm_printable(item->valuestring, strlen(item->valuestring), shard, sizeof shard),
                                    ref ? "it is in another shard" : "no shard has it");
                 goto cleanup;
             }

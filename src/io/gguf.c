@@ -459,7 +459,9 @@ qmm_status qmm_gguf_open(const char *path, qmm_gguf **file) {
         result->size = result->mapping.size;
         status = parse_file(result);
         /* qmm_error formats into a local buffer first, so the last error may be one of its arguments. */
-        if (status != QMM_OK) qmm_error(status, "%s: %s", path, qmm_last_error());
+        char shown[QMM_IO_PATH_SHOWN]; /* path for messages, printable */
+        if (status != QMM_OK) qmm_error(status, "%s: %s", qmm_printable(path, strlen(path), shown, sizeof shown),
+                                        qmm_last_error());
     }
     if (status != QMM_OK) {
         qmm_gguf_close(result);

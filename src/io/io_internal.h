@@ -37,7 +37,10 @@ char *qmm_io_join(const char *dir, const char *name);
  * bytes are rejected too: every name qmm hands out is a C string. */
 bool qmm_io_utf8_valid(const char *bytes, size_t size);
 
-/* Printable copies of untrusted names for messages (qmm_printable): internal.h (src/core/status.c). */
+/* Printable copies of untrusted names for messages (qmm_printable): internal.h (src/core/status.c). A path in a message
+ * is printable too, in QMM_IO_PATH_SHOWN bytes: a shard's name in it comes from model.safetensors.index.json or from
+ * the directory's listing. */
+#define QMM_IO_PATH_SHOWN 512
 
 /* "[d0, d1, ...]" into out[size] (cut to fit), for messages about shapes. */
 void qmm_io_shape_text(int ndim, const int64_t *shape, char *out, size_t size);

@@ -34,29 +34,31 @@ qmm_status qmm_io_map_file(const char *path, qmm_mapping *mapping) {
     mapping->size = 0;
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait forever for a writer; the fstat
      * below refuses everything that is not a regular file (where O_NONBLOCK changes nothing). */
+    char shown[QMM_IO_PATH_SHOWN]; /* path for messages, printable */
+    qmm_printable(path, strlen(path), shown, sizeof shown);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int err = errno;
-        return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", path, strerror(err));
+        return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", shown, strerror(err));
     }
     qmm_status status = QMM_OK;
     struct stat info;
     if (fstat(fd, &info) != 0) {
-        status = qmm_error(QMM_ERR_IO, "cannot stat \"%s\": %s", path, strerror(errno));
+        status = qmm_error(QMM_ERR_IO, "cannot stat \"%s\": %s", shown, strerror(errno));
         goto cleanup;
     }
     if (!S_ISREG(info.st_mode)) {
-        status = qmm_error(QMM_ERR_IO, "\"%s\" is not a regular file", path);
+        status = qmm_error(QMM_ERR_IO, "\"%s\" is not a regular file", shown);
         goto cleanup;
     }
     if ((uint64_t)info.st_size > SIZE_MAX) {
-        status = qmm_error(QMM_ERR_IO, "\"%s\" is too large to map (%lld bytes)", path, (long long)info.st_size);
+        status = qmm_error(QMM_ERR_IO, "\"%s\" is too large to map (%lld bytes)", shown, (long long)info.st_size);
         goto cleanup;
     }
     if (info.st_size > 0) {
         void *base = mmap(NULL, (size_t)info.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (base == MAP_FAILED) {
-            status = qmm_error(QMM_ERR_IO, "cannot mmap \"%s\" (%lld bytes): %s", path, (long long)info.st_size,
+            status = qmm_error(QMM_ERR_IO, "cannot mmap \"%s\" (%lld bytes): %s", shown, (long long)info.st_size,
                                strerror(errno));
             goto cleanup;
         }
@@ -81,25 +83,27 @@ qmm_status qmm_io_read_file(const char *path, size_t max_size, char **text, size
     *size = 0;
     qmm_status status = QMM_OK;
     char *buffer = NULL;
+    char shown[QMM_IO_PATH_SHOWN]; /* path for messages, printable */
+    qmm_printable(path, strlen(path), shown, sizeof shown);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block (qmm_io_map_file) */
     if (fd < 0) {
         int err = errno;
-        return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", path, strerror(err));
+        return qmm_error(err == ENOENT ? QMM_ERR_NOT_FOUND : QMM_ERR_IO, "cannot open \"%s\": %s", shown, strerror(err));
     }
     struct stat info;
     if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-        status = qmm_error(QMM_ERR_IO, "\"%s\" is not a readable regular file", path);
+        status = qmm_error(QMM_ERR_IO, "\"%s\" is not a readable regular file", shown);
         goto cleanup;
     }
     if ((uint64_t)info.st_size > max_size) {
-        status = qmm_error(QMM_ERR_CORRUPT, "\"%s\" is %lld bytes, over the %zu-byte limit for this file", path,
+        status = qmm_error(QMM_ERR_CORRUPT, "\"%s\" is %lld bytes, over the %zu-byte limit for this file", shown,
                            (long long)info.st_size, max_size);
         goto cleanup;
     }
     size_t length = (size_t)info.st_size;
     buffer = malloc(length + 1);
     if (!buffer) {
-        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for \"%s\"", length + 1, path);
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for \"%s\"", length + 1, shown);
         goto cleanup;
     }
     size_t done = 0;
@@ -107,7 +111,7 @@ qmm_status qmm_io_read_file(const char *path, size_t max_size, char **text, size
         ssize_t got = read(fd, buffer + done, length - done);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) {
-            status = qmm_error(QMM_ERR_IO, "cannot read \"%s\": %s", path, got < 0 ? strerror(errno) : "file shrank");
+            status = qmm_error(QMM_ERR_IO, "cannot read \"%s\": %s", shown, got < 0 ? strerror(errno) : "file shrank");
             goto cleanup;
         }
         done += (size_t)got;
@@ -699,7 +703,9 @@ qmm_status qmm_safetensors_open(const char *path, qmm_safetensors **file) {
         status = parse_header(result, result->mapping.base, result->mapping.size);
         /* Prefix the file so a checkpoint with many shards says which one is bad (qmm_error formats
          * into a local buffer first, so the last error may be one of its arguments). */
-        if (status != QMM_OK) qmm_error(status, "%s: %s", path, qmm_last_error());
+        char shown[QMM_IO_PATH_SHOWN]; /* printable: a shard's name comes from the index or the listing */
+        if (status != QMM_OK) qmm_error(status, "%s: %s", qmm_printable(path, strlen(path), shown, sizeof shown),
+                                        qmm_last_error());
     }
     if (status != QMM_OK) {
         qmm_safetensors_close(result);

@@ -133,5 +133,16 @@ printf '{"quantization": {"group_size": 32, "bits": 4, "e\\u001b[31m": {"bits": 
 expect_library_error info "unsupported format" 'config.json quantization["e\x1b[31m"].bits=7 is not one of' \
   info "$WORK/names"
 check "config.json, a layer's entry with bits=7: no raw control character" no_raw_escape
+# A shard's name comes from model.safetensors.index.json or from the directory's listing: named printable too.
+mkdir -p "$WORK/shards"
+printf '{"quantization": {"group_size": 32, "bits": 4}}' >"$WORK/shards/config.json"
+printf '{"weight_map": {"w.weight": "model-\\u001b[2J.safetensors"}}' >"$WORK/shards/model.safetensors.index.json"
+expect_library_error info "not found" \
+  'shards/model-\x1b[2J.safetensors" (named by model.safetensors.index.json) does not exist' info "$WORK/shards"
+check "a shard named by the index that does not exist: no raw control character" no_raw_escape
+rm "$WORK/shards/model.safetensors.index.json"
+printf 'garbage!' >"$WORK/shards/model-${ESC}[2J.safetensors"
+expect_library_error info "corrupt file" 'shards/model-\x1b[2J.safetensors: safetensors header length' info "$WORK/shards"
+check "a broken shard found by listing: no raw control character" no_raw_escape
 
 finish
