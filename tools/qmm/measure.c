@@ -93,8 +93,12 @@ static bool shape_named(const bench_shape *shapes, size_t count, const char *nam
  * a longer field. */
 static const char *field_text(const char *field, size_t limit, char *buffer, size_t size) {
     const size_t length = strlen(field);
-    qmm_printable(field, length < limit ? length : limit, buffer, size - 4);
-    if (length > limit) strcat(buffer, "…");
+    size_t kept = length < limit ? length : limit;
+    /* cut before a character, not inside one (its first bytes would read as invalid UTF-8, escaped) */
+    for (int back = 0; back < 3 && kept > 0 && kept < length && ((unsigned char)field[kept] & 0xC0) == 0x80; back++)
+        kept--;
+    qmm_printable(field, kept, buffer, size - 4);
+    if (length > kept) strcat(buffer, "…");
     return buffer;
 }
 
