@@ -30,6 +30,14 @@ cp "$FIXTURE/model.safetensors" "$WORK/lone/"
 expect_ok "info lone model.safetensors" info "$WORK/lone/model.safetensors"
 check "lone: bits×group_size product" out_matches "blk\.0\.attn_q +N=576 +bits×group_size=128"
 
+# a layer whose name is longer than a kilobyte is listed like any other (it was left out, '(none)' said)
+long_name=$(printf 'l%.0s' {1..1100})
+make_safetensors "$WORK/lone/long.safetensors" "$long_name.weight:U32:8,8" "$long_name.scales:F16:8,2" \
+  "$long_name.biases:F16:8,2"
+expect_ok "info, a layer name of 1100 bytes" info "$WORK/lone/long.safetensors"
+check "long layer name: listed with its bits×group_size" out_matches "^  l+\.\.\. +N=8 +bits×group_size=128"
+check "long layer name: no '(none)'" bash -c '! grep -qF "(none)" <<<"$0"' "$OUT"
+
 make_tiny_gguf "$WORK/tiny.gguf"
 expect_ok "info tiny.gguf" info "$WORK/tiny.gguf"
 check "gguf: summary and architecture" out_has "GGUF, 3 tensors, architecture test"

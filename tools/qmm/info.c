@@ -62,7 +62,7 @@ done:
 static int info_safetensors(const command *c, const char *path) {
     qmm_safetensors *file = NULL;
     qmm_checkpoint *checkpoint = NULL;
-    char *dir = NULL;
+    char *dir = NULL, *name = NULL;
     qmm_status status = qmm_safetensors_open(path, &file);
     if (status != QMM_OK) return library_error(c, status);
     size_t count = qmm_safetensors_count(file);
@@ -97,17 +97,23 @@ static int info_safetensors(const command *c, const char *path) {
         qmm_tensor scales, weight;
         if ((status = qmm_safetensors_get(file, i, &scales)) != QMM_OK) goto done;
         if (!ends_with(scales.name, ".scales")) continue;
-        char name[1024];
-        size_t length = strlen(scales.name) - strlen(".scales");
-        if (length >= sizeof name - 8) continue;
+        /* the layer's name and its weight's, of any length (a name of 1016 bytes or more was skipped unsaid) */
+        const size_t length = strlen(scales.name) - strlen(".scales");
+        free(name);
+        if (!(name = malloc(2 * length + sizeof ".weight" + 1))) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot copy a layer name of %zu bytes", length);
+            goto done;
+        }
+        char *weight_name = name + length + 1;
         memcpy(name, scales.name, length);
         name[length] = '\0';
+        memcpy(weight_name, scales.name, length);
+        memcpy(weight_name + length, ".weight", sizeof ".weight");
         qmm_layer layer;
         if (checkpoint && qmm_checkpoint_find_layer(checkpoint, name, &layer) == QMM_OK) {
             print_layer_row(&layer);
         } else {
-            char weight_name[1040], shown[PRINTABLE_SIZE];
-            snprintf(weight_name, sizeof weight_name, "%s.weight", name);
+            char shown[PRINTABLE_SIZE];
             printable(name, shown, sizeof shown);
             if (qmm_safetensors_find(file, weight_name, &weight) != QMM_OK || weight.ndim != 2 || scales.ndim != 2 ||
                 scales.shape[1] == 0) {
@@ -126,6 +132,7 @@ done:
     qmm_checkpoint_close(checkpoint);
     qmm_safetensors_close(file);
     free(dir);
+    free(name);
     return status == QMM_OK ? 0 : library_error(c, status);
 }
 
