@@ -201,6 +201,26 @@ if grep -q '^MemAvailable:' /proc/meminfo 2>/dev/null; then
   check "run beyond the host memory: refused before the table" bash -c '! grep -q "^layer" <<<"$0"' "$OUT"
   rm -rf "$WORK/huge"
 fi
+# Every command's check, on a machine with less than a GiB available (QMM_TEST_MEM_AVAILABLE pretends MemAvailable):
+# both sizes named in MiB ("~0.0 GiB, more than the 0.0 GiB available" named neither), nothing measured or written.
+mib_rule='would hold ~[0-9]+\.[0-9] MiB of host memory at once \(.+\), more than the 1\.0 MiB available \(MemAvailable'
+QMM_TEST_MEM_AVAILABLE=1048576 q matmul "$FIXTURE" --layer blk.0.ffn_up -m 1000 --backend ref
+check "matmul on 1 MiB: refused" rc_is 1
+check "matmul on 1 MiB: both sizes in MiB" err_matches "^qmm matmul: out of memory: layer 'blk\.0\.ffn_up' .*$mib_rule"
+QMM_TEST_MEM_AVAILABLE=1048576 q gather "$FIXTURE" --layer blk.0.ffn_up -t 1000 -k 1 --backend ref
+check "gather on 1 MiB: both sizes in MiB" err_matches "^qmm gather: out of memory: .*$mib_rule"
+QMM_TEST_MEM_AVAILABLE=1048576 q run --backend ref
+check "run on 1 MiB: both sizes in MiB" err_matches "^qmm run: out of memory: .*$mib_rule"
+check "run on 1 MiB: refused before the table" bash -c '! grep -q "^layer" <<<"$0"' "$OUT"
+printf 'wide 1048576 64\n' >"$WORK/wide.txt"
+QMM_TEST_MEM_AVAILABLE=1048576 q tune --backend ref --quick --shapes "$WORK/wide.txt" --m 1 --out "$WORK/wide.json"
+check "tune on 1 MiB: both sizes in MiB" err_matches "^qmm tune: out of memory: shape wide .*$mib_rule"
+check "tune on 1 MiB: no table written" [ ! -e "$WORK/wide.json" ]
+QMM_TEST_MEM_AVAILABLE=1048576 q bench --backend ref --quick --shapes "$WORK/wide.txt" --m 1 --no-peers
+check "bench on 1 MiB: both sizes in MiB" err_matches "^qmm bench: out of memory: shape wide .*$mib_rule"
+# and a product that fits is run: 1 GiB holds the fixture's largest layer at -m 1000 (tens of MiB)
+QMM_TEST_MEM_AVAILABLE=1073741824 q matmul "$FIXTURE" --layer blk.0.ffn_up -m 1000 --backend ref
+check "matmul that fits in 1 GiB: run" rc_is 0
 
 # an OUTDIR that already holds a checkpoint is replaced only with --force
 mkdir -p "$WORK/existing"

@@ -672,6 +672,8 @@ qmm_status convert_scales(const qmm_qmatrix *matrix, qmm_dtype dtype, qmm_qmatri
 /* ───────────────────────────── host memory ───────────────────────────── */
 
 double host_memory_available(void) {
+    const char *forced = getenv("QMM_TEST_MEM_AVAILABLE"); /* the tests' hook: bytes to pretend */
+    if (forced && *forced) return strtod(forced, NULL);
     FILE *file = fopen("/proc/meminfo", "r");
     if (!file) return 0.0;
     char line[256];
@@ -683,12 +685,24 @@ double host_memory_available(void) {
 }
 
 qmm_status check_host_memory(double needed, const char *subject, const char *held, const char *advice) {
-    const double available = host_memory_available(), gib = 1073741824.0;
+    const double available = host_memory_available();
     if (available <= 0.0 || needed <= available) return QMM_OK; /* fits, or nothing to compare with */
+    /* Both sizes in the unit of the available one (under a GiB, "~0.0 GiB, more than the 0.0 GiB available" named
+     * neither), with as many decimals as it takes to tell them apart. */
+    static const struct { double bytes; const char *name; } units[] = {
+        {1073741824.0, "GiB"}, {1048576.0, "MiB"}, {1024.0, "KiB"}, {1.0, "bytes"}};
+    size_t u = 0;
+    while (u + 1 < sizeof units / sizeof units[0] && available < units[u].bytes) u++;
+    char needed_text[64], available_text[64];
+    for (int digits = units[u].bytes > 1.0 ? 1 : 0; digits <= 10; digits++) {
+        snprintf(needed_text, sizeof needed_text, "%.*f %s", digits, needed / units[u].bytes, units[u].name);
+        snprintf(available_text, sizeof available_text, "%.*f %s", digits, available / units[u].bytes, units[u].name);
+        if (strcmp(needed_text, available_text) != 0) break;
+    }
     return qmm_error(QMM_ERR_OUT_OF_MEMORY,
-                     "%s would hold ~%.1f GiB of host memory at once (%s), more than the %.1f GiB available "
+                     "%s would hold ~%s of host memory at once (%s), more than the %s available "
                      "(MemAvailable in /proc/meminfo): %s",
-                     subject, needed / gib, held, available / gib, advice);
+                     subject, needed_text, held, available_text, advice);
 }
 
 /* ───────────────────────────── OUTDIR of convert and quantize ───────────────────────────── */

@@ -190,11 +190,12 @@ qmm_status load_activation(const qmm_tensor *tensor, size_t K, qmm_dtype dtype, 
 /* ───────────────────────────── host memory ───────────────────────────── */
 
 /* The host memory the system can give without swapping (Linux /proc/meminfo MemAvailable), in bytes; 0 where it
- * cannot be read (not Linux): then nothing is refused. */
+ * cannot be read (not Linux): then nothing is refused. QMM_TEST_MEM_AVAILABLE=bytes pretends that many (tests). */
 double host_memory_available(void);
 /* Before a command allocates its arrays: QMM_ERR_OUT_OF_MEMORY when `needed` bytes — the most it would hold at once,
  * estimated in double from the shapes — exceed host_memory_available(), with the message "<subject> would hold ~X GiB
- * of host memory at once (<held>), more than the Y GiB available (MemAvailable in /proc/meminfo): <advice>". Past it,
+ * of host memory at once (<held>), more than the Y GiB available (MemAvailable in /proc/meminfo): <advice>" (both in
+ * MiB, KiB or bytes when less than a GiB is available; more decimals where one would print them the same). Past it,
  * the allocations may each succeed and the process be killed by the system when they are touched, with nothing said.
  * QMM_OK otherwise. */
 qmm_status check_host_memory(double needed, const char *subject, const char *held, const char *advice);
