@@ -3,6 +3,7 @@
  * hands over an exactly sized buffer, so any read past size is caught by AddressSanitizer). A success
  * must give 0/0 or a supported format.
  */
+#include "fuzz_message.h"
 #include "qmm.h"
 
 #include <stdint.h>
@@ -14,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int bits = -1, group_size = -1;
     qmm_status status = qmm_config_parse((const char *)data, size, &bits, &group_size);
     if (status != QMM_OK) {
-        if (qmm_last_error()[0] == '\0') abort();
+        fuzz_check_message();
         return 0;
     }
     if (!(bits == 0 && group_size == 0) && qmm_format_validate(bits, group_size) != QMM_OK) abort();
