@@ -82,6 +82,9 @@ expect_usage_error quantize "--group-size 48: group_size=48 is not supported (al
   "$WORK/float.safetensors" "$WORK/q" --group-size 48
 expect_usage_error quantize "--bits 7 --group-size 48: bits=7 is not supported" quantize "$WORK/float.safetensors" \
   "$WORK/q" --bits 7 --group-size 48
+expect_usage_error quantize "--convention 'fpga' is not cpu or gpu" quantize "$WORK/float.safetensors" "$WORK/q" \
+  --convention fpga
+check "--convention fpga alone: the missing --bits not said first" bash -c '! grep -q "bits is required" <<<"$0"' "$ERR"
 
 # bad numbers and names
 for m in 0 abc -1 1.5 "" 65537 99999999999999999999999; do

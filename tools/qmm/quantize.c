@@ -38,14 +38,14 @@ int cmd_quantize(const command *c, int argc, char **argv) {
         return usage_error(c, "%s %d: %s", bits_text ? "--bits" : "--group-size", bits_text ? bits : group_size,
                            qmm_last_error());
     }
-    if (!bits_text) return usage_error(c, "--bits is required");
-    if (!group_text) return usage_error(c, "--group-size is required");
     qmm_convention convention = QMM_CONVENTION_CPU;
     if (convention_text) {
         if (strcmp(convention_text, "gpu") == 0) convention = QMM_CONVENTION_GPU;
         else if (strcmp(convention_text, "cpu") != 0)
             return usage_error(c, "--convention '%s' is not cpu or gpu", convention_text);
     }
+    if (!bits_text) return usage_error(c, "--bits is required");
+    if (!group_text) return usage_error(c, "--group-size is required");
     if ((rc = check_outdir(c, positional[1], force))) return rc;
     /* The library decides and reports; every weight left unquantized is named here with its reason. */
     qmm_quantize_summary summary;
