@@ -312,6 +312,24 @@ check "a peer's non-JSON line: exit 0" rc_is 0
 check "a peer's non-JSON line: passed on escaped" err_has '  peer: chatter \x1b[31mred\x1b[0m \xc2\x9bcsi 模'
 check "a peer's non-JSON line: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$ERR" "$ESC"
 check "a peer's C1 control in the table: '?'" out_matches 'peer c1 +9\.0 .* c1 \? here'
+# A peer's line holding a NUL byte is not read as JSON up to the NUL but passed on whole, escaped; a line over 64 KiB
+# with a NUL early in it is dropped as too long, not split into a cut line and lines of its tail (here the tail's
+# first 64 KiB end just before a result line, which was taken).
+mkdir -p "$WORK/fake-nul/.venv/bin"
+cat >"$WORK/fake-nul/.venv/bin/python" <<'SH'
+#!/bin/sh
+printf 'before\000{"peer": "hidden", "shape": "tiny", "M": 1, "dtype": "f32", "us": 9.0}\n'
+printf '{"a": 1}\000'; head -c 65526 /dev/zero | tr '\000' x
+printf '{"peer": "tail", "shape": "tiny", "M": 1, "dtype": "f32", "us": 9.0}\n'
+SH
+chmod +x "$WORK/fake-nul/.venv/bin/python"
+QMM_SOURCE_DIR="$WORK/fake-nul" q bench --backend ref --quick --shapes "$WORK/tiny.txt" --m 1 --dtype f32 --repeats 1 \
+  --kernel ref.qmm_t.scalar.r1
+check "a peer's line with a NUL: exit 0" rc_is 0
+check "a peer's line with a NUL: passed on whole, escaped" \
+  err_has '  peer: before\x00{"peer": "hidden", "shape": "tiny", "M": 1, "dtype": "f32", "us": 9.0}'
+check "a peer's long line with a NUL: dropped as too long" err_has '  peer: 1 line longer than 64 KiB dropped'
+check "a peer's lines with a NUL: no result taken from them" bash -c '! grep -qE "peer (hidden|tail) " <<<"$0"' "$OUT"
 # Shape lists too long for a peer script's command line (8 KiB) leave the peers absent instead of cut short.
 for i in $(seq 100 239); do printf 's%s%d 32 64\n' "$(printf 'x%.0s' $(seq 58))" "$i"; done >"$WORK/many.txt"
 q bench --backend ref --quick --shapes "$WORK/many.txt" --m 1 --dtype f32 --kernel ref.qmm_t.scalar.r1

@@ -59,22 +59,21 @@ static int append(bench_peer_samples *samples, const bench_peer_sample *sample) 
 }
 #endif
 
-/* The next line of stream into line[size] (its newline dropped): 1, or 0 at the end. A line longer than size − 1
- * bytes is read to its end and given as empty, *too_long set. */
-static int read_line(FILE *stream, char *line, size_t size, bool *too_long) {
-    *too_long = false;
-    if (!fgets(line, (int)size, stream)) return 0;
-    size_t length = strlen(line);
-    if (length > 0 && line[length - 1] == '\n') {
-        line[length - 1] = '\0';
-        return 1;
-    }
-    if (length + 1 < size) return 1; /* the last line, without a newline */
+/* The next line of stream into line[size] (its newline dropped, NUL-terminated) and its length in *length, NUL bytes
+ * in it included (fgets and strlen would end the line at one, leaving the rest of a long line to read as lines of its
+ * own): 1, or 0 at the end. A line longer than size − 1 bytes is read to its end and given as empty, *too_long set. */
+static int read_line(FILE *stream, char *line, size_t size, size_t *length, bool *too_long) {
+    size_t n = 0;
     int c;
-    while ((c = fgetc(stream)) != EOF && c != '\n') {
+    *too_long = false;
+    while ((c = getc(stream)) != EOF && c != '\n') {
+        if (n + 1 < size) line[n++] = (char)c;
+        else *too_long = true;
     }
-    *too_long = true;
-    line[0] = '\0';
+    if (c == EOF && n == 0 && !*too_long) return 0;
+    if (*too_long) n = 0;
+    line[n] = '\0';
+    *length = n;
     return 1;
 }
 
@@ -102,17 +101,18 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_
         snprintf(absent, absent_size, "no memory to read the script's lines");
         return 0;
     }
-    size_t answered = 0, too_long_lines = 0, past_max = 0;
+    size_t answered = 0, too_long_lines = 0, past_max = 0, length;
     bool too_long;
-    while (read_line(pipe, line, LINE_BYTES, &too_long)) {
+    while (read_line(pipe, line, LINE_BYTES, &length, &too_long)) {
         if (too_long) {
             too_long_lines++;
             continue;
         }
-        if (!line[0]) continue;
-        cJSON *object = cJSON_Parse(line);
+        if (length == 0) continue;
+        /* a line holding a NUL byte is not one of ours either (its JSON would be read only up to the NUL) */
+        cJSON *object = memchr(line, '\0', length) ? NULL : cJSON_Parse(line);
         if (!cJSON_IsObject(object)) { /* not ours (a library printing to stdout): pass it on to stderr, escaped */
-            fprintf(stderr, "  peer: %s\n", qmm_printable(line, strlen(line), shown, SHOWN_BYTES));
+            fprintf(stderr, "  peer: %s\n", qmm_printable(line, length, shown, SHOWN_BYTES));
             cJSON_Delete(object);
             continue;
         }
