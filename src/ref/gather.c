@@ -55,22 +55,31 @@ static qmm_status gather_by_expert(const char *function, const qmm_qmatrix *stac
     if (status != QMM_OK) return status;
     const size_t size = qmm_dtype_size(stacked->dtype), K = stacked->cols;
     const size_t out_size = out_f64 ? sizeof(double) : size;
-    size_t x_bytes, out_bytes;
+    size_t x_bytes, out_bytes, largest = 0;
     size_t *start = calloc(expert_count + 1, sizeof *start), *order = malloc(B * sizeof *order);
     unsigned char *x_block = NULL, *out_block = NULL;
     double *abs_block = NULL;
-    if (!qmm_mul_size(B, K * size, &x_bytes) || !qmm_mul_size(B, N * out_size, &out_bytes)) {
-        status = qmm_error(QMM_ERR_OVERFLOW, "%s: B=%zu gathered rows of x overflow size_t", function, B);
-        goto cleanup;
-    }
-    x_block = malloc(x_bytes);
-    out_block = malloc(out_bytes);
-    abs_block = abs_dot ? malloc(B * N * sizeof *abs_block) : NULL; /* B·N·8 checked by qmm_gather_validate */
-    if (!start || !order || !x_block || !out_block || (abs_dot && !abs_block)) {
+    if (!start || !order) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s: no memory to group B=%zu pairs by expert", function, B);
         goto cleanup;
     }
     for (size_t i = 0; i < B; i++) start[rhs_indices[i] + 1]++;
+    /* the blocks hold one expert's rows at a time: room for the largest block, not for all B rows (at most T rows
+     * when each token's experts are distinct: B = T·top_k rows would be allocated and mostly never touched) */
+    for (size_t e = 0; e < expert_count; e++) largest = start[e + 1] > largest ? start[e + 1] : largest;
+    if (!qmm_mul_size(largest, K * size, &x_bytes) || !qmm_mul_size(largest, N * out_size, &out_bytes)) {
+        status = qmm_error(QMM_ERR_OVERFLOW, "%s: %zu gathered rows of x overflow size_t", function, largest);
+        goto cleanup;
+    }
+    const size_t abs_bytes = largest * N * sizeof *abs_block; /* ≤ B·N·8, checked by qmm_gather_validate */
+    x_block = malloc(x_bytes ? x_bytes : 1);
+    out_block = malloc(out_bytes ? out_bytes : 1);
+    abs_block = abs_dot ? malloc(abs_bytes ? abs_bytes : 1) : NULL;
+    if (!x_block || !out_block || (abs_dot && !abs_block)) {
+        status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s: no memory to group B=%zu pairs by expert (%zu rows at most)",
+                           function, B, largest);
+        goto cleanup;
+    }
     for (size_t e = 0; e < expert_count; e++) start[e + 1] += start[e];
     for (size_t i = 0; i < B; i++) order[start[rhs_indices[i]]++] = i; /* start[e] is now expert e's end */
     for (size_t e = 0, first = 0; e < expert_count; first = start[e++]) {

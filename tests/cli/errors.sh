@@ -224,6 +224,16 @@ check "bench on 1 MiB: both sizes in MiB" err_matches "^qmm bench: out of memory
 # and a product that fits is run: 1 GiB holds the fixture's largest layer at -m 1000 (tens of MiB)
 QMM_TEST_MEM_AVAILABLE=1073741824 q matmul "$FIXTURE" --layer blk.0.ffn_up -m 1000 --backend ref
 check "matmul that fits in 1 GiB: run" rc_is 0
+# A gather's f64 oracle holds one expert's block of rows at a time (at most T, a token's experts being distinct), not
+# all B: 8 experts of 64×64, T=4096 × 8 per token hold ~54 MiB (the outputs and their oracle), run in 60 MiB — counted
+# for B rows the oracle's scratch made it ~90 MiB, refused.
+mkdir -p "$WORK/experts"
+printf '{"quantization": {"group_size": 32, "bits": 4}}' >"$WORK/experts/config.json"
+make_safetensors "$WORK/experts/model.safetensors" 'e.weight:U32:8,64,8' 'e.scales:F16:8,64,2' 'e.biases:F16:8,64,2'
+QMM_TEST_MEM_AVAILABLE=62914560 q gather "$WORK/experts" --layer e -t 4096 -k 8 --backend ref
+check "gather of 8 experts × 8 per token in 60 MiB: run" rc_is 0
+QMM_TEST_MEM_AVAILABLE=52428800 q gather "$WORK/experts" --layer e -t 4096 -k 8 --backend ref
+check "gather of 8 experts × 8 per token in 50 MiB: refused" err_matches "would hold ~5[0-9]\.[0-9] MiB .* more than the 50\.0 MiB"
 
 # an OUTDIR that already holds a checkpoint is replaced only with --force
 mkdir -p "$WORK/existing"
