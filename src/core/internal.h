@@ -33,10 +33,11 @@ void qmm_error_clear(void);
  * NULL), or 0 when no character starts there: a stray continuation byte, an overlong form, a surrogate, a code point
  * past U+10FFFF, or a sequence cut short by size. */
 size_t qmm_utf8_char(const char *bytes, size_t size, uint32_t *code_point);
-/* qmm_utf8_char's length when that character is printable, else 0: also for the control characters (C0, DEL, C1)
- * and the format characters that make a terminal show the text around them otherwise (the bidirectional marks,
- * embeddings, overrides and isolates U+061C, U+200E-F, U+202A-E, U+2066-9; the line and paragraph separators
- * U+2028-9). */
+/* qmm_utf8_char's length when that character is printable, else 0: also for the control characters (C0, DEL, C1),
+ * the line and paragraph separators U+2028-9, and the characters a terminal shows as nothing (Unicode's
+ * Default_Ignorable_Code_Point: a byte order mark, zero-width spaces and joiners, soft hyphens, variation selectors,
+ * and the bidirectional marks, embeddings, overrides and isolates U+061C, U+200E-F, U+202A-E, U+2066-9, which also
+ * make a terminal show the text around them otherwise). */
 size_t qmm_printable_char(const char *bytes, size_t size);
 /* A printable copy of untrusted bytes (a name from a file, a line a script printed) for a message or a terminal:
  * printable UTF-8 characters kept, a backslash doubled, every other byte as \xNN; a copy that does not fit in

@@ -74,16 +74,28 @@ size_t qmm_utf8_char(const char *bytes, size_t size, uint32_t *code_point) {
     return length;
 }
 
+/* Unicode's Default_Ignorable_Code_Point set (DerivedCoreProperties.txt): the characters a terminal shows as nothing
+ * — a byte order mark, zero-width spaces and joiners, the bidirectional marks, embeddings, overrides and isolates
+ * (U+061C, U+200E-F, U+202A-E, U+2066-9), soft hyphens, variation selectors, tags. In a name they make it read as
+ * another name ("\xef\xbb\xbfseed" shown as "seed"), or reorder the text around it. */
+static bool invisible(uint32_t code) {
+    static const uint32_t ranges[][2] = {
+        {0x00AD, 0x00AD},   {0x034F, 0x034F},   {0x061C, 0x061C},   {0x115F, 0x1160}, {0x17B4, 0x17B5},
+        {0x180B, 0x180F},   {0x200B, 0x200F},   {0x202A, 0x202E},   {0x2060, 0x206F}, {0x3164, 0x3164},
+        {0xFE00, 0xFE0F},   {0xFEFF, 0xFEFF},   {0xFFA0, 0xFFA0},   {0xFFF0, 0xFFF8}, {0x1BCA0, 0x1BCA3},
+        {0x1D173, 0x1D17A}, {0xE0000, 0xE0FFF},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+        if (code >= ranges[i][0] && code <= ranges[i][1]) return true;
+    return false;
+}
+
 size_t qmm_printable_char(const char *bytes, size_t size) {
     uint32_t code = 0;
     const size_t length = qmm_utf8_char(bytes, size, &code);
     if (length == 0 || code < 0x20 || (code >= 0x7F && code <= 0x9F)) return 0; /* C0, DEL, C1 */
-    /* format characters that make a terminal show the text around them otherwise: the bidirectional marks (U+061C
-     * ARABIC LETTER MARK among them: Unicode's Bidi_Control set is U+061C, U+200E-F, U+202A-E, U+2066-9), embeddings,
-     * overrides and isolates (a name could read as another name) and the line and paragraph separators */
-    if (code == 0x061C || code == 0x200E || code == 0x200F || (code >= 0x2028 && code <= 0x202E) ||
-        (code >= 0x2066 && code <= 0x2069))
-        return 0;
+    /* the line and paragraph separators (a terminal breaks the line there), and the characters shown as nothing */
+    if (code == 0x2028 || code == 0x2029 || invisible(code)) return 0;
     return length;
 }
 

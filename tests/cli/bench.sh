@@ -295,6 +295,10 @@ printf 'n 6\x1b4 64\n' >"$WORK/esc-number.txt"
 expect_library_error bench "corrupt file" "$WORK/esc-number.txt:1: N='6\\x1b4' and K='64' must be whole numbers" \
   bench --backend ref --quick --shapes "$WORK/esc-number.txt"
 check "a shapes file's number: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$ERR" "$ESC"
+# a byte order mark (an editor's) is shown escaped: 'seed' alone would read as a valid name
+printf '\xef\xbb\xbfseed 64 64\n' >"$WORK/bom.txt"
+expect_library_error bench "corrupt file" "$WORK/bom.txt:1: shape name '\\xef\\xbb\\xbfseed' must be" \
+  bench --backend ref --quick --shapes "$WORK/bom.txt"
 # a field longer than the 32 bytes shown is cut before a character, not inside it (é's first byte read as \xc3)
 printf 'n 9999999999999999999999999999999\xc3\xa9 64\n' >"$WORK/long-number.txt"
 expect_library_error bench "corrupt file" "$WORK/long-number.txt:1: N='9999999999999999999999999999999…' and K='64'" \

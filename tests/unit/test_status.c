@@ -47,6 +47,15 @@ static void test_printable(void) {
     expect_printable("alm\xd8\x9c", 64, "alm\\xd8\\x9c");              /* U+061C arabic letter mark: bidi too */
     expect_printable("lri\xe2\x81\xa6", 64, "lri\\xe2\\x81\\xa6");        /* U+2066 left-to-right isolate */
     expect_printable("arabic \xd8\xb9", 64, "arabic \xd8\xb9");        /* U+0639, a letter: kept */
+    /* characters shown as nothing (Default_Ignorable_Code_Point): a name would read as another name */
+    expect_printable("\xef\xbb\xbfseed", 64, "\\xef\\xbb\\xbfseed");        /* U+FEFF byte order mark */
+    expect_printable("q_proj\xe2\x80\x8b", 64, "q_proj\\xe2\\x80\\x8b");    /* U+200B zero width space */
+    expect_printable("zwj\xe2\x80\x8d", 64, "zwj\\xe2\\x80\\x8d");          /* U+200D zero width joiner */
+    expect_printable("soft\xc2\xad", 64, "soft\\xc2\\xad");                /* U+00AD soft hyphen */
+    expect_printable("vs\xef\xb8\x8f", 64, "vs\\xef\\xb8\\x8f");            /* U+FE0F variation selector-16 */
+    expect_printable("tag\xf3\xa0\x80\x81", 64, "tag\\xf3\\xa0\\x80\\x81"); /* U+E0001 language tag */
+    expect_printable("filler\xe3\x85\xa4", 64, "filler\\xe3\\x85\\xa4");    /* U+3164 hangul filler */
+    expect_printable("\xc2\xac \xe2\x81\xb0 \xef\xb8\x90", 64, "\xc2\xac \xe2\x81\xb0 \xef\xb8\x90"); /* their neighbours: kept */
     expect_printable("bad\xff\xfe", 64, "bad\\xff\\xfe");
     expect_printable("cut\xe6\xa8", 64, "cut\\xe6\\xa8");                 /* a character cut short */
     expect_printable("over\xc0\xaf", 64, "over\\xc0\\xaf");
