@@ -234,6 +234,10 @@ QMM_TEST_MEM_AVAILABLE=62914560 q gather "$WORK/experts" --layer e -t 4096 -k 8 
 check "gather of 8 experts × 8 per token in 60 MiB: run" rc_is 0
 QMM_TEST_MEM_AVAILABLE=52428800 q gather "$WORK/experts" --layer e -t 4096 -k 8 --backend ref
 check "gather of 8 experts × 8 per token in 50 MiB: refused" err_matches "would hold ~5[0-9]\.[0-9] MiB .* more than the 50\.0 MiB"
+# and the oracle's own rows are counted (32 rows of x and |x| in f64: 66·K·8 bytes, ~0.8 MB at K=1536 for one token)
+QMM_TEST_MEM_AVAILABLE=1000000 q gather "$FIXTURE" --layer blk.0.ffn_down -t 1 -k 1 --backend ref
+check "gather of one token at K=1536 in 1 MB: refused, the oracle's rows counted" \
+  err_matches "would hold ~1[0-9]{3}\.[0-9] KiB .* more than the 976\.6 KiB available"
 
 # an OUTDIR that already holds a checkpoint is replaced only with --force
 mkdir -p "$WORK/existing"

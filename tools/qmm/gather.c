@@ -69,8 +69,8 @@ cleanup:
  * output read back [B, N] in dtype, as f32, and the f64 oracle's values and sums of |terms|; the scales and biases
  * converted to dtype (converted); where the backend keeps them in host memory (ref, cpu), the weights and the x and out
  * buffers; and the larger of the f64 oracle's scratch (one expert's block at a time: x gathered [rows, K], its
- * [rows, N] values and sums, rows at most T since a token's experts are distinct; the pair order: more than the
- * reference gather rows' own) and a CPU gather's (the rows of x it gathers, at most [B, K], and a tiled row's f32 copy
+ * [rows, N] values and sums, rows at most T since a token's experts are distinct; the pair order; qmm_ref_dense_f64's
+ * rows: more than the reference gather rows' own) and a CPU gather's (the rows of x it gathers, at most [B, K], and a tiled row's f32 copy
  * of them). */
 static double gather_host_bytes(const qmm_qmatrix *stacked, size_t E, qmm_dtype dtype, int converted, size_t T,
                                 size_t B, qmm_backend backend) {
@@ -82,7 +82,9 @@ static double gather_host_bytes(const qmm_qmatrix *stacked, size_t E, qmm_dtype 
     if (converted) held += 2.0 * groups * element;
     if (backend != QMM_BACKEND_CUDA) held += weights + tokens * K * element + pairs * N * element;
     const double block = tokens < pairs ? tokens : pairs; /* the largest expert's rows */
-    const double oracle_scratch = block * K * element + block * N * 16.0 + pairs * 8.0 + ((double)E + 1.0) * 8.0;
+    /* and, inside it, qmm_ref_dense_f64's own (32 rows of x and of |x|, one decoded row and its |ŵ|, in f64) */
+    const double oracle_scratch = block * K * element + block * N * 16.0 + pairs * 8.0 + ((double)E + 1.0) * 8.0 +
+                                  (2.0 * 32.0 + 2.0) * K * 8.0;
     const double kernel_scratch = backend == QMM_BACKEND_CPU ? pairs * K * (element + 4.0) : 0.0;
     return held + (oracle_scratch > kernel_scratch ? oracle_scratch : kernel_scratch);
 }
