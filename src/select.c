@@ -29,7 +29,8 @@
  * and accepts the call (qmm_batch_invariant_row). Steps 1 and 2 and the tuning table then consider only
  * rows that declare that same order: a forced row without an order, or with another one, fails with
  * QMM_ERR_UNSUPPORTED saying so; a tuned row without it is passed over; and when the hints pass over
- * every row of the order, the row that set it runs. So whatever M, every row that can run the call
+ * every row of the order, the row of the order with the fewest rows of x per tile that accepts the call runs
+ * (batch_invariant_fallback). So whatever M, every row that can run the call
  * reduces each output the same way, and row i's bits do not depend on M.
  */
 #include "kernel.h"
@@ -161,6 +162,23 @@ static bool same_order(const qmm_kernel *row, const qmm_kernel *order_row) {
     return order_row == NULL || strcmp(row->info.batch_invariant_order, order_row->info.batch_invariant_order) == 0;
 }
 
+/* A batch-invariant call the hints pass over in every row of its order (too little work for any of them, as a rule):
+ * of the rows of the order that accept it (tune_only aside), the one with the fewest rows of x per tile (info.bm,
+ * the first in table order among equals) — the least tile wasted on a small call (on Hopper the wgmma m64n128 row,
+ * not m128n128, which sets the order); the row that set the order where none other does. */
+static const qmm_kernel *batch_invariant_fallback(const qmm_kernel *const *table, size_t count, const qmm_call *call,
+                                                  const qmm_kernel *order_row) {
+    const qmm_kernel *best = NULL;
+    char why_not[256];
+    for (size_t i = 0; i < count; i++) {
+        if (table[i]->tune_only || !table[i]->info.batch_invariant_order || !same_order(table[i], order_row) ||
+            (best && table[i]->info.bm >= best->info.bm) || !qmm_kernel_accepts(table[i], call, why_not, sizeof why_not))
+            continue;
+        best = table[i];
+    }
+    return best ? best : order_row;
+}
+
 qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count, const qmm_tuning_table *tuning,
                                    const qmm_call *call, const char *forced, const qmm_kernel **chosen) {
     if (!table || !call || !chosen) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select_kernel: null argument");
@@ -224,8 +242,8 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
             return QMM_OK;
         }
     }
-    if (order_row) { /* the hints passed over every row of the order: the row that set it takes the call */
-        *chosen = order_row;
+    if (order_row) { /* the hints passed over every row of the order: its row with the fewest rows of x per tile */
+        *chosen = batch_invariant_fallback(table, count, call, order_row);
         return QMM_OK;
     }
     return qmm_error(QMM_ERR_UNSUPPORTED, "no kernel supports this call (M=%zu, N=%zu, K=%zu, %s); last reason: %s",

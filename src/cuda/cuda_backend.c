@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -818,12 +819,80 @@ static int wgmma_cluster(const qmm_call *call) {
     return mode && strcmp(mode, "require") == 0 ? 2 : 1;
 }
 
+/* The wgmma model's cost of `tiles` blocks in `splits` splits of `units` super-blocks (wgmma_splits): waves × (units
+ * per split + 8). */
+static double wgmma_model_cost(size_t tiles, size_t units, size_t splits, size_t sms) {
+    return (double)((tiles * splits + sms - 1) / sms) * (double)((units + splits - 1) / splits + 8);
+}
+
+/* The model's cost of the same sums in `tiles` unsplit blocks that each take the splits' ranges in turn (virtual
+ * splits, wgmma_tile_kernel): waves of every super-block, + 8, + 2 for each range's partial kept (its tile of floats
+ * stored, and read back at the end). Measured on the H200 they cost more than this (4096² at M = 2048, 2 splits:
+ * 1.23× the unsplit time where the model says 1.05; docs/PERF.md, thirtieth session). */
+static double wgmma_virtual_cost(size_t tiles, size_t units, size_t splits, size_t sms) {
+    return (double)((tiles + sms - 1) / sms) * (double)(units + 8 + 2 * (splits - 1));
+}
+
+/* Batch-invariant calls on the default (PREP) wgmma rows (order WGMMA_PREP_ORDER, docs/kernels.md §11): K is cut into
+ * the same splits at every M, so the count depends on the weights' shape and the device only — N's 128-row tiles,
+ * K's 64-byte super-blocks, the SM count. Of 1 … 8 splits (a cluster's most; ≥ 4 super-blocks each; few enough that
+ * one row of 128-token tiles fits the split-K workspace, the way wgmma_invariant_run takes where no cluster runs),
+ * the count whose model cost, against the model's own best count for default calls, has the least geometric mean
+ * over M = 128, 512 and 2048 in tiles of 64 and of 128 tokens (ties: fewer splits) — costed the way
+ * wgmma_invariant_run may run it: split blocks (wgmma_model_cost) or, where that is cheaper, virtual splits
+ * (wgmma_virtual_cost). On 132 SMs: 5120², 5120×14336, 5120×17408 3; 4096×12288, the 1024-row k_proj shapes,
+ * 768×2048 and 1000×2048 4; 4096² 2; 14336×5120, 12288×4096, 17408×5120, 27648×5120 and 2048×768 1. */
+static int wgmma_invariant_splits(const qmm_call *call) {
+    const cuda_state *s = call->backend_state;
+    const size_t row_tiles = (call->N + 127) / 128, units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16;
+    const size_t sms = s->multiprocessors > 0 ? (size_t)s->multiprocessors : 1;
+    size_t most = units / 4 < 8 ? units / 4 : 8;
+    while (most > 1 && row_tiles * most * 128 * 128 > QMM_TILE_PARTIAL_FLOATS) most--;
+    if (most < 1 || row_tiles > QMM_TILE_COUNTERS) most = 1;
+    static const size_t ms[] = {128, 512, 2048}, tokens[] = {64, 128};
+    size_t best = 1;
+    double best_score = 0;
+    for (size_t splits = 1; splits <= most; splits++) {
+        double score = 0; /* the sum of log(cost ÷ least): the geometric mean's order */
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++) {
+                const size_t tiles = row_tiles * ((ms[i] + tokens[t] - 1) / tokens[t]);
+                double least = 0;
+                for (size_t other = 1; other <= most; other++) {
+                    const double cost = wgmma_model_cost(tiles, units, other, sms);
+                    if (other == 1 || cost < least) least = cost;
+                }
+                double cost = wgmma_model_cost(tiles, units, splits, sms);
+                if (splits > 1 && wgmma_virtual_cost(tiles, units, splits, sms) < cost)
+                    cost = wgmma_virtual_cost(tiles, units, splits, sms); /* wgmma_invariant_run's choice */
+                score += log(cost / least);
+            }
+        if (splits == 1 || score < best_score - 1e-9) best = splits, best_score = score;
+    }
+    return (int)best;
+}
+
+/* The bytes of a batch-invariant call's virtual-split partials (wgmma_invariant_run): splits − 1 slots of a tile's
+ * 128 rows × its tokens floats for every tile, in tiles of 64 tokens or of 128 (both fit: M rounded up to 128), after
+ * the prepared x at a 256-byte boundary; 0 for other calls. (splits − 1 times the f32 output: 5120² at M = 2048, 3
+ * splits, 84 MB.) */
+static size_t wgmma_virtual_sums_bytes(const qmm_call *call) {
+    if (!call->batch_invariant) return 0;
+    const size_t splits = (size_t)wgmma_invariant_splits(call);
+    return (call->N + 127) / 128 * ((call->M + 127) / 128 * 128) * 128 * sizeof(float) * (splits - 1);
+}
+static size_t wgmma_virtual_sums_at(const qmm_call *call) {
+    return (qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K) + 255) / 256 * 256;
+}
+
 /* The wgmma rows' workspace for this call's prepared x (cuda_state.wgmma_prepared), grown if need be; NULL where it
  * cannot be had now — inside a stream capture (no allocation there: a chain's steps reserve it when recorded, the
  * rows' reserve hook) or out of device memory — and the call then runs the _fma variant (x permuted in each block),
- * the same product within the bound. */
+ * the same product within the bound. Batch-invariant calls: with the virtual-split partials after it. */
 static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
-    const size_t bytes = qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K);
+    const size_t sums = wgmma_virtual_sums_bytes(call);
+    const size_t bytes = sums ? wgmma_virtual_sums_at(call) + sums
+                              : qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K);
     if (s->wgmma_prepared_bytes >= bytes) return s->wgmma_prepared;
     enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(s->stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
@@ -855,14 +924,125 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
     return memory;
 }
 
-/* A wgmma row's launch for this call: splits, last wave, cluster mode and (PREPARED rows) the prepared-x workspace. */
+/* A wgmma row's launch for this call: splits, last wave, cluster mode and (PREPARED rows) the prepared-x workspace.
+ * A batch-invariant call on a PREPARED row: wgmma_invariant_splits, no last wave, cluster mode 2 (wgmma_invariant_run
+ * then chooses how the splits run). */
 static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool prepared) {
-    int whole_tiles;
-    qmm_cuda_launch launch = split_launch_of(call, wgmma_splits(call, tokens, &whole_tiles));
+    int whole_tiles = 0;
+    const bool invariant = prepared && call->batch_invariant;
+    qmm_cuda_launch launch =
+        split_launch_of(call, invariant ? wgmma_invariant_splits(call) : wgmma_splits(call, tokens, &whole_tiles));
     launch.wgmma_whole_tiles = whole_tiles;
     launch.wgmma_cluster = wgmma_cluster(call);
+    if (invariant && launch.wgmma_cluster) launch.wgmma_cluster = 2;
     if (prepared) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);
     return launch;
+}
+
+/* A batch-invariant call on a PREPARED wgmma row (wgmma_launch_of): its bits may not depend on M, so nothing falls back
+ * to another order — no prepared-x workspace is an error (the _fma variant would add b·Σx another way). The splits of
+ * wgmma_invariant_splits run the way the model finds cheapest for this call: as virtual splits (one unsplit block a
+ * tile, wgmma_tile_kernel's virtual_per) where the tiles keep the device busy; otherwise as split blocks — where the
+ * split-K workspace holds every tile's splits, clusters or the workspace as for default calls; where it does not, as
+ * clusters, and where the device runs none (or QMM_CUDA_WGMMA_CLUSTER=0: tests) through the workspace in chunks of
+ * whole token tiles that it holds. The same sums in the same split order every way (virtual_split_sum, cluster_finish,
+ * reduce_splits). */
+static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
+    const cuda_state *s = call->backend_state;
+    const char *name = tokens == 64 ? "cuda.qmm_t.wgmma_tile.m64n128" : "cuda.qmm_t.wgmma_tile.m128n128";
+    qmm_cuda_launch launch = wgmma_launch_of(call, tokens, true);
+    if (!launch.wgmma_prepared)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY,
+                         "%s: a batch-invariant call needs the prepared-x workspace (%zu bytes for M=%zu, K=%zu), which "
+                         "could not be allocated now (or not inside a stream capture: a chain reserves it when its step "
+                         "is added)", name, qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K),
+                         call->M, call->K);
+    if (launch.splits <= 1) return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
+    const size_t row_tiles = (call->N + 127) / 128, tiles = row_tiles * ((call->M + (size_t)tokens - 1) / (size_t)tokens);
+    const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16;
+    const size_t sms = s->multiprocessors > 0 ? (size_t)s->multiprocessors : 1;
+    const size_t splits = (size_t)launch.splits;
+    const bool fits = s->tile_partials && tiles <= QMM_TILE_COUNTERS &&
+                      tiles * splits * (size_t)tokens * 128 <= QMM_TILE_PARTIAL_FLOATS;
+    int clusters = 0; /* how many clusters of the splits the device runs at a time (0: none, or not known) */
+    if (launch.wgmma_cluster) {
+        qmm_cuda_launch ask = launch;
+        ask.wgmma_prime = 1;
+        ask.wgmma_clusters_out = &clusters;
+        if (qmm_cuda_wgmma_tile_qmm_t(&ask, tokens) != 0) cudaGetLastError(), clusters = 0;
+    }
+    /* the split launch's waves: the workspace's, or the clusters' where fewer (launch_wgmma's rule) or where the
+     * workspace does not hold the tiles (clusters of 3: 39 at a time on the H200, 117 SMs) */
+    const size_t workspace_waves = (tiles * splits + sms - 1) / sms;
+    const size_t cluster_waves = clusters > 0 ? (tiles + (size_t)clusters - 1) / (size_t)clusters : SIZE_MAX;
+    const size_t waves = fits ? (cluster_waves < workspace_waves ? cluster_waves : workspace_waves)
+                              : (clusters > 0 ? cluster_waves : workspace_waves);
+    const double split_units = (double)((units + splits - 1) / splits + 8), split_cost = (double)waves * split_units;
+    const double virtual_cost = wgmma_virtual_cost(tiles, units, splits, sms);
+    /* the last wave (as wgmma_splits for default calls): the whole waves' tiles with virtual splits, the rest split */
+    const size_t rest = tiles % sms, whole = tiles - rest;
+    double last_cost = -1;
+    bool rest_fits = false;
+    if (tiles > sms && rest > 0 && whole <= (size_t)INT_MAX) {
+        rest_fits = s->tile_partials && rest * splits * (size_t)tokens * 128 <= QMM_TILE_PARTIAL_FLOATS;
+        const size_t rest_workspace = (rest * splits + sms - 1) / sms;
+        const size_t rest_clusters = clusters > 0 ? (rest + (size_t)clusters - 1) / (size_t)clusters : SIZE_MAX;
+        const size_t rest_waves = rest_fits ? (rest_clusters < rest_workspace ? rest_clusters : rest_workspace)
+                                            : rest_clusters;
+        if (rest_waves != SIZE_MAX)
+            last_cost = wgmma_virtual_cost(whole, units, splits, sms) + (double)rest_waves * split_units;
+    }
+    /* QMM_CUDA_INVARIANT_PATH=split|virtual|last forces one way (tests: the same bits each way; `last` only where the
+     * tiles pass a wave) */
+    const char *forced = getenv("QMM_CUDA_INVARIANT_PATH");
+    bool take_virtual = virtual_cost <= split_cost || (last_cost >= 0 && last_cost < split_cost);
+    bool take_last = last_cost >= 0 && last_cost < virtual_cost;
+    if (forced && strcmp(forced, "split") == 0) take_virtual = false;
+    if (forced && strcmp(forced, "virtual") == 0) take_virtual = true, take_last = false;
+    if (forced && strcmp(forced, "last") == 0 && last_cost >= 0) take_virtual = true, take_last = true;
+    if (take_virtual) {
+        /* tiles enough to keep the device busy unsplit: one block a tile computes the splits' sums in turn — every
+         * tile, or those of the whole waves, the rest's splits in blocks of their own */
+        launch.wgmma_virtual_splits = launch.splits;
+        launch.wgmma_virtual_sums = (float *)((char *)launch.wgmma_prepared + wgmma_virtual_sums_at(call));
+        if (take_last) {
+            launch.wgmma_whole_tiles = (int)whole;
+            if (rest_fits && launch.wgmma_cluster == 2) launch.wgmma_cluster = 1;
+        } else {
+            launch.splits = 1;
+            launch.wgmma_cluster = 0;
+        }
+        return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
+    }
+    if (fits) {
+        /* the workspace holds every tile's splits: clusters where they take no more waves than it (the default rows'
+         * rule, launch_wgmma), the workspace otherwise (40 tiles of 3 splits: two waves of clusters, one of the
+         * workspace) */
+        if (launch.wgmma_cluster == 2) launch.wgmma_cluster = 1;
+        return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
+    }
+    if (launch.wgmma_cluster == 2) {
+        const int error = qmm_cuda_wgmma_tile_qmm_t(&launch, tokens);
+        if (error != (int)cudaErrorNotSupported) return launch_status(error, name, __FILE__, __LINE__);
+    }
+    const size_t per_tile = row_tiles * (size_t)launch.splits * (size_t)tokens * 128;
+    size_t token_tiles = QMM_TILE_PARTIAL_FLOATS / per_tile;
+    if (token_tiles > QMM_TILE_COUNTERS / row_tiles) token_tiles = QMM_TILE_COUNTERS / row_tiles;
+    if (!s->tile_partials || token_tiles == 0) /* wgmma_invariant_splits keeps a row of 128-token tiles within both */
+        return qmm_error(QMM_ERR_BACKEND, "%s: a batch-invariant call's %d splits of K run neither as a thread-block "
+                         "cluster on this device nor through the split-K workspace", name, launch.splits);
+    launch.wgmma_cluster = 0;
+    const size_t M = call->M, chunk = token_tiles * (size_t)tokens;
+    const char *x = launch.x;
+    char *out = launch.out;
+    for (size_t m0 = 0; m0 < M; m0 += chunk) { /* f16/bf16: 2 bytes an element */
+        launch.x = x + m0 * call->K * 2;
+        launch.out = out + m0 * call->N * 2;
+        launch.M = M - m0 < chunk ? M - m0 : chunk;
+        const qmm_status status = launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
+        if (status != QMM_OK) return status;
+    }
+    return QMM_OK;
 }
 
 /* The wgmma rows (PREPARED: x prepared once per call, b·Σx on the tensor cores) and their _fma twins (x permuted in
@@ -874,6 +1054,7 @@ static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool pr
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        if ((PREPARED) && call->batch_invariant) return wgmma_invariant_run(call, TOKENS);                    \
         qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED);                                         \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
     }                                                                                                             \
@@ -898,6 +1079,13 @@ WGMMA_ROW(wgmma_fma_m64n128, 64, false)
  * lane-pairing k order; then acc = fma(s, Σq·x, fma(b, Σx, acc)). One split (no split-K) in this mode; the
  * tile shape, the warp and M do not enter an output's arithmetic. */
 #define TILE_ORDER "tc-segment-fma"
+/* The default wgmma rows' batch-invariant order (docs/kernels.md §11): per output, K cut into the splits of
+ * wgmma_invariant_splits (from N, K and the SM count, never M); in each split from 0, per 64-byte super-block the
+ * stage's b·Σx as one wgmma k8 tf32 per chunk of 8 slots (Σx per group segment by wgmma_prepare_x's per-token tree,
+ * in three exact tf32 pieces), then per group segment acc = fma(s, Σq·x, acc) with Σq·x the segment's chained wgmma
+ * k16 steps; the splits' partials summed 0 + p0 + p1 + … in split order (split blocks through a cluster or the
+ * workspace, or virtual splits in one block: the same sums). The
+ * token tile (64 or 128) does not enter an output's arithmetic. */
 /* mma_tile_bf16x3 (f32): the same order with three x parts: per 32-code block, the hi part's MMAs over both k16
  * steps, then mid's, then lo's (into one accumulator; Σx the same), then Σq·x and Σx scaled back by 2^-24 (exact)
  * before the same two FMAs. */
@@ -914,8 +1102,10 @@ WGMMA_ROW(wgmma_fma_m64n128, 64, false)
 /* wgmma_tile rows: BM tokens × 128 weight rows per block of 3 warpgroups. The _fma rows' order is the mma_tile rows'
  * (§9.6): the same segments, the same chained k16 steps and all-ones Σx MMAs (a wgmma k16 step adds as mma.sync
  * m16n8k16 does: the same bits, measured on the H200 — docs/PERF.md, eleventh session; test_cuda checks it), the same
- * two FMAs; one split in batch-invariant mode. The default rows sum x ahead of the tile and add b·Σx on the tensor
- * cores (tf32 pieces): no declared order. */
+ * two FMAs; one split in batch-invariant mode. The default (PREP) rows sum x ahead of the tile and add b·Σx on the
+ * tensor cores (tf32 pieces), an order of their own (WGMMA_PREP_ORDER); being first in the table among the rows that
+ * declare an order, they set a Hopper device's order for 4/8-bit f16/bf16 qmm_t at every M. */
+#define WGMMA_PREP_ORDER "wgmma-prep-fixed-splits"
 #define WGMMA_INFO(NAME, BM, TEXT, ORDER)                                                                        \
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "wgmma_tile", .bm = BM, .bn = 128, \
      .bk = 128, .threads = 384, .tolerance_slack = 2.0, .description = TEXT, .batch_invariant_order = ORDER}
@@ -984,10 +1174,12 @@ static qmm_status gather_run(const qmm_call *call);
  *   M ≤ 16:  mma_gemv m16n32 — two token tiles, 32 rows per warp, 2 blocks per SM. It also takes M ≤ 64 when forced,
  *            in launches of 16 rows of x (the fourteenth session's row at M = 17–32 for N ≥ 4096, until m16n64's one
  *            grid beat it there by 0.69–0.85×).
- *   M 17–32, N ≥ 12288, batch-invariant calls: mma_tile m16n256 (256 weight rows per block of 8 warps that share x
- *            through shared memory) — the default mode's row there from the eighth session until the 16-token GEMVs,
- *            which come first, took M = 17–32 in the fourteenth (0.75–0.99× its time); they declare no order, so it
- *            keeps the box for batch-invariant calls. mma_tile m32n256 is for `qmm tune` and forcing.
+ *   M 17–32, N ≥ 12288, batch-invariant calls on devices without wgmma: mma_tile m16n256 (256 weight rows per block
+ *            of 8 warps that share x through shared memory; below the wgmma rows since the thirtieth session, which
+ *            set a Hopper device's order) — the default mode's row there from the eighth session until the 16-token
+ *            GEMVs, which come first, took M = 17–32 in the fourteenth (0.75–0.99× its time); they declare no order,
+ *            so it keeps the box for batch-invariant calls (default calls with a K too short for m16n64's box, below
+ *            512 at N = 12288, now go to m32n16). mma_tile m32n256 is for `qmm tune` and forcing.
  *   M 17–32 with N < 2241: mma_gemv m32n16 — four token tiles, 16 rows per warp, x read block by block (1 block per SM:
  *            the register cap of 2 would spill). Larger M runs in chunks of 32 rows of x along grid.y; with
  *            N ≤ 2048 the selector keeps it up to M = 128 (before the wgmma rows) where m16n64's box (first in the
@@ -1013,11 +1205,13 @@ static qmm_status gather_run(const qmm_call *call);
  *            N ≥ 4096 (4096²: 20.6 vs 26.3 µs for m64n64; 5120×14336: 60 vs 79), except where the tiles come to just
  *            over one wave (17408×5120 M = 64, 136 tiles: 101 vs 93 for m64n64), and at M = 256–512 on 1024-row
  *            shapes (1024×4096 M = 256: 20.1 vs 25.9).
- *   In batch-invariant mode (no split-K; the wgmma _fma rows declare the mma_tile rows' order) each wgmma row needs 80
- *            tiles of its own (prefer_min_tiles_unsplit), measured with QMM_CUDA_SPLITS=1 in the eleventh session
- *            (docs/PERF.md): m128n128 the fastest unsplit row from 80 tiles (5120² M = 256: 77 vs 97 µs for m64n64),
- *            not at 64 (4096² M = 256: 63 vs 45 for m64n128); m64n128 from 80 (5120² M = 128: 55 vs 65), not at 64
- *            (4096² M = 128: 45 vs 36 for m64n64).
+ *   In batch-invariant mode on Hopper the default wgmma rows declare the order (WGMMA_PREP_ORDER: K in the splits of
+ *            wgmma_invariant_splits at every M) and keep their hints; where the hints pass both over (M ≤ 32, or
+ *            too little work) m64n128 runs (the order's row with the fewest rows of x per tile, src/select.c). On other devices the mode runs the mma_tile rows
+ *            (one split). The _fma rows, which declare the mma_tile rows' order, are never the mode's rows on
+ *            Hopper; their prefer_min_tiles_unsplit (80 tiles of their own, measured with QMM_CUDA_SPLITS=1 in the
+ *            eleventh session: m128n128 the fastest unsplit row from 80 tiles — 5120² M = 256: 77 vs 97 µs for
+ *            m64n64 —, not at 64) stays for a table where they would be.
  *   M > 32:  mma_tile m64n64 — 3 blocks of 4 warps per SM, split-K when its tiles are too few: faster than
  *            m64n128 (one block of 8 warps per SM) in 56 of 60 seed cells, M = 32 … 2048, and within 4 % in the
  *            other 4 (5120² M=2048: 615 vs 706 µs; M=128: 68 vs 91 µs; docs/PERF.md, tile v2).
@@ -1055,23 +1249,23 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
-    {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
-                       "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
-     .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,
-     .prefer_min_n = 12288},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m32n16_supports, .run = mma_m32n16_run, .prefer_max_m = 32, .prefer_small_n = 2048,
      .prefer_max_m_small_n = 128},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m128n128", 128,
-                        "Hopper wgmma tile, 128 rows x 128 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
+                        "Hopper wgmma tile, 128 rows x 128 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", WGMMA_PREP_ORDER),
      .supports = wgmma_m128n128_supports, .run = wgmma_m128n128_run, .reserve = wgmma_m128n128_reserve,
      .prefer_min_m = 65, .prefer_min_tiles = 33,
-     .prefer_min_tiles_k = 32 * 4096, .prefer_min_tiles_unsplit = 80},
+     .prefer_min_tiles_k = 32 * 4096},
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m64n128", 64,
-                        "Hopper wgmma tile, 128 rows x 64 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
+                        "Hopper wgmma tile, 128 rows x 64 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", WGMMA_PREP_ORDER),
      .supports = wgmma_m64n128_supports, .run = wgmma_m64n128_run, .reserve = wgmma_m64n128_reserve,
      .prefer_min_m = 33,
-     .prefer_min_tiles_k = 128 * 768, .prefer_min_tiles_unsplit = 80},
+     .prefer_min_tiles_k = 128 * 768},
+    {.info = TILE_INFO("cuda.qmm_t.mma_tile.m16n256", 16, 256, 256,
+                       "tensor-core tile, 256 rows x 16 tokens, 8 warps sharing x, split-K, 4/8-bit f16/bf16"),
+     .supports = tile_m16n256_supports, .run = tile_m16n256_run, .prefer_min_m = 17, .prefer_max_m = 32,
+     .prefer_min_n = 12288},
     /* the same tiles in the mma_tile rows' order (batch-invariant calls; default calls take the rows above) */
     {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile_fma.m128n128", 128,
                         "Hopper wgmma tile, 128 rows x 128 tokens, TMA x, b*sum(x) by FMA, 4/8-bit f16/bf16", TILE_ORDER),

@@ -63,6 +63,14 @@ typedef struct qmm_cuda_launch {
      * to know inside one (how many clusters it runs at a time: cudaOccupancyMaxActiveClusters is not asked during a
      * capture); a chain step's reserve hook, before the chain's graph is captured */
     int wgmma_prime;
+    /* wgmma_tile, PREP, an unsplit launch (splits ≤ 1): sum each output as wgmma_virtual_splits splits of K would
+     * (batch-invariant calls), one range after another, every range's partial but the last in wgmma_virtual_sums
+     * (tiles × (splits − 1) × tokens-per-tile × 128 floats); 0, 1 or no buffer: plain. */
+    int wgmma_virtual_splits;
+    float *wgmma_virtual_sums;
+    /* wgmma_tile with wgmma_prime: where not NULL, how many clusters of the launch's splits the device runs at a time
+     * (0: none, or not asked — cluster mode off, or inside a capture before the first answer) */
+    int *wgmma_clusters_out;
 } qmm_cuda_launch;
 
 /* Launchers: enqueue the call's kernels (one, or a few: the wgmma rows' pre-pass and split launches; none with

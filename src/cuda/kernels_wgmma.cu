@@ -324,6 +324,42 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
 }
 #endif /* QMM_WGMMA_DEVICE */
 
+/* Virtual splits (wgmma_tile_kernel, virtual_per): each range's partial p_r goes to its own slot of `partials`,
+ * [tile][range][q][consumer thread] float4s (coalesced; the thread's own, so program order makes its stores visible to
+ * its loads), and acc restarts from 0 — stores only, nothing waited for between ranges. Streaming stores and loads
+ * (st/ld.global.cs, evict first; thirtieth session: against .cg the same time at 4096² M = 2048, where virtual splits
+ * still take 1.2× the default's time, and 1.06–1.10× on the 1024- and 768-row shapes — docs/PERF.md). After the last range,
+ * acc = 0 + p0 + p1 + … + acc: one round-to-nearest f32 add at a time in range order, as the split launch's
+ * `v.x += p.x` from 0 (cluster_finish, reduce_splits). */
+template <int TOKS>
+__device__ __forceinline__ float4 *virtual_split_slot(float *partials, int tile, int ranges, int range) {
+    return reinterpret_cast<float4 *>(partials) + ((size_t)tile * (ranges - 1) + range) * (TOKS / 8) * 256 + threadIdx.x;
+}
+template <int TOKS>
+__device__ __forceinline__ void virtual_split_store(float4 *slot, float (&acc)[TOKS / 2]) {
+#pragma unroll
+    for (int q = 0; q < TOKS / 8; q++) {
+        __stcs(slot + q * 256, make_float4(acc[4 * q + 0], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+        acc[4 * q + 0] = acc[4 * q + 1] = acc[4 * q + 2] = acc[4 * q + 3] = 0.0f;
+    }
+}
+template <int TOKS>
+__device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int ranges, float (&acc)[TOKS / 2]) {
+#pragma unroll
+    for (int q = 0; q < TOKS / 8; q++) {
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int r = 0; r + 1 < ranges; r++) {
+            const float4 p = __ldcs(virtual_split_slot<TOKS>(partials, tile, ranges, r) + q * 256);
+            sum.x = __fadd_rn(sum.x, p.x), sum.y = __fadd_rn(sum.y, p.y);
+            sum.z = __fadd_rn(sum.z, p.z), sum.w = __fadd_rn(sum.w, p.w);
+        }
+        acc[4 * q + 0] = __fadd_rn(sum.x, acc[4 * q + 0]);
+        acc[4 * q + 1] = __fadd_rn(sum.y, acc[4 * q + 1]);
+        acc[4 * q + 2] = __fadd_rn(sum.z, acc[4 * q + 2]);
+        acc[4 * q + 3] = __fadd_rn(sum.w, acc[4 * q + 3]);
+    }
+}
+
 template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
@@ -351,6 +387,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
      * their 168-register cap. */
     const int sb_begin = SPLIT ? (int)blockIdx.z * sb_per_split : 0;
     const int count = SPLIT ? max(0, min(super_blocks, sb_begin + sb_per_split) - sb_begin) : super_blocks;
+    /* Virtual splits (PREP, unsplit launches, sb_per_split = −per < 0; launch_wgmma for batch-invariant calls): the
+     * block computes the sums a split-K launch of `per` super-blocks per split would — each range's partial from 0,
+     * the partials added in range order, 0 + p0 + p1 + … — one range after another, each range's partial but the last
+     * kept in `partials` (virtual_split_store / _sum): the same bits as the split launch without its extra blocks. */
+    const int virtual_per = (PREP && !SPLIT && sb_per_split < 0) ? -sb_per_split : 0;
+    const int virtual_ranges = virtual_per > 0 ? (count + virtual_per - 1) / virtual_per : 1;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
             mbarrier_init(bars + 8 * s, PREP ? 129 : 128);      /* the 128 producer threads (PREP: + the bytes' arrive) */
@@ -596,6 +638,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             }
         }
         mbarrier_arrive(bars + 8 * (WG_STAGES + s)); /* every thread: an arrive releases its own reads only */
+        if constexpr (PREP && !SPLIT) {
+            if (virtual_per > 0 && (i + 1) % virtual_per == 0 && i + 1 < count) /* a range ends: its partial kept, acc = 0 */
+                virtual_split_store<TOKS>(virtual_split_slot<TOKS>(partials, tile, virtual_ranges, (i + 1) / virtual_per - 1),
+                                          acc);
+        }
+    }
+    if constexpr (PREP && !SPLIT) {
+        if (virtual_ranges > 1) virtual_split_sum<TOKS>(partials, tile, virtual_ranges, acc); /* acc = 0 + p0 + … + acc */
     }
     if (!PREP && warpgroup == 0) turn_wait(0); /* warpgroup 1's last pass (every barrier phase completes before the exit) */
 
@@ -785,6 +835,14 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), last_wave && !whole_ok ? 1 : c->splits, &per_split);
     const int whole = splits > 1 && whole_ok ? c->wgmma_whole_tiles : 0;
     const bool prep = c->wgmma_prepared != NULL;
+    /* virtual splits (wgmma_tile_kernel's virtual_per): an unsplit PREP launch — the whole launch, or the only one
+     * where splits is 1 — that sums as `wgmma_virtual_splits` splits would, its ranges' partials in
+     * c->wgmma_virtual_sums ([tiles][ranges − 1][TOKS × 128] floats) */
+    int virtual_per = 0;
+    if (prep && c->wgmma_virtual_splits > 1 && c->wgmma_virtual_sums) {
+        split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), c->wgmma_virtual_splits, &virtual_per);
+        if (virtual_per >= (int)((c->K / 32 + L::BPS - 1) / L::BPS)) virtual_per = 0; /* one range: nothing to add */
+    }
     const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
     static unsigned long long opted_in[4] = {0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
@@ -803,8 +861,10 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     static std::atomic<int> cluster_answers[4][WG_CLUSTER_MAX + 1][8];
     const bool cluster_size = splits >= 2 && splits <= WG_CLUSTER_MAX;
     if (c->wgmma_prime) { /* the answer the launch below will look up, asked now (outside a capture) */
+        int clusters = 0;
         if (c->wgmma_cluster && cluster_size)
-            cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_answers[variant][splits]);
+            clusters = cluster_capacity(kernel, grid, shared, splits, c->stream, &cluster_answers[variant][splits]);
+        if (c->wgmma_clusters_out) *c->wgmma_clusters_out = clusters;
         return 0;
     }
     const void *x = c->x;
@@ -827,8 +887,9 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     if (whole) { /* the whole waves first, one block per tile */
         const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, false,
                                          x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
-                                         (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials,
-                                         c->counters, x_sums, (int)c->M, (int)c->N, (int)c->K, per_split, 0);
+                                         (const T *)c->scales, (const T *)c->biases, (T *)c->out,
+                                         virtual_per ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
+                                         (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0);
         if (status) return status;
     }
     /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
@@ -843,8 +904,9 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     }
     return launch_kernel_ex(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, cluster_z, x_map, (const T *)c->x,
                             (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-                            (const T *)c->biases, (T *)c->out, c->partials, c->counters, x_sums, (int)c->M, (int)c->N,
-                            (int)c->K, per_split, whole);
+                            (const T *)c->biases, (T *)c->out,
+                            splits == 1 && virtual_per ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
+                            (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {

@@ -339,15 +339,27 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #undef m8n32
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++)
         check_box(context, rng, box[i].M, box[i].N, box[i].K, box[i].row, box[i].want, box[i].instead, NULL);
-    /* Batch-invariant calls: the GEMVs declare no order, so mma_tile m16n256 keeps its box there (M 17–32, N ≥ 12288) */
+    /* Batch-invariant calls: the GEMVs declare no order. On Hopper the default wgmma rows set the order (docs/kernels.md
+     * §11) and, where their hints pass both over, the one with the fewer rows of x per tile (m64n128) takes the call
+     * (not m128n128, which sets the order); on other devices mma_tile m16n256
+     * keeps its box there (M 17–32, N ≥ 12288). */
     static const struct {
         size_t M, N;
         bool want;
     } invariant_box[] = {{17, 12288, true}, {32, 12288, true}, {16, 12288, false}, {33, 12288, false}, {32, 12272, false}};
     const qmm_matmul_options invariant = {.op = QMM_OP_QMM_T, .batch_invariant = 1};
+    product probe;
+    if (!product_make(context, rng, 17, 12288, 256, 4, 64, QMM_F16, "batch-invariant box", &probe)) return;
+    const bool hopper =
+        qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m128n128", probe.weights, 17, QMM_OP_QMM_T, NULL) == 1;
+    product_free(&probe);
     for (size_t i = 0; i < sizeof invariant_box / sizeof invariant_box[0]; i++)
-        check_box(context, rng, invariant_box[i].M, invariant_box[i].N, 256, "cuda.qmm_t.mma_tile.m16n256",
-                  invariant_box[i].want, NULL, &invariant);
+        if (hopper)
+            check_box(context, rng, invariant_box[i].M, invariant_box[i].N, 256, "cuda.qmm_t.wgmma_tile.m64n128",
+                      true, NULL, &invariant); /* every M here: K = 256 keeps both rows' tiles × K below their hints */
+        else
+            check_box(context, rng, invariant_box[i].M, invariant_box[i].N, 256, "cuda.qmm_t.mma_tile.m16n256",
+                      invariant_box[i].want, NULL, &invariant);
 }
 
 /* The mma_tile and wgmma_tile rows with split-K (few tiles, long K: the launcher splits K across blocks and the last
@@ -1201,9 +1213,10 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
     }
 }
 
-/* The wgmma _fma rows declare the mma_tile rows' batch-invariant order: in the mode (one split), the same bits as
- * mma_tile.m64n64 for every output, at both bit widths, every group size, f16 and bf16, with M spanning several tiles
- * of tokens and N and K not multiples of the tiles; and within the bound. Hopper only. */
+/* The wgmma _fma rows declare the mma_tile rows' batch-invariant order: with one split (QMM_CUDA_SPLITS=1, as in
+ * that order's mode on devices without wgmma — on Hopper the default wgmma rows set the mode's order), the same bits
+ * as mma_tile.m64n64 for every output, at both bit widths, every group size, f16 and bf16, with M spanning several
+ * tiles of tokens and N and K not multiples of the tiles; and within the bound. Hopper only. */
 static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
     static const struct {
         int bits, group_size;
@@ -1217,7 +1230,8 @@ static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
             continue;
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *ref = malloc(bytes);
-        qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_tile.m64n64", .batch_invariant = 1};
+        qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_tile.m64n64"};
+        setenv("QMM_CUDA_SPLITS", "1", 1);
         CHECK_OK(qmm_buffer_poison(p.out));
         CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
         CHECK_OK(qmm_buffer_read(p.out, p.host_out, p.M * p.N));
@@ -1228,11 +1242,12 @@ static void test_wgmma_tile_order(qmm_context *context, check_rng *rng) {
             CHECK_OK(qmm_buffer_poison(p.out));
             CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
             char label[200];
-            snprintf(label, sizeof label, "%s batch-invariant %d-bit gs%d %s", rows[r], cases[c].bits,
+            snprintf(label, sizeof label, "%s one split %d-bit gs%d %s", rows[r], cases[c].bits,
                      cases[c].group_size, qmm_dtype_name(p.dtype));
             product_check(&p, label, 2.0);
             CHECK(ref && memcmp(ref, p.host_out, bytes) == 0, "%s: not the bits of mma_tile.m64n64", label);
         }
+        unsetenv("QMM_CUDA_SPLITS");
         free(ref);
         product_free(&p);
     }
@@ -1300,21 +1315,53 @@ static void test_wgmma_prepared(qmm_context *unused, check_rng *rng) {
     }
 }
 
-/* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 1024 — the mode's rows are the tile rows
- * (order "tc-segment-fma", one split: mma_tile, and wgmma on Hopper); the mma_gemv rows declare no order. A row alone
- * and inside M = 2, 37, 512, 2048, through the selector and through each tile row forced: the same bits. */
+/* The batch-invariant order a row of the context's table declares (NULL: none, or no such row). */
+static const char *row_order(qmm_context *context, const char *name) {
+    for (size_t i = 0; i < qmm_kernel_count(context); i++) {
+        qmm_kernel_info info;
+        if (qmm_kernel_get(context, i, &info) == QMM_OK && strcmp(info.name, name) == 0) return info.batch_invariant_order;
+    }
+    return NULL;
+}
+
+/* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 2048 — the mode's rows are, on Hopper, the
+ * default wgmma rows (order "wgmma-prep-fixed-splits": K in the same 4 splits at every M on 132 SMs — split blocks at
+ * M ≤ 512, virtual splits at 2048 by the model), elsewhere the
+ * tile rows (order "tc-segment-fma", one split: mma_tile); the mma_gemv rows declare no order. A row alone and inside
+ * M = 2, 37, 512, 1024, 2048, through the selector and through each row of the order forced (a tile row of the other order
+ * refused), on Hopper also with the splits through the split-K workspace in chunks of M instead of clusters
+ * (QMM_CUDA_WGMMA_CLUSTER=0) and with each way of running the splits forced (QMM_CUDA_INVARIANT_PATH: split blocks,
+ * virtual splits, the whole waves virtual and the rest split): the same bits. */
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
-    enum { N = 1000, K = 1024, ROWS = 2048 };
-    static const size_t ms[] = {1, 2, 37, 512, 2048};
-    static const char *tile_rows[] = {NULL,
-                                      "cuda.qmm_t.mma_tile.m64n64",
-                                      "cuda.qmm_t.mma_tile.m64n128",
-                                      "cuda.qmm_t.mma_tile.m16n256",
-                                      "cuda.qmm_t.mma_tile.m32n256",
-                                      "cuda.qmm_t.wgmma_tile_fma.m128n128",
-                                      "cuda.qmm_t.wgmma_tile_fma.m64n128"};
+    enum { N = 1000, K = 2048, ROWS = 2048 };
+    static const size_t ms[] = {1, 2, 37, 512, 1024, 2048};
+    static const struct {
+        const char *row;     /* NULL: the selector's choice */
+        const char *cluster; /* QMM_CUDA_WGMMA_CLUSTER for the calls (Hopper only) */
+        const char *path;    /* QMM_CUDA_INVARIANT_PATH for the calls (Hopper only) */
+    } runs[] = {{NULL, NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m64n64", NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m64n128", NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m16n256", NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m32n256", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile_fma.m128n128", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile_fma.m64n128", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, NULL},
+                {NULL, "0", NULL},
+                {"cuda.qmm_t.wgmma_tile.m128n128", "0", NULL},
+                {"cuda.qmm_t.wgmma_tile.m64n128", "0", NULL},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "split"},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "virtual"},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "virtual"},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "last"}, /* 256 tiles at M = 2048: 132 virtual, 124 split */
+                {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last"},
+                {"cuda.qmm_t.wgmma_tile.m128n128", "0", "split"}}; /* M = 2048: the workspace in chunks of M */
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, "batch-invariant", &p)) return;
+    const bool hopper =
+        qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m128n128", p.weights, 1, QMM_OP_QMM_T, NULL) == 1;
+    const char *want_order = hopper ? "wgmma-prep-fixed-splits" : "tc-segment-fma";
     uint16_t *alone = malloc((size_t)ROWS * N * sizeof *alone), *got = malloc((size_t)ROWS * N * sizeof *got);
     qmm_buffer *x_row = NULL, *out_row = NULL;
     CHECK_OK(qmm_buffer_create(context, QMM_F16, K, &x_row));
@@ -1328,31 +1375,46 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         CHECK_OK(qmm_buffer_write(x_row, (const uint16_t *)p.host_x + rows[r] * K, K));
         CHECK_OK(qmm_buffer_poison(out_row));
         CHECK_OK(qmm_matmul(context, p.weights, x_row, 1, out_row, &options, &info));
-        CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, "tc-segment-fma") == 0,
-              "batch-invariant M=1 ran %s", info.name);
+        CHECK(info.batch_invariant_order && strcmp(info.batch_invariant_order, want_order) == 0,
+              "batch-invariant M=1 ran %s, want order %s", info.name, want_order);
         CHECK_OK(qmm_buffer_read(out_row, alone + rows[r] * N, N));
     }
-    for (size_t k = 0; k < sizeof tile_rows / sizeof tile_rows[0]; k++)
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        const char *row = runs[k].row;
+        if ((runs[k].cluster || runs[k].path) && !hopper) continue;
+        if (row && qmm_kernel_supports(context, row, p.weights, 1, QMM_OP_QMM_T, NULL) != 1) continue; /* not Hopper */
+        qmm_matmul_options forced = options;
+        forced.kernel = row;
+        const char *order = row ? row_order(context, row) : want_order;
+        if (!order || strcmp(order, want_order) != 0) { /* a row of the other order: refused, saying so */
+            CHECK_STATUS(qmm_matmul(context, p.weights, p.x, 1, p.out, &forced, NULL), QMM_ERR_UNSUPPORTED);
+            CHECK(strstr(qmm_last_error(), "but this call's order is") != NULL, "forced %s in batch-invariant mode: %s",
+                  row, qmm_last_error());
+            continue;
+        }
+        if (runs[k].cluster) setenv("QMM_CUDA_WGMMA_CLUSTER", runs[k].cluster, 1);
+        if (runs[k].path) setenv("QMM_CUDA_INVARIANT_PATH", runs[k].path, 1);
+        char how[64];
+        snprintf(how, sizeof how, "%s%s%s", runs[k].cluster ? ", no clusters" : "", runs[k].path ? ", path " : "",
+                 runs[k].path ? runs[k].path : "");
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
-            if (tile_rows[k] && strstr(tile_rows[k], "wgmma") &&
-                qmm_kernel_supports(context, tile_rows[k], p.weights, ms[i], QMM_OP_QMM_T, NULL) != 1)
-                continue; /* not a Hopper device */
-            qmm_matmul_options forced = options;
-            forced.kernel = tile_rows[k];
             CHECK_OK(qmm_buffer_poison(p.out));
             CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info));
             CHECK_OK(qmm_buffer_read(p.out, got, ms[i] * N));
             for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
                 if (rows[r] < ms[i])
                     CHECK(memcmp(got + rows[r] * N, alone + rows[r] * N, N * sizeof *got) == 0,
-                          "batch-invariant: row %zu inside M=%zu (%s) differs from the row alone", rows[r], ms[i],
-                          info.name);
-            if (ms[i] == 512) { /* the first 512 rows against the oracle */
-                p.M = 512;
-                product_check(&p, "batch-invariant M=512 against the oracle", 2.0);
-                p.M = ROWS;
+                          "batch-invariant: row %zu inside M=%zu (%s%s) differs from the row alone", rows[r], ms[i],
+                          info.name, how);
+            if (ms[i] == 2048) { /* every row against the oracle */
+                char what[160];
+                snprintf(what, sizeof what, "batch-invariant M=2048 (%s%s) against the oracle", info.name, how);
+                product_check(&p, what, 2.0);
             }
         }
+        if (runs[k].cluster) unsetenv("QMM_CUDA_WGMMA_CLUSTER");
+        if (runs[k].path) unsetenv("QMM_CUDA_INVARIANT_PATH");
+    }
     /* The mma_gemv rows declare no order. */
     {
         qmm_matmul_options forced = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.mma_gemv.m8n16", .batch_invariant = 1};

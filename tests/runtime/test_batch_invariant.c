@@ -5,7 +5,8 @@
  *   1. The selector over fake rows (src/core/kernel.h): a row without an order is refused, forced or not,
  *      with its message; a row of another order than the call's is refused when forced and passed over
  *      otherwise; a tuning entry naming either is passed over; hints that pass over every row of the
- *      order leave the row that set it; without the option nothing changes.
+ *      order leave its row with the fewest rows of x per tile (the row that set it, where that is the only
+ *      one); without the option nothing changes.
  *   2. Every table (ref, cpu, and cuda when a device is there), every format (bits × group_size × dtype),
  *      both ops, M ∈ {1, 2, 37, 512, 2048}: the rows that accept a batch-invariant call all declare one
  *      order, the same at every M, the selector's choice among them; every row without an order refuses
@@ -51,6 +52,13 @@ static const qmm_kernel fake_rows[] = {
     {.info = FAKE("fake.y", "y"), .supports = supports_all, .run = run_nothing},
 };
 static const qmm_kernel *fake_table[] = {&fake_rows[0], &fake_rows[1], &fake_rows[2], &fake_rows[3]};
+/* A wide row of order x first (it sets the order), hinted to M ≥ 100, then fake.x.small (1 row of x per tile). */
+static const qmm_kernel fake_wide = {.info = {.name = "fake.x.wide", .backend = QMM_BACKEND_CPU, .op = QMM_OP_QMM_T,
+                                              .family = "fake", .bm = 4, .bn = 1, .bk = 1, .threads = 1,
+                                              .tolerance_slack = 1.0, .description = "test row",
+                                              .batch_invariant_order = "x"},
+                                     .supports = supports_all, .run = run_nothing, .prefer_min_m = 100};
+static const qmm_kernel *fake_wide_table[] = {&fake_rows[0], &fake_wide, &fake_rows[1], &fake_rows[2], &fake_rows[3]};
 
 static const char *pick(const qmm_tuning_table *tuning, size_t M, bool invariant, const char *forced) {
     qmm_call call = {.op = QMM_OP_QMM_T, .dtype = QMM_F16, .bits = 4, .group_size = 64, .N = 64, .K = 128, .M = M,
@@ -90,6 +98,21 @@ static void test_selector(void) {
     EXPECT_PICK(pick(&tuning, 10, true, NULL), "fake.x.small");
     entry.row = &fake_rows[2]; /* the order's tune_only row: a measurement may pick it */
     EXPECT_PICK(pick(&tuning, 10, true, NULL), "fake.x.tuned");
+    /* Where the hints pass over every row of the order, the row of it with the fewest rows of x per tile runs, not
+     * the (wider) row that set the order: fake.x.wide sets it; M = 10 is below its hint and above fake.x.small's. */
+    {
+        qmm_call wide = {.op = QMM_OP_QMM_T, .dtype = QMM_F16, .bits = 4, .group_size = 64, .N = 64, .K = 128, .M = 10,
+                         .batch_invariant = true};
+        const qmm_kernel *got = NULL;
+        CHECK_OK(qmm_select_kernel_tuned(fake_wide_table, 5, NULL, &wide, NULL, &got));
+        EXPECT_PICK(got ? got->info.name : "(none)", "fake.x.small");
+        wide.M = 200;
+        CHECK_OK(qmm_select_kernel_tuned(fake_wide_table, 5, NULL, &wide, NULL, &got));
+        EXPECT_PICK(got ? got->info.name : "(none)", "fake.x.wide");
+        wide.M = 2;
+        CHECK_OK(qmm_select_kernel_tuned(fake_wide_table, 5, NULL, &wide, NULL, &got));
+        EXPECT_PICK(got ? got->info.name : "(none)", "fake.x.small");
+    }
     /* A table without any order. */
     qmm_call call = {.op = QMM_OP_QMM_T, .dtype = QMM_F16, .bits = 4, .group_size = 64, .N = 64, .K = 128, .M = 3,
                      .batch_invariant = true};
