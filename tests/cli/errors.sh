@@ -221,6 +221,7 @@ check "tune on 1 MiB: both sizes in MiB" err_matches "^qmm tune: out of memory: 
 check "tune on 1 MiB: no table written" [ ! -e "$WORK/wide.json" ]
 QMM_TEST_MEM_AVAILABLE=1048576 q bench --backend ref --quick --shapes "$WORK/wide.txt" --m 1 --no-peers
 check "bench on 1 MiB: both sizes in MiB" err_matches "^qmm bench: out of memory: shape wide .*$mib_rule"
+check "bench on 1 MiB: refused before the ceilings are measured" bash -c '! grep -q "measuring the ceilings" <<<"$0"' "$ERR"
 # and a product that fits is run: 1 GiB holds the fixture's largest layer at -m 1000 (tens of MiB)
 QMM_TEST_MEM_AVAILABLE=1073741824 q matmul "$FIXTURE" --layer blk.0.ffn_up -m 1000 --backend ref
 check "matmul that fits in 1 GiB: run" rc_is 0

@@ -1257,11 +1257,23 @@ int cmd_bench(const command *c, int argc, char **argv) {
         strftime(run->date, sizeof run->date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     }
 
-    /* The machine and the two ceilings. */
-    fprintf(stderr, "bench: measuring the ceilings...\n");
+    /* The machine (its last-level cache sets the weights' copies), whether the shapes fit in host memory — refused
+     * before anything is measured — and then the two ceilings. */
     status = measure_machine(run->backend, run->machine, sizeof run->machine, &run->cache_bytes, run->cache_desc,
                              sizeof run->cache_desc);
-    if (status == QMM_OK) status = cuda ? bench_cuda_ceilings(quick, &run->ceilings) : bench_host_ceilings(quick, &run->ceilings);
+    if (status != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    char openblas[256];
+    int have_openblas = !cuda && !gather && run->peers && bench_openblas_available(openblas, sizeof openblas);
+    if (!cuda && !gather && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
+    if ((status = check_shapes_fit(run, !cuda, have_openblas)) != QMM_OK) {
+        rc = library_error(c, status);
+        goto done;
+    }
+    fprintf(stderr, "bench: measuring the ceilings...\n");
+    status = cuda ? bench_cuda_ceilings(quick, &run->ceilings) : bench_host_ceilings(quick, &run->ceilings);
     if (status != QMM_OK) {
         rc = library_error(c, status);
         goto done;
@@ -1279,13 +1291,6 @@ int cmd_bench(const command *c, int argc, char **argv) {
     run->cells = calloc(run->cell_count ? run->cell_count : 1, sizeof *run->cells);
     if (!run->cells) {
         rc = library_error(c, qmm_error(QMM_ERR_OUT_OF_MEMORY, "no memory for %zu cells", run->cell_count));
-        goto done;
-    }
-    char openblas[256];
-    int have_openblas = !cuda && !gather && run->peers && bench_openblas_available(openblas, sizeof openblas);
-    if (!cuda && !gather && run->peers && !have_openblas) note_absent(run, "openblas", openblas);
-    if ((status = check_shapes_fit(run, !cuda, have_openblas)) != QMM_OK) {
-        rc = library_error(c, status);
         goto done;
     }
 
