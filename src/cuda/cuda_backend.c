@@ -1046,7 +1046,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
 }
 
 /* The wgmma rows (PREPARED: x prepared once per call, b·Σx on the tensor cores) and their _fma twins (x permuted in
- * each block, b·Σx by FMA: the mma_tile rows' order, for batch-invariant calls). The reserve hook runs when a chain
+ * each block, b·Σx by FMA: the mma_tile rows' order; batch-invariant calls on Hopper run the PREPARED rows). The reserve hook runs when a chain
  * step is recorded, before any capture: it sets up the prepared-x workspace (PREPARED) and asks the device what the
  * cluster launch needs to know (wgmma_prime), neither of which can be done inside the capture. */
 #define WGMMA_ROW(NAME, TOKENS, PREPARED)                                                                         \

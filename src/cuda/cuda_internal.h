@@ -47,7 +47,7 @@ typedef struct qmm_cuda_launch {
     int pdl;
     /* wgmma_tile: a workspace of qmm_cuda_wgmma_prepared_bytes() for x prepared once per call (pair order, Σx pieces),
      * the tile then adding b·Σx on the tensor cores; NULL: x permuted in each block and b·Σx by FMA per segment — the
-     * mma_tile rows' order (the _fma rows, batch-invariant calls) */
+     * mma_tile rows' order (the _fma rows; a batch-invariant call on a default row fails instead) */
     void *wgmma_prepared;
     /* wgmma_tile with splits ≥ 2: the first wgmma_whole_tiles tiles (row tiles fastest) run unsplit in a launch of
      * their own, the rest in `splits` splits of K (the last wave split across the SMs); 0: one launch of every tile

@@ -29,12 +29,12 @@
  * super-blocks; the last split of a tile to arrive adds the tiles' partials in split order (split_finish), or, where
  * the splits of a tile run as one thread-block cluster, each split adds its slice of the tile over the splits' shared
  * memory in split order (cluster_finish) — the same sums either way.
- * PREP (the default rows; the _fma rows and batch-invariant calls run without it): wgmma_prepare_x first permutes x
- * and sums it per segment once per call, into a context workspace (x_prepared, and Σx as three tf32 pieces per
+ * PREP (the default rows, batch-invariant calls on Hopper among them; the _fma rows run without it): wgmma_prepare_x
+ * first permutes x and sums it per segment once per call, into a context workspace (x_prepared, and Σx as three tf32 pieces per
  * segment); the producer then copies x_prepared by TMA and the stage's pieces by one bulk copy, and does no
  * permutation or summing, and hands its registers to the consumers (setmaxnreg: 40 for it, 232 for them); the
  * consumers add b·Σx with one wgmma k8 tf32 (exact products) into the accumulators once a stage, and per segment only
- * acc = fma(s, Σq·x, acc).
+ * acc = fma(s, Σq·x, acc). An unsplit PREP launch may compute a split launch's sums itself (virtual splits, below).
  */
 #include "cuda_internal.h"
 #include "mma_common.cuh"
@@ -328,8 +328,8 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
  * [tile][range][q][consumer thread] float4s (coalesced; the thread's own, so program order makes its stores visible to
  * its loads), and acc restarts from 0 — stores only, nothing waited for between ranges. Streaming stores and loads
  * (st/ld.global.cs, evict first; thirtieth session: against .cg the same time at 4096² M = 2048, where virtual splits
- * still take 1.2× the default's time, and 1.06–1.10× on the 1024- and 768-row shapes — docs/PERF.md). After the last range,
- * acc = 0 + p0 + p1 + … + acc: one round-to-nearest f32 add at a time in range order, as the split launch's
+ * still take 1.2× the default's time, and 1.06–1.10× on the 1024- and 768-row shapes — docs/PERF.md). After the last
+ * range, acc = 0 + p0 + p1 + … + acc: one round-to-nearest f32 add at a time in range order, as the split launch's
  * `v.x += p.x` from 0 (cluster_finish, reduce_splits). */
 template <int TOKS>
 __device__ __forceinline__ float4 *virtual_split_slot(float *partials, int tile, int ranges, int range) {
@@ -823,8 +823,9 @@ static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits,
     if (answer) answer->store(count + 1, std::memory_order_relaxed);
     return count;
 }
-/* PREP (c->wgmma_prepared, the default rows): x prepared by wgmma_prepare_x, then the tile with b·Σx on the tensor
- * cores; otherwise (the _fma rows, batch-invariant calls, or no workspace) x permuted in each block and b·Σx by FMA. */
+/* PREP (c->wgmma_prepared, the default rows, batch-invariant calls on Hopper among them): x prepared by
+ * wgmma_prepare_x, then the tile with b·Σx on the tensor cores; otherwise (the _fma rows, or no workspace) x permuted
+ * in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
     using L = wgmma_layout<BITS, GS, TOKS>;
     const int tiles = (int)(((c->N + WG_ROWS - 1) / WG_ROWS) * ((c->M + TOKS - 1) / TOKS));
