@@ -14,7 +14,6 @@
 
 #include <cuda_runtime_api.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -849,25 +848,29 @@ static int wgmma_invariant_splits(const qmm_call *call) {
     size_t most = units / 4 < 8 ? units / 4 : 8;
     while (most > 1 && row_tiles * most * 128 * 128 > QMM_TILE_PARTIAL_FLOATS) most--;
     if (most < 1 || row_tiles > QMM_TILE_COUNTERS) most = 1;
+    /* the cells: M = 128, 512, 2048 in tiles of 64 and of 128 tokens; each cell's best cost for default calls */
     static const size_t ms[] = {128, 512, 2048}, tokens[] = {64, 128};
+    enum { CELLS = 6 };
+    size_t tiles[CELLS];
+    double least[CELLS];
+    for (size_t c = 0; c < CELLS; c++) {
+        tiles[c] = row_tiles * ((ms[c / 2] + tokens[c % 2] - 1) / tokens[c % 2]);
+        least[c] = wgmma_model_cost(tiles[c], units, 1, sms);
+        for (size_t other = 2; other <= most; other++)
+            if (wgmma_model_cost(tiles[c], units, other, sms) < least[c])
+                least[c] = wgmma_model_cost(tiles[c], units, other, sms);
+    }
     size_t best = 1;
     double best_score = 0;
     for (size_t splits = 1; splits <= most; splits++) {
-        double score = 0; /* the sum of log(cost ÷ least): the geometric mean's order */
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
-            for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++) {
-                const size_t tiles = row_tiles * ((ms[i] + tokens[t] - 1) / tokens[t]);
-                double least = 0;
-                for (size_t other = 1; other <= most; other++) {
-                    const double cost = wgmma_model_cost(tiles, units, other, sms);
-                    if (other == 1 || cost < least) least = cost;
-                }
-                double cost = wgmma_model_cost(tiles, units, splits, sms);
-                if (splits > 1 && wgmma_virtual_cost(tiles, units, splits, sms) < cost)
-                    cost = wgmma_virtual_cost(tiles, units, splits, sms); /* wgmma_invariant_run's choice */
-                score += log(cost / least);
-            }
-        if (splits == 1 || score < best_score - 1e-9) best = splits, best_score = score;
+        double score = 1; /* the product of cost ÷ least: the geometric mean's order */
+        for (size_t c = 0; c < CELLS; c++) {
+            double cost = wgmma_model_cost(tiles[c], units, splits, sms);
+            if (splits > 1 && wgmma_virtual_cost(tiles[c], units, splits, sms) < cost)
+                cost = wgmma_virtual_cost(tiles[c], units, splits, sms); /* wgmma_invariant_run's choice */
+            score *= cost / least[c];
+        }
+        if (splits == 1 || score < best_score * (1 - 1e-9)) best = splits, best_score = score;
     }
     return (int)best;
 }
@@ -876,10 +879,9 @@ static int wgmma_invariant_splits(const qmm_call *call) {
  * 128 rows × its tokens floats for every tile, in tiles of 64 tokens or of 128 (both fit: M rounded up to 128), after
  * the prepared x at a 256-byte boundary; 0 for other calls. (splits − 1 times the f32 output: 5120² at M = 2048, 3
  * splits, 84 MB.) */
-static size_t wgmma_virtual_sums_bytes(const qmm_call *call) {
-    if (!call->batch_invariant) return 0;
-    const size_t splits = (size_t)wgmma_invariant_splits(call);
-    return (call->N + 127) / 128 * ((call->M + 127) / 128 * 128) * 128 * sizeof(float) * (splits - 1);
+static size_t wgmma_virtual_sums_bytes(const qmm_call *call, int splits) {
+    if (!call->batch_invariant || splits <= 1) return 0;
+    return (call->N + 127) / 128 * ((call->M + 127) / 128 * 128) * 128 * sizeof(float) * (size_t)(splits - 1);
 }
 static size_t wgmma_virtual_sums_at(const qmm_call *call) {
     return (qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K) + 255) / 256 * 256;
@@ -888,9 +890,9 @@ static size_t wgmma_virtual_sums_at(const qmm_call *call) {
 /* The wgmma rows' workspace for this call's prepared x (cuda_state.wgmma_prepared), grown if need be; NULL where it
  * cannot be had now — inside a stream capture (no allocation there: a chain's steps reserve it when recorded, the
  * rows' reserve hook) or out of device memory — and the call then runs the _fma variant (x permuted in each block),
- * the same product within the bound. Batch-invariant calls: with the virtual-split partials after it. */
-static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call) {
-    const size_t sums = wgmma_virtual_sums_bytes(call);
+ * the same product within the bound. `sums`: the bytes of virtual-split partials kept after it (wgmma_virtual_sums_bytes;
+ * 0 but for batch-invariant calls). */
+static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call, size_t sums) {
     const size_t bytes = sums ? wgmma_virtual_sums_at(call) + sums
                               : qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K);
     if (s->wgmma_prepared_bytes >= bytes) return s->wgmma_prepared;
@@ -935,8 +937,20 @@ static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool pr
     launch.wgmma_whole_tiles = whole_tiles;
     launch.wgmma_cluster = wgmma_cluster(call);
     if (invariant && launch.wgmma_cluster) launch.wgmma_cluster = 2;
-    if (prepared) launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call);
+    if (prepared)
+        launch.wgmma_prepared =
+            wgmma_prepared_workspace(call->backend_state, call, wgmma_virtual_sums_bytes(call, launch.splits));
     return launch;
+}
+
+/* The waves of `tiles` tiles in `splits` split blocks: through the split-K workspace, or as clusters (`clusters` of them
+ * at a time, 0: none) where they take fewer (launch_wgmma's rule) or where the workspace does not hold the tiles
+ * (!fits; clusters of 3 run 39 at a time on the H200, 117 SMs). */
+static size_t split_waves(size_t tiles, size_t splits, size_t sms, int clusters, bool fits) {
+    const size_t workspace = (tiles * splits + sms - 1) / sms;
+    if (clusters <= 0) return workspace;
+    const size_t as_clusters = (tiles + (size_t)clusters - 1) / (size_t)clusters;
+    return !fits || as_clusters < workspace ? as_clusters : workspace;
 }
 
 /* A batch-invariant call on a PREPARED wgmma row (wgmma_launch_of): its bits may not depend on M, so nothing falls back
@@ -971,12 +985,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
         ask.wgmma_clusters_out = &clusters;
         if (qmm_cuda_wgmma_tile_qmm_t(&ask, tokens) != 0) cudaGetLastError(), clusters = 0;
     }
-    /* the split launch's waves: the workspace's, or the clusters' where fewer (launch_wgmma's rule) or where the
-     * workspace does not hold the tiles (clusters of 3: 39 at a time on the H200, 117 SMs) */
-    const size_t workspace_waves = (tiles * splits + sms - 1) / sms;
-    const size_t cluster_waves = clusters > 0 ? (tiles + (size_t)clusters - 1) / (size_t)clusters : SIZE_MAX;
-    const size_t waves = fits ? (cluster_waves < workspace_waves ? cluster_waves : workspace_waves)
-                              : (clusters > 0 ? cluster_waves : workspace_waves);
+    const size_t waves = split_waves(tiles, splits, sms, clusters, fits);
     const double split_units = (double)((units + splits - 1) / splits + 8), split_cost = (double)waves * split_units;
     const double virtual_cost = wgmma_virtual_cost(tiles, units, splits, sms);
     /* the last wave (as wgmma_splits for default calls): the whole waves' tiles with virtual splits, the rest split */
@@ -985,10 +994,8 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     bool rest_fits = false;
     if (tiles > sms && rest > 0 && whole <= (size_t)INT_MAX) {
         rest_fits = s->tile_partials && rest * splits * (size_t)tokens * 128 <= QMM_TILE_PARTIAL_FLOATS;
-        const size_t rest_workspace = (rest * splits + sms - 1) / sms;
-        const size_t rest_clusters = clusters > 0 ? (rest + (size_t)clusters - 1) / (size_t)clusters : SIZE_MAX;
-        const size_t rest_waves = rest_fits ? (rest_clusters < rest_workspace ? rest_clusters : rest_workspace)
-                                            : rest_clusters;
+        const size_t rest_waves =
+            rest_fits || clusters > 0 ? split_waves(rest, splits, sms, clusters, rest_fits) : SIZE_MAX;
         if (rest_waves != SIZE_MAX)
             last_cost = wgmma_virtual_cost(whole, units, splits, sms) + (double)rest_waves * split_units;
     }

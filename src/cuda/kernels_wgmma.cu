@@ -832,8 +832,9 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     /* the last wave (wgmma_splits): tiles [0, whole) unsplit, then [whole, tiles) in `splits` splits of K — the splits
      * sized for those tiles' workspace, so where the range does not hold, none */
     const bool last_wave = c->wgmma_whole_tiles > 0, whole_ok = last_wave && c->wgmma_whole_tiles < tiles;
+    const int super_blocks = (int)((c->K / 32 + L::BPS - 1) / L::BPS);
     int per_split;
-    const int splits = split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), last_wave && !whole_ok ? 1 : c->splits, &per_split);
+    const int splits = split_count(super_blocks, last_wave && !whole_ok ? 1 : c->splits, &per_split);
     const int whole = splits > 1 && whole_ok ? c->wgmma_whole_tiles : 0;
     const bool prep = c->wgmma_prepared != NULL;
     /* virtual splits (wgmma_tile_kernel's virtual_per): an unsplit PREP launch — the whole launch, or the only one
@@ -841,8 +842,8 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
      * c->wgmma_virtual_sums ([tiles][ranges − 1][TOKS × 128] floats) */
     int virtual_per = 0;
     if (prep && c->wgmma_virtual_splits > 1 && c->wgmma_virtual_sums) {
-        split_count((int)((c->K / 32 + L::BPS - 1) / L::BPS), c->wgmma_virtual_splits, &virtual_per);
-        if (virtual_per >= (int)((c->K / 32 + L::BPS - 1) / L::BPS)) virtual_per = 0; /* one range: nothing to add */
+        split_count(super_blocks, c->wgmma_virtual_splits, &virtual_per);
+        if (virtual_per >= super_blocks) virtual_per = 0; /* one range: nothing to add */
     }
     const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
     static unsigned long long opted_in[4] = {0, 0, 0, 0};

@@ -70,8 +70,8 @@ cleanup:
  * converted to dtype (converted); where the backend keeps them in host memory (ref, cpu), the weights and the x and out
  * buffers; and the larger of the f64 oracle's scratch (one expert's block at a time: x gathered [rows, K], its
  * [rows, N] values and sums, rows at most T since a token's experts are distinct; the pair order; qmm_ref_dense_f64's
- * rows: more than the reference gather rows' own) and a CPU gather's (the rows of x it gathers, at most [B, K], and a tiled row's f32 copy
- * of them). */
+ * rows: more than the reference gather rows' own) and a CPU gather's (the rows of x it gathers, at most [B, K], and a
+ * tiled row's f32 copy of them). */
 static double gather_host_bytes(const qmm_qmatrix *stacked, size_t E, qmm_dtype dtype, int converted, size_t T,
                                 size_t B, qmm_backend backend) {
     const double rows = (double)stacked->rows, N = rows / (double)E, K = (double)stacked->cols;
