@@ -827,7 +827,7 @@ static double wgmma_model_cost(size_t tiles, size_t units, size_t splits, size_t
 /* The model's cost of the same sums in `tiles` unsplit blocks that each take the splits' ranges in turn (virtual
  * splits, wgmma_tile_kernel): waves of every super-block, + 8, + 2 for each range's partial kept (its tile of floats
  * stored, and read back at the end). Measured on the H200 they cost more than this (4096² at M = 2048, 2 splits:
- * 1.23× the unsplit time where the model says 1.05; docs/PERF.md, thirtieth session). */
+ * 1.14× the unsplit time where the model says 1.05 — the slots' traffic; docs/PERF.md, thirty-first session). */
 static double wgmma_virtual_cost(size_t tiles, size_t units, size_t splits, size_t sms) {
     return (double)((tiles + sms - 1) / sms) * (double)(units + 8 + 2 * (splits - 1));
 }
@@ -928,8 +928,9 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call, size_
 
 /* A wgmma row's launch for this call: splits, last wave, cluster mode and (PREPARED rows) the prepared-x workspace.
  * A batch-invariant call on a PREPARED row: wgmma_invariant_splits, no last wave, cluster mode 2 (wgmma_invariant_run
- * then chooses how the splits run). */
-static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool prepared) {
+ * then chooses how the splits run); `sums`: room for its virtual-split partials after the prepared x too where it can be
+ * had (the reserve hook: a chain's step cannot allocate inside the capture), the prepared x alone where not. */
+static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool prepared, bool sums) {
     int whole_tiles = 0;
     const bool invariant = prepared && call->batch_invariant;
     qmm_cuda_launch launch =
@@ -937,9 +938,12 @@ static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool pr
     launch.wgmma_whole_tiles = whole_tiles;
     launch.wgmma_cluster = wgmma_cluster(call);
     if (invariant && launch.wgmma_cluster) launch.wgmma_cluster = 2;
-    if (prepared)
-        launch.wgmma_prepared =
-            wgmma_prepared_workspace(call->backend_state, call, wgmma_virtual_sums_bytes(call, launch.splits));
+    if (prepared) {
+        const size_t sums_bytes = sums ? wgmma_virtual_sums_bytes(call, launch.splits) : 0;
+        launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call, sums_bytes);
+        if (!launch.wgmma_prepared && sums_bytes)
+            launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call, 0);
+    }
     return launch;
 }
 
@@ -964,7 +968,7 @@ static size_t split_waves(size_t tiles, size_t splits, size_t sms, int clusters,
 static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     const cuda_state *s = call->backend_state;
     const char *name = tokens == 64 ? "cuda.qmm_t.wgmma_tile.m64n128" : "cuda.qmm_t.wgmma_tile.m128n128";
-    qmm_cuda_launch launch = wgmma_launch_of(call, tokens, true);
+    qmm_cuda_launch launch = wgmma_launch_of(call, tokens, true, false);
     if (!launch.wgmma_prepared)
         return qmm_error(QMM_ERR_OUT_OF_MEMORY,
                          "%s: a batch-invariant call needs the prepared-x workspace (%zu bytes for M=%zu, K=%zu), which "
@@ -1007,11 +1011,18 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     if (forced && strcmp(forced, "split") == 0) take_virtual = false;
     if (forced && strcmp(forced, "virtual") == 0) take_virtual = true, take_last = false;
     if (forced && strcmp(forced, "last") == 0 && last_cost >= 0) take_virtual = true, take_last = true;
-    if (take_virtual) {
+    /* the partials' slots after the prepared x, asked for only now (splits − 1 times the f32 output): where they cannot
+     * be had, the splits run as split blocks, which need none (QMM_CUDA_INVARIANT_SLOTS=0: as if they could not; tests) */
+    char *with_sums = NULL;
+    const char *slots = getenv("QMM_CUDA_INVARIANT_SLOTS");
+    if (take_virtual && !(slots && strcmp(slots, "0") == 0))
+        with_sums = wgmma_prepared_workspace(call->backend_state, call, wgmma_virtual_sums_bytes(call, launch.splits));
+    if (with_sums) {
         /* tiles enough to keep the device busy unsplit: one block a tile computes the splits' sums in turn — every
          * tile, or those of the whole waves, the rest's splits in blocks of their own */
+        launch.wgmma_prepared = with_sums; /* the prepared x is written by the launch: a grown buffer is as good */
         launch.wgmma_virtual_splits = launch.splits;
-        launch.wgmma_virtual_sums = (float *)((char *)launch.wgmma_prepared + wgmma_virtual_sums_at(call));
+        launch.wgmma_virtual_sums = (float *)(with_sums + wgmma_virtual_sums_at(call));
         if (take_last) {
             launch.wgmma_whole_tiles = (int)whole;
             if (rest_fits && launch.wgmma_cluster == 2) launch.wgmma_cluster = 1;
@@ -1062,7 +1073,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         if ((PREPARED) && call->batch_invariant) return wgmma_invariant_run(call, TOKENS);                    \
-        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED);                                         \
+        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED, false);                                  \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
     }                                                                                                             \
     static void NAME##_reserve(const qmm_call *call) {                                                            \
@@ -1071,7 +1082,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
             cudaGetLastError(); /* the step then runs through the workspace (and without prepared x) */           \
             return;                                                                                               \
         }                                                                                                         \
-        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED);                                         \
+        qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED, true);                                   \
         launch.wgmma_prime = 1; /* nothing enqueued; where a question fails, the step takes the workspace */      \
         if (qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS) != 0) cudaGetLastError();                                  \
     }

@@ -326,11 +326,10 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
 
 /* Virtual splits (wgmma_tile_kernel, virtual_per): each range's partial p_r goes to its own slot of `partials`,
  * [tile][range][q][consumer thread] float4s (coalesced; the thread's own, so program order makes its stores visible to
- * its loads), and acc restarts from 0 — stores only, nothing waited for between ranges. Streaming stores and loads
- * (st/ld.global.cs, evict first; thirtieth session: against .cg the same time at 4096² M = 2048, where virtual splits
- * still take 1.2× the default's time, and 1.06–1.10× on the 1024- and 768-row shapes — docs/PERF.md). After the last
- * range, acc = 0 + p0 + p1 + … + acc: one round-to-nearest f32 add at a time in range order, as the split launch's
- * `v.x += p.x` from 0 (cluster_finish, reduce_splits). */
+ * its loads), and acc restarts from 0 — stores only, nothing waited for between ranges. Stores and loads cached in L2
+ * only (st/ld.global.cg; evict-first .cs took 1.00–1.05× the mode's time, thirty-first session — docs/PERF.md). After
+ * the last range, acc = 0 + p0 + p1 + … + acc: one round-to-nearest f32 add at a time in range order, as the split
+ * launch's `v.x += p.x` from 0 (cluster_finish, reduce_splits). */
 template <int TOKS>
 __device__ __forceinline__ float4 *virtual_split_slot(float *partials, int tile, int ranges, int range) {
     return reinterpret_cast<float4 *>(partials) + ((size_t)tile * (ranges - 1) + range) * (TOKS / 8) * 256 + threadIdx.x;
@@ -339,25 +338,30 @@ template <int TOKS>
 __device__ __forceinline__ void virtual_split_store(float4 *slot, float (&acc)[TOKS / 2]) {
 #pragma unroll
     for (int q = 0; q < TOKS / 8; q++) {
-        __stcs(slot + q * 256, make_float4(acc[4 * q + 0], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+        __stcg(slot + q * 256, make_float4(acc[4 * q + 0], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
         acc[4 * q + 0] = acc[4 * q + 1] = acc[4 * q + 2] = acc[4 * q + 3] = 0.0f;
     }
 }
 template <int TOKS>
 __device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int ranges, float (&acc)[TOKS / 2]) {
+    float sum[TOKS / 2]; /* the ranges' sums; part[] is dead by now, its registers take these */
 #pragma unroll
-    for (int q = 0; q < TOKS / 8; q++) {
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int r = 0; r + 1 < ranges; r++) {
-            const float4 p = __ldcs(virtual_split_slot<TOKS>(partials, tile, ranges, r) + q * 256);
-            sum.x = __fadd_rn(sum.x, p.x), sum.y = __fadd_rn(sum.y, p.y);
-            sum.z = __fadd_rn(sum.z, p.z), sum.w = __fadd_rn(sum.w, p.w);
+    for (int e = 0; e < TOKS / 2; e++) sum[e] = 0.0f;
+    for (int r = 0; r + 1 < ranges; r++) {
+        /* a range's TOKS / 8 loads issued together, then added: one memory latency a range (a load and its add per
+         * float4 in turn waited out each latency alone, TOKS / 8 a tile: the 1.23× of the thirtieth session) */
+        const float4 *slot = virtual_split_slot<TOKS>(partials, tile, ranges, r);
+        float4 p[TOKS / 8];
+#pragma unroll
+        for (int q = 0; q < TOKS / 8; q++) p[q] = __ldcg(slot + q * 256);
+#pragma unroll
+        for (int q = 0; q < TOKS / 8; q++) {
+            sum[4 * q + 0] = __fadd_rn(sum[4 * q + 0], p[q].x), sum[4 * q + 1] = __fadd_rn(sum[4 * q + 1], p[q].y);
+            sum[4 * q + 2] = __fadd_rn(sum[4 * q + 2], p[q].z), sum[4 * q + 3] = __fadd_rn(sum[4 * q + 3], p[q].w);
         }
-        acc[4 * q + 0] = __fadd_rn(sum.x, acc[4 * q + 0]);
-        acc[4 * q + 1] = __fadd_rn(sum.y, acc[4 * q + 1]);
-        acc[4 * q + 2] = __fadd_rn(sum.z, acc[4 * q + 2]);
-        acc[4 * q + 3] = __fadd_rn(sum.w, acc[4 * q + 3]);
     }
+#pragma unroll
+    for (int e = 0; e < TOKS / 2; e++) acc[e] = __fadd_rn(sum[e], acc[e]);
 }
 
 template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP>

@@ -1331,7 +1331,8 @@ static const char *row_order(qmm_context *context, const char *name) {
  * M = 2, 37, 512, 1024, 2048, through the selector and through each row of the order forced (a tile row of the other order
  * refused), on Hopper also with the splits through the split-K workspace in chunks of M instead of clusters
  * (QMM_CUDA_WGMMA_CLUSTER=0) and with each way of running the splits forced (QMM_CUDA_INVARIANT_PATH: split blocks,
- * virtual splits, the whole waves virtual and the rest split): the same bits. */
+ * virtual splits, the whole waves virtual and the rest split; and virtual splits asked for where their partials' slots
+ * cannot be had, QMM_CUDA_INVARIANT_SLOTS=0, which must run as split blocks): the same bits. */
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 2048, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 1024, 2048};
@@ -1339,24 +1340,28 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         const char *row;     /* NULL: the selector's choice */
         const char *cluster; /* QMM_CUDA_WGMMA_CLUSTER for the calls (Hopper only) */
         const char *path;    /* QMM_CUDA_INVARIANT_PATH for the calls (Hopper only) */
-    } runs[] = {{NULL, NULL, NULL},
-                {"cuda.qmm_t.mma_tile.m64n64", NULL, NULL},
-                {"cuda.qmm_t.mma_tile.m64n128", NULL, NULL},
-                {"cuda.qmm_t.mma_tile.m16n256", NULL, NULL},
-                {"cuda.qmm_t.mma_tile.m32n256", NULL, NULL},
-                {"cuda.qmm_t.wgmma_tile_fma.m128n128", NULL, NULL},
-                {"cuda.qmm_t.wgmma_tile_fma.m64n128", NULL, NULL},
-                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, NULL},
-                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, NULL},
-                {NULL, "0", NULL},
-                {"cuda.qmm_t.wgmma_tile.m128n128", "0", NULL},
-                {"cuda.qmm_t.wgmma_tile.m64n128", "0", NULL},
-                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "split"},
-                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "virtual"},
-                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "virtual"},
-                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "last"}, /* 256 tiles at M = 2048: 132 virtual, 124 split */
-                {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last"},
-                {"cuda.qmm_t.wgmma_tile.m128n128", "0", "split"}}; /* M = 2048: the workspace in chunks of M */
+        bool no_slots;       /* QMM_CUDA_INVARIANT_SLOTS=0: no room for virtual splits' partials (Hopper only) */
+    } runs[] = {{NULL, NULL, NULL, false},
+                {"cuda.qmm_t.mma_tile.m64n64", NULL, NULL, false},
+                {"cuda.qmm_t.mma_tile.m64n128", NULL, NULL, false},
+                {"cuda.qmm_t.mma_tile.m16n256", NULL, NULL, false},
+                {"cuda.qmm_t.mma_tile.m32n256", NULL, NULL, false},
+                {"cuda.qmm_t.wgmma_tile_fma.m128n128", NULL, NULL, false},
+                {"cuda.qmm_t.wgmma_tile_fma.m64n128", NULL, NULL, false},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, NULL, false},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, NULL, false},
+                {NULL, "0", NULL, false},
+                {"cuda.qmm_t.wgmma_tile.m128n128", "0", NULL, false},
+                {"cuda.qmm_t.wgmma_tile.m64n128", "0", NULL, false},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "split", false},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "virtual", false},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "virtual", false},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "last", false}, /* 256 tiles at M = 2048: 132 virtual, 124 split */
+                {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last", false},
+                {"cuda.qmm_t.wgmma_tile.m128n128", "0", "split", false}, /* M = 2048: the workspace in chunks of M */
+                /* virtual splits asked for where their slots cannot be had: split blocks, not out of memory */
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "virtual", true},
+                {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last", true}};
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, "batch-invariant", &p)) return;
     const bool hopper =
@@ -1381,7 +1386,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     }
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         const char *row = runs[k].row;
-        if ((runs[k].cluster || runs[k].path) && !hopper) continue;
+        if ((runs[k].cluster || runs[k].path || runs[k].no_slots) && !hopper) continue;
         if (row && qmm_kernel_supports(context, row, p.weights, 1, QMM_OP_QMM_T, NULL) != 1) continue; /* not Hopper */
         qmm_matmul_options forced = options;
         forced.kernel = row;
@@ -1394,9 +1399,10 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         }
         if (runs[k].cluster) setenv("QMM_CUDA_WGMMA_CLUSTER", runs[k].cluster, 1);
         if (runs[k].path) setenv("QMM_CUDA_INVARIANT_PATH", runs[k].path, 1);
-        char how[64];
-        snprintf(how, sizeof how, "%s%s%s", runs[k].cluster ? ", no clusters" : "", runs[k].path ? ", path " : "",
-                 runs[k].path ? runs[k].path : "");
+        if (runs[k].no_slots) setenv("QMM_CUDA_INVARIANT_SLOTS", "0", 1);
+        char how[80];
+        snprintf(how, sizeof how, "%s%s%s%s", runs[k].cluster ? ", no clusters" : "", runs[k].path ? ", path " : "",
+                 runs[k].path ? runs[k].path : "", runs[k].no_slots ? ", no slots" : "");
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
             CHECK_OK(qmm_buffer_poison(p.out));
             CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info));
@@ -1414,6 +1420,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         }
         if (runs[k].cluster) unsetenv("QMM_CUDA_WGMMA_CLUSTER");
         if (runs[k].path) unsetenv("QMM_CUDA_INVARIANT_PATH");
+        if (runs[k].no_slots) unsetenv("QMM_CUDA_INVARIANT_SLOTS");
     }
     /* The mma_gemv rows declare no order. */
     {
