@@ -825,9 +825,10 @@ static double wgmma_model_cost(size_t tiles, size_t units, size_t splits, size_t
 }
 
 /* The model's cost of the same sums in `tiles` unsplit blocks that each take the splits' ranges in turn (virtual
- * splits, wgmma_tile_kernel): waves of every super-block, + 8, + 2 for each range's partial kept (its tile of floats
- * stored, and read back at the end). Measured on the H200 they cost more than this (4096² at M = 2048, 2 splits:
- * 1.14× the unsplit time where the model says 1.05 — the slots' traffic; docs/PERF.md, thirty-first session). */
+ * splits, wgmma_tile_kernel): waves of every super-block, + 8, + 2 for each range's end (fitted when every dtype's
+ * partials went through global memory; kept so that wgmma_invariant_splits' counts, and so the mode's bits, stay as
+ * they were). Measured on the H200, 4096² at M = 2048, 2 splits, where the model says 1.05× the unsplit time: f16
+ * (partials in registers) 1.03×, bf16 (in slots) 1.14× (docs/PERF.md, thirty-first session). */
 static double wgmma_virtual_cost(size_t tiles, size_t units, size_t splits, size_t sms) {
     return (double)((tiles + sms - 1) / sms) * (double)(units + 8 + 2 * (splits - 1));
 }
@@ -875,12 +876,12 @@ static int wgmma_invariant_splits(const qmm_call *call) {
     return (int)best;
 }
 
-/* The bytes of a batch-invariant call's virtual-split partials (wgmma_invariant_run): splits − 1 slots of a tile's
- * 128 rows × its tokens floats for every tile, in tiles of 64 tokens or of 128 (both fit: M rounded up to 128), after
- * the prepared x at a 256-byte boundary; 0 for other calls. (splits − 1 times the f32 output: 5120² at M = 2048, 3
- * splits, 84 MB.) */
+/* The bytes of a batch-invariant bf16 call's virtual-split partials (wgmma_invariant_run): splits − 1 slots of a
+ * tile's 128 rows × its tokens floats for every tile, in tiles of 64 tokens or of 128 (both fit: M rounded up to 128),
+ * after the prepared x at a 256-byte boundary; 0 for other calls (f16 sums them in registers: kernels_wgmma.cu
+ * VIRTUAL). (splits − 1 times the f32 output: 5120² at M = 2048, 3 splits, 84 MB.) */
 static size_t wgmma_virtual_sums_bytes(const qmm_call *call, int splits) {
-    if (!call->batch_invariant || splits <= 1) return 0;
+    if (!call->batch_invariant || splits <= 1 || call->dtype != QMM_BF16) return 0;
     return (call->N + 127) / 128 * ((call->M + 127) / 128 * 128) * 128 * sizeof(float) * (size_t)(splits - 1);
 }
 static size_t wgmma_virtual_sums_at(const qmm_call *call) {
@@ -963,8 +964,8 @@ static size_t split_waves(size_t tiles, size_t splits, size_t sms, int clusters,
  * tile, wgmma_tile_kernel's virtual_per) where the tiles keep the device busy; otherwise as split blocks — where the
  * split-K workspace holds every tile's splits, clusters or the workspace as for default calls; where it does not, as
  * clusters, and where the device runs none (or QMM_CUDA_WGMMA_CLUSTER=0: tests) through the workspace in chunks of
- * whole token tiles that it holds. The same sums in the same split order every way (virtual_split_sum, cluster_finish,
- * reduce_splits). */
+ * whole token tiles that it holds. The same sums in the same split order every way (the kernel's `run` or
+ * virtual_split_sum, cluster_finish, reduce_splits). */
 static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     const cuda_state *s = call->backend_state;
     const char *name = tokens == 64 ? "cuda.qmm_t.wgmma_tile.m64n128" : "cuda.qmm_t.wgmma_tile.m128n128";
@@ -1011,18 +1012,20 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     if (forced && strcmp(forced, "split") == 0) take_virtual = false;
     if (forced && strcmp(forced, "virtual") == 0) take_virtual = true, take_last = false;
     if (forced && strcmp(forced, "last") == 0 && last_cost >= 0) take_virtual = true, take_last = true;
-    /* the partials' slots after the prepared x, asked for only now (splits − 1 times the f32 output): where they cannot
-     * be had, the splits run as split blocks, which need none (QMM_CUDA_INVARIANT_SLOTS=0: as if they could not; tests) */
-    char *with_sums = NULL;
+    /* bf16: the partials' slots after the prepared x, asked for only now (splits − 1 times the f32 output): where they
+     * cannot be had, the splits run as split blocks, which need none (QMM_CUDA_INVARIANT_SLOTS=0: as if they could
+     * not; tests). f16 needs none. */
+    const size_t sums = wgmma_virtual_sums_bytes(call, launch.splits);
     const char *slots = getenv("QMM_CUDA_INVARIANT_SLOTS");
-    if (take_virtual && !(slots && strcmp(slots, "0") == 0))
-        with_sums = wgmma_prepared_workspace(call->backend_state, call, wgmma_virtual_sums_bytes(call, launch.splits));
+    char *with_sums = NULL;
+    if (take_virtual && !(sums && slots && strcmp(slots, "0") == 0))
+        with_sums = wgmma_prepared_workspace(call->backend_state, call, sums);
     if (with_sums) {
         /* tiles enough to keep the device busy unsplit: one block a tile computes the splits' sums in turn — every
          * tile, or those of the whole waves, the rest's splits in blocks of their own */
         launch.wgmma_prepared = with_sums; /* the prepared x is written by the launch: a grown buffer is as good */
         launch.wgmma_virtual_splits = launch.splits;
-        launch.wgmma_virtual_sums = (float *)(with_sums + wgmma_virtual_sums_at(call));
+        launch.wgmma_virtual_sums = sums ? (float *)(with_sums + wgmma_virtual_sums_at(call)) : NULL;
         if (take_last) {
             launch.wgmma_whole_tiles = (int)whole;
             if (rest_fits && launch.wgmma_cluster == 2) launch.wgmma_cluster = 1;

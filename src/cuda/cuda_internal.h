@@ -63,9 +63,10 @@ typedef struct qmm_cuda_launch {
      * to know inside one (how many clusters it runs at a time: cudaOccupancyMaxActiveClusters is not asked during a
      * capture); a chain step's reserve hook, before the chain's graph is captured */
     int wgmma_prime;
-    /* wgmma_tile, PREP, an unsplit launch (splits ≤ 1): sum each output as wgmma_virtual_splits splits of K would
-     * (batch-invariant calls), one range after another, every range's partial but the last in wgmma_virtual_sums
-     * (tiles × (splits − 1) × tokens-per-tile × 128 floats); 0, 1 or no buffer: plain. */
+    /* wgmma_tile, PREP, an unsplit launch (splits ≤ 1, or a last wave's whole waves): sum each output as
+     * wgmma_virtual_splits splits of K would (batch-invariant calls), one range after another — f16 in registers,
+     * bf16 with every range's partial but the last in wgmma_virtual_sums (tiles × (splits − 1) × tokens-per-tile × 128
+     * floats); 0, 1 (or bf16 without a buffer): plain. */
     int wgmma_virtual_splits;
     float *wgmma_virtual_sums;
     /* wgmma_tile with wgmma_prime: where not NULL, how many clusters of the launch's splits the device runs at a time

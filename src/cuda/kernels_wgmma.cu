@@ -42,6 +42,7 @@
 #include <cuda.h> /* CUtensorMap and its enums (types only: the encoder is fetched from the runtime) */
 #include <cudaTypedefs.h>
 #include <atomic>
+#include <type_traits>
 #include <stdint.h>
 
 /* wgmma exists in sm_90a code only; the sm_80 image gets kernels that trap (supports() refuses there). */
@@ -324,7 +325,8 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
 }
 #endif /* QMM_WGMMA_DEVICE */
 
-/* Virtual splits (wgmma_tile_kernel, virtual_per): each range's partial p_r goes to its own slot of `partials`,
+/* Virtual splits in slots (wgmma_tile_kernel, virtual_per, bf16; f16 sums them in registers, VIRTUAL): each range's
+ * partial p_r goes to its own slot of `partials`,
  * [tile][range][q][consumer thread] float4s (coalesced; the thread's own, so program order makes its stores visible to
  * its loads), and acc restarts from 0 — stores only, nothing waited for between ranges. Stores and loads cached in L2
  * only (st/ld.global.cg; evict-first .cs took 1.00–1.05× the mode's time, thirty-first session — docs/PERF.md). After
@@ -364,7 +366,7 @@ __device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int
     for (int e = 0; e < TOKS / 2; e++) acc[e] = __fadd_rn(sum[e], acc[e]);
 }
 
-template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP>
+template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP, bool VIRTUAL = false>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
@@ -393,10 +395,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int count = SPLIT ? max(0, min(super_blocks, sb_begin + sb_per_split) - sb_begin) : super_blocks;
     /* Virtual splits (PREP, unsplit launches, sb_per_split = −per < 0; launch_wgmma for batch-invariant calls): the
      * block computes the sums a split-K launch of `per` super-blocks per split would — each range's partial from 0,
-     * the partials added in range order, 0 + p0 + p1 + … — one range after another, each range's partial but the last
-     * kept in `partials` (virtual_split_store / _sum): the same bits as the split launch without its extra blocks. */
+     * the partials added in range order, 0 + p0 + p1 + … — one range after another: the same bits as the split launch
+     * without its extra blocks. VIRTUAL (f16): at each range's end its partial is added to a running sum in registers
+     * (`run`, from 0) and acc restarts from 0; after the last range acc = run + acc — one round-to-nearest f32 add at a
+     * time in range order, as the split launch's `v.x += p.x` from 0 (cluster_finish, reduce_splits). A separate
+     * instantiation: `run` takes TOKS / 2 more registers through the main loop (within the consumers' 232). Otherwise
+     * (bf16) each range's partial but the last is kept in `partials` (virtual_split_store / _sum): with `run` the bf16
+     * consumers sat at 229 registers and took 1.05–1.08× the slots' time, where f16 took 0.80–0.91× (thirty-first
+     * session, docs/PERF.md). */
     const int virtual_per = (PREP && !SPLIT && sb_per_split < 0) ? -sb_per_split : 0;
     const int virtual_ranges = virtual_per > 0 ? (count + virtual_per - 1) / virtual_per : 1;
+    static_assert(!VIRTUAL || (PREP && !SPLIT), "virtual splits: unsplit PREP launches only");
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
             mbarrier_init(bars + 8 * s, PREP ? 129 : 128);      /* the 128 producer threads (PREP: + the bytes' arrive) */
@@ -559,9 +568,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (PREP) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int row_w = 64 * warpgroup + 16 * warp; /* the warp's first row in the block */
-    float acc[TOKS / 2], part[TOKS / 2];
+    float acc[TOKS / 2], part[TOKS / 2], run[VIRTUAL ? TOKS / 2 : 1]; /* run: VIRTUAL's ranges' sum so far */
 #pragma unroll
     for (int e = 0; e < TOKS / 2; e++) acc[e] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < (VIRTUAL ? TOKS / 2 : 1); e++) run[e] = 0.0f;
+    int range_left = virtual_per; /* VIRTUAL: super-blocks left in this range */
     if (!PREP && warpgroup == 1) turn_pass(1); /* warpgroup 0 issues first */
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
@@ -642,13 +654,24 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             }
         }
         mbarrier_arrive(bars + 8 * (WG_STAGES + s)); /* every thread: an arrive releases its own reads only */
-        if constexpr (PREP && !SPLIT) {
+        if constexpr (VIRTUAL) {
+            if (--range_left == 0 && i + 1 < count) { /* a range ends: run += p, acc = 0 */
+#pragma unroll
+                for (int e = 0; e < TOKS / 2; e++) run[e] = __fadd_rn(run[e], acc[e]), acc[e] = 0.0f;
+                range_left = virtual_per;
+            }
+        } else if constexpr (PREP && !SPLIT) {
             if (virtual_per > 0 && (i + 1) % virtual_per == 0 && i + 1 < count) /* a range ends: its partial kept, acc = 0 */
                 virtual_split_store<TOKS>(virtual_split_slot<TOKS>(partials, tile, virtual_ranges, (i + 1) / virtual_per - 1),
                                           acc);
         }
     }
-    if constexpr (PREP && !SPLIT) {
+    if constexpr (VIRTUAL) {
+        if (virtual_ranges > 1) { /* acc = 0 + p0 + p1 + … + acc */
+#pragma unroll
+            for (int e = 0; e < TOKS / 2; e++) acc[e] = __fadd_rn(run[e], acc[e]);
+        }
+    } else if constexpr (PREP && !SPLIT) {
         if (virtual_ranges > 1) virtual_split_sum<TOKS>(partials, tile, virtual_ranges, acc); /* acc = 0 + p0 + … + acc */
     }
     if (!PREP && warpgroup == 0) turn_wait(0); /* warpgroup 1's last pass (every barrier phase completes before the exit) */
@@ -841,22 +864,24 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     const int splits = split_count(super_blocks, last_wave && !whole_ok ? 1 : c->splits, &per_split);
     const int whole = splits > 1 && whole_ok ? c->wgmma_whole_tiles : 0;
     const bool prep = c->wgmma_prepared != NULL;
-    /* virtual splits (wgmma_tile_kernel's virtual_per): an unsplit PREP launch — the whole launch, or the only one
-     * where splits is 1 — that sums as `wgmma_virtual_splits` splits would, its ranges' partials in
-     * c->wgmma_virtual_sums ([tiles][ranges − 1][TOKS × 128] floats) */
+    /* virtual splits (wgmma_tile_kernel's virtual_per): an unsplit PREP launch — the whole launch, or the whole waves'
+     * one where there is a last wave — that sums as `wgmma_virtual_splits` splits would: f16 in registers (VIRTUAL),
+     * bf16 with its ranges' partials in c->wgmma_virtual_sums ([tiles][ranges − 1][TOKS × 128] floats) */
+    constexpr bool in_registers = std::is_same<T, __half>::value;
     int virtual_per = 0;
-    if (prep && c->wgmma_virtual_splits > 1 && c->wgmma_virtual_sums) {
+    if (prep && c->wgmma_virtual_splits > 1 && (in_registers || c->wgmma_virtual_sums)) {
         split_count(super_blocks, c->wgmma_virtual_splits, &virtual_per);
         if (virtual_per >= super_blocks) virtual_per = 0; /* one range: nothing to add */
     }
     const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
-    static unsigned long long opted_in[4] = {0, 0, 0, 0};
+    static unsigned long long opted_in[5] = {0, 0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
-        *variant = (prep ? 2 : 0) + (split ? 1 : 0);
+        *variant = in_registers && prep && !split && virtual_per ? 4 : (prep ? 2 : 0) + (split ? 1 : 0);
         return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
                : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
                : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
-                               : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
+               : *variant == 3 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>
+                               : wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, in_registers>;
     };
     int variant, whole_variant;
     auto kernel = kernel_of(splits > 1, &variant), whole_kernel = kernel_of(false, &whole_variant);
@@ -864,7 +889,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     if (!opt_in && whole) opt_in = shared_memory_opt_in(whole_kernel, shared, &opted_in[whole_variant]);
     if (opt_in) return opt_in;
     const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
-    static std::atomic<int> cluster_answers[4][WG_CLUSTER_MAX + 1][8];
+    static std::atomic<int> cluster_answers[5][WG_CLUSTER_MAX + 1][8];
     const bool cluster_size = splits >= 2 && splits <= WG_CLUSTER_MAX;
     if (c->wgmma_prime) { /* the answer the launch below will look up, asked now (outside a capture) */
         int clusters = 0;
@@ -894,7 +919,8 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, false,
                                          x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out,
-                                         virtual_per ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
+                                         virtual_per && !in_registers ? c->wgmma_virtual_sums : c->partials, c->counters,
+                                         x_sums,
                                          (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0);
         if (status) return status;
     }
@@ -911,7 +937,8 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     return launch_kernel_ex(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, cluster_z, x_map, (const T *)c->x,
                             (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                             (const T *)c->biases, (T *)c->out,
-                            splits == 1 && virtual_per ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
+                            splits == 1 && virtual_per && !in_registers ? c->wgmma_virtual_sums : c->partials,
+                            c->counters, x_sums,
                             (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole);
 }
 

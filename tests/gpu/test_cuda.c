@@ -1331,8 +1331,7 @@ static const char *row_order(qmm_context *context, const char *name) {
  * M = 2, 37, 512, 1024, 2048, through the selector and through each row of the order forced (a tile row of the other order
  * refused), on Hopper also with the splits through the split-K workspace in chunks of M instead of clusters
  * (QMM_CUDA_WGMMA_CLUSTER=0) and with each way of running the splits forced (QMM_CUDA_INVARIANT_PATH: split blocks,
- * virtual splits, the whole waves virtual and the rest split; and virtual splits asked for where their partials' slots
- * cannot be had, QMM_CUDA_INVARIANT_SLOTS=0, which must run as split blocks): the same bits. */
+ * virtual splits, the whole waves virtual and the rest split): the same bits. */
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 2048, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 1024, 2048};
@@ -1340,28 +1339,24 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         const char *row;     /* NULL: the selector's choice */
         const char *cluster; /* QMM_CUDA_WGMMA_CLUSTER for the calls (Hopper only) */
         const char *path;    /* QMM_CUDA_INVARIANT_PATH for the calls (Hopper only) */
-        bool no_slots;       /* QMM_CUDA_INVARIANT_SLOTS=0: no room for virtual splits' partials (Hopper only) */
-    } runs[] = {{NULL, NULL, NULL, false},
-                {"cuda.qmm_t.mma_tile.m64n64", NULL, NULL, false},
-                {"cuda.qmm_t.mma_tile.m64n128", NULL, NULL, false},
-                {"cuda.qmm_t.mma_tile.m16n256", NULL, NULL, false},
-                {"cuda.qmm_t.mma_tile.m32n256", NULL, NULL, false},
-                {"cuda.qmm_t.wgmma_tile_fma.m128n128", NULL, NULL, false},
-                {"cuda.qmm_t.wgmma_tile_fma.m64n128", NULL, NULL, false},
-                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, NULL, false},
-                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, NULL, false},
-                {NULL, "0", NULL, false},
-                {"cuda.qmm_t.wgmma_tile.m128n128", "0", NULL, false},
-                {"cuda.qmm_t.wgmma_tile.m64n128", "0", NULL, false},
-                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "split", false},
-                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "virtual", false},
-                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "virtual", false},
-                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "last", false}, /* 256 tiles at M = 2048: 132 virtual, 124 split */
-                {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last", false},
-                {"cuda.qmm_t.wgmma_tile.m128n128", "0", "split", false}, /* M = 2048: the workspace in chunks of M */
-                /* virtual splits asked for where their slots cannot be had: split blocks, not out of memory */
-                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "virtual", true},
-                {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last", true}};
+    } runs[] = {{NULL, NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m64n64", NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m64n128", NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m16n256", NULL, NULL},
+                {"cuda.qmm_t.mma_tile.m32n256", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile_fma.m128n128", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile_fma.m64n128", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, NULL},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, NULL},
+                {NULL, "0", NULL},
+                {"cuda.qmm_t.wgmma_tile.m128n128", "0", NULL},
+                {"cuda.qmm_t.wgmma_tile.m64n128", "0", NULL},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "split"},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "virtual"},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "virtual"},
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "last"}, /* 256 tiles at M = 2048: 132 virtual, 124 split */
+                {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last"},
+                {"cuda.qmm_t.wgmma_tile.m128n128", "0", "split"}}; /* M = 2048: the workspace in chunks of M */
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, "batch-invariant", &p)) return;
     const bool hopper =
@@ -1386,7 +1381,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     }
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         const char *row = runs[k].row;
-        if ((runs[k].cluster || runs[k].path || runs[k].no_slots) && !hopper) continue;
+        if ((runs[k].cluster || runs[k].path) && !hopper) continue;
         if (row && qmm_kernel_supports(context, row, p.weights, 1, QMM_OP_QMM_T, NULL) != 1) continue; /* not Hopper */
         qmm_matmul_options forced = options;
         forced.kernel = row;
@@ -1399,10 +1394,9 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         }
         if (runs[k].cluster) setenv("QMM_CUDA_WGMMA_CLUSTER", runs[k].cluster, 1);
         if (runs[k].path) setenv("QMM_CUDA_INVARIANT_PATH", runs[k].path, 1);
-        if (runs[k].no_slots) setenv("QMM_CUDA_INVARIANT_SLOTS", "0", 1);
-        char how[80];
-        snprintf(how, sizeof how, "%s%s%s%s", runs[k].cluster ? ", no clusters" : "", runs[k].path ? ", path " : "",
-                 runs[k].path ? runs[k].path : "", runs[k].no_slots ? ", no slots" : "");
+        char how[64];
+        snprintf(how, sizeof how, "%s%s%s", runs[k].cluster ? ", no clusters" : "", runs[k].path ? ", path " : "",
+                 runs[k].path ? runs[k].path : "");
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
             CHECK_OK(qmm_buffer_poison(p.out));
             CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info));
@@ -1420,7 +1414,55 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         }
         if (runs[k].cluster) unsetenv("QMM_CUDA_WGMMA_CLUSTER");
         if (runs[k].path) unsetenv("QMM_CUDA_INVARIANT_PATH");
-        if (runs[k].no_slots) unsetenv("QMM_CUDA_INVARIANT_SLOTS");
+    }
+    /* Hopper, bf16 (its virtual splits keep their partials in workspace slots; f16's, above, in registers),
+     * K = 2112: 17 super-blocks in 4 splits of 5, 5, 5 and 2 — uneven ranges. Every way of running them gives the
+     * selector's bits at M = 2048 — virtual splits also where their slots cannot be had (QMM_CUDA_INVARIANT_SLOTS=0:
+     * split blocks run instead of an out-of-memory error) — and sampled rows alone the same. */
+    if (hopper) {
+        enum { K_UNEVEN = 2112 };
+        static const char *const paths[] = {"split", "virtual", "last", "virtual"}; /* the last without slots */
+        product u;
+        uint16_t *first = malloc((size_t)ROWS * N * sizeof *first), *row_alone = malloc(N * sizeof *row_alone);
+        qmm_buffer *x_uneven = NULL, *out_uneven = NULL;
+        if (first && row_alone &&
+            product_make(context, rng, ROWS, N, K_UNEVEN, 4, 64, QMM_BF16, "batch-invariant bf16, uneven splits", &u)) {
+            CHECK_OK(qmm_buffer_poison(u.out));
+            CHECK_OK(qmm_matmul(context, u.weights, u.x, ROWS, u.out, &options, &info));
+            CHECK_OK(qmm_buffer_read(u.out, first, (size_t)ROWS * N));
+            product_check(&u, "batch-invariant bf16 K=2112 M=2048 against the oracle", 2.0);
+            for (size_t w = 0; w < sizeof paths / sizeof paths[0]; w++) {
+                qmm_matmul_options forced = options;
+                forced.kernel = "cuda.qmm_t.wgmma_tile.m64n128";
+                const bool no_slots = w == 3;
+                setenv("QMM_CUDA_INVARIANT_PATH", paths[w], 1);
+                if (no_slots) setenv("QMM_CUDA_INVARIANT_SLOTS", "0", 1);
+                CHECK_OK(qmm_buffer_poison(u.out));
+                CHECK_OK(qmm_matmul(context, u.weights, u.x, ROWS, u.out, &forced, &info));
+                unsetenv("QMM_CUDA_INVARIANT_PATH");
+                unsetenv("QMM_CUDA_INVARIANT_SLOTS");
+                CHECK_OK(qmm_buffer_read(u.out, got, (size_t)ROWS * N));
+                CHECK(memcmp(got, first, (size_t)ROWS * N * sizeof *got) == 0,
+                      "batch-invariant bf16 K=2112 M=2048: path %s%s (%s) differs from the selector's bits", paths[w],
+                      no_slots ? " without slots" : "", info.name);
+            }
+            CHECK_OK(qmm_buffer_create(context, QMM_BF16, K_UNEVEN, &x_uneven));
+            CHECK_OK(qmm_buffer_create(context, QMM_BF16, N, &out_uneven));
+            for (size_t r = 0; x_uneven && out_uneven && r < sizeof rows / sizeof rows[0]; r++) {
+                CHECK_OK(qmm_buffer_write(x_uneven, (const uint16_t *)u.host_x + rows[r] * K_UNEVEN, K_UNEVEN));
+                CHECK_OK(qmm_buffer_poison(out_uneven));
+                CHECK_OK(qmm_matmul(context, u.weights, x_uneven, 1, out_uneven, &options, &info));
+                CHECK_OK(qmm_buffer_read(out_uneven, row_alone, N));
+                CHECK(memcmp(row_alone, first + rows[r] * N, N * sizeof *row_alone) == 0,
+                      "batch-invariant bf16 K=2112: row %zu alone (%s) differs from the row inside M=2048", rows[r],
+                      info.name);
+            }
+            qmm_buffer_destroy(x_uneven);
+            qmm_buffer_destroy(out_uneven);
+            product_free(&u);
+        }
+        free(first);
+        free(row_alone);
     }
     /* The mma_gemv rows declare no order. */
     {
