@@ -876,13 +876,15 @@ static int wgmma_invariant_splits(const qmm_call *call) {
     return (int)best;
 }
 
-/* The bytes of a batch-invariant bf16 call's virtual-split partials (wgmma_invariant_run): splits − 1 slots of a
- * tile's 128 rows × its tokens floats for every tile, in tiles of 64 tokens or of 128 (both fit: M rounded up to 128),
- * after the prepared x at a 256-byte boundary; 0 for other calls (f16 sums them in registers: kernels_wgmma.cu
- * VIRTUAL). (splits − 1 times the f32 output: 5120² at M = 2048, 3 splits, 84 MB.) */
-static size_t wgmma_virtual_sums_bytes(const qmm_call *call, int splits) {
-    if (!call->batch_invariant || splits <= 1 || call->dtype != QMM_BF16) return 0;
-    return (call->N + 127) / 128 * ((call->M + 127) / 128 * 128) * 128 * sizeof(float) * (size_t)(splits - 1);
+/* The bytes of a batch-invariant call's virtual-split partials (wgmma_invariant_run): splits − 1 slots (one block a
+ * tile, bf16; f16 sums them in registers: kernels_wgmma.cu VIRTUAL) or, every_range, splits slots (blocks of virtual
+ * ranges, any dtype) of a tile's 128 rows × its tokens floats for every tile, in tiles of 64 tokens or of 128 (both
+ * fit: M rounded up to 128), after the prepared x at a 256-byte boundary; 0 for other calls. (splits − 1 times the
+ * f32 output: 5120² at M = 2048, 3 splits, 84 MB.) */
+static size_t wgmma_virtual_sums_bytes(const qmm_call *call, int splits, bool every_range) {
+    if (!call->batch_invariant || splits <= 1 || (call->dtype != QMM_BF16 && !every_range)) return 0;
+    return (call->N + 127) / 128 * ((call->M + 127) / 128 * 128) * 128 * sizeof(float) *
+           (size_t)(every_range ? splits : splits - 1);
 }
 static size_t wgmma_virtual_sums_at(const qmm_call *call) {
     return (qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K) + 255) / 256 * 256;
@@ -940,7 +942,7 @@ static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool pr
     launch.wgmma_cluster = wgmma_cluster(call);
     if (invariant && launch.wgmma_cluster) launch.wgmma_cluster = 2;
     if (prepared) {
-        const size_t sums_bytes = sums ? wgmma_virtual_sums_bytes(call, launch.splits) : 0;
+        const size_t sums_bytes = sums ? wgmma_virtual_sums_bytes(call, launch.splits, false) : 0;
         launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call, sums_bytes);
         if (!launch.wgmma_prepared && sums_bytes)
             launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, call, 0);
@@ -1004,9 +1006,41 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
         if (rest_waves != SIZE_MAX)
             last_cost = wgmma_virtual_cost(whole, units, splits, sms) + (double)rest_waves * split_units;
     }
-    /* QMM_CUDA_INVARIANT_PATH=split|virtual|last forces one way (tests: the same bits each way; `last` only where the
-     * tiles pass a wave) */
+    /* blocks of virtual ranges: `range_blocks` blocks a tile, each ⌈splits / range_blocks⌉ ranges in turn, every
+     * partial to a slot (splits of them a tile, any dtype), the tile's last block to arrive sums them (the split-K
+     * counters: one a tile). Only where a split has 8 super-blocks or more: the last block's sum of every range is a
+     * cost the model does not count, which outweighed the wave saved at 4 (768×2048 at M = 512: 17.8 µs against split
+     * blocks' 17.2, where the 1024-row k_proj shapes, 8 and 10, went from 1.32–1.41× the default to 1.22–1.26×;
+     * docs/PERF.md, thirty-first session). */
+    size_t range_blocks = 0;
+    double blocks_cost = -1;
+    if (s->tile_partials && tiles <= QMM_TILE_COUNTERS)
+        for (size_t b = 2; b < splits; b++) {
+            const size_t per_block = (splits + b - 1) / b, blocks = (splits + per_block - 1) / per_block;
+            const double cost = (double)((tiles * blocks + sms - 1) / sms) *
+                                (double)(per_block * ((units + splits - 1) / splits) + 8 + 2 * (per_block - 1));
+            if (blocks_cost < 0 || cost < blocks_cost) blocks_cost = cost, range_blocks = blocks;
+        }
+    /* QMM_CUDA_INVARIANT_PATH=split|virtual|last|blocks forces one way (tests: the same bits each way; `last` only where
+     * the tiles pass a wave, `blocks` (2 a tile) where the splits are 3 or more) */
     const char *forced = getenv("QMM_CUDA_INVARIANT_PATH");
+    bool take_blocks = blocks_cost >= 0 && blocks_cost < split_cost && blocks_cost < virtual_cost &&
+                       (last_cost < 0 || blocks_cost < last_cost) && (units + splits - 1) / splits >= 8;
+    if (forced) take_blocks = strcmp(forced, "blocks") == 0 && range_blocks > 0;
+    if (forced && take_blocks) range_blocks = 2;
+    if (take_blocks) {
+        const size_t bytes = wgmma_virtual_sums_bytes(call, launch.splits, true);
+        char *with_slots = wgmma_prepared_workspace(call->backend_state, call, bytes);
+        if (with_slots) {
+            launch.wgmma_prepared = with_slots;
+            launch.wgmma_virtual_splits = launch.splits;
+            launch.wgmma_virtual_sums = (float *)(with_slots + wgmma_virtual_sums_at(call));
+            launch.wgmma_virtual_blocks = (int)range_blocks;
+            launch.splits = 1;
+            launch.wgmma_cluster = 0;
+            return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
+        }
+    }
     bool take_virtual = virtual_cost <= split_cost || (last_cost >= 0 && last_cost < split_cost);
     bool take_last = last_cost >= 0 && last_cost < virtual_cost;
     if (forced && strcmp(forced, "split") == 0) take_virtual = false;
@@ -1015,7 +1049,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     /* bf16: the partials' slots after the prepared x, asked for only now (splits − 1 times the f32 output): where they
      * cannot be had, the splits run as split blocks, which need none (QMM_CUDA_INVARIANT_SLOTS=0: as if they could
      * not; tests). f16 needs none. */
-    const size_t sums = wgmma_virtual_sums_bytes(call, launch.splits);
+    const size_t sums = wgmma_virtual_sums_bytes(call, launch.splits, false);
     const char *slots = getenv("QMM_CUDA_INVARIANT_SLOTS");
     char *with_sums = NULL;
     if (take_virtual && !(sums && slots && strcmp(slots, "0") == 0))

@@ -68,6 +68,10 @@ typedef struct qmm_cuda_launch {
      * bf16 with every range's partial but the last in wgmma_virtual_sums (tiles × (splits − 1) × tokens-per-tile × 128
      * floats); 0, 1 (or bf16 without a buffer): plain. */
     int wgmma_virtual_splits;
+    /* with wgmma_virtual_splits and wgmma_virtual_sums, no last wave: that many blocks a tile, each a contiguous run of
+     * the ranges, every range's partial in wgmma_virtual_sums (tiles × splits × tokens-per-tile × 128 floats), summed by
+     * the tile's last block to arrive (counters); 0 or 1: one block a tile */
+    int wgmma_virtual_blocks;
     float *wgmma_virtual_sums;
     /* wgmma_tile with wgmma_prime: where not NULL, how many clusters of the launch's splits the device runs at a time
      * (0: none, or not asked — cluster mode off, or inside a capture before the first answer) */

@@ -333,8 +333,8 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
  * the last range, acc = 0 + p0 + p1 + … + acc: one round-to-nearest f32 add at a time in range order, as the split
  * launch's `v.x += p.x` from 0 (cluster_finish, reduce_splits). */
 template <int TOKS>
-__device__ __forceinline__ float4 *virtual_split_slot(float *partials, int tile, int ranges, int range) {
-    return reinterpret_cast<float4 *>(partials) + ((size_t)tile * (ranges - 1) + range) * (TOKS / 8) * 256 + threadIdx.x;
+__device__ __forceinline__ float4 *virtual_split_slot(float *partials, int tile, int stride, int range) {
+    return reinterpret_cast<float4 *>(partials) + ((size_t)tile * stride + range) * (TOKS / 8) * 256 + threadIdx.x;
 }
 template <int TOKS>
 __device__ __forceinline__ void virtual_split_store(float4 *slot, float (&acc)[TOKS / 2]) {
@@ -344,15 +344,18 @@ __device__ __forceinline__ void virtual_split_store(float4 *slot, float (&acc)[T
         acc[4 * q + 0] = acc[4 * q + 1] = acc[4 * q + 2] = acc[4 * q + 3] = 0.0f;
     }
 }
+/* acc = 0 + p0 + … + p(n − 1) + acc (last = true: acc is the last range's partial) or 0 + p0 + … + p(n − 1) (false:
+ * every partial in its slot, the blocks of virtual ranges below); `stride` slots a tile. */
 template <int TOKS>
-__device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int ranges, float (&acc)[TOKS / 2]) {
+__device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int stride, int n, bool last,
+                                                  float (&acc)[TOKS / 2]) {
     float sum[TOKS / 2]; /* the ranges' sums; part[] is dead by now, its registers take these */
 #pragma unroll
     for (int e = 0; e < TOKS / 2; e++) sum[e] = 0.0f;
-    for (int r = 0; r + 1 < ranges; r++) {
+    for (int r = 0; r < n; r++) {
         /* a range's TOKS / 8 loads issued together, then added: one memory latency a range (a load and its add per
          * float4 in turn waited out each latency alone, TOKS / 8 a tile: the 1.23× of the thirtieth session) */
-        const float4 *slot = virtual_split_slot<TOKS>(partials, tile, ranges, r);
+        const float4 *slot = virtual_split_slot<TOKS>(partials, tile, stride, r);
         float4 p[TOKS / 8];
 #pragma unroll
         for (int q = 0; q < TOKS / 8; q++) p[q] = __ldcg(slot + q * 256);
@@ -363,10 +366,10 @@ __device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int
         }
     }
 #pragma unroll
-    for (int e = 0; e < TOKS / 2; e++) acc[e] = __fadd_rn(sum[e], acc[e]);
+    for (int e = 0; e < TOKS / 2; e++) acc[e] = last ? __fadd_rn(sum[e], acc[e]) : sum[e];
 }
 
-template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP, bool VIRTUAL = false>
+template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP, int VIRT = 0>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
@@ -391,21 +394,34 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     /* SPLIT (split-K, grid.z splits): this block's contiguous range of super-blocks, `count` of them from sb_begin. A
      * separate instantiation: the split epilogue's code in the one kernel made the consumers' main loop spill under
      * their 168-register cap. */
-    const int sb_begin = SPLIT ? (int)blockIdx.z * sb_per_split : 0;
-    const int count = SPLIT ? max(0, min(super_blocks, sb_begin + sb_per_split) - sb_begin) : super_blocks;
+    /* Blocks of virtual ranges (PREP, unsplit, slots, sb_per_split = −per < 0 and grid.z = blocks > 1; batch-invariant
+     * calls): the R ranges of `per` super-blocks in grid.z contiguous runs of ⌈R / grid.z⌉, one block each; every
+     * range's partial to its slot ([tile][R]), and the last block of the tile to arrive sums 0 + p0 + … + p(R − 1) —
+     * the split launch's sums with fewer, longer blocks. */
+    const int ranges_all = sb_per_split < 0 ? (super_blocks - sb_per_split - 1) / -sb_per_split : 1;
+    constexpr bool VIRTUAL = VIRT == 1, SLOTS = VIRT == 2; /* virtual splits' partials in registers, in slots */
+    const bool blocks_of_ranges = SLOTS && sb_per_split < 0 && gridDim.z > 1;
+    const int ranges_per_block = blocks_of_ranges ? (ranges_all + (int)gridDim.z - 1) / (int)gridDim.z : 0;
+    const int range0 = blocks_of_ranges ? (int)blockIdx.z * ranges_per_block : 0; /* the block's first range */
+    const int sb_begin = SPLIT ? (int)blockIdx.z * sb_per_split : blocks_of_ranges ? range0 * -sb_per_split : 0;
+    const int count = SPLIT ? max(0, min(super_blocks, sb_begin + sb_per_split) - sb_begin)
+                      : blocks_of_ranges ? max(0, min(super_blocks, sb_begin + ranges_per_block * -sb_per_split) - sb_begin)
+                                         : super_blocks;
     /* Virtual splits (PREP, unsplit launches, sb_per_split = −per < 0; launch_wgmma for batch-invariant calls): the
      * block computes the sums a split-K launch of `per` super-blocks per split would — each range's partial from 0,
      * the partials added in range order, 0 + p0 + p1 + … — one range after another: the same bits as the split launch
-     * without its extra blocks. VIRTUAL (f16): at each range's end its partial is added to a running sum in registers
+     * without its extra blocks; instantiations of their own (VIRT), so the default launch's code carries none of this.
+     * VIRTUAL (f16): at each range's end its partial is added to a running sum in registers
      * (`run`, from 0) and acc restarts from 0; after the last range acc = run + acc — one round-to-nearest f32 add at a
-     * time in range order, as the split launch's `v.x += p.x` from 0 (cluster_finish, reduce_splits). A separate
-     * instantiation: `run` takes TOKS / 2 more registers through the main loop (within the consumers' 232). Otherwise
-     * (bf16) each range's partial but the last is kept in `partials` (virtual_split_store / _sum): with `run` the bf16
+     * time in range order, as the split launch's `v.x += p.x` from 0 (cluster_finish, reduce_splits); `run` takes
+     * TOKS / 2 more registers through the main loop (within the consumers' 232). SLOTS (bf16, and blocks of ranges):
+     * each range's partial but the last is kept in `partials` (virtual_split_store / _sum): with `run` the bf16
      * consumers sat at 229 registers and took 1.05–1.08× the slots' time, where f16 took 0.80–0.91× (thirty-first
      * session, docs/PERF.md). */
-    const int virtual_per = (PREP && !SPLIT && sb_per_split < 0) ? -sb_per_split : 0;
-    const int virtual_ranges = virtual_per > 0 ? (count + virtual_per - 1) / virtual_per : 1;
-    static_assert(!VIRTUAL || (PREP && !SPLIT), "virtual splits: unsplit PREP launches only");
+    const int virtual_per = VIRT != 0 && sb_per_split < 0 ? -sb_per_split : 0;
+    const int virtual_ranges = virtual_per > 0 ? (count + virtual_per - 1) / virtual_per : 1; /* this block's */
+    const int slot_stride = blocks_of_ranges ? ranges_all : virtual_ranges - 1; /* slots a tile */
+    static_assert(VIRT == 0 || (PREP && !SPLIT), "virtual splits: unsplit PREP launches only");
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
             mbarrier_init(bars + 8 * s, PREP ? 129 : 128);      /* the 128 producer threads (PREP: + the bytes' arrive) */
@@ -660,10 +676,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 for (int e = 0; e < TOKS / 2; e++) run[e] = __fadd_rn(run[e], acc[e]), acc[e] = 0.0f;
                 range_left = virtual_per;
             }
-        } else if constexpr (PREP && !SPLIT) {
+        } else if constexpr (SLOTS) {
             if (virtual_per > 0 && (i + 1) % virtual_per == 0 && i + 1 < count) /* a range ends: its partial kept, acc = 0 */
-                virtual_split_store<TOKS>(virtual_split_slot<TOKS>(partials, tile, virtual_ranges, (i + 1) / virtual_per - 1),
-                                          acc);
+                virtual_split_store<TOKS>(
+                    virtual_split_slot<TOKS>(partials, tile, slot_stride, range0 + (i + 1) / virtual_per - 1), acc);
         }
     }
     if constexpr (VIRTUAL) {
@@ -671,8 +687,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < TOKS / 2; e++) acc[e] = __fadd_rn(run[e], acc[e]);
         }
-    } else if constexpr (PREP && !SPLIT) {
-        if (virtual_ranges > 1) virtual_split_sum<TOKS>(partials, tile, virtual_ranges, acc); /* acc = 0 + p0 + … + acc */
+    } else if constexpr (SLOTS) {
+        if (blocks_of_ranges) { /* the last range's partial to its slot too; the tile's last block to arrive sums them */
+            if (count > 0)
+                virtual_split_store<TOKS>(
+                    virtual_split_slot<TOKS>(partials, tile, slot_stride, range0 + virtual_ranges - 1), acc);
+            if (!split_arrived_last<256>(counters, (unsigned)blockIdx.x)) return;
+            virtual_split_sum<TOKS>(partials, tile, slot_stride, ranges_all, false, acc); /* acc = 0 + p0 + … */
+            if (threadIdx.x == 0) counters[blockIdx.x] = 0; /* ready for the next launch on the stream */
+        } else if (virtual_ranges > 1) {
+            virtual_split_sum<TOKS>(partials, tile, slot_stride, virtual_ranges - 1, true, acc); /* 0 + p0 + … + acc */
+        }
     }
     if (!PREP && warpgroup == 0) turn_wait(0); /* warpgroup 1's last pass (every barrier phase completes before the exit) */
 
@@ -866,30 +891,41 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     const bool prep = c->wgmma_prepared != NULL;
     /* virtual splits (wgmma_tile_kernel's virtual_per): an unsplit PREP launch — the whole launch, or the whole waves'
      * one where there is a last wave — that sums as `wgmma_virtual_splits` splits would: f16 in registers (VIRTUAL),
-     * bf16 with its ranges' partials in c->wgmma_virtual_sums ([tiles][ranges − 1][TOKS × 128] floats) */
+     * bf16 with its ranges' partials in c->wgmma_virtual_sums ([tiles][ranges − 1][TOKS × 128] floats; blocks of
+     * ranges, any dtype: [tiles][ranges][…]) */
     constexpr bool in_registers = std::is_same<T, __half>::value;
     int virtual_per = 0;
+    /* blocks of virtual ranges (wgmma_tile_kernel's blocks_of_ranges): c->wgmma_virtual_blocks a tile, the slots and
+     * the split-K counters, any dtype */
+    const int range_blocks =
+        prep && c->wgmma_virtual_blocks > 1 && c->wgmma_virtual_sums && c->counters && !c->wgmma_whole_tiles
+            ? c->wgmma_virtual_blocks
+            : 0;
     if (prep && c->wgmma_virtual_splits > 1 && (in_registers || c->wgmma_virtual_sums)) {
         split_count(super_blocks, c->wgmma_virtual_splits, &virtual_per);
         if (virtual_per >= super_blocks) virtual_per = 0; /* one range: nothing to add */
     }
     const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
-    static unsigned long long opted_in[5] = {0, 0, 0, 0, 0};
+    /* the virtual ranges' partials in slots: bf16, and blocks of ranges (every dtype) */
+    const bool in_slots = virtual_per && (!in_registers || range_blocks);
+    static unsigned long long opted_in[6] = {0, 0, 0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
-        *variant = in_registers && prep && !split && virtual_per ? 4 : (prep ? 2 : 0) + (split ? 1 : 0);
+        *variant = prep && !split && virtual_per ? (in_slots ? 5 : 4) : (prep ? 2 : 0) + (split ? 1 : 0);
         return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
                : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
                : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
                : *variant == 3 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>
-                               : wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, in_registers>;
+               : *variant == 4 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, in_registers ? 1 : 2>
+                               : wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 2>;
     };
     int variant, whole_variant;
     auto kernel = kernel_of(splits > 1, &variant), whole_kernel = kernel_of(false, &whole_variant);
     int opt_in = shared_memory_opt_in(kernel, shared, &opted_in[variant]);
     if (!opt_in && whole) opt_in = shared_memory_opt_in(whole_kernel, shared, &opted_in[whole_variant]);
     if (opt_in) return opt_in;
-    const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)splits);
-    static std::atomic<int> cluster_answers[5][WG_CLUSTER_MAX + 1][8];
+    const int grid_z = splits == 1 && virtual_per && range_blocks ? range_blocks : splits; /* blocks of ranges, or splits */
+    const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)grid_z);
+    static std::atomic<int> cluster_answers[6][WG_CLUSTER_MAX + 1][8];
     const bool cluster_size = splits >= 2 && splits <= WG_CLUSTER_MAX;
     if (c->wgmma_prime) { /* the answer the launch below will look up, asked now (outside a capture) */
         int clusters = 0;
@@ -919,7 +955,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, false,
                                          x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out,
-                                         virtual_per && !in_registers ? c->wgmma_virtual_sums : c->partials, c->counters,
+                                         in_slots ? c->wgmma_virtual_sums : c->partials, c->counters,
                                          x_sums,
                                          (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0);
         if (status) return status;
@@ -937,7 +973,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     return launch_kernel_ex(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, cluster_z, x_map, (const T *)c->x,
                             (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                             (const T *)c->biases, (T *)c->out,
-                            splits == 1 && virtual_per && !in_registers ? c->wgmma_virtual_sums : c->partials,
+                            splits == 1 && in_slots ? c->wgmma_virtual_sums : c->partials,
                             c->counters, x_sums,
                             (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole);
 }

@@ -1331,7 +1331,7 @@ static const char *row_order(qmm_context *context, const char *name) {
  * M = 2, 37, 512, 1024, 2048, through the selector and through each row of the order forced (a tile row of the other order
  * refused), on Hopper also with the splits through the split-K workspace in chunks of M instead of clusters
  * (QMM_CUDA_WGMMA_CLUSTER=0) and with each way of running the splits forced (QMM_CUDA_INVARIANT_PATH: split blocks,
- * virtual splits, the whole waves virtual and the rest split): the same bits. */
+ * virtual splits, the whole waves virtual and the rest split, blocks of virtual ranges): the same bits. */
 static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     enum { N = 1000, K = 2048, ROWS = 2048 };
     static const size_t ms[] = {1, 2, 37, 512, 1024, 2048};
@@ -1356,6 +1356,8 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
                 {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "virtual"},
                 {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "last"}, /* 256 tiles at M = 2048: 132 virtual, 124 split */
                 {"cuda.qmm_t.wgmma_tile.m64n128", "0", "last"},
+                {"cuda.qmm_t.wgmma_tile.m128n128", NULL, "blocks"}, /* 2 blocks a tile, 2 ranges each */
+                {"cuda.qmm_t.wgmma_tile.m64n128", NULL, "blocks"},
                 {"cuda.qmm_t.wgmma_tile.m128n128", "0", "split"}}; /* M = 2048: the workspace in chunks of M */
     product p;
     if (!product_make(context, rng, ROWS, N, K, 4, 64, QMM_F16, "batch-invariant", &p)) return;
@@ -1421,7 +1423,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
      * split blocks run instead of an out-of-memory error) — and sampled rows alone the same. */
     if (hopper) {
         enum { K_UNEVEN = 2112 };
-        static const char *const paths[] = {"split", "virtual", "last", "virtual"}; /* the last without slots */
+        static const char *const paths[] = {"split", "virtual", "last", "blocks", "virtual"}; /* the last without slots */
         product u;
         uint16_t *first = malloc((size_t)ROWS * N * sizeof *first), *row_alone = malloc(N * sizeof *row_alone);
         qmm_buffer *x_uneven = NULL, *out_uneven = NULL;
@@ -1434,7 +1436,7 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
             for (size_t w = 0; w < sizeof paths / sizeof paths[0]; w++) {
                 qmm_matmul_options forced = options;
                 forced.kernel = "cuda.qmm_t.wgmma_tile.m64n128";
-                const bool no_slots = w == 3;
+                const bool no_slots = w == 4;
                 setenv("QMM_CUDA_INVARIANT_PATH", paths[w], 1);
                 if (no_slots) setenv("QMM_CUDA_INVARIANT_SLOTS", "0", 1);
                 CHECK_OK(qmm_buffer_poison(u.out));

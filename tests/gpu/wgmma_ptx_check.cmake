@@ -16,7 +16,7 @@ set(prep_count 0)
 set(bad "")
 set(entry "")
 macro(finish_entry)
-  if(entry MATCHES "wgmma_tile_kernelI.*ELb[01]ELb1EE")
+  if(entry MATCHES "wgmma_tile_kernelI.*ELb[01]ELb1ELi[0-9]+EE") # <…, SPLIT, PREP = true, VIRT>
     math(EXPR prep_count "${prep_count} + 1")
     if(has_trap OR NOT has_setmaxnreg)
       list(APPEND bad "${entry} (trap: ${has_trap}, setmaxnreg: ${has_setmaxnreg})")
