@@ -962,12 +962,15 @@ static size_t split_waves(size_t tiles, size_t splits, size_t sms, int clusters,
 
 /* A batch-invariant call on a PREPARED wgmma row (wgmma_launch_of): its bits may not depend on M, so nothing falls back
  * to another order — no prepared-x workspace is an error (the _fma variant would add b·Σx another way). The splits of
- * wgmma_invariant_splits run the way the model finds cheapest for this call: as virtual splits (one unsplit block a
- * tile, wgmma_tile_kernel's virtual_per) where the tiles keep the device busy; otherwise as split blocks — where the
- * split-K workspace holds every tile's splits, clusters or the workspace as for default calls; where it does not, as
- * clusters, and where the device runs none (or QMM_CUDA_WGMMA_CLUSTER=0: tests) through the workspace in chunks of
- * whole token tiles that it holds. The same sums in the same split order every way (the kernel's `run` or
- * virtual_split_sum, cluster_finish, reduce_splits). */
+ * wgmma_invariant_splits run the way the model finds cheapest for this call: as blocks of virtual ranges (a few
+ * blocks a tile, each a run of the ranges, every partial in a slot; only where a split has ≥ 8 super-blocks); as
+ * virtual splits (one unsplit block a tile, wgmma_tile_kernel's VIRT) where the tiles keep the device busy — or the
+ * last wave, the whole waves so and the rest split; otherwise as split blocks — where the split-K workspace holds
+ * every tile's splits, clusters or the workspace as for default calls; where it does not, as clusters, and where the
+ * device runs none (or QMM_CUDA_WGMMA_CLUSTER=0: tests) through the workspace in chunks of whole token tiles that it
+ * holds. Where a form's slots cannot be had (bf16 virtual splits, blocks of ranges), split blocks run instead. The
+ * same sums in the same split order every way (the kernel's `run` or virtual_split_sum, cluster_finish,
+ * reduce_splits). */
 static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     const cuda_state *s = call->backend_state;
     const char *name = tokens == 64 ? "cuda.qmm_t.wgmma_tile.m64n128" : "cuda.qmm_t.wgmma_tile.m128n128";
@@ -1139,8 +1142,8 @@ WGMMA_ROW(wgmma_fma_m64n128, 64, false)
  * stage's b·Σx as one wgmma k8 tf32 per chunk of 8 slots (Σx per group segment by wgmma_prepare_x's per-token tree,
  * in three exact tf32 pieces), then per group segment acc = fma(s, Σq·x, acc) with Σq·x the segment's chained wgmma
  * k16 steps; the splits' partials summed 0 + p0 + p1 + … in split order (split blocks through a cluster or the
- * workspace, or virtual splits in one block: the same sums). The
- * token tile (64 or 128) does not enter an output's arithmetic. */
+ * workspace, virtual splits in one block, or blocks of virtual ranges: the same sums). The token tile (64 or 128) does
+ * not enter an output's arithmetic. */
 /* mma_tile_bf16x3 (f32): the same order with three x parts: per 32-code block, the hi part's MMAs over both k16
  * steps, then mid's, then lo's (into one accumulator; Σx the same), then Σq·x and Σx scaled back by 2^-24 (exact)
  * before the same two FMAs. */
