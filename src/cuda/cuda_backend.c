@@ -929,6 +929,18 @@ static void *wgmma_prepared_workspace(cuda_state *s, const qmm_call *call, size_
     return memory;
 }
 
+/* Virtual splits for `launch` (wgmma_invariant_run): the prepared-x workspace grown by `bytes` of partials' slots
+ * (wgmma_virtual_sums_bytes; 0: none, f16 in registers) and the launch pointed at it, summing as its splits would;
+ * false, the launch unchanged, where the workspace cannot be had. */
+static bool wgmma_virtual_workspace(qmm_cuda_launch *launch, const qmm_call *call, size_t bytes) {
+    char *workspace = wgmma_prepared_workspace(call->backend_state, call, bytes);
+    if (!workspace) return false;
+    launch->wgmma_prepared = workspace; /* the prepared x is written by the launch: a grown buffer is as good */
+    launch->wgmma_virtual_splits = launch->splits;
+    launch->wgmma_virtual_sums = bytes ? (float *)(workspace + wgmma_virtual_sums_at(call)) : NULL;
+    return true;
+}
+
 /* A wgmma row's launch for this call: splits, last wave, cluster mode and (PREPARED rows) the prepared-x workspace.
  * A batch-invariant call on a PREPARED row: wgmma_invariant_splits, no last wave, cluster mode 2 (wgmma_invariant_run
  * then chooses how the splits run); `sums`: room for its virtual-split partials after the prepared x too where it can be
@@ -1031,18 +1043,11 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
                        (last_cost < 0 || blocks_cost < last_cost) && (units + splits - 1) / splits >= 8;
     if (forced) take_blocks = strcmp(forced, "blocks") == 0 && range_blocks > 0;
     if (forced && take_blocks) range_blocks = 2;
-    if (take_blocks) {
-        const size_t bytes = wgmma_virtual_sums_bytes(call, launch.splits, true);
-        char *with_slots = wgmma_prepared_workspace(call->backend_state, call, bytes);
-        if (with_slots) {
-            launch.wgmma_prepared = with_slots;
-            launch.wgmma_virtual_splits = launch.splits;
-            launch.wgmma_virtual_sums = (float *)(with_slots + wgmma_virtual_sums_at(call));
-            launch.wgmma_virtual_blocks = (int)range_blocks;
-            launch.splits = 1;
-            launch.wgmma_cluster = 0;
-            return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
-        }
+    if (take_blocks && wgmma_virtual_workspace(&launch, call, wgmma_virtual_sums_bytes(call, launch.splits, true))) {
+        launch.wgmma_virtual_blocks = (int)range_blocks;
+        launch.splits = 1;
+        launch.wgmma_cluster = 0;
+        return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
     }
     bool take_virtual = virtual_cost <= split_cost || (last_cost >= 0 && last_cost < split_cost);
     bool take_last = last_cost >= 0 && last_cost < virtual_cost;
@@ -1054,15 +1059,9 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
      * not; tests). f16 needs none. */
     const size_t sums = wgmma_virtual_sums_bytes(call, launch.splits, false);
     const char *slots = getenv("QMM_CUDA_INVARIANT_SLOTS");
-    char *with_sums = NULL;
-    if (take_virtual && !(sums && slots && strcmp(slots, "0") == 0))
-        with_sums = wgmma_prepared_workspace(call->backend_state, call, sums);
-    if (with_sums) {
+    if (take_virtual && !(sums && slots && strcmp(slots, "0") == 0) && wgmma_virtual_workspace(&launch, call, sums)) {
         /* tiles enough to keep the device busy unsplit: one block a tile computes the splits' sums in turn — every
          * tile, or those of the whole waves, the rest's splits in blocks of their own */
-        launch.wgmma_prepared = with_sums; /* the prepared x is written by the launch: a grown buffer is as good */
-        launch.wgmma_virtual_splits = launch.splits;
-        launch.wgmma_virtual_sums = sums ? (float *)(with_sums + wgmma_virtual_sums_at(call)) : NULL;
         if (take_last) {
             launch.wgmma_whole_tiles = (int)whole;
             if (rest_fits && launch.wgmma_cluster == 2) launch.wgmma_cluster = 1;
