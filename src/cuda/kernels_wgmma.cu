@@ -298,20 +298,26 @@ __device__ __noinline__ void cluster_finish(const float *tile_partial, const T *
     const uint32_t local = smem_address(tile_partial);
     float4 v[MOST];
 #pragma unroll
-    for (int r = 0; r < MOST; r++) {
-        v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const int i4 = begin + (int)threadIdx.x + 256 * r;
-        if (i4 >= end) continue;
-        for (unsigned z = 0; z < splits; z++) {
+    for (int r = 0; r < MOST; r++) v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    /* split by split, the thread's MOST steps' loads issued together, then added: one shared::cluster round trip per
+     * split. (Each load's asm had a "memory" clobber and was added before the next issued: MOST × splits round trips
+     * one after another.) The loads' asm is volatile without the clobber: it stays between the cluster barriers (both
+     * volatile, in order) and the compiler may not drop it; the hardware waits only where the adds use the values. */
+    for (unsigned z = 0; z < splits; z++) {
+        float4 p[MOST];
+#pragma unroll
+        for (int r = 0; r < MOST; r++) {
+            const int i4 = begin + (int)threadIdx.x + 256 * r;
+            p[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i4 >= end) continue;
             uint32_t remote;
-            float4 p;
             asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local + 16u * (unsigned)i4), "r"(z));
             asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                         : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
-                         : "r"(remote)
-                         : "memory");
-            v[r].x += p.x, v[r].y += p.y, v[r].z += p.z, v[r].w += p.w;
+                         : "=f"(p[r].x), "=f"(p[r].y), "=f"(p[r].z), "=f"(p[r].w)
+                         : "r"(remote));
         }
+#pragma unroll
+        for (int r = 0; r < MOST; r++) v[r].x += p[r].x, v[r].y += p[r].y, v[r].z += p[r].z, v[r].w += p[r].w;
     }
     /* done reading the other blocks' shared memory: arrive before the stores (a release arrive waits for this thread's
      * earlier memory operations — after the stores it would wait for every one of them), wait before the exit */

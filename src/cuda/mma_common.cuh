@@ -355,25 +355,39 @@ __device__ __forceinline__ void store_split_step(float4 v, int i4, const T *__re
 
 /* The last split's sum of a tile's partials ([split][BM tokens][BN rows] f32 from `all`, the tile's first split; the
  * tile starts at row n0, token m0; threads 0 … THREADS − 1 take part), stored with the non-finite rule applied:
- * four neighbouring rows of one token per step
- * (128-bit loads), the splits' loads of a step issued together — the scalar loop this replaces waited one L2
- * round trip per output (32 outputs per thread at BM = BN = 64), which dominated small-N shapes at M = 32–128.
- * Same sums in the same order (0 + p0 + p1 + …). Not inlined: its registers stay out of the main loop's
- * allocation (the kernel runs under a 168-register cap). */
+ * four neighbouring rows of one token per step (128-bit loads), RUN steps of a thread at a time with every load of
+ * two splits of the run issued together before their adds — one L2 round trip per two splits of a run, where a step at
+ * a time waited one per step (BM·BN / 4 / THREADS of them, 16 for a 128×128 tile of 256 threads; the virtual
+ * splits' sum, virtual_split_sum, was 1.23× slower for the same reason): the default wgmma rows' split cells
+ * 0.87–0.95× the time at M = 64–256 (thirty-second session; the twenty-fourth session's runs of 4 steps had measured
+ * 1.19× at 4096² M = 128, not understood). Same sums in the same order (0 + p0 + p1 + …). Not inlined: its registers stay out of the main loop's allocation (the kernel runs under a 168-register cap). */
 template <int BITS, typename T, int GS, int BM, int BN, int THREADS>
 __device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsigned splits, const T *__restrict__ x,
                                            const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                                            const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K,
                                            int n0, int m0) {
     static_assert(BN % 4 == 0, "four rows per step");
-    for (int i4 = threadIdx.x; i4 < BM * BN / 4; i4 += THREADS) {
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+    constexpr int STEPS = BM * BN / 4, RUN = 4;
+    for (int base = threadIdx.x; base < STEPS; base += RUN * THREADS) {
+        float4 v[RUN];
+#pragma unroll
+        for (int r = 0; r < RUN; r++) v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 2
         for (unsigned z = 0; z < splits; z++) {
-            const float4 p = __ldcg(all + (size_t)z * (BM * BN / 4) + i4);
-            v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+            float4 p[RUN];
+#pragma unroll
+            for (int r = 0; r < RUN; r++) {
+                const int i4 = base + r * THREADS;
+                p[r] = i4 < STEPS ? __ldcg(all + (size_t)z * STEPS + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int r = 0; r < RUN; r++) v[r].x += p[r].x, v[r].y += p[r].y, v[r].z += p[r].z, v[r].w += p[r].w;
         }
-        store_split_step<BITS, T, GS, BN>(v, i4, x, w_orig, scales, biases, out, M, N, K, n0, m0);
+#pragma unroll
+        for (int r = 0; r < RUN; r++)
+            if (base + r * THREADS < STEPS)
+                store_split_step<BITS, T, GS, BN>(v[r], base + r * THREADS, x, w_orig, scales, biases, out, M, N, K, n0,
+                                                  m0);
     }
 }
 
