@@ -993,6 +993,20 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
                          "could not be allocated now (or not inside a stream capture: a chain reserves it when its step "
                          "is added)", name, qmm_cuda_wgmma_prepared_bytes(call->bits, call->group_size, call->M, call->K),
                          call->M, call->K);
+    /* QMM_CUDA_INVARIANT_PATH=split|virtual|last|blocks forces one way of running the splits (tests: the same bits
+     * each way). A forced way this call cannot take is an error, so a test that passes ran the way it named; only a
+     * form's slots that cannot be had still fall back to split blocks (QMM_CUDA_INVARIANT_SLOTS=0 below). */
+    const char *forced = getenv("QMM_CUDA_INVARIANT_PATH");
+    if (forced && !*forced) forced = NULL;
+    if (forced && strcmp(forced, "split") != 0 && strcmp(forced, "virtual") != 0 && strcmp(forced, "last") != 0 &&
+        strcmp(forced, "blocks") != 0)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                         "%s: QMM_CUDA_INVARIANT_PATH=%s is not a way of running the splits (split, virtual, last or "
+                         "blocks)", name, forced);
+    if (forced && launch.splits <= 1)
+        return qmm_error(QMM_ERR_UNSUPPORTED,
+                         "%s: QMM_CUDA_INVARIANT_PATH=%s cannot run for this call: its K=%zu is one split (N=%zu), "
+                         "there is no way of running splits to force", name, forced, call->K, call->N);
     if (launch.splits <= 1) return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
     const size_t row_tiles = (call->N + 127) / 128, tiles = row_tiles * ((call->M + (size_t)tokens - 1) / (size_t)tokens);
     const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16;
@@ -1036,9 +1050,16 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
                                 (double)(per_block * ((units + splits - 1) / splits) + 8 + 2 * (per_block - 1));
             if (blocks_cost < 0 || cost < blocks_cost) blocks_cost = cost, range_blocks = blocks;
         }
-    /* QMM_CUDA_INVARIANT_PATH=split|virtual|last|blocks forces one way (tests: the same bits each way; `last` only where
-     * the tiles pass a wave, `blocks` (2 a tile) where the splits are 3 or more) */
-    const char *forced = getenv("QMM_CUDA_INVARIANT_PATH");
+    /* a forced `last` needs tiles past a wave with a partial last wave whose splits can run; a forced `blocks` (2 a
+     * tile) 3 splits or more and a split-K counter for every tile */
+    if (forced && ((strcmp(forced, "last") == 0 && last_cost < 0) || (strcmp(forced, "blocks") == 0 && range_blocks == 0)))
+        return qmm_error(QMM_ERR_UNSUPPORTED,
+                         "%s: QMM_CUDA_INVARIANT_PATH=%s cannot run for this call (M=%zu: %zu tiles of %d tokens on %zu "
+                         "SMs, %d splits): %s", name, forced, call->M, tiles, tokens, sms, launch.splits,
+                         strcmp(forced, "last") == 0 ? "the last wave needs more tiles than SMs, a partial last wave, and "
+                                                       "room for its splits"
+                                                     : "blocks of virtual ranges need 3 splits or more and a split-K "
+                                                       "counter for every tile");
     bool take_blocks = blocks_cost >= 0 && blocks_cost < split_cost && blocks_cost < virtual_cost &&
                        (last_cost < 0 || blocks_cost < last_cost) && (units + splits - 1) / splits >= 8;
     if (forced) take_blocks = strcmp(forced, "blocks") == 0 && range_blocks > 0;
@@ -1051,7 +1072,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     }
     bool take_virtual = virtual_cost <= split_cost || (last_cost >= 0 && last_cost < split_cost);
     bool take_last = last_cost >= 0 && last_cost < virtual_cost;
-    if (forced && strcmp(forced, "split") == 0) take_virtual = false;
+    if (forced && (strcmp(forced, "split") == 0 || strcmp(forced, "blocks") == 0)) take_virtual = false; /* blocks: no slots */
     if (forced && strcmp(forced, "virtual") == 0) take_virtual = true, take_last = false;
     if (forced && strcmp(forced, "last") == 0 && last_cost >= 0) take_virtual = true, take_last = true;
     /* bf16: the partials' slots after the prepared x, asked for only now (splits − 1 times the f32 output): where they

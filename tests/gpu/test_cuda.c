@@ -1399,9 +1399,24 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         char how[64];
         snprintf(how, sizeof how, "%s%s%s", runs[k].cluster ? ", no clusters" : "", runs[k].path ? ", path " : "",
                  runs[k].path ? runs[k].path : "");
+        const bool last = runs[k].path && strcmp(runs[k].path, "last") == 0;
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
             CHECK_OK(qmm_buffer_poison(p.out));
-            CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info));
+            if (last && ms[i] <= 1024) {
+                /* a forced way the call cannot take is an error: at M ≤ 512, 64 tiles or fewer, fewer than any Hopper
+                 * part's SMs (no last wave); at 1024, 128 tiles: more than the SMs on some parts (78 on an H20), not
+                 * on the H200's 132 — so either, and the error names the knob; at 2048 (256 tiles) it runs */
+                const qmm_status status = qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info);
+                if (ms[i] <= 512 || status != QMM_OK) {
+                    CHECK(status == QMM_ERR_UNSUPPORTED &&
+                              strstr(qmm_last_error(), "QMM_CUDA_INVARIANT_PATH=last cannot run") != NULL,
+                          "forced path last at M=%zu: status %d (%s), want QMM_ERR_UNSUPPORTED naming the knob", ms[i],
+                          (int)status, qmm_last_error());
+                    continue;
+                }
+            } else {
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info));
+            }
             CHECK_OK(qmm_buffer_read(p.out, got, ms[i] * N));
             for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
                 if (rows[r] < ms[i])
@@ -1417,22 +1432,36 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         if (runs[k].cluster) unsetenv("QMM_CUDA_WGMMA_CLUSTER");
         if (runs[k].path) unsetenv("QMM_CUDA_INVARIANT_PATH");
     }
-    /* Hopper, bf16 (its virtual splits keep their partials in workspace slots; f16's, above, in registers),
-     * K = 2112: 17 super-blocks in 4 splits of 5, 5, 5 and 2 — uneven ranges. Every way of running them gives the
-     * selector's bits at M = 2048 — virtual splits also where their slots cannot be had (QMM_CUDA_INVARIANT_SLOTS=0:
-     * split blocks run instead of an out-of-memory error) — and sampled rows alone the same. */
-    if (hopper) {
+    if (hopper) { /* a forced way that is not one: an error naming the value and the ways */
+        qmm_matmul_options forced = options;
+        forced.kernel = "cuda.qmm_t.wgmma_tile.m64n128";
+        setenv("QMM_CUDA_INVARIANT_PATH", "sideways", 1);
+        CHECK_STATUS(qmm_matmul(context, p.weights, p.x, 512, p.out, &forced, NULL), QMM_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(qmm_last_error(), "QMM_CUDA_INVARIANT_PATH=sideways") && strstr(qmm_last_error(), "blocks"),
+              "an unknown forced path: %s", qmm_last_error());
+        unsetenv("QMM_CUDA_INVARIANT_PATH");
+    }
+    /* Hopper, bf16 and f16 (bf16's virtual splits keep their partials in workspace slots, f16's a running sum in
+     * registers with a countdown to each range's end), K = 2112: 17 super-blocks in 4 splits of 5, 5, 5 and 2 — uneven
+     * ranges. Every way of running them gives the selector's bits at M = 2048 — virtual splits also where their slots
+     * cannot be had (QMM_CUDA_INVARIANT_SLOTS=0: for bf16 split blocks run instead of an out-of-memory error; f16 needs
+     * none) — and sampled rows alone the same. */
+    for (int d = 0; hopper && d < 2; d++) {
         enum { K_UNEVEN = 2112 };
         static const char *const paths[] = {"split", "virtual", "last", "blocks", "virtual"}; /* the last without slots */
+        const qmm_dtype dtype = d == 0 ? QMM_BF16 : QMM_F16;
+        const char *dname = d == 0 ? "bf16" : "f16";
+        char what[120];
+        snprintf(what, sizeof what, "batch-invariant %s, uneven splits", dname);
         product u;
         uint16_t *first = malloc((size_t)ROWS * N * sizeof *first), *row_alone = malloc(N * sizeof *row_alone);
         qmm_buffer *x_uneven = NULL, *out_uneven = NULL;
-        if (first && row_alone &&
-            product_make(context, rng, ROWS, N, K_UNEVEN, 4, 64, QMM_BF16, "batch-invariant bf16, uneven splits", &u)) {
+        if (first && row_alone && product_make(context, rng, ROWS, N, K_UNEVEN, 4, 64, dtype, what, &u)) {
             CHECK_OK(qmm_buffer_poison(u.out));
             CHECK_OK(qmm_matmul(context, u.weights, u.x, ROWS, u.out, &options, &info));
             CHECK_OK(qmm_buffer_read(u.out, first, (size_t)ROWS * N));
-            product_check(&u, "batch-invariant bf16 K=2112 M=2048 against the oracle", 2.0);
+            snprintf(what, sizeof what, "batch-invariant %s K=2112 M=2048 against the oracle", dname);
+            product_check(&u, what, 2.0);
             for (size_t w = 0; w < sizeof paths / sizeof paths[0]; w++) {
                 qmm_matmul_options forced = options;
                 forced.kernel = "cuda.qmm_t.wgmma_tile.m64n128";
@@ -1445,19 +1474,19 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
                 unsetenv("QMM_CUDA_INVARIANT_SLOTS");
                 CHECK_OK(qmm_buffer_read(u.out, got, (size_t)ROWS * N));
                 CHECK(memcmp(got, first, (size_t)ROWS * N * sizeof *got) == 0,
-                      "batch-invariant bf16 K=2112 M=2048: path %s%s (%s) differs from the selector's bits", paths[w],
-                      no_slots ? " without slots" : "", info.name);
+                      "batch-invariant %s K=2112 M=2048: path %s%s (%s) differs from the selector's bits", dname,
+                      paths[w], no_slots ? " without slots" : "", info.name);
             }
-            CHECK_OK(qmm_buffer_create(context, QMM_BF16, K_UNEVEN, &x_uneven));
-            CHECK_OK(qmm_buffer_create(context, QMM_BF16, N, &out_uneven));
+            CHECK_OK(qmm_buffer_create(context, dtype, K_UNEVEN, &x_uneven));
+            CHECK_OK(qmm_buffer_create(context, dtype, N, &out_uneven));
             for (size_t r = 0; x_uneven && out_uneven && r < sizeof rows / sizeof rows[0]; r++) {
                 CHECK_OK(qmm_buffer_write(x_uneven, (const uint16_t *)u.host_x + rows[r] * K_UNEVEN, K_UNEVEN));
                 CHECK_OK(qmm_buffer_poison(out_uneven));
                 CHECK_OK(qmm_matmul(context, u.weights, x_uneven, 1, out_uneven, &options, &info));
                 CHECK_OK(qmm_buffer_read(out_uneven, row_alone, N));
                 CHECK(memcmp(row_alone, first + rows[r] * N, N * sizeof *row_alone) == 0,
-                      "batch-invariant bf16 K=2112: row %zu alone (%s) differs from the row inside M=2048", rows[r],
-                      info.name);
+                      "batch-invariant %s K=2112: row %zu alone (%s) differs from the row inside M=2048", dname,
+                      rows[r], info.name);
             }
             qmm_buffer_destroy(x_uneven);
             qmm_buffer_destroy(out_uneven);
