@@ -1052,14 +1052,17 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
         }
     /* a forced `last` needs tiles past a wave with a partial last wave whose splits can run; a forced `blocks` (2 a
      * tile) 3 splits or more and a split-K counter for every tile */
-    if (forced && ((strcmp(forced, "last") == 0 && last_cost < 0) || (strcmp(forced, "blocks") == 0 && range_blocks == 0)))
+    const bool cannot_last = forced && strcmp(forced, "last") == 0 && last_cost < 0;
+    if (cannot_last || (forced && strcmp(forced, "blocks") == 0 && range_blocks == 0))
         return qmm_error(QMM_ERR_UNSUPPORTED,
                          "%s: QMM_CUDA_INVARIANT_PATH=%s cannot run for this call (M=%zu: %zu tiles of %d tokens on %zu "
                          "SMs, %d splits): %s", name, forced, call->M, tiles, tokens, sms, launch.splits,
-                         strcmp(forced, "last") == 0 ? "the last wave needs more tiles than SMs, a partial last wave, and "
-                                                       "room for its splits"
-                                                     : "blocks of virtual ranges need 3 splits or more and a split-K "
-                                                       "counter for every tile");
+                         cannot_last ? (tiles <= sms   ? "its tiles fit in one wave, there is no last wave"
+                                        : rest == 0    ? "its tiles fill whole waves, there is no partial last wave"
+                                                       : "the last wave's splits fit neither the split-K workspace nor "
+                                                         "a cluster launch")
+                         : splits < 3 ? "blocks of virtual ranges need 3 splits or more"
+                                      : "blocks of virtual ranges need a split-K counter for every tile");
     bool take_blocks = blocks_cost >= 0 && blocks_cost < split_cost && blocks_cost < virtual_cost &&
                        (last_cost < 0 || blocks_cost < last_cost) && (units + splits - 1) / splits >= 8;
     if (forced) take_blocks = strcmp(forced, "blocks") == 0 && range_blocks > 0;

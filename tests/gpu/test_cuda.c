@@ -1324,6 +1324,29 @@ static const char *row_order(qmm_context *context, const char *name) {
     return NULL;
 }
 
+/* Whether `status` is batch-invariant mode's refusal of a forced QMM_CUDA_INVARIANT_PATH `path` that this call cannot
+ * take, with the numbers in its message bearing the rule out — "(M=…: T tiles of … tokens on S SMs, P splits): why":
+ * `last` refused for T ≤ S (one wave) or T a multiple of S (no partial wave), `blocks` for P < 3. Which of them holds
+ * depends on the device's SM count and so the split count (a 78-SM part gives 2 splits at N = 1000, K = 2048, the
+ * H200's 132 give 4), so a test accepts the refusal exactly where the numbers say the way cannot run. (`last` also
+ * needs room for its rest's splits; the test's products always have it, so that refusal is not accepted.) */
+static bool forced_path_refused(qmm_status status, const char *path) {
+    if (status != QMM_ERR_UNSUPPORTED) return false;
+    const char *message = qmm_last_error(), *numbers = strstr(message, "(M=");
+    char want[80];
+    snprintf(want, sizeof want, "QMM_CUDA_INVARIANT_PATH=%s cannot run", path);
+    size_t m, tiles, sms;
+    int tokens, splits;
+    if (!strstr(message, want) || !numbers ||
+        sscanf(numbers, "(M=%zu: %zu tiles of %d tokens on %zu SMs, %d splits)", &m, &tiles, &tokens, &sms, &splits) != 5 ||
+        sms == 0)
+        return false;
+    if (strcmp(path, "last") == 0)
+        return (tiles <= sms && strstr(message, "fit in one wave")) ||
+               (tiles > sms && tiles % sms == 0 && strstr(message, "fill whole waves"));
+    return strcmp(path, "blocks") == 0 && splits < 3 && strstr(message, "need 3 splits or more");
+}
+
 /* Batch-invariant mode on the public API: f16 4-bit gs64, N = 1000, K = 2048 — the mode's rows are, on Hopper, the
  * default wgmma rows (order "wgmma-prep-fixed-splits": K in the same 4 splits at every M on 132 SMs — split blocks at
  * M ≤ 512, virtual splits at 2048 by the model), elsewhere the
@@ -1399,24 +1422,15 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         char how[64];
         snprintf(how, sizeof how, "%s%s%s", runs[k].cluster ? ", no clusters" : "", runs[k].path ? ", path " : "",
                  runs[k].path ? runs[k].path : "");
-        const bool last = runs[k].path && strcmp(runs[k].path, "last") == 0;
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
             CHECK_OK(qmm_buffer_poison(p.out));
-            if (last && ms[i] <= 1024) {
-                /* a forced way the call cannot take is an error: at M ≤ 512, 64 tiles or fewer, fewer than any Hopper
-                 * part's SMs (no last wave); at 1024, 128 tiles: more than the SMs on some parts (78 on an H20), not
-                 * on the H200's 132 — so either, and the error names the knob; at 2048 (256 tiles) it runs */
-                const qmm_status status = qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info);
-                if (ms[i] <= 512 || status != QMM_OK) {
-                    CHECK(status == QMM_ERR_UNSUPPORTED &&
-                              strstr(qmm_last_error(), "QMM_CUDA_INVARIANT_PATH=last cannot run") != NULL,
-                          "forced path last at M=%zu: status %d (%s), want QMM_ERR_UNSUPPORTED naming the knob", ms[i],
-                          (int)status, qmm_last_error());
-                    continue;
-                }
-            } else {
-                CHECK_OK(qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info));
-            }
+            /* a forced way the call cannot take is an error naming the knob (on the H200: `last` at M ≤ 1024, 128
+             * tiles of 64 tokens or fewer, one wave; at 2048, 256 tiles, it runs; `blocks` runs at 4 splits) */
+            const qmm_status status = qmm_matmul(context, p.weights, p.x, ms[i], p.out, &forced, &info);
+            if (runs[k].path && forced_path_refused(status, runs[k].path)) continue;
+            CHECK(status == QMM_OK, "batch-invariant M=%zu (%s%s): status %d (%s)", ms[i], row ? row : "selector", how,
+                  (int)status, qmm_last_error());
+            if (status != QMM_OK) continue;
             CHECK_OK(qmm_buffer_read(p.out, got, ms[i] * N));
             for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
                 if (rows[r] < ms[i])
@@ -1442,8 +1456,8 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
         unsetenv("QMM_CUDA_INVARIANT_PATH");
     }
     /* Hopper, bf16 and f16 (bf16's virtual splits keep their partials in workspace slots, f16's a running sum in
-     * registers with a countdown to each range's end), K = 2112: 17 super-blocks in 4 splits of 5, 5, 5 and 2 — uneven
-     * ranges. Every way of running them gives the selector's bits at M = 2048 — virtual splits also where their slots
+     * registers with a countdown to each range's end), K = 2112: 17 super-blocks in 4 splits of 5, 5, 5 and 2 on the
+     * H200 (3 of 6, 6, 5 on 96–127 SMs; 2 of 9, 8 on 78–95) — uneven ranges. Every way of running them gives the selector's bits at M = 2048 — virtual splits also where their slots
      * cannot be had (QMM_CUDA_INVARIANT_SLOTS=0: for bf16 split blocks run instead of an out-of-memory error; f16 needs
      * none) — and sampled rows alone the same. */
     for (int d = 0; hopper && d < 2; d++) {
@@ -1469,9 +1483,14 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
                 setenv("QMM_CUDA_INVARIANT_PATH", paths[w], 1);
                 if (no_slots) setenv("QMM_CUDA_INVARIANT_SLOTS", "0", 1);
                 CHECK_OK(qmm_buffer_poison(u.out));
-                CHECK_OK(qmm_matmul(context, u.weights, u.x, ROWS, u.out, &forced, &info));
+                const qmm_status status = qmm_matmul(context, u.weights, u.x, ROWS, u.out, &forced, &info);
+                const bool refused = forced_path_refused(status, paths[w]); /* `blocks` at 2 splits (78–95 SMs) */
                 unsetenv("QMM_CUDA_INVARIANT_PATH");
                 unsetenv("QMM_CUDA_INVARIANT_SLOTS");
+                if (refused) continue;
+                CHECK(status == QMM_OK, "batch-invariant %s K=2112 M=2048: path %s: status %d (%s)", dname, paths[w],
+                      (int)status, qmm_last_error());
+                if (status != QMM_OK) continue;
                 CHECK_OK(qmm_buffer_read(u.out, got, (size_t)ROWS * N));
                 CHECK(memcmp(got, first, (size_t)ROWS * N * sizeof *got) == 0,
                       "batch-invariant %s K=2112 M=2048: path %s%s (%s) differs from the selector's bits", dname,
