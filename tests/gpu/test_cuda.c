@@ -1326,8 +1326,7 @@ static const char *row_order(qmm_context *context, const char *name) {
 
 /* Whether `status` is batch-invariant mode's refusal of a forced QMM_CUDA_INVARIANT_PATH `path` that this call cannot
  * take, with the numbers in its message bearing the rule out — "(M=…: T tiles of … tokens on S SMs, P splits): why":
- * `last` refused for T ≤ S (one wave) or T a multiple of S (no partial wave), `blocks` for P < 3, any way where K is
- * one split. Which of them holds
+ * `last` refused for T ≤ S (one wave) or T a multiple of S (no partial wave), `blocks` for P < 3. Which of them holds
  * depends on the device's SM count and so the split count (a 78-SM part gives 2 splits at N = 1000, K = 2048, the
  * H200's 132 give 4), so a test accepts the refusal exactly where the numbers say the way cannot run. (`last` also
  * needs room for its rest's splits; the test's products always have it, so that refusal is not accepted.) */
@@ -1336,7 +1335,6 @@ static bool forced_path_refused(qmm_status status, const char *path) {
     const char *message = qmm_last_error(), *numbers = strstr(message, "(M=");
     char want[80];
     snprintf(want, sizeof want, "QMM_CUDA_INVARIANT_PATH=%s cannot run", path);
-    if (strstr(message, want) && strstr(message, "is one split")) return true; /* no splits to run any way (few SMs) */
     size_t m, tiles, sms;
     int tokens, splits;
     if (!strstr(message, want) || !numbers ||
