@@ -356,11 +356,12 @@ __device__ __forceinline__ void store_split_step(float4 v, int i4, const T *__re
 /* The last split's sum of a tile's partials ([split][BM tokens][BN rows] f32 from `all`, the tile's first split; the
  * tile starts at row n0, token m0; threads 0 … THREADS − 1 take part), stored with the non-finite rule applied:
  * four neighbouring rows of one token per step (128-bit loads), RUN steps of a thread at a time with every load of
- * two splits of the run issued together before their adds — one L2 round trip per two splits of a run, where a step at
- * a time waited one per step (BM·BN / 4 / THREADS of them, 16 for a 128×128 tile of 256 threads; the virtual
+ * two splits of the run issued together before their adds — one L2 round trip per two splits of a run, where a step
+ * at a time waited one per step (BM·BN / 4 / THREADS of them, 16 for a 128×128 tile of 256 threads; the virtual
  * splits' sum, virtual_split_sum, was 1.23× slower for the same reason): the wgmma cells whose splits go through
- * the workspace 0.87–0.95× the time at M = 64–256 (thirty-second session; the twenty-fourth session's runs of 4 steps had measured
- * 1.19× at 4096² M = 128, not understood). Same sums in the same order (0 + p0 + p1 + …). Not inlined: its registers stay out of the main loop's allocation (the kernel runs under a 168-register cap). */
+ * the workspace 0.87–0.95× the time at M = 64–256 (thirty-second session; the twenty-fourth session's runs of 4
+ * steps had measured 1.19× at 4096² M = 128, not understood). Same sums in the same order (0 + p0 + p1 + …). Not
+ * inlined: its registers stay out of the main loop's allocation (the kernel runs under a 168-register cap). */
 template <int BITS, typename T, int GS, int BM, int BN, int THREADS>
 __device__ __noinline__ void reduce_splits(const float4 *__restrict__ all, unsigned splits, const T *__restrict__ x,
                                            const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,

@@ -1457,9 +1457,9 @@ static void test_batch_invariant(qmm_context *context, check_rng *rng) {
     }
     /* Hopper, bf16 and f16 (bf16's virtual splits keep their partials in workspace slots, f16's a running sum in
      * registers with a countdown to each range's end), K = 2112: 17 super-blocks in 4 splits of 5, 5, 5 and 2 on the
-     * H200 (3 of 6, 6, 5 on 96–127 SMs; 2 of 9, 8 on 78–95) — uneven ranges. Every way of running them gives the selector's bits at M = 2048 — virtual splits also where their slots
-     * cannot be had (QMM_CUDA_INVARIANT_SLOTS=0: for bf16 split blocks run instead of an out-of-memory error; f16 needs
-     * none) — and sampled rows alone the same. */
+     * H200 (3 of 6, 6, 5 on 96–127 SMs; 2 of 9, 8 on 78–95) — uneven ranges. Every way of running them gives the
+     * selector's bits at M = 2048 — virtual splits also where their slots cannot be had (QMM_CUDA_INVARIANT_SLOTS=0:
+     * for bf16 split blocks run instead of an out-of-memory error; f16 needs none) — and sampled rows alone the same. */
     for (int d = 0; hopper && d < 2; d++) {
         enum { K_UNEVEN = 2112 };
         static const char *const paths[] = {"split", "virtual", "last", "blocks", "virtual"}; /* the last without slots */
