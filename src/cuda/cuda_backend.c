@@ -842,10 +842,9 @@ static double wgmma_virtual_cost(size_t tiles, size_t units, size_t splits, size
  * wgmma_invariant_run may run it: split blocks (wgmma_model_cost) or, where that is cheaper, virtual splits
  * (wgmma_virtual_cost). On 132 SMs: 5120², 5120×14336, 5120×17408 3; 4096×12288, the 1024-row k_proj shapes,
  * 768×2048 and 1000×2048 4; 4096² 2; 14336×5120, 12288×4096, 17408×5120, 27648×5120 and 2048×768 1. */
-static int wgmma_invariant_splits(const qmm_call *call) {
-    const cuda_state *s = call->backend_state;
-    const size_t row_tiles = (call->N + 127) / 128, units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16;
-    const size_t sms = s->multiprocessors > 0 ? (size_t)s->multiprocessors : 1;
+int qmm_cuda_wgmma_invariant_splits(size_t N, size_t K, int bits, int multiprocessors) {
+    const size_t row_tiles = (N + 127) / 128, units = qmm_cuda_packed_words_per_row(K, bits) / 16;
+    const size_t sms = multiprocessors > 0 ? (size_t)multiprocessors : 1;
     size_t most = units / 4 < 8 ? units / 4 : 8;
     while (most > 1 && row_tiles * most * 128 * 128 > QMM_TILE_PARTIAL_FLOATS) most--;
     if (most < 1 || row_tiles > QMM_TILE_COUNTERS) most = 1;
@@ -874,6 +873,10 @@ static int wgmma_invariant_splits(const qmm_call *call) {
         if (splits == 1 || score < best_score * (1 - 1e-9)) best = splits, best_score = score;
     }
     return (int)best;
+}
+static int wgmma_invariant_splits(const qmm_call *call) {
+    const cuda_state *s = call->backend_state;
+    return qmm_cuda_wgmma_invariant_splits(call->N, call->K, call->bits, s->multiprocessors);
 }
 
 /* The bytes of a batch-invariant call's virtual-split partials (wgmma_invariant_run): splits − 1 slots (one block a
