@@ -999,17 +999,22 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     /* QMM_CUDA_INVARIANT_PATH=split|virtual|last|blocks forces one way of running the splits (tests: the same bits
      * each way). A forced way this call cannot take is an error, so a test that passes ran the way it named; only a
      * form's slots that cannot be had still fall back to split blocks (QMM_CUDA_INVARIANT_SLOTS=0 below). */
-    const char *forced = getenv("QMM_CUDA_INVARIANT_PATH");
-    if (forced && !*forced) forced = NULL;
-    if (forced && strcmp(forced, "split") != 0 && strcmp(forced, "virtual") != 0 && strcmp(forced, "last") != 0 &&
-        strcmp(forced, "blocks") != 0)
-        return qmm_error(QMM_ERR_INVALID_ARGUMENT,
-                         "%s: QMM_CUDA_INVARIANT_PATH=%s is not a way of running the splits (split, virtual, last or "
-                         "blocks)", name, forced);
+    enum { WAY_MODEL, WAY_SPLIT, WAY_VIRTUAL, WAY_LAST, WAY_BLOCKS };
+    static const char *const ways[] = {NULL, "split", "virtual", "last", "blocks"};
+    const char *forced_name = getenv("QMM_CUDA_INVARIANT_PATH");
+    int forced = WAY_MODEL;
+    if (forced_name && *forced_name) {
+        for (int way = WAY_SPLIT; way <= WAY_BLOCKS; way++)
+            if (strcmp(forced_name, ways[way]) == 0) forced = way;
+        if (forced == WAY_MODEL)
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT,
+                             "%s: QMM_CUDA_INVARIANT_PATH=%s is not a way of running the splits (split, virtual, last "
+                             "or blocks)", name, forced_name);
+    }
     if (forced && launch.splits <= 1)
         return qmm_error(QMM_ERR_UNSUPPORTED,
                          "%s: QMM_CUDA_INVARIANT_PATH=%s cannot run for this call: its K=%zu is one split (N=%zu), "
-                         "there is no way of running splits to force", name, forced, call->K, call->N);
+                         "there is no way of running splits to force", name, forced_name, call->K, call->N);
     if (launch.splits <= 1) return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, tokens), name, __FILE__, __LINE__);
     const size_t row_tiles = (call->N + 127) / 128, tiles = row_tiles * ((call->M + (size_t)tokens - 1) / (size_t)tokens);
     const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16;
@@ -1055,21 +1060,21 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
         }
     /* a forced `last` needs tiles past a wave with a partial last wave whose splits can run; a forced `blocks` (2 a
      * tile) 3 splits or more and a split-K counter for every tile */
-    const bool cannot_last = forced && strcmp(forced, "last") == 0 && last_cost < 0;
-    if (cannot_last || (forced && strcmp(forced, "blocks") == 0 && range_blocks == 0))
+    const bool cannot_last = forced == WAY_LAST && last_cost < 0;
+    if (cannot_last || (forced == WAY_BLOCKS && range_blocks == 0))
         return qmm_error(QMM_ERR_UNSUPPORTED,
                          "%s: QMM_CUDA_INVARIANT_PATH=%s cannot run for this call (M=%zu: %zu tiles of %d tokens on %zu "
-                         "SMs, %d splits): %s", name, forced, call->M, tiles, tokens, sms, launch.splits,
+                         "SMs, %d splits): %s", name, forced_name, call->M, tiles, tokens, sms, launch.splits,
                          cannot_last ? (tiles <= sms   ? "its tiles fit in one wave, there is no last wave"
                                         : rest == 0    ? "its tiles fill whole waves, there is no partial last wave"
                                                        : "the last wave's splits fit neither the split-K workspace nor "
                                                          "a cluster launch")
                          : splits < 3 ? "blocks of virtual ranges need 3 splits or more"
                                       : "blocks of virtual ranges need a split-K counter for every tile");
-    bool take_blocks = blocks_cost >= 0 && blocks_cost < split_cost && blocks_cost < virtual_cost &&
-                       (last_cost < 0 || blocks_cost < last_cost) && (units + splits - 1) / splits >= 8;
-    if (forced) take_blocks = strcmp(forced, "blocks") == 0 && range_blocks > 0;
-    if (forced && take_blocks) range_blocks = 2;
+    const bool take_blocks = forced ? forced == WAY_BLOCKS
+                                    : blocks_cost >= 0 && blocks_cost < split_cost && blocks_cost < virtual_cost &&
+                                          (last_cost < 0 || blocks_cost < last_cost) && (units + splits - 1) / splits >= 8;
+    if (forced == WAY_BLOCKS) range_blocks = 2;
     if (take_blocks && wgmma_virtual_workspace(&launch, call, wgmma_virtual_sums_bytes(call, launch.splits, true))) {
         launch.wgmma_virtual_blocks = (int)range_blocks;
         launch.splits = 1;
@@ -1078,9 +1083,9 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     }
     bool take_virtual = virtual_cost <= split_cost || (last_cost >= 0 && last_cost < split_cost);
     bool take_last = last_cost >= 0 && last_cost < virtual_cost;
-    if (forced && (strcmp(forced, "split") == 0 || strcmp(forced, "blocks") == 0)) take_virtual = false; /* blocks: no slots */
-    if (forced && strcmp(forced, "virtual") == 0) take_virtual = true, take_last = false;
-    if (forced && strcmp(forced, "last") == 0 && last_cost >= 0) take_virtual = true, take_last = true;
+    if (forced == WAY_SPLIT || forced == WAY_BLOCKS) take_virtual = false; /* blocks: its slots could not be had */
+    if (forced == WAY_VIRTUAL) take_virtual = true, take_last = false;
+    if (forced == WAY_LAST) take_virtual = true, take_last = true; /* last_cost ≥ 0: refused above otherwise */
     /* bf16: the partials' slots after the prepared x, asked for only now (splits − 1 times the f32 output): where they
      * cannot be had, the splits run as split blocks, which need none (QMM_CUDA_INVARIANT_SLOTS=0: as if they could
      * not; tests). f16 needs none. */

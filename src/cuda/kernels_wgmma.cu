@@ -961,8 +961,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         const int status = launch_kernel(whole_kernel, dim3((unsigned)whole), dim3(WG_THREADS), shared, c->stream, false,
                                          x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out,
-                                         in_slots ? c->wgmma_virtual_sums : c->partials, c->counters,
-                                         x_sums,
+                                         in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
                                          (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0);
         if (status) return status;
     }
@@ -979,8 +978,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     return launch_kernel_ex(kernel, grid, dim3(WG_THREADS), shared, c->stream, false, cluster_z, x_map, (const T *)c->x,
                             (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                             (const T *)c->biases, (T *)c->out,
-                            splits == 1 && in_slots ? c->wgmma_virtual_sums : c->partials,
-                            c->counters, x_sums,
+                            splits == 1 && in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
                             (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole);
 }
 
