@@ -114,7 +114,12 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
  * wgmmas and, once it has issued them, arrives on the other's (256 threads each: 128 waiting, 128 arriving), so the two
  * warpgroups' groups reach the tensor cores alternately (FlashAttention-3's and CUTLASS's ping-pong between consumer
  * warpgroups). Measured on the H200 (docs/PERF.md, twenty-third session): the _fma rows 0.95× the time in bf16, 0.99× in
- * f16; the PREP rows ±2 % (not taken there). Barrier 1 is block_barrier's. */
+ * f16; the PREP rows ±2 % (not taken there). Barrier 1 is block_barrier's. Unsplit launches only (TURNS): in the
+ * split launches, whose consumers write and read the partial tile in shared memory after their last turn,
+ * compute-sanitizer's racecheck reported those accesses as hazards across block_barrier (141 in test_cuda's tile_split_k
+ * section; none without these turns, none with turns on mbarriers, none in the PREP split launches). Dropping them there
+ * cost nothing measurable (the forced _fma rows 0.97–1.02× on the seed shapes); turns on mbarriers ran the _fma rows
+ * 1.09–1.15× in f16 and 1.00–1.05× in bf16 (thirty-third session, docs/PERF.md). */
 __device__ __forceinline__ void turn_wait(int warpgroup) {
     asm volatile("bar.sync %0, 256;" ::"r"(2 + warpgroup) : "memory");
 }
@@ -596,7 +601,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
     for (int e = 0; e < (VIRTUAL ? TOKS / 2 : 1); e++) run[e] = 0.0f;
     int range_left = virtual_per; /* VIRTUAL: super-blocks left in this range */
-    if (!PREP && warpgroup == 1) turn_pass(1); /* warpgroup 0 issues first */
+    constexpr bool TURNS = !PREP && !SPLIT; /* the consumers take turns (turn_wait) */
+    if (TURNS && warpgroup == 1) turn_pass(1); /* warpgroup 0 issues first */
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
         const int s = i % WG_STAGES;
@@ -646,10 +652,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
                 for (int e = 0; e < TOKS / 2; e++) register_fence(acc[e]);
             }
-            if (!PREP) turn_wait(warpgroup);
+            if (TURNS) turn_wait(warpgroup);
             wgmma_fence();
             issue_segment<T, TOKS, L::SEG_BLOCKS, PREP>(part, a, x_at, sg);
-            if (!PREP) turn_pass(warpgroup);
+            if (TURNS) turn_pass(warpgroup);
             wgmma_wait_all();
 #pragma unroll
             for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
@@ -705,7 +711,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             virtual_split_sum<TOKS>(partials, tile, slot_stride, virtual_ranges - 1, true, acc); /* 0 + p0 + … + acc */
         }
     }
-    if (!PREP && warpgroup == 0) turn_wait(0); /* warpgroup 1's last pass (every barrier phase completes before the exit) */
+    if (TURNS && warpgroup == 0) turn_wait(0); /* warpgroup 1's last pass (every barrier phase completes before the exit) */
 
     if constexpr (SPLIT) {
         /* split-K: the partial tile into shared memory — the stages' buffers, once both consumer warpgroups are past
