@@ -3,23 +3,25 @@
 selector's choice drawn thick) and per peer, one line style per dtype. 1.0 is the physical floor.
 
     .venv/bin/python bench/plot.py bench/results/bench-cpu-....json [-o out.png]
+    .venv/bin/python bench/plot.py bench/results/bench-cuda-....json.xz   (the stored results are xz-compressed)
 
 Needs matplotlib (pip install -r bench/requirements.txt)."""
 import argparse
 import json
+import lzma
 import math
 import sys
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", help="a JSON file written by qmm bench --json")
+    p.add_argument("results", help="a JSON file written by qmm bench --json (or that file xz-compressed: NAME.json.xz)")
     p.add_argument("-o", "--output", help="PNG to write (default: the JSON's name with .png)")
     a = p.parse_args()
     try:
-        with open(a.results) as f:
+        with (lzma.open(a.results, "rt") if a.results.endswith(".xz") else open(a.results)) as f:
             d = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, lzma.LZMAError) as e:
         sys.exit(f"plot.py: cannot read {a.results}: {e}")
     if not isinstance(d, dict) or not isinstance(d.get("cells"), list):
         sys.exit(f"plot.py: {a.results} is not a `qmm bench --json` result (no \"cells\" list; a `qmm tune` table?)")
@@ -71,7 +73,8 @@ def main():
                  f"copy {d['ceilings']['copy_gbps']:.1f} GB/s, peak {d['ceilings']['matrix_peak_gflops']:.0f} GFLOP/s",
                  fontsize=10)
     fig.tight_layout()
-    out = a.output or (a.results[:-5] if a.results.endswith(".json") else a.results) + ".png"
+    stem = a.results[:-3] if a.results.endswith(".xz") else a.results
+    out = a.output or (stem[:-5] if stem.endswith(".json") else stem) + ".png"
     fig.savefig(out, dpi=110)
     print(out)
 
