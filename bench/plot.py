@@ -21,7 +21,7 @@ def main():
     try:
         with (lzma.open(a.results, "rt") if a.results.endswith(".xz") else open(a.results)) as f:
             d = json.load(f)
-    except (OSError, ValueError, lzma.LZMAError) as e:
+    except (OSError, ValueError, EOFError, lzma.LZMAError) as e:
         sys.exit(f"plot.py: cannot read {a.results}: {e}")
     if not isinstance(d, dict) or not isinstance(d.get("cells"), list):
         sys.exit(f"plot.py: {a.results} is not a `qmm bench --json` result (no \"cells\" list; a `qmm tune` table?)")
