@@ -15,6 +15,10 @@
 # (the parts left out are reported SKIPPED).
 # cJSON: used from .deps/cjson when present (scripts/fetch_cjson.sh, for machines without a registry).
 # Logs go to $GPU_LOG_DIR (default build-gpu/logs).
+# GPU_TEST_BUILD=0: no configure or build — the sanitizer and run parts use the binaries already in build-gpu
+# (qmm, tests/gpu/test_cuda, tests/kernels/test_kernels), e.g. those scripts/pack_gpu_bins.sh built on another
+# machine and the GPU machine unpacked (a lent machine then spends no call time building); the ctest part needs
+# the CMake tree and is refused with it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=" ${*:-ctest run memcheck racecheck} "
@@ -37,7 +41,19 @@ step() { # step NAME COMMAND...: runs it, logs it, records PASS/FAIL
   local name=$1; shift
   if "$@" >"$logs/$name.log" 2>&1; then summary+=("PASS     $name"); else summary+=("FAIL     $name (log: $logs/$name.log)"); fail=1; fi
 }
-if ! cmake -S . -B build-gpu -DQMM_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$logs/configure.log" 2>&1 ||
+build=${GPU_TEST_BUILD:-1}
+if [ "$build" = 0 ]; then
+  if wanted ctest; then
+    echo "gpu_test: GPU_TEST_BUILD=0 runs prebuilt binaries, and the ctest part needs the CMake tree: ask for the other parts (run, memcheck, racecheck)" >&2
+    exit 2
+  fi
+  for binary in build-gpu/qmm build-gpu/tests/gpu/test_cuda build-gpu/tests/kernels/test_kernels; do
+    [ -x "$binary" ] || { echo "gpu_test: GPU_TEST_BUILD=0 but $binary is missing or not executable (scripts/pack_gpu_bins.sh packs them)" >&2; exit 2; }
+  done
+elif [ "$build" != 1 ]; then
+  echo "gpu_test: GPU_TEST_BUILD='$build' is not 0 (use the binaries in build-gpu) or 1 (build them, the default)" >&2
+  exit 2
+elif ! cmake -S . -B build-gpu -DQMM_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$logs/configure.log" 2>&1 ||
    ! cmake --build build-gpu -j "$(nproc)" >"$logs/build.log" 2>&1; then
   tail -n 30 "$logs/configure.log" "$logs/build.log"
   echo "gpu_test: the build failed" >&2
