@@ -21,6 +21,8 @@ def main():
     try:
         with (lzma.open(a.results, "rt") if a.results.endswith(".xz") else open(a.results)) as f:
             d = json.load(f)
+    except json.JSONDecodeError as e:
+        sys.exit(f"plot.py: {a.results} is not JSON ({e}): give the file qmm bench --json wrote (the .txt files are the printed tables)")
     except (OSError, ValueError, EOFError, lzma.LZMAError) as e:
         sys.exit(f"plot.py: cannot read {a.results}: {e}")
     if not isinstance(d, dict) or not isinstance(d.get("cells"), list):

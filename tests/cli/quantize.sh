@@ -50,7 +50,7 @@ make_safetensors "$WORK/mixed/model.safetensors" "p.weight:U32:4,8" "p.scales:F1
 printf '{"quantization": {"group_size": 32, "bits": 4}}' >"$WORK/mixed/config.json"
 expect_ok "quantize a file with a quantized layer" quantize "$WORK/mixed/model.safetensors" "$WORK/q-mixed" --bits 2 \
   --group-size 64
-check "mixed: counts" out_has "1 quantized layers (2-bit gs64, cpu convention), 1 already quantized layers kept"
+check "mixed: counts" out_has "1 quantized layer (2-bit gs64, cpu convention), 1 already quantized layer kept"
 check "mixed: the kept layer is named" err_has "p already quantized: kept as 4-bit gs32"
 check "mixed: the left weight is named with K and group_size" \
   err_has "odd.weight [2, 48] f32 left unquantized: K=48 is not a multiple of group_size=64"

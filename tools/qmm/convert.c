@@ -24,8 +24,9 @@ int cmd_convert(const command *c, int argc, char **argv) {
     if (status != QMM_OK) return library_error(c, status);
     qmm_checkpoint *checkpoint = NULL;
     if ((status = qmm_checkpoint_open(positional[1], &checkpoint)) != QMM_OK) return library_error(c, status);
-    printf("wrote %s: %zu tensors, %zu quantized layers\n", positional[1], qmm_checkpoint_tensor_count(checkpoint),
-           qmm_checkpoint_layer_count(checkpoint));
+    const size_t tensors = qmm_checkpoint_tensor_count(checkpoint), layers = qmm_checkpoint_layer_count(checkpoint);
+    printf("wrote %s: %zu tensor%s, %zu quantized layer%s\n", positional[1], tensors, tensors == 1 ? "" : "s", layers,
+           layers == 1 ? "" : "s");
     qmm_checkpoint_close(checkpoint);
     return 0;
 }

@@ -38,7 +38,8 @@ static int info_checkpoint(const command *c, const char *dir) {
     size_t tensors = qmm_checkpoint_tensor_count(checkpoint), layers = qmm_checkpoint_layer_count(checkpoint);
     status = qmm_checkpoint_default_format(checkpoint, &bits, &group_size);
     if (status != QMM_OK) goto done;
-    printf("%s: MLX checkpoint, %zu tensors, %zu quantized layers", dir, tensors, layers);
+    printf("%s: MLX checkpoint, %zu tensor%s, %zu quantized layer%s", dir, tensors, tensors == 1 ? "" : "s", layers,
+           layers == 1 ? "" : "s");
     if (bits) printf(" (config default: %d-bit gs%d)", bits, group_size);
     printf("\ntensors:\n");
     for (size_t i = 0; i < tensors; i++) {
