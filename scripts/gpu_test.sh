@@ -79,7 +79,10 @@ if [ -n "$no_device" ]; then
   wanted run && summary+=("SKIPPED  qmm run --backend cuda: $no_device")
   [ -n "$tools" ] && summary+=("SKIPPED  compute-sanitizer: $no_device")
 else
-  if wanted run; then step qmm_run_cuda ./build-gpu/qmm run --backend cuda; else summary+=("SKIPPED  qmm run --backend cuda: not asked for"); fi
+  # prebuilt binaries (GPU_TEST_BUILD=0) look for the fixture under the tree they were built in: name this tree's
+  fixture=()
+  [ "$build" = 0 ] && fixture=(data/smollm2-135m-block0)
+  if wanted run; then step qmm_run_cuda ./build-gpu/qmm run --backend cuda "${fixture[@]}"; else summary+=("SKIPPED  qmm run --backend cuda: not asked for"); fi
   if [ -z "$tools" ]; then
     :
   elif command -v compute-sanitizer >/dev/null; then
