@@ -17,6 +17,11 @@
 #include <time.h>
 #include <unistd.h>
 
+const char *source_dir(void) {
+    const char *dir = getenv("QMM_SOURCE_DIR");
+    return dir && dir[0] ? dir : QMM_SOURCE_DIR;
+}
+
 int usage_error(const command *c, const char *format, ...) {
     va_list args;
     fprintf(stderr, "qmm %s: usage error: ", c->name);

@@ -16,6 +16,9 @@
 #ifndef QMM_SOURCE_DIR
 #define QMM_SOURCE_DIR "."
 #endif
+/* QMM_SOURCE_DIR from the environment, else the build's source directory (the fixture under data/, bench/shapes/,
+ * bench/peers/): the environment names the tree where a binary runs away from the one it was built in. */
+const char *source_dir(void);
 
 /* The embedded real-model fixture (data/NOTICE says what it is and how tools/make_fixture.sh makes it). */
 #define FIXTURE_NAME "smollm2-135m-block0"

@@ -12,11 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-const char *source_dir(void) {
-    const char *dir = getenv("QMM_SOURCE_DIR");
-    return dir && dir[0] ? dir : QMM_SOURCE_DIR;
-}
-
 /* splitmix64, for the random weights. */
 static uint64_t next_random(uint64_t *state) {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);

@@ -24,9 +24,6 @@ typedef struct bench_shape {
     size_t N, K;
 } bench_shape;
 
-/* QMM_SOURCE_DIR from the environment, else the build's source directory (bench/shapes/, bench/peers/). */
-const char *source_dir(void);
-
 /* "1,2,4" into values[MAX_LIST] (each in [min, max]); returns 0 or the usage exit code after printing why. */
 int parse_size_list(const command *c, const char *option, const char *text, size_t min, size_t max, size_t *values,
                     size_t *count);

@@ -17,7 +17,8 @@ static int is_dir(const char *path) {
 }
 
 /* The embedded fixture: the installed share dir next to this binary (<prefix>/bin/qmm -> <prefix>/share/qmm/: an
- * installed qmm uses its own copy), else the source tree it was built from (a build-tree binary). */
+ * installed qmm uses its own copy), else the source tree (source_dir: QMM_SOURCE_DIR, else the tree it was built
+ * from — a build-tree binary). */
 static qmm_status find_fixture(char *out, size_t size) {
     char exe[2048], installed[4096] = "";
     ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -34,7 +35,7 @@ static qmm_status find_fixture(char *out, size_t size) {
             return QMM_OK;
         }
     }
-    snprintf(out, size, "%s/data/%s", QMM_SOURCE_DIR, FIXTURE_NAME);
+    snprintf(out, size, "%s/data/%s", source_dir(), FIXTURE_NAME);
     if (is_dir(out)) return QMM_OK;
     return qmm_error(QMM_ERR_NOT_FOUND, "the fixture %s is in neither %s nor %s; pass a checkpoint DIR", FIXTURE_NAME,
                      installed[0] ? installed : "the install share dir", out);
