@@ -71,9 +71,6 @@ typedef struct cuda_state {
     int gather_slot;
 } cuda_state;
 
-#define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20) /* 16 MiB */
-#define QMM_TILE_COUNTERS ((size_t)16384)
-
 /* The repacked arrays of one weights object (device pointers), or all NULL when its format has no
  * repacked kernel. */
 typedef struct cuda_weights_extra {

@@ -156,6 +156,10 @@ size_t qmm_cuda_sb_words(size_t N, size_t K, int bits, int group_size, int scale
 void qmm_cuda_repack_sb(const void *scales, const void *biases, size_t N, size_t K, int bits, int group_size,
                         int scale_bytes, uint32_t *out);
 
+/* The context's split-K workspace (cuda_backend.c): f32 partials (16 MiB) and one arrival counter per tile. */
+#define QMM_TILE_PARTIAL_FLOATS ((size_t)4 << 20)
+#define QMM_TILE_COUNTERS ((size_t)16384)
+
 /* Batch-invariant mode on the default wgmma rows (docs/kernels.md §11): how many splits K is cut into for an N×K
  * matrix of `bits`-bit codes on a device of `multiprocessors` SMs — 1 … 8, never depending on M, so a row's sums are
  * the same inside any batch. Host arithmetic only (IEEE multiplies and divides, no libm): the same count on any host

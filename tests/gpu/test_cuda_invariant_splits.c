@@ -32,8 +32,8 @@ static void test_documented(void) {
 }
 
 /* Every count: 1 … 8 (a cluster's most), each split at least 4 super-blocks of K, and few enough splits that one row
- * of 128-token tiles fits the split-K workspace (the way wgmma_invariant_run takes where no cluster runs: 4 Mi floats,
- * 128 × 128 a tile and split). */
+ * of 128-token tiles fits the split-K workspace (the way wgmma_invariant_run takes where no cluster runs:
+ * QMM_TILE_PARTIAL_FLOATS, 128 × 128 a tile and split). */
 static void test_rules(void) {
     static const size_t ns[] = {1, 128, 1000, 4096, 5120, 14336, 27648, 65536};
     static const size_t ks[] = {64, 256, 768, 2048, 2112, 5120, 14336, 32768};
@@ -49,7 +49,7 @@ static void test_rules(void) {
                     const size_t super_blocks = qmm_cuda_packed_words_per_row(K, bits) / 16, row_tiles = (N + 127) / 128;
                     const bool ok = splits >= 1 && splits <= 8 &&
                                     (splits == 1 || (super_blocks / (size_t)splits >= 4 &&
-                                                     row_tiles * (size_t)splits * 128 * 128 <= ((size_t)4 << 20)));
+                                                     row_tiles * (size_t)splits * 128 * 128 <= QMM_TILE_PARTIAL_FLOATS));
                     cases++;
                     if (!ok && bad++ < 5)
                         CHECK(false, "N=%zu K=%zu %d-bit on %d SMs: %d splits (%zu super-blocks, %zu row tiles)", N, K,
