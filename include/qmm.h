@@ -291,7 +291,9 @@ typedef struct qmm_chain qmm_chain;
  * are queued on the stream and qmm_buffer_read waits for them.
  * Errors: QMM_ERR_UNSUPPORTED when the backend is not built in, or (CUDA) there is no usable device
  * ("no CUDA device: …", or a compute capability below 8.0); QMM_ERR_INVALID_ARGUMENT for a CUDA device
- * ordinal that does not exist; QMM_ERR_BACKEND for a failing CUDA call (naming the call, file and line);
+ * ordinal that does not exist, or a CUDA knob outside its rule (QMM_CUDA_WARPS, QMM_CUDA_PDL,
+ * QMM_CUDA_GEMV_WARPS_MODEL: environment variables for experiments, docs/kernels.md §12; the message names
+ * the variable, its value and the rule); QMM_ERR_BACKEND for a failing CUDA call (naming the call, file and line);
  * QMM_ERR_OUT_OF_MEMORY. A context is not thread-safe: use one per thread. */
 qmm_status qmm_context_create(qmm_backend backend, int device, qmm_context **context);
 /* Drops the caller's hold on the context (see "Lifetimes"): it is closed and freed now, or when the
@@ -428,7 +430,8 @@ typedef struct qmm_kernel_info {
  * QMM_ERR_UNSUPPORTED (a forced kernel that does not support this call, with its reason; in
  * batch-invariant mode also a forced kernel without the call's order),
  * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed handle, an op outside qmm_op, weights or
- * buffers of another context, x and out the same buffer). */
+ * buffers of another context, x and out the same buffer; on CUDA, a knob of the calls outside its rule,
+ * such as QMM_CUDA_SPLITS=0, docs/kernels.md §12, before anything is launched). */
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                       qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info);
 

@@ -33,6 +33,79 @@ static qmm_status launch_status(int error, const char *kernel, const char *file,
                      file, line);
 }
 
+/* ───────────────────────────── knobs ───────────────────────────── */
+
+/* The backend's knobs: environment variables that force a choice the launchers otherwise make themselves (experiments,
+ * the GPU tests, A/B runs; docs/kernels.md describes each where its choice is made). Unset or empty, a knob leaves the
+ * choice to the launcher; a value outside its rule is an error naming the knob, the value and the rule
+ * (QMM_ERR_INVALID_ARGUMENT), not a silent fallback. The context's knobs are checked when a context opens (cuda_open),
+ * the calls' knobs at the start of every row's run (CALL_KNOBS_CHECK), before anything is launched; the launchers
+ * then read them as they did. */
+typedef struct knob {
+    const char *name;
+    const char *const *words; /* the accepted words, NULL-terminated; NULL: a whole number in [low, high] */
+    long low, high;
+    const char *rule; /* what the values mean, for the message */
+} knob;
+
+static const char *const knob_zero_one[] = {"0", "1", NULL};
+static const char *const knob_cluster[] = {"0", "1", "require", NULL};
+static const char *const knob_paths[] = {"split", "virtual", "last", "blocks", NULL};
+
+/* Read when a context opens. */
+static const knob context_knobs[] = {
+    {"QMM_CUDA_PDL", knob_zero_one, 0, 0, "0 turns programmatic dependent launch off, 1 leaves it on (sm_90 and newer)"},
+    {"QMM_CUDA_WARPS", NULL, 1, 16, "the mma_gemv family's warps per block"},
+    {"QMM_CUDA_GEMV_WARPS_MODEL", knob_zero_one, 0, 0, "0: the one-wave rule for the mma_gemv warps, 1: the model"},
+};
+/* Read at the calls. */
+static const knob call_knobs[] = {
+    {"QMM_CUDA_SPLITS", NULL, 1, 16, "the split-K count, then capped by K and the workspace"},
+    {"QMM_CUDA_GEMV_STAGED_X", knob_zero_one, 0, 0, "1 stages m8n64's x through shared memory, 0 does not"},
+    {"QMM_CUDA_M16N64_ONE_GRID", knob_zero_one, 0, 0, "1: m16n64's chunks of 16 rows of x in one grid, 0: a launch each"},
+    {"QMM_CUDA_WGMMA_LAST_WAVE", knob_zero_one, 0, 0, "0 turns the wgmma rows' split last wave off, 1 leaves it on"},
+    {"QMM_CUDA_WGMMA_CLUSTER", knob_cluster, 0, 0,
+     "0: no thread-block cluster for the wgmma splits, 1: where it runs in no more waves, require: always (an error "
+     "where it cannot)"},
+    {"QMM_CUDA_INVARIANT_PATH", knob_paths, 0, 0, "the way batch-invariant mode runs the wgmma splits"},
+    {"QMM_CUDA_INVARIANT_SLOTS", knob_zero_one, 0, 0, "0: as if the bf16 virtual splits' slots could not be had"},
+    {"QMM_CUDA_GATHER_GROUPED", knob_zero_one, 0, 0,
+     "0: a launch per expert block, 1: grouped launches (an error where they cannot run)"},
+};
+
+static qmm_status knob_check(const knob *k) {
+    const char *value = getenv(k->name);
+    if (!value || !*value) return QMM_OK;
+    if (k->words) {
+        char list[64] = "";
+        for (const char *const *w = k->words; *w; w++) {
+            if (strcmp(value, *w) == 0) return QMM_OK;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", w == k->words ? "" : ", ", *w);
+        }
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s=%s is not one of %s (%s; unset: the launcher's choice)", k->name,
+                         value, list, k->rule);
+    }
+    char *end = NULL;
+    const long number = strtol(value, &end, 10);
+    if (*end != '\0' || number < k->low || number > k->high)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s=%s is not a whole number in %ld–%ld (%s; unset: the launcher's "
+                         "choice)", k->name, value, k->low, k->high, k->rule);
+    return QMM_OK;
+}
+
+static qmm_status knobs_check(const knob *knobs, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        const qmm_status status = knob_check(&knobs[i]);
+        if (status != QMM_OK) return status;
+    }
+    return QMM_OK;
+}
+#define CALL_KNOBS_CHECK()                                                                                       \
+    do {                                                                                                        \
+        const qmm_status knobs_status = knobs_check(call_knobs, sizeof call_knobs / sizeof call_knobs[0]);        \
+        if (knobs_status != QMM_OK) return knobs_status;                                                        \
+    } while (0)
+
 typedef struct cuda_state {
     int device;
     int major, minor; /* compute capability */
@@ -95,6 +168,8 @@ static qmm_status cuda_open(int device, void **state) {
     if (device < 0 || device >= count)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "CUDA device=%d does not exist: %d device(s), ordinals 0..%d", device,
                          count, count - 1);
+    const qmm_status knobs_status = knobs_check(context_knobs, sizeof context_knobs / sizeof context_knobs[0]);
+    if (knobs_status != QMM_OK) return knobs_status;
     CUDA_TRY(cudaSetDevice(device));
     struct cudaDeviceProp properties;
     CUDA_TRY(cudaGetDeviceProperties(&properties, device));
@@ -112,10 +187,9 @@ static qmm_status cuda_open(int device, void **state) {
     /* programmatic dependent launch of the GEMV kernels (sm_90 and newer); QMM_CUDA_PDL=0 turns it off */
     const char *pdl = getenv("QMM_CUDA_PDL");
     created->pdl = properties.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
-    /* QMM_CUDA_WARPS=n (1–16) forces the mma_gemv family's warps per block (experiments, docs/PERF.md) */
+    /* QMM_CUDA_WARPS=n (1–16, checked above) forces the mma_gemv family's warps per block (experiments, docs/PERF.md) */
     const char *warps = getenv("QMM_CUDA_WARPS");
     created->forced_warps = warps && *warps ? (int)strtol(warps, NULL, 10) : 0;
-    if (created->forced_warps < 0 || created->forced_warps > 16) created->forced_warps = 0;
     /* QMM_CUDA_GEMV_WARPS_MODEL=0: the mma_gemv launcher's one-wave rule instead of its model (kernels.cu gemv_warps;
      * A/B runs, docs/PERF.md) */
     const char *warps_model = getenv("QMM_CUDA_GEMV_WARPS_MODEL");
@@ -447,11 +521,13 @@ static bool generic_supports(const qmm_call *call, char *why_not, size_t size) {
 }
 
 static qmm_status generic_t_run(const qmm_call *call) {
+    CALL_KNOBS_CHECK();
     qmm_cuda_launch launch = launch_of(call);
     return launch_status(qmm_cuda_generic_qmm_t(&launch), "cuda.qmm_t.generic.m8n256", __FILE__, __LINE__);
 }
 
 static qmm_status generic_n_run(const qmm_call *call) {
+    CALL_KNOBS_CHECK();
     qmm_cuda_launch launch = launch_of(call);
     return launch_status(qmm_cuda_generic_qmm_n(&launch), "cuda.qmm_n.generic.m8n256", __FILE__, __LINE__);
 }
@@ -580,6 +656,7 @@ static int tile_n_splits(const qmm_call *call, int tile) {
         return tile_n_supports(call, TILE, why_not, size);                                                        \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        CALL_KNOBS_CHECK();                                                                                       \
         qmm_cuda_launch launch = split_launch_of(call, tile_n_splits(call, TILE));                                \
         return launch_status(qmm_cuda_mma_tile_qmm_n(&launch, TILE), #NAME, __FILE__, __LINE__);                 \
     }
@@ -659,6 +736,7 @@ static qmm_status mma_gemv_launch(qmm_cuda_launch launch, int row_tiles, int tok
                             (RT) == 4 && (TT) == 2 ? (size_t)65535 * 64 : SIZE_MAX, why_not, size);               \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        CALL_KNOBS_CHECK();                                                                                       \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
         if ((RT) == 4 && (TT) == 1) launch.staged_x = staged_x_forced(); /* the one tile that stages x */          \
         return mma_gemv_launch(launch, RT, TT, #NAME);                                                            \
@@ -691,6 +769,7 @@ static bool ffma_supports(const qmm_call *call, char *why_not, size_t size) {
 }
 
 static qmm_status ffma_run(const qmm_call *call) {
+    CALL_KNOBS_CHECK();
     qmm_cuda_launch launch = launch_of(call);
     return launch_status(qmm_cuda_ffma_gemv_qmm_t(&launch), "cuda.qmm_t.ffma_gemv.m8n16", __FILE__, __LINE__);
 }
@@ -727,6 +806,7 @@ static bool tile_supports(const qmm_call *call, int tile, char *why_not, size_t 
         return tile_supports(call, TILE, why_not, size);                                                          \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        CALL_KNOBS_CHECK();                                                                                       \
         qmm_cuda_launch launch = split_launch_of(call, tile_splits(call, TILE));                                  \
         return launch_status(qmm_cuda_mma_tile_qmm_t(&launch, TILE), #NAME, __FILE__, __LINE__);                 \
     }
@@ -1140,6 +1220,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
         return wgmma_supports(call, TOKENS, why_not, size);                                                       \
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
+        CALL_KNOBS_CHECK();                                                                                       \
         if ((PREPARED) && call->batch_invariant) return wgmma_invariant_run(call, TOKENS);                    \
         qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED, false);                                  \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
@@ -1592,6 +1673,7 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const char *gath
  * (probably the copy-engine transfer on the stream between kernels). A decode step (T = 1) uploads nothing: 0.53–0.81×
  * the time of one upload of its table (eighteenth session). */
 static qmm_status gather_run(const qmm_call *call) {
+    CALL_KNOBS_CHECK();
     cuda_state *s = call->backend_state;
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
     collect_rows(cuda_rows);

@@ -276,4 +276,16 @@ expect_library_error info "corrupt file" 'layer "p": scales [7, 2] and biases [8
 make_safetensors "$WORK/bad-scales/model.safetensors" "p.weight:U32:2,8,8" "p.scales:F16:2,8,4" "p.biases:F16:2,8,4"
 expect_library_error info "corrupt file" 'layer "p": scales [2, 8, 4] and biases [2, 8, 4] must both be [2, 8, 2], [E, N, K/group_size] for weight [2, 8, 8]' \
   info "$WORK/bad-scales"
+
+# A CUDA knob outside its rule (docs/kernels.md §12), where a CUDA device is usable: --backend auto stops at the error
+# (it does not fall back to the CPU), --backend cuda names the knob without the "backends available here" hint.
+if "$QMM" kernels --backend cuda >/dev/null 2>&1; then
+  QMM_CUDA_WARPS=99 expect_library_error matmul "invalid argument" "--backend auto: cuda: QMM_CUDA_WARPS=99 is not a whole number in 1–16" \
+    matmul "$FIXTURE" --layer $L -m 2
+  QMM_CUDA_SPLITS=two expect_library_error matmul "invalid argument" "QMM_CUDA_SPLITS=two is not a whole number in 1–16" \
+    matmul "$FIXTURE" --layer $L -m 64 --backend cuda
+  check "a knob's error carries no 'backends available' hint" bash -c '! grep -q "lists the backends" <<<"$1"' _ "$ERR"
+else
+  echo "$SUITE: the CUDA knob cases SKIPPED: no usable CUDA device (qmm kernels --backend cuda)"
+fi
 finish

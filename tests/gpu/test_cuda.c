@@ -1083,6 +1083,89 @@ static void test_errors(qmm_context *context, check_rng *rng) {
               qmm_last_error());
     }
     product_free(&p);
+    /* The backend's knobs (environment variables, cuda_backend.c): a value outside a knob's rule is an error naming the
+     * knob, the value and the rule — at context creation for the context's knobs, at the call for the calls' (the
+     * output untouched: nothing launched) — and an empty value is the same as none. */
+    {
+        static const struct {
+            const char *name, *value, *rule;
+        } bad_context[] = {{"QMM_CUDA_WARPS", "0", "1–16"}, {"QMM_CUDA_WARPS", "8x", "1–16"},
+                           {"QMM_CUDA_PDL", "off", "0, 1"}, {"QMM_CUDA_GEMV_WARPS_MODEL", "2", "0, 1"}};
+        for (size_t i = 0; i < sizeof bad_context / sizeof bad_context[0]; i++) {
+            qmm_context *knobbed = NULL;
+            setenv(bad_context[i].name, bad_context[i].value, 1);
+            CHECK_STATUS(qmm_context_create(QMM_BACKEND_CUDA, 0, &knobbed), QMM_ERR_INVALID_ARGUMENT);
+            char want[96];
+            snprintf(want, sizeof want, "%s=%s is not", bad_context[i].name, bad_context[i].value);
+            CHECK(strstr(qmm_last_error(), want) && strstr(qmm_last_error(), bad_context[i].rule) && knobbed == NULL,
+                  "%s=%s at context creation: %s", bad_context[i].name, bad_context[i].value, qmm_last_error());
+            unsetenv(bad_context[i].name);
+            qmm_context_destroy(knobbed);
+        }
+        setenv("QMM_CUDA_WARPS", "", 1); /* empty: the launcher's rule */
+        CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &other));
+        unsetenv("QMM_CUDA_WARPS");
+        qmm_context_destroy(other);
+        other = NULL;
+    }
+    if (product_make(context, rng, 40, 512, 1024, 4, 64, QMM_BF16, "errors: knobs", &p)) {
+        static const struct {
+            const char *name, *value, *rule, *row; /* row: forced (NULL: the selector's) */
+        } bad_call[] = {{"QMM_CUDA_SPLITS", "0", "1–16", NULL},
+                        {"QMM_CUDA_SPLITS", "17", "1–16", "cuda.qmm_t.mma_tile.m64n64"},
+                        {"QMM_CUDA_SPLITS", "two", "1–16", "cuda.qmm_t.generic.m8n256"},
+                        {"QMM_CUDA_GEMV_STAGED_X", "yes", "0, 1", "cuda.qmm_t.mma_gemv.m8n64"},
+                        {"QMM_CUDA_M16N64_ONE_GRID", "-1", "0, 1", "cuda.qmm_t.mma_gemv.m16n64"},
+                        {"QMM_CUDA_WGMMA_CLUSTER", "always", "0, 1, require", NULL},
+                        {"QMM_CUDA_WGMMA_LAST_WAVE", "off", "0, 1", NULL},
+                        {"QMM_CUDA_INVARIANT_SLOTS", "none", "0, 1", NULL},
+                        {"QMM_CUDA_INVARIANT_PATH", "sideways", "split, virtual, last, blocks", NULL},
+                        {"QMM_CUDA_GATHER_GROUPED", "2", "0, 1", "cuda.qmm_t.mma_gemv.m16n32"}};
+        for (size_t i = 0; i < sizeof bad_call / sizeof bad_call[0]; i++) {
+            const size_t M = bad_call[i].row && strstr(bad_call[i].row, ".m8n") ? 8 : p.M; /* m8n64 takes M ≤ 8 */
+            qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = bad_call[i].row};
+            CHECK_OK(qmm_buffer_poison(p.out));
+            setenv(bad_call[i].name, bad_call[i].value, 1);
+            CHECK_STATUS(qmm_matmul(context, p.weights, p.x, M, p.out, &options, NULL), QMM_ERR_INVALID_ARGUMENT);
+            char want[96];
+            snprintf(want, sizeof want, "%s=%s is not", bad_call[i].name, bad_call[i].value);
+            CHECK(strstr(qmm_last_error(), want) && strstr(qmm_last_error(), bad_call[i].rule), "%s=%s (%s): %s",
+                  bad_call[i].name, bad_call[i].value, bad_call[i].row ? bad_call[i].row : "the selector's row",
+                  qmm_last_error());
+            unsetenv(bad_call[i].name);
+        }
+        /* nothing was launched: the output is still the poison (checked through one row against a fresh poison) */
+        uint16_t *poisoned = malloc(p.N * sizeof *poisoned), *fresh = malloc(p.N * sizeof *fresh);
+        qmm_buffer *row = NULL;
+        CHECK_OK(qmm_buffer_create(context, QMM_BF16, p.N, &row));
+        if (poisoned && fresh && row) {
+            CHECK_OK(qmm_buffer_read(p.out, poisoned, p.N));
+            CHECK_OK(qmm_buffer_poison(row));
+            CHECK_OK(qmm_buffer_read(row, fresh, p.N));
+            CHECK(memcmp(poisoned, fresh, p.N * sizeof *fresh) == 0, "a refused knob left the output written");
+        }
+        qmm_buffer_destroy(row);
+        free(poisoned);
+        free(fresh);
+        /* an empty value is no value: the call runs, and matches the oracle */
+        setenv("QMM_CUDA_SPLITS", "", 1);
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
+        unsetenv("QMM_CUDA_SPLITS");
+        product_check(&p, "errors: knobs, QMM_CUDA_SPLITS empty", 2.0);
+        /* the gather's knob, at a gather call */
+        qmm_weights *experts = NULL;
+        const uint32_t rhs[2] = {0, 1};
+        CHECK_OK(qmm_weights_create_experts(context, &p.q.m, 2, &experts));
+        setenv("QMM_CUDA_GATHER_GROUPED", "yes", 1);
+        CHECK_STATUS(qmm_gather_matmul(context, experts, p.x, 2, NULL, rhs, 2, p.out, NULL, NULL),
+                     QMM_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(qmm_last_error(), "QMM_CUDA_GATHER_GROUPED=yes is not one of 0, 1") != NULL, "gather knob: %s",
+              qmm_last_error());
+        unsetenv("QMM_CUDA_GATHER_GROUPED");
+        qmm_weights_destroy(experts);
+    }
+    product_free(&p);
     /* m16n64's grid.y holds 65535 row tiles of 64: N = 4194241 is refused with the rule, and the selector goes on to
      * another row at M = 20 (in its box otherwise). Weights only (K = 32: 64 MiB of codes), no product. */
     check_qmatrix big;

@@ -328,6 +328,11 @@ qmm_status open_context(int backend, qmm_context **context) {
         for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
             status = qmm_context_create(backend_order[i], 0, context);
             if (status == QMM_OK) return QMM_OK;
+            if (status == QMM_ERR_INVALID_ARGUMENT) { /* a usable backend, asked for wrongly (a bad knob): say so */
+                char reason[512];
+                snprintf(reason, sizeof reason, "%s", qmm_last_error());
+                return qmm_error(status, "--backend auto: %s: %s", qmm_backend_name(backend_order[i]), reason);
+            }
         }
         return status; /* not reached while the reference backend is built in */
     }
@@ -336,9 +341,11 @@ qmm_status open_context(int backend, qmm_context **context) {
         /* The library names the backend and why; say which option asked for it and what else to do. */
         char reason[512];
         snprintf(reason, sizeof reason, "%s", qmm_last_error());
-        status = qmm_error(status, "--backend %s: %s ('qmm kernels' lists the backends available here; "
-                                   "--backend auto takes the first of them)",
-                           qmm_backend_name((qmm_backend)backend), reason);
+        status = status == QMM_ERR_INVALID_ARGUMENT
+                     ? qmm_error(status, "--backend %s: %s", qmm_backend_name((qmm_backend)backend), reason)
+                     : qmm_error(status, "--backend %s: %s ('qmm kernels' lists the backends available here; "
+                                         "--backend auto takes the first of them)",
+                                 qmm_backend_name((qmm_backend)backend), reason);
     }
     return status;
 }
