@@ -463,7 +463,8 @@ typedef struct qmm_gather_options {
  * QMM_ERR_SHAPE (T = 0, B = 0, B > T with lhs_indices NULL, a buffer too small or of another dtype),
  * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND / QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul), and
  * QMM_ERR_UNSUPPORTED when the backend has no gather row ("no kernel of backend B computes gather yet"; every
- * backend has one today: ref, cpu, and cuda.gather.blocks.auto on CUDA).
+ * backend has one today: ref, cpu, and cuda.gather.blocks.auto on CUDA); on CUDA, QMM_ERR_INVALID_ARGUMENT for
+ * a knob of the calls outside its rule (docs/kernels.md §12), before anything is launched.
  * Source: mlx.core.gather_qmm (mlx/backend/cpu/quantized.cpp, mlx/ops.cpp). */
 qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
                              const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
@@ -538,7 +539,9 @@ qmm_status qmm_chain_create(qmm_context *context, qmm_chain **chain);
 void qmm_chain_destroy(qmm_chain *chain);
 /* Records one matmul; arguments are validated now, with qmm_matmul's errors (weights or buffers the
  * caller destroyed are refused; the chain's own context is used, destroyed handle or not). The kernel
- * is chosen now from options as qmm_matmul chooses it (a forced name, batch_invariant). */
+ * is chosen now from options as qmm_matmul chooses it (a forced name, batch_invariant). A CUDA knob of
+ * the calls (docs/kernels.md §12) is read, and refused, when the chain is first run (captured), not here;
+ * replays do not read it again. */
 qmm_status qmm_chain_add_matmul(qmm_chain *chain, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                                 qmm_buffer *out, const qmm_matmul_options *options);
 size_t qmm_chain_length(const qmm_chain *chain);

@@ -168,14 +168,16 @@ static qmm_status cuda_open(int device, void **state) {
     if (device < 0 || device >= count)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "CUDA device=%d does not exist: %d device(s), ordinals 0..%d", device,
                          count, count - 1);
-    const qmm_status knobs_status = knobs_check(context_knobs, sizeof context_knobs / sizeof context_knobs[0]);
-    if (knobs_status != QMM_OK) return knobs_status;
     CUDA_TRY(cudaSetDevice(device));
     struct cudaDeviceProp properties;
     CUDA_TRY(cudaGetDeviceProperties(&properties, device));
     if (properties.major < 8)
         return qmm_error(QMM_ERR_UNSUPPORTED, "CUDA device %d (%s) has compute capability %d.%d; qmm needs 8.0 or newer",
                          device, properties.name, properties.major, properties.minor);
+    /* after every reason the backend cannot be had here (UNSUPPORTED: `--backend auto` goes on to the CPU), so that a
+     * stray knob stops only a backend that would otherwise open */
+    const qmm_status knobs_status = knobs_check(context_knobs, sizeof context_knobs / sizeof context_knobs[0]);
+    if (knobs_status != QMM_OK) return knobs_status;
     cuda_state *created = calloc(1, sizeof *created);
     if (!created) return qmm_error(QMM_ERR_OUT_OF_MEMORY, "no memory for the CUDA backend state");
     created->device = device;

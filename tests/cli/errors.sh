@@ -282,9 +282,15 @@ expect_library_error info "corrupt file" 'layer "p": scales [2, 8, 4] and biases
 if "$QMM" kernels --backend cuda >/dev/null 2>&1; then
   QMM_CUDA_WARPS=99 expect_library_error matmul "invalid argument" "--backend auto: cuda: QMM_CUDA_WARPS=99 is not a whole number in 1–16" \
     matmul "$FIXTURE" --layer $L -m 2
+  QMM_CUDA_WARPS=99 expect_library_error matmul "invalid argument" "--backend cuda: QMM_CUDA_WARPS=99 is not a whole number in 1–16" \
+    matmul "$FIXTURE" --layer $L -m 2 --backend cuda
+  check "a knob's error carries no 'backends available' hint" bash -c '! grep -q "lists the backends" <<<"$1"' _ "$ERR"
+  QMM_CUDA_GATHER_GROUPED=yes expect_library_error gather "invalid argument" "QMM_CUDA_GATHER_GROUPED=yes is not one of 0, 1" \
+    gather "$FIXTURE" --layer blk.0.ffn_up -k 1
+  QMM_CUDA_PDL=off expect_library_error gather "invalid argument" "--backend auto: cuda: QMM_CUDA_PDL=off is not one of 0, 1" \
+    gather "$FIXTURE" --layer blk.0.ffn_up -k 1
   QMM_CUDA_SPLITS=two expect_library_error matmul "invalid argument" "QMM_CUDA_SPLITS=two is not a whole number in 1–16" \
     matmul "$FIXTURE" --layer $L -m 64 --backend cuda
-  check "a knob's error carries no 'backends available' hint" bash -c '! grep -q "lists the backends" <<<"$1"' _ "$ERR"
 else
   echo "$SUITE: the CUDA knob cases SKIPPED: no usable CUDA device (qmm kernels --backend cuda)"
 fi

@@ -83,6 +83,25 @@ static void product_check(product *p, const char *label, double slack) {
     CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
 }
 
+/* That a buffer still holds the poison (qmm_buffer_poison's bytes, compared with a fresh buffer's): nothing wrote it. */
+static void check_still_poisoned(qmm_context *context, const qmm_buffer *out, const char *what) {
+    const size_t count = qmm_buffer_count(out), bytes = count * qmm_dtype_size(qmm_buffer_dtype(out));
+    unsigned char *got = malloc(bytes), *want = malloc(bytes);
+    qmm_buffer *fresh = NULL;
+    CHECK_OK(qmm_buffer_create(context, qmm_buffer_dtype(out), count, &fresh));
+    if (got && want && fresh) {
+        CHECK_OK(qmm_buffer_read(out, got, count));
+        CHECK_OK(qmm_buffer_poison(fresh));
+        CHECK_OK(qmm_buffer_read(fresh, want, count));
+        CHECK(memcmp(got, want, bytes) == 0, "%s: a refused call wrote the output", what);
+    } else {
+        CHECK(false, "%s: set-up failed", what);
+    }
+    qmm_buffer_destroy(fresh);
+    free(got);
+    free(want);
+}
+
 /* Every CUDA qmm_t row that takes p's call, forced, outputs poisoned first, against the oracle in p. */
 static void check_every_row(qmm_context *context, product *p, const char *what) {
     for (size_t k = 0; k < qmm_kernel_count(context); k++) {
@@ -1121,10 +1140,10 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                         {"QMM_CUDA_INVARIANT_SLOTS", "none", "0, 1", NULL},
                         {"QMM_CUDA_INVARIANT_PATH", "sideways", "split, virtual, last, blocks", NULL},
                         {"QMM_CUDA_GATHER_GROUPED", "2", "0, 1", "cuda.qmm_t.mma_gemv.m16n32"}};
+        CHECK_OK(qmm_buffer_poison(p.out)); /* once: every refusal below must leave it so */
         for (size_t i = 0; i < sizeof bad_call / sizeof bad_call[0]; i++) {
             const size_t M = bad_call[i].row && strstr(bad_call[i].row, ".m8n") ? 8 : p.M; /* m8n64 takes M ≤ 8 */
             qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = bad_call[i].row};
-            CHECK_OK(qmm_buffer_poison(p.out));
             setenv(bad_call[i].name, bad_call[i].value, 1);
             CHECK_STATUS(qmm_matmul(context, p.weights, p.x, M, p.out, &options, NULL), QMM_ERR_INVALID_ARGUMENT);
             char want[96];
@@ -1134,29 +1153,39 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                   qmm_last_error());
             unsetenv(bad_call[i].name);
         }
-        /* nothing was launched: the output is still the poison (checked through one row against a fresh poison) */
-        uint16_t *poisoned = malloc(p.N * sizeof *poisoned), *fresh = malloc(p.N * sizeof *fresh);
-        qmm_buffer *row = NULL;
-        CHECK_OK(qmm_buffer_create(context, QMM_BF16, p.N, &row));
-        if (poisoned && fresh && row) {
-            CHECK_OK(qmm_buffer_read(p.out, poisoned, p.N));
-            CHECK_OK(qmm_buffer_poison(row));
-            CHECK_OK(qmm_buffer_read(row, fresh, p.N));
-            CHECK(memcmp(poisoned, fresh, p.N * sizeof *fresh) == 0, "a refused knob left the output written");
+        /* every kind of row checks before it launches: the wgmma rows (Hopper), batch-invariant mode, the other tiles,
+         * qmm_n (x [M, 512] through these 512 × 1024 weights, out [M, 1024]: within p's buffers) */
+        static const struct {
+            const char *row;
+            qmm_op op;
+            size_t M;
+            int batch_invariant;
+        } kinds[] = {{"cuda.qmm_t.wgmma_tile.m64n128", QMM_OP_QMM_T, 40, 0},
+                     {"cuda.qmm_t.wgmma_tile_fma.m128n128", QMM_OP_QMM_T, 40, 0},
+                     {NULL, QMM_OP_QMM_T, 40, 1},
+                     {"cuda.qmm_t.mma_tile.m16n256", QMM_OP_QMM_T, 16, 0},
+                     {"cuda.qmm_t.mma_gemv.m32n16", QMM_OP_QMM_T, 40, 0},
+                     {"cuda.qmm_n.mma_tile_n.m8n128", QMM_OP_QMM_N, 16, 0},
+                     {"cuda.qmm_n.generic.m8n256", QMM_OP_QMM_N, 16, 0}};
+        setenv("QMM_CUDA_SPLITS", "0", 1);
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+            if (kinds[i].row &&
+                qmm_kernel_supports(context, kinds[i].row, p.weights, kinds[i].M, kinds[i].op, NULL) != 1)
+                continue; /* the wgmma rows off Hopper */
+            const qmm_matmul_options options = {.op = kinds[i].op, .kernel = kinds[i].row,
+                                                .batch_invariant = kinds[i].batch_invariant};
+            CHECK_STATUS(qmm_matmul(context, p.weights, p.x, kinds[i].M, p.out, &options, NULL), QMM_ERR_INVALID_ARGUMENT);
+            CHECK(strstr(qmm_last_error(), "QMM_CUDA_SPLITS=0 is not a whole number in 1–16") != NULL, "%s%s: %s",
+                  kinds[i].row ? kinds[i].row : "the selector's row", kinds[i].batch_invariant ? " (batch-invariant)" : "",
+                  qmm_last_error());
         }
-        qmm_buffer_destroy(row);
-        free(poisoned);
-        free(fresh);
-        /* an empty value is no value: the call runs, and matches the oracle */
-        setenv("QMM_CUDA_SPLITS", "", 1);
-        CHECK_OK(qmm_buffer_poison(p.out));
-        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
-        unsetenv("QMM_CUDA_SPLITS");
-        product_check(&p, "errors: knobs, QMM_CUDA_SPLITS empty", 2.0);
         /* the gather's knob, at a gather call */
         qmm_weights *experts = NULL;
         const uint32_t rhs[2] = {0, 1};
         CHECK_OK(qmm_weights_create_experts(context, &p.q.m, 2, &experts));
+        CHECK_STATUS(qmm_gather_matmul(context, experts, p.x, 2, NULL, rhs, 2, p.out, NULL, NULL),
+                     QMM_ERR_INVALID_ARGUMENT); /* QMM_CUDA_SPLITS=0 still set */
+        unsetenv("QMM_CUDA_SPLITS");
         setenv("QMM_CUDA_GATHER_GROUPED", "yes", 1);
         CHECK_STATUS(qmm_gather_matmul(context, experts, p.x, 2, NULL, rhs, 2, p.out, NULL, NULL),
                      QMM_ERR_INVALID_ARGUMENT);
@@ -1164,6 +1193,36 @@ static void test_errors(qmm_context *context, check_rng *rng) {
               qmm_last_error());
         unsetenv("QMM_CUDA_GATHER_GROUPED");
         qmm_weights_destroy(experts);
+        check_still_poisoned(context, p.out, "errors: knobs (bf16)");
+        /* an empty value is no value: the call runs, and matches the oracle */
+        setenv("QMM_CUDA_SPLITS", "", 1);
+        CHECK_OK(qmm_buffer_poison(p.out));
+        CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, NULL, NULL));
+        unsetenv("QMM_CUDA_SPLITS");
+        product_check(&p, "errors: knobs, QMM_CUDA_SPLITS empty", 2.0);
+    }
+    product_free(&p);
+    if (product_make(context, rng, 8, 64, 128, 4, 64, QMM_F32, "errors: knobs (f32)", &p)) { /* the f32 rows */
+        static const struct {
+            const char *row;
+            size_t M;
+        } f32_rows[] = {{"cuda.qmm_t.ffma_gemv.m8n16", 2}, {"cuda.qmm_t.mma_tile_bf16x3.m32n128", 8},
+                        {"cuda.qmm_t.generic.m8n256", 2}};
+        CHECK_OK(qmm_buffer_poison(p.out));
+        setenv("QMM_CUDA_WGMMA_LAST_WAVE", "no", 1);
+        size_t ran = 0;
+        for (size_t i = 0; i < sizeof f32_rows / sizeof f32_rows[0]; i++) {
+            if (qmm_kernel_supports(context, f32_rows[i].row, p.weights, f32_rows[i].M, QMM_OP_QMM_T, NULL) != 1) continue;
+            ran++;
+            const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = f32_rows[i].row};
+            CHECK_STATUS(qmm_matmul(context, p.weights, p.x, f32_rows[i].M, p.out, &options, NULL),
+                         QMM_ERR_INVALID_ARGUMENT);
+            CHECK(strstr(qmm_last_error(), "QMM_CUDA_WGMMA_LAST_WAVE=no is not one of 0, 1") != NULL, "%s: %s",
+                  f32_rows[i].row, qmm_last_error());
+        }
+        unsetenv("QMM_CUDA_WGMMA_LAST_WAVE");
+        CHECK(ran == sizeof f32_rows / sizeof f32_rows[0], "errors: knobs (f32): %zu of the 3 f32 rows took the call", ran);
+        check_still_poisoned(context, p.out, "errors: knobs (f32)");
     }
     product_free(&p);
     /* m16n64's grid.y holds 65535 row tiles of 64: N = 4194241 is refused with the rule, and the selector goes on to

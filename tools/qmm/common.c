@@ -321,6 +321,14 @@ qmm_status apply_threads(qmm_context *context, int threads) {
     return status;
 }
 
+/* --backend auto meeting a backend that is here but was asked for wrongly (a CUDA knob outside its rule,
+ * docs/kernels.md §12): the error, not the next backend. */
+static qmm_status auto_stop(qmm_backend backend) {
+    char reason[512];
+    snprintf(reason, sizeof reason, "%s", qmm_last_error());
+    return qmm_error(QMM_ERR_INVALID_ARGUMENT, "--backend auto: %s: %s", qmm_backend_name(backend), reason);
+}
+
 qmm_status open_context(int backend, qmm_context **context) {
     *context = NULL;
     if (backend == BACKEND_AUTO) {
@@ -328,11 +336,7 @@ qmm_status open_context(int backend, qmm_context **context) {
         for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
             status = qmm_context_create(backend_order[i], 0, context);
             if (status == QMM_OK) return QMM_OK;
-            if (status == QMM_ERR_INVALID_ARGUMENT) { /* a usable backend, asked for wrongly (a bad knob): say so */
-                char reason[512];
-                snprintf(reason, sizeof reason, "%s", qmm_last_error());
-                return qmm_error(status, "--backend auto: %s: %s", qmm_backend_name(backend_order[i]), reason);
-            }
+            if (status == QMM_ERR_INVALID_ARGUMENT) return auto_stop(backend_order[i]);
         }
         return status; /* not reached while the reference backend is built in */
     }
@@ -376,7 +380,9 @@ qmm_status open_context_for(int backend, qmm_op op, qmm_context **context) {
     *context = NULL;
     qmm_status status = QMM_OK;
     for (size_t i = 0; i < sizeof backend_order / sizeof backend_order[0]; i++) {
-        if ((status = qmm_context_create(backend_order[i], 0, context)) != QMM_OK) continue;
+        if ((status = qmm_context_create(backend_order[i], 0, context)) == QMM_ERR_INVALID_ARGUMENT)
+            return auto_stop(backend_order[i]);
+        if (status != QMM_OK) continue;
         if (has_op(*context, op)) return QMM_OK;
         qmm_context_destroy(*context);
         *context = NULL;
