@@ -101,14 +101,16 @@ else
       # The longest runs first, so that none starts last and runs on alone: under racecheck on the H200 (thirty-fourth
       # session, 14 jobs, sections listed after the rows) the sections in `slow` and the gather row were the last to
       # finish, 4.5 to more than 8.5 minutes after the start; every other run by 3.5.
+      # Racecheck's slow runs before memcheck's (racecheck is the slower tool), then every other run.
       slow="batch_invariant wgmma_cluster_splits wgmma_switch tile_split_k wgmma_last_wave selector gather m16n64_chunks"
-      ordered=""
-      for s in $slow; do grep -qx "$s" <<<"$sections" && ordered+=" $s"; done
-      for s in $sections; do grep -qw -- "$s" <<<"$slow" || ordered+=" $s"; done
-      for tool in $tools; do
-        rm -f "$logs"/sanitizer-$tool-* # an earlier run's logs are not this run's
-        for s in $ordered; do echo "$tool section $s" >>"$jobs_file"; done
+      for tool in $tools; do rm -f "$logs"/sanitizer-$tool-*; done # an earlier run's logs are not this run's
+      for tool in racecheck memcheck; do
+        [[ " $tools " == *" $tool "* ]] || continue
+        for s in $slow; do grep -qx "$s" <<<"$sections" && echo "$tool section $s" >>"$jobs_file"; done
         for r in $rows; do [[ $r == cuda.gather.* ]] && echo "$tool row $r" >>"$jobs_file"; done
+      done
+      for tool in $tools; do
+        for s in $sections; do grep -qw -- "$s" <<<"$slow" || echo "$tool section $s" >>"$jobs_file"; done
         for r in $rows; do [[ $r == cuda.gather.* ]] || echo "$tool row $r" >>"$jobs_file"; done
       done
       sanitize() { # sanitize TOOL row|section NAME: one run, its log and exit status under $logs
