@@ -108,6 +108,7 @@ check "same n×k: the table loads in matmul" rc_is 0
 q tune --backend cpu --quick --m 1 --dtype f32 --threads 1 --out "$WORK/one-thread.json"
 check "--threads 1: exit 0" rc_is 0
 check "--threads 1: a table" out_matches '^wrote [0-9]+ entr(y|ies) for [0-9]+ cells'
+check "--threads 1: the table's machine names 1 thread" grep -q '"machine": ".*, 1 thread"' "$WORK/one-thread.json"
 expect_usage_error tune "--threads '0' is not a whole number from 1 to" tune --backend cpu --quick --threads 0
 # A shape whose arrays would not fit in the host memory is refused before any measurement, naming the shape and both
 # sizes (2^30 × 2^20 at 4 bits: ~512 TiB of codes alone, more than any machine; nothing of it is allocated).

@@ -312,6 +312,7 @@ int cmd_tune(const command *c, int argc, char **argv) {
         rc = library_error(c, status);
         goto done;
     }
+    bench_host_set_threads(threads); /* the table's "machine" names the threads it was measured with */
     run->backend = qmm_context_backend(run->context);
     warn_if_loaded(c, run->context); /* a table measured on a busy machine picks by noise */
     const int cuda = run->backend == QMM_BACKEND_CUDA;
