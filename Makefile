@@ -8,6 +8,9 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
+# cmake --build runs its own make: without this it would inherit our make's level and print "Entering directory"
+# around every step (the -j count is passed explicitly)
+SUBBUILD = MAKEFLAGS= MAKELEVEL=
 
 .PHONY: all build run test test-asan test-fuzz test-gpu install clean setup-build setup-test setup-bench
 
@@ -25,7 +28,7 @@ setup-bench:
 
 build: setup-build
 	cmake -S . -B build $(CMAKE_FLAGS) >/dev/null
-	cmake --build build -j $(JOBS)
+	$(SUBBUILD) cmake --build build -j $(JOBS)
 
 run: build
 	./build/qmm run
@@ -38,13 +41,13 @@ test: setup-test build
 # without a GPU its host code cannot run here anyway (make test-gpu covers it under compute-sanitizer).
 test-asan:
 	cmake -S . -B build-asan -DQMM_SANITIZE=ON -DQMM_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
-	cmake --build build-asan -j $(JOBS)
+	$(SUBBUILD) cmake --build build-asan -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L 'unit|kernels|cli'
 
 test-fuzz:
 	CC=clang cmake -S . -B build-fuzz -DQMM_FUZZ=ON -DQMM_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DQMM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
-	cmake --build build-fuzz -j $(JOBS)
+	$(SUBBUILD) cmake --build build-fuzz -j $(JOBS)
 	ctest --test-dir build-fuzz --output-on-failure -L fuzz
 
 # On a machine with an NVIDIA GPU and nvcc (see README, "GPU"): every CUDA kernel against the oracle, chains,
@@ -55,7 +58,7 @@ test-gpu:
 # The prefix is given at configure time too, so that the installed qmm.pc and the fixture path are right.
 install: setup-build
 	cmake -S . -B build -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
-	cmake --build build -j $(JOBS)
+	$(SUBBUILD) cmake --build build -j $(JOBS)
 	cmake --install build
 
 clean:
