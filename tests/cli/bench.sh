@@ -180,6 +180,8 @@ expect_usage_error bench "--shapes is empty" bench --backend ref --quick --no-pe
 expect_usage_error bench "--shapes ',': an empty item" bench --backend ref --quick --no-peers --shapes ,
 expect_usage_error bench "an empty item" bench --backend ref --quick --no-peers --shapes seed,
 expect_usage_error bench "an empty item" bench --backend ref --quick --no-peers --shapes seed,,qwen3
+expect_usage_error bench "--shapes 'seed,qwen3,seed': 'seed' is listed twice" bench --backend ref --quick --no-peers \
+  --shapes seed,qwen3,seed
 expect_usage_error bench "--shapes is 2048 bytes long" bench --backend ref --quick --no-peers --shapes "$(printf 'a%.0s' {1..2048})"
 expect_usage_error tune "--shapes is empty" tune --backend ref --quick --shapes '' --out "$WORK/t.json"
 expect_library_error bench "I/O error" "--shapes '$WORK' is a directory, not a shapes file" \

@@ -25,6 +25,20 @@ QMM_RUN_INJECT_FAULT=1 q run
 check "3: run FAIL verdict exits 3" rc_is 3
 QMM_RUN_INJECT_FAULT=x expect_usage_error matmul "QMM_RUN_INJECT_FAULT='x'" matmul "$FIXTURE" --layer $L -m 2
 
+# 1: standard output that cannot be written (a full device) loses the results: an I/O error, never a silent 0
+if [ -w /dev/full ]; then
+  for args in "kernels" "matmul $FIXTURE --layer $L -m 2" "--version"; do
+    CMD="qmm $args >/dev/full"
+    # shellcheck disable=SC2086 # the arguments split on purpose
+    "$QMM" $args >/dev/full 2>"$WORK/full.err"
+    RC=$? ERR=$(cat "$WORK/full.err")
+    check "stdout on a full device: qmm $args exits 1" rc_is 1
+    check "stdout on a full device: qmm $args says so" err_has "I/O error: writing to standard output failed"
+  done
+else
+  echo "$SUITE: the full-device cases SKIPPED: /dev/full is not writable here"
+fi
+
 # a bad option value is a usage error, found before any work (the input need not even exist)
 expect_usage_error quantize "--bits 7" quantize "$WORK/nonexistent.safetensors" "$WORK/q" --bits 7 --group-size 32
 expect_usage_error quantize "--group-size 96" quantize "$WORK/nonexistent.safetensors" "$WORK/q" --bits 4 \
@@ -46,6 +60,18 @@ expect_library_error quantize "I/O error" "its parent '$WORK/afile' is not a dir
 expect_library_error convert "not found" "its parent '$WORK/no/such' does not exist" \
   convert "$WORK/tiny.gguf" "$WORK/no/such/out" --only w
 expect_library_error convert "I/O error" "exists and is not a directory" convert "$WORK/tiny.gguf" "$WORK/afile" --only w
+# the same file named with a trailing slash (stat says ENOTDIR), and a symbolic link to nothing (stat says ENOENT):
+# refused before the work too, not by mkdir after it
+expect_library_error quantize "I/O error" "OUTDIR '$WORK/afile/' exists and is not a directory" \
+  quantize "$WORK/float.safetensors" "$WORK/afile/" --bits 4 --group-size 32
+check "OUTDIR a file with a slash: nothing quantized first" bash -c '! grep -q -- "->" <<<"$0"' "$ERR"
+expect_library_error convert "I/O error" "OUTDIR '$WORK/afile/' exists and is not a directory" \
+  convert "$WORK/tiny.gguf" "$WORK/afile/" --only w
+ln -s "$WORK/nowhere" "$WORK/dangling"
+expect_library_error quantize "I/O error" "OUTDIR '$WORK/dangling' is a symbolic link to nothing" \
+  quantize "$WORK/float.safetensors" "$WORK/dangling" --bits 4 --group-size 32
+check "dangling OUTDIR: nothing quantized first" bash -c '! grep -q -- "->" <<<"$0"' "$ERR"
+check "dangling OUTDIR: nothing created at its target" [ ! -e "$WORK/nowhere" ]
 check "convert: nothing created" [ ! -e "$WORK/no" ]
 
 # a checkpoint already there: refused without --force before quantizing; stale shards refused even with it

@@ -78,6 +78,7 @@ expect_usage_error quantize "--bits 7: bits=7 is not supported (allowed: {2, 3, 
   "$WORK/float.safetensors" "$WORK/q" --bits 7
 check "--bits 7 alone: the missing --group-size not said first" bash -c '! grep -q "group-size is required" <<<"$0"' "$ERR"
 expect_usage_error quantize "--bits 'four' is not an integer" quantize "$WORK/float.safetensors" "$WORK/q" --bits four
+expect_usage_error quantize "--bits ' 4' is not an integer" quantize "$WORK/float.safetensors" "$WORK/q" --bits " 4"
 expect_usage_error quantize "--group-size 48: group_size=48 is not supported (allowed:" quantize \
   "$WORK/float.safetensors" "$WORK/q" --group-size 48
 expect_usage_error quantize "--bits 7 --group-size 48: bits=7 is not supported" quantize "$WORK/float.safetensors" \

@@ -181,7 +181,8 @@ int parse_inject_fault(const command *c, unsigned long long *faults) {
 
 /* An int option whose range the library checks (bits, group size): any decimal int parses. */
 int parse_int(const char *text, int *out) {
-    if (!text || !text[0]) return 0;
+    /* a sign or a digit first: strtol would also skip leading white space (" 4"), which the other parsers refuse */
+    if (!text || !(text[0] == '-' || text[0] == '+' || (text[0] >= '0' && text[0] <= '9'))) return 0;
     errno = 0;
     char *end = NULL;
     long value = strtol(text, &end, 10);
@@ -741,6 +742,14 @@ int check_outdir(const command *c, const char *dir, int force) {
         snprintf(path, sizeof path, "%s", dir);
         size_t length = strlen(path);
         while (length > 1 && path[length - 1] == '/') path[--length] = '\0';
+        /* ... and OUTDIR itself must not exist in some other form: "afile/" (a file, named with a slash) or a
+         * symbolic link to nowhere, which stat() reports as missing but mkdir() would refuse after all the work */
+        if (lstat(path, &info) == 0) {
+            if (S_ISLNK(info.st_mode))
+                return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' is a symbolic link to nothing (its target "
+                                                  "does not exist): name a directory or a new path", dir));
+            return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' exists and is not a directory", dir));
+        }
         char *slash = strrchr(path, '/');
         if (!slash) snprintf(path, sizeof path, ".");
         else if (slash == path) path[1] = '\0';

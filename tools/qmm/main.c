@@ -10,6 +10,8 @@
  */
 #include "common.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 static int cmd_help(const command *c, int argc, char **argv);
@@ -206,6 +208,16 @@ static int cmd_help(const command *c, int argc, char **argv) {
     return 0;
 }
 
+/* What a command printed must have reached standard output: a write that failed (a full disk, a closed file) is an
+ * I/O error, exit 1 where the command would have exited 0 — the results and the verdict were lost. */
+static int stdout_checked(const char *name, int rc) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "qmm%s%s: I/O error: writing to standard output failed: %s\n", name ? " " : "", name ? name : "",
+            errno ? strerror(errno) : "a write error");
+    return rc == QMM_EXIT_OK ? QMM_EXIT_ERROR : rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         print_overview(stderr);
@@ -213,11 +225,11 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         print_overview(stdout);
-        return 0;
+        return stdout_checked(NULL, QMM_EXIT_OK);
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("qmm %d.%d.%d\n", QMM_VERSION_MAJOR, QMM_VERSION_MINOR, QMM_VERSION_PATCH);
-        return 0;
+        return stdout_checked(NULL, QMM_EXIT_OK);
     }
     const command *c = find_command(argv[1]);
     if (!c) {
@@ -225,5 +237,5 @@ int main(int argc, char **argv) {
         return QMM_EXIT_USAGE;
     }
     int rc = c->run(c, argc - 2, argv + 2);
-    return rc == QMM_HELP_SHOWN ? QMM_EXIT_OK : rc;
+    return stdout_checked(c->name, rc == QMM_HELP_SHOWN ? QMM_EXIT_OK : rc);
 }

@@ -175,8 +175,14 @@ int check_shapes_option(const command *c, const char *text) {
         return usage_error(c, "--shapes is %zu bytes long; the limit is %d", strlen(text), SHAPES_TEXT_MAX - 1);
     for (const char *p = text;; p++) {
         const char *comma = strchr(p, ',');
-        if ((comma ? comma : p + strlen(p)) == p)
-            return usage_error(c, "--shapes '%s': an empty item (want comma-separated files or names)", text);
+        const size_t length = (size_t)((comma ? comma : p + strlen(p)) - p);
+        if (length == 0) return usage_error(c, "--shapes '%s': an empty item (want comma-separated files or names)", text);
+        for (const char *q = text; q < p;) { /* an item named twice would load its shapes twice */
+            const char *q_end = strchr(q, ',');
+            if ((size_t)(q_end - q) == length && strncmp(q, p, length) == 0)
+                return usage_error(c, "--shapes '%s': '%.*s' is listed twice", text, (int)length, p);
+            q = q_end + 1;
+        }
         if (!comma) break;
         p = comma;
     }
