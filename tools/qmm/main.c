@@ -181,7 +181,8 @@ static void print_overview(FILE *out) {
                  "exit status:\n"
                  "  0  success (qmm matmul, qmm gather, qmm run: every output within its error bound)\n"
                  "  1  library or run-time error: a missing or broken file, an unusable OUTDIR, a layer or kernel\n"
-                 "     the checkpoint or backend does not have, a backend that is not available\n"
+                 "     the checkpoint or backend does not have, a backend that is not available, standard output\n"
+                 "     that cannot be written\n"
                  "  2  usage error: unknown command or option, missing or malformed value, a value outside its\n"
                  "     rule (--bits 7); reported before any work is done\n"
                  "  3  FAIL verdict: qmm matmul, qmm gather or qmm run ran, and some outputs are outside the error bound\n");
