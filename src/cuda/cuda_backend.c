@@ -77,11 +77,11 @@ static qmm_status knob_check(const knob *k) {
     const char *value = getenv(k->name);
     if (!value || !*value) return QMM_OK;
     if (k->words) {
-        char list[64] = "";
-        for (const char *const *w = k->words; *w; w++) {
+        for (const char *const *w = k->words; *w; w++)
             if (strcmp(value, *w) == 0) return QMM_OK;
+        char list[64] = ""; /* the accepted words, for the message */
+        for (const char *const *w = k->words; *w; w++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", w == k->words ? "" : ", ", *w);
-        }
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s=%s is not one of %s (%s; unset: the launcher's choice)", k->name,
                          value, list, k->rule);
     }
