@@ -110,6 +110,8 @@ __device__ __forceinline__ uint64_t descriptor_interleave(uint32_t addr, uint32_
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* every wgmma group but the newest complete (PTX ISA, wgmma.wait_group) */
+__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 /* The _fma rows' consumers take turns (ping-pong): warpgroup w waits on named barrier 2 + w before it issues a segment's
  * wgmmas and, once it has issued them, arrives on the other's (256 threads each: 128 waiting, 128 arriving), so the two
  * warpgroups' groups reach the tensor cores alternately (FlashAttention-3's and CUTLASS's ping-pong between consumer
@@ -596,6 +598,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int row_w = 64 * warpgroup + 16 * warp; /* the warp's first row in the block */
     float acc[TOKS / 2], part[TOKS / 2], run[VIRTUAL ? TOKS / 2 : 1]; /* run: VIRTUAL's ranges' sum so far */
+    /* TWO_PARTS (the prepared 64-token tile, segments of a stage ≥ 2): two segment accumulators, so that segment
+     * sg + 1 is decoded and its wgmmas issued before segment sg's wait and FMAs (wgmma.wait_group 1), and those FMAs
+     * run while sg + 1's wgmmas do. The same operations on acc in the same order (b·Σx, then each segment in turn):
+     * the same bits. Not at 128 tokens: two parts and acc would be 192 registers before any fragment (docs/PERF.md,
+     * twenty-second session); the twenty-first session's microbenchmark: 178 → 116 cycles a wgmma with decode-like
+     * work between. */
+    constexpr bool TWO_PARTS = PREP && TOKS == 64 && L::SEG >= 2; /* (PREP: no turns) */
+    float part2[TWO_PARTS ? TOKS / 2 : 1];
 #pragma unroll
     for (int e = 0; e < TOKS / 2; e++) acc[e] = 0.0f;
 #pragma unroll
@@ -643,6 +653,54 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 wgmma_tf32(acc, bias_a[kc], descriptor_interleave(x_at + L::XSUM_AT + 256 * kc, 128, 256 * L::XP_CHUNKS));
             wgmma_commit();
         }
+        if constexpr (TWO_PARTS) {
+            /* segment sg into parts[sg % 2] from fragments frags[sg % 2]; its FMAs after segment sg + 1's issue */
+            uint32_t frags[2][L::SEG_BLOCKS][2][4];
+            auto finish = [&](const float (&p)[TOKS / 2], int sg) { /* acc = fma(s, Σq·x, acc), rows g and g + 8 */
+                const float s0 = scale_bias(pairs[sg], T()).x * mma_decode<BITS, T>::code_scale;
+                const float s1 = scale_bias(pairs[8 * L::GSB + sg], T()).x * mma_decode<BITS, T>::code_scale;
+#pragma unroll
+                for (int j = 0; j < TOKS / 8; j++) {
+                    acc[4 * j + 0] = __fmaf_rn(s0, p[4 * j + 0], acc[4 * j + 0]);
+                    acc[4 * j + 1] = __fmaf_rn(s0, p[4 * j + 1], acc[4 * j + 1]);
+                    acc[4 * j + 2] = __fmaf_rn(s1, p[4 * j + 2], acc[4 * j + 2]);
+                    acc[4 * j + 3] = __fmaf_rn(s1, p[4 * j + 3], acc[4 * j + 3]);
+                }
+            };
+            decode_segment<BITS, T, L::SEG_BLOCKS>(wq0, wq1, 0, frags[0]);
+            wgmma_wait_all(); /* b·Σx (above) done: acc is no accumulator in flight from here */
+#pragma unroll
+            for (int e = 0; e < TOKS / 2; e++) register_fence(acc[e]);
+            wgmma_fence();
+            issue_segment<T, TOKS, L::SEG_BLOCKS, PREP>(part, frags[0], x_at, 0);
+#pragma unroll
+            for (int sg = 1; sg < L::SEG; sg++) {
+                decode_segment<BITS, T, L::SEG_BLOCKS>(wq0, wq1, sg, frags[sg % 2]); /* while sg − 1's wgmmas run */
+                wgmma_fence();
+                if (sg % 2) issue_segment<T, TOKS, L::SEG_BLOCKS, PREP>(part2, frags[1], x_at, sg);
+                else issue_segment<T, TOKS, L::SEG_BLOCKS, PREP>(part, frags[0], x_at, sg);
+                wgmma_wait_one(); /* segment sg − 1 done, sg in flight */
+                if (sg % 2) {
+#pragma unroll
+                    for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
+                    finish(part, sg - 1);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < TOKS / 2; e++) register_fence(part2[e]);
+                    finish(part2, sg - 1);
+                }
+            }
+            wgmma_wait_all();
+            if ((L::SEG - 1) % 2) {
+#pragma unroll
+                for (int e = 0; e < TOKS / 2; e++) register_fence(part2[e]);
+                finish(part2, L::SEG - 1);
+            } else {
+#pragma unroll
+                for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
+                finish(part, L::SEG - 1);
+            }
+        } else
 #pragma unroll
         for (int sg = 0; sg < L::SEG; sg++) {
             uint32_t a[L::SEG_BLOCKS][2][4];
