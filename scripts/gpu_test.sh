@@ -101,7 +101,8 @@ else
       # The longest runs first, so that none starts last and runs on alone — racecheck's slow ones (the slower tool),
       # then memcheck's, then every other run. Under racecheck on the H200 (thirty-fourth session, 14 jobs, sections
       # listed after the rows) the sections in `slow` and the gather row were the last to finish, 4.5 to more than
-      # 8.5 minutes after the start; every other run by 3.5.
+      # 8.5 minutes after the start; every other run by 3.5. Started first (thirty-fifth session), the three longest
+      # still ran past 8.3 minutes beside the others (about 3 alone): racecheck as a whole takes more than 8.5.
       slow="batch_invariant wgmma_cluster_splits wgmma_switch tile_split_k wgmma_last_wave selector gather m16n64_chunks"
       for tool in $tools; do rm -f "$logs"/sanitizer-$tool-*; done # an earlier run's logs are not this run's
       for tool in racecheck memcheck; do
