@@ -654,7 +654,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_commit();
         }
         if constexpr (TWO_PARTS) {
-            /* segment sg into parts[sg % 2] from fragments frags[sg % 2]; its FMAs after segment sg + 1's issue */
+            /* segment sg into part (sg even) or part2 (odd) from frags[sg % 2]; its FMAs after sg + 1's issue */
             uint32_t frags[2][L::SEG_BLOCKS][2][4];
             auto finish = [&](const float (&p)[TOKS / 2], int sg) { /* acc = fma(s, Σq·x, acc), rows g and g + 8 */
                 const float s0 = scale_bias(pairs[sg], T()).x * mma_decode<BITS, T>::code_scale;
