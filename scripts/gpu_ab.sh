@@ -7,10 +7,13 @@
 # mean per M (or T, with --gather). docs/PERF.md's "A/B" entries were measured this way.
 #
 #   scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS...
+#   scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] -p BINS -- BENCH ARGS...
 #   e.g. git diff main > change.patch   (here, where git is)
 #        scripts/gpu_ab.sh change.patch -- --backend cuda --no-peers --shapes seed --m 1,8,16 --dtype bf16
 #
-# PATCH: the change as `git diff` prints it, relative to A (its paths inside the tree). -r: rounds (default 2).
+# PATCH: the change as `git diff` prints it, relative to A (its paths inside the tree). -p: no builds here — BINS is
+# the tarball of scripts/pack_ab_bins.sh (A's and B's qmm, built on another machine from this tree and PATCH), unpacked
+# into DIR; the bench then finds bench/shapes/ through QMM_SOURCE_DIR (this tree). -r: rounds (default 2).
 # -o: where the builds, their logs, each run's JSON and table, and the comparison go (default build-ab/; A's source
 # is a temporary copy, removed at the end). The bench's
 # --json is added here; give every other argument as for `qmm bench` (with --no-peers: A's copy has no .venv, so the
@@ -22,25 +25,45 @@ set -euo pipefail
 tree=$(cd "$(dirname "$0")/.." && pwd)
 rounds=2
 out=$tree/build-ab
-while getopts "r:o:" option; do
+bins=
+usage="usage: scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS...  or  [-r ROUNDS] [-o DIR] -p BINS -- BENCH ARGS..."
+while getopts "r:o:p:" option; do
   case $option in
   r) rounds=$OPTARG ;;
   o) out=$OPTARG ;;
-  *) echo "usage: scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS..." >&2; exit 2 ;;
+  p) bins=$OPTARG ;;
+  *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+ended=${*:OPTIND-1:1} # getopts takes a "--" right after the options (-p BINS --) and stops at PATCH (PATCH --)
 shift $((OPTIND - 1))
 [[ $rounds =~ ^[1-9][0-9]?$ ]] || { echo "gpu_ab: -r '$rounds' is not a whole number from 1 to 99" >&2; exit 2; }
-[ $# -ge 2 ] && [ "$2" = "--" ] || { echo "usage: scripts/gpu_ab.sh [-r ROUNDS] [-o DIR] PATCH -- BENCH ARGS..." >&2; exit 2; }
-[ -f "$1" ] || { echo "gpu_ab: PATCH '$1' is not a file" >&2; exit 2; }
-patch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") # PATCH and -o are taken from where the script was started
-shift 2
+if [ -n "$bins" ]; then
+  [ "$ended" = "--" ] && [ $OPTIND -gt 1 ] || { echo "$usage" >&2; exit 2; }
+  [ -f "$bins" ] || { echo "gpu_ab: -p '$bins' is not a file" >&2; exit 2; }
+  bins=$(cd "$(dirname "$bins")" && pwd)/$(basename "$bins")
+else
+  [ $# -ge 2 ] && [ "$2" = "--" ] || { echo "$usage" >&2; exit 2; }
+  [ -f "$1" ] || { echo "gpu_ab: PATCH '$1' is not a file" >&2; exit 2; }
+  patch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") # PATCH, -p and -o are taken from where the script was started
+  shift 2
+fi
 mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || { echo "gpu_ab: -o '$out' is not a folder that can be written" >&2; exit 2; }
 out=$(cd "$out" && pwd)
 cd "$tree"
 rm -f "$out"/[ab]-*.json "$out"/[ab]-*.txt "$out"/[ab]-*.err # an earlier run's
 
 source scripts/deps_env.sh # cJSON from .deps/cjson when present; the CUDA toolkit on PATH
+
+if [ -n "$bins" ]; then
+  rm -rf "$out/build-a" "$out/build-b"
+  tar -xf "$bins" -C "$out" ||
+    { echo "gpu_ab: -p '$bins' could not be unpacked into $out" >&2; exit 1; }
+  for side in a b; do
+    [ -x "$out/build-$side/qmm" ] || { echo "gpu_ab: -p '$bins' holds no build-$side/qmm (scripts/pack_ab_bins.sh writes both)" >&2; exit 1; }
+  done
+  export QMM_SOURCE_DIR=$tree # the packed binaries were built elsewhere: bench/shapes/ of this tree
+else
 
 # A: a copy of the tree (no build folders, no .deps) with the patch reversed, outside any git repository (inside one,
 # `git apply` would take its paths from the repository's top)
@@ -71,6 +94,7 @@ build b "$PWD" & b_pid=$!
 pids+=("$b_pid")
 wait $a_pid || { tail -n 20 "$out/a-build.log" "$out/a-configure.log" 2>/dev/null; echo "gpu_ab: building A failed" >&2; exit 1; }
 wait $b_pid || { tail -n 20 "$out/b-build.log" "$out/b-configure.log" 2>/dev/null; echo "gpu_ab: building B failed" >&2; exit 1; }
+fi
 
 for round in $(seq "$rounds"); do
   for side in a b; do
@@ -102,16 +126,18 @@ a, b = best("a"), best("b")
 print(f"B ÷ A, best of {rounds} runs each, alternating; the selected row of each cell (A's name → B's if it changed)")
 by_m, by_row = {}, {}
 for key in sorted(a, key=lambda k: (k[1], k[0], k[2])):
-    if key not in b or " selected" not in a[key] or " selected" not in b[key]:
+    if key not in b:
         continue
+    for row, us in a[key].items():  # every row both measured, whether or not the selector took it
+        if row != " selected" and row in b[key]:
+            by_row.setdefault(row, []).append(b[key][row] / us)
+    if " selected" not in a[key] or " selected" not in b[key]:
+        continue  # e.g. a --kernel row the selector does not take in this cell
     (name_a, us_a), (name_b, us_b) = a[key][" selected"], b[key][" selected"]
     ratio = us_b / us_a
     by_m.setdefault(key[1], []).append(ratio)
     change = "" if name_a == name_b else f" → {name_b}"
     print(f"  {key[0]:<32} M={key[1]:<5} {key[2]:<5} {us_a:9.2f} → {us_b:9.2f} µs  {ratio:6.3f}  {name_a}{change}")
-    for row, us in a[key].items():
-        if row != " selected" and row in b[key]:
-            by_row.setdefault(row, []).append(b[key][row] / us)
 geomean = lambda values: math.exp(sum(map(math.log, values)) / len(values))
 print("geometric mean of B ÷ A, selected row, per M:")
 for m, values in sorted(by_m.items()):
