@@ -653,20 +653,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 wgmma_tf32(acc, bias_a[kc], descriptor_interleave(x_at + L::XSUM_AT + 256 * kc, 128, 256 * L::XP_CHUNKS));
             wgmma_commit();
         }
+        /* PREP (b·Σx in acc already): acc = fma(s, Σq·x, acc) for segment sg's part p, rows g and g + 8, tokens
+         * 8j + 2t and 8j + 2t + 1 */
+        auto finish = [&](const float (&p)[TOKS / 2], int sg) {
+            const float s0 = scale_bias(pairs[sg], T()).x * mma_decode<BITS, T>::code_scale;
+            const float s1 = scale_bias(pairs[8 * L::GSB + sg], T()).x * mma_decode<BITS, T>::code_scale;
+#pragma unroll
+            for (int j = 0; j < TOKS / 8; j++) {
+                acc[4 * j + 0] = __fmaf_rn(s0, p[4 * j + 0], acc[4 * j + 0]);
+                acc[4 * j + 1] = __fmaf_rn(s0, p[4 * j + 1], acc[4 * j + 1]);
+                acc[4 * j + 2] = __fmaf_rn(s1, p[4 * j + 2], acc[4 * j + 2]);
+                acc[4 * j + 3] = __fmaf_rn(s1, p[4 * j + 3], acc[4 * j + 3]);
+            }
+        };
         if constexpr (TWO_PARTS) {
             /* segment sg into part (sg even) or part2 (odd) from frags[sg % 2]; its FMAs after sg + 1's issue */
             uint32_t frags[2][L::SEG_BLOCKS][2][4];
-            auto finish = [&](const float (&p)[TOKS / 2], int sg) { /* acc = fma(s, Σq·x, acc), rows g and g + 8 */
-                const float s0 = scale_bias(pairs[sg], T()).x * mma_decode<BITS, T>::code_scale;
-                const float s1 = scale_bias(pairs[8 * L::GSB + sg], T()).x * mma_decode<BITS, T>::code_scale;
-#pragma unroll
-                for (int j = 0; j < TOKS / 8; j++) {
-                    acc[4 * j + 0] = __fmaf_rn(s0, p[4 * j + 0], acc[4 * j + 0]);
-                    acc[4 * j + 1] = __fmaf_rn(s0, p[4 * j + 1], acc[4 * j + 1]);
-                    acc[4 * j + 2] = __fmaf_rn(s1, p[4 * j + 2], acc[4 * j + 2]);
-                    acc[4 * j + 3] = __fmaf_rn(s1, p[4 * j + 3], acc[4 * j + 3]);
-                }
-            };
             decode_segment<BITS, T, L::SEG_BLOCKS>(wq0, wq1, 0, frags[0]);
             wgmma_wait_all(); /* b·Σx (above) done: acc is no accumulator in flight from here */
 #pragma unroll
@@ -717,19 +719,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_wait_all();
 #pragma unroll
             for (int e = 0; e < TOKS / 2; e++) register_fence(part[e]);
-            /* acc = fma(s, Σq·x, fma(b, Σx, acc)) for rows g and g + 8, tokens 8j + 2t and 8j + 2t + 1 (PREP: b·Σx is
-             * in acc already, acc = fma(s, Σq·x, acc)) */
+            if (PREP) {
+                finish(part, sg);
+                continue;
+            }
+            /* acc = fma(s, Σq·x, fma(b, Σx, acc)) for rows g and g + 8, tokens 8j + 2t and 8j + 2t + 1 */
             const float2 sb0 = scale_bias(pairs[sg], T()), sb1 = scale_bias(pairs[8 * L::GSB + sg], T());
             const float s0 = sb0.x * mma_decode<BITS, T>::code_scale, s1 = sb1.x * mma_decode<BITS, T>::code_scale;
-            if (PREP) {
-#pragma unroll
-                for (int j = 0; j < TOKS / 8; j++) {
-                    acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
-                    acc[4 * j + 1] = __fmaf_rn(s0, part[4 * j + 1], acc[4 * j + 1]);
-                    acc[4 * j + 2] = __fmaf_rn(s1, part[4 * j + 2], acc[4 * j + 2]);
-                    acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
-                }
-            } else
 #pragma unroll
             for (int j = 0; j < TOKS / 8; j++) {
                 const float2 xs = *reinterpret_cast<const float2 *>(xsum + sg * TOKS + 8 * j + 2 * t);
