@@ -13,14 +13,16 @@
 #
 # PATCH: the change as `git diff` prints it, relative to A (its paths inside the tree). -p: no builds here — BINS is
 # the tarball of scripts/pack_ab_bins.sh (A's and B's qmm, built on another machine from this tree and PATCH), unpacked
-# into DIR; the bench then finds bench/shapes/ through QMM_SOURCE_DIR (this tree). -r: rounds (default 2).
+# into DIR; both sides then read bench/shapes/ of this tree (QMM_SOURCE_DIR: B's, where PATCH mode gives A its own
+# copy — it matters only for a patch to bench/shapes/). -r: rounds (default 2).
 # -o: where the builds, their logs, each run's JSON and table, and the comparison go (default build-ab/; A's source
 # is a temporary copy, removed at the end). The bench's
 # --json is added here; give every other argument as for `qmm bench` (with --no-peers: A's copy has no .venv, so the
 # CPU peers would run in B's rounds only). Needs cmake, python3 and a C compiler (and the
 # CUDA toolkit for --backend cuda); cJSON as for the build (.deps/cjson is used when present, README "GPU"). CMAKE_FLAGS
-# (environment) goes to both configures, as with make (e.g. -DQMM_WITH_CUDA=OFF for a CPU-only A/B).
-# Exit status: 0, or 1 with the failing step named.
+# (environment) goes to both configures, as with make (e.g. -DQMM_WITH_CUDA=OFF for a CPU-only A/B). With -p: python3,
+# tar and xz only (and cJSON for the binaries).
+# Exit status: 0; 1 with the failing step named; 2 for a usage error.
 set -euo pipefail
 tree=$(cd "$(dirname "$0")/.." && pwd)
 rounds=2
@@ -51,7 +53,7 @@ fi
 mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || { echo "gpu_ab: -o '$out' is not a folder that can be written" >&2; exit 2; }
 out=$(cd "$out" && pwd)
 cd "$tree"
-rm -f "$out"/[ab]-*.json "$out"/[ab]-*.txt "$out"/[ab]-*.err # an earlier run's
+rm -f "$out"/[ab]-*.json "$out"/[ab]-*.txt "$out"/[ab]-*.err "$out/compare.txt" # an earlier run's
 
 source scripts/deps_env.sh # cJSON from .deps/cjson when present; the CUDA toolkit on PATH
 
