@@ -67,22 +67,13 @@ if [ -n "$bins" ]; then
   export QMM_SOURCE_DIR=$tree # the packed binaries were built elsewhere: bench/shapes/ of this tree
 else
 
-# A: a copy of the tree (no build folders, no .deps) with the patch reversed, outside any git repository (inside one,
-# `git apply` would take its paths from the repository's top)
+# A: a copy of the tree with the patch reversed, outside any git repository (scripts/ab_tree.sh)
 a_tree=$(mktemp -d "${TMPDIR:-/tmp}/qmm-ab-a.XXXXXX")
 pids=() # builds still running: on an early exit they are stopped, with every process under them
 kill_tree() { local child; for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
 trap 'for pid in "${pids[@]}"; do kill_tree "$pid"; done; rm -rf "$a_tree"' EXIT
-out_rel=${out#"$tree"/} # an -o inside the tree is not copied into A
-tar --exclude='./build*' --exclude=./.deps --exclude=./.git --exclude=./.venv --exclude="./$out_rel" -cf - . |
-  tar -xf - -C "$a_tree"
-# GIT_CEILING_DIRECTORIES: were the copy inside some repository (TMPDIR in a work tree), `git apply` would patch that
-(cd "$a_tree" && GIT_CEILING_DIRECTORIES=$(dirname "$a_tree") git apply -R "$patch") ||
-  { echo "gpu_ab: PATCH ($patch) does not reverse cleanly on this tree" >&2; exit 1; }
-if diff -rq --exclude='build*' --exclude=.deps --exclude=.git --exclude=.venv --exclude="$(basename "$out")" . "$a_tree" >/dev/null; then
-  echo "gpu_ab: A is the same tree as B (an empty PATCH?)" >&2
-  exit 1
-fi
+source scripts/ab_tree.sh
+ab_reversed_tree gpu_ab "$a_tree" "$patch" "${out#"$tree"/}" || exit 1 # an -o inside the tree is not copied into A
 jobs=$(( ($(nproc) + 1) / 2 ))
 build() { # build NAME SOURCE: the qmm target in $out/build-NAME (A's source is a new folder each run: a fresh build)
   [ "$1" = b ] || rm -rf "$out/build-$1"

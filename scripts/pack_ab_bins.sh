@@ -44,10 +44,8 @@ fi
 # copied into a-src only where a file's bytes differ (a new modification time there, so the build redoes just those)
 stage=$(mktemp -d "${TMPDIR:-/tmp}/qmm-ab-pack.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
-tar --exclude='./build*' --exclude=./.deps --exclude=./.git --exclude=./.venv -cf - . | tar -xf - -C "$stage"
-# GIT_CEILING_DIRECTORIES: outside any repository, `git apply` takes the paths as given
-(cd "$stage" && GIT_CEILING_DIRECTORIES=$(dirname "$stage") git apply -R "$patch") ||
-  { echo "pack_ab_bins: PATCH ($patch) does not reverse cleanly on this tree" >&2; exit 1; }
+source scripts/ab_tree.sh
+ab_reversed_tree pack_ab_bins "$stage" "$patch" || exit 1
 python3 - "$stage" "$pack/a-src" <<'PY'
 import filecmp, os, shutil, sys
 stage, dest = sys.argv[1], sys.argv[2]
@@ -67,10 +65,6 @@ for root, dirs, files in os.walk(dest):
         if rel not in wanted:
             os.remove(os.path.join(dest, rel))
 PY
-if diff -rq --exclude='build*' --exclude=.deps --exclude=.git --exclude=.venv . "$pack/a-src" >/dev/null; then
-  echo "pack_ab_bins: A is the same tree as B (an empty PATCH?)" >&2
-  exit 1
-fi
 
 build() { # build NAME SOURCE TARGETS...
   local name=$1 source=$2
