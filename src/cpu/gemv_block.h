@@ -13,8 +13,8 @@
  * codes and no per-group fold, so an accumulator is one chain along all of K.
  * Prefetch (pf_stride ≠ 0): the rows of a block are read as GNW streams of row_bytes each, which at
  * K = 5120 (2.5 KiB per 4-bit row) end before the hardware stream prefetcher has ramped up; each row
- * therefore prefetches GEMV_PF bytes ahead of itself and, near its end, the same position in the
- * row pf_stride bytes further on (the next block's row).
+ * therefore prefetches GEMV_PF bytes ahead of itself into L2 (GEMV_PF_HINT) and, near its end, the same
+ * position in the row pf_stride bytes further on (the next block's row).
  */
 #define GEMV_NAME_(r, nw, f) gemv_block_##r##_##nw##_##f
 #define GEMV_NAME(r, nw, f) GEMV_NAME_(r, nw, f)
@@ -44,7 +44,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
             for (size_t line = (at + 63) & ~(size_t)63; line < at + group_bytes; line += 64) {
                 const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
 #pragma GCC unroll 8
-                for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, _MM_HINT_T0);
+                for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
             }
         }
         vf table[GNW];

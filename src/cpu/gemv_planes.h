@@ -46,7 +46,7 @@ static void GEMV_PLANES_NAME(GR, GNW, GG)(const gemv_plan *p, const uint8_t *con
                 if (line < at + chunk_bytes) {
                     const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
 #pragma GCC unroll 8
-                    for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, _MM_HINT_T0);
+                    for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
                 }
             }
 #pragma GCC unroll 8
