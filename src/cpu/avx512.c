@@ -148,4 +148,48 @@ static inline void v_load_words(const uint32_t *const *rows, size_t first, int c
     }
 }
 
+/* The bf16 dot-product GEMV (gemv_bf16.h; the row cpu.qmm_t.gemv_bf16.r8.avx512bf16): AVX-512 BF16's vdpbf16ps
+ * multiplies 4-bit codes decoded to bf16 by bf16 x, two products per f32 lane per instruction. Only the functions
+ * marked BF16DP_TARGET contain BF16 instructions; the row's supports() checks the CPU for them first
+ * (qmm_cpu_has_avx512bf16). A chunk is 64 codes = 32 bytes: lane i of its products holds codes 4i … 4i + 3. */
+#define GEMV_BF16DP 1
+#define BF16DP_TARGET __attribute__((target("avx512bf16")))
+typedef __m512i vh; /* 32 bf16 values, two per f32 lane */
+/* A chunk's 64 codes as bf16: lo word j = code 2j (byte j's low nibble), hi word j = code 2j + 1 (its high nibble).
+ * One zero-extension of the 32 bytes to words, then vpermw looks each word up in a table of bf16(0) … bf16(15); the
+ * permute reads only index bits 0–4, so the table is written twice (bit 4 is the high nibble's lowest bit in the
+ * low lookup) and needs no mask. half = 1: only the first 16 bytes exist (the last chunk of a row whose K is an odd
+ * number of 32s); they are loaded masked and the other codes are 0. Exact: bf16 holds every integer up to 256. */
+static inline void v_decode4_bf16(const uint8_t *bytes, int half, vh *lo, vh *hi) {
+    const __m512i table = _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0,
+                                           0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0, 0x4170, 0x4160, 0x4150,
+                                           0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
+                                           0x4040, 0x4000, 0x3F80, 0);
+    const __m256i b = half ? _mm256_maskz_loadu_epi8((__mmask32)0xFFFF, bytes) : _mm256_loadu_si256((const __m256i *)bytes);
+    const __m512i words = _mm512_cvtepu8_epi16(b);
+    *lo = _mm512_permutexvar_epi16(words, table);
+    *hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
+}
+static inline vh v_load_bf16(const uint16_t *p) { return _mm512_loadu_si512(p); }
+/* acc + a·b over the pairs of bf16 in each f32 lane (vdpbf16ps: products exact, each added with round-to-nearest-even;
+ * denormal inputs read as 0 and denormal results flushed to 0, whatever MXCSR says — gemv_bf16.h says why none occurs). */
+static inline BF16DP_TARGET vf v_dpbf16(vf acc, vh a, vh b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+/* 64 bf16 values of x (a chunk, in order) → dst[0 … 31] = the even-indexed ones, dst[32 … 63] = the odd-indexed ones:
+ * the pairs (x 4i, x 4i+2) and (x 4i+1, x 4i+3) that lane i of v_decode4_bf16's lo and hi meet. */
+static inline void v_bf16_deinterleave(const uint16_t *src, uint16_t *dst) {
+    const __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 32);
+    const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
+                                          22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, even, b));
+    _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, odd, b));
+}
+/* The scales of chunk c's lanes (lanes 0–7 hold codes 0–31 of the chunk, lanes 8–15 codes 32–63): s = the row's scales
+ * in f32, zero-padded to whole vectors of groups. group_size is a constant where this is inlined. */
+static inline vf v_chunk_scale_bf16(const float *s, size_t c, size_t group_size) {
+    if (group_size == 128) return _mm512_set1_ps(s[c / 2]);
+    if (group_size == 64) return _mm512_set1_ps(s[c]);
+    return _mm512_insertf32x8(_mm512_set1_ps(s[2 * c]), _mm256_set1_ps(s[2 * c + 1]), 1);
+}
+
 #include "simd_kernels.h"

@@ -5,7 +5,8 @@
  *
  * Table order (the selector takes the first row that accepts a call, docs/kernels.md §4):
  *   1. GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M: decode and small prefill are bound by reading the weights;
- *      these read every weight byte once and reuse it for up to 8 rows of x in registers.
+ *      these read every weight byte once and reuse it for up to 8 rows of x in registers. The bf16 GEMV row
+ *      (bf16 x, 4-bit codes, AVX-512 BF16) comes first: its dot products decode and multiply twice as fast.
  *   1b. ordered GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M, in the tiled rows' order: after the GEMV rows, so the
  *      selector reaches them only in batch-invariant mode (which skips the GEMV rows: docs/kernels.md §11).
  *   2. tiled (gemm) rows, any M: above the crossover the FMA units bound the time; these decode a
@@ -167,6 +168,21 @@ static bool avx512_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size
     return qmm_cpu_has_avx512(why_not, why_not_size) && gemv_m(call, why_not, why_not_size);
 }
 
+static bool avx512bf16_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size)) return false;
+    if (!qmm_cpu_has_avx512bf16(why_not, why_not_size) || !gemv_m(call, why_not, why_not_size)) return false;
+    if (call->dtype != QMM_BF16) {
+        snprintf(why_not, why_not_size, "this row multiplies bf16 x only (vdpbf16ps); the call's dtype is %s",
+                 qmm_dtype_name(call->dtype));
+        return false;
+    }
+    if (call->bits != 4) {
+        snprintf(why_not, why_not_size, "this row decodes 4-bit codes only; the call has bits=%d", call->bits);
+        return false;
+    }
+    return true;
+}
+
 static bool avx2_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
     if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size)) return false;
     return qmm_cpu_has_avx2(why_not, why_not_size) && gemv_m(call, why_not, why_not_size);
@@ -319,6 +335,7 @@ cleanup:
 /* Each ISA's qmm_t rows in table order: what its gather row's blocks choose among. The table places these
  * rows by the same names (designated initializers below), so reordering it cannot point a list elsewhere. */
 enum {
+    ROW_QMM_T_GEMV_BF16_AVX512,
     ROW_QMM_T_GEMV_AVX512,
     ROW_QMM_T_GEMV_AVX2,
     ROW_QMM_T_GEMV_ORDERED_AVX512, /* batch-invariant mode only (docs/kernels.md §11) */
@@ -328,7 +345,8 @@ enum {
     ROW_QMM_T_SCALAR,
     ROW_FIRST_OTHER /* the qmm_n and gather rows follow */
 };
-static const qmm_kernel *const avx512_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX512],
+static const qmm_kernel *const avx512_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_BF16_AVX512],
+                                                      &qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX512],
                                                       &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX512]};
 static const qmm_kernel *const avx2_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX2],
                                                     &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX2]};
@@ -381,6 +399,9 @@ CPU_GATHER(portable, portable_qmm_t_rows)
  * Slack 1 for every row: each keeps every product term within K + 2 f32 roundings (counts beside the
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
+    [ROW_QMM_T_GEMV_BF16_AVX512] = CPU_ROW("cpu.qmm_t.gemv_bf16.r8.avx512bf16", QMM_OP_QMM_T, "gemv", 8, 8, 64,
+            "M<=16, bf16 x, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products, scale per 64 codes, b·Σx split",
+            avx512bf16_gemv_qmm_t_supports, qmm_cpu_gemv_bf16_qmm_t_avx512, qmm_cpu_has_avx512bf16),
     [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
             avx512_gemv_qmm_t_supports, qmm_cpu_gemv_qmm_t_avx512, qmm_cpu_has_avx512),
@@ -435,6 +456,7 @@ NOT_HERE(qmm_cpu_gemv_qmm_t_avx2)
 NOT_HERE(qmm_cpu_gemm_qmm_t_avx2)
 NOT_HERE(qmm_cpu_gemm_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_t_avx512)
+NOT_HERE(qmm_cpu_gemv_bf16_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx2)

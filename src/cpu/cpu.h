@@ -36,7 +36,8 @@ typedef struct qmm_cpu_features {
     int max_isa;                                      /* QMM_CPU_ISA_*: the QMM_CPU_MAX_ISA cap */
     bool avx, avx2, fma, f16c;                        /* cpuid + XCR0 bits 1–2 (XMM, YMM state) */
     bool avx512f, avx512bw, avx512vl, avx512dq;       /* cpuid + XCR0 bits 5–7 (opmask, ZMM state) */
-    bool avx512bf16, avx512vnni;                      /* noted, not required by any row yet */
+    bool avx512bf16;                                  /* cpuid leaf 7.1 (the bf16 GEMV row) */
+    bool avx512vnni;                                  /* noted, not required by any row yet */
     bool os_ymm, os_zmm;                              /* XCR0 enables the YMM / ZMM state */
 } qmm_cpu_features;
 
@@ -48,6 +49,8 @@ const qmm_cpu_features *qmm_cpu_features_get(void);
  * ("this CPU lacks AVX-512BW", "the OS does not enable the ZMM register state (XCR0)"). */
 bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size);
 bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size);
+/* The AVX-512 rows' ISA plus AVX512_BF16 (vdpbf16ps), for the bf16 GEMV row. */
+bool qmm_cpu_has_avx512bf16(char *why_not, size_t why_not_size);
 
 /* The CPU backend's per-context state (call->backend_state): the host threads its kernels use. */
 typedef struct qmm_cpu_state {
@@ -94,6 +97,7 @@ qmm_status qmm_cpu_gemv_qmm_t_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_t_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_n_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_t_avx512(const qmm_call *call);
+qmm_status qmm_cpu_gemv_bf16_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_n_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_n_avx2(const qmm_call *call);
@@ -110,7 +114,7 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 14
+#define QMM_CPU_KERNEL_COUNT 15
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);

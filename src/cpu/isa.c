@@ -109,3 +109,9 @@ bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size) {
     if (!f->avx512dq) return refuse(why_not, why_not_size, "this CPU lacks AVX-512DQ");
     return true;
 }
+
+bool qmm_cpu_has_avx512bf16(char *why_not, size_t why_not_size) {
+    if (!qmm_cpu_has_avx512(why_not, why_not_size)) return false;
+    if (!qmm_cpu_features_get()->avx512bf16) return refuse(why_not, why_not_size, "this CPU lacks AVX512_BF16");
+    return true;
+}

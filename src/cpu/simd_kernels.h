@@ -33,6 +33,11 @@
 #ifndef GEMV_PLANES
 #define GEMV_PLANES 0
 #endif
+/* GEMV_BF16DP 1: the ISA file also defines the bf16 dot-product vocabulary (vh, BF16DP_TARGET, v_decode4_bf16,
+ * v_load_bf16, v_dpbf16, v_bf16_deinterleave, v_chunk_scale_bf16) and the bf16 GEMV row uses it (gemv_bf16.h). */
+#ifndef GEMV_BF16DP
+#define GEMV_BF16DP 0
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -147,6 +152,9 @@ typedef struct gemv_plan {
     const float *xp;    /* [Mpad][K] x in decode order, or [Mpad][xstride] in nibble-plane order (planes) */
     size_t xstride;     /* planes: K rounded up to a whole chunk of 8·LANES codes (zero-padded) */
     int planes;         /* 1: 4-bit, M ≤ 2, x exact in plane order: the nibble-plane blocks (gemv_planes.h) */
+    int bf16dp;         /* 1: 4-bit, bf16 x with no value under 2^-118: the bf16 dot-product blocks (gemv_bf16.h) */
+    const uint16_t *xb; /* bf16dp: [Mread][kpad] x in pair order (gemv_prepare_x_bf16) */
+    size_t kpad;        /* bf16dp: K rounded up to a whole chunk of 64 codes (x zero-padded) */
     const float *xsum;  /* [Mpad][gstride] Σx per group, 0 past groups */
     uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
     float *group_f32;   /* [threads][2][GEMV_RW][gstride]: the block's scales and biases in f32, 0 past groups */
@@ -343,8 +351,136 @@ typedef struct gemv_plan {
     }
 #endif
 
+#if GEMV_BF16DP
+/* The bf16 dot-product blocks (4-bit, bf16 x; gemv_bf16.h), for the default blocks' (rows of x, weight rows) and one
+ * per group size. */
+#define GR 1
+#define GNW GEMV_NW_1
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 1
+#define GNW GEMV_NW_1
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 1
+#define GNW GEMV_NW_1
+#define GG 128
+#include "gemv_bf16.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GG 128
+#include "gemv_bf16.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GG 128
+#include "gemv_bf16.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GG 128
+#include "gemv_bf16.h"
+#if GEMV_NW_1 != 1 && GEMV_NW_2 != 1 && GEMV_NW_4 != 1 && GEMV_NW_8 != 1
+#define GR 1
+#define GNW 1
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 1
+#define GNW 1
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 1
+#define GNW 1
+#define GG 128
+#include "gemv_bf16.h"
+#define GR 2
+#define GNW 1
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 2
+#define GNW 1
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 2
+#define GNW 1
+#define GG 128
+#include "gemv_bf16.h"
+#define GR 4
+#define GNW 1
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 4
+#define GNW 1
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 4
+#define GNW 1
+#define GG 128
+#include "gemv_bf16.h"
+#define GR 8
+#define GNW 1
+#define GG 32
+#include "gemv_bf16.h"
+#define GR 8
+#define GNW 1
+#define GG 64
+#include "gemv_bf16.h"
+#define GR 8
+#define GNW 1
+#define GG 128
+#include "gemv_bf16.h"
+#else
+#error "the bf16 GEMV blocks are instantiated for weight-row counts above 1 (AVX-512's GEMV_NW_*)"
+#endif
+#if GEMV_R_MAX > 8
+#error "the bf16 GEMV blocks are instantiated for passes of up to 8 rows of x"
+#endif
+
+#define GEMV_BF16_CASE(r, nw)                                                                                 \
+    if (R == (r) && NW == (nw)) {                                                                             \
+        if (p->group_size == 32) GEMV_BF16_NAME(r, nw, 32)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+        else if (p->group_size == 64) GEMV_BF16_NAME(r, nw, 64)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+        else GEMV_BF16_NAME(r, nw, 128)(p, rows, scales, biases, m0, pf_stride, result, ld);                  \
+        return;                                                                                               \
+    }
+#endif
+
 static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const float *scales, const float *biases,
                           size_t m0, int R, int NW, size_t pf_stride, float *result, size_t ld) {
+#if GEMV_BF16DP
+    if (p->bf16dp) {
+        GEMV_BF16_CASE(1, GEMV_NW_1)
+        GEMV_BF16_CASE(2, GEMV_NW_2)
+        GEMV_BF16_CASE(4, GEMV_NW_4)
+        GEMV_BF16_CASE(8, GEMV_NW_8)
+        GEMV_BF16_CASE(1, 1)
+        GEMV_BF16_CASE(2, 1)
+        GEMV_BF16_CASE(4, 1)
+        GEMV_BF16_CASE(8, 1)
+    }
+#endif
 #if GEMV_PLANES
     if (p->planes) {
         GEMV_PLANES_CASE(1, PLANES_NW_1)
@@ -460,12 +596,60 @@ static int gemv_prepare_x_planes(const gemv_plan *p, size_t M, size_t Mread) {
 }
 #endif
 
+#if GEMV_BF16DP
+/* Whether the bf16 dot-product blocks may multiply this call's x (gemv_bf16.h): every value ±0, ±inf, NaN or of
+ * magnitude ≥ 2^-118 (biased exponent ≥ 9), so that vdpbf16ps meets no denormal. Realistic activations always are;
+ * one smaller value sends the whole call to the table decode (exact for every x). */
+static int gemv_bf16_x_ok(const qmm_call *call) {
+    const uint16_t *x = call->x;
+    const size_t count = call->M * call->K;
+    unsigned bad = 0;
+    for (size_t i = 0; i < count; i++) bad |= ((x[i] & 0x7F80u) < (9u << 7)) & ((x[i] & 0x7FFFu) != 0);
+    return !bad;
+}
+
+/* Rows 0…M−1 of x (bf16) in pair order (gemv_bf16.h) into p->xb (row stride kpad, zero past K) and Σx per group
+ * into p->xsum; the rows up to Mread and the groups up to gstride zero. natural: K floats of scratch (the row in f32,
+ * for Σx). */
+static void gemv_prepare_x_bf16(const gemv_plan *p, size_t M, size_t Mread, float *natural) {
+    const qmm_call *call = p->call;
+    const size_t K = p->K, kpad = p->kpad;
+    uint16_t *xb = (uint16_t *)p->xb;
+    float *xsum = (float *)p->xsum;
+    memset(xb + M * kpad, 0, (Mread - M) * kpad * sizeof(uint16_t));
+    memset(xsum, 0, Mread * p->gstride * sizeof(float));
+    for (size_t m = 0; m < M; m++) {
+        const uint16_t *row = (const uint16_t *)call->x + m * K;
+        for (size_t k = 0; k < K; k += LANES) v_store(natural + k, v_load_dtype(call->x, call->dtype, m * K + k));
+        gemv_group_sums(p, natural, xsum + m * p->gstride);
+        for (size_t c = 0; c < kpad; c += 64) {
+            uint16_t padded[64];
+            const uint16_t *src = row + c;
+            if (c + 64 > K) { /* the last chunk of a K that is an odd number of 32s: zero past K */
+                memset(padded, 0, sizeof padded);
+                memcpy(padded, src, (K - c) * sizeof(uint16_t));
+                src = padded;
+            }
+            v_bf16_deinterleave(src, xb + m * kpad + c);
+        }
+    }
+}
+#endif
+
 /* Rows 0…M−1 of x in decode order into p->xp and their Σx per group into p->xsum; the padding rows up to Mread
  * (what the passes read, gemv_rows_read) and the padding groups up to gstride zero. */
 static void gemv_prepare_x(gemv_plan *p, size_t M, size_t Mread) {
     const qmm_call *call = p->call;
     const size_t K = p->K;
     float *xp = (float *)p->xp, *xsum = (float *)p->xsum;
+#if GEMV_BF16DP
+    if (p->bf16dp) {
+        /* xp holds the pairs (Mread·kpad bf16), then the row in f32 for Σx */
+        p->xb = (const uint16_t *)xp;
+        gemv_prepare_x_bf16(p, M, Mread, xp + Mread * p->kpad / 2);
+        return;
+    }
+#endif
 #if GEMV_PLANES
     if (p->planes) {
         if (gemv_prepare_x_planes(p, M, Mread)) return;
@@ -539,7 +723,8 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
     }
 }
 
-qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
+/* bf16dp: 1 to run the bf16 dot-product blocks (the caller checked the ISA, the format and gemv_bf16_x_ok). */
+static qmm_status gemv_qmm_t(const qmm_call *call, int bf16dp) {
     const size_t M = call->M, N = call->N, K = call->K;
     const int threads = qmm_cpu_threads_for(call);
     gemv_plan plan = {.call = call, .K = K, .group_size = (size_t)call->group_size,
@@ -550,12 +735,17 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) {
     /* M ≤ 2 (one pass of 1 or 2 rows of x), 4-bit, where the ISA has it: decode by nibble planes (gemv_planes.h).
      * There the table decode binds the time (M = 1: 7–8 GB/s of weights per core, well under a core's share of
      * the memory); from 4 rows of x on its cost is shared by the rows and it stays (docs/PERF.md). */
-    plan.planes = GEMV_PLANES && call->bits == 4 && M <= 2;
+    plan.bf16dp = bf16dp;
+    plan.planes = GEMV_PLANES && !bf16dp && call->bits == 4 && M <= 2;
     plan.xstride = (K + 8 * LANES - 1) / (8 * LANES) * (8 * LANES);
-    /* Room for either layout of x: Mpad·K (decode order), or Mpad rows of xstride in plane order and the row in
-     * natural order that gemv_prepare_x_planes builds them from. */
+    plan.kpad = (K + 63) / 64 * 64;
+    /* Room for the layout of x: Mpad·K (decode order); or Mread rows of xstride in plane order and the row in
+     * natural order that gemv_prepare_x_planes builds them from; or Mread rows of kpad bf16 in pair order and the
+     * row in f32 (gemv_prepare_x_bf16). */
     const size_t Mread = gemv_rows_read(M);
-    const size_t xp_per_thread = plan.planes ? (Mread + 1) * plan.xstride : Mpad * K;
+    const size_t xp_per_thread = plan.bf16dp   ? (Mread * plan.kpad / 2 + K + 15) / 16 * 16
+                                 : plan.planes ? (Mread + 1) * plan.xstride
+                                               : Mpad * K;
     qmm_status status = QMM_OK;
     /* x in decode order and its group sums: one copy per thread, each made by its thread. One shared copy
      * written by the first thread before the team starts costs the others a cache-line transfer per line
@@ -596,6 +786,16 @@ cleanup:
     free(group_f32);
     return status;
 }
+
+qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) { return gemv_qmm_t(call, 0); }
+
+#if GEMV_BF16DP
+/* The row cpu.qmm_t.gemv_bf16 (backend.c: bf16 x, 4-bit codes, AVX-512 BF16): the bf16 dot-product blocks, or the
+ * table decode for a call whose x has a value under 2^-118 (gemv_bf16_x_ok). */
+qmm_status QMM_ISA(qmm_cpu_gemv_bf16_qmm_t)(const qmm_call *call) {
+    return gemv_qmm_t(call, call->dtype == QMM_BF16 && call->bits == 4 && gemv_bf16_x_ok(call));
+}
+#endif
 
 /* ═════════════════════════════ tiled: qmm_t and qmm_n for large M ═════════════════════════════
  *

@@ -4,7 +4,7 @@
  * M > 256 lanes), odd N (1, 3, 7), and the thread count: every row must give the same bits on 1 and on
  * 2 threads (each output is computed by one thread in one order), and agree with the f64 oracle within
  * the bound — a row of the oracle's order (the portable row) with the reference row bit for bit; the gather rows on MoE patterns large enough for their threads (run_gather_row). Skipped (with
- * the reason) when the CPU backend is not built.
+ * the reason) when the CPU backend is not built. The bf16 GEMV row's guard on x (run_bf16_guard).
  */
 #include "check.h"
 #include "internal.h"
@@ -211,6 +211,93 @@ static void run_gather_row(qmm_context *context, const qmm_kernel_info *info, ch
         }
 }
 
+/* ───────────────────────────── the bf16 GEMV row's guard ─────────────────────────────
+ *
+ * cpu.qmm_t.gemv_bf16 multiplies with vdpbf16ps, which reads denormal inputs as 0, only when every x is ±0,
+ * non-finite or ≥ 2^-118 in magnitude (simd_kernels.h, gemv_bf16_x_ok); a call with a smaller x runs the table decode
+ * instead, which must then give exactly the bits of cpu.qmm_t.gemv.r8.avx512, and the oracle's value. The weights'
+ * scales are 2^100 and their biases 0, so that denormal x (2^-133) give outputs near 2^-30 that a dot product
+ * reading them as 0 would miss entirely. At the threshold itself (x of magnitude 2^-118 … 2^-110, where the dot
+ * products' sums come closest to f32's denormals) the dot products run and the outputs must be within the bound. */
+static void run_bf16_guard(qmm_context *context, check_rng *rng) {
+    static const char *row = "cpu.qmm_t.gemv_bf16.r8.avx512bf16", *table = "cpu.qmm_t.gemv.r8.avx512";
+    const size_t M = 3, N = 40, K = 512;
+    check_qmatrix q;
+    if (!check_qmatrix_random(rng, N, K, 4, 64, QMM_BF16, &q)) {
+        CHECK(false, "bf16 guard: out of memory");
+        return;
+    }
+    qmm_weights *weights = NULL, *big = NULL;
+    qmm_buffer *xb = NULL, *ob = NULL;
+    uint16_t *x = malloc(M * K * sizeof *x), *a = malloc(M * N * sizeof *a), *b = malloc(M * N * sizeof *b);
+    double *exact = malloc(M * N * sizeof(double)), *abs_dot = malloc(M * N * sizeof(double));
+    const char *why_not = NULL;
+    CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+    CHECK_OK(qmm_buffer_create(context, QMM_BF16, M * K, &xb));
+    CHECK_OK(qmm_buffer_create(context, QMM_BF16, M * N, &ob));
+    if (!x || !a || !b || !exact || !abs_dot || !weights || !xb || !ob) {
+        CHECK(false, "bf16 guard: out of memory");
+        goto cleanup;
+    }
+    if (qmm_kernel_supports(context, row, weights, M, QMM_OP_QMM_T, &why_not) != 1) {
+        printf("  %s guard: not run here: %s\n", row, why_not ? why_not : "?");
+        goto cleanup;
+    }
+    /* 1: every x at the threshold: ±2^-118 … ±2^-110 (exponent fields 9 … 17, random mantissas), some exactly 2^-118,
+     * on the ordinary weights */
+    for (size_t i = 0; i < M * K; i++) {
+        const uint32_t r = (uint32_t)check_rng_next(rng);
+        x[i] = (uint16_t)(((r & 1u) << 15) | ((9u + (r >> 1) % 9u) << 7) | ((r >> 8) & 0x7Fu));
+        if (i % 7 == 0) x[i] = (uint16_t)((x[i] & 0x8000u) | (9u << 7)); /* ±2^-118 */
+    }
+    CHECK_OK(qmm_buffer_write(xb, x, M * K));
+    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = row};
+    CHECK_OK(qmm_buffer_poison(ob));
+    CHECK_OK(qmm_matmul(context, weights, xb, M, ob, &options, NULL));
+    CHECK_OK(qmm_buffer_read(ob, a, M * N));
+    CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, 1, exact, abs_dot));
+    double worst = 0.0;
+    size_t bad = check_against_oracle("bf16 guard, x at 2^-118", a, QMM_BF16, exact, abs_dot, M * N, K, 1.0, &worst);
+    CHECK(bad == 0, "%s with every x at 2^-118 … 2^-110: %zu outputs outside the bound (worst error/bound %.3g)", row,
+          bad, worst);
+    /* 2: small x under scales of 2^100 (the matrix's own arrays, changed after the ordinary weights were made from
+     * them): row 0 x = 2^-119 (a normal under the threshold), rows 1 and 2 denormals */
+    for (size_t i = 0; i < N * K / 64; i++) {
+        ((uint16_t *)q.scales)[i] = 0x7180; /* 2^100 */
+        ((uint16_t *)q.biases)[i] = 0;
+    }
+    CHECK_OK(qmm_weights_create(context, &q.m, &big));
+    memset(x, 0, M * K * sizeof *x);
+    for (size_t k = 0; k < K; k++) {
+        if (k % 2 == 0) x[k] = 0x0400;                                   /* 2^-119 */
+        if (k % 5 == 0) x[K + k] = 0x0001;                               /* 2^-133 */
+        if (k % 3 == 0) x[2 * K + k] = (uint16_t)(k % 2 ? 0x8003 : 0x0041); /* −3·2^-133, 65·2^-133 */
+    }
+    CHECK_OK(qmm_buffer_write(xb, x, M * K));
+    for (int t = 0; big && t < 2; t++) {
+        options.kernel = t ? table : row;
+        CHECK_OK(qmm_buffer_poison(ob));
+        CHECK_OK(qmm_matmul(context, big, xb, M, ob, &options, NULL));
+        CHECK_OK(qmm_buffer_read(ob, t ? b : a, M * N));
+    }
+    CHECK(memcmp(a, b, M * N * sizeof *a) == 0, "%s with x under 2^-118: not the bits of %s", row, table);
+    CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, 1, exact, abs_dot));
+    bad = check_against_oracle("bf16 guard, x under 2^-118", a, QMM_BF16, exact, abs_dot, M * N, K, 1.0, &worst);
+    CHECK(bad == 0, "%s with x under 2^-118: %zu outputs outside the bound (worst error/bound %.3g)", row, bad, worst);
+    printf("  %s guard: checked\n", row);
+cleanup:
+    qmm_buffer_destroy(xb);
+    qmm_buffer_destroy(ob);
+    qmm_weights_destroy(weights);
+    qmm_weights_destroy(big);
+    check_qmatrix_free(&q);
+    free(x);
+    free(a);
+    free(b);
+    free(exact);
+    free(abs_dot);
+}
+
 int main(void) {
     qmm_context *context = NULL;
     if (qmm_context_create(QMM_BACKEND_CPU, 0, &context) != QMM_OK) {
@@ -222,9 +309,10 @@ int main(void) {
         {16, 1536, 576}, {16, 576, 1536}, {16, 192, 576}, /* the fixture's layers */
         {1, 3, 1536},    {5, 7, 576},     {1, 1, 64},     /* odd N, K = one group */
         {300, 100, 256}, {17, 64, 1536}, {100, 384, 300}, /* tiled items past their chunks */
+        {3, 21, 160},                                     /* K an odd number of 32s: a half chunk of 64 codes */
     };
     static const format formats[] = {{4, 32, QMM_F16}, {8, 64, QMM_BF16}, {3, 64, QMM_F32}, {4, 128, QMM_F32},
-                                     {2, 32, QMM_BF16}};
+                                     {2, 32, QMM_BF16}, {4, 32, QMM_BF16}, {4, 64, QMM_BF16}};
     check_rng rng = check_rng_make(600);
     for (size_t k = 0; k < qmm_kernel_count(context); k++) {
         qmm_kernel_info info;
@@ -240,6 +328,7 @@ int main(void) {
             for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) run_case(context, &info, &rng, shapes[s], formats[f]);
         printf("  %s\n", info.name);
     }
+    run_bf16_guard(context, &rng);
     qmm_context_destroy(context);
     return check_finish("test_cpu");
 }

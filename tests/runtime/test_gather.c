@@ -203,7 +203,7 @@ static void test_unknown_kernel_names_every_row(check_rng *rng) {
     CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &weights));
     CHECK_OK(qmm_buffer_create(context, QMM_F32, T * K, &x));
     CHECK_OK(qmm_buffer_create(context, QMM_F32, T * N, &out));
-    char want[512] = "kernel \"nope\" is not registered (known: ";
+    char want[1024] = "kernel \"nope\" is not registered (known: "; /* qmm_last_error holds 1024 */
     for (size_t i = 0; i < qmm_kernel_count(context); i++) {
         qmm_kernel_info info;
         CHECK_OK(qmm_kernel_get(context, i, &info));

@@ -178,7 +178,7 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         cell->bytes = (double)(w_bytes + 2 * group_bytes) + (double)(M * K + M * N) * (double)element;
         cell->flops = 2.0 * (double)M * (double)N * (double)K;
         double memory_us = cell->bytes / (run->ceilings.copy_gbps * 1e3);
-        double compute_us = cell->flops / (run->ceilings.peak_gflops * 1e3);
+        double compute_us = cell->flops / (bench_peak_for(&run->ceilings, matrix->dtype) * 1e3);
         cell->compute_bound = compute_us > memory_us;
         cell->floor_us = cell->compute_bound ? compute_us : memory_us;
 
@@ -413,7 +413,7 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
         cell->bytes = touched * expert_bytes + (double)(T * K + B * N) * (double)element;
         cell->flops = 2.0 * (double)B * (double)N * (double)K;
         const double memory_us = cell->bytes / (run->ceilings.copy_gbps * 1e3);
-        const double compute_us = cell->flops / (run->ceilings.peak_gflops * 1e3);
+        const double compute_us = cell->flops / (bench_peak_for(&run->ceilings, stack->dtype) * 1e3);
         cell->compute_bound = compute_us > memory_us;
         cell->floor_us = cell->compute_bound ? compute_us : memory_us;
 
@@ -727,6 +727,9 @@ static void print_header(const bench_run *run) {
     printf("# ceilings measured in this run: copy %.1f GB/s (%s)\n", run->ceilings.copy_gbps, run->ceilings.copy_method);
     printf("#                                matrix peak %.1f GFLOP/s (%s)\n", run->ceilings.peak_gflops,
            run->ceilings.peak_method);
+    if (run->ceilings.peak_bf16_gflops > run->ceilings.peak_gflops)
+        printf("#                                bf16 peak %.1f GFLOP/s (%s): the compute term of bf16 cells\n",
+               run->ceilings.peak_bf16_gflops, run->ceilings.peak_bf16_method);
     if (run->gather)
         printf("# floor = max(bytes ÷ copy, 2·B·n·k ÷ peak); bytes = the experts a call touches (weights + scales + "
                "biases, averaged over %d routings) + x + out; ×floor = µs ÷ floor\n", GATHER_ROUTINGS);
@@ -938,7 +941,10 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
     cJSON_AddStringToObject(ceilings, "copy_method", run->ceilings.copy_method);
     cJSON_AddItemToObject(ceilings, "matrix_peak_gflops", number_or_null(run->ceilings.peak_gflops));
     cJSON_AddStringToObject(ceilings, "matrix_peak_method", run->ceilings.peak_method);
-    cJSON_AddStringToObject(root, "floor", "max(bytes / copy_gbps, flops / matrix_peak_gflops)");
+    cJSON_AddItemToObject(ceilings, "matrix_peak_bf16_gflops", number_or_null(run->ceilings.peak_bf16_gflops));
+    cJSON_AddStringToObject(ceilings, "matrix_peak_bf16_method", run->ceilings.peak_bf16_method);
+    cJSON_AddStringToObject(root, "floor",
+                            "max(bytes / copy_gbps, flops / matrix_peak_gflops); bf16 cells: matrix_peak_bf16_gflops");
     cJSON_AddNumberToObject(root, "repeats", run->repeats);
     cJSON_AddBoolToObject(root, "quick", run->quick);
     cJSON_AddBoolToObject(root, "batch_invariant", run->batch_invariant);

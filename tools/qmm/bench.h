@@ -14,9 +14,17 @@ typedef struct bench_ceilings {
     double copy_gbps;     /* (read + write bytes) / s / 1e9 of a large streaming copy */
     double copy_bytes;    /* size of one buffer of that copy */
     double peak_gflops;   /* the matrix peak, FLOP/s / 1e9 */
+    double peak_bf16_gflops; /* the matrix peak for bf16 inputs (CPU: a vdpbf16ps loop where the CPU has one; else
+                              * peak_gflops), the compute term of bf16 cells: bench_peak_for */
     char copy_method[200];
     char peak_method[200];
+    char peak_bf16_method[200];
 } bench_ceilings;
+
+/* The matrix peak a cell of this dtype is held to: bf16's where it is higher (a bf16 dot-product instruction). */
+static inline double bench_peak_for(const bench_ceilings *c, qmm_dtype dtype) {
+    return dtype == QMM_BF16 && c->peak_bf16_gflops > c->peak_gflops ? c->peak_bf16_gflops : c->peak_gflops;
+}
 
 /* ── host (bench_host.c) */
 
@@ -37,6 +45,9 @@ qmm_status bench_host_ceilings(int quick, bench_ceilings *ceilings);
  * that depends on all of them (so nothing is optimised away); *flops receives the FLOPs performed. */
 float bench_peak_avx512(long iterations, double *flops);
 float bench_peak_avx2(long iterations, double *flops);
+/* The same with vdpbf16ps (AVX-512 BF16: two bf16 products added into each f32 lane, 64 FLOPs an instruction); called
+ * only when __builtin_cpu_supports("avx512bf16"). */
+float bench_peak_avx512bf16(long iterations, double *flops);
 
 /* OpenBLAS (peer a): whether it was linked in (else why not), and the median µs of one
  * cblas_sgemm out[M, N] = x[M, K]·W[N, K]ᵀ (w_is_k_by_n: out = x·W with W [K, N], for qmm_n), W rotating through
