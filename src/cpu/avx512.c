@@ -184,6 +184,37 @@ static inline void v_bf16_deinterleave(const uint16_t *src, uint16_t *dst) {
     _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, even, b));
     _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, odd, b));
 }
+/* The tiled bf16 row's A operand: codes in natural order as bf16 pairs, lane i = bf16(code 2i) | bf16(code 2i + 1) << 16
+ * — v_pairs4_bf16: 32 4-bit codes from 16 bytes (byte i holds codes 2i and 2i + 1: its two nibbles looked up as in
+ * v_decode4_bf16, the dword's upper word 0, which the table maps to bf16 0); v_pairs8_bf16: 32 8-bit codes from 32
+ * bytes (int → f32 is exact, and so is its upper half as bf16: a code < 256 has at most 8 significant bits). */
+static inline vh v_pairs4_bf16(const uint8_t *bytes) {
+    const __m512i table = _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0,
+                                           0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0, 0x4170, 0x4160, 0x4150,
+                                           0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
+                                           0x4040, 0x4000, 0x3F80, 0);
+    const __m512i dwords = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
+    const __m512i lo = _mm512_permutexvar_epi16(dwords, table);
+    const __m512i hi = _mm512_permutexvar_epi16(_mm512_srli_epi32(dwords, 4), table);
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+static inline vh v_pairs8_bf16(const uint8_t *bytes) {
+    const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes))));
+    const __m512i b =
+        _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bytes + 16)))));
+    /* word j = the upper word of code j as f32 (codes 0–15 in a, 16–31 in b): word 2j + 1 of a, of b past 16 */
+    const __m512i upper = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                                           25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_epi16(a, upper, b);
+}
+static inline vh v_broadcast_pair(const uint32_t *pair) { return _mm512_set1_epi32((int)*pair); }
+static inline void v_store_pairs(uint32_t *p, vh v) { _mm512_storeu_si512(p, v); }
+/* 16 pairs of bf16 (lanes of dwords) as f32: the low halves (the even elements) and the high halves (exact). */
+static inline void v_pairs_to_f32(vh v, vf *low, vf *high) {
+    *low = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *high = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
 /* The scales of chunk c's lanes (lanes 0–7 hold codes 0–31 of the chunk, lanes 8–15 codes 32–63): s = the row's scales
  * in f32, zero-padded to whole vectors of groups. group_size is a constant where this is inlined. */
 static inline vf v_chunk_scale_bf16(const float *s, size_t c, size_t group_size) {

@@ -6,11 +6,13 @@
  * Table order (the selector takes the first row that accepts a call, docs/kernels.md §4):
  *   1. GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M: decode and small prefill are bound by reading the weights;
  *      these read every weight byte once and reuse it for up to 8 rows of x in registers. The bf16 GEMV row
- *      (bf16 x, 4-bit codes, AVX-512 BF16) comes first: its dot products decode and multiply twice as fast.
+ *      (bf16 x, 4-bit codes, AVX-512 BF16, M ≤ QMM_CPU_GEMV_BF16_MAX_M) comes first: its dot products decode and
+ *      multiply twice as fast.
  *   1b. ordered GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M, in the tiled rows' order: after the GEMV rows, so the
  *      selector reaches them only in batch-invariant mode (which skips the GEMV rows: docs/kernels.md §11).
  *   2. tiled (gemm) rows, any M: above the crossover the FMA units bound the time; these decode a
- *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel.
+ *      weight panel once into a cache-resident f32 buffer and run a register-blocked micro-kernel. The bf16 tiled
+ *      row (bf16 x, AVX-512 BF16: bf16 pairs and vdpbf16ps) first.
  *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
  *   AVX-512 before AVX2 within each family: twice the lanes per instruction where both can run.
  *   Then the qmm_n rows (GEMV for M ≤ 8, then tiled), then the gather rows (one per ISA, each driving that
@@ -170,7 +172,12 @@ static bool avx512_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size
 
 static bool avx512bf16_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
     if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size)) return false;
-    if (!qmm_cpu_has_avx512bf16(why_not, why_not_size) || !gemv_m(call, why_not, why_not_size)) return false;
+    if (!qmm_cpu_has_avx512bf16(why_not, why_not_size)) return false;
+    if (call->M > QMM_CPU_GEMV_BF16_MAX_M) {
+        snprintf(why_not, why_not_size, "M=%zu is above the bf16 GEMV row's limit M <= %d (the tiled rows are faster there)",
+                 call->M, QMM_CPU_GEMV_BF16_MAX_M);
+        return false;
+    }
     if (call->dtype != QMM_BF16) {
         snprintf(why_not, why_not_size, "this row multiplies bf16 x only (vdpbf16ps); the call's dtype is %s",
                  qmm_dtype_name(call->dtype));
@@ -190,6 +197,17 @@ static bool avx2_gemv_qmm_t_supports(const qmm_call *call, char *why_not, size_t
 
 static bool avx512_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
     return !refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) && qmm_cpu_has_avx512(why_not, why_not_size);
+}
+
+static bool avx512bf16_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
+    if (refuse_op(QMM_OP_QMM_T, call, why_not, why_not_size) || !qmm_cpu_has_avx512bf16(why_not, why_not_size))
+        return false;
+    if (call->dtype != QMM_BF16) {
+        snprintf(why_not, why_not_size, "this row multiplies bf16 x only (vdpbf16ps); the call's dtype is %s",
+                 qmm_dtype_name(call->dtype));
+        return false;
+    }
+    return true;
 }
 
 static bool avx2_qmm_t_supports(const qmm_call *call, char *why_not, size_t why_not_size) {
@@ -340,6 +358,7 @@ enum {
     ROW_QMM_T_GEMV_AVX2,
     ROW_QMM_T_GEMV_ORDERED_AVX512, /* batch-invariant mode only (docs/kernels.md §11) */
     ROW_QMM_T_GEMV_ORDERED_AVX2,
+    ROW_QMM_T_GEMM_BF16_AVX512,
     ROW_QMM_T_GEMM_AVX512,
     ROW_QMM_T_GEMM_AVX2,
     ROW_QMM_T_SCALAR,
@@ -347,6 +366,7 @@ enum {
 };
 static const qmm_kernel *const avx512_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_BF16_AVX512],
                                                       &qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX512],
+                                                      &qmm_cpu_kernels[ROW_QMM_T_GEMM_BF16_AVX512],
                                                       &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX512]};
 static const qmm_kernel *const avx2_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX2],
                                                     &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX2]};
@@ -400,7 +420,7 @@ CPU_GATHER(portable, portable_qmm_t_rows)
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     [ROW_QMM_T_GEMV_BF16_AVX512] = CPU_ROW("cpu.qmm_t.gemv_bf16.r8.avx512bf16", QMM_OP_QMM_T, "gemv", 8, 8, 64,
-            "M<=16, bf16 x, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products, scale per 64 codes, b·Σx split",
+            "M<=64, bf16 x, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products, scale per 64 codes, b·Σx split",
             avx512bf16_gemv_qmm_t_supports, qmm_cpu_gemv_bf16_qmm_t_avx512, qmm_cpu_has_avx512bf16),
     [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
@@ -414,6 +434,9 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     [ROW_QMM_T_GEMV_ORDERED_AVX2] = CPU_ROW_ORDERED("cpu.qmm_t.gemv_ordered.n8.avx2", QMM_OP_QMM_T, "gemv_ordered", 4, 8, 16,
             "M<=16 in the AVX2 tiled row's order (batch-invariant mode): 8 weight rows in the lanes, codes by gather",
             avx2_gemv_qmm_t_supports, qmm_cpu_gemv_ordered_qmm_t_avx2, qmm_cpu_has_avx2, "split-fma-d16"),
+    [ROW_QMM_T_GEMM_BF16_AVX512] = CPU_ROW("cpu.qmm_t.gemm_bf16.m32n12.avx512bf16", QMM_OP_QMM_T, "gemm", 32, 12, 256,
+            "any M, bf16 x: codes and x as bf16 pairs, 12x32 ZMM vdpbf16ps micro-kernel, split s·Σq·x + b·Σx per group",
+            avx512bf16_qmm_t_supports, qmm_cpu_gemm_bf16_qmm_t_avx512, qmm_cpu_has_avx512bf16),
     [ROW_QMM_T_GEMM_AVX512] = CPU_ROW_ORDERED("cpu.qmm_t.gemm.m32n12.avx512", QMM_OP_QMM_T, "gemm", 32, 12, 256,
             "any M, FMA-bound: panel decoded to f32 once, 12x32 ZMM micro-kernel (n rows x m lanes)",
             avx512_qmm_t_supports, qmm_cpu_gemm_qmm_t_avx512, qmm_cpu_has_avx512, "split-fma-d32"),
@@ -458,6 +481,7 @@ NOT_HERE(qmm_cpu_gemm_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemv_bf16_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_t_avx512)
+NOT_HERE(qmm_cpu_gemm_bf16_qmm_t_avx512)
 NOT_HERE(qmm_cpu_gemm_qmm_n_avx512)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx512)

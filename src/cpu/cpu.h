@@ -99,6 +99,7 @@ qmm_status qmm_cpu_gemm_qmm_n_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemv_bf16_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_t_avx512(const qmm_call *call);
+qmm_status qmm_cpu_gemm_bf16_qmm_t_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemm_qmm_n_avx512(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_n_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemv_qmm_n_avx512(const qmm_call *call);
@@ -109,12 +110,15 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 
 /* GEMV rows take M up to this; above it the tiled rows are faster (docs/PERF.md, "CPU crossover"). */
 #define QMM_CPU_GEMV_MAX_M 16
+/* The bf16 GEMV row up to this: against the tiled bf16 row it took 0.71× the time at M = 48 and 0.92× at M = 64
+ * (geomean of 15 seed and Qwen3 shapes on Zen 4; docs/PERF.md, thirty-sixth session, CPU). */
+#define QMM_CPU_GEMV_BF16_MAX_M 64
 /* The qmm_n GEMV rows take M up to this (docs/PERF.md, "qmm_n GEMV"). */
 #define QMM_CPU_GEMV_N_MAX_M 16
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 15
+#define QMM_CPU_KERNEL_COUNT 16
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);

@@ -860,6 +860,21 @@ ALWAYS_INLINE void gemm_micro(const float *A, const float *B, size_t b_stride, f
  * C is reloaded once per group (2·GEMM_R vectors per G·2·GEMM_R FMAs: ≤ 3% extra traffic, in L1).
  * Roundings per term: s·q·x: G + 1 + groups; b·x: (G − 1) + 2 + groups; both ≤ K + 2 = G·groups + 2
  * for G ≥ 2 (the split form's count, docs/kernels.md §6). */
+/* Group g's terms into C: C[r][·] (+)= fma(s[r], qdot[r][·], b[r]·X[g][·]) — the oracle's association, the group's
+ * term first, then into C (zero: C's first group, stored, not added). */
+ALWAYS_INLINE void gemm_group_into_c(vf qdot[GEMM_R][2], size_t g, float *C, size_t c_stride, const float *scales,
+                                     const float *biases, const float *X, size_t x_stride, bool zero) {
+    const vf x0 = v_load(X + g * x_stride), x1 = v_load(X + g * x_stride + LANES);
+#pragma GCC unroll 16
+    for (int r = 0; r < GEMM_R; r++) {
+        const vf s = v_set1(scales[g * GEMM_AC + (size_t)r]), b = v_set1(biases[g * GEMM_AC + (size_t)r]);
+        float *c = C + (size_t)r * c_stride;
+        const vf t0 = v_fma(s, qdot[r][0], v_mul(b, x0)), t1 = v_fma(s, qdot[r][1], v_mul(b, x1));
+        v_store(c, zero ? t0 : v_add(v_load(c), t0));
+        v_store(c + LANES, zero ? t1 : v_add(v_load(c + LANES), t1));
+    }
+}
+
 ALWAYS_INLINE void gemm_micro_split(const float *A, const float *B, size_t b_stride, float *C, size_t c_stride,
                                     size_t kc, size_t G, const float *scales, const float *biases, const float *X,
                                     size_t x_stride, bool first) {
@@ -876,19 +891,55 @@ ALWAYS_INLINE void gemm_micro_split(const float *A, const float *B, size_t b_str
                 qdot[r][1] = v_fma(a, b1, qdot[r][1]);
             }
         }
-        const vf x0 = v_load(X + g * x_stride), x1 = v_load(X + g * x_stride + LANES);
-        const bool zero = first && g == 0;
-#pragma GCC unroll 16
-        for (int r = 0; r < GEMM_R; r++) {
-            const vf s = v_set1(scales[g * GEMM_AC + (size_t)r]), b = v_set1(biases[g * GEMM_AC + (size_t)r]);
-            float *c = C + (size_t)r * c_stride;
-            /* The oracle's association: the group's term s·qdot + b·Σx first, then into C. */
-            const vf t0 = v_fma(s, qdot[r][0], v_mul(b, x0)), t1 = v_fma(s, qdot[r][1], v_mul(b, x1));
-            v_store(c, zero ? t0 : v_add(v_load(c), t0));
-            v_store(c + LANES, zero ? t1 : v_add(v_load(c + LANES), t1));
-        }
+        gemm_group_into_c(qdot, g, C, c_stride, scales, biases, X, x_stride, first && g == 0);
     }
 }
+
+#if GEMV_BF16DP
+/* gemm_micro_split on bf16 pairs (the tiled bf16 row, cpu.qmm_t.gemm_bf16): A holds the codes as bf16 pairs,
+ * [GEMM_AC][GEMM_KC / 2] (pair p of a row = codes 2p and 2p + 1 of the K block, decode_pairs_bf16), B holds x as bf16
+ * pairs, [kc / 2][GEMM_VL] (dword (p, m) = x(m, 2p) | x(m, 2p + 1) << 16), and vdpbf16ps adds both products of a
+ * pair into each lane: half the instructions of the f32 kernel for the same k. The group's terms go into C as there.
+ * Exact under the same condition as the bf16 GEMV (gemv_bf16.h: every x 0, non-finite or ≥ 2^-118, so no denormal
+ * reaches the instruction); roundings per term ≤ G in qdot (each product of a pair adds with one rounding), then as
+ * gemm_micro_split: ≤ G + 1 + groups ≤ K + 2. */
+BF16DP_TARGET static void gemm_micro_split_bf16(const uint32_t *A, const uint32_t *B, float *C, size_t c_stride,
+                                                size_t kc, size_t G, const float *scales, const float *biases,
+                                                const float *X, size_t x_stride, bool first) {
+    for (size_t g = 0; g * G < kc; g++) {
+        vf qdot[GEMM_R][2];
+#pragma GCC unroll 16
+        for (int r = 0; r < GEMM_R; r++) qdot[r][0] = qdot[r][1] = v_zero();
+        for (size_t p = g * G / 2; p < (g + 1) * G / 2; p++) {
+            const vh b0 = v_load_bf16((const uint16_t *)(B + p * GEMM_VL)),
+                     b1 = v_load_bf16((const uint16_t *)(B + p * GEMM_VL + LANES));
+#pragma GCC unroll 16
+            for (int r = 0; r < GEMM_R; r++) {
+                const vh a = v_broadcast_pair(A + (size_t)r * (GEMM_KC / 2) + p);
+                qdot[r][0] = v_dpbf16(qdot[r][0], a, b0);
+                qdot[r][1] = v_dpbf16(qdot[r][1], a, b1);
+            }
+        }
+        gemm_group_into_c(qdot, g, C, c_stride, scales, biases, X, x_stride, first && g == 0);
+    }
+}
+
+/* Codes [c0, c0 + count) of packed row `row` (multiples of 32) as bf16 pairs in natural order into dst[count / 2]
+ * (4-bit: v_pairs4_bf16; 8-bit and, unpacked to bytes, the other widths: v_pairs8_bf16). */
+static void decode_pairs_bf16(const qmm_call *call, const uint32_t *row, size_t c0, size_t count, uint8_t *bytes,
+                              uint32_t *dst) {
+    if (call->bits == 4) {
+        for (size_t j = 0; j < count; j += 32) v_store_pairs(dst + j / 2, v_pairs4_bf16((const uint8_t *)row + (c0 + j) / 2));
+        return;
+    }
+    const uint8_t *codes = (const uint8_t *)row + c0;
+    if (call->bits != 8) {
+        qmm_unpack_stream(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
+        codes = bytes;
+    }
+    for (size_t j = 0; j < count; j += 32) v_store_pairs(dst + j / 2, v_pairs8_bf16(codes + j));
+}
+#endif
 
 /* Codes [c0, c0 + count) of packed row `row` (count and c0 multiples of 32) decoded into dst in
  * decode order, ŵ = fma(s, q, b) with s, b of each group from scales/biases row `group_row`.
@@ -963,11 +1014,12 @@ static gemm_scratch gemm_scratch_of(float *base, size_t bc, int thread) {
 
 static size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-/* qmm_t: A = weight rows n (decoded per K block), B = xᵀ [K][Mpad] in decode order along K. */
+/* qmm_t: A = weight rows n (decoded per K block), B = xᵀ [K][Mpad] in decode order along K. bf16 (the tiled bf16 row):
+ * A = the codes as bf16 pairs and B = x as bf16 pairs [K / 2][Mpad] in natural order (gemm_micro_split_bf16). */
 #define GEMM_T_BC (8 * GEMM_VL)
 
 static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, size_t Mpad, size_t a0, size_t b0,
-                        gemm_scratch s) {
+                        gemm_scratch s, int bf16) {
     const size_t N = call->N, K = call->K, M = call->M, G = (size_t)call->group_size, groups = K / G;
     const size_t words = qmm_packed_words(K, call->bits);
     const size_t a_valid = N - a0 < GEMM_AC ? N - a0 : GEMM_AC;
@@ -976,9 +1028,17 @@ static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, 
     for (size_t pc = 0; pc < K; pc += GEMM_KC) {
         const size_t kc = K - pc < GEMM_KC ? K - pc : GEMM_KC, block_groups = kc / G;
         for (size_t i = 0; i < a_rows; i++) {
-            float *dst = s.a + i * GEMM_KC;
-            if (i < a_valid) decode_segment(call, call->w + (a0 + i) * words, a0 + i, groups, pc, kc, false, s.bytes, dst, 0);
-            else memset(dst, 0, kc * sizeof(float));
+            if (bf16) {
+#if GEMV_BF16DP
+                uint32_t *pairs = (uint32_t *)s.a + i * (GEMM_KC / 2); /* half of the row's f32 room */
+                if (i < a_valid) decode_pairs_bf16(call, call->w + (a0 + i) * words, pc, kc, s.bytes, pairs);
+                else memset(pairs, 0, kc / 2 * sizeof(uint32_t));
+#endif
+            } else {
+                float *dst = s.a + i * GEMM_KC;
+                if (i < a_valid) decode_segment(call, call->w + (a0 + i) * words, a0 + i, groups, pc, kc, false, s.bytes, dst, 0);
+                else memset(dst, 0, kc * sizeof(float));
+            }
             for (size_t g = 0; g < block_groups; g++) {
                 const size_t index = (a0 + i) * groups + pc / G + g;
                 s.scales[g * GEMM_AC + i] = i < a_valid ? qmm_load_f32(call->scales, call->dtype, index) : 0.0f;
@@ -986,10 +1046,21 @@ static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, 
             }
         }
         for (size_t jr = 0; jr < b_lanes; jr += GEMM_VL)
-            for (size_t ir = 0; ir < a_rows; ir += GEMM_R)
-                gemm_micro_split(s.a + ir * GEMM_KC, xt + ((b0 + jr) / GEMM_VL * K + pc) * GEMM_VL, GEMM_VL,
-                                 s.c + ir * GEMM_T_BC + jr, GEMM_T_BC, kc, G, s.scales + ir, s.biases + ir,
-                                 xg + ((b0 + jr) / GEMM_VL * groups + pc / G) * GEMM_VL, GEMM_VL, pc == 0);
+            for (size_t ir = 0; ir < a_rows; ir += GEMM_R) {
+                const size_t panel = (b0 + jr) / GEMM_VL;
+                const float *X = xg + (panel * groups + pc / G) * GEMM_VL;
+#if GEMV_BF16DP
+                if (bf16) {
+                    gemm_micro_split_bf16((const uint32_t *)s.a + ir * (GEMM_KC / 2),
+                                          (const uint32_t *)xt + (panel * (K / 2) + pc / 2) * GEMM_VL,
+                                          s.c + ir * GEMM_T_BC + jr, GEMM_T_BC, kc, G, s.scales + ir, s.biases + ir, X,
+                                          GEMM_VL, pc == 0);
+                    continue;
+                }
+#endif
+                gemm_micro_split(s.a + ir * GEMM_KC, xt + (panel * K + pc) * GEMM_VL, GEMM_VL, s.c + ir * GEMM_T_BC + jr,
+                                 GEMM_T_BC, kc, G, s.scales + ir, s.biases + ir, X, GEMM_VL, pc == 0);
+            }
     }
     /* outᵀ block → out, row m of out at a time: its a_valid outputs gathered from the column of C, then stored
      * GEMV_RW at a time with the dtype narrowing in vectors (store_run); a run with a non-finite value, and the
@@ -1009,7 +1080,8 @@ static void gemm_t_item(const qmm_call *call, const float *xt, const float *xg, 
     }
 }
 
-qmm_status QMM_ISA(qmm_cpu_gemm_qmm_t)(const qmm_call *call) {
+/* bf16: 1 for the tiled bf16 row's pairs (the caller checked the ISA, the dtype and gemv_bf16_x_ok). */
+static qmm_status gemm_qmm_t(const qmm_call *call, int bf16) {
     const size_t M = call->M, N = call->N, K = call->K, G = (size_t)call->group_size, groups = K / G;
     const int threads = qmm_cpu_threads_for(call);
     const int fast = fast_bits(call->bits);
@@ -1032,6 +1104,28 @@ qmm_status QMM_ISA(qmm_cpu_gemm_qmm_t)(const qmm_call *call) {
     for (size_t panel = 0; panel < panels; panel++) {
         float *panel_x = xt + panel * K * GEMM_VL, *panel_sum = xg + panel * groups * GEMM_VL;
         const size_t m0 = panel * GEMM_VL, m_end = M - m0 < GEMM_VL ? M : m0 + GEMM_VL;
+#if GEMV_BF16DP
+        if (bf16) { /* x in bf16 pairs (a panel of K / 2 rows of GEMM_VL dwords: half the f32 panel's room) */
+            uint32_t *pairs = (uint32_t *)xt + panel * (K / 2) * GEMM_VL;
+            const uint16_t *x = call->x;
+            memset(pairs, 0, K / 2 * GEMM_VL * sizeof(uint32_t));
+            for (size_t m = m0; m < m_end; m++)
+                for (size_t p = 0; p < K / 2; p++)
+                    pairs[p * GEMM_VL + m - m0] = (uint32_t)x[m * K + 2 * p] | (uint32_t)x[m * K + 2 * p + 1] << 16;
+            for (size_t g = 0; g < groups; g++) {
+                vf sum[2] = {v_zero(), v_zero()};
+                for (size_t p = g * G / 2; p < (g + 1) * G / 2; p++)
+                    for (int h = 0; h < 2; h++) {
+                        vf low, high;
+                        v_pairs_to_f32(v_load_bf16((const uint16_t *)(pairs + p * GEMM_VL + h * LANES)), &low, &high);
+                        sum[h] = v_add(v_add(sum[h], low), high);
+                    }
+                v_store(panel_sum + g * GEMM_VL, sum[0]);
+                v_store(panel_sum + g * GEMM_VL + LANES, sum[1]);
+            }
+            continue;
+        }
+#endif
         memset(panel_x, 0, K * GEMM_VL * sizeof(float));
         for (size_t m = m0; m < m_end; m++)
             for (size_t k = 0; k < K; k++)
@@ -1051,7 +1145,7 @@ qmm_status QMM_ISA(qmm_cpu_gemm_qmm_t)(const qmm_call *call) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1 && items > 1)
     for (size_t item = 0; item < items; item++)
         gemm_t_item(call, xt, xg, Mpad, item / b_items * GEMM_AC, item % b_items * GEMM_T_BC,
-                    gemm_scratch_of(scratch, GEMM_T_BC, QMM_CPU_THREAD_ID()));
+                    gemm_scratch_of(scratch, GEMM_T_BC, QMM_CPU_THREAD_ID()), bf16);
 
 cleanup:
     free(xt);
@@ -1059,6 +1153,16 @@ cleanup:
     free(scratch);
     return status;
 }
+
+qmm_status QMM_ISA(qmm_cpu_gemm_qmm_t)(const qmm_call *call) { return gemm_qmm_t(call, 0); }
+
+#if GEMV_BF16DP
+/* The row cpu.qmm_t.gemm_bf16 (backend.c: bf16 x, any width, AVX-512 BF16): the bf16 pairs, or the f32 tiles for a
+ * call whose x has a value under 2^-118 (gemv_bf16_x_ok). */
+qmm_status QMM_ISA(qmm_cpu_gemm_bf16_qmm_t)(const qmm_call *call) {
+    return gemm_qmm_t(call, call->dtype == QMM_BF16 && gemv_bf16_x_ok(call));
+}
+#endif
 
 /* qmm_n: A = rows of x (m), B = weight rows k decoded along N (lanes), C = out block. */
 #define GEMM_N_BC (8 * GEMM_VL)

@@ -211,17 +211,16 @@ static void run_gather_row(qmm_context *context, const qmm_kernel_info *info, ch
         }
 }
 
-/* ───────────────────────────── the bf16 GEMV row's guard ─────────────────────────────
+/* ───────────────────────────── the bf16 rows' guard ─────────────────────────────
  *
- * cpu.qmm_t.gemv_bf16 multiplies with vdpbf16ps, which reads denormal inputs as 0, only when every x is ±0,
- * non-finite or ≥ 2^-118 in magnitude (simd_kernels.h, gemv_bf16_x_ok); a call with a smaller x runs the table decode
- * instead, which must then give exactly the bits of cpu.qmm_t.gemv.r8.avx512, and the oracle's value. The weights'
+ * cpu.qmm_t.gemv_bf16 and cpu.qmm_t.gemm_bf16 multiply with vdpbf16ps, which reads denormal inputs as 0, only when
+ * every x is ±0, non-finite or ≥ 2^-118 in magnitude (simd_kernels.h, gemv_bf16_x_ok); a call with a smaller x runs
+ * the f32 row of the same family instead (`table`), whose bits it must then give, and the oracle's value. The weights'
  * scales are 2^100 and their biases 0, so that denormal x (2^-133) give outputs near 2^-30 that a dot product
  * reading them as 0 would miss entirely. At the threshold itself (x of magnitude 2^-118 … 2^-110, where the dot
  * products' sums come closest to f32's denormals) the dot products run and the outputs must be within the bound. */
-static void run_bf16_guard(qmm_context *context, check_rng *rng) {
-    static const char *row = "cpu.qmm_t.gemv_bf16.r8.avx512bf16", *table = "cpu.qmm_t.gemv.r8.avx512";
-    const size_t M = 3, N = 40, K = 512;
+static void run_bf16_guard(qmm_context *context, check_rng *rng, const char *row, const char *table, size_t M) {
+    const size_t N = 40, K = 512;
     check_qmatrix q;
     if (!check_qmatrix_random(rng, N, K, 4, 64, QMM_BF16, &q)) {
         CHECK(false, "bf16 guard: out of memory");
@@ -261,7 +260,7 @@ static void run_bf16_guard(qmm_context *context, check_rng *rng) {
     CHECK(bad == 0, "%s with every x at 2^-118 … 2^-110: %zu outputs outside the bound (worst error/bound %.3g)", row,
           bad, worst);
     /* 2: small x under scales of 2^100 (the matrix's own arrays, changed after the ordinary weights were made from
-     * them): row 0 x = 2^-119 (a normal under the threshold), rows 1 and 2 denormals */
+     * them): rows m % 3 = 0 x = 2^-119 (a normal under the threshold), the others denormals */
     for (size_t i = 0; i < N * K / 64; i++) {
         ((uint16_t *)q.scales)[i] = 0x7180; /* 2^100 */
         ((uint16_t *)q.biases)[i] = 0;
@@ -272,6 +271,7 @@ static void run_bf16_guard(qmm_context *context, check_rng *rng) {
         if (k % 2 == 0) x[k] = 0x0400;                                   /* 2^-119 */
         if (k % 5 == 0) x[K + k] = 0x0001;                               /* 2^-133 */
         if (k % 3 == 0) x[2 * K + k] = (uint16_t)(k % 2 ? 0x8003 : 0x0041); /* −3·2^-133, 65·2^-133 */
+        for (size_t m = 3; m < M; m++) x[m * K + k] = x[(m % 3) * K + k];
     }
     CHECK_OK(qmm_buffer_write(xb, x, M * K));
     for (int t = 0; big && t < 2; t++) {
@@ -310,6 +310,7 @@ int main(void) {
         {1, 3, 1536},    {5, 7, 576},     {1, 1, 64},     /* odd N, K = one group */
         {300, 100, 256}, {17, 64, 1536}, {100, 384, 300}, /* tiled items past their chunks */
         {3, 21, 160},                                     /* K an odd number of 32s: a half chunk of 64 codes */
+        {50, 40, 576},    {64, 24, 1024},                 /* the bf16 GEMV row's passes up to its M = 64 */
     };
     static const format formats[] = {{4, 32, QMM_F16}, {8, 64, QMM_BF16}, {3, 64, QMM_F32}, {4, 128, QMM_F32},
                                      {2, 32, QMM_BF16}, {4, 32, QMM_BF16}, {4, 64, QMM_BF16}};
@@ -328,7 +329,8 @@ int main(void) {
             for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) run_case(context, &info, &rng, shapes[s], formats[f]);
         printf("  %s\n", info.name);
     }
-    run_bf16_guard(context, &rng);
+    run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemv.r8.avx512", 3);
+    run_bf16_guard(context, &rng, "cpu.qmm_t.gemm_bf16.m32n12.avx512bf16", "cpu.qmm_t.gemm.m32n12.avx512", 37);
     qmm_context_destroy(context);
     return check_finish("test_cpu");
 }
