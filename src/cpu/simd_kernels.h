@@ -851,15 +851,6 @@ ALWAYS_INLINE void gemm_micro(const float *A, const float *B, size_t b_stride, f
     }
 }
 
-/* qmm_t's micro-kernel in the split form (the seed's and the oracle's order, so the tiled rows agree
- * with the GEMV rows and the seed's f32 tolerance of 1e-3 at outputs of 2·10^4): A holds codes q as
- * f32, and per group g of the K block
- *     qdot[r][·] = Σ_{k∈g} q[r][k]·B[k][·]              (registers, G fused roundings)
- *     C[r][·]   += fma(s[r], qdot[r][·], b[r]·X[g][·])     (the oracle's association)
- * X[g][·] = Σ_{k∈g} x (per m lane) and s, b per (group, row) come from per-call / per-block arrays.
- * C is reloaded once per group (2·GEMM_R vectors per G·2·GEMM_R FMAs: ≤ 3% extra traffic, in L1).
- * Roundings per term: s·q·x: G + 1 + groups; b·x: (G − 1) + 2 + groups; both ≤ K + 2 = G·groups + 2
- * for G ≥ 2 (the split form's count, docs/kernels.md §6). */
 /* Group g's terms into C: C[r][·] (+)= fma(s[r], qdot[r][·], b[r]·X[g][·]) — the oracle's association, the group's
  * term first, then into C (zero: C's first group, stored, not added). */
 ALWAYS_INLINE void gemm_group_into_c(vf qdot[GEMM_R][2], size_t g, float *C, size_t c_stride, const float *scales,
@@ -875,6 +866,15 @@ ALWAYS_INLINE void gemm_group_into_c(vf qdot[GEMM_R][2], size_t g, float *C, siz
     }
 }
 
+/* qmm_t's micro-kernel in the split form (the seed's and the oracle's order, so the tiled rows agree
+ * with the GEMV rows and the seed's f32 tolerance of 1e-3 at outputs of 2·10^4): A holds codes q as
+ * f32, and per group g of the K block
+ *     qdot[r][·] = Σ_{k∈g} q[r][k]·B[k][·]              (registers, G fused roundings)
+ *     C[r][·]   += fma(s[r], qdot[r][·], b[r]·X[g][·])     (the oracle's association)
+ * X[g][·] = Σ_{k∈g} x (per m lane) and s, b per (group, row) come from per-call / per-block arrays.
+ * C is reloaded once per group (2·GEMM_R vectors per G·2·GEMM_R FMAs: ≤ 3% extra traffic, in L1).
+ * Roundings per term: s·q·x: G + 1 + groups; b·x: (G − 1) + 2 + groups; both ≤ K + 2 = G·groups + 2
+ * for G ≥ 2 (the split form's count, docs/kernels.md §6). */
 ALWAYS_INLINE void gemm_micro_split(const float *A, const float *B, size_t b_stride, float *C, size_t c_stride,
                                     size_t kc, size_t G, const float *scales, const float *biases, const float *X,
                                     size_t x_stride, bool first) {
