@@ -171,6 +171,15 @@ static inline void v_decode4_bf16(const uint8_t *bytes, int half, vh *lo, vh *hi
     *hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
 }
 static inline vh v_load_bf16(const uint16_t *p) { return _mm512_loadu_si512(p); }
+/* 16 f32 values that are f16 values, as bf16 head (the upper 16 bits) and tail (x − head, exact with at most 3
+ * significant bits, its upper 16 bits: exact too) into head[0 … 15] and tail[0 … 15]. ±inf: tail NaN (the non-finite
+ * rule recomputes such outputs). */
+static inline void v_split_bf16(vf x, uint16_t *head, uint16_t *tail) {
+    const __m512i bits = _mm512_castps_si512(x), upper = _mm512_and_si512(bits, _mm512_set1_epi32((int)0xFFFF0000u));
+    const __m512i rest = _mm512_castps_si512(_mm512_sub_ps(x, _mm512_castsi512_ps(upper)));
+    _mm256_storeu_si256((__m256i *)head, _mm512_cvtepi32_epi16(_mm512_srli_epi32(upper, 16)));
+    _mm256_storeu_si256((__m256i *)tail, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rest, 16)));
+}
 /* acc + a·b over the pairs of bf16 in each f32 lane (vdpbf16ps: products exact, each added with round-to-nearest-even;
  * denormal inputs read as 0 and denormal results flushed to 0, whatever MXCSR says — gemv_bf16.h says why none occurs). */
 static inline BF16DP_TARGET vf v_dpbf16(vf acc, vh a, vh b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }

@@ -178,9 +178,14 @@ static bool avx512bf16_gemv_qmm_t_supports(const qmm_call *call, char *why_not, 
                  call->M, QMM_CPU_GEMV_BF16_MAX_M);
         return false;
     }
-    if (call->dtype != QMM_BF16) {
-        snprintf(why_not, why_not_size, "this row multiplies bf16 x only (vdpbf16ps); the call's dtype is %s",
-                 qmm_dtype_name(call->dtype));
+    if (call->dtype == QMM_F32) {
+        snprintf(why_not, why_not_size, "this row multiplies bf16 and f16 x only (vdpbf16ps); the call's dtype is f32");
+        return false;
+    }
+    if (call->dtype == QMM_F16 && call->M > QMM_CPU_GEMV_BF16_F16_MAX_M) {
+        snprintf(why_not, why_not_size,
+                 "M=%zu with f16 x is above this row's limit for f16, M <= %d (two dot products per pair: the f32 GEMV "
+                 "is faster there)", call->M, QMM_CPU_GEMV_BF16_F16_MAX_M);
         return false;
     }
     if (call->bits != 4) {
@@ -420,7 +425,7 @@ CPU_GATHER(portable, portable_qmm_t_rows)
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     [ROW_QMM_T_GEMV_BF16_AVX512] = CPU_ROW("cpu.qmm_t.gemv_bf16.r8.avx512bf16", QMM_OP_QMM_T, "gemv", 8, 8, 64,
-            "M<=64, bf16 x, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products, scale per 64 codes, b·Σx split",
+            "M<=64, bf16/f16 x, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products (f16 x: head + tail), b·Σx split",
             avx512bf16_gemv_qmm_t_supports, qmm_cpu_gemv_bf16_qmm_t_avx512, qmm_cpu_has_avx512bf16),
     [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",

@@ -113,6 +113,9 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
 /* The bf16 GEMV row up to this: against the tiled bf16 row it took 0.71× the time at M = 48 and 0.92× at M = 64
  * (geomean of 15 seed and Qwen3 shapes on Zen 4; docs/PERF.md, thirty-sixth session, CPU). */
 #define QMM_CPU_GEMV_BF16_MAX_M 64
+/* ... and for f16 x (two dot products per pair of codes: a bf16 head and tail of x) only up to this: against the f32
+ * GEMV 0.83× the time at M = 1, 1.00× at M = 2, 1.18–1.44× from M = 4 (seed shapes, Zen 4; the same entry). */
+#define QMM_CPU_GEMV_BF16_F16_MAX_M 1
 /* The qmm_n GEMV rows take M up to this (docs/PERF.md, "qmm_n GEMV"). */
 #define QMM_CPU_GEMV_N_MAX_M 16
 

@@ -1,7 +1,8 @@
 /*
  * gemv_bf16.h — one GEMV register block on the bf16 dot product (simd_kernels.h, "GEMV, bf16 dot products"), for
- * 4-bit codes and bf16 x on AVX-512 BF16; included once per (GR rows of x, GNW weight rows, GG group size) so the
- * arrays below are exact-size (registers) and the group size folds into the scale broadcast.
+ * 4-bit codes and bf16 or f16 x on AVX-512 BF16; included once per (GR rows of x, GNW weight rows, GG group size,
+ * GPARTS parts of x) by gemv_bf16_groups.h, so the arrays below are exact-size (registers) and the group size folds
+ * into the scale broadcast.
  *
  * result[r·ld + w] = row m0 + r of x times weight row rows[w], as gemv_block.h, but by chunks of 64 codes (32 bytes):
  *
@@ -30,19 +31,19 @@
  * Whole chunks run in the main loop; when K is an odd number of 32s the last chunk has 16 bytes, loaded masked, with
  * codes and x zero past K (and zero scales past the last group).
  */
-#define GEMV_BF16_NAME_(r, nw, g) gemv_bf16_##r##_##nw##_##g
-#define GEMV_BF16_NAME(r, nw, g) GEMV_BF16_NAME_(r, nw, g)
+#define GEMV_BF16_NAME_(r, nw, g, parts) gemv_bf16_##r##_##nw##_##g##_##parts
+#define GEMV_BF16_NAME(r, nw, g, parts) GEMV_BF16_NAME_(r, nw, g, parts)
 
 /* x of every row in registers for the whole chunk (loaded once for all GNW weight rows) where it fits beside acc
  * and the chunk's codes, scale and part; else loaded per weight row (from L1). */
-#define GEMV_BF16_X_IN_REGISTERS (2 * GR + GR * GNW + 6 <= GEMV_VREGS)
+#define GEMV_BF16_X_IN_REGISTERS (2 * GPARTS * GR + GR * GNW + 6 <= GEMV_VREGS)
 
-BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG)(const gemv_plan *p, const uint8_t *const *rows,
-                                                      const float *scales, const float *biases, size_t m0,
-                                                      size_t pf_stride, float *result, size_t ld) {
-    const size_t K = p->K, gstride = p->gstride, kpad = p->kpad;
+BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG, GPARTS)(const gemv_plan *p, const uint8_t *const *rows,
+                                                              const float *scales, const float *biases, size_t m0,
+                                                              size_t pf_stride, float *result, size_t ld) {
+    const size_t K = p->K, gstride = p->gstride, kpad = p->kpad, xrow = GPARTS * kpad;
     const size_t chunk = 64, chunk_bytes = 32, row_bytes = K / 2, chunks = kpad / chunk;
-    const uint16_t *x0 = p->xb + m0 * kpad;
+    const uint16_t *x0 = p->xb + m0 * xrow;
     const vf zero = v_zero();
     vf acc[GR][GNW];
 #pragma GCC unroll 8
@@ -61,16 +62,19 @@ BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG)(const gemv_plan *p, const 
                 for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
             }
         }
-        const uint16_t *xc = x0 + c * chunk;
+        /* x of row r, part j (0: x or its bf16 head; 1: an f16 x's tail), chunk c: xlo at xc(r, j), xhi 32 on */
+#define XC(r, j) (x0 + (size_t)(r) * xrow + (size_t)(j) * kpad + c * chunk)
 #if GEMV_BF16_X_IN_REGISTERS
-        vh xlo[GR], xhi[GR];
+        vh xlo[GR][GPARTS], xhi[GR][GPARTS];
 #pragma GCC unroll 8
-        for (int r = 0; r < GR; r++) {
-            xlo[r] = v_load_bf16(xc + (size_t)r * kpad);
-            xhi[r] = v_load_bf16(xc + (size_t)r * kpad + 32);
-            /* one load for all GNW weight rows (see gemv_block.h) */
-            __asm__("" : "+v"(xlo[r]), "+v"(xhi[r]));
-        }
+        for (int r = 0; r < GR; r++)
+#pragma GCC unroll 2
+            for (int j = 0; j < GPARTS; j++) {
+                xlo[r][j] = v_load_bf16(XC(r, j));
+                xhi[r][j] = v_load_bf16(XC(r, j) + 32);
+                /* one load for all GNW weight rows (see gemv_block.h) */
+                __asm__("" : "+v"(xlo[r][j]), "+v"(xhi[r][j]));
+            }
 #endif
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) {
@@ -79,20 +83,22 @@ BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG)(const gemv_plan *p, const 
             const vf s = v_chunk_scale_bf16(scales + (size_t)w * gstride, c, GG);
 #pragma GCC unroll 8
             for (int r = 0; r < GR; r++) {
+                vf part = zero;
+#pragma GCC unroll 2
+                for (int j = 0; j < GPARTS; j++) {
 #if GEMV_BF16_X_IN_REGISTERS
-                const vf part = v_dpbf16(v_dpbf16(zero, lo, xlo[r]), hi, xhi[r]);
+                    part = v_dpbf16(v_dpbf16(part, lo, xlo[r][j]), hi, xhi[r][j]);
 #else
-                const vf part = v_dpbf16(v_dpbf16(zero, lo, v_load_bf16(xc + (size_t)r * kpad)), hi,
-                                         v_load_bf16(xc + (size_t)r * kpad + 32));
+                    part = v_dpbf16(v_dpbf16(part, lo, v_load_bf16(XC(r, j))), hi, v_load_bf16(XC(r, j) + 32));
 #endif
+                }
                 acc[r][w] = v_fma(part, s, acc[r][w]);
             }
         }
+#undef XC
     }
     GEMV_BIAS_AND_STORE(GR, GNW) /* b·Σx and the tree sums, as gemv_block.h */
 }
 
 #undef GEMV_BF16_X_IN_REGISTERS
-#undef GR
-#undef GNW
-#undef GG
+#undef GG /* GR, GNW and GPARTS stay for the next group size (gemv_bf16_groups.h) */

@@ -152,8 +152,9 @@ typedef struct gemv_plan {
     const float *xp;    /* [Mpad][K] x in decode order, or [Mpad][xstride] in nibble-plane order (planes) */
     size_t xstride;     /* planes: K rounded up to a whole chunk of 8·LANES codes (zero-padded) */
     int planes;         /* 1: 4-bit, M ≤ 2, x exact in plane order: the nibble-plane blocks (gemv_planes.h) */
-    int bf16dp;         /* 1: 4-bit, bf16 x with no value under 2^-118: the bf16 dot-product blocks (gemv_bf16.h) */
-    const uint16_t *xb; /* bf16dp: [Mread][kpad] x in pair order (gemv_prepare_x_bf16) */
+    int bf16dp;         /* the bf16 dot-product blocks (gemv_bf16.h), 4-bit: 1 part of x (bf16 x with no value under
+                         * 2^-118), 2 parts (f16 x as a bf16 head and tail); 0: not */
+    const uint16_t *xb; /* bf16dp: [Mread][bf16dp][kpad] x in pair order (gemv_prepare_x_bf16) */
     size_t kpad;        /* bf16dp: K rounded up to a whole chunk of 64 codes (x zero-padded) */
     const float *xsum;  /* [Mpad][gstride] Σx per group, 0 past groups */
     uint8_t *unpacked;  /* generic widths: [threads][GEMV_RW][K] codes as bytes; else NULL */
@@ -352,117 +353,90 @@ typedef struct gemv_plan {
 #endif
 
 #if GEMV_BF16DP
-/* The bf16 dot-product blocks (4-bit, bf16 x; gemv_bf16.h), for the default blocks' (rows of x, weight rows) and one
- * per group size. */
-#define GR 1
-#define GNW GEMV_NW_1
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 1
-#define GNW GEMV_NW_1
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 1
-#define GNW GEMV_NW_1
-#define GG 128
-#include "gemv_bf16.h"
-#define GR 2
-#define GNW GEMV_NW_2
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 2
-#define GNW GEMV_NW_2
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 2
-#define GNW GEMV_NW_2
-#define GG 128
-#include "gemv_bf16.h"
-#define GR 4
-#define GNW GEMV_NW_4
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 4
-#define GNW GEMV_NW_4
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 4
-#define GNW GEMV_NW_4
-#define GG 128
-#include "gemv_bf16.h"
-#define GR 8
-#define GNW GEMV_NW_8
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 8
-#define GNW GEMV_NW_8
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 8
-#define GNW GEMV_NW_8
-#define GG 128
-#include "gemv_bf16.h"
-#if GEMV_NW_1 != 1 && GEMV_NW_2 != 1 && GEMV_NW_4 != 1 && GEMV_NW_8 != 1
-#define GR 1
-#define GNW 1
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 1
-#define GNW 1
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 1
-#define GNW 1
-#define GG 128
-#include "gemv_bf16.h"
-#define GR 2
-#define GNW 1
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 2
-#define GNW 1
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 2
-#define GNW 1
-#define GG 128
-#include "gemv_bf16.h"
-#define GR 4
-#define GNW 1
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 4
-#define GNW 1
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 4
-#define GNW 1
-#define GG 128
-#include "gemv_bf16.h"
-#define GR 8
-#define GNW 1
-#define GG 32
-#include "gemv_bf16.h"
-#define GR 8
-#define GNW 1
-#define GG 64
-#include "gemv_bf16.h"
-#define GR 8
-#define GNW 1
-#define GG 128
-#include "gemv_bf16.h"
-#else
+/* The bf16 dot-product blocks (4-bit; gemv_bf16.h): for the default blocks' (rows of x, weight rows), each group
+ * size, and x in 1 part (bf16) or 2 (f16: a bf16 head and tail). */
+#if GEMV_NW_1 == 1 || GEMV_NW_2 == 1 || GEMV_NW_4 == 1 || GEMV_NW_8 == 1
 #error "the bf16 GEMV blocks are instantiated for weight-row counts above 1 (AVX-512's GEMV_NW_*)"
 #endif
+#define GR 1
+#define GNW GEMV_NW_1
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 1
+#define GNW 1
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 2
+#define GNW 1
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 4
+#define GNW 1
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 8
+#define GNW 1
+#define GPARTS 1
+#include "gemv_bf16_groups.h"
+#define GR 1
+#define GNW GEMV_NW_1
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
+#define GR 2
+#define GNW GEMV_NW_2
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
+#define GR 4
+#define GNW GEMV_NW_4
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
+#define GR 8
+#define GNW GEMV_NW_8
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
+#define GR 1
+#define GNW 1
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
+#define GR 2
+#define GNW 1
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
+#define GR 4
+#define GNW 1
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
+#define GR 8
+#define GNW 1
+#define GPARTS 2
+#include "gemv_bf16_groups.h"
 #if GEMV_R_MAX > 8
 #error "the bf16 GEMV blocks are instantiated for passes of up to 8 rows of x"
 #endif
 
 #define GEMV_BF16_CASE(r, nw)                                                                                 \
     if (R == (r) && NW == (nw)) {                                                                             \
-        if (p->group_size == 32) GEMV_BF16_NAME(r, nw, 32)(p, rows, scales, biases, m0, pf_stride, result, ld); \
-        else if (p->group_size == 64) GEMV_BF16_NAME(r, nw, 64)(p, rows, scales, biases, m0, pf_stride, result, ld); \
-        else GEMV_BF16_NAME(r, nw, 128)(p, rows, scales, biases, m0, pf_stride, result, ld);                  \
+        if (p->bf16dp == 2) {                                                                                 \
+            if (p->group_size == 32) GEMV_BF16_NAME(r, nw, 32, 2)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+            else if (p->group_size == 64) GEMV_BF16_NAME(r, nw, 64, 2)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+            else GEMV_BF16_NAME(r, nw, 128, 2)(p, rows, scales, biases, m0, pf_stride, result, ld);           \
+        } else {                                                                                              \
+            if (p->group_size == 32) GEMV_BF16_NAME(r, nw, 32, 1)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+            else if (p->group_size == 64) GEMV_BF16_NAME(r, nw, 64, 1)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+            else GEMV_BF16_NAME(r, nw, 128, 1)(p, rows, scales, biases, m0, pf_stride, result, ld);           \
+        }                                                                                                     \
         return;                                                                                               \
     }
 #endif
@@ -608,30 +582,29 @@ static int gemv_bf16_x_ok(const qmm_call *call) {
     return !bad;
 }
 
-/* Rows 0…M−1 of x (bf16) in pair order (gemv_bf16.h) into p->xb (row stride kpad, zero past K) and Σx per group
- * into p->xsum; the rows up to Mread and the groups up to gstride zero. natural: K floats of scratch (the row in f32,
- * for Σx). */
+/* Rows 0…M−1 of x in pair order (gemv_bf16.h) into p->xb and Σx per group into p->xsum; the rows up to Mread and the
+ * groups up to gstride zero. Row m holds p->bf16dp parts of kpad values (zero past K): bf16 x itself; or an f16 x
+ * as head = its f32 value's upper 16 bits (a bf16) and tail = x − head, which is exact and fits a bf16 too (f16 has
+ * 11 significant bits, the head takes 8, the tail the other 3), so head + tail = x exactly and each product with a
+ * code is exact. natural: scratch of 2·kpad floats (the row in f32, for Σx, and the parts before pairing). */
 static void gemv_prepare_x_bf16(const gemv_plan *p, size_t M, size_t Mread, float *natural) {
     const qmm_call *call = p->call;
-    const size_t K = p->K, kpad = p->kpad;
-    uint16_t *xb = (uint16_t *)p->xb;
+    const size_t K = p->K, kpad = p->kpad, parts = (size_t)p->bf16dp;
+    uint16_t *xb = (uint16_t *)p->xb, *split = (uint16_t *)(natural + kpad); /* [parts][kpad] */
     float *xsum = (float *)p->xsum;
-    memset(xb + M * kpad, 0, (Mread - M) * kpad * sizeof(uint16_t));
+    memset(xb + M * parts * kpad, 0, (Mread - M) * parts * kpad * sizeof(uint16_t));
     memset(xsum, 0, Mread * p->gstride * sizeof(float));
+    memset(split, 0, parts * kpad * sizeof(uint16_t));
     for (size_t m = 0; m < M; m++) {
-        const uint16_t *row = (const uint16_t *)call->x + m * K;
         for (size_t k = 0; k < K; k += LANES) v_store(natural + k, v_load_dtype(call->x, call->dtype, m * K + k));
         gemv_group_sums(p, natural, xsum + m * p->gstride);
-        for (size_t c = 0; c < kpad; c += 64) {
-            uint16_t padded[64];
-            const uint16_t *src = row + c;
-            if (c + 64 > K) { /* the last chunk of a K that is an odd number of 32s: zero past K */
-                memset(padded, 0, sizeof padded);
-                memcpy(padded, src, (K - c) * sizeof(uint16_t));
-                src = padded;
-            }
-            v_bf16_deinterleave(src, xb + m * kpad + c);
+        if (parts == 1) {
+            memcpy(split, (const uint16_t *)call->x + m * K, K * sizeof(uint16_t));
+        } else {
+            for (size_t k = 0; k < K; k += LANES) v_split_bf16(v_load(natural + k), split + k, split + kpad + k);
         }
+        for (size_t j = 0; j < parts; j++)
+            for (size_t c = 0; c < kpad; c += 64) v_bf16_deinterleave(split + j * kpad + c, xb + (m * parts + j) * kpad + c);
     }
 }
 #endif
@@ -644,9 +617,9 @@ static void gemv_prepare_x(gemv_plan *p, size_t M, size_t Mread) {
     float *xp = (float *)p->xp, *xsum = (float *)p->xsum;
 #if GEMV_BF16DP
     if (p->bf16dp) {
-        /* xp holds the pairs (Mread·kpad bf16), then the row in f32 for Σx */
+        /* xp holds the pairs (Mread·parts·kpad bf16), then 2·kpad floats of scratch */
         p->xb = (const uint16_t *)xp;
-        gemv_prepare_x_bf16(p, M, Mread, xp + Mread * p->kpad / 2);
+        gemv_prepare_x_bf16(p, M, Mread, xp + Mread * (size_t)p->bf16dp * p->kpad / 2);
         return;
     }
 #endif
@@ -723,7 +696,8 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
     }
 }
 
-/* bf16dp: 1 to run the bf16 dot-product blocks (the caller checked the ISA, the format and gemv_bf16_x_ok). */
+/* bf16dp: the parts of x for the bf16 dot-product blocks (1: bf16 x, the caller checked gemv_bf16_x_ok; 2: f16 x),
+ * 0 for the others; the caller checked the ISA and the format. */
 static qmm_status gemv_qmm_t(const qmm_call *call, int bf16dp) {
     const size_t M = call->M, N = call->N, K = call->K;
     const int threads = qmm_cpu_threads_for(call);
@@ -743,7 +717,7 @@ static qmm_status gemv_qmm_t(const qmm_call *call, int bf16dp) {
      * natural order that gemv_prepare_x_planes builds them from; or Mread rows of kpad bf16 in pair order and the
      * row in f32 (gemv_prepare_x_bf16). */
     const size_t Mread = gemv_rows_read(M);
-    const size_t xp_per_thread = plan.bf16dp   ? (Mread * plan.kpad / 2 + K + 15) / 16 * 16
+    const size_t xp_per_thread = plan.bf16dp   ? (Mread * (size_t)plan.bf16dp * plan.kpad / 2 + 2 * plan.kpad + 15) / 16 * 16
                                  : plan.planes ? (Mread + 1) * plan.xstride
                                                : Mpad * K;
     qmm_status status = QMM_OK;
@@ -790,10 +764,13 @@ cleanup:
 qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) { return gemv_qmm_t(call, 0); }
 
 #if GEMV_BF16DP
-/* The row cpu.qmm_t.gemv_bf16 (backend.c: bf16 x, 4-bit codes, AVX-512 BF16): the bf16 dot-product blocks, or the
- * table decode for a call whose x has a value under 2^-118 (gemv_bf16_x_ok). */
+/* The row cpu.qmm_t.gemv_bf16 (backend.c: bf16 or f16 x, 4-bit codes, AVX-512 BF16): the bf16 dot-product blocks —
+ * f16 x in two parts, which never meet a denormal (every part and product is a multiple of 2^-24); bf16 x in one, or
+ * the table decode for a call whose x has a value under 2^-118 (gemv_bf16_x_ok). */
 qmm_status QMM_ISA(qmm_cpu_gemv_bf16_qmm_t)(const qmm_call *call) {
-    return gemv_qmm_t(call, call->dtype == QMM_BF16 && call->bits == 4 && gemv_bf16_x_ok(call));
+    if (call->bits != 4) return gemv_qmm_t(call, 0);
+    if (call->dtype == QMM_F16) return gemv_qmm_t(call, 2);
+    return gemv_qmm_t(call, call->dtype == QMM_BF16 && gemv_bf16_x_ok(call));
 }
 #endif
 
