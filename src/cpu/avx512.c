@@ -160,11 +160,14 @@ typedef __m512i vh; /* 32 bf16 values, two per f32 lane */
  * permute reads only index bits 0–4, so the table is written twice (bit 4 is the high nibble's lowest bit in the
  * low lookup) and needs no mask. half = 1: only the first 16 bytes exist (the last chunk of a row whose K is an odd
  * number of 32s); they are loaded masked and the other codes are 0. Exact: bf16 holds every integer up to 256. */
+/* bf16(0) … bf16(15) in words 0–15 and again in 16–31: vpermw's table for a 4-bit code in index bits 0–3. */
+static inline __m512i v_bf16_codes4(void) {
+    return _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0,
+                            0x4080, 0x4040, 0x4000, 0x3F80, 0, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110,
+                            0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0);
+}
 static inline void v_decode4_bf16(const uint8_t *bytes, int half, vh *lo, vh *hi) {
-    const __m512i table = _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0,
-                                           0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0, 0x4170, 0x4160, 0x4150,
-                                           0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
-                                           0x4040, 0x4000, 0x3F80, 0);
+    const __m512i table = v_bf16_codes4();
     const __m256i b = half ? _mm256_maskz_loadu_epi8((__mmask32)0xFFFF, bytes) : _mm256_loadu_si256((const __m256i *)bytes);
     const __m512i words = _mm512_cvtepu8_epi16(b);
     *lo = _mm512_permutexvar_epi16(words, table);
@@ -198,10 +201,7 @@ static inline void v_bf16_deinterleave(const uint16_t *src, uint16_t *dst) {
  * v_decode4_bf16, the dword's upper word 0, which the table maps to bf16 0); v_pairs8_bf16: 32 8-bit codes from 32
  * bytes (int → f32 is exact, and so is its upper half as bf16: a code < 256 has at most 8 significant bits). */
 static inline vh v_pairs4_bf16(const uint8_t *bytes) {
-    const __m512i table = _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0,
-                                           0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0, 0x4170, 0x4160, 0x4150,
-                                           0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
-                                           0x4040, 0x4000, 0x3F80, 0);
+    const __m512i table = v_bf16_codes4();
     const __m512i dwords = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
     const __m512i lo = _mm512_permutexvar_epi16(dwords, table);
     const __m512i hi = _mm512_permutexvar_epi16(_mm512_srli_epi32(dwords, 4), table);

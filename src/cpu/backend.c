@@ -253,8 +253,8 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
  * A CPU gather row walks the call's expert blocks (src/core/gather.c: a maximal run of pairs with one
  * expert; one per used expert when rhs_indices is sorted) and computes each block as one qmm_t product on
  * the qmm_t row that the selector itself picks for that block among its ISA's rows (qmm_select_kernel over
- * the list below, in table order): the GEMV row for a block of M ≤ QMM_CPU_GEMV_MAX_M rows, the tiled row
- * above. No threshold is repeated here: a block gets exactly the row a plain qmm_t call of its shape gets.
+ * the list below, in table order): the GEMV row for a block of M ≤ QMM_CPU_GEMV_MAX_M rows (the bf16 GEMV row's
+ * own limits for bf16 and f16 x), the tiled row above. No threshold is repeated here: a block gets exactly the row a plain qmm_t call of its shape gets.
  *
  * Threads: blocks run in parallel, one thread each (dynamic schedule), when there are at least as many
  * blocks as threads and the whole gather is worth a team (QMM_CPU_PARALLEL_MIN_WORK); otherwise (fewer
@@ -425,7 +425,7 @@ CPU_GATHER(portable, portable_qmm_t_rows)
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     [ROW_QMM_T_GEMV_BF16_AVX512] = CPU_ROW("cpu.qmm_t.gemv_bf16.r8.avx512bf16", QMM_OP_QMM_T, "gemv", 8, 8, 64,
-            "M<=64, bf16/f16 x, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products (f16 x: head + tail), b·Σx split",
+            "bf16 x M<=64 / f16 x M=1, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products (f16: x as head + tail), b·Σx split",
             avx512bf16_gemv_qmm_t_supports, qmm_cpu_gemv_bf16_qmm_t_avx512, qmm_cpu_has_avx512bf16),
     [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
@@ -464,7 +464,7 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
             "x·Ŵ without AVX-512: weight rows decoded along N to f32, 6x16 YMM micro-kernel",
             avx2_qmm_n_supports, qmm_cpu_gemm_qmm_n_avx2, qmm_cpu_has_avx2, "fma-chain"),
     CPU_ROW("cpu.gather.blocks.avx512", QMM_OP_GATHER, "blocks", QMM_CPU_GEMV_MAX_M, 12, 256,
-            "MoE gather: per expert block the AVX-512 qmm_t row the selector picks (GEMV M<=16, else tiled), blocks on parallel threads",
+            "MoE gather: per expert block the AVX-512 qmm_t row the selector picks (a GEMV for small blocks, else tiled), blocks on parallel threads",
             avx512_gather_supports, avx512_gather_run, qmm_cpu_has_avx512),
     CPU_ROW("cpu.gather.blocks.avx2", QMM_OP_GATHER, "blocks", QMM_CPU_GEMV_MAX_M, 6, 256,
             "MoE gather without AVX-512: per expert block the AVX2 qmm_t row the selector picks, blocks on parallel threads",

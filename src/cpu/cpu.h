@@ -28,15 +28,16 @@
 #endif
 
 /* The widest instruction set the rows may use: what the CPU has, capped by the environment variable
- * QMM_CPU_MAX_ISA=avx2|portable (for running and testing the narrower rows on a wider CPU). */
-enum { QMM_CPU_ISA_PORTABLE = 0, QMM_CPU_ISA_AVX2 = 1, QMM_CPU_ISA_AVX512 = 2 };
+ * QMM_CPU_MAX_ISA=avx512|avx2|portable (for running and testing the narrower rows on a wider CPU; avx512: AVX-512
+ * without AVX512_BF16, as on Skylake-X and Ice Lake). */
+enum { QMM_CPU_ISA_PORTABLE = 0, QMM_CPU_ISA_AVX2 = 1, QMM_CPU_ISA_AVX512 = 2, QMM_CPU_ISA_AVX512BF16 = 3 };
 
 /* What the CPU and the OS support (the OS must save the wider register state: XCR0). */
 typedef struct qmm_cpu_features {
     int max_isa;                                      /* QMM_CPU_ISA_*: the QMM_CPU_MAX_ISA cap */
     bool avx, avx2, fma, f16c;                        /* cpuid + XCR0 bits 1–2 (XMM, YMM state) */
     bool avx512f, avx512bw, avx512vl, avx512dq;       /* cpuid + XCR0 bits 5–7 (opmask, ZMM state) */
-    bool avx512bf16;                                  /* cpuid leaf 7.1 (the bf16 GEMV row) */
+    bool avx512bf16;                                  /* cpuid leaf 7.1 (the two bf16 rows) */
     bool avx512vnni;                                  /* noted, not required by any row yet */
     bool os_ymm, os_zmm;                              /* XCR0 enables the YMM / ZMM state */
 } qmm_cpu_features;
@@ -49,7 +50,7 @@ const qmm_cpu_features *qmm_cpu_features_get(void);
  * ("this CPU lacks AVX-512BW", "the OS does not enable the ZMM register state (XCR0)"). */
 bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size);
 bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size);
-/* The AVX-512 rows' ISA plus AVX512_BF16 (vdpbf16ps), for the bf16 GEMV row. */
+/* The AVX-512 rows' ISA plus AVX512_BF16 (vdpbf16ps), for the two bf16 rows. */
 bool qmm_cpu_has_avx512bf16(char *why_not, size_t why_not_size);
 
 /* The CPU backend's per-context state (call->backend_state): the host threads its kernels use. */

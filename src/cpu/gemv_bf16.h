@@ -23,9 +23,9 @@
  * no denormal occurs: every such x is a multiple of 2^-125 (8 significant bits), so is every product with an integer
  * code, every exact sum of them, and every f32 rounding of such a sum (below 2^-101 the sum is representable, above it
  * f32's spacing is a multiple of 2^-125) — nonzero values are all ≥ 2^-125 > 2^-126, the smallest normal f32. Codes
- * are 0 or normal. Roundings per term: ≤ 3 in the part (4 products from 0), 1 in the scale FMA, ⌈K/64⌉ along acc,
- * then as gemv_block.h 1 adding the bias vector, log2(LANES) in the tree sum, 1 adding the bias tail: ≤ K + 2 for
- * every K ≥ 32 (slack 1; b·x as gemv_block.h, from the f32 Σx per group). A row of x whose products overflow gives a
+ * are 0 or normal. Roundings per term: ≤ 3 in the part (4 products from 0; 7 for an f16 x's 8), ⌈K/64⌉ along acc
+ * (each chunk's scale FMA), ⌈groups/LANES⌉ in the bias FMAs (GEMV_BIAS_AND_STORE), log2(LANES) in the tree sum: ≤ K + 2
+ * for every K ≥ 32 (slack 1; b·x as gemv_block.h, from the f32 Σx per group). A row of x whose products overflow gives a
  * non-finite acc, which the non-finite rule recomputes (gemv_store), as on every row.
  *
  * Whole chunks run in the main loop; when K is an odd number of 32s the last chunk has 16 bytes, loaded masked, with

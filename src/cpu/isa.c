@@ -67,7 +67,8 @@ const qmm_cpu_features *qmm_cpu_features_get(void) {
         /* QMM_CPU_MAX_ISA caps what the rows may use (read once, with cpuid), so that the AVX2 and portable
          * rows can be run and tested on a CPU that has more (either case: AVX2 too); an unknown value caps nothing. */
         const char *cap = getenv("QMM_CPU_MAX_ISA");
-        detected.max_isa = QMM_CPU_ISA_AVX512;
+        detected.max_isa = QMM_CPU_ISA_AVX512BF16;
+        if (cap && strcasecmp(cap, "avx512") == 0) detected.max_isa = QMM_CPU_ISA_AVX512;
         if (cap && strcasecmp(cap, "avx2") == 0) detected.max_isa = QMM_CPU_ISA_AVX2;
         if (cap && strcasecmp(cap, "portable") == 0) detected.max_isa = QMM_CPU_ISA_PORTABLE;
         features = detected;
@@ -112,6 +113,8 @@ bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size) {
 
 bool qmm_cpu_has_avx512bf16(char *why_not, size_t why_not_size) {
     if (!qmm_cpu_has_avx512(why_not, why_not_size)) return false;
+    if (qmm_cpu_features_get()->max_isa < QMM_CPU_ISA_AVX512BF16)
+        return refuse(why_not, why_not_size, "AVX512_BF16 is disabled by QMM_CPU_MAX_ISA=avx512");
     if (!qmm_cpu_features_get()->avx512bf16) return refuse(why_not, why_not_size, "this CPU lacks AVX512_BF16");
     return true;
 }

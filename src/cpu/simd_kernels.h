@@ -453,6 +453,7 @@ static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const 
         GEMV_BF16_CASE(2, 1)
         GEMV_BF16_CASE(4, 1)
         GEMV_BF16_CASE(8, 1)
+        return; /* every (R, NW) of the passes is above; never the f32 blocks on bf16 pairs */
     }
 #endif
 #if GEMV_PLANES
@@ -764,13 +765,16 @@ cleanup:
 qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) { return gemv_qmm_t(call, 0); }
 
 #if GEMV_BF16DP
+static qmm_status gemm_qmm_t(const qmm_call *call, int bf16);
+
 /* The row cpu.qmm_t.gemv_bf16 (backend.c: bf16 or f16 x, 4-bit codes, AVX-512 BF16): the bf16 dot-product blocks —
- * f16 x in two parts, which never meet a denormal (every part and product is a multiple of 2^-24); bf16 x in one, or
- * the table decode for a call whose x has a value under 2^-118 (gemv_bf16_x_ok). */
+ * f16 x in two parts, which never meet a denormal (every part and product is a multiple of 2^-24); bf16 x in one.
+ * A bf16 call whose x has a value under 2^-118 (gemv_bf16_x_ok) runs the f32 row the selector takes without this one:
+ * the table decode up to QMM_CPU_GEMV_MAX_M, the f32 tiles above (the same bits as those rows). */
 qmm_status QMM_ISA(qmm_cpu_gemv_bf16_qmm_t)(const qmm_call *call) {
-    if (call->bits != 4) return gemv_qmm_t(call, 0);
     if (call->dtype == QMM_F16) return gemv_qmm_t(call, 2);
-    return gemv_qmm_t(call, call->dtype == QMM_BF16 && gemv_bf16_x_ok(call));
+    if (gemv_bf16_x_ok(call)) return gemv_qmm_t(call, 1);
+    return call->M <= QMM_CPU_GEMV_MAX_M ? gemv_qmm_t(call, 0) : gemm_qmm_t(call, 0);
 }
 #endif
 

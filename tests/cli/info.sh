@@ -70,6 +70,12 @@ check "kernels: the reference rows are usable" out_matches "^  ref\.qmm_t\.scala
 # the environment, the cap is their reason).
 if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
   if grep -qE "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: yes " <<<"$OUT"; then
+    if grep -qE "^  cpu\.qmm_t\.gemv_bf16\.r8\.avx512bf16 .* usable: yes " <<<"$OUT"; then
+      QMM_CPU_MAX_ISA=avx512 q kernels --backend cpu
+      check "kernels, BF16 capped: the bf16 rows say why not" \
+        out_matches "^  cpu\.qmm_t\.gemm_bf16\.m32n12\.avx512bf16 .* usable: no: AVX512_BF16 is disabled by QMM_CPU_MAX_ISA=avx512 "
+      check "kernels, BF16 capped: the other AVX-512 rows stay usable" out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: yes "
+    fi
     QMM_CPU_MAX_ISA=avx2 q kernels --backend cpu
     check "kernels, AVX-512 capped: exit 0" rc_is 0
     check "kernels, AVX-512 capped: the AVX-512 rows say why not" \
@@ -84,7 +90,7 @@ if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
     check "kernels, AVX-512 capped as AVX2: no 'caps nothing' note" bash -c '! grep -q "caps nothing" <<<"$1"' _ "$OUT"
     QMM_CPU_MAX_ISA=avx-2 q kernels --backend cpu
     check "kernels, QMM_CPU_MAX_ISA=avx-2: the note says it caps nothing" \
-      out_has "note: QMM_CPU_MAX_ISA='avx-2' is neither 'avx2' nor 'portable' (in either case), so it caps nothing"
+      out_has "note: QMM_CPU_MAX_ISA='avx-2' is none of 'avx512', 'avx2', 'portable' (in either case), so it caps nothing"
   else
     check "kernels without AVX-512: the AVX-512 rows say what is missing" \
       out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: (this CPU lacks|the OS does not enable|this CPU is not x86|AVX-512 is disabled by QMM_CPU_MAX_ISA|AVX2 is disabled by QMM_CPU_MAX_ISA)"

@@ -330,6 +330,7 @@ int main(void) {
         printf("  %s\n", info.name);
     }
     run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemv.r8.avx512", 3);
+    run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemm.m32n12.avx512", 40);
     run_bf16_guard(context, &rng, "cpu.qmm_t.gemm_bf16.m32n12.avx512bf16", "cpu.qmm_t.gemm.m32n12.avx512", 37);
     qmm_context_destroy(context);
     return check_finish("test_cpu");

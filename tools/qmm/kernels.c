@@ -61,8 +61,9 @@ int cmd_kernels(const command *c, int argc, char **argv) {
     /* The library reads QMM_CPU_MAX_ISA silently (an unknown value caps nothing); say so here, where a typo
      * would otherwise test rows other than the ones meant. */
     const char *cap = getenv("QMM_CPU_MAX_ISA");
-    if (cap && strcasecmp(cap, "avx2") != 0 && strcasecmp(cap, "portable") != 0)
-        printf("note: QMM_CPU_MAX_ISA='%.64s%s' is neither 'avx2' nor 'portable' (in either case), so it caps nothing\n",
+    if (cap && strcasecmp(cap, "avx512") != 0 && strcasecmp(cap, "avx2") != 0 && strcasecmp(cap, "portable") != 0)
+        printf("note: QMM_CPU_MAX_ISA='%.64s%s' is none of 'avx512', 'avx2', 'portable' (in either case), so it caps "
+               "nothing\n",
                cap, strlen(cap) > 64 ? "…" : "");
     qmm_context *context = NULL;
     if (backend) {
