@@ -39,16 +39,7 @@ static void GEMV_PLANES_NAME(GR, GNW, GG)(const gemv_plan *p, const uint8_t *con
     for (size_t c = 0; c <= whole; c++) {
         vi v[GNW];
         if (c < whole) {
-            if (pf_stride) {
-                /* The line that starts in this chunk's bytes (chunk_bytes ≤ 64: at most one), GEMV_PF ahead;
-                 * past the row's end, the next block's row. */
-                const size_t at = c * chunk_bytes + GEMV_PF, line = (at + 63) & ~(size_t)63;
-                if (line < at + chunk_bytes) {
-                    const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
-#pragma GCC unroll 8
-                    for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
-                }
-            }
+            gemv_prefetch_chunk(rows, GNW, c, chunk_bytes, row_bytes, pf_stride);
 #pragma GCC unroll 8
             for (int w = 0; w < GNW; w++) v[w] = v_load_chunk(rows[w] + c * chunk_bytes);
         } else {

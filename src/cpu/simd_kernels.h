@@ -176,6 +176,19 @@ typedef struct gemv_plan {
         _Pragma("GCC unroll 16") for (int r = 0; r < (GR_); r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]); \
     }
 
+/* The prefetch of the chunked GEMV blocks (gemv_planes.h, gemv_bf16.h) for chunk c (chunk_bytes ≤ 64 bytes of each of
+ * the nw rows): the line that starts in the chunk's bytes, if one does, GEMV_PF ahead; past the row's end, the same
+ * place in the next block's row (pf_stride bytes on). pf_stride 0: none (gemv_run_block says when). */
+ALWAYS_INLINE void gemv_prefetch_chunk(const uint8_t *const *rows, int nw, size_t c, size_t chunk_bytes,
+                                       size_t row_bytes, size_t pf_stride) {
+    if (!pf_stride) return;
+    const size_t at = c * chunk_bytes + GEMV_PF, line = (at + 63) & ~(size_t)63;
+    if (line >= at + chunk_bytes) return;
+    const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
+#pragma GCC unroll 8
+    for (int w = 0; w < nw; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
+}
+
 /* A group's scale table from its scale: 4-bit codes are looked up in v_scale_table(s), 8-bit codes multiplied
  * by s (gemv_block.h). */
 #define make_table(s) (GFAST == 4 ? v_scale_table(v_set1(s)) : v_set1(s))

@@ -151,6 +151,27 @@ static peak_fn choose_peak(const char **name) {
 
 volatile float bench_sink; /* where the FMA loops' results go, so they are not optimised away */
 
+/* A peak loop on every thread at once, best of 3 runs: FLOP/s. */
+static double best_peak(peak_fn peak, long iterations) {
+    double best = 0.0;
+    for (int r = 0; r < 3; r++) {
+        double total = 0.0;
+        double start = now_seconds();
+#ifdef _OPENMP
+#pragma omp parallel reduction(+ : total)
+#endif
+        {
+            double flops = 0.0;
+            float value = peak(iterations, &flops);
+            if (value == 12345.0f) bench_sink = value; /* practically never; keeps the result live */
+            total += flops;
+        }
+        double seconds = now_seconds() - start;
+        if (seconds > 0 && total / seconds > best) best = total / seconds;
+    }
+    return best;
+}
+
 qmm_status bench_host_ceilings(int quick, bench_ceilings *c) {
     memset(c, 0, sizeof *c);
     int threads = bench_host_threads();
@@ -209,22 +230,7 @@ qmm_status bench_host_ceilings(int quick, bench_ceilings *c) {
     const char *isa;
     peak_fn peak = choose_peak(&isa);
     long iterations = quick ? 1000000L : 20000000L;
-    double best_flops = 0.0;
-    for (int r = 0; r < 3; r++) {
-        double total = 0.0;
-        double start = now_seconds();
-#ifdef _OPENMP
-#pragma omp parallel reduction(+ : total)
-#endif
-        {
-            double flops = 0.0;
-            float value = peak(iterations, &flops);
-            if (value == 12345.0f) bench_sink = value; /* practically never; keeps the result live */
-            total += flops;
-        }
-        double seconds = now_seconds() - start;
-        if (seconds > 0 && total / seconds > best_flops) best_flops = total / seconds;
-    }
+    const double best_flops = best_peak(peak, iterations);
     c->peak_gflops = best_flops / 1e9;
     snprintf(c->peak_method, sizeof c->peak_method,
              "f32 FMA loop, %s, register-resident accumulators, %d thread%s (%s), best of 3", isa, threads,
@@ -236,22 +242,7 @@ qmm_status bench_host_ceilings(int quick, bench_ceilings *c) {
     snprintf(c->peak_bf16_method, sizeof c->peak_bf16_method, "no bf16 dot-product instruction here: the f32 peak");
 #ifdef QMM_BENCH_X86
     if (__builtin_cpu_supports("avx512bf16")) {
-        double best_bf16 = 0.0;
-        for (int r = 0; r < 3; r++) {
-            double total = 0.0;
-            double start = now_seconds();
-#ifdef _OPENMP
-#pragma omp parallel reduction(+ : total)
-#endif
-            {
-                double flops = 0.0;
-                float value = bench_peak_avx512bf16(iterations, &flops);
-                if (value == 12345.0f) bench_sink = value;
-                total += flops;
-            }
-            double seconds = now_seconds() - start;
-            if (seconds > 0 && total / seconds > best_bf16) best_bf16 = total / seconds;
-        }
+        const double best_bf16 = best_peak(bench_peak_avx512bf16, iterations);
         if (best_bf16 / 1e9 > c->peak_gflops) {
             c->peak_bf16_gflops = best_bf16 / 1e9;
             snprintf(c->peak_bf16_method, sizeof c->peak_bf16_method,
