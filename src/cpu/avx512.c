@@ -1,7 +1,8 @@
 /*
  * avx512.c — the CPU kernels for AVX-512 F/BW/VL/DQ (16 f32 lanes, 32 ZMM registers), plus FMA and
  * F16C. Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c and nothing else
- * (CMakeLists.txt): run only after qmm_cpu_has_avx512(). This file defines the vector vocabulary of
+ * (CMakeLists.txt): run only after qmm_cpu_has_avx512(); the bf16 rows' functions add AVX512_BF16 by a target
+ * attribute (BF16DP_TARGET) and run only after qmm_cpu_has_avx512bf16(). This file defines the vector vocabulary of
  * simd_kernels.h for 512-bit registers; the algorithms are there.
  */
 #include "cpu.h"

@@ -586,8 +586,9 @@ static int gemv_prepare_x_planes(const gemv_plan *p, size_t M, size_t Mread) {
 
 #if GEMV_BF16DP
 /* Whether the bf16 dot-product blocks may multiply this call's x (gemv_bf16.h): every value ±0, ±inf, NaN or of
- * magnitude ≥ 2^-118 (biased exponent ≥ 9), so that vdpbf16ps meets no denormal. Realistic activations always are;
- * one smaller value sends the whole call to the table decode (exact for every x). */
+ * magnitude ≥ 2^-118 (biased exponent ≥ 9), so that vdpbf16ps meets no denormal (2^-119 would do, multiples of
+ * 2^-126; one binade of margin). Realistic activations always are; one smaller value sends the whole call to the f32
+ * rows (the caller says which). */
 static int gemv_bf16_x_ok(const qmm_call *call) {
     const uint16_t *x = call->x;
     const size_t count = call->M * call->K;
