@@ -6,8 +6,8 @@
  * Table order (the selector takes the first row that accepts a call, docs/kernels.md §4):
  *   1. GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M: decode and small prefill are bound by reading the weights;
  *      these read every weight byte once and reuse it for up to 8 rows of x in registers. The bf16 GEMV row
- *      (bf16 x, 4-bit codes, AVX-512 BF16, M ≤ QMM_CPU_GEMV_BF16_MAX_M) comes first: its dot products decode and
- *      multiply twice as fast.
+ *      (4-bit codes, AVX-512 BF16; bf16 x up to QMM_CPU_GEMV_BF16_MAX_M, f16 x up to QMM_CPU_GEMV_BF16_F16_MAX_M)
+ *      comes first: its dot products decode and multiply faster.
  *   1b. ordered GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M, in the tiled rows' order: after the GEMV rows, so the
  *      selector reaches them only in batch-invariant mode (which skips the GEMV rows: docs/kernels.md §11).
  *   2. tiled (gemm) rows, any M: above the crossover the FMA units bound the time; these decode a
@@ -254,7 +254,8 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
  * expert; one per used expert when rhs_indices is sorted) and computes each block as one qmm_t product on
  * the qmm_t row that the selector itself picks for that block among its ISA's rows (qmm_select_kernel over
  * the list below, in table order): the GEMV row for a block of M ≤ QMM_CPU_GEMV_MAX_M rows (the bf16 GEMV row's
- * own limits for bf16 and f16 x), the tiled row above. No threshold is repeated here: a block gets exactly the row a plain qmm_t call of its shape gets.
+ * own limits for bf16 and f16 x), the tiled row above. No threshold is repeated here: a block gets exactly the row
+ * a plain qmm_t call of its shape gets.
  *
  * Threads: blocks run in parallel, one thread each (dynamic schedule), when there are at least as many
  * blocks as threads and the whole gather is worth a team (QMM_CPU_PARALLEL_MIN_WORK); otherwise (fewer
