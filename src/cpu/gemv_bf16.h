@@ -10,7 +10,8 @@
  *   byte j = code 2j+1 : code 2j   ──▶   lo word j = bf16(code 2j)                 xlo word j = x(64c + 2j)
  *            (vpmovzxbw, vpermw)         hi word j = bf16(code 2j + 1)             xhi word j = x(64c + 2j + 1)
  *
- *   part[r][w] = dp(dp(0, lo, xlo[r]), hi, xhi[r])   (vdpbf16ps: lane i adds the 4 products of codes 4i … 4i + 3)
+ *   part[r][w] = dp(dp(0, lo, xlo[r]), hi, xhi[r])   (vdpbf16ps: lane i adds the 4 products of codes 4i … 4i + 3;
+ *                                                     GPARTS = 2, f16 x: then the same with the tail's xlo, xhi)
  *   acc[r][w] += part[r][w] · s_lanes               (the lane's group scale: G = 32 → lanes 0–7 one group, 8–15 the next)
  *
  * Per chunk and weight row: a zero-extension, a shift and two vpermw (shared by the rows of x), then two vdpbf16ps and
@@ -19,8 +20,9 @@
  *
  * Exact, by the bound of docs/kernels.md §6. Each product q·x is exact in f32 (4 and 8 significant bits). vdpbf16ps
  * reads denormal inputs as 0 and flushes denormal results to 0, whatever MXCSR says, which §6 does not cover; the
- * caller runs these blocks only when every x is ±0, non-finite or ≥ 2^-118 in magnitude (gemv_bf16_x_ok), and then
- * no denormal occurs: every such x is a multiple of 2^-125 (8 significant bits), so is every product with an integer
+ * caller runs these blocks for bf16 x only when every x is ±0, non-finite or ≥ 2^-118 in magnitude (gemv_bf16_x_ok;
+ * f16 x needs no check: it, its head and its tail are multiples of 2^-24, and the argument below holds with 2^-24), and
+ * then no denormal occurs: every such x is a multiple of 2^-125 (8 significant bits), so is every product with an integer
  * code, every exact sum of them, and every f32 rounding of such a sum (below 2^-101 the sum is representable, above it
  * f32's spacing is a multiple of 2^-125) — nonzero values are all ≥ 2^-125 > 2^-126, the smallest normal f32. Codes
  * are 0 or normal. Roundings per term: ≤ 3 in the part (4 products from 0; 7 for an f16 x's 8), ⌈K/64⌉ along acc
