@@ -48,8 +48,8 @@ bool qmm_kernel_accepts(const qmm_kernel *row, const qmm_call *call, char *why_n
     }
     if (call->batch_invariant && !row->info.batch_invariant_order) {
         snprintf(why_not, why_not_size,
-                 "kernel %s does not declare a batch-invariant order (its reduction order depends on M or on its "
-                 "tiling), so it refuses batch-invariant calls", row->info.name);
+                 "kernel %s does not declare a batch-invariant order (docs/kernels.md §11: which rows do, and why "
+                 "the others do not), so it refuses batch-invariant calls", row->info.name);
         return false;
     }
     if (why_not_size) why_not[0] = '\0';

@@ -80,8 +80,8 @@ static void test_selector(void) {
     EXPECT_PICK(pick(NULL, 1, true, "fake.x.tuned"), "fake.x.tuned");
     EXPECT_PICK(pick(NULL, 1, true, "fake.none"), "(error)");
     EXPECT_MESSAGE("forced kernel fake.none does not support this call (M=1, N=64, K=128, qmm_t, batch-invariant): "
-                   "kernel fake.none does not declare a batch-invariant order (its reduction order depends on M or on "
-                   "its tiling), so it refuses batch-invariant calls");
+                   "kernel fake.none does not declare a batch-invariant order (docs/kernels.md §11: which rows do, and "
+                   "why the others do not), so it refuses batch-invariant calls");
     EXPECT_PICK(pick(NULL, 1, true, "fake.y"), "(error)");
     EXPECT_MESSAGE("forced kernel fake.y reduces in batch-invariant order \"y\", but this call's order is \"x\" (that "
                    "of fake.x.small, the first row of the table that declares an order and accepts the call): mixing "
@@ -413,8 +413,9 @@ static void test_errors(qmm_context *context) {
     qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = "cpu.qmm_t.gemv.r8.avx512", .batch_invariant = 1};
     CHECK_STATUS(qmm_matmul(context, weights, x, 4, out, &options, NULL), QMM_ERR_UNSUPPORTED);
     EXPECT_MESSAGE("forced kernel cpu.qmm_t.gemv.r8.avx512 does not support this call (M=4, N=52, K=384, qmm_t, "
-                   "batch-invariant): kernel cpu.qmm_t.gemv.r8.avx512 does not declare a batch-invariant order (its "
-                   "reduction order depends on M or on its tiling), so it refuses batch-invariant calls");
+                   "batch-invariant): kernel cpu.qmm_t.gemv.r8.avx512 does not declare a batch-invariant order "
+                   "(docs/kernels.md §11: which rows do, and why the others do not), so it refuses batch-invariant "
+                   "calls");
     CHECK_STATUS(qmm_select(context, weights, 4, &options, &(qmm_kernel_info){0}), QMM_ERR_UNSUPPORTED);
     EXPECT_CONTAINS("does not declare a batch-invariant order");
     /* The same row without the option is fine wherever its ISA is there. */
