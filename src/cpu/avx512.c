@@ -156,17 +156,17 @@ static inline void v_load_words(const uint32_t *const *rows, size_t first, int c
 #define GEMV_BF16DP 1
 #define BF16DP_TARGET __attribute__((target("avx512bf16")))
 typedef __m512i vh; /* 32 bf16 values, two per f32 lane */
-/* A chunk's 64 codes as bf16: lo word j = code 2j (byte j's low nibble), hi word j = code 2j + 1 (its high nibble).
- * One zero-extension of the 32 bytes to words, then vpermw looks each word up in a table of bf16(0) … bf16(15); the
- * permute reads only index bits 0–4, so the table is written twice (bit 4 is the high nibble's lowest bit in the
- * low lookup) and needs no mask. half = 1: only the first 16 bytes exist (the last chunk of a row whose K is an odd
- * number of 32s); they are loaded masked and the other codes are 0. Exact: bf16 holds every integer up to 256. */
 /* bf16(0) … bf16(15) in words 0–15 and again in 16–31: vpermw's table for a 4-bit code in index bits 0–3. */
 static inline __m512i v_bf16_codes4(void) {
     return _mm512_set_epi16(0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0,
                             0x4080, 0x4040, 0x4000, 0x3F80, 0, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110,
                             0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0);
 }
+/* A chunk's 64 codes as bf16: lo word j = code 2j (byte j's low nibble), hi word j = code 2j + 1 (its high nibble).
+ * One zero-extension of the 32 bytes to words, then vpermw looks each word up in a table of bf16(0) … bf16(15); the
+ * permute reads only index bits 0–4, so the table is written twice (bit 4 is the high nibble's lowest bit in the
+ * low lookup) and needs no mask. half = 1: only the first 16 bytes exist (the last chunk of a row whose K is an odd
+ * number of 32s); they are loaded masked and the other codes are 0. Exact: bf16 holds every integer up to 256. */
 static inline void v_decode4_bf16(const uint8_t *bytes, int half, vh *lo, vh *hi) {
     const __m512i table = v_bf16_codes4();
     const __m256i b = half ? _mm256_maskz_loadu_epi8((__mmask32)0xFFFF, bytes) : _mm256_loadu_si256((const __m256i *)bytes);

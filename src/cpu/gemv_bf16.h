@@ -54,7 +54,7 @@ BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG, GPARTS)(const gemv_plan *p
         for (int w = 0; w < GNW; w++) acc[r][w] = v_zero();
     for (size_t c = 0; c < chunks; c++) {
         const int half = (c + 1) * chunk > K;
-        gemv_prefetch_chunk(rows, GNW, c, chunk_bytes, row_bytes, pf_stride);
+        gemv_prefetch(rows, GNW, c * chunk_bytes, chunk_bytes, row_bytes, pf_stride);
         /* x of row r, part j (0: x or its bf16 head; 1: an f16 x's tail), chunk c: xlo at xc(r, j), xhi 32 on */
 #define XC(r, j) (x0 + (size_t)(r) * xrow + (size_t)(j) * kpad + c * chunk)
 #if GEMV_BF16_X_IN_REGISTERS

@@ -38,15 +38,7 @@ static void GEMV_NAME(GR, GNW, GFAST)(const gemv_plan *p, const uint8_t *const *
     for (int w = 0; w < GNW; w++) next_table[w] = make_table(scales[(size_t)w * gstride]);
 #endif
     for (size_t g = 0; g < groups; g++) {
-        if (pf_stride) {
-            /* The lines that start in this group's bytes, GEMV_PF ahead (past the row's end: the next block). */
-            const size_t at = g * group_bytes + GEMV_PF;
-            for (size_t line = (at + 63) & ~(size_t)63; line < at + group_bytes; line += 64) {
-                const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
-#pragma GCC unroll 8
-                for (int w = 0; w < GNW; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
-            }
-        }
+        gemv_prefetch(rows, GNW, g * group_bytes, group_bytes, row_bytes, pf_stride);
         vf table[GNW];
 #if GEMV_PIPELINE_TABLES
         /* This group's tables were made during the previous group; make the next group's now, so that the

@@ -39,7 +39,7 @@ static void GEMV_PLANES_NAME(GR, GNW, GG)(const gemv_plan *p, const uint8_t *con
     for (size_t c = 0; c <= whole; c++) {
         vi v[GNW];
         if (c < whole) {
-            gemv_prefetch_chunk(rows, GNW, c, chunk_bytes, row_bytes, pf_stride);
+            gemv_prefetch(rows, GNW, c * chunk_bytes, chunk_bytes, row_bytes, pf_stride);
 #pragma GCC unroll 8
             for (int w = 0; w < GNW; w++) v[w] = v_load_chunk(rows[w] + c * chunk_bytes);
         } else {

@@ -34,7 +34,8 @@
 #define GEMV_PLANES 0
 #endif
 /* GEMV_BF16DP 1: the ISA file also defines the bf16 dot-product vocabulary (vh, BF16DP_TARGET, v_decode4_bf16,
- * v_load_bf16, v_dpbf16, v_bf16_deinterleave, v_chunk_scale_bf16) and the bf16 GEMV row uses it (gemv_bf16.h). */
+ * v_load_bf16, v_split_bf16, v_dpbf16, v_bf16_deinterleave, v_chunk_scale_bf16 for the bf16 GEMV row, gemv_bf16.h;
+ * v_pairs4_bf16, v_pairs8_bf16, v_broadcast_pair, v_store_pairs, v_pairs_to_f32 for the bf16 tiled row). */
 #ifndef GEMV_BF16DP
 #define GEMV_BF16DP 0
 #endif
@@ -47,8 +48,8 @@
 
 /* The GEMV blocks' software prefetch of the weights (GEMV_PF bytes ahead in each row) goes to L2, not L1: on Zen 4 a
  * block's 8 rows prefetched into L1 (prefetcht0) held one core to 10–11 GB/s of cold weights, against 22 GB/s that
- * the core reads alone; into L2 (prefetcht1) more lines are in flight at once, and the GEMV reads 1.1–1.3× faster
- * (docs/PERF.md, thirty-sixth session, CPU). The lines reach L1 when the block loads them, a few hundred ns later. */
+ * the core reads alone; into L2 (prefetcht1) more lines are in flight at once, and the GEMV takes 0.88–0.91× the time
+ * at M = 1 (docs/PERF.md, thirty-sixth session, CPU). The lines reach L1 when the block loads them. */
 #define GEMV_PF_HINT _MM_HINT_T1
 
 /* The decode path of a format: 4 and 8 read the packed words directly; any other width is first
@@ -176,17 +177,18 @@ typedef struct gemv_plan {
         _Pragma("GCC unroll 16") for (int r = 0; r < (GR_); r++) result[(size_t)r * ld + w] = v_hsum(acc[r][w]); \
     }
 
-/* The prefetch of the chunked GEMV blocks (gemv_planes.h, gemv_bf16.h) for chunk c (chunk_bytes ≤ 64 bytes of each of
- * the nw rows): the line that starts in the chunk's bytes, if one does, GEMV_PF ahead; past the row's end, the same
+/* The GEMV blocks' prefetch (gemv_block.h per group, gemv_planes.h and gemv_bf16.h per chunk) as a block reaches bytes
+ * [begin, begin + bytes) of each of its nw rows: the lines that start GEMV_PF further on; past the row's end, the same
  * place in the next block's row (pf_stride bytes on). pf_stride 0: none (gemv_run_block says when). */
-ALWAYS_INLINE void gemv_prefetch_chunk(const uint8_t *const *rows, int nw, size_t c, size_t chunk_bytes,
-                                       size_t row_bytes, size_t pf_stride) {
+ALWAYS_INLINE void gemv_prefetch(const uint8_t *const *rows, int nw, size_t begin, size_t bytes, size_t row_bytes,
+                                 size_t pf_stride) {
     if (!pf_stride) return;
-    const size_t at = c * chunk_bytes + GEMV_PF, line = (at + 63) & ~(size_t)63;
-    if (line >= at + chunk_bytes) return;
-    const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
+    const size_t at = begin + GEMV_PF;
+    for (size_t line = (at + 63) & ~(size_t)63; line < at + bytes; line += 64) {
+        const size_t ahead = line < row_bytes ? line : line - row_bytes + pf_stride;
 #pragma GCC unroll 8
-    for (int w = 0; w < nw; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
+        for (int w = 0; w < nw; w++) _mm_prefetch((const char *)rows[w] + ahead, GEMV_PF_HINT);
+    }
 }
 
 /* A group's scale table from its scale: 4-bit codes are looked up in v_scale_table(s), 8-bit codes multiplied
@@ -475,6 +477,7 @@ static void gemv_dispatch(const gemv_plan *p, const uint8_t *const *rows, const 
         GEMV_PLANES_CASE(2, PLANES_NW_2)
         GEMV_PLANES_CASE(1, 1)
         GEMV_PLANES_CASE(2, 1)
+        return; /* every (R, NW) of the passes is above; never the table blocks on x in plane order */
     }
 #endif
     GEMV_CASE(1, GEMV_NW_1)
