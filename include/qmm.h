@@ -743,7 +743,11 @@ typedef enum qmm_gguf_type {
     QMM_GGUF_F16 = 1,
     QMM_GGUF_Q4_0 = 2,
     QMM_GGUF_Q4_1 = 3,
+    QMM_GGUF_Q5_0 = 6,
+    QMM_GGUF_Q5_1 = 7,
     QMM_GGUF_Q8_0 = 8,
+    QMM_GGUF_Q4_K = 12,
+    QMM_GGUF_Q5_K = 13,
     QMM_GGUF_BF16 = 30,
 } qmm_gguf_type;
 
@@ -754,7 +758,7 @@ typedef struct qmm_gguf_tensor_info {
     int ndim;
     int64_t shape[QMM_MAX_DIMS]; /* row-major (GGUF's ne[] reversed: shape[ndim-1] = ne[0]) */
     size_t nbytes;
-    int importable; /* 1 for F32, F16, BF16, Q4_0, Q4_1, Q8_0 */
+    int importable; /* 1 for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K */
 } qmm_gguf_tensor_info;
 
 /* Maps and validates a GGUF v2/v3 file: magic, version, counts bounded by file size, strings and
@@ -772,17 +776,24 @@ qmm_status qmm_gguf_find(const qmm_gguf *file, const char *name, size_t *index);
 /* A string metadata value (e.g. "general.architecture"), or NULL. */
 const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);
 
-/* Imports tensor `index` exactly (the conversions are MLX's GGUF loader's, mlx/io/gguf_quants.cpp):
+/* Imports tensor `index` exactly: for every weight, ggml's dequantize_row_* value is round_f32(s·q + b) of
+ * the imported code q, scale s and bias b (one rounding of the exact real number, none for Q4_0/Q5_0/Q8_0):
  *   F32/F16/BF16 → *float_tensor of the same dtype and row-major shape (*is_quantized = 0);
- *   Q4_0 → 4-bit gs32, scale d, bias −8d;  Q4_1 → 4-bit gs32, scale d, bias m;
- *   Q8_0 → 8-bit gs32, scale d, bias −128d, q = int8 XOR 0x80   (→ *matrix, *is_quantized = 1;
- *   rows = product of the leading dims, cols = the last; scales and biases F16 as in MLX's loader).
+ *   Q4_0 → 4-bit gs32, scale d, bias −8d;    Q4_1 → 4-bit gs32, scale d, bias m;
+ *   Q5_0 → 5-bit gs32, scale d, bias −16d;   Q5_1 → 5-bit gs32, scale d, bias m;
+ *   Q8_0 → 8-bit gs32, scale d, bias −128d, q = int8 XOR 0x80   (scales and biases F16, as MLX's loader,
+ *          mlx/io/gguf_quants.cpp, gives them for Q4_0/Q4_1/Q8_0);
+ *   Q4_K → 4-bit gs32, Q5_K → 5-bit gs32, each 256-weight super-block's 8 sub-blocks as 8 groups with
+ *          scale d·sc and bias −dmin·m in F32 (exact there, not in f16: d·sc has up to 17 significant bits;
+ *          MLX's loader dequantizes these types to f16 instead), so x and out of a product are F32;
+ *   (→ *matrix, *is_quantized = 1; rows = product of the leading dims, cols = the last).
  * The arrays, and float_tensor->name, are heap copies owned by the caller (valid after qmm_gguf_close):
  * release them with qmm_gguf_import_free.
- * GGUF blocks store elements j and j+16 in one byte; MLX order is sequential and is restored.
- * Errors: QMM_ERR_UNSUPPORTED naming the type (K-quants, IQ types, ...), QMM_ERR_SHAPE (a quantized
- * tensor whose row length is not a multiple of 32), QMM_ERR_NUMERIC (−8d or −128d not finite in
- * f16), QMM_ERR_OUT_OF_MEMORY. */
+ * GGUF blocks store elements j and j+16 (K-quants: sub-blocks 2i and 2i+1) in one byte; MLX order is
+ * sequential and is restored.
+ * Errors: QMM_ERR_UNSUPPORTED naming the type (Q2_K, Q3_K and Q6_K, whose 16-weight sub-blocks have their own
+ * scales, IQ types, ...), QMM_ERR_SHAPE (a quantized tensor whose row length is not a multiple of its block:
+ * 32, or 256 for K-quants), QMM_ERR_NUMERIC (−8d, −16d or −128d not finite in f16), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
                            qmm_tensor *float_tensor);
 /* Frees what qmm_gguf_import allocated: the matrix's w/scales/biases, the float tensor's data and name

@@ -1,6 +1,6 @@
 /*
  * gguf.c — GGUF v2/v3 reading (mmap + a fully bounds-checked header walk) and exact import of F32,
- * F16, BF16, Q4_0, Q4_1 and Q8_0 tensors into the MLX affine format (DESIGN.md §1).
+ * F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K tensors into the MLX affine format (DESIGN.md §1).
  *
  * File layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md), all little-endian:
  *   "GGUF" | u32 version | u64 tensor_count | u64 metadata_kv_count
@@ -9,14 +9,19 @@
  *   padding to general.alignment (default 32), then the data area; offsets are relative to it.
  * ne[0] is the fastest-moving dimension (a row); qmm's row-major shape is ne reversed.
  *
- * Block formats imported (ggml-common.h block_q4_0 / block_q4_1 / block_q8_0), 32 weights per block:
- *   Q4_0: f16 d | 16 bytes      w = d·(q − 8)
- *   Q4_1: f16 d | f16 m | 16 B  w = d·q + m
- *   Q8_0: f16 d | 32 × int8     w = d·i
- * In the 4-bit blocks byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
- * MLX affine w = s·q + b with q unsigned, so Q4_0 → s = d, b = −8d; Q8_0 → q = i + 128 (= byte XOR
- * 0x80), s = d, b = −128d; Q4_1 → s = d, b = m — each exact (same as mlx/io/gguf_quants.cpp, whose
- * f16 scales/biases qmm reproduces bit for bit).
+ * Block formats imported (ggml-common.h block_q4_0 … block_q8_0), 32 weights per block:
+ *   Q4_0: f16 d | 16 bytes                 w = d·(q − 8)
+ *   Q4_1: f16 d | f16 m | 16 B             w = d·q + m
+ *   Q5_0: f16 d | u32 qh | 16 B            w = d·(q − 16)
+ *   Q5_1: f16 d | f16 m | u32 qh | 16 B    w = d·q + m
+ *   Q8_0: f16 d | 32 × int8                w = d·i
+ * In the 4- and 5-bit blocks byte j holds weight j in its low nibble and weight j + 16 in its high nibble;
+ * bit j of qh is bit 4 of weight j. MLX affine w = s·q + b with q unsigned, so Q4_0 → s = d, b = −8d;
+ * Q5_0 → s = d, b = −16d; Q8_0 → q = i + 128 (= byte XOR 0x80), s = d, b = −128d; Q4_1/Q5_1 → s = d, b = m,
+ * all in f16 (for Q4_0/Q4_1/Q8_0 what mlx/io/gguf_quants.cpp gives, bit for bit).
+ * K-quants (256-weight super-blocks of 8 sub-blocks of 32, w = d·sc·q − dmin·m): see import_k_block; they
+ * import with f32 scales and biases. Q2_K, Q3_K and Q6_K (16-weight sub-blocks) and the codebook types
+ * (IQ*, MXFP4, ...) have no exact affine group-of-32 form and are refused.
  */
 #include "io_internal.h"
 
@@ -88,9 +93,35 @@ static const ggml_type_traits *type_traits(uint32_t type) {
     return &ggml_types[type];
 }
 
+/* The MLX bit width of an importable quantized GGUF type (0: not one). */
+static int import_bits(uint32_t type) {
+    switch (type) {
+    case QMM_GGUF_Q4_0:
+    case QMM_GGUF_Q4_1:
+    case QMM_GGUF_Q4_K: return 4;
+    case QMM_GGUF_Q5_0:
+    case QMM_GGUF_Q5_1:
+    case QMM_GGUF_Q5_K: return 5;
+    case QMM_GGUF_Q8_0: return 8;
+    default: return 0;
+    }
+}
+
 static bool importable_type(uint32_t type) {
-    return type == QMM_GGUF_F32 || type == QMM_GGUF_F16 || type == QMM_GGUF_BF16 || type == QMM_GGUF_Q4_0 ||
-           type == QMM_GGUF_Q4_1 || type == QMM_GGUF_Q8_0;
+    return type == QMM_GGUF_F32 || type == QMM_GGUF_F16 || type == QMM_GGUF_BF16 || import_bits(type) != 0;
+}
+
+#define IMPORTABLE_TYPES "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K"
+
+/* Why a type qmm knows cannot be imported exactly (appended to the refusal), or "". */
+static const char *unsupported_why(uint32_t type) {
+    switch (type) {
+    case 10: /* Q2_K */
+    case 11: /* Q3_K */
+    case 14: /* Q6_K */
+        return ": its sub-blocks of 16 weights have scales of their own, and an MLX group holds 32, 64 or 128";
+    default: return "";
+    }
 }
 
 typedef struct gguf_kv {
@@ -535,35 +566,57 @@ void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor) {
     }
 }
 
-/* One 32-weight block → 4 (bits 4) or 8 (bits 8) packed words, with its f16 scale and bias. The
- * packed words are MLX's LSB-first stream: word t holds codes [32t/bits, 32(t+1)/bits). */
-static void import_block(uint32_t type, const uint8_t *block, uint32_t *words, uint16_t *scale, uint16_t *bias) {
-    uint8_t codes[32];
-    uint16_t d = qmm_le16(block);
+/* One 32-weight block → its 32 codes in MLX (sequential) order and the f16 bits of its scale and bias. */
+static void import_block(uint32_t type, const uint8_t *block, uint8_t codes[32], uint16_t *scale, uint16_t *bias) {
+    const uint16_t d = qmm_le16(block);
     *scale = d;
     if (type == QMM_GGUF_Q8_0) {
         /* int8 i ∈ [−128, 127] → unsigned q = i + 128, which is the byte with its top bit flipped. */
         for (int j = 0; j < 32; j++)
             codes[j] = block[2 + j] ^ 0x80;
-        for (int t = 0; t < 8; t++)
-            words[t] = (uint32_t)codes[4 * t] | ((uint32_t)codes[4 * t + 1] << 8) | ((uint32_t)codes[4 * t + 2] << 16) |
-                       ((uint32_t)codes[4 * t + 3] << 24);
         /* −128·d is exact in f32 and rounds to f16 exactly unless it overflows (checked by the caller). */
         *bias = qmm_f32_to_f16(-128.0f * qmm_f16_to_f32(d));
         return;
     }
-    const uint8_t *nibbles = block + (type == QMM_GGUF_Q4_1 ? 4 : 2);
+    /* Q4_x: f16 d [| f16 m] | 16 B;  Q5_x: f16 d [| f16 m] | u32 qh | 16 B, bit j of qh = bit 4 of code j. */
+    const bool has_min = type == QMM_GGUF_Q4_1 || type == QMM_GGUF_Q5_1;
+    const bool five = type == QMM_GGUF_Q5_0 || type == QMM_GGUF_Q5_1;
+    const uint8_t *after_d = block + (has_min ? 4 : 2);
+    const uint32_t qh = five ? qmm_le32(after_d) : 0;
+    const uint8_t *nibbles = after_d + (five ? 4 : 0);
     for (int j = 0; j < 16; j++) {
-        codes[j] = nibbles[j] & 0x0F;    /* element j: low nibble */
-        codes[j + 16] = nibbles[j] >> 4; /* element j + 16: high nibble of the same byte */
+        codes[j] = (uint8_t)((nibbles[j] & 0x0F) | ((qh >> j) & 1) << 4);       /* element j: low nibble */
+        codes[j + 16] = (uint8_t)((nibbles[j] >> 4) | ((qh >> (j + 16)) & 1) << 4); /* j + 16: high nibble */
     }
-    for (int t = 0; t < 4; t++) {
-        uint32_t word = 0;
-        for (int i = 0; i < 8; i++)
-            word |= (uint32_t)codes[8 * t + i] << (4 * i);
-        words[t] = word;
+    /* w = d·(q − 8) or d·(q − 16): the bias −8d / −16d is exact in f32 and in f16 unless it overflows. */
+    *bias = has_min ? qmm_le16(block + 2) : qmm_f32_to_f16((five ? -16.0f : -8.0f) * qmm_f16_to_f32(d));
+}
+
+/* One 256-weight K-quant super-block (Q4_K, Q5_K) → its 256 codes in MLX order and the f32 scale and bias of
+ * each of its 8 sub-blocks of 32 (ggml-common.h block_q4_K / block_q5_K; ggml-quants.c get_scale_min_k4):
+ *   Q4_K: f16 d | f16 dmin | 12 B scales | 128 B qs;  Q5_K: the same with 32 B qh before qs.
+ * Sub-block g has a 6-bit scale sc and min m: bytes 0–3 hold sc 0–3 (low 6 bits) and the top 2 bits of sc 4–7,
+ * bytes 4–7 the same for m, bytes 8–11 the low 4 bits of sc 4–7 (low nibble) and m 4–7 (high nibble).
+ * Its codes are the low (g even) or high (g odd) nibbles of qs[32·(g/2) …], Q5_K adding bit g of qh[l] as bit 4.
+ * ggml computes w = (d·sc)·q − dmin·m in f32; d·sc (11 + 6 significant bits) and dmin·m are exact in f32, so
+ * scale = d·sc and bias = −(dmin·m) give the same value and the same single rounding. */
+static void import_k_block(uint32_t type, const uint8_t *block, uint8_t codes[256], float scales[8],
+                           float biases[8]) {
+    const float d = qmm_f16_to_f32(qmm_le16(block)), dmin = qmm_f16_to_f32(qmm_le16(block + 2));
+    const uint8_t *packed = block + 4;
+    const uint8_t *qh = block + 16;
+    const uint8_t *qs = block + (type == QMM_GGUF_Q5_K ? 48 : 16);
+    for (int g = 0; g < 8; g++) {
+        const unsigned sc = g < 4 ? packed[g] & 63u : (packed[g + 4] & 0x0Fu) | (unsigned)(packed[g - 4] >> 6) << 4;
+        const unsigned m = g < 4 ? packed[g + 4] & 63u : (unsigned)(packed[g + 4] >> 4) | (unsigned)(packed[g] >> 6) << 4;
+        scales[g] = d * (float)sc;
+        biases[g] = -(dmin * (float)m);
+        for (int l = 0; l < 32; l++) {
+            unsigned q = (qs[32 * (g / 2) + l] >> (4 * (g % 2))) & 0x0Fu;
+            if (type == QMM_GGUF_Q5_K) q |= ((qh[l] >> g) & 1u) << 4;
+            codes[32 * g + l] = (uint8_t)q;
+        }
     }
-    *bias = type == QMM_GGUF_Q4_1 ? qmm_le16(block + 2) : qmm_f32_to_f16(-8.0f * qmm_f16_to_f32(d));
 }
 
 static bool f16_finite(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
@@ -602,28 +655,30 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
         float_tensor->nbytes = t->nbytes;
         return QMM_OK;
     }
-    if (t->type != QMM_GGUF_Q4_0 && t->type != QMM_GGUF_Q4_1 && t->type != QMM_GGUF_Q8_0)
+    const int bits = import_bits(t->type);
+    if (!bits)
         return qmm_error(QMM_ERR_UNSUPPORTED,
-                         "GGUF tensor \"%s\" has type %s, which qmm cannot import (importable: F32, F16, BF16, Q4_0, "
-                         "Q4_1, Q8_0)",
-                         printable, t->type_name);
+                         "GGUF tensor \"%s\" has type %s, which qmm cannot import (importable: " IMPORTABLE_TYPES ")%s",
+                         printable, t->type_name, unsupported_why(t->type));
 
+    const ggml_type_traits *traits = type_traits(t->type);
+    const bool k_quant = traits->block == 256; /* f32 scales and biases, 8 groups per block */
     size_t cols = t->ndim > 0 ? (size_t)t->shape[t->ndim - 1] : 1;
-    if (cols % 32 != 0 || cols == 0)
-        return qmm_error(QMM_ERR_SHAPE, "GGUF tensor \"%s\" (%s): row length %zu is not a positive multiple of 32",
-                         printable, t->type_name, cols);
+    if (cols % traits->block != 0 || cols == 0)
+        return qmm_error(QMM_ERR_SHAPE,
+                         "GGUF tensor \"%s\" (%s): row length %zu is not a positive multiple of %u (the block size)",
+                         printable, t->type_name, cols, traits->block);
     size_t rows = t->elements / cols;
     if (rows == 0) return qmm_error(QMM_ERR_SHAPE, "GGUF tensor \"%s\" (%s) has no rows", printable, t->type_name);
-    int bits = t->type == QMM_GGUF_Q8_0 ? 8 : 4;
-    size_t block_bytes = type_traits(t->type)->bytes;
-    size_t blocks = rows * (cols / 32);    /* = elements / 32, no overflow */
-    size_t words_per_block = (size_t)bits; /* 32 codes × bits / 32 */
-    size_t w_bytes, s_bytes;
-    if (!qmm_mul_size(blocks, words_per_block * 4, &w_bytes) || !qmm_mul_size(blocks, 2, &s_bytes))
+    const size_t groups_per_block = traits->block / 32;
+    const size_t blocks = t->elements / traits->block; /* whole rows of whole blocks */
+    const size_t groups = blocks * groups_per_block, scale_size = k_quant ? sizeof(float) : sizeof(uint16_t);
+    size_t w_bytes, s_bytes; /* each 32-weight group packs into exactly `bits` words */
+    if (!qmm_mul_size(groups, (size_t)bits * 4, &w_bytes) || !qmm_mul_size(groups, scale_size, &s_bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "GGUF tensor \"%s\": imported sizes overflow size_t", printable);
     uint32_t *w = malloc(w_bytes);
-    uint16_t *scales = malloc(s_bytes);
-    uint16_t *biases = malloc(s_bytes);
+    void *scales = malloc(s_bytes);
+    void *biases = malloc(s_bytes);
     qmm_status status = QMM_OK;
     if (!w || !scales || !biases) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes to import \"%s\"", w_bytes + 2 * s_bytes,
@@ -631,21 +686,31 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
         goto cleanup;
     }
     for (size_t b = 0; b < blocks; b++) {
-        import_block(t->type, data + b * block_bytes, w + b * words_per_block, &scales[b], &biases[b]);
-        if (t->type != QMM_GGUF_Q4_1 && !f16_finite(biases[b])) {
-            size_t per_row = cols / 32;
-            status =
-                qmm_error(QMM_ERR_NUMERIC,
-                          "GGUF tensor \"%s\" (%s): row %zu block %zu has d=%g, so the bias −%d·d is not finite in f16",
-                          printable, t->type_name, b / per_row, b % per_row, (double)qmm_f16_to_f32(scales[b]),
-                          bits == 8 ? 128 : 8);
-            goto cleanup;
+        const uint8_t *block = data + b * traits->bytes;
+        const size_t g0 = b * groups_per_block;
+        uint8_t codes[256];
+        if (k_quant) {
+            import_k_block(t->type, block, codes, (float *)scales + g0, (float *)biases + g0);
+        } else {
+            uint16_t *scale = (uint16_t *)scales + g0, *bias = (uint16_t *)biases + g0;
+            import_block(t->type, block, codes, scale, bias);
+            if (t->type != QMM_GGUF_Q4_1 && t->type != QMM_GGUF_Q5_1 && !f16_finite(*bias)) {
+                const size_t per_row = cols / 32;
+                status = qmm_error(QMM_ERR_NUMERIC,
+                                   "GGUF tensor \"%s\" (%s): row %zu block %zu has d=%g, so the bias −%d·d is not "
+                                   "finite in f16",
+                                   printable, t->type_name, b / per_row, b % per_row, (double)qmm_f16_to_f32(*scale),
+                                   bits == 8 ? 128 : bits == 5 ? 16 : 8);
+                goto cleanup;
+            }
         }
+        for (size_t g = 0; g < groups_per_block; g++)
+            if ((status = qmm_pack(codes + 32 * g, 1, 32, bits, w + (g0 + g) * (size_t)bits)) != QMM_OK) goto cleanup;
     }
     matrix->w = w;
     matrix->scales = scales;
     matrix->biases = biases;
-    matrix->dtype = QMM_F16;
+    matrix->dtype = k_quant ? QMM_F32 : QMM_F16;
     matrix->rows = rows;
     matrix->cols = cols;
     matrix->bits = bits;
@@ -692,10 +757,10 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
         chosen++;
         if (!importable_type(t->type)) {
             status = qmm_error(QMM_ERR_UNSUPPORTED,
-                               "%s: tensor \"%s\" has type %s, which qmm cannot import (importable: F32, F16, BF16, "
-                               "Q4_0, Q4_1, Q8_0); nothing was written",
+                               "%s: tensor \"%s\" has type %s, which qmm cannot import (importable: " IMPORTABLE_TYPES
+                               ")%s; nothing was written",
                                gguf_path, qmm_printable(t->name, strlen(t->name), printable, sizeof printable),
-                               t->type_name);
+                               t->type_name, unsupported_why(t->type));
             goto cleanup;
         }
     }

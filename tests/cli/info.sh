@@ -54,6 +54,21 @@ expect_ok "run on the converted GGUF" run "$WORK/tiny"
 check "converted: 1 layer within bound" out_has "1 layers, all within bound"
 check "converted: random x" out_matches "^w +16×2×32 +4-bit gs32 f16 .* random x$"
 
+# K-quants and Q5_x (tests/fuzz/corpus/gguf/kquants.gguf, written by llama.cpp's gguf-py): listed with their
+# MLX form, converted, and run within the bound with f32 x for the f32-scaled K-quant layers.
+KQ=$SRC/tests/fuzz/corpus/gguf/kquants.gguf
+expect_ok "info kquants.gguf" info "$KQ"
+check "gguf: Q4_K as 4-bit gs32 f32" out_matches "q4_k\.weight +Q4_K +\[2, 256\] +yes: 4-bit gs32 f32$"
+check "gguf: Q5_K as 5-bit gs32 f32" out_matches "q5_k\.weight +Q5_K +\[1, 512\] +yes: 5-bit gs32 f32$"
+check "gguf: Q5_0 as 5-bit gs32 f16" out_matches "q5_0\.weight +Q5_0 +\[2, 64\] +yes: 5-bit gs32 f16 \(bias -16d\)$"
+check "gguf: Q5_1 as 5-bit gs32 f16" out_matches "q5_1\.weight +Q5_1 +\[1, 96\] +yes: 5-bit gs32 f16$"
+check "gguf: all 4 importable" out_has "4 of 4 tensors importable"
+expect_ok "convert kquants.gguf" convert "$KQ" "$WORK/kq"
+check "convert: 4 layers" out_matches "4 quantized layers$"
+expect_ok "run on the converted K-quants" run "$WORK/kq"
+check "K-quants: 4 layers within bound" out_has "4 layers, all within bound"
+check "K-quants: Q4_K layer f32" out_matches "^blk\.0\.q4_k +16×2×256 +4-bit gs32 f32 "
+
 # the kernel listing: every backend, its rows in selector order, the reference rows last
 expect_ok "qmm kernels" kernels
 check "kernels: the ref backend's four rows" out_matches "^backend ref: 4 kernels"

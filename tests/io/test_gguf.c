@@ -93,23 +93,40 @@ static gguf_builder builder_make(void) {
     return b;
 }
 
-/* Random blocks of a quantized type: f16 scales in ±[0.001, 0.1), Q4_1 mins in [−1, 1), random codes. */
-static size_t block_bytes(uint32_t type) { return type == 2 ? 18 : type == 3 ? 20 : 34; }
+/* ggml type numbers of the quantized types imported. */
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13 };
 
+static size_t block_bytes(uint32_t type) {
+    switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    default: return 34; /* Q8_0 */
+    }
+}
+static size_t block_weights(uint32_t type) { return type == Q4_K || type == Q5_K ? 256 : 32; }
+static bool has_min(uint32_t type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
+
+static void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* Random blocks of a quantized type: f16 d in ±[0.001, 0.1), mins (Q4_1/Q5_1 m, K-quant dmin) in [−1, 1),
+ * every other byte (codes, qh, the K-quants' packed 6-bit scales and mins) random. */
 static uint8_t *random_blocks(check_rng *rng, uint32_t type, size_t blocks) {
     size_t size = block_bytes(type);
     uint8_t *data = malloc(blocks * size);
     for (size_t i = 0; i < blocks; i++) {
         uint8_t *block = data + i * size;
         float d = check_rng_uniform(rng, 0.001f, 0.1f) * ((check_rng_next(rng) & 1) ? -1.0f : 1.0f);
-        uint16_t dh = qmm_f32_to_f16(d);
-        block[0] = (uint8_t)dh;
-        block[1] = (uint8_t)(dh >> 8);
+        put16(block, qmm_f32_to_f16(d));
         size_t at = 2;
-        if (type == 3) {
-            uint16_t mh = qmm_f32_to_f16(check_rng_uniform(rng, -1.0f, 1.0f));
-            block[2] = (uint8_t)mh;
-            block[3] = (uint8_t)(mh >> 8);
+        if (has_min(type)) {
+            put16(block + 2, qmm_f32_to_f16(check_rng_uniform(rng, -1.0f, 1.0f)));
             at = 4;
         }
         for (; at < size; at++)
@@ -118,26 +135,70 @@ static uint8_t *random_blocks(check_rng *rng, uint32_t type, size_t blocks) {
     return data;
 }
 
+/* ggml-quants.c get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 packed bytes. */
+static void scale_min_k4(int j, const uint8_t *q, unsigned *sc, unsigned *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
 /* GGUF's own view of block element j: the unsigned code qmm must produce and the dequantized value
- * (ggml dequantize_row_q4_0/q4_1/q8_0 in f64: exact, as every product and sum here is). */
-static void gguf_element(uint32_t type, const uint8_t *block, int j, uint32_t *code, double *value) {
+ * (ggml dequantize_row_q4_0 … q5_K followed step by step in f64: exact, as every product and sum here is),
+ * and for the K-quants the f32 scale d·sc and bias −dmin·m of the element's sub-block. */
+static void gguf_element(uint32_t type, const uint8_t *block, int j, uint32_t *code, double *value, float *k_scale,
+                         float *k_bias) {
     double d = qmm_f16_to_f32(le16(block));
-    if (type == 8) {
+    if (type == Q8_0) {
         int8_t i = (int8_t)block[2 + j];
         *code = (uint32_t)(i + 128);
         *value = d * i;
         return;
     }
-    const uint8_t *qs = block + (type == 3 ? 4 : 2);
+    if (type == Q4_K || type == Q5_K) {
+        /* for (j = 0; j < 256; j += 64): sub-blocks is, is + 1 take the low and high nibbles of 32 bytes. */
+        const double dmin = qmm_f16_to_f32(le16(block + 2));
+        const uint8_t *scales = block + 4, *qh = block + 16, *ql = block + (type == Q5_K ? 48 : 16);
+        const int pair = j / 64, high = (j % 64) / 32, l = j % 32, is = 2 * pair + high;
+        unsigned sc, m;
+        scale_min_k4(is, scales, &sc, &m);
+        uint32_t q = high ? ql[32 * pair + l] >> 4 : ql[32 * pair + l] & 0xF;
+        if (type == Q5_K) {
+            const uint8_t u = (uint8_t)(1u << (2 * pair + high)); /* u1 = 1, 4, 16, 64; u2 = 2, 8, 32, 128 */
+            q += (qh[l] & u) ? 16 : 0;
+        }
+        *code = q;
+        *value = d * sc * q - dmin * m;
+        *k_scale = (float)(d * sc);
+        *k_bias = (float)-(dmin * m);
+        return;
+    }
+    const bool five = type == Q5_0 || type == Q5_1;
+    const uint8_t *qs = block + (has_min(type) ? 4 : 2) + (five ? 4 : 0);
     uint32_t q = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+    if (five) {
+        uint32_t qh;
+        memcpy(&qh, block + (has_min(type) ? 4 : 2), 4); /* little-endian host, as ggml reads it */
+        q |= j < 16 ? ((qh >> j) << 4) & 0x10 : (qh >> (j - 16 + 12)) & 0x10;
+    }
     *code = q;
-    *value = type == 3 ? d * q + qmm_f16_to_f32(le16(block + 2)) : d * ((int)q - 8);
+    if (has_min(type)) *value = d * q + qmm_f16_to_f32(le16(block + 2));
+    else *value = d * ((int)q - (five ? 16 : 8));
 }
 
 static void check_import_exact(uint32_t type, const char *type_name, size_t rows, size_t cols) {
     check_rng rng = check_rng_make(100 + type);
-    size_t blocks = rows * cols / 32;
+    const size_t per_block = block_weights(type), blocks = rows * cols / per_block;
+    const bool k_quant = per_block == 256;
     uint8_t *data = random_blocks(&rng, type, blocks);
+    if (k_quant) {
+        /* Edge values in block 0: the largest f16 d (d·63 still exact in f32) and the smallest subnormal dmin. */
+        put16(data, 0x7BFF);
+        put16(data + 2, 0x8001);
+    }
     gguf_builder b = builder_make();
     kv_string(&b, "general.architecture", "llama");
     uint64_t ne[2] = {cols, rows};
@@ -158,26 +219,40 @@ static void check_import_exact(uint32_t type, const char *type_name, size_t rows
     qmm_tensor float_tensor;
     CHECK_OK(qmm_gguf_import(file, 0, &quantized, &m, &float_tensor));
     if (quantized == 1) {
-        int bits = type == 8 ? 8 : 4;
-        CHECK(m.bits == bits && m.group_size == 32 && m.dtype == QMM_F16 && m.rows == rows && m.cols == cols,
+        const int bits = type == Q8_0 ? 8 : type == Q5_0 || type == Q5_1 || type == Q5_K ? 5 : 4;
+        const qmm_dtype dtype = k_quant ? QMM_F32 : QMM_F16;
+        CHECK(m.bits == bits && m.group_size == 32 && m.dtype == dtype && m.rows == rows && m.cols == cols,
               "%s: format %d/%d dtype %d %zux%zu", type_name, m.bits, m.group_size, m.dtype, m.rows, m.cols);
         CHECK_OK(qmm_qmatrix_validate(&m));
         size_t words = cols * (size_t)bits / 32, bad_codes = 0, bad_values = 0, bad_bits = 0;
         for (size_t r = 0; r < rows; r++) {
             for (size_t g = 0; g < cols / 32; g++) {
-                const uint8_t *block = data + (r * (cols / 32) + g) * block_bytes(type);
-                uint16_t s = ((const uint16_t *)m.scales)[r * (cols / 32) + g];
-                uint16_t bias = ((const uint16_t *)m.biases)[r * (cols / 32) + g];
-                uint16_t d = le16(block);
-                uint16_t want_bias =
-                    type == 3 ? le16(block + 2) : qmm_f32_to_f16((type == 8 ? -128.0f : -8.0f) * qmm_f16_to_f32(d));
-                if (s != d || bias != want_bias) bad_bits++;
+                const size_t at = r * (cols / 32) + g; /* the group's index in scales and biases */
+                const uint8_t *block = data + (r * (cols / per_block) + g * 32 / per_block) * block_bytes(type);
+                const int j0 = (int)(g * 32 % per_block);
+                double s, bias;
+                if (k_quant) {
+                    s = ((const float *)m.scales)[at];
+                    bias = ((const float *)m.biases)[at];
+                } else {
+                    const uint16_t s16 = ((const uint16_t *)m.scales)[at], b16 = ((const uint16_t *)m.biases)[at];
+                    const uint16_t d = le16(block);
+                    const float minus = type == Q8_0 ? -128.0f : type == Q5_0 ? -16.0f : -8.0f;
+                    const uint16_t want_bias = has_min(type) ? le16(block + 2) : qmm_f32_to_f16(minus * qmm_f16_to_f32(d));
+                    if (s16 != d || b16 != want_bias) bad_bits++;
+                    s = qmm_f16_to_f32(s16);
+                    bias = qmm_f16_to_f32(b16);
+                }
                 for (int j = 0; j < 32; j++) {
                     uint32_t want_code;
                     double want_value;
-                    gguf_element(type, block, j, &want_code, &want_value);
+                    float k_scale = 0, k_bias = 0;
+                    gguf_element(type, block, j0 + j, &want_code, &want_value, &k_scale, &k_bias);
+                    if (k_quant && j == 0 && (memcmp(&k_scale, &((const float *)m.scales)[at], 4) != 0 ||
+                                              memcmp(&k_bias, &((const float *)m.biases)[at], 4) != 0))
+                        bad_bits++;
                     uint32_t code = qmm_code_at(m.w + r * words, g * 32 + (size_t)j, bits);
-                    double value = (double)qmm_f16_to_f32(s) * code + (double)qmm_f16_to_f32(bias);
+                    double value = s * code + bias;
                     if (code != want_code) bad_codes++;
                     if (value != want_value) bad_values++;
                 }
@@ -291,7 +366,9 @@ static void test_metadata_and_unsupported(void) {
         qmm_qmatrix m;
         qmm_tensor t;
         CHECK_STATUS(qmm_gguf_import(file, 1, &quantized, &m, &t), QMM_ERR_UNSUPPORTED);
-        CHECK(message_has("blk.0.ffn_down.weight") && message_has("Q6_K"), "message: %s", qmm_last_error());
+        CHECK(message_has("blk.0.ffn_down.weight") && message_has("Q6_K") && message_has("sub-blocks of 16 weights") &&
+                  message_has("Q4_K, Q5_K"),
+              "message: %s", qmm_last_error());
         CHECK_OK(qmm_gguf_tensor_info_get(file, 0, &info));
         CHECK(strcmp(info.type_name, "type 99") == 0 && info.importable == 0, "unknown type name %s", info.type_name);
         CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_UNSUPPORTED);
@@ -487,6 +564,22 @@ static void test_bad_files(void) {
     if (file) {
         CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_NUMERIC);
         CHECK(message_has("loud"), "message: %s", qmm_last_error());
+        qmm_gguf_close(file);
+    }
+    io_buf_free(&image);
+    builder_free(&b);
+    /* Q5_0's −16d overflows f16 from |d| > 4094 (Q5_1's bias is m itself: no such rule). */
+    b = builder_make();
+    uint8_t block5[22] = {0};
+    uint16_t d5 = qmm_f32_to_f16(-4100.0f);
+    block5[0] = (uint8_t)d5;
+    block5[1] = (uint8_t)(d5 >> 8);
+    add_tensor(&b, "loud5", Q5_0, 2, ne_q, block5, sizeof block5);
+    image = gguf_finish(&b);
+    CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &file));
+    if (file) {
+        CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_NUMERIC);
+        CHECK(message_has("loud5") && message_has("Q5_0") && message_has("−16·d"), "message: %s", qmm_last_error());
         qmm_gguf_close(file);
     }
     io_buf_free(&image);
@@ -804,18 +897,99 @@ static void test_convert_experts(const char *root) {
     free(exps);
 }
 
+/* K-quants and Q5_x through convert: layers with their own bits and scale dtype (f32 for K-quants) that
+ * read back as imported, and a K-quant row that is not whole super-blocks refused with the block size. */
+static void test_convert_k_quants(const char *root) {
+    check_rng rng = check_rng_make(400);
+    gguf_builder b = builder_make();
+    kv_string(&b, "general.architecture", "qwen2");
+    uint8_t *k4 = random_blocks(&rng, Q4_K, 2 * 2); /* attn_k Q4_K [2, 512] */
+    uint8_t *k5 = random_blocks(&rng, Q5_K, 3);     /* ffn_gate Q5_K [3, 256] */
+    uint8_t *v5 = random_blocks(&rng, Q5_1, 2 * 3); /* attn_v Q5_1 [2, 96] */
+    uint64_t ne_k4[2] = {512, 2}, ne_k5[2] = {256, 3}, ne_v5[2] = {96, 2};
+    add_tensor(&b, "blk.0.attn_k.weight", Q4_K, 2, ne_k4, k4, 4 * 144);
+    add_tensor(&b, "blk.0.ffn_gate.weight", Q5_K, 2, ne_k5, k5, 3 * 176);
+    add_tensor(&b, "blk.0.attn_v.weight", Q5_1, 2, ne_v5, v5, 6 * 24);
+    io_buf image = gguf_finish(&b);
+    char gguf_path[1024], out[1024];
+    snprintf(gguf_path, sizeof gguf_path, "%s/kquants.gguf", root);
+    snprintf(out, sizeof out, "%s/kquants", root);
+    CHECK(io_write_file(gguf_path, image.data, image.size), "write %s", gguf_path);
+    CHECK_OK(qmm_gguf_convert(gguf_path, out, NULL, 0));
+    qmm_gguf *file = NULL;
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_gguf_open(gguf_path, &file));
+    CHECK_OK(qmm_checkpoint_open(out, &ck));
+    if (file && ck) {
+        const char *names[3] = {"blk.0.attn_k", "blk.0.ffn_gate", "blk.0.attn_v"};
+        const int want_bits[3] = {4, 5, 5};
+        const qmm_dtype want_dtype[3] = {QMM_F32, QMM_F32, QMM_F16};
+        for (size_t i = 0; i < 3; i++) {
+            qmm_layer layer;
+            CHECK_OK(qmm_checkpoint_find_layer(ck, names[i], &layer));
+            int quantized;
+            qmm_qmatrix m;
+            qmm_tensor t;
+            CHECK_OK(qmm_gguf_import(file, i, &quantized, &m, &t));
+            const size_t words = m.cols * (size_t)m.bits / 32, groups = m.cols / 32;
+            const size_t scale_bytes = m.rows * groups * qmm_dtype_size(m.dtype);
+            CHECK(m.bits == want_bits[i] && m.dtype == want_dtype[i] && m.group_size == 32, "%s: import %d-bit dtype %d",
+                  names[i], m.bits, m.dtype);
+            CHECK(layer.matrix.bits == m.bits && layer.matrix.group_size == 32 && layer.matrix.dtype == m.dtype &&
+                      layer.matrix.rows == m.rows && layer.matrix.cols == m.cols &&
+                      memcmp(layer.matrix.w, m.w, m.rows * words * 4) == 0 &&
+                      memcmp(layer.matrix.scales, m.scales, scale_bytes) == 0 &&
+                      memcmp(layer.matrix.biases, m.biases, scale_bytes) == 0,
+                  "layer %s differs from its import (bits %d dtype %d)", names[i], layer.matrix.bits,
+                  layer.matrix.dtype);
+            qmm_gguf_import_free(&m, &t);
+        }
+    }
+    qmm_checkpoint_close(ck);
+    qmm_gguf_close(file);
+    io_buf_free(&image);
+    builder_free(&b);
+
+    /* A Q4_K row of 288 weights (whole 32-blocks, not whole 256-blocks; ggml never writes one). */
+    gguf_builder odd = builder_make();
+    uint64_t ne_odd[2] = {288, 1};
+    uint8_t two_blocks[2 * 144] = {0};
+    add_tensor(&odd, "blk.0.attn_q.weight", Q4_K, 2, ne_odd, two_blocks, sizeof two_blocks);
+    io_buf odd_image = gguf_finish(&odd);
+    CHECK_OK(qmm_gguf_open_memory(odd_image.data, odd_image.size, &file));
+    if (file) {
+        int quantized;
+        qmm_qmatrix m;
+        qmm_tensor t;
+        CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_SHAPE);
+        CHECK(message_has("288") && message_has("multiple of 256") && message_has("Q4_K"), "message: %s",
+              qmm_last_error());
+        qmm_gguf_close(file);
+    }
+    io_buf_free(&odd_image);
+    builder_free(&odd);
+    free(k4);
+    free(k5);
+    free(v5);
+}
+
 int main(void) {
     char *root = io_temp_dir("gguf");
     CHECK(root != NULL, "mkdtemp failed");
-    check_import_exact(2, "Q4_0", 3, 64);
-    check_import_exact(3, "Q4_1", 5, 96);
-    check_import_exact(8, "Q8_0", 4, 128);
+    check_import_exact(Q4_0, "Q4_0", 3, 64);
+    check_import_exact(Q4_1, "Q4_1", 5, 96);
+    check_import_exact(Q5_0, "Q5_0", 4, 96);
+    check_import_exact(Q5_1, "Q5_1", 3, 64);
+    check_import_exact(Q8_0, "Q8_0", 4, 128);
+    check_import_exact(Q4_K, "Q4_K", 3, 512);
+    check_import_exact(Q5_K, "Q5_K", 2, 768);
     test_float_import();
     test_metadata_and_unsupported();
     test_bad_files();
     if (root) {
         test_convert(root);
         test_convert_experts(root);
+        test_convert_k_quants(root);
         test_owned_name(root);
         test_convert_refusals(root);
         io_remove_tree(root);

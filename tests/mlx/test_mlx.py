@@ -7,6 +7,7 @@ For every bits in {2,3,4,5,6,8} x group_size in {32,64,128} x dtype in {f32,f16,
   2. qmm_dequantize == mx.dequantize bit for bit (for every output dtype);
   3. the oracle (qmm_ref_qmm_t / qmm_ref_qmm_n) vs mx.quantized_matmul within the bound of README.md;
   4. qmm_gguf_import of every quantized tensor (and the F32 ones) == mx.load of the same GGUF file;
+     4b. of Q5_0/Q5_1/Q4_K/Q5_K tensors == gguf-py's dequantize (llama.cpp's reference; MLX makes f16 of them);
   6. the MoE gather (qmm_ref_gather_qmm and every gather row of the ref/cpu backends through
      qmm_gather_matmul) vs mx.gather_qmm, within the same bound as 3;
   5. the GPU convention (MLX cannot run it here): hand-worked groups, a numpy model of the Metal kernel
@@ -533,6 +534,100 @@ class GgufImportAgainstMLX(unittest.TestCase):
         self.assertEqual(len(names), len(infos), "tensor names unique")
 
 
+# ── 4b. GGUF import of the types MLX's loader does not keep quantized, against llama.cpp's gguf-py
+
+GGUF_PY_TYPES = ("Q5_0", "Q5_1", "Q4_K", "Q5_K")
+
+
+class GgufImportAgainstGgufPy(unittest.TestCase):
+    """Q5_0, Q5_1, Q4_K and Q5_K tensors of random blocks, written by gguf-py's GGUFWriter: qmm_gguf_import,
+    decoded as round_f32(s·q + b) in numpy f32, == gguf.quants.dequantize (ggml's dequantize_row_* in
+    numpy), value for value; for Q4_K/Q5_K also mx.dequantize of the imported arrays. MLX's loader cannot be
+    the reference: it dequantizes these types to f16 (and 0.32.4 gives Q4_K's odd sub-blocks the scale and min
+    of the even one before them: gguf-tools' gguflib.c)."""
+
+    def random_blocks(self, rng, qtype, blocks):
+        """Random raw blocks: every byte random, then the f16 d (and m / dmin) replaced by finite values."""
+        import gguf
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(blocks, type_size), dtype=np.uint8)
+        d = (rng.uniform(1e-3, 0.1, blocks) * rng.choice([-1.0, 1.0], blocks)).astype(np.float16)
+        raw[:, 0:2] = d.view(np.uint8).reshape(blocks, 2)
+        if qtype.name in ("Q5_1", "Q4_K", "Q5_K"):
+            m = rng.uniform(-1.0, 1.0, blocks).astype(np.float16)
+            raw[:, 2:4] = m.view(np.uint8).reshape(blocks, 2)
+        if blocks > 1:  # edge values: a large f16 d (the largest for K-quants; Q5_0's −16d must stay finite), a
+            # subnormal m / dmin
+            raw[1, 0:2] = np.array([0x7BFF if qtype.name.endswith("_K") else 0x67FF], np.uint16).view(np.uint8)
+            if qtype.name != "Q5_0":
+                raw[1, 2:4] = np.array([0x8001], np.uint16).view(np.uint8)
+        return raw, block_size, type_size
+
+    def test_types_against_gguf_py(self):
+        try:
+            import gguf
+            from gguf.quants import dequantize
+        except ImportError as error:  # pinned in requirements.txt: a failure, never a skip
+            self.fail(f"cannot import gguf (llama.cpp's gguf-py): {error}; run `make test`")
+        import tempfile
+        rng = case_rng("gguf-py")
+        shapes = {"Q5_0": (3, 96), "Q5_1": (4, 64), "Q4_K": (3, 512), "Q5_K": (2, 768)}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "types.gguf")
+            writer = gguf.GGUFWriter(path, "llama")
+            expected = {}
+            for name in GGUF_PY_TYPES:
+                qtype = gguf.GGMLQuantizationType[name]
+                rows, cols = shapes[name]
+                block_size = gguf.GGML_QUANT_SIZES[qtype][0]
+                raw, _, type_size = self.random_blocks(rng, qtype, rows * cols // block_size)
+                raw = raw.reshape(rows, cols // block_size * type_size)
+                writer.add_tensor(f"blk.0.{name.lower()}.weight", raw, raw_dtype=qtype)
+                expected[name] = (dequantize(raw, qtype), rows, cols)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+
+            handle = LIB.gguf_open(path)
+            try:
+                count = LIB.gguf_tensor_count(handle)
+                self.assertEqual(count, len(GGUF_PY_TYPES), "tensor count")
+                for index in range(count):
+                    info = LIB.gguf_tensor_info(handle, index)
+                    name = info.type_name.decode()
+                    with self.subTest(name):
+                        theirs, rows, cols = expected[name]
+                        self.assertEqual(info.importable, 1, f"{name}: importable")
+                        kind, ours = LIB.gguf_import(handle, index)
+                        self.assertEqual(kind, "quantized", f"{name}: imported as {kind}")
+                        k_quant = name.endswith("_K")
+                        want = (5 if name.startswith("Q5") else 4, 32, QMM_F32 if k_quant else QMM_F16)
+                        self.assertEqual((ours["bits"], ours["group_size"], ours["dtype"]), want,
+                                         f"{name}: format (bits, group_size, dtype)")
+                        self.assertEqual((ours["rows"], ours["cols"]), (rows, cols), f"{name}: shape")
+                        q = unpack(ours["w"], ours["bits"]).astype(np.float32)
+                        s = np.repeat(raw_to_f32(ours["scales"], ours["dtype"]), 32, axis=1)
+                        b = np.repeat(raw_to_f32(ours["biases"], ours["dtype"]), 32, axis=1)
+                        value = s * q + b  # numpy f32: s·q exact, one rounding for + b
+                        theirs = np.ascontiguousarray(theirs, dtype=np.float32).reshape(rows, cols)
+                        # Equal as f32 values: ±0 compare equal (ggml's d·(q − 16) is −0 where d < 0 and
+                        # q = 16; s·q + b is +0 there), every other value bit for bit (no NaN: d is finite).
+                        count_bad, at = first_mismatch(value, theirs)
+                        if count_bad:
+                            self.fail(f"{name}: weight [{at[0]}, {at[1]}]: qmm {value[at]!r} vs gguf-py "
+                                      f"{theirs[at]!r}; {count_bad} of {value.size} differ")
+                        if k_quant:  # MLX reads the imported arrays as they are: its f32 dequantize agrees too
+                            arrays = [mx.array(ours[part]) for part in ("w", "scales", "biases")]
+                            mlx_value = np.array(mx.dequantize(*arrays, group_size=32, bits=ours["bits"]))
+                            count_bad, at = first_mismatch(mlx_value, theirs)
+                            if count_bad:
+                                self.fail(f"{name}: mx.dequantize of the import [{at[0]}, {at[1]}] "
+                                          f"{mlx_value[at]!r} vs gguf-py {theirs[at]!r}; {count_bad} differ")
+            finally:
+                LIB.gguf_close(handle)
+
+
 # ── 5. the GPU convention
 
 # Hand-worked groups (group_size 32; the 4 or 5 listed values repeat across the group). Arithmetic is
@@ -742,7 +837,7 @@ def main():
     suite = unittest.TestSuite()
     loader = unittest.TestLoader()
     for case in (QuantizeAgainstMLX, DequantizeAgainstMLX, OracleAgainstMLX, GgufImportAgainstMLX,
-                 GpuConvention, GatherAgainstMLX):
+                 GgufImportAgainstGgufPy, GpuConvention, GatherAgainstMLX):
         for test in loader.loadTestsFromTestCase(case):
             if not args.pattern or args.pattern in test.id():
                 suite.addTest(test)

@@ -160,7 +160,11 @@ static int info_gguf(const command *c, const char *path) {
             switch (info.type) {
             case QMM_GGUF_Q4_0: as = "yes: 4-bit gs32 f16 (bias -8d)"; break;
             case QMM_GGUF_Q4_1: as = "yes: 4-bit gs32 f16"; break;
+            case QMM_GGUF_Q5_0: as = "yes: 5-bit gs32 f16 (bias -16d)"; break;
+            case QMM_GGUF_Q5_1: as = "yes: 5-bit gs32 f16"; break;
             case QMM_GGUF_Q8_0: as = "yes: 8-bit gs32 f16 (bias -128d)"; break;
+            case QMM_GGUF_Q4_K: as = "yes: 4-bit gs32 f32"; break;
+            case QMM_GGUF_Q5_K: as = "yes: 5-bit gs32 f32"; break;
             default: as = "yes: float"; break;
             }
         }

@@ -26,8 +26,10 @@ static const command commands[] = {
      cmd_info},
     {"convert", "convert a GGUF file into an MLX checkpoint directory",
      "usage: qmm convert IN.gguf OUTDIR [--only PREFIX]... [--force]\n"
-     "  Imports F32/F16/BF16 tensors as they are and Q4_0/Q4_1/Q8_0 exactly as 4/8-bit gs32 layers with f16\n"
-     "  scales (X.weight -> layer X). --only keeps the tensors whose names start with PREFIX (repeatable).\n"
+     "  Imports F32/F16/BF16 tensors as they are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 exactly as 4/5/8-bit gs32 layers\n"
+     "  with f16 scales and Q4_K/Q5_K as 4/5-bit gs32 layers with f32 scales (X.weight -> layer X); Q2_K,\n"
+     "  Q3_K, Q6_K and the IQ types have no exact MLX form and are refused. --only keeps the tensors whose\n"
+     "  names start with PREFIX (repeatable), e.g. --only blk. to leave out a Q6_K output.weight.\n"
      "  An unsupported tensor type stops the conversion and leaves OUTDIR without new files. An OUTDIR that\n"
      "  already holds a checkpoint is refused unless --force is given; OUTDIR is checked before any work.\n",
      cmd_convert},
