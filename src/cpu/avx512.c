@@ -6,6 +6,7 @@
  * simd_kernels.h for 512-bit registers; the algorithms are there.
  */
 #include "cpu.h"
+#include "unpack.h"
 
 #include <immintrin.h>
 
@@ -231,6 +232,41 @@ static inline vf v_chunk_scale_bf16(const float *s, size_t c, size_t group_size)
     if (group_size == 128) return _mm512_set1_ps(s[c / 2]);
     if (group_size == 64) return _mm512_set1_ps(s[c]);
     return _mm512_insertf32x8(_mm512_set1_ps(s[2 * c]), _mm256_set1_ps(s[2 * c + 1]), 1);
+}
+
+/* 2/3/5/6-bit codes to bytes (unpack.h): 64 at a time by vpermb + vpmultishiftqb where the CPU has AVX512_VBMI, the
+ * rest (or all, without VBMI) by pdep where it is one instruction, else the scalar stream reader. */
+__attribute__((target("avx512vbmi"))) static size_t unpack_codes_vbmi(const uint8_t *stream, size_t count, int bits,
+                                                                     uint8_t *codes) {
+    const size_t chunk_bytes = 8 * (size_t)bits; /* 64 codes */
+    const __mmask64 load = _cvtu64_mask64((1ull << chunk_bytes) - 1u); /* bits ≤ 6: at most 48 bytes */
+    uint8_t take[64], shift[64];
+    for (int k = 0; k < 8; k++)
+        for (int i = 0; i < 8; i++) {
+            take[8 * k + i] = (uint8_t)(k * bits + i); /* qword k ← bytes k·b … k·b + 7 */
+            shift[8 * k + i] = (uint8_t)(i * bits);    /* byte i of it ← its bits i·b … i·b + 7 */
+        }
+    const __m512i take_v = _mm512_loadu_si512(take), shift_v = _mm512_loadu_si512(shift);
+    const __m512i mask = _mm512_set1_epi8((char)((1u << bits) - 1u));
+    size_t j = 0;
+    for (; j + 64 <= count; j += 64) {
+        const __m512i bytes = _mm512_maskz_loadu_epi8(load, stream + (j / 8) * (size_t)bits);
+        const __m512i fields = _mm512_multishift_epi64_epi8(shift_v, _mm512_permutexvar_epi8(take_v, bytes));
+        _mm512_storeu_si512(codes + j, _mm512_and_si512(fields, mask));
+    }
+    return j;
+}
+
+static void unpack_codes(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    if (!unpack_width(bits)) {
+        qmm_unpack_stream(in, count, bits, codes);
+        return;
+    }
+    const qmm_cpu_features *f = qmm_cpu_features_get();
+    const uint8_t *stream = (const uint8_t *)in;
+    const size_t j = f->avx512vbmi ? unpack_codes_vbmi(stream, count, bits, codes) : 0;
+    if (f->bmi2_fast) unpack_codes_pdep(stream, j, count, bits, codes);
+    else qmm_unpack_stream(in + j * (size_t)bits / 32, count - j, bits, codes + j); /* j·b/32 words: j % 64 == 0 */
 }
 
 #include "simd_kernels.h"

@@ -475,6 +475,13 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
             portable_gather_supports, portable_gather_run, NULL),
 };
 
+bool qmm_cpu_unpack_codes_for_test(int isa, const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    if (isa == QMM_CPU_ISA_AVX512 && qmm_cpu_has_avx512(NULL, 0)) qmm_cpu_unpack_codes_avx512(in, count, bits, codes);
+    else if (isa == QMM_CPU_ISA_AVX2 && qmm_cpu_has_avx2(NULL, 0)) qmm_cpu_unpack_codes_avx2(in, count, bits, codes);
+    else return false;
+    return true;
+}
+
 #if !(defined(__x86_64__) || defined(__i386__))
 /* Not x86: the SIMD files are not built and their rows always refuse (isa.c), so these never run. */
 #define NOT_HERE(name)                                                                                       \
@@ -493,4 +500,10 @@ NOT_HERE(qmm_cpu_gemv_qmm_n_avx2)
 NOT_HERE(qmm_cpu_gemv_qmm_n_avx512)
 NOT_HERE(qmm_cpu_gemv_ordered_qmm_t_avx2)
 NOT_HERE(qmm_cpu_gemv_ordered_qmm_t_avx512)
+void qmm_cpu_unpack_codes_avx2(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    qmm_unpack_stream(in, count, bits, codes);
+}
+void qmm_cpu_unpack_codes_avx512(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    qmm_unpack_stream(in, count, bits, codes);
+}
 #endif

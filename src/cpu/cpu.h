@@ -39,6 +39,8 @@ typedef struct qmm_cpu_features {
     bool avx512f, avx512bw, avx512vl, avx512dq;       /* cpuid + XCR0 bits 5–7 (opmask, ZMM state) */
     bool avx512bf16;                                  /* cpuid leaf 7.1 (the two bf16 rows) */
     bool avx512vnni;                                  /* noted, not required by any row yet */
+    bool avx512vbmi;                                  /* vpermb, vpmultishiftqb: unpacking 2/3/5/6-bit codes */
+    bool bmi2_fast;                                   /* pdep, where it is one instruction (not AMD Zen 1/2) */
     bool os_ymm, os_zmm;                              /* XCR0 enables the YMM / ZMM state */
 } qmm_cpu_features;
 
@@ -108,6 +110,13 @@ qmm_status qmm_cpu_gemv_ordered_qmm_t_avx2(const qmm_call *call);
 qmm_status qmm_cpu_gemv_ordered_qmm_t_avx512(const qmm_call *call);
 
 qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call);
+
+/* The unpacking of 2/3/5/6-bit codes to bytes that each ISA's rows use (unpack.h), for test_cpu. */
+void qmm_cpu_unpack_codes_avx2(const uint32_t *in, size_t count, int bits, uint8_t *codes);
+void qmm_cpu_unpack_codes_avx512(const uint32_t *in, size_t count, int bits, uint8_t *codes);
+/* The same by QMM_CPU_ISA_AVX2 or QMM_CPU_ISA_AVX512 (test_cpu declares it weak: absent when the CPU backend is not
+ * built); false, with nothing written, where that ISA's rows cannot run here. */
+bool qmm_cpu_unpack_codes_for_test(int isa, const uint32_t *in, size_t count, int bits, uint8_t *codes);
 
 /* GEMV rows take M up to this; above it the tiled rows are faster (docs/PERF.md, "CPU crossover"). */
 #define QMM_CPU_GEMV_MAX_M 16

@@ -47,6 +47,16 @@ static void detect(qmm_cpu_features *f) {
     f->avx512bw = f->avx512f && ((b >> 30) & 1);
     f->avx512vl = f->avx512f && ((b >> 31) & 1);
     f->avx512vnni = f->avx512f && ((c >> 11) & 1);
+    f->avx512vbmi = f->avx512f && ((c >> 1) & 1);
+    /* pdep is one instruction on Intel since Haswell and on AMD since Zen 3 (family 19h); Zen 1/2 (17h) run it
+     * as microcode, tens to hundreds of cycles, slower than the scalar loop it would replace. */
+    unsigned vendor_b = 0, vendor_c = 0, vendor_d = 0, family_a = 0, unused;
+    __get_cpuid(0, &unused, &vendor_b, &vendor_c, &vendor_d);
+    __get_cpuid(1, &family_a, &unused, &unused, &unused);
+    const unsigned base_family = (family_a >> 8) & 0xF;
+    const unsigned family = base_family + (base_family == 0xF ? (family_a >> 20) & 0xFF : 0);
+    const bool amd = vendor_b == 0x68747541u && vendor_d == 0x69746E65u && vendor_c == 0x444D4163u; /* "AuthenticAMD" */
+    f->bmi2_fast = ((b >> 8) & 1) && !(amd && family < 0x19);
     if (leaf7_subleaves >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         f->avx512bf16 = f->avx512f && ((a >> 5) & 1);

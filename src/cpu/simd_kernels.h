@@ -22,8 +22,8 @@
  * The codes then sit in "deinterleaved" order inside each block of 2·LANES. The other operand is
  * brought into the same order once per call (x for qmm_t, by v_deinterleave), so every dot product
  * pairs the right code with the right x; only the summation order changes. 8-bit codes are in order.
- * 2, 3, 5 and 6-bit codes are unpacked with the scalar bit-stream helper into bytes, which are then
- * exactly an 8-bit packed row, and take the 8-bit path.
+ * 2, 3, 5 and 6-bit codes are unpacked into bytes by the ISA file's unpack_codes (unpack.h: vpermb +
+ * vpmultishiftqb or pdep), which are then exactly an 8-bit packed row, and take the 8-bit path.
  */
 #ifndef LANES
 #error "define the vector vocabulary (avx2.c, avx512.c) before including simd_kernels.h"
@@ -667,7 +667,7 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
         const uint32_t *packed = call->w + n * plan.words;
         if (plan.unpacked) {
             uint8_t *codes = plan.unpacked + ((size_t)QMM_CPU_THREAD_ID() * GEMV_RW + (n - n_begin)) * K;
-            qmm_unpack_stream(packed, K, call->bits, codes);
+            unpack_codes(packed, K, call->bits, codes);
             rows[n - n_begin] = codes;
         } else {
             rows[n - n_begin] = (const uint8_t *)packed;
@@ -777,6 +777,11 @@ cleanup:
     free(unpacked);
     free(group_f32);
     return status;
+}
+
+/* unpack_codes for test_cpu (through qmm_cpu_unpack_codes_for_test). */
+void QMM_ISA(qmm_cpu_unpack_codes)(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
+    unpack_codes(in, count, bits, codes);
 }
 
 qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) { return gemv_qmm_t(call, 0); }
@@ -932,7 +937,7 @@ static void decode_pairs_bf16(const qmm_call *call, const uint32_t *row, size_t 
     }
     const uint8_t *codes = (const uint8_t *)row + c0;
     if (call->bits != 8) {
-        qmm_unpack_stream(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
+        unpack_codes(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
         codes = bytes;
     }
     for (size_t j = 0; j < count; j += 32) v_store_pairs(dst + j / 2, v_pairs8_bf16(codes + j));
@@ -955,7 +960,7 @@ static void decode_segment(const qmm_call *call, const uint32_t *row, size_t gro
     if (fast == 4) codes = (const uint8_t *)row + c0 / 2;
     else if (call->bits == 8) codes = (const uint8_t *)row + c0;
     else {
-        qmm_unpack_stream(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
+        unpack_codes(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
         codes = bytes;
     }
     for (size_t j0 = 0; j0 < count; j0 += G) {
@@ -1264,7 +1269,7 @@ static void qmv_n_chunk(const qmm_call *call, const float *xf, size_t n0, size_t
             if (fast == 4) codes[i] = (const uint8_t *)row + n0 / 2;
             else if (call->bits == 8) codes[i] = (const uint8_t *)row + n0;
             else {
-                qmm_unpack_stream(row + n0 * (size_t)call->bits / 32, width, call->bits, bytes + (size_t)i * width);
+                unpack_codes(row + n0 * (size_t)call->bits / 32, width, call->bits, bytes + (size_t)i * width);
                 codes[i] = bytes + (size_t)i * width;
             }
         }
@@ -1448,7 +1453,7 @@ static void ordered_block(const ordered_plan *p, size_t n0, float *sb, uint8_t *
         stride = p->words;
     } else {
         for (int lane = 0; lane < valid; lane++)
-            qmm_unpack_stream(call->w + (n0 + (size_t)lane) * p->words, K, call->bits, bytes + (size_t)lane * K);
+            unpack_codes(call->w + (n0 + (size_t)lane) * p->words, K, call->bits, bytes + (size_t)lane * K);
         base = (const uint32_t *)bytes;
         stride = K / 4;
     }

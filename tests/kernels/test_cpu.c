@@ -298,6 +298,56 @@ cleanup:
     free(abs_dot);
 }
 
+/* src/cpu's unpacking of 2/3/5/6-bit codes (vpermb + vpmultishiftqb, pdep, their tails) against qmm_unpack_stream,
+ * byte for byte, at every such width, counts around its steps of 8 and 64 codes and starts a few words into a row;
+ * each stream is its own allocation of exactly the words qmm_unpack_stream reads, so an over-read is ASan's to see.
+ * Weak: absent when the CPU backend is not built (src/cpu/cpu.h). */
+bool qmm_cpu_unpack_codes_for_test(int isa, const uint32_t *in, size_t count, int bits, uint8_t *codes)
+    __attribute__((weak));
+
+static void test_unpack_codes(check_rng *rng) {
+    if (!qmm_cpu_unpack_codes_for_test) {
+        printf("  unpack_codes: SKIPPED: the CPU backend is not built\n");
+        return;
+    }
+    static const size_t counts[] = {0, 1, 7, 8, 9, 31, 32, 63, 64, 65, 100, 127, 128, 129, 200, 576, 1000, 1536};
+    static const int widths[] = {2, 3, 5, 6};
+    static const struct { int isa; const char *name; } isas[] = {{1, "avx2"}, {2, "avx512"}};
+    for (size_t i = 0; i < 2; i++) {
+        size_t cases = 0, bad = 0;
+        bool ran = true;
+        for (size_t w = 0; w < 4 && ran; w++)
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0] && ran; c++)
+                for (size_t start = 0; start < 3 && ran; start++) {
+                    const int bits = widths[w];
+                    const size_t count = counts[c], words = start + (count * (size_t)bits + 31) / 32;
+                    if (bits == 2 && count * 2 % 32 != 0) continue; /* qmm_unpack_stream: 2-bit in whole words */
+                    uint32_t *stream = malloc(words ? words * 4 : 4);
+                    uint8_t *want = malloc(count + 1), *got = malloc(count + 1);
+                    for (size_t k = 0; k < words; k++) stream[k] = (uint32_t)check_rng_next(rng);
+                    memset(got, 0xEE, count + 1);
+                    want[count] = 0xEE;
+                    qmm_unpack_stream(stream + start, count, bits, want);
+                    ran = qmm_cpu_unpack_codes_for_test(isas[i].isa, stream + start, count, bits, got);
+                    if (ran) {
+                        cases++;
+                        if (memcmp(want, got, count + 1) != 0) {
+                            bad++;
+                            if (bad <= 3)
+                                CHECK(false, "unpack_codes %s: %d-bit count %zu start %zu differs from qmm_unpack_stream",
+                                      isas[i].name, bits, count, start);
+                        }
+                    }
+                    free(stream);
+                    free(want);
+                    free(got);
+                }
+        if (ran) CHECK(bad == 0 && cases >= 3 * 3 * sizeof counts / sizeof counts[0], "unpack_codes %s: %zu of %zu differ",
+                       isas[i].name, bad, cases);
+        printf("  unpack_codes %s: %s\n", isas[i].name, ran ? "checked" : "not usable here");
+    }
+}
+
 int main(void) {
     qmm_context *context = NULL;
     if (qmm_context_create(QMM_BACKEND_CPU, 0, &context) != QMM_OK) {
@@ -315,6 +365,7 @@ int main(void) {
     static const format formats[] = {{4, 32, QMM_F16}, {8, 64, QMM_BF16}, {3, 64, QMM_F32}, {4, 128, QMM_F32},
                                      {2, 32, QMM_BF16}, {4, 32, QMM_BF16}, {4, 64, QMM_BF16}};
     check_rng rng = check_rng_make(600);
+    test_unpack_codes(&rng);
     for (size_t k = 0; k < qmm_kernel_count(context); k++) {
         qmm_kernel_info info;
         CHECK_OK(qmm_kernel_get(context, k, &info));
