@@ -236,17 +236,26 @@ static inline vf v_chunk_scale_bf16(const float *s, size_t c, size_t group_size)
 
 /* 2/3/5/6-bit codes to bytes (unpack.h): 64 at a time by vpermb + vpmultishiftqb where the CPU has AVX512_VBMI, the
  * rest (or all, without VBMI) by pdep where it is one instruction, else the scalar stream reader. */
+/* vpermb's indices (qword k ← bytes k·b … k·b + 7) and vpmultishiftqb's controls (byte i of a qword ← its bits
+ * i·b … i·b + 7) for b = 2, 3, 5, 6 (rows 0–3). */
+#define UNPACK_TAKE8(k, b) (k) * (b), (k) * (b) + 1, (k) * (b) + 2, (k) * (b) + 3, (k) * (b) + 4, (k) * (b) + 5, \
+                           (k) * (b) + 6, (k) * (b) + 7
+#define UNPACK_TAKE(b)                                                                                            \
+    {UNPACK_TAKE8(0, b), UNPACK_TAKE8(1, b), UNPACK_TAKE8(2, b), UNPACK_TAKE8(3, b),                              \
+     UNPACK_TAKE8(4, b), UNPACK_TAKE8(5, b), UNPACK_TAKE8(6, b), UNPACK_TAKE8(7, b)}
+#define UNPACK_SHIFT8(b) 0, (b), 2 * (b), 3 * (b), 4 * (b), 5 * (b), 6 * (b), 7 * (b)
+#define UNPACK_SHIFT(b)                                                                                           \
+    {UNPACK_SHIFT8(b), UNPACK_SHIFT8(b), UNPACK_SHIFT8(b), UNPACK_SHIFT8(b),                                      \
+     UNPACK_SHIFT8(b), UNPACK_SHIFT8(b), UNPACK_SHIFT8(b), UNPACK_SHIFT8(b)}
+static const uint8_t unpack_take[4][64] = {UNPACK_TAKE(2), UNPACK_TAKE(3), UNPACK_TAKE(5), UNPACK_TAKE(6)};
+static const uint8_t unpack_shift[4][64] = {UNPACK_SHIFT(2), UNPACK_SHIFT(3), UNPACK_SHIFT(5), UNPACK_SHIFT(6)};
+
 __attribute__((target("avx512vbmi"))) static size_t unpack_codes_vbmi(const uint8_t *stream, size_t count, int bits,
                                                                      uint8_t *codes) {
     const size_t chunk_bytes = 8 * (size_t)bits; /* 64 codes */
     const __mmask64 load = _cvtu64_mask64((1ull << chunk_bytes) - 1u); /* bits ≤ 6: at most 48 bytes */
-    uint8_t take[64], shift[64];
-    for (int k = 0; k < 8; k++)
-        for (int i = 0; i < 8; i++) {
-            take[8 * k + i] = (uint8_t)(k * bits + i); /* qword k ← bytes k·b … k·b + 7 */
-            shift[8 * k + i] = (uint8_t)(i * bits);    /* byte i of it ← its bits i·b … i·b + 7 */
-        }
-    const __m512i take_v = _mm512_loadu_si512(take), shift_v = _mm512_loadu_si512(shift);
+    const int row = bits == 2 ? 0 : bits == 3 ? 1 : bits == 5 ? 2 : 3;
+    const __m512i take_v = _mm512_loadu_si512(unpack_take[row]), shift_v = _mm512_loadu_si512(unpack_shift[row]);
     const __m512i mask = _mm512_set1_epi8((char)((1u << bits) - 1u));
     size_t j = 0;
     for (; j + 64 <= count; j += 64) {
