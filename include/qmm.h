@@ -810,6 +810,20 @@ void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor);
  * layer owns, or a quantized tensor "bits.weight", whose layer name is a config.json key). */
 qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count);
 
+/* Options of qmm_gguf_convert_with. Zero-initialised: every tensor, and one qmm cannot import is refused. */
+typedef struct qmm_gguf_convert_options {
+    const char *const *prefixes; /* with prefix_count > 0: only the tensors whose names start with one of these */
+    size_t prefix_count;
+    /* Nonzero: selected tensors of a type qmm cannot import (qmm_gguf_tensor_info.importable = 0: Q6_K, IQ types,
+     * ...) are left out of the checkpoint instead of stopping the conversion; a Q4_K_M file (Q4_K tensors with a
+     * few Q6_K ones) then converts in one call. Anything else that fails still stops it before anything is written. */
+    int skip_unsupported;
+} qmm_gguf_convert_options;
+
+/* qmm_gguf_convert with options (NULL: as qmm_gguf_convert(gguf_path, out_dir, NULL, 0)). Same errors; with
+ * skip_unsupported, QMM_ERR_NOT_FOUND also when no selected tensor is importable. */
+qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, const qmm_gguf_convert_options *options);
+
 #ifdef __cplusplus
 }
 #endif

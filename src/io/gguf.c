@@ -738,6 +738,22 @@ static bool selected(const char *name, const char *const *prefixes, size_t count
 qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count) {
     if (!gguf_path || !out_dir || (count > 0 && !prefixes))
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert: null argument");
+    const qmm_gguf_convert_options options = {.prefixes = prefixes, .prefix_count = count};
+    return qmm_gguf_convert_with(gguf_path, out_dir, &options);
+}
+
+/* Whether tensor t is converted: selected by the prefixes and, when unsupported types are skipped, importable. */
+static bool converted(const gguf_tensor *t, const qmm_gguf_convert_options *options) {
+    return selected(t->name, options->prefixes, options->prefix_count) &&
+           (!options->skip_unsupported || importable_type(t->type));
+}
+
+qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, const qmm_gguf_convert_options *options) {
+    const qmm_gguf_convert_options defaults = {0};
+    if (!options) options = &defaults;
+    if (!gguf_path || !out_dir || (options->prefix_count > 0 && !options->prefixes))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert: null argument");
+    const size_t count = options->prefix_count;
     qmm_gguf *file = NULL;
     qmm_tensor *tensors = NULL;
     qmm_layer *layers = NULL;
@@ -753,7 +769,7 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
     size_t chosen = 0;
     for (size_t i = 0; i < file->tensor_count; i++) {
         const gguf_tensor *t = &file->tensors[i];
-        if (!selected(t->name, prefixes, count)) continue;
+        if (!converted(t, options)) continue;
         chosen++;
         if (!importable_type(t->type)) {
             status = qmm_error(QMM_ERR_UNSUPPORTED,
@@ -765,7 +781,10 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
         }
     }
     if (chosen == 0) {
-        if (count == 0) status = qmm_error(QMM_ERR_NOT_FOUND, "%s: the GGUF file has no tensors", gguf_path);
+        if (file->tensor_count == 0) status = qmm_error(QMM_ERR_NOT_FOUND, "%s: the GGUF file has no tensors", gguf_path);
+        else if (options->skip_unsupported)
+            status = qmm_error(QMM_ERR_NOT_FOUND, "%s: no %stensor has a type qmm can import (" IMPORTABLE_TYPES ")",
+                               gguf_path, count ? "selected " : "");
         else status = qmm_error(QMM_ERR_NOT_FOUND, "%s: no tensor matches the %zu given prefixes", gguf_path, count);
         goto cleanup;
     }
@@ -778,7 +797,7 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
     }
     for (size_t i = 0; i < file->tensor_count; i++) {
         const gguf_tensor *t = &file->tensors[i];
-        if (!selected(t->name, prefixes, count)) continue;
+        if (!converted(t, options)) continue;
         int quantized = 0;
         qmm_qmatrix matrix;
         qmm_tensor float_tensor;

@@ -46,8 +46,17 @@ check "gguf: F32 importable" out_matches "n\.weight +F32 +\[32\] +yes"
 check "gguf: Q6_K not importable" out_matches "k\.weight +Q6_K +\[1, 256\] +no"
 check "gguf: count" out_has "2 of 3 tensors importable"
 
-# convert: an unsupported tensor stops the conversion (and names it); --only skips it.
+# convert: an unsupported tensor stops the conversion (and names it, with a pointer to --skip-unsupported); --only
+# skips it, and so does --skip-unsupported (naming it on stderr).
 expect_library_error convert unsupported "k.weight" convert "$WORK/tiny.gguf" "$WORK/tinyall"
+check "convert: the refusal points at --skip-unsupported" err_has "--skip-unsupported converts the rest"
+check "convert: the refused OUTDIR not created" [ ! -e "$WORK/tinyall" ]
+expect_ok "convert --skip-unsupported" convert "$WORK/tiny.gguf" "$WORK/tinyskip" --skip-unsupported
+check "convert --skip-unsupported: k.weight named" err_has "left out k.weight (Q6_K: no exact MLX form)"
+check "convert --skip-unsupported: count" err_has "1 tensor left out (--skip-unsupported)"
+check "convert --skip-unsupported: the rest" out_matches "4 tensors, 1 quantized layer$"
+expect_library_error convert "not found" "no selected tensor has a type qmm can import" \
+  convert "$WORK/tiny.gguf" "$WORK/tinynone" --skip-unsupported --only k.
 expect_ok "convert --only" convert "$WORK/tiny.gguf" "$WORK/tiny" --only w. --only n.
 check "convert: summary" out_matches "1 quantized layer$"
 expect_ok "run on the converted GGUF" run "$WORK/tiny"

@@ -696,6 +696,35 @@ static void test_convert(const char *root) {
     CHECK(message_has("blk.1.ffn_up.weight") && message_has("Q6_K"), "message: %s", qmm_last_error());
     CHECK(!io_exists(refused), "a refused convert created its directory");
 
+    /* ... unless skip_unsupported leaves it out: the other tensors convert as before, the Q6_K one is absent. */
+    char skipped[1024];
+    snprintf(skipped, sizeof skipped, "%s/skipped", root);
+    qmm_gguf_convert_options skip = {.skip_unsupported = 1};
+    CHECK_OK(qmm_gguf_convert_with(gguf_path, skipped, &skip));
+    CHECK_OK(qmm_checkpoint_open(skipped, &ck));
+    if (ck) {
+        qmm_layer layer;
+        qmm_tensor t;
+        CHECK(qmm_checkpoint_layer_count(ck) == 3, "skip_unsupported: %zu layers, want 3", qmm_checkpoint_layer_count(ck));
+        CHECK_STATUS(qmm_checkpoint_find_layer(ck, "blk.1.ffn_up", &layer), QMM_ERR_NOT_FOUND);
+        CHECK_STATUS(qmm_checkpoint_find_tensor(ck, "blk.1.ffn_up.weight", &t), QMM_ERR_NOT_FOUND);
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "blk.0.attn_q", &layer));
+        qmm_checkpoint_close(ck);
+        ck = NULL;
+    }
+    /* Prefixes still apply; a selection of unsupported tensors only is NOT_FOUND, with nothing written. */
+    const char *only_q6k[1] = {"blk.1."};
+    skip.prefixes = only_q6k;
+    skip.prefix_count = 1;
+    char skipped_none[1024];
+    snprintf(skipped_none, sizeof skipped_none, "%s/skipped_none", root);
+    CHECK_STATUS(qmm_gguf_convert_with(gguf_path, skipped_none, &skip), QMM_ERR_NOT_FOUND);
+    CHECK(message_has("no selected tensor has a type qmm can import"), "message: %s", qmm_last_error());
+    CHECK(!io_exists(skipped_none), "a refused convert created its directory");
+    /* NULL options: qmm_gguf_convert with no prefixes (the Q6_K tensor refused). */
+    CHECK_STATUS(qmm_gguf_convert_with(gguf_path, skipped_none, NULL), QMM_ERR_UNSUPPORTED);
+    CHECK_STATUS(qmm_gguf_convert_with(NULL, skipped_none, NULL), QMM_ERR_INVALID_ARGUMENT);
+
     qmm_gguf_close(file);
     io_buf_free(&image);
     builder_free(&b);

@@ -5,23 +5,54 @@
 
 /* ───────────────────────────── qmm convert ───────────────────────────── */
 
+/* --skip-unsupported: names on stderr the selected tensors the conversion left out (importable = 0). */
+static int report_skipped(const command *c, const char *path, const char *const *prefixes, size_t prefix_count) {
+    qmm_gguf *file = NULL;
+    qmm_status status = qmm_gguf_open(path, &file);
+    if (status != QMM_OK) return library_error(c, status);
+    size_t skipped = 0;
+    char shown[256];
+    for (size_t i = 0; i < qmm_gguf_tensor_count(file) && status == QMM_OK; i++) {
+        qmm_gguf_tensor_info info;
+        if ((status = qmm_gguf_tensor_info_get(file, i, &info)) != QMM_OK || info.importable) continue;
+        bool chosen = prefix_count == 0;
+        for (size_t p = 0; p < prefix_count && !chosen; p++) chosen = strncmp(info.name, prefixes[p], strlen(prefixes[p])) == 0;
+        if (!chosen) continue;
+        fprintf(stderr, "qmm convert: left out %s (%s: no exact MLX form)\n", printable(info.name, shown, sizeof shown),
+                info.type_name);
+        skipped++;
+    }
+    qmm_gguf_close(file);
+    if (status != QMM_OK) return library_error(c, status);
+    fprintf(stderr, "qmm convert: %zu tensor%s left out (--skip-unsupported)\n", skipped, skipped == 1 ? "" : "s");
+    return 0;
+}
+
 int cmd_convert(const command *c, int argc, char **argv) {
     const char *prefixes[64];
     size_t prefix_count = 0;
-    int force = 0;
+    int force = 0, skip = 0;
     flag_spec flags[] = {{"--only", NULL, NULL, prefixes, &prefix_count, 64, NULL},
-                         {"--force", NULL, NULL, NULL, NULL, 0, &force}};
+                         {"--force", NULL, NULL, NULL, NULL, 0, &force},
+                         {"--skip-unsupported", NULL, NULL, NULL, NULL, 0, &skip}};
     const char *positional[2];
     size_t npositional;
-    int rc = parse_args(c, argc, argv, flags, 2, positional, 2, &npositional);
+    int rc = parse_args(c, argc, argv, flags, 3, positional, 2, &npositional);
     if (rc) return rc;
     if (npositional != 2) return usage_error(c, "expected IN.gguf and OUTDIR");
     for (size_t i = 0; i < prefix_count; i++)
         if (!prefixes[i][0]) return usage_error(c, "--only needs a non-empty PREFIX");
     if ((rc = check_outdir(c, positional[1], force))) return rc;
     fprintf(stderr, "qmm convert: %s -> %s\n", positional[0], positional[1]);
-    qmm_status status = qmm_gguf_convert(positional[0], positional[1], prefixes, prefix_count);
-    if (status != QMM_OK) return library_error(c, status);
+    const qmm_gguf_convert_options options = {.prefixes = prefixes, .prefix_count = prefix_count, .skip_unsupported = skip};
+    qmm_status status = qmm_gguf_convert_with(positional[0], positional[1], &options);
+    if (status != QMM_OK) {
+        rc = library_error(c, status);
+        if (status == QMM_ERR_UNSUPPORTED && !skip)
+            fprintf(stderr, "qmm convert: --skip-unsupported converts the rest and leaves such tensors out\n");
+        return rc;
+    }
+    if (skip && (rc = report_skipped(c, positional[0], prefixes, prefix_count))) return rc;
     qmm_checkpoint *checkpoint = NULL;
     if ((status = qmm_checkpoint_open(positional[1], &checkpoint)) != QMM_OK) return library_error(c, status);
     const size_t tensors = qmm_checkpoint_tensor_count(checkpoint), layers = qmm_checkpoint_layer_count(checkpoint);

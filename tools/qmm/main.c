@@ -25,13 +25,14 @@ static const command commands[] = {
      "  DIR               an MLX checkpoint: tensors and every quantized layer's bits, group_size and scale dtype\n",
      cmd_info},
     {"convert", "convert a GGUF file into an MLX checkpoint directory",
-     "usage: qmm convert IN.gguf OUTDIR [--only PREFIX]... [--force]\n"
+     "usage: qmm convert IN.gguf OUTDIR [--only PREFIX]... [--skip-unsupported] [--force]\n"
      "  Imports F32/F16/BF16 tensors as they are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 exactly as 4/5/8-bit gs32 layers\n"
      "  with f16 scales and Q4_K/Q5_K as 4/5-bit gs32 layers with f32 scales (X.weight -> layer X); Q2_K,\n"
-     "  Q3_K, Q6_K and the IQ types have no exact MLX form and are refused. --only keeps the tensors whose\n"
-     "  names start with PREFIX (repeatable), e.g. --only blk. to leave out a Q6_K output.weight.\n"
-     "  An unsupported tensor type stops the conversion and leaves OUTDIR without new files. An OUTDIR that\n"
-     "  already holds a checkpoint is refused unless --force is given; OUTDIR is checked before any work.\n",
+     "  Q3_K, Q6_K and the IQ types have no exact MLX form. --only keeps the tensors whose names start with\n"
+     "  PREFIX (repeatable). An unsupported tensor type stops the conversion and leaves OUTDIR without new\n"
+     "  files, unless --skip-unsupported leaves such tensors out (each named on stderr): a Q4_K_M file's Q6_K\n"
+     "  tensors, say. An OUTDIR that already holds a checkpoint is refused unless --force is given; OUTDIR is\n"
+     "  checked before any work.\n",
      cmd_convert},
     {"quantize", "quantize the float weights of a safetensors file into an MLX checkpoint",
      "usage: qmm quantize IN.safetensors OUTDIR --bits B --group-size G [--convention cpu|gpu] [--force]\n"
