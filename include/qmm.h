@@ -759,6 +759,9 @@ typedef struct qmm_gguf_tensor_info {
     int64_t shape[QMM_MAX_DIMS]; /* row-major (GGUF's ne[] reversed: shape[ndim-1] = ne[0]) */
     size_t nbytes;
     int importable; /* 1 for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K */
+    /* "" when importable; else why not, e.g. for Q6_K "its sub-blocks of 16 weights have scales of their own, and
+     * an MLX group holds 32, 64 or 128" (static text, valid for the process's life). */
+    const char *why_not;
 } qmm_gguf_tensor_info;
 
 /* Maps and validates a GGUF v2/v3 file: magic, version, counts bounded by file size, strings and
@@ -793,7 +796,8 @@ const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);
  * sequential and is restored.
  * Errors: QMM_ERR_UNSUPPORTED naming the type (Q2_K, Q3_K and Q6_K, whose 16-weight sub-blocks have their own
  * scales, IQ types, ...), QMM_ERR_SHAPE (a quantized tensor whose row length is not a multiple of its block:
- * 32, or 256 for K-quants), QMM_ERR_NUMERIC (−8d, −16d or −128d not finite in f16), QMM_ERR_OUT_OF_MEMORY. */
+ * 32, or 256 for K-quants), QMM_ERR_NUMERIC (a block whose d, m or dmin is NaN or ±inf, named by row and block;
+ * or −8d, −16d or −128d not finite in f16), QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
                            qmm_tensor *float_tensor);
 /* Frees what qmm_gguf_import allocated: the matrix's w/scales/biases, the float tensor's data and name

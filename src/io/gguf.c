@@ -113,17 +113,28 @@ static bool importable_type(uint32_t type) {
 
 #define IMPORTABLE_TYPES "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K"
 
-/* Why a type qmm knows cannot be imported exactly (appended to the refusal), or "". */
+/* Why a type cannot be imported (qmm_gguf_tensor_info.why_not and the refusals), or "" for an importable one. */
 static const char *unsupported_why(uint32_t type) {
+    if (importable_type(type)) return "";
     switch (type) {
     case 10: /* Q2_K */
     case 11: /* Q3_K */
     case 14: /* Q6_K */
-        return ": its sub-blocks of 16 weights have scales of their own, and an MLX group holds 32, 64 or 128";
-    default: return "";
+        return "its sub-blocks of 16 weights have scales of their own, and an MLX group holds 32, 64 or 128";
+    case 9:  /* Q8_1 */
+    case 15: /* Q8_K */
+        return "it is ggml's format for activations in its dot products, not for weights";
+    case 16: case 17: case 18: case 19: case 20: case 21: case 22: case 23: case 29: /* IQ* */
+        return "its codes index a non-uniform codebook, which no affine s·q + b expresses";
+    case 39: /* MXFP4 */
+    case 40: /* NVFP4 */
+        return "its codes are FP4 (E2M1) values, not evenly spaced, which no affine s·q + b expresses";
+    case 24: case 25: case 26: case 27: case 28: /* I8 … I64, F64 */
+        return "it is an integer or f64 tensor, not a float or quantized weight type qmm reads";
+    default:
+        return type_traits(type) ? "qmm does not import this type yet" : "it is a type this build of qmm does not know";
     }
 }
-
 typedef struct gguf_kv {
     char *key;
     uint32_t type;
@@ -519,6 +530,7 @@ qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf
         info->shape[d] = t->shape[d];
     info->nbytes = t->nbytes;
     info->importable = importable_type(t->type);
+    info->why_not = unsupported_why(t->type);
     return QMM_OK;
 }
 
@@ -566,6 +578,13 @@ void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor) {
     }
 }
 
+static bool f16_finite(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
+
+/* Whether the block's second f16 (bytes 2–3) is a factor of its weights: Q4_1/Q5_1's m, the K-quants' dmin. */
+static bool has_min_field(uint32_t type) {
+    return type == QMM_GGUF_Q4_1 || type == QMM_GGUF_Q5_1 || type == QMM_GGUF_Q4_K || type == QMM_GGUF_Q5_K;
+}
+
 /* One 32-weight block → its 32 codes in MLX (sequential) order and the f16 bits of its scale and bias. */
 static void import_block(uint32_t type, const uint8_t *block, uint8_t codes[32], uint16_t *scale, uint16_t *bias) {
     const uint16_t d = qmm_le16(block);
@@ -579,7 +598,7 @@ static void import_block(uint32_t type, const uint8_t *block, uint8_t codes[32],
         return;
     }
     /* Q4_x: f16 d [| f16 m] | 16 B;  Q5_x: f16 d [| f16 m] | u32 qh | 16 B, bit j of qh = bit 4 of code j. */
-    const bool has_min = type == QMM_GGUF_Q4_1 || type == QMM_GGUF_Q5_1;
+    const bool has_min = has_min_field(type);
     const bool five = type == QMM_GGUF_Q5_0 || type == QMM_GGUF_Q5_1;
     const uint8_t *after_d = block + (has_min ? 4 : 2);
     const uint32_t qh = five ? qmm_le32(after_d) : 0;
@@ -619,7 +638,6 @@ static void import_k_block(uint32_t type, const uint8_t *block, uint8_t codes[25
     }
 }
 
-static bool f16_finite(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
 
 qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
                            qmm_tensor *float_tensor) {
@@ -658,7 +676,7 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
     const int bits = import_bits(t->type);
     if (!bits)
         return qmm_error(QMM_ERR_UNSUPPORTED,
-                         "GGUF tensor \"%s\" has type %s, which qmm cannot import (importable: " IMPORTABLE_TYPES ")%s",
+                         "GGUF tensor \"%s\" has type %s, which qmm cannot import (importable: " IMPORTABLE_TYPES "): %s",
                          printable, t->type_name, unsupported_why(t->type));
 
     const ggml_type_traits *traits = type_traits(t->type);
@@ -685,17 +703,28 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
                            printable);
         goto cleanup;
     }
+    const size_t per_row = cols / traits->block;
     for (size_t b = 0; b < blocks; b++) {
         const uint8_t *block = data + b * traits->bytes;
         const size_t g0 = b * groups_per_block;
         uint8_t codes[256];
+        /* The block's f16 factors (d; the min m of Q4_1/Q5_1; the K-quants' dmin) must be finite: ggml would turn a
+         * NaN or ±inf one into NaN or ±inf weights, which no product can use; refused here, not at the first matmul. */
+        const bool second = has_min_field(t->type);
+        if (!f16_finite(qmm_le16(block)) || (second && !f16_finite(qmm_le16(block + 2)))) {
+            const bool first_bad = !f16_finite(qmm_le16(block));
+            status = qmm_error(QMM_ERR_NUMERIC, "GGUF tensor \"%s\" (%s): row %zu block %zu has %s=%g, which is not finite",
+                               printable, t->type_name, b / per_row, b % per_row,
+                               first_bad ? "d" : k_quant ? "dmin" : "m",
+                               (double)qmm_f16_to_f32(qmm_le16(block + (first_bad ? 0 : 2))));
+            goto cleanup;
+        }
         if (k_quant) {
             import_k_block(t->type, block, codes, (float *)scales + g0, (float *)biases + g0);
         } else {
             uint16_t *scale = (uint16_t *)scales + g0, *bias = (uint16_t *)biases + g0;
             import_block(t->type, block, codes, scale, bias);
-            if (t->type != QMM_GGUF_Q4_1 && t->type != QMM_GGUF_Q5_1 && !f16_finite(*bias)) {
-                const size_t per_row = cols / 32;
+            if (!second && !f16_finite(*bias)) {
                 status = qmm_error(QMM_ERR_NUMERIC,
                                    "GGUF tensor \"%s\" (%s): row %zu block %zu has d=%g, so the bias −%d·d is not "
                                    "finite in f16",
@@ -774,7 +803,7 @@ qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, con
         if (!importable_type(t->type)) {
             status = qmm_error(QMM_ERR_UNSUPPORTED,
                                "%s: tensor \"%s\" has type %s, which qmm cannot import (importable: " IMPORTABLE_TYPES
-                               ")%s; nothing was written",
+                               "): %s; nothing was written",
                                gguf_path, qmm_printable(t->name, strlen(t->name), printable, sizeof printable),
                                t->type_name, unsupported_why(t->type));
             goto cleanup;

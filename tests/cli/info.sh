@@ -43,7 +43,7 @@ expect_ok "info tiny.gguf" info "$WORK/tiny.gguf"
 check "gguf: summary and architecture" out_has "GGUF, 3 tensors, architecture test"
 check "gguf: Q4_1 importable" out_matches "w\.weight +Q4_1 +\[2, 32\] +yes: 4-bit gs32 f16"
 check "gguf: F32 importable" out_matches "n\.weight +F32 +\[32\] +yes"
-check "gguf: Q6_K not importable" out_matches "k\.weight +Q6_K +\[1, 256\] +no"
+check "gguf: Q6_K not importable, with the reason" out_matches "k\.weight +Q6_K +\[1, 256\] +no: its sub-blocks of 16 weights"
 check "gguf: count" out_has "2 of 3 tensors importable"
 
 # convert: an unsupported tensor stops the conversion (and names it, with a pointer to --skip-unsupported); --only
@@ -52,7 +52,7 @@ expect_library_error convert unsupported "k.weight" convert "$WORK/tiny.gguf" "$
 check "convert: the refusal points at --skip-unsupported" err_has "--skip-unsupported converts the rest"
 check "convert: the refused OUTDIR not created" [ ! -e "$WORK/tinyall" ]
 expect_ok "convert --skip-unsupported" convert "$WORK/tiny.gguf" "$WORK/tinyskip" --skip-unsupported
-check "convert --skip-unsupported: k.weight named" err_has "left out k.weight (Q6_K: no exact MLX form)"
+check "convert --skip-unsupported: k.weight named" err_has "left out k.weight (Q6_K: its sub-blocks of 16 weights"
 check "convert --skip-unsupported: count" err_has "1 tensor left out (--skip-unsupported)"
 check "convert --skip-unsupported: the rest" out_matches "4 tensors, 1 quantized layer$"
 expect_library_error convert "not found" "no selected tensor has a type qmm can import" \

@@ -362,6 +362,8 @@ static void test_metadata_and_unsupported(void) {
         qmm_gguf_tensor_info info;
         CHECK_OK(qmm_gguf_tensor_info_get(file, 1, &info));
         CHECK(strcmp(info.type_name, "Q6_K") == 0 && info.importable == 0 && info.nbytes == 210, "Q6_K info");
+        CHECK(info.why_not && strstr(info.why_not, "sub-blocks of 16 weights"), "Q6_K why_not: %s",
+              info.why_not ? info.why_not : "(null)");
         int quantized;
         qmm_qmatrix m;
         qmm_tensor t;
@@ -371,6 +373,11 @@ static void test_metadata_and_unsupported(void) {
               "message: %s", qmm_last_error());
         CHECK_OK(qmm_gguf_tensor_info_get(file, 0, &info));
         CHECK(strcmp(info.type_name, "type 99") == 0 && info.importable == 0, "unknown type name %s", info.type_name);
+        CHECK(info.why_not && strstr(info.why_not, "does not know"), "type 99 why_not: %s",
+              info.why_not ? info.why_not : "(null)");
+        CHECK_OK(qmm_gguf_tensor_info_get(file, 2, &info));
+        CHECK(info.importable == 1 && info.why_not && info.why_not[0] == '\0', "F32 why_not: %s",
+              info.why_not ? info.why_not : "(null)");
         CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_UNSUPPORTED);
         CHECK(message_has("mystery") && message_has("type 99"), "message: %s", qmm_last_error());
         CHECK_OK(qmm_gguf_import(file, 2, &quantized, &m, &t));
@@ -568,6 +575,38 @@ static void test_bad_files(void) {
     }
     io_buf_free(&image);
     builder_free(&b);
+    /* A block factor that is NaN or ±inf (d, Q4_1's m, a K-quant's dmin) is refused, naming the row, block and field. */
+    static const struct {
+        uint32_t type;
+        size_t at;      /* byte offset of the f16 in block 1 */
+        uint16_t value; /* NaN, +inf, −inf */
+        const char *field;
+    } bad_factors[] = {{Q4_1, 2, 0x7E00, "m=nan"}, {Q4_K, 2, 0x7C00, "dmin=inf"}, {Q5_K, 0, 0x7E01, "d=nan"},
+                       {Q8_0, 0, 0xFC00, "d=-inf"}, {Q5_1, 0, 0x7C00, "d=inf"}};
+    for (size_t i = 0; i < sizeof bad_factors / sizeof bad_factors[0]; i++) {
+        check_rng frng = check_rng_make(700 + i);
+        const uint32_t type = bad_factors[i].type;
+        const size_t per_row = 512 / block_weights(type), nblocks = 2 * per_row;
+        uint8_t *blocks = random_blocks(&frng, type, nblocks);
+        uint8_t *target = blocks + (per_row + 1) * block_bytes(type) + bad_factors[i].at; /* row 1, block 1 */
+        put16(target, bad_factors[i].value);
+        b = builder_make();
+        uint64_t ne_bad[2] = {512, 2};
+        add_tensor(&b, "nonfinite", type, 2, ne_bad, blocks, nblocks * block_bytes(type));
+        image = gguf_finish(&b);
+        CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &file));
+        if (file) {
+            CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_NUMERIC);
+            CHECK(message_has("nonfinite") && message_has("row 1 block 1") && message_has(bad_factors[i].field) &&
+                      message_has("not finite"),
+                  "type %u: message: %s", type, qmm_last_error());
+            CHECK(m.w == NULL && m.scales == NULL, "outputs not cleared on a refused import");
+            qmm_gguf_close(file);
+        }
+        io_buf_free(&image);
+        builder_free(&b);
+        free(blocks);
+    }
     /* Q5_0's −16d overflows f16 from |d| > 4094 (Q5_1's bias is m itself: no such rule). */
     b = builder_make();
     uint8_t block5[22] = {0};

@@ -60,6 +60,7 @@ class qmm_gguf_tensor_info(Structure):
         ("shape", c_int64 * QMM_MAX_DIMS),
         ("nbytes", c_size_t),
         ("importable", c_int),
+        ("why_not", c_char_p),
     ]
 
 

@@ -7,7 +7,8 @@ For every bits in {2,3,4,5,6,8} x group_size in {32,64,128} x dtype in {f32,f16,
   2. qmm_dequantize == mx.dequantize bit for bit (for every output dtype);
   3. the oracle (qmm_ref_qmm_t / qmm_ref_qmm_n) vs mx.quantized_matmul within the bound of README.md;
   4. qmm_gguf_import of every quantized tensor (and the F32 ones) == mx.load of the same GGUF file;
-     4b. of Q5_0/Q5_1/Q4_K/Q5_K tensors == gguf-py's dequantize (llama.cpp's reference; MLX makes f16 of them);
+     4b. of Q5_0/Q5_1/Q4_K/Q5_K tensors == gguf-py's dequantize (llama.cpp's reference; MLX cannot load them
+         quantized);
   6. the MoE gather (qmm_ref_gather_qmm and every gather row of the ref/cpu backends through
      qmm_gather_matmul) vs mx.gather_qmm, within the same bound as 3;
   5. the GPU convention (MLX cannot run it here): hand-worked groups, a numpy model of the Metal kernel
@@ -543,8 +544,8 @@ class GgufImportAgainstGgufPy(unittest.TestCase):
     """Q5_0, Q5_1, Q4_K and Q5_K tensors of random blocks, written by gguf-py's GGUFWriter: qmm_gguf_import,
     decoded as round_f32(s·q + b) in numpy f32, == gguf.quants.dequantize (ggml's dequantize_row_* in
     numpy), value for value; for Q4_K/Q5_K also mx.dequantize of the imported arrays. MLX's loader cannot be
-    the reference: it dequantizes these types to f16 (and 0.32.4 gives Q4_K's odd sub-blocks the scale and min
-    of the even one before them: gguf-tools' gguflib.c)."""
+    the reference: 0.32.4 refuses Q5_0/Q5_1/Q5_K and dequantizes Q4_K to f16, giving its odd sub-blocks the scale
+    and min of the even one before them (gguf-tools' gguflib.c)."""
 
     def random_blocks(self, rng, qtype, blocks):
         """Random raw blocks: every byte random, then the f16 d (and m / dmin) replaced by finite values."""

@@ -18,8 +18,8 @@ static int report_skipped(const command *c, const char *path, const char *const 
         bool chosen = prefix_count == 0;
         for (size_t p = 0; p < prefix_count && !chosen; p++) chosen = strncmp(info.name, prefixes[p], strlen(prefixes[p])) == 0;
         if (!chosen) continue;
-        fprintf(stderr, "qmm convert: left out %s (%s: no exact MLX form)\n", printable(info.name, shown, sizeof shown),
-                info.type_name);
+        fprintf(stderr, "qmm convert: left out %s (%s: %s)\n", printable(info.name, shown, sizeof shown), info.type_name,
+                info.why_not);
         skipped++;
     }
     qmm_gguf_close(file);

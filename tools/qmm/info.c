@@ -154,7 +154,9 @@ static int info_gguf(const command *c, const char *path) {
         if ((status = qmm_gguf_tensor_info_get(file, i, &info)) != QMM_OK) break;
         char shape[160];
         format_shape(shape, sizeof shape, info.ndim, info.shape);
-        const char *as = "no";
+        char as_no[256];
+        snprintf(as_no, sizeof as_no, "no: %s", info.why_not);
+        const char *as = as_no;
         if (info.importable) {
             importable++;
             switch (info.type) {
