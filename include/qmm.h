@@ -758,7 +758,9 @@ typedef struct qmm_gguf_tensor_info {
     int ndim;
     int64_t shape[QMM_MAX_DIMS]; /* row-major (GGUF's ne[] reversed: shape[ndim-1] = ne[0]) */
     size_t nbytes;
-    int importable; /* 1 for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K */
+    /* 1 for F32, F16, BF16, and for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K with rows of whole blocks (32 weights,
+     * 256 for K-quants); qmm_gguf_import may still refuse a block's non-finite d, m or dmin. */
+    int importable;
     /* "" when importable; else why not, e.g. for Q6_K "its sub-blocks of 16 weights have scales of their own, and
      * an MLX group holds 32, 64 or 128" (static text, valid for the process's life). */
     const char *why_not;
@@ -818,8 +820,8 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
 typedef struct qmm_gguf_convert_options {
     const char *const *prefixes; /* with prefix_count > 0: only the tensors whose names start with one of these */
     size_t prefix_count;
-    /* Nonzero: selected tensors of a type qmm cannot import (qmm_gguf_tensor_info.importable = 0: Q6_K, IQ types,
-     * ...) are left out of the checkpoint instead of stopping the conversion; a Q4_K_M file (Q4_K tensors with a
+    /* Nonzero: selected tensors qmm cannot import (qmm_gguf_tensor_info.importable = 0: a type such as Q6_K or the
+     * IQ types, or rows that are not whole blocks) are left out of the checkpoint instead of stopping the conversion; a Q4_K_M file (Q4_K tensors with a
      * few Q6_K ones) then converts in one call. Anything else that fails still stops it before anything is written. */
     int skip_unsupported;
 } qmm_gguf_convert_options;

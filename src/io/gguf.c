@@ -152,6 +152,21 @@ typedef struct gguf_tensor {
     size_t nbytes; /* 0 when the type is unknown (its block size is unknown) */
 } gguf_tensor;
 
+/* Why a tensor of an importable quantized type still cannot be imported (its shape), or NULL: qmm_gguf_import's
+ * shape rules, as static text for qmm_gguf_tensor_info.why_not (the import's message gives the numbers). */
+static const char *shape_why(const gguf_tensor *t) {
+    const ggml_type_traits *traits = type_traits(t->type);
+    if (!import_bits(t->type) || !traits) return NULL; /* float tensors import whatever their shape */
+    const size_t cols = t->ndim > 0 ? (size_t)t->shape[t->ndim - 1] : 1;
+    if (cols == 0 || cols % traits->block != 0)
+        return "its row length is not a positive multiple of its block (32 weights; 256 for K-quants)";
+    if (t->elements / cols == 0) return "it has no rows";
+    return NULL;
+}
+
+/* Whether qmm_gguf_import accepts the tensor's type and shape (its data may still hold a non-finite factor). */
+static bool tensor_importable(const gguf_tensor *t) { return importable_type(t->type) && !shape_why(t); }
+
 struct qmm_gguf {
     qmm_mapping mapping; /* owned when opened from a path */
     const uint8_t *bytes;
@@ -396,8 +411,8 @@ static qmm_status parse_tensor_info(qmm_gguf *file, cursor *c, gguf_tensor *tens
         size_t row = ndim > 0 ? (size_t)ne[0] : 1;
         size_t rows = row ? elements / row : 0;
         size_t blocks = row / traits->block + (row % traits->block != 0);
-        size_t nbytes;
-        if (!qmm_mul_size(blocks, traits->bytes, &nbytes) || !qmm_mul_size(nbytes, rows, &nbytes))
+        size_t nbytes = 0; /* no rows (a zero dimension): no bytes, however long a row would be */
+        if (rows && (!qmm_mul_size(blocks, traits->bytes, &nbytes) || !qmm_mul_size(nbytes, rows, &nbytes)))
             return qmm_error(QMM_ERR_CORRUPT, "GGUF tensor \"%s\": its byte size overflows size_t", printable);
         tensor->nbytes = nbytes;
     }
@@ -529,8 +544,8 @@ qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf
     for (int d = 0; d < t->ndim; d++)
         info->shape[d] = t->shape[d];
     info->nbytes = t->nbytes;
-    info->importable = importable_type(t->type);
-    info->why_not = unsupported_why(t->type);
+    info->importable = tensor_importable(t);
+    info->why_not = !importable_type(t->type) ? unsupported_why(t->type) : info->importable ? "" : shape_why(t);
     return QMM_OK;
 }
 
@@ -774,7 +789,7 @@ qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const ch
 /* Whether tensor t is converted: selected by the prefixes and, when unsupported types are skipped, importable. */
 static bool converted(const gguf_tensor *t, const qmm_gguf_convert_options *options) {
     return selected(t->name, options->prefixes, options->prefix_count) &&
-           (!options->skip_unsupported || importable_type(t->type));
+           (!options->skip_unsupported || tensor_importable(t));
 }
 
 qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, const qmm_gguf_convert_options *options) {
@@ -830,7 +845,12 @@ qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, con
         int quantized = 0;
         qmm_qmatrix matrix;
         qmm_tensor float_tensor;
-        if ((status = qmm_gguf_import(file, i, &quantized, &matrix, &float_tensor)) != QMM_OK) goto cleanup;
+        if ((status = qmm_gguf_import(file, i, &quantized, &matrix, &float_tensor)) != QMM_OK) {
+            char message[1024]; /* the library's message size */
+            snprintf(message, sizeof message, "%s", qmm_last_error());
+            qmm_error(status, "%s: %s; nothing was written", gguf_path, message);
+            goto cleanup;
+        }
         if (!quantized) {
             tensors[tensor_count++] = float_tensor;
             continue;

@@ -545,6 +545,18 @@ static void test_bad_files(void) {
     io_buf_free(&image);
     builder_free(&b);
 
+    /* A tensor with no rows has no bytes, however long its row would be (this used to be "its byte size overflows"). */
+    image = one_tensor_file("z", 0, (uint64_t)INT64_MAX, 0, 0);
+    {
+        qmm_gguf *zero = NULL;
+        CHECK_OK(qmm_gguf_open_memory(image.data, image.size, &zero));
+        qmm_gguf_tensor_info info;
+        if (zero && qmm_gguf_tensor_info_get(zero, 0, &info) == QMM_OK)
+            CHECK(info.nbytes == 0 && info.importable == 1, "zero rows: nbytes %zu", info.nbytes);
+        qmm_gguf_close(zero);
+    }
+    io_buf_free(&image);
+
     /* Import-time rules: row length not a multiple of 32 (48), and −8d overflowing f16. */
     image = one_tensor_file("odd", 2, 48, 2, 2 * 2 * 18);
     qmm_gguf *file = NULL;
@@ -1029,11 +1041,27 @@ static void test_convert_k_quants(const char *root) {
         int quantized;
         qmm_qmatrix m;
         qmm_tensor t;
+        qmm_gguf_tensor_info info;
+        CHECK_OK(qmm_gguf_tensor_info_get(file, 0, &info));
+        CHECK(info.importable == 0 && info.why_not && strstr(info.why_not, "row length"),
+              "a Q4_K row of 288: importable %d, why_not %s", info.importable, info.why_not ? info.why_not : "(null)");
         CHECK_STATUS(qmm_gguf_import(file, 0, &quantized, &m, &t), QMM_ERR_SHAPE);
         CHECK(message_has("288") && message_has("multiple of 256") && message_has("Q4_K"), "message: %s",
               qmm_last_error());
         qmm_gguf_close(file);
     }
+    /* convert names the file and says nothing was written; skip_unsupported leaves the tensor out, and with nothing
+     * else in the file that is NOT_FOUND. */
+    char odd_path[1024], odd_out[1024];
+    snprintf(odd_path, sizeof odd_path, "%s/odd_kquant.gguf", root);
+    snprintf(odd_out, sizeof odd_out, "%s/odd_kquant", root);
+    CHECK(io_write_file(odd_path, odd_image.data, odd_image.size), "write %s", odd_path);
+    CHECK_STATUS(qmm_gguf_convert(odd_path, odd_out, NULL, 0), QMM_ERR_SHAPE);
+    CHECK(message_has(odd_path) && message_has("multiple of 256") && message_has("nothing was written"), "message: %s",
+          qmm_last_error());
+    const qmm_gguf_convert_options skip_odd = {.skip_unsupported = 1};
+    CHECK_STATUS(qmm_gguf_convert_with(odd_path, odd_out, &skip_odd), QMM_ERR_NOT_FOUND);
+    CHECK(!io_exists(odd_out), "a refused convert created its directory");
     io_buf_free(&odd_image);
     builder_free(&odd);
     free(k4);
