@@ -201,6 +201,14 @@ static bool json_exact_count(const cJSON *item, double *value) {
     return v >= 0.0 && v <= JSON_MAX_EXACT_INTEGER && floor(v) == v;
 }
 
+/* An integer up to 2^53 as JSON, all its digits: cJSON prints numbers with 15 significant digits when they
+ * compare equal within a relative DBL_EPSILON, so 2^53 would come out as 9.00719925474099e+15. */
+static cJSON *exact_integer(uint64_t value) {
+    char digits[24];
+    snprintf(digits, sizeof digits, "%llu", (unsigned long long)value);
+    return cJSON_CreateRaw(digits);
+}
+
 size_t qmm_io_find_sorted(const void *context, size_t count, const char *(*name_at)(const void *context, size_t i),
                           const char *name) {
     size_t lo = 0, hi = count;
@@ -486,7 +494,7 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
                          printable, ndim, QMM_MAX_DIMS);
     entry->ndim = ndim;
     size_t elements = 1;
-    bool overflow = false;
+    bool overflow = false, zero = false;
     int d = 0;
     const cJSON *dim;
     cJSON_ArrayForEach(dim, shape) {
@@ -505,8 +513,10 @@ static qmm_status parse_tensor(qmm_safetensors *file, const char *name, const cJ
         entry->shape[d] = (int64_t)value;
         /* 2^53 fits a 64-bit size_t but not a 32-bit one: compare before the cast (as the GGUF reader does). */
         if (value > (double)SIZE_MAX || !qmm_mul_size(elements, (size_t)value, &elements)) overflow = true;
+        if (value == 0) zero = true;
         d++;
     }
+    if (zero) overflow = false, elements = 0; /* a zero dimension: no elements, however large the others */
     size_t nbytes = 0;
     if (overflow || !qmm_mul_size(elements, qmm_dtype_size(entry->dtype), &nbytes))
         return qmm_error(QMM_ERR_CORRUPT, "safetensors tensor \"%s\": the byte size of its shape overflows size_t",
@@ -798,14 +808,17 @@ static qmm_status validate_write(const qmm_tensor *tensors, size_t count, const 
             return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\" has ndim=%d; it must be in [0, %d]", printable, t->ndim,
                              QMM_MAX_DIMS);
         size_t bytes = qmm_dtype_size(t->dtype);
+        bool overflow = false, zero = false;
         for (int d = 0; d < t->ndim; d++) {
             if (t->shape[d] < 0 || (double)t->shape[d] > JSON_MAX_EXACT_INTEGER)
                 return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\": shape[%d]=%lld is outside [0, 2^53]", printable, d,
                                  (long long)t->shape[d]);
-            if (!qmm_mul_size(bytes, (size_t)t->shape[d], &bytes))
-                return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\": the byte size of its shape overflows size_t",
-                                 printable);
+            if (!qmm_mul_size(bytes, (size_t)t->shape[d], &bytes)) overflow = true;
+            if (t->shape[d] == 0) zero = true;
         }
+        if (zero) bytes = 0; /* a zero dimension: no bytes, however large the others */
+        else if (overflow)
+            return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\": the byte size of its shape overflows size_t", printable);
         if (bytes != t->nbytes)
             return qmm_error(QMM_ERR_SHAPE, "tensor \"%s\": nbytes=%zu but dtype %s × shape needs %zu bytes", printable,
                              t->nbytes, qmm_dtype_name(t->dtype), bytes);
@@ -874,17 +887,21 @@ static qmm_status write_validated(qmm_atomic_file *out, const qmm_tensor *tensor
         cJSON *shape = cJSON_AddArrayToObject(entry, "shape");
         if (!shape) goto out_of_memory;
         for (int d = 0; d < t->ndim; d++) {
-            cJSON *dim = cJSON_CreateNumber((double)t->shape[d]);
+            cJSON *dim = exact_integer((uint64_t)t->shape[d]);
             if (!dim || !cJSON_AddItemToArray(shape, dim)) {
                 cJSON_Delete(dim);
                 goto out_of_memory;
             }
         }
-        const double span[2] = {(double)offset, (double)end};
-        cJSON *offsets = cJSON_CreateDoubleArray(span, 2);
-        if (!offsets || !cJSON_AddItemToObject(entry, "data_offsets", offsets)) {
-            cJSON_Delete(offsets);
-            goto out_of_memory;
+        cJSON *offsets = cJSON_AddArrayToObject(entry, "data_offsets");
+        if (!offsets) goto out_of_memory;
+        const size_t span[2] = {offset, end};
+        for (int i = 0; i < 2; i++) {
+            cJSON *at = exact_integer((uint64_t)span[i]);
+            if (!at || !cJSON_AddItemToArray(offsets, at)) {
+                cJSON_Delete(at);
+                goto out_of_memory;
+            }
         }
         offset = end;
     }

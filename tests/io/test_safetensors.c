@@ -319,6 +319,26 @@ static void test_umask(const char *dir) {
 
 /* ── the writer refuses bad tensors and never leaves files behind ── */
 
+/* A zero dimension makes an empty tensor whatever the other dimensions: written and read back with 0 bytes (the
+ * product of the others used to be refused as an overflow first). */
+static void test_zero_dimension(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, "empty.safetensors");
+    const int64_t big = (int64_t)1 << 53;
+    qmm_tensor t = {.name = "z", .dtype = QMM_F32, .ndim = 3, .shape = {big, big, 0}, .data = NULL, .nbytes = 0};
+    CHECK_OK(qmm_safetensors_write(path, &t, 1, NULL, NULL, 0));
+    qmm_safetensors *file = NULL;
+    CHECK_OK(qmm_safetensors_open(path, &file));
+    if (file) {
+        qmm_tensor back;
+        CHECK_OK(qmm_safetensors_find(file, "z", &back));
+        CHECK(back.nbytes == 0 && back.ndim == 3 && back.shape[0] == big && back.shape[2] == 0,
+              "zero dimension read back: nbytes %zu ndim %d", back.nbytes, back.ndim);
+        qmm_safetensors_close(file);
+    }
+    remove(path);
+}
+
 static void test_write_errors(const char *dir) {
     float values[4] = {1, 2, 3, 4};
     qmm_tensor t = {.name = "w", .dtype = QMM_F32, .ndim = 1, .shape = {4}, .data = values, .nbytes = 16};
@@ -382,6 +402,7 @@ int main(void) {
         test_bad_headers();
         test_bad_lengths(dir);
         test_write_errors(dir);
+        test_zero_dimension(dir);
         test_umask(dir);
         io_remove_tree(dir);
         free(dir);
