@@ -640,6 +640,43 @@ static void test_bad_files(void) {
 
 /* ── convert into a checkpoint ── */
 
+/* Writes image to root/NAME.gguf and converts it to root/NAME (paths returned); both opened for reading. */
+static void write_and_convert(const char *root, const io_buf *image, const char *name, char gguf_path[1024],
+                              char out[1024], qmm_gguf **file, qmm_checkpoint **ck) {
+    snprintf(gguf_path, 1024, "%s/%s.gguf", root, name);
+    snprintf(out, 1024, "%s/%s", root, name);
+    CHECK(io_write_file(gguf_path, image->data, image->size), "write %s", gguf_path);
+    CHECK_OK(qmm_gguf_convert(gguf_path, out, NULL, 0));
+    *file = NULL;
+    *ck = NULL;
+    CHECK_OK(qmm_gguf_open(gguf_path, file));
+    CHECK_OK(qmm_checkpoint_open(out, ck));
+}
+
+/* Layer `name` of the converted checkpoint holds exactly what qmm_gguf_import gives for tensor `index`, format
+ * included (bits, group size 32, scale dtype: f16, or f32 for K-quants). */
+static void check_layer_is_import(qmm_checkpoint *ck, const qmm_gguf *file, size_t index, const char *name) {
+    qmm_layer layer;
+    CHECK_OK(qmm_checkpoint_find_layer(ck, name, &layer));
+    int quantized;
+    qmm_qmatrix m;
+    qmm_tensor t;
+    CHECK_OK(qmm_gguf_import(file, index, &quantized, &m, &t));
+    if (quantized == 1) {
+        const size_t words = m.cols * (size_t)m.bits / 32, groups = m.cols / 32;
+        const size_t scale_bytes = m.rows * groups * qmm_dtype_size(m.dtype);
+        CHECK(layer.matrix.bits == m.bits && layer.matrix.group_size == 32 && layer.matrix.dtype == m.dtype &&
+                  layer.matrix.rows == m.rows && layer.matrix.cols == m.cols &&
+                  memcmp(layer.matrix.w, m.w, m.rows * words * 4) == 0 &&
+                  memcmp(layer.matrix.scales, m.scales, scale_bytes) == 0 &&
+                  memcmp(layer.matrix.biases, m.biases, scale_bytes) == 0,
+              "layer %s differs from its import (bits %d dtype %d)", name, layer.matrix.bits, layer.matrix.dtype);
+    } else {
+        CHECK(false, "tensor %zu (%s) did not import as a quantized matrix", index, name);
+    }
+    qmm_gguf_import_free(&m, &t);
+}
+
 static void test_convert(const char *root) {
     check_rng rng = check_rng_make(300);
     gguf_builder b = builder_make();
@@ -656,36 +693,16 @@ static void test_convert(const char *root) {
     add_tensor(&b, "blk.0.attn_norm.weight", 0, 1, ne_n, norm, sizeof norm);
     io_buf image = gguf_finish(&b);
     char gguf_path[1024], out[1024];
-    snprintf(gguf_path, sizeof gguf_path, "%s/small.gguf", root);
-    snprintf(out, sizeof out, "%s/converted", root);
-    CHECK(io_write_file(gguf_path, image.data, image.size), "write %s", gguf_path);
-    CHECK_OK(qmm_gguf_convert(gguf_path, out, NULL, 0));
-
     qmm_gguf *file = NULL;
     qmm_checkpoint *ck = NULL;
-    CHECK_OK(qmm_gguf_open(gguf_path, &file));
-    CHECK_OK(qmm_checkpoint_open(out, &ck));
+    write_and_convert(root, &image, "converted", gguf_path, out, &file, &ck);
     if (file && ck) {
         int bits, group_size;
         CHECK_OK(qmm_checkpoint_default_format(ck, &bits, &group_size));
         CHECK(bits == 4 && group_size == 32, "default format %d/%d, want 4/32", bits, group_size);
         CHECK(qmm_checkpoint_layer_count(ck) == 3, "layers %zu, want 3", qmm_checkpoint_layer_count(ck));
         const char *names[3] = {"token_embd", "blk.0.attn_q", "blk.0.ffn_down"};
-        for (size_t i = 0; i < 3; i++) {
-            qmm_layer layer;
-            CHECK_OK(qmm_checkpoint_find_layer(ck, names[i], &layer));
-            int quantized;
-            qmm_qmatrix m;
-            qmm_tensor t;
-            CHECK_OK(qmm_gguf_import(file, i, &quantized, &m, &t));
-            size_t words = m.cols * (size_t)m.bits / 32, groups = m.cols / 32;
-            CHECK(layer.matrix.bits == m.bits && layer.matrix.rows == m.rows && layer.matrix.cols == m.cols &&
-                      memcmp(layer.matrix.w, m.w, m.rows * words * 4) == 0 &&
-                      memcmp(layer.matrix.scales, m.scales, m.rows * groups * 2) == 0 &&
-                      memcmp(layer.matrix.biases, m.biases, m.rows * groups * 2) == 0,
-                  "layer %s differs from its import", names[i]);
-            qmm_gguf_import_free(&m, &t);
-        }
+        for (size_t i = 0; i < 3; i++) check_layer_is_import(ck, file, i, names[i]);
         qmm_tensor t;
         CHECK_OK(qmm_checkpoint_find_tensor(ck, "blk.0.attn_norm.weight", &t));
         CHECK(t.dtype == QMM_F32 && t.nbytes == sizeof norm && memcmp(t.data, norm, sizeof norm) == 0, "norm differs");
@@ -992,14 +1009,9 @@ static void test_convert_k_quants(const char *root) {
     add_tensor(&b, "blk.0.attn_v.weight", Q5_1, 2, ne_v5, v5, 6 * 24);
     io_buf image = gguf_finish(&b);
     char gguf_path[1024], out[1024];
-    snprintf(gguf_path, sizeof gguf_path, "%s/kquants.gguf", root);
-    snprintf(out, sizeof out, "%s/kquants", root);
-    CHECK(io_write_file(gguf_path, image.data, image.size), "write %s", gguf_path);
-    CHECK_OK(qmm_gguf_convert(gguf_path, out, NULL, 0));
     qmm_gguf *file = NULL;
     qmm_checkpoint *ck = NULL;
-    CHECK_OK(qmm_gguf_open(gguf_path, &file));
-    CHECK_OK(qmm_checkpoint_open(out, &ck));
+    write_and_convert(root, &image, "kquants", gguf_path, out, &file, &ck);
     if (file && ck) {
         const char *names[3] = {"blk.0.attn_k", "blk.0.ffn_gate", "blk.0.attn_v"};
         const int want_bits[3] = {4, 5, 5};
@@ -1007,22 +1019,9 @@ static void test_convert_k_quants(const char *root) {
         for (size_t i = 0; i < 3; i++) {
             qmm_layer layer;
             CHECK_OK(qmm_checkpoint_find_layer(ck, names[i], &layer));
-            int quantized;
-            qmm_qmatrix m;
-            qmm_tensor t;
-            CHECK_OK(qmm_gguf_import(file, i, &quantized, &m, &t));
-            const size_t words = m.cols * (size_t)m.bits / 32, groups = m.cols / 32;
-            const size_t scale_bytes = m.rows * groups * qmm_dtype_size(m.dtype);
-            CHECK(m.bits == want_bits[i] && m.dtype == want_dtype[i] && m.group_size == 32, "%s: import %d-bit dtype %d",
-                  names[i], m.bits, m.dtype);
-            CHECK(layer.matrix.bits == m.bits && layer.matrix.group_size == 32 && layer.matrix.dtype == m.dtype &&
-                      layer.matrix.rows == m.rows && layer.matrix.cols == m.cols &&
-                      memcmp(layer.matrix.w, m.w, m.rows * words * 4) == 0 &&
-                      memcmp(layer.matrix.scales, m.scales, scale_bytes) == 0 &&
-                      memcmp(layer.matrix.biases, m.biases, scale_bytes) == 0,
-                  "layer %s differs from its import (bits %d dtype %d)", names[i], layer.matrix.bits,
-                  layer.matrix.dtype);
-            qmm_gguf_import_free(&m, &t);
+            CHECK(layer.matrix.bits == want_bits[i] && layer.matrix.dtype == want_dtype[i], "%s: %d-bit dtype %d",
+                  names[i], layer.matrix.bits, layer.matrix.dtype);
+            check_layer_is_import(ck, file, i, names[i]);
         }
     }
     qmm_checkpoint_close(ck);
