@@ -796,7 +796,7 @@ qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, con
     const qmm_gguf_convert_options defaults = {0};
     if (!options) options = &defaults;
     if (!gguf_path || !out_dir || (options->prefix_count > 0 && !options->prefixes))
-        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert: null argument");
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert_with: null argument");
     const size_t count = options->prefix_count;
     qmm_gguf *file = NULL;
     qmm_tensor *tensors = NULL;
@@ -827,7 +827,8 @@ qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, con
     if (chosen == 0) {
         if (file->tensor_count == 0) status = qmm_error(QMM_ERR_NOT_FOUND, "%s: the GGUF file has no tensors", gguf_path);
         else if (options->skip_unsupported)
-            status = qmm_error(QMM_ERR_NOT_FOUND, "%s: no %stensor has a type qmm can import (" IMPORTABLE_TYPES ")",
+            status = qmm_error(QMM_ERR_NOT_FOUND,
+                               "%s: no %stensor can be imported (types " IMPORTABLE_TYPES ", in rows of whole blocks)",
                                gguf_path, count ? "selected " : "");
         else status = qmm_error(QMM_ERR_NOT_FOUND, "%s: no tensor matches the %zu given prefixes", gguf_path, count);
         goto cleanup;

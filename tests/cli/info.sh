@@ -55,7 +55,7 @@ expect_ok "convert --skip-unsupported" convert "$WORK/tiny.gguf" "$WORK/tinyskip
 check "convert --skip-unsupported: k.weight named" err_has "left out k.weight (Q6_K: its sub-blocks of 16 weights"
 check "convert --skip-unsupported: count" err_has "1 tensor left out (--skip-unsupported)"
 check "convert --skip-unsupported: the rest" out_matches "4 tensors, 1 quantized layer$"
-expect_library_error convert "not found" "no selected tensor has a type qmm can import" \
+expect_library_error convert "not found" "no selected tensor can be imported" \
   convert "$WORK/tiny.gguf" "$WORK/tinynone" --skip-unsupported --only k.
 expect_ok "convert --only" convert "$WORK/tiny.gguf" "$WORK/tiny" --only w. --only n.
 check "convert: summary" out_matches "1 quantized layer$"

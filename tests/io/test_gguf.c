@@ -787,7 +787,7 @@ static void test_convert(const char *root) {
     char skipped_none[1024];
     snprintf(skipped_none, sizeof skipped_none, "%s/skipped_none", root);
     CHECK_STATUS(qmm_gguf_convert_with(gguf_path, skipped_none, &skip), QMM_ERR_NOT_FOUND);
-    CHECK(message_has("no selected tensor has a type qmm can import"), "message: %s", qmm_last_error());
+    CHECK(message_has("no selected tensor can be imported"), "message: %s", qmm_last_error());
     CHECK(!io_exists(skipped_none), "a refused convert created its directory");
     /* NULL options: qmm_gguf_convert with no prefixes (the Q6_K tensor refused). */
     CHECK_STATUS(qmm_gguf_convert_with(gguf_path, skipped_none, NULL), QMM_ERR_UNSUPPORTED);
