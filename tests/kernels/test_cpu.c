@@ -312,7 +312,7 @@ static void test_unpack_codes(check_rng *rng) {
     }
     static const size_t counts[] = {0, 1, 7, 8, 9, 31, 32, 63, 64, 65, 100, 127, 128, 129, 200, 576, 1000, 1536};
     static const int widths[] = {2, 3, 5, 6};
-    static const struct { int isa; const char *name; } isas[] = {{1, "avx2"}, {2, "avx512"}};
+    static const struct { int isa; const char *name; } isas[] = {{1, "avx2"}, {2, "avx512"}}; /* QMM_CPU_ISA_* */
     for (size_t i = 0; i < 2; i++) {
         size_t cases = 0, bad = 0;
         bool ran = true;
