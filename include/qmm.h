@@ -790,7 +790,7 @@ const char *qmm_gguf_metadata_string(const qmm_gguf *file, const char *key);
  *          mlx/io/gguf_quants.cpp, gives them for Q4_0/Q4_1/Q8_0);
  *   Q4_K → 4-bit gs32, Q5_K → 5-bit gs32, each 256-weight super-block's 8 sub-blocks as 8 groups with
  *          scale d·sc and bias −dmin·m in F32 (exact there, not in f16: d·sc has up to 17 significant bits;
- *          MLX's loader dequantizes these types to f16 instead), so x and out of a product are F32;
+ *          MLX 0.32.4's loader refuses Q5_K and dequantizes Q4_K to f16), so x and out of a product are F32;
  *   (→ *matrix, *is_quantized = 1; rows = product of the leading dims, cols = the last).
  * The arrays, and float_tensor->name, are heap copies owned by the caller (valid after qmm_gguf_close):
  * release them with qmm_gguf_import_free.
@@ -821,8 +821,9 @@ typedef struct qmm_gguf_convert_options {
     const char *const *prefixes; /* with prefix_count > 0: only the tensors whose names start with one of these */
     size_t prefix_count;
     /* Nonzero: selected tensors qmm cannot import (qmm_gguf_tensor_info.importable = 0: a type such as Q6_K or the
-     * IQ types, or rows that are not whole blocks) are left out of the checkpoint instead of stopping the conversion; a Q4_K_M file (Q4_K tensors with a
-     * few Q6_K ones) then converts in one call. Anything else that fails still stops it before anything is written. */
+     * IQ types, or rows that are not whole blocks) are left out of the checkpoint instead of stopping the
+     * conversion; a Q4_K_M file (Q4_K tensors with a few Q6_K ones) then converts in one call. Anything else that
+     * fails still stops it before anything is written. */
     int skip_unsupported;
 } qmm_gguf_convert_options;
 

@@ -642,7 +642,8 @@ static void import_k_block(uint32_t type, const uint8_t *block, uint8_t codes[25
     const uint8_t *qs = block + (type == QMM_GGUF_Q5_K ? 48 : 16);
     for (int g = 0; g < 8; g++) {
         const unsigned sc = g < 4 ? packed[g] & 63u : (packed[g + 4] & 0x0Fu) | (unsigned)(packed[g - 4] >> 6) << 4;
-        const unsigned m = g < 4 ? packed[g + 4] & 63u : (unsigned)(packed[g + 4] >> 4) | (unsigned)(packed[g] >> 6) << 4;
+        const unsigned m =
+            g < 4 ? packed[g + 4] & 63u : (unsigned)(packed[g + 4] >> 4) | (unsigned)(packed[g] >> 6) << 4;
         scales[g] = d * (float)sc;
         biases[g] = -(dmin * (float)m);
         for (int l = 0; l < 32; l++) {
@@ -691,7 +692,8 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
     const int bits = import_bits(t->type);
     if (!bits)
         return qmm_error(QMM_ERR_UNSUPPORTED,
-                         "GGUF tensor \"%s\" has type %s, which qmm cannot import (importable: " IMPORTABLE_TYPES "): %s",
+                         "GGUF tensor \"%s\" has type %s, which qmm cannot import (importable: " IMPORTABLE_TYPES
+                         "): %s",
                          printable, t->type_name, unsupported_why(t->type));
 
     const ggml_type_traits *traits = type_traits(t->type);
@@ -723,12 +725,14 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
         const uint8_t *block = data + b * traits->bytes;
         const size_t g0 = b * groups_per_block;
         uint8_t codes[256];
-        /* The block's f16 factors (d; the min m of Q4_1/Q5_1; the K-quants' dmin) must be finite: ggml would turn a
-         * NaN or ±inf one into NaN or ±inf weights, which no product can use; refused here, not at the first matmul. */
+        /* The block's f16 factors (d; the min m of Q4_1/Q5_1; the K-quants' dmin) must be finite: ggml would turn
+         * a NaN or ±inf one into NaN or ±inf weights, which no product can use; refused here, not at the first
+         * matmul. */
         const bool second = has_min_field(t->type);
         if (!f16_finite(qmm_le16(block)) || (second && !f16_finite(qmm_le16(block + 2)))) {
             const bool first_bad = !f16_finite(qmm_le16(block));
-            status = qmm_error(QMM_ERR_NUMERIC, "GGUF tensor \"%s\" (%s): row %zu block %zu has %s=%g, which is not finite",
+            status = qmm_error(QMM_ERR_NUMERIC,
+                               "GGUF tensor \"%s\" (%s): row %zu block %zu has %s=%g, which is not finite",
                                printable, t->type_name, b / per_row, b % per_row,
                                first_bad ? "d" : k_quant ? "dmin" : "m",
                                (double)qmm_f16_to_f32(qmm_le16(block + (first_bad ? 0 : 2))));
@@ -825,7 +829,8 @@ qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, con
         }
     }
     if (chosen == 0) {
-        if (file->tensor_count == 0) status = qmm_error(QMM_ERR_NOT_FOUND, "%s: the GGUF file has no tensors", gguf_path);
+        if (file->tensor_count == 0)
+            status = qmm_error(QMM_ERR_NOT_FOUND, "%s: the GGUF file has no tensors", gguf_path);
         else if (options->skip_unsupported)
             status = qmm_error(QMM_ERR_NOT_FOUND,
                                "%s: no %stensor can be imported (types " IMPORTABLE_TYPES ", in rows of whole blocks)",

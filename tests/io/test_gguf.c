@@ -238,7 +238,8 @@ static void check_import_exact(uint32_t type, const char *type_name, size_t rows
                     const uint16_t s16 = ((const uint16_t *)m.scales)[at], b16 = ((const uint16_t *)m.biases)[at];
                     const uint16_t d = le16(block);
                     const float minus = type == Q8_0 ? -128.0f : type == Q5_0 ? -16.0f : -8.0f;
-                    const uint16_t want_bias = has_min(type) ? le16(block + 2) : qmm_f32_to_f16(minus * qmm_f16_to_f32(d));
+                    const uint16_t want_bias =
+                        has_min(type) ? le16(block + 2) : qmm_f32_to_f16(minus * qmm_f16_to_f32(d));
                     if (s16 != d || b16 != want_bias) bad_bits++;
                     s = qmm_f16_to_f32(s16);
                     bias = qmm_f16_to_f32(b16);
@@ -587,7 +588,7 @@ static void test_bad_files(void) {
     }
     io_buf_free(&image);
     builder_free(&b);
-    /* A block factor that is NaN or ±inf (d, Q4_1's m, a K-quant's dmin) is refused, naming the row, block and field. */
+    /* A block factor that is NaN or ±inf (d, Q4_1's m, a K-quant's dmin) is refused, naming row, block and field. */
     static const struct {
         uint32_t type;
         size_t at;      /* byte offset of the f16 in block 1 */
@@ -773,7 +774,8 @@ static void test_convert(const char *root) {
     if (ck) {
         qmm_layer layer;
         qmm_tensor t;
-        CHECK(qmm_checkpoint_layer_count(ck) == 3, "skip_unsupported: %zu layers, want 3", qmm_checkpoint_layer_count(ck));
+        CHECK(qmm_checkpoint_layer_count(ck) == 3, "skip_unsupported: %zu layers, want 3",
+              qmm_checkpoint_layer_count(ck));
         CHECK_STATUS(qmm_checkpoint_find_layer(ck, "blk.1.ffn_up", &layer), QMM_ERR_NOT_FOUND);
         CHECK_STATUS(qmm_checkpoint_find_tensor(ck, "blk.1.ffn_up.weight", &t), QMM_ERR_NOT_FOUND);
         CHECK_OK(qmm_checkpoint_find_layer(ck, "blk.0.attn_q", &layer));

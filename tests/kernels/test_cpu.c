@@ -334,7 +334,7 @@ static void test_unpack_codes(check_rng *rng) {
                         if (memcmp(want, got, count + 1) != 0) {
                             bad++;
                             if (bad <= 3)
-                                CHECK(false, "unpack_codes %s: %d-bit count %zu start %zu differs from qmm_unpack_stream",
+                                CHECK(false, "unpack_codes %s: %d-bit count %zu start %zu differs from the reference",
                                       isas[i].name, bits, count, start);
                         }
                     }
@@ -342,8 +342,9 @@ static void test_unpack_codes(check_rng *rng) {
                     free(want);
                     free(got);
                 }
-        if (ran) CHECK(bad == 0 && cases >= 3 * 3 * sizeof counts / sizeof counts[0], "unpack_codes %s: %zu of %zu differ",
-                       isas[i].name, bad, cases);
+        if (ran)
+            CHECK(bad == 0 && cases >= 3 * 3 * sizeof counts / sizeof counts[0], "unpack_codes %s: %zu of %zu differ",
+                  isas[i].name, bad, cases);
         printf("  unpack_codes %s: %s\n", isas[i].name, ran ? "checked" : "not usable here");
     }
 }

@@ -16,10 +16,11 @@ static int report_skipped(const command *c, const char *path, const char *const 
         qmm_gguf_tensor_info info;
         if ((status = qmm_gguf_tensor_info_get(file, i, &info)) != QMM_OK || info.importable) continue;
         bool chosen = prefix_count == 0;
-        for (size_t p = 0; p < prefix_count && !chosen; p++) chosen = strncmp(info.name, prefixes[p], strlen(prefixes[p])) == 0;
+        for (size_t p = 0; p < prefix_count && !chosen; p++)
+            chosen = strncmp(info.name, prefixes[p], strlen(prefixes[p])) == 0;
         if (!chosen) continue;
-        fprintf(stderr, "qmm convert: left out %s (%s: %s)\n", printable(info.name, shown, sizeof shown), info.type_name,
-                info.why_not);
+        fprintf(stderr, "qmm convert: left out %s (%s: %s)\n", printable(info.name, shown, sizeof shown),
+                info.type_name, info.why_not);
         skipped++;
     }
     qmm_gguf_close(file);
@@ -44,7 +45,8 @@ int cmd_convert(const command *c, int argc, char **argv) {
         if (!prefixes[i][0]) return usage_error(c, "--only needs a non-empty PREFIX");
     if ((rc = check_outdir(c, positional[1], force))) return rc;
     fprintf(stderr, "qmm convert: %s -> %s\n", positional[0], positional[1]);
-    const qmm_gguf_convert_options options = {.prefixes = prefixes, .prefix_count = prefix_count, .skip_unsupported = skip};
+    const qmm_gguf_convert_options options = {
+        .prefixes = prefixes, .prefix_count = prefix_count, .skip_unsupported = skip};
     qmm_status status = qmm_gguf_convert_with(positional[0], positional[1], &options);
     if (status != QMM_OK) {
         rc = library_error(c, status);
