@@ -175,10 +175,7 @@ static inline int v_same(vf a, vf b) { return _mm256_movemask_ps(_mm256_cmp_ps(a
 
 /* 2/3/5/6-bit codes to bytes: pdep where it is one instruction, else the scalar stream reader (unpack.h). */
 static void unpack_codes(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
-    if (unpack_width(bits) && qmm_cpu_features_get()->bmi2_fast)
-        unpack_codes_pdep((const uint8_t *)in, 0, count, bits, codes);
-    else
-        qmm_unpack_stream(in, count, bits, codes);
+    unpack_codes_rest(in, 0, count, bits, codes);
 }
 
 #include "simd_kernels.h"

@@ -234,8 +234,6 @@ static inline vf v_chunk_scale_bf16(const float *s, size_t c, size_t group_size)
     return _mm512_insertf32x8(_mm512_set1_ps(s[2 * c]), _mm256_set1_ps(s[2 * c + 1]), 1);
 }
 
-/* 2/3/5/6-bit codes to bytes (unpack.h): 64 at a time by vpermb + vpmultishiftqb where the CPU has AVX512_VBMI, the
- * rest (or all, without VBMI) by pdep where it is one instruction, else the scalar stream reader. */
 /* vpermb's indices (qword k ← bytes k·b … k·b + 7) and vpmultishiftqb's controls (byte i of a qword ← its bits
  * i·b … i·b + 7) for b = 2, 3, 5, 6 (rows 0–3). */
 #define UNPACK_TAKE8(k, b) (k) * (b), (k) * (b) + 1, (k) * (b) + 2, (k) * (b) + 3, (k) * (b) + 4, (k) * (b) + 5, \
@@ -266,16 +264,11 @@ __attribute__((target("avx512vbmi"))) static size_t unpack_codes_vbmi(const uint
     return j;
 }
 
+/* 2/3/5/6-bit codes to bytes (unpack.h): 64 at a time by vpermb + vpmultishiftqb where the CPU has AVX512_VBMI, the
+ * rest (or all, without VBMI) by pdep where it is one instruction, else the scalar stream reader. */
 static void unpack_codes(const uint32_t *in, size_t count, int bits, uint8_t *codes) {
-    if (!unpack_width(bits)) {
-        qmm_unpack_stream(in, count, bits, codes);
-        return;
-    }
-    const qmm_cpu_features *f = qmm_cpu_features_get();
-    const uint8_t *stream = (const uint8_t *)in;
-    const size_t j = f->avx512vbmi ? unpack_codes_vbmi(stream, count, bits, codes) : 0;
-    if (f->bmi2_fast) unpack_codes_pdep(stream, j, count, bits, codes);
-    else qmm_unpack_stream(in + j * (size_t)bits / 32, count - j, bits, codes + j); /* j·b/32 words: j % 64 == 0 */
+    const bool vbmi = unpack_width(bits) && qmm_cpu_features_get()->avx512vbmi;
+    unpack_codes_rest(in, vbmi ? unpack_codes_vbmi((const uint8_t *)in, count, bits, codes) : 0, count, bits, codes);
 }
 
 #include "simd_kernels.h"

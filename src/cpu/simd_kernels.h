@@ -56,6 +56,15 @@
  * unpacked to bytes (8). */
 static int fast_bits(int bits) { return bits == 4 ? 4 : 8; }
 
+/* Codes [c0, c0 + count) of packed row `row` as the decode paths read them: 4- and 8-bit in place (two codes a byte,
+ * one), the other widths unpacked into `bytes` (count of scratch, then an 8-bit row). */
+static const uint8_t *row_codes(const qmm_call *call, const uint32_t *row, size_t c0, size_t count, uint8_t *bytes) {
+    if (call->bits == 4) return (const uint8_t *)row + c0 / 2;
+    if (call->bits == 8) return (const uint8_t *)row + c0;
+    unpack_codes(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
+    return bytes;
+}
+
 /* Row m of x as f32 in the decode order of `fast` (see the top): dst[K]. */
 static void convert_x_row(const qmm_call *call, size_t m, int fast, float *dst) {
     const size_t K = call->K;
@@ -664,14 +673,9 @@ static void gemv_run_block(const gemv_plan *p, size_t block, size_t blocks) {
     const size_t n_begin = block * GEMV_RW, n_end = n_begin + GEMV_RW < N ? n_begin + GEMV_RW : N;
     const uint8_t *rows[GEMV_RW];
     for (size_t n = n_begin; n < n_end; n++) {
-        const uint32_t *packed = call->w + n * plan.words;
-        if (plan.unpacked) {
-            uint8_t *codes = plan.unpacked + ((size_t)QMM_CPU_THREAD_ID() * GEMV_RW + (n - n_begin)) * K;
-            unpack_codes(packed, K, call->bits, codes);
-            rows[n - n_begin] = codes;
-        } else {
-            rows[n - n_begin] = (const uint8_t *)packed;
-        }
+        uint8_t *bytes = plan.unpacked ? plan.unpacked + (QMM_CPU_THREAD_ID() * (size_t)GEMV_RW + (n - n_begin)) * K
+                                       : NULL;
+        rows[n - n_begin] = row_codes(call, call->w + n * plan.words, 0, K, bytes);
     }
     /* The block's scales and biases in f32, once for all passes over x: the inner loop then
      * broadcasts straight from L1 instead of converting a scalar per group per row. */
@@ -935,11 +939,7 @@ static void decode_pairs_bf16(const qmm_call *call, const uint32_t *row, size_t 
         for (size_t j = 0; j < count; j += 32) v_store_pairs(dst + j / 2, v_pairs4_bf16((const uint8_t *)row + (c0 + j) / 2));
         return;
     }
-    const uint8_t *codes = (const uint8_t *)row + c0;
-    if (call->bits != 8) {
-        unpack_codes(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
-        codes = bytes;
-    }
+    const uint8_t *codes = row_codes(call, row, c0, count, bytes);
     for (size_t j = 0; j < count; j += 32) v_store_pairs(dst + j / 2, v_pairs8_bf16(codes + j));
 }
 #endif
@@ -955,14 +955,8 @@ static inline float *panel_at(float *dst, size_t panel_stride, size_t j) {
 static void decode_segment(const qmm_call *call, const uint32_t *row, size_t group_row, size_t groups_per_row,
                            size_t c0, size_t count, bool affine, uint8_t *bytes, float *dst, size_t panel_stride) {
     const size_t G = (size_t)call->group_size;
-    const uint8_t *codes;
     const int fast = fast_bits(call->bits);
-    if (fast == 4) codes = (const uint8_t *)row + c0 / 2;
-    else if (call->bits == 8) codes = (const uint8_t *)row + c0;
-    else {
-        unpack_codes(row + c0 * (size_t)call->bits / 32, count, call->bits, bytes);
-        codes = bytes;
-    }
+    const uint8_t *codes = row_codes(call, row, c0, count, bytes);
     for (size_t j0 = 0; j0 < count; j0 += G) {
         /* affine: ŵ = fma(s, q, b); else the codes alone (s = 1, b = 0 is exact: q·1 + 0 = q). */
         const size_t g = group_row * groups_per_row + (c0 + j0) / G;
@@ -1265,13 +1259,8 @@ static void qmv_n_chunk(const qmm_call *call, const float *xf, size_t n0, size_t
         const int kb = K - k0 < QMV_N_KB ? (int)(K - k0) : QMV_N_KB;
         const uint8_t *codes[QMV_N_KB];
         for (int i = 0; i < kb; i++) {
-            const uint32_t *row = call->w + (k0 + (size_t)i) * words;
-            if (fast == 4) codes[i] = (const uint8_t *)row + n0 / 2;
-            else if (call->bits == 8) codes[i] = (const uint8_t *)row + n0;
-            else {
-                unpack_codes(row + n0 * (size_t)call->bits / 32, width, call->bits, bytes + (size_t)i * width);
-                codes[i] = bytes + (size_t)i * width;
-            }
+            uint8_t *scratch = bytes ? bytes + (size_t)i * width : NULL; /* NULL for 4- and 8-bit */
+            codes[i] = row_codes(call, call->w + (k0 + (size_t)i) * words, n0, width, scratch);
         }
         vf table[QMV_N_KB], s[QMV_N_KB], b[QMV_N_KB];
 #pragma GCC unroll 4

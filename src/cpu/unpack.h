@@ -62,4 +62,13 @@ __attribute__((target("bmi2"))) static inline void unpack_codes_pdep(const uint8
 /* The widths unpacked here (4 and 8 are decoded in place; qmm_unpack_stream serves the rest). */
 static inline bool unpack_width(int bits) { return bits == 2 || bits == 3 || bits == 5 || bits == 6; }
 
+/* Codes j … count − 1 (j 0, or a multiple of 64 after the VBMI loop) by pdep where it is one instruction, else by the
+ * scalar stream reader (j·b/32 whole words in). The tail of each ISA file's unpack_codes. */
+static inline void unpack_codes_rest(const uint32_t *in, size_t j, size_t count, int bits, uint8_t *codes) {
+    if (unpack_width(bits) && qmm_cpu_features_get()->bmi2_fast)
+        unpack_codes_pdep((const uint8_t *)in, j, count, bits, codes);
+    else
+        qmm_unpack_stream(in + j * (size_t)bits / 32, count - j, bits, codes + j);
+}
+
 #endif
