@@ -545,7 +545,7 @@ qmm_status qmm_gguf_tensor_info_get(const qmm_gguf *file, size_t index, qmm_gguf
         info->shape[d] = t->shape[d];
     info->nbytes = t->nbytes;
     info->importable = tensor_importable(t);
-    info->why_not = !importable_type(t->type) ? unsupported_why(t->type) : info->importable ? "" : shape_why(t);
+    info->why_not = info->importable ? "" : importable_type(t->type) ? shape_why(t) : unsupported_why(t->type);
     return QMM_OK;
 }
 
@@ -729,13 +729,13 @@ qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized
          * a NaN or ±inf one into NaN or ±inf weights, which no product can use; refused here, not at the first
          * matmul. */
         const bool second = has_min_field(t->type);
-        if (!f16_finite(qmm_le16(block)) || (second && !f16_finite(qmm_le16(block + 2)))) {
-            const bool first_bad = !f16_finite(qmm_le16(block));
+        const uint16_t d = qmm_le16(block), min = second ? qmm_le16(block + 2) : 0;
+        if (!f16_finite(d) || !f16_finite(min)) {
             status = qmm_error(QMM_ERR_NUMERIC,
                                "GGUF tensor \"%s\" (%s): row %zu block %zu has %s=%g, which is not finite",
                                printable, t->type_name, b / per_row, b % per_row,
-                               first_bad ? "d" : k_quant ? "dmin" : "m",
-                               (double)qmm_f16_to_f32(qmm_le16(block + (first_bad ? 0 : 2))));
+                               !f16_finite(d) ? "d" : k_quant ? "dmin" : "m",
+                               (double)qmm_f16_to_f32(!f16_finite(d) ? d : min));
             goto cleanup;
         }
         if (k_quant) {
