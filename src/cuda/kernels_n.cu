@@ -96,6 +96,45 @@ template <int ID> struct tile_n_config;
 template <> struct tile_n_config<0> { static constexpr int WT = 2, WN = 2, WM = 2; }; /* m32n64 */
 template <> struct tile_n_config<1> { static constexpr int WT = 1, WN = 4, WM = 1; }; /* m8n128 */
 
+/* Split-K's last split: the sum of a tile's partials ([split][BM tokens][BN columns] f32 from `all`) in split order
+ * 0 + p0 + p1 + …, each output finished as the unsplit kernel finishes it (× X_UNSCALE; the f64 direct form where
+ * that is not finite). RUN outputs a thread at a time, the loads of two splits of the run issued together before
+ * their adds (reduce_splits' pattern, mma_common.cuh: one L2 round trip per two splits of a run where one output at
+ * a time waited one per split). Only the partials' token rows the tile has are loaded (M − m0 of BM). Not inlined:
+ * its registers stay out of the main loop's. m32n64's only: m8n128 keeps one output at a time (below). */
+template <int BITS, typename T, int GS, int BM, int BN, int THREADS>
+__device__ __noinline__ void reduce_splits_n(const float *__restrict__ all, unsigned splits, const T *__restrict__ x,
+                                             const uint32_t *__restrict__ w, const T *__restrict__ scales,
+                                             const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K,
+                                             int n0, int m0) {
+    constexpr int ELEMS = BM * BN, RUN = 4;
+    for (int base = threadIdx.x; base < ELEMS; base += RUN * THREADS) {
+        float v[RUN];
+#pragma unroll
+        for (int r = 0; r < RUN; r++) v[r] = 0.0f;
+#pragma unroll 2
+        for (unsigned z = 0; z < splits; z++) {
+            float p[RUN];
+#pragma unroll
+            for (int r = 0; r < RUN; r++) {
+                const int i = base + r * THREADS;
+                p[r] = i < ELEMS && m0 + i / BN < M ? __ldcg(all + (size_t)z * ELEMS + i) : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < RUN; r++) v[r] += p[r];
+        }
+#pragma unroll
+        for (int r = 0; r < RUN; r++) {
+            const int i = base + r * THREADS, m = m0 + i / BN, n = n0 + i % BN;
+            if (i >= ELEMS || m >= M || n >= N) continue;
+            float o = v[r] * X_UNSCALE;
+            if (!isfinite(o))
+                o = direct_output_n(x + (size_t)m * K, w, scales, biases, BITS, (size_t)N, (size_t)K, GS, (size_t)n);
+            store_f32(out, (size_t)m * N + n, o);
+        }
+    }
+}
+
 template <int BITS, typename T, int GS, int WT, int WN, int WM>
 __global__ void __launch_bounds__(32 * WN * WM, 4)
     mma_tile_n_kernel(const T *__restrict__ x, const uint32_t *__restrict__ w, const T *__restrict__ scales,
@@ -272,13 +311,21 @@ __global__ void __launch_bounds__(32 * WN * WM, 4)
                 mine[(tok_base + 8 * tt + 2 * t + (e & 1)) * BN + col_base + 16 * r + 2 * g + (e >> 1)] =
                     acc[r][tt][e] + accb[tt][e & 1] * n_traits<T>::bias_unscale;
     if (!split_arrived_last(counters, tile)) return;
-    const float *all = partials + (size_t)tile * gridDim.z * (BM * BN);
-    for (int i = threadIdx.x; i < BM * BN; i += THREADS) {
-        const int m = m0 + i / BN, n = n0 + i % BN;
-        if (m >= M || n >= N) continue;
-        float sum = 0.0f;
-        for (unsigned z = 0; z < gridDim.z; z++) sum += __ldcg(all + (size_t)z * (BM * BN) + i);
-        finish(m, n, sum);
+    if constexpr (WT == 1) { /* m8n128: one output at a time. With reduce_splits_n its kernels took 100 registers (from
+                              * 94–96), five blocks an SM became four: 1.14–1.37× the time at M ≤ 4; held to five by the
+                              * launch bounds (79–86 registers) still 1.02–1.22× at M = 1 (docs/PERF.md, thirty-fifth
+                              * session) */
+        const float *all = partials + (size_t)tile * gridDim.z * (BM * BN);
+        for (int i = threadIdx.x; i < BM * BN; i += THREADS) {
+            const int m = m0 + i / BN, n = n0 + i % BN;
+            if (m >= M || n >= N) continue;
+            float sum = 0.0f;
+            for (unsigned z = 0; z < gridDim.z; z++) sum += __ldcg(all + (size_t)z * (BM * BN) + i);
+            finish(m, n, sum);
+        }
+    } else {
+        reduce_splits_n<BITS, T, GS, BM, BN, THREADS>(partials + (size_t)tile * gridDim.z * (BM * BN), gridDim.z, x, w,
+                                                      scales, biases, out, M, N, K, n0, m0);
     }
     if (threadIdx.x == 0) counters[tile] = 0; /* ready for the next launch on the stream */
 }
