@@ -175,6 +175,25 @@ static inline void v_decode4_bf16(const uint8_t *bytes, int half, vh *lo, vh *hi
     *lo = _mm512_permutexvar_epi16(words, table);
     *hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
 }
+/* bf16(0) … bf16(63): v_decode6_bf16's table, its two 32-word halves. */
+static const uint16_t bf16_codes6[64] __attribute__((aligned(64))) = {
+    0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150,
+    0x4160, 0x4170, 0x4180, 0x4188, 0x4190, 0x4198, 0x41A0, 0x41A8, 0x41B0, 0x41B8, 0x41C0, 0x41C8, 0x41D0, 0x41D8,
+    0x41E0, 0x41E8, 0x41F0, 0x41F8, 0x4200, 0x4204, 0x4208, 0x420C, 0x4210, 0x4214, 0x4218, 0x421C, 0x4220, 0x4224,
+    0x4228, 0x422C, 0x4230, 0x4234, 0x4238, 0x423C, 0x4240, 0x4244, 0x4248, 0x424C, 0x4250, 0x4254, 0x4258, 0x425C,
+    0x4260, 0x4264, 0x4268, 0x426C, 0x4270, 0x4274, 0x4278, 0x427C};
+/* The same layout from 64 byte codes below 64 (2-, 3-, 5- and 6-bit rows unpacked to bytes by unpack_codes, one code a
+ * byte): lo word j = code 2j, hi word j = code 2j + 1. The 64 bytes are 32 words, byte 2j the low half of word j;
+ * vpermi2w looks each word up in the two halves of bf16_codes6 by its index bits 0–5 (bits 6–15 are ignored): the low
+ * byte gives code 2j, the word shifted right by 8 code 2j + 1 — one shift and two permutes for 64 codes, no
+ * zero-extension. half = 1: only the first 32 bytes exist (loaded masked; the other codes are 0). Exact (bf16 holds
+ * every integer up to 256). */
+static inline void v_decode6_bf16(const uint8_t *bytes, int half, vh *lo, vh *hi) {
+    const __m512i low = _mm512_load_si512(bf16_codes6), high = _mm512_load_si512(bf16_codes6 + 32);
+    const __m512i words = half ? _mm512_maskz_loadu_epi8((__mmask64)0xFFFFFFFFu, bytes) : _mm512_loadu_si512(bytes);
+    *lo = _mm512_permutex2var_epi16(low, words, high);
+    *hi = _mm512_permutex2var_epi16(low, _mm512_srli_epi16(words, 8), high);
+}
 static inline vh v_load_bf16(const uint16_t *p) { return _mm512_loadu_si512(p); }
 /* 16 f32 values that are f16 values, as bf16 head (the upper 16 bits) and tail (x − head, exact with at most 3
  * significant bits, its upper 16 bits: exact too) into head[0 … 15] and tail[0 … 15]. ±inf: tail NaN (the non-finite

@@ -6,7 +6,8 @@
  * Table order (the selector takes the first row that accepts a call, docs/kernels.md §4):
  *   1. GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M: decode and small prefill are bound by reading the weights;
  *      these read every weight byte once and reuse it for up to 8 rows of x in registers. The bf16 GEMV row
- *      (4-bit codes, AVX-512 BF16; bf16 x up to QMM_CPU_GEMV_BF16_MAX_M, f16 x up to QMM_CPU_GEMV_BF16_F16_MAX_M)
+ *      (2- to 6-bit codes, AVX-512 BF16; bf16 x up to QMM_CPU_GEMV_BF16_MAX_M — other widths than 4 up to
+ *      QMM_CPU_GEMV_BF16_BYTES_MAX_M —, f16 x up to QMM_CPU_GEMV_BF16_F16_MAX_M)
  *      comes first: its dot products decode and multiply faster.
  *   1b. ordered GEMV rows, M ≤ QMM_CPU_GEMV_MAX_M, in the tiled rows' order: after the GEMV rows, so the
  *      selector reaches them only in batch-invariant mode (which skips the GEMV rows: docs/kernels.md §11).
@@ -188,8 +189,15 @@ static bool avx512bf16_gemv_qmm_t_supports(const qmm_call *call, char *why_not, 
                  "is faster there)", call->M, QMM_CPU_GEMV_BF16_F16_MAX_M);
         return false;
     }
-    if (call->bits != 4) {
-        snprintf(why_not, why_not_size, "this row decodes 4-bit codes only; the call has bits=%d", call->bits);
+    if (call->bits > 6) {
+        snprintf(why_not, why_not_size,
+                 "this row decodes codes of 2 to 6 bits (a 64-entry bf16 table); the call has bits=%d", call->bits);
+        return false;
+    }
+    if (call->bits != 4 && call->M > QMM_CPU_GEMV_BF16_BYTES_MAX_M) {
+        snprintf(why_not, why_not_size,
+                 "M=%zu with %d-bit codes (unpacked to bytes) is above this row's limit for them, M <= %d (the tiled "
+                 "bf16 row is faster there)", call->M, call->bits, QMM_CPU_GEMV_BF16_BYTES_MAX_M);
         return false;
     }
     return true;
@@ -426,7 +434,7 @@ CPU_GATHER(portable, portable_qmm_t_rows)
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     [ROW_QMM_T_GEMV_BF16_AVX512] = CPU_ROW("cpu.qmm_t.gemv_bf16.r8.avx512bf16", QMM_OP_QMM_T, "gemv", 8, 8, 64,
-            "bf16 x M<=64 / f16 x M=1, 4-bit: codes to bf16 by vpermw, vdpbf16ps dot products (f16: x as head + tail), b·Σx split",
+            "bf16 x M<=64 (2/3/5/6-bit M<=16) / f16 x M=1: codes to bf16 by vpermw (4-bit) or vpermi2w on unpacked bytes, vdpbf16ps dot products (f16: x as head + tail), b·Σx split",
             avx512bf16_gemv_qmm_t_supports, qmm_cpu_gemv_bf16_qmm_t_avx512, qmm_cpu_has_avx512bf16),
     [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",

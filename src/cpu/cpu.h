@@ -123,6 +123,10 @@ bool qmm_cpu_unpack_codes_for_test(int isa, const uint32_t *in, size_t count, in
 /* The bf16 GEMV row up to this: against the tiled bf16 row it took 0.71× the time at M = 48 and 0.92× at M = 64
  * (geomean of 15 seed and Qwen3 shapes on Zen 4; docs/PERF.md, thirty-sixth session, CPU). */
 #define QMM_CPU_GEMV_BF16_MAX_M 64
+/* ... for 2-, 3-, 5- and 6-bit codes (unpacked to bytes first) only up to this: against the tiled bf16 row at M = 32
+ * 0.88× the time for 3-bit, 1.02× for 5-bit, 1.11× for 6-bit; at M = 64 1.08× (3-bit) and 1.22× (5-bit); at M = 16 the
+ * f32 GEMV it replaces took 1.33–1.40× its time (seed shapes, Zen 4; docs/PERF.md, thirty-eighth session, CPU). */
+#define QMM_CPU_GEMV_BF16_BYTES_MAX_M 16
 /* ... and for f16 x (two dot products per pair of codes: a bf16 head and tail of x) only up to this: against the f32
  * GEMV 0.83× the time at M = 1, 1.00× at M = 2, 1.18–1.44× from M = 4 (seed shapes, Zen 4; the same entry). */
 #define QMM_CPU_GEMV_BF16_F16_MAX_M 1

@@ -1,8 +1,12 @@
 /*
  * gemv_bf16.h — one GEMV register block on the bf16 dot product (simd_kernels.h, "GEMV, bf16 dot products"), for
- * 4-bit codes and bf16 or f16 x on AVX-512 BF16; included once per (GR rows of x, GNW weight rows, GG group size,
- * GPARTS parts of x) by gemv_bf16_groups.h, so the arrays below are exact-size (registers) and the group size folds
- * into the scale broadcast.
+ * 4-bit codes (GBYTES 0) or codes below 64 one a byte (GBYTES 1: 2-, 3-, 5- and 6-bit rows as unpack_codes leaves them)
+ * and bf16 or f16 x on AVX-512 BF16; included once per (GR rows of x, GNW weight rows, GG group size, GPARTS parts of
+ * x, GBYTES) by gemv_bf16_groups.h, so the arrays below are exact-size (registers) and the group size folds into the
+ * scale broadcast.
+ *
+ * Byte codes: a chunk of 64 codes is 64 bytes, and v_decode6_bf16 gives the same lo/hi layout (below) by one shift and
+ * two vpermi2w, so x and everything after the decode are the 4-bit blocks' own.
  *
  * result[r·ld + w] = row m0 + r of x times weight row rows[w], as gemv_block.h, but by chunks of 64 codes (32 bytes):
  *
@@ -33,18 +37,18 @@
  * Whole chunks run in the main loop; when K is an odd number of 32s the last chunk has 16 bytes, loaded masked, with
  * codes and x zero past K (and zero scales past the last group).
  */
-#define GEMV_BF16_NAME_(r, nw, g, parts) gemv_bf16_##r##_##nw##_##g##_##parts
-#define GEMV_BF16_NAME(r, nw, g, parts) GEMV_BF16_NAME_(r, nw, g, parts)
+#define GEMV_BF16_NAME_(r, nw, g, parts, bytes) gemv_bf16_##r##_##nw##_##g##_##parts##_##bytes
+#define GEMV_BF16_NAME(r, nw, g, parts, bytes) GEMV_BF16_NAME_(r, nw, g, parts, bytes)
 
 /* x of every row in registers for the whole chunk (loaded once for all GNW weight rows) where it fits beside acc
  * and the chunk's codes, scale and part; else loaded per weight row (from L1). */
 #define GEMV_BF16_X_IN_REGISTERS (2 * GPARTS * GR + GR * GNW + 6 <= GEMV_VREGS)
 
-BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG, GPARTS)(const gemv_plan *p, const uint8_t *const *rows,
+BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG, GPARTS, GBYTES)(const gemv_plan *p, const uint8_t *const *rows,
                                                               const float *scales, const float *biases, size_t m0,
                                                               size_t pf_stride, float *result, size_t ld) {
     const size_t K = p->K, gstride = p->gstride, kpad = p->kpad, xrow = GPARTS * kpad;
-    const size_t chunk = 64, chunk_bytes = 32, row_bytes = K / 2, chunks = kpad / chunk;
+    const size_t chunk = 64, chunk_bytes = GBYTES ? 64 : 32, row_bytes = GBYTES ? K : K / 2, chunks = kpad / chunk;
     const uint16_t *x0 = p->xb + m0 * xrow;
     const vf zero = v_zero();
     vf acc[GR][GNW];
@@ -72,7 +76,11 @@ BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG, GPARTS)(const gemv_plan *p
 #pragma GCC unroll 8
         for (int w = 0; w < GNW; w++) {
             vh lo, hi;
+#if GBYTES
+            v_decode6_bf16(rows[w] + c * chunk_bytes, half, &lo, &hi);
+#else
             v_decode4_bf16(rows[w] + c * chunk_bytes, half, &lo, &hi);
+#endif
             const vf s = v_chunk_scale_bf16(scales + (size_t)w * gstride, c, GG);
 #pragma GCC unroll 8
             for (int r = 0; r < GR; r++) {
@@ -94,4 +102,4 @@ BF16DP_TARGET static void GEMV_BF16_NAME(GR, GNW, GG, GPARTS)(const gemv_plan *p
 }
 
 #undef GEMV_BF16_X_IN_REGISTERS
-#undef GG /* GR, GNW and GPARTS stay for the next group size (gemv_bf16_groups.h) */
+#undef GG /* GR, GNW, GPARTS and GBYTES stay for the next group size (gemv_bf16_groups.h) */

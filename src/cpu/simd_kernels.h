@@ -162,7 +162,8 @@ typedef struct gemv_plan {
     const float *xp;    /* [Mpad][K] x in decode order, or [Mpad][xstride] in nibble-plane order (planes) */
     size_t xstride;     /* planes: K rounded up to a whole chunk of 8·LANES codes (zero-padded) */
     int planes;         /* 1: 4-bit, M ≤ 2, x exact in plane order: the nibble-plane blocks (gemv_planes.h) */
-    int bf16dp;         /* the bf16 dot-product blocks (gemv_bf16.h), 4-bit: 1 part of x (bf16 x with no value under
+    int bf16dp;         /* the bf16 dot-product blocks (gemv_bf16.h; 4-bit rows, or codes below 64 unpacked to bytes —
+                         * fast tells which): 1 part of x (bf16 x with no value under
                          * 2^-118), 2 parts (f16 x as a bf16 head and tail); 0: not */
     const uint16_t *xb; /* bf16dp: [Mread][bf16dp][kpad] x in pair order (gemv_prepare_x_bf16) */
     size_t kpad;        /* bf16dp: K rounded up to a whole chunk of 64 codes (x zero-padded) */
@@ -377,8 +378,8 @@ ALWAYS_INLINE void gemv_prefetch(const uint8_t *const *rows, int nw, size_t begi
 #endif
 
 #if GEMV_BF16DP
-/* The bf16 dot-product blocks (4-bit; gemv_bf16.h): for the default blocks' (rows of x, weight rows), each group
- * size, and x in 1 part (bf16) or 2 (f16: a bf16 head and tail). */
+/* The bf16 dot-product blocks (gemv_bf16.h): for the default blocks' (rows of x, weight rows), each group size, x in 1
+ * part (bf16) or 2 (f16: a bf16 head and tail), and 4-bit rows or byte codes below 64 (2, 3, 5, 6 bits unpacked). */
 #if GEMV_NW_1 == 1 || GEMV_NW_2 == 1 || GEMV_NW_4 == 1 || GEMV_NW_8 == 1
 #error "the bf16 GEMV blocks are instantiated for weight-row counts above 1 (AVX-512's GEMV_NW_*)"
 #endif
@@ -450,16 +451,20 @@ ALWAYS_INLINE void gemv_prefetch(const uint8_t *const *rows, int nw, size_t begi
 #error "the bf16 GEMV blocks are instantiated for passes of up to 8 rows of x"
 #endif
 
+#define GEMV_BF16_GROUPS(r, nw, parts, bytes)                                                                 \
+    do {                                                                                                      \
+        if (p->group_size == 32) GEMV_BF16_NAME(r, nw, 32, parts, bytes)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+        else if (p->group_size == 64) GEMV_BF16_NAME(r, nw, 64, parts, bytes)(p, rows, scales, biases, m0, pf_stride, result, ld); \
+        else GEMV_BF16_NAME(r, nw, 128, parts, bytes)(p, rows, scales, biases, m0, pf_stride, result, ld);   \
+    } while (0)
 #define GEMV_BF16_CASE(r, nw)                                                                                 \
     if (R == (r) && NW == (nw)) {                                                                             \
         if (p->bf16dp == 2) {                                                                                 \
-            if (p->group_size == 32) GEMV_BF16_NAME(r, nw, 32, 2)(p, rows, scales, biases, m0, pf_stride, result, ld); \
-            else if (p->group_size == 64) GEMV_BF16_NAME(r, nw, 64, 2)(p, rows, scales, biases, m0, pf_stride, result, ld); \
-            else GEMV_BF16_NAME(r, nw, 128, 2)(p, rows, scales, biases, m0, pf_stride, result, ld);           \
+            if (p->fast == 4) GEMV_BF16_GROUPS(r, nw, 2, 0);                                                  \
+            else GEMV_BF16_GROUPS(r, nw, 2, 1);                                                               \
         } else {                                                                                              \
-            if (p->group_size == 32) GEMV_BF16_NAME(r, nw, 32, 1)(p, rows, scales, biases, m0, pf_stride, result, ld); \
-            else if (p->group_size == 64) GEMV_BF16_NAME(r, nw, 64, 1)(p, rows, scales, biases, m0, pf_stride, result, ld); \
-            else GEMV_BF16_NAME(r, nw, 128, 1)(p, rows, scales, biases, m0, pf_stride, result, ld);           \
+            if (p->fast == 4) GEMV_BF16_GROUPS(r, nw, 1, 0);                                                  \
+            else GEMV_BF16_GROUPS(r, nw, 1, 1);                                                               \
         }                                                                                                     \
         return;                                                                                               \
     }

@@ -218,11 +218,12 @@ static void run_gather_row(qmm_context *context, const qmm_kernel_info *info, ch
  * the f32 row of the same family instead (`table`), whose bits it must then give, and the oracle's value. The weights'
  * scales are 2^100 and their biases 0, so that denormal x (2^-133) give outputs near 2^-30 that a dot product
  * reading them as 0 would miss entirely. At the threshold itself (x of magnitude 2^-118 … 2^-110, where the dot
- * products' sums come closest to f32's denormals) the dot products run and the outputs must be within the bound. */
-static void run_bf16_guard(qmm_context *context, check_rng *rng, const char *row, const char *table, size_t M) {
+ * products' sums come closest to f32's denormals) the dot products run and the outputs must be within the bound.
+ * `bits`: 4 (codes decoded in place) or 5 (unpacked to bytes: the GEMV's other decode). */
+static void run_bf16_guard(qmm_context *context, check_rng *rng, const char *row, const char *table, size_t M, int bits) {
     const size_t N = 40, K = 512;
     check_qmatrix q;
-    if (!check_qmatrix_random(rng, N, K, 4, 64, QMM_BF16, &q)) {
+    if (!check_qmatrix_random(rng, N, K, bits, 64, QMM_BF16, &q)) {
         CHECK(false, "bf16 guard: out of memory");
         return;
     }
@@ -284,7 +285,7 @@ static void run_bf16_guard(qmm_context *context, check_rng *rng, const char *row
     CHECK_OK(qmm_ref_dense_f64(&q.m, x, M, 1, exact, abs_dot));
     bad = check_against_oracle("bf16 guard, x under 2^-118", a, QMM_BF16, exact, abs_dot, M * N, K, 1.0, &worst);
     CHECK(bad == 0, "%s with x under 2^-118: %zu outputs outside the bound (worst error/bound %.3g)", row, bad, worst);
-    printf("  %s guard: checked\n", row);
+    printf("  %s guard (%d-bit, M=%zu): checked\n", row, bits, M);
 cleanup:
     qmm_buffer_destroy(xb);
     qmm_buffer_destroy(ob);
@@ -381,9 +382,10 @@ int main(void) {
             for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) run_case(context, &info, &rng, shapes[s], formats[f]);
         printf("  %s\n", info.name);
     }
-    run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemv.r8.avx512", 3);
-    run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemm.m32n12.avx512", 40);
-    run_bf16_guard(context, &rng, "cpu.qmm_t.gemm_bf16.m32n12.avx512bf16", "cpu.qmm_t.gemm.m32n12.avx512", 37);
+    run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemv.r8.avx512", 3, 4);
+    run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemv.r8.avx512", 3, 5);
+    run_bf16_guard(context, &rng, "cpu.qmm_t.gemv_bf16.r8.avx512bf16", "cpu.qmm_t.gemm.m32n12.avx512", 40, 4);
+    run_bf16_guard(context, &rng, "cpu.qmm_t.gemm_bf16.m32n12.avx512bf16", "cpu.qmm_t.gemm.m32n12.avx512", 37, 4);
     qmm_context_destroy(context);
     return check_finish("test_cpu");
 }
