@@ -8,8 +8,8 @@
  *      not silently measure a different one.
  *   2. Otherwise the table is walked in order and the first row that accepts the call wins, skipping
  *      rows whose hints say no: tune_only rows (kept for forcing and `qmm tune`), rows whose
- *      prefer_max_m is below M or whose prefer_min_n is above N, the M limit being prefer_max_m_small_n
- *      when N ≤ prefer_small_n, rows whose prefer_min_m is above
+ *      prefer_max_m is below M or whose prefer_min_n is above N (or prefer_min_k above K), the M limit being
+ *      prefer_max_m_small_n when N ≤ prefer_small_n, rows whose prefer_min_m is above
  *      M (or, when N ≥ prefer_large_n, whose prefer_min_m_large_n is), rows whose prefer_gap_tiles range holds the
  *      call's ceil(M/bm)·ceil(N/bn) tiles, and rows whose prefer_min_tiles (from M = prefer_large_m,
  *      prefer_min_tiles_large_m) exceeds those tiles (prefer_min_tiles_unsplit too, in batch-invariant
@@ -235,6 +235,7 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
     for (size_t i = 0; i < count; i++) {
         if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) ||
             call->M < preferred_min_m(table[i], call->N) || call->N < table[i]->prefer_min_n ||
+            call->K < table[i]->prefer_min_k ||
             !tiles_in_range(table[i], call))
             continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not) && same_order(table[i], order_row)) {

@@ -73,7 +73,8 @@ typedef struct qmm_kernel {
      * the device runs at a time, without which their split-K takes the workspace). Must not fail. */
     void (*reserve)(const qmm_call *call);
     /* Selector hints (src/select.c), never capabilities: unforced, the selector takes this row only for
-     * M ≤ prefer_max_m (0 = no limit) and N ≥ prefer_min_n, and never when tune_only is set (rows kept for
+     * M ≤ prefer_max_m (0 = no limit), N ≥ prefer_min_n and K ≥ prefer_min_k (a row whose fixed cost per tile needs
+     * a long K: the CUDA 32-token wgmma tile at M 17–32), and never when tune_only is set (rows kept for
      * forcing and tuning). When N ≤ prefer_small_n (0 = no such box), the M limit is
      * prefer_max_m_small_n instead: a row that stays the fastest to a larger M while the weights have few
      * rows (the CUDA m32n16 GEMV over the tensor-core tile up to M = 128 for N ≤ 2048). prefer_min_m (0 = no
@@ -96,6 +97,7 @@ typedef struct qmm_kernel {
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
+    size_t prefer_min_k;
     size_t prefer_small_n;
     size_t prefer_max_m_small_n;
     size_t prefer_min_tiles;

@@ -1240,6 +1240,7 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
 
 WGMMA_ROW(wgmma_m128n128, 128, true)
 WGMMA_ROW(wgmma_m64n128, 64, true)
+WGMMA_ROW(wgmma_m32n128, 32, true)
 WGMMA_ROW(wgmma_fma_m128n128, 128, false)
 WGMMA_ROW(wgmma_fma_m64n128, 64, false)
 
@@ -1291,6 +1292,15 @@ static qmm_status gather_run(const qmm_call *call);
  * `qmm bench` on the H200 (docs/PERF.md, 2026-11-30, cp.async version; M ≤ 8 revised in the sixth session,
  * with the launcher's warps-per-block rule, over the 120 seed and Qwen3 cells M ≤ 8: 115 within 5 % of the
  * fastest row, 101 with the earlier m8n64/m8n16 split):
+ *   M 17–32 on Hopper with 40 tiles of 128 rows or more (N ≥ 4993) and K ≥ 5120: wgmma_tile m32n128 — the wgmma tile
+ *            with 32 tokens (wgmma m64n32, a third of the 64-token tile's shared memory for x), which reads the
+ *            weights once where mma_gemv m16n64 reads them once per 16 rows of x (two chunks past M = 16): at M = 17,
+ *            24 and 32 (the thirty-eighth session, every seed and Qwen3 shape, f16 and bf16) 0.68–0.74× m16n64's time
+ *            on 5120×14336 and 5120×17408, 0.75–0.79× on 14336×5120, 0.89–0.94× on 27648×5120, 0.91–0.98× on
+ *            17408×5120, 0.91–0.95× on 5120² — and 1.08–1.12× on 12288×4096 (K = 4096), 1.10–1.19× on 4096×12288 (32
+ *            tiles), 1.41–1.54× on 4096², more on the 1024-row and expert shapes; at M = 16 1.26× or more everywhere. It
+ *            took 0.75–0.88× the 64-token tile's time in every cell. It declares no batch-invariant order (its sums were
+ *            not compared with the other wgmma rows' bit for bit), so the mode passes it over.
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
  *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
  *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get 4–6 warps under
@@ -1404,6 +1414,10 @@ static qmm_status gather_run(const qmm_call *call);
  * tolerance_slack 2: the tensor cores add the f32 products of an MMA with their own rounding (not always to
  * nearest), which can cost up to twice the unit roundoff per add (docs/kernels.md §9). */
 static const qmm_kernel cuda_kernels[] = {
+    {.info = WGMMA_INFO("cuda.qmm_t.wgmma_tile.m32n128", 32,
+                        "Hopper wgmma tile, 128 rows x 32 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
+     .supports = wgmma_m32n128_supports, .run = wgmma_m32n128_run, .reserve = wgmma_m32n128_reserve,
+     .prefer_min_m = 17, .prefer_max_m = 32, .prefer_min_tiles = 40, .prefer_min_k = 5120},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120,
      .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},

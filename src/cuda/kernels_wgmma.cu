@@ -2,7 +2,7 @@
  * kernels_wgmma.cu — the wgmma_tile family: Hopper tensor-core tiles for prefill and large batches, 4- and 8-bit
  * weights with f16/bf16 activations, sm_90a only (docs/kernels.md §9.6).
  *
- * A block computes 128 weight rows × TOKS tokens (128 or 64) with three warpgroups (PTX ISA §9.7.15,
+ * A block computes 128 weight rows × TOKS tokens (128, 64 or 32) with three warpgroups (PTX ISA §9.7.15,
  * "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), one 64-byte super-block of K per pipeline stage
  * (128 codes at 4 bits, 64 at 8):
  *   - warpgroup 2, the producer: per stage, x arrives by TMA (cp.async.bulk.tensor, 128-byte swizzle, zeros past
@@ -146,10 +146,12 @@ __device__ __forceinline__ float tf32_piece(float v, int piece) {
 
 /* D (m64 × TOKS, f32) {+}= A (m64 × k16 from registers, f16/bf16) · B (k16 × TOKS, K-major in shared memory,
  * 128-byte swizzle). accumulate = 0 overwrites D. One overload per TOKS and dtype. */
-/* The accumulator operands: d[0..31] (m64n64) or d[0..63] (m64n128), and their %-lists in the instruction. */
-#define QMM_WGMMA_D32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+/* The accumulator operands: d[0..15] (m64n32), d[0..31] (m64n64) or d[0..63] (m64n128), and their %-lists in the
+ * instruction. */
+#define QMM_WGMMA_D16 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
     "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), \
-    "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
+    "+f"(d[15])
+#define QMM_WGMMA_D32 QMM_WGMMA_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
     "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), \
     "+f"(d[31])
 #define QMM_WGMMA_D64 QMM_WGMMA_D32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), \
@@ -157,8 +159,8 @@ __device__ __forceinline__ float tf32_piece(float v, int piece) {
     "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), \
     "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), \
     "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define QMM_WGMMA_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define QMM_WGMMA_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define QMM_WGMMA_R32 QMM_WGMMA_R16 ", " "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define QMM_WGMMA_R64 QMM_WGMMA_R32 ", " "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 /* One overload of wgmma_rs: TOKS tokens (the instruction's N), the accumulator operands D and their list R, the
@@ -172,6 +174,8 @@ __device__ __forceinline__ float tf32_piece(float v, int piece) {
                      : D                                                                                             \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));                      \
     }
+QMM_WGMMA_RS(32, QMM_WGMMA_D16, QMM_WGMMA_R16, "%16, %17, %18, %19", "%20", "%21", "f16", __half)
+QMM_WGMMA_RS(32, QMM_WGMMA_D16, QMM_WGMMA_R16, "%16, %17, %18, %19", "%20", "%21", "bf16", __nv_bfloat16)
 QMM_WGMMA_RS(64, QMM_WGMMA_D32, QMM_WGMMA_R32, "%32, %33, %34, %35", "%36", "%37", "f16", __half)
 QMM_WGMMA_RS(64, QMM_WGMMA_D32, QMM_WGMMA_R32, "%32, %33, %34, %35", "%36", "%37", "bf16", __nv_bfloat16)
 QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%69", "f16", __half)
@@ -185,11 +189,14 @@ QMM_WGMMA_RS(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68", "%6
                      : D                                                                                             \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));                                       \
     }
+QMM_WGMMA_TF32(32, QMM_WGMMA_D16, QMM_WGMMA_R16, "%16, %17, %18, %19", "%20")
 QMM_WGMMA_TF32(64, QMM_WGMMA_D32, QMM_WGMMA_R32, "%32, %33, %34, %35", "%36")
 QMM_WGMMA_TF32(128, QMM_WGMMA_D64, QMM_WGMMA_R64, "%64, %65, %66, %67", "%68")
 #undef QMM_WGMMA_TF32
+#undef QMM_WGMMA_D16
 #undef QMM_WGMMA_D32
 #undef QMM_WGMMA_D64
+#undef QMM_WGMMA_R16
 #undef QMM_WGMMA_R32
 #undef QMM_WGMMA_R64
 #endif /* QMM_WGMMA_DEVICE */
@@ -598,13 +605,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int row_w = 64 * warpgroup + 16 * warp; /* the warp's first row in the block */
     float acc[TOKS / 2], part[TOKS / 2], run[VIRTUAL ? TOKS / 2 : 1]; /* run: VIRTUAL's ranges' sum so far */
-    /* TWO_PARTS (the prepared 64-token tile, segments of a stage ≥ 2): two segment accumulators, so that segment
+    /* TWO_PARTS (the prepared 64- and 32-token tiles, segments of a stage ≥ 2): two segment accumulators, so that segment
      * sg + 1 is decoded and its wgmmas issued before segment sg's wait and FMAs (wgmma.wait_group 1), and those FMAs
      * run while sg + 1's wgmmas do. The same operations on acc in the same order (b·Σx, then each segment in turn):
      * the same bits. Not at 128 tokens: two parts and acc would be 192 registers before any fragment (docs/PERF.md,
      * twenty-second session); the twenty-first session's microbenchmark: 178 → 116 cycles a wgmma with decode-like
      * work between. */
-    constexpr bool TWO_PARTS = PREP && TOKS == 64 && L::SEG >= 2; /* (PREP: no turns) */
+    constexpr bool TWO_PARTS = PREP && TOKS <= 64 && L::SEG >= 2; /* (PREP: no turns) */
     float part2[TWO_PARTS ? TOKS / 2 : 1];
 #pragma unroll
     for (int e = 0; e < TOKS / 2; e++) acc[e] = 0.0f;
@@ -967,7 +974,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         prep && c->wgmma_virtual_blocks > 1 && c->wgmma_virtual_sums && c->counters && !c->wgmma_whole_tiles
             ? c->wgmma_virtual_blocks
             : 0;
-    if (prep && c->wgmma_virtual_splits > 1 && (in_registers || c->wgmma_virtual_sums)) {
+    if (TOKS != 32 && prep && c->wgmma_virtual_splits > 1 && (in_registers || c->wgmma_virtual_sums)) {
         split_count(super_blocks, c->wgmma_virtual_splits, &virtual_per);
         if (virtual_per >= super_blocks) virtual_per = 0; /* one range: nothing to add */
     }
@@ -977,6 +984,12 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     static unsigned long long opted_in[6] = {0, 0, 0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
         *variant = prep && !split && virtual_per ? (in_slots ? 5 : 4) : (prep ? 2 : 0) + (split ? 1 : 0);
+        if constexpr (TOKS == 32) /* no virtual splits: the 32-token row takes no batch-invariant call (fewer kernels) */
+            return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
+                   : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
+                   : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
+                                   : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
+        else
         return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
                : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
                : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
@@ -1063,5 +1076,5 @@ extern "C" size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t
 }
 
 extern "C" int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *c, int tokens) {
-    return tokens == 64 ? wgmma_dispatch<64>(c) : wgmma_dispatch<128>(c);
+    return tokens == 32 ? wgmma_dispatch<32>(c) : tokens == 64 ? wgmma_dispatch<64>(c) : wgmma_dispatch<128>(c);
 }

@@ -254,8 +254,9 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * 32 · 4096,
  * m64n128 from M = 33 where its tiles of 128 × 64 times K reach 128 · 768 (mma_gemv m16n64 first in its box —
  * from M = 33 while its tiles × K stay within 240 · 5120 —, m32n16 up
- * to M = 32, and up to M = 128 for N ≤ 2048) — on either side of each threshold the selector's choice, and every row
- * that takes the call against the oracle. Where the device is not Hopper both rows refuse and neither is chosen. Then
+ * to M = 32, and up to M = 128 for N ≤ 2048), m32n128 at M 17–32 with 40 tiles of 128 rows or more and K ≥ 5120 (before
+ * m16n64) — on either side of each threshold the selector's choice, and every row that takes the call against the
+ * oracle. Where the device is not Hopper the wgmma rows refuse and none is chosen. Then
  * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–32 with 72 tiles of 64 rows × 16 rows of x, M 33–64
  * with 48, and tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120) and m16n32 (M ≤ 16 outside it), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
@@ -274,6 +275,11 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         {49, 8192, 2368, NULL},                             /* 512 × 2368 within it: mma_gemv m16n64 first */
         {33, 4096, 3072, NULL},                             /* 192 × 3072: mma_gemv m16n64 */
         {32, 12161, 256, NULL}, /* M ≤ 32: an mma_gemv row (m32n16: 382 tiles × K 256 are short of m16n64's floor) */
+        {32, 5120, 5120, "cuda.qmm_t.wgmma_tile.m32n128"},  /* M 17–32: 40 tiles of 128 rows, K 5120 */
+        {17, 14336, 5120, "cuda.qmm_t.wgmma_tile.m32n128"},
+        {32, 4992, 5120, NULL},                             /* 39 tiles: mma_gemv m16n64 */
+        {24, 5120, 5056, NULL},                             /* K under 5120: mma_gemv m16n64 */
+        {16, 5120, 5120, NULL},                             /* M ≤ 16: mma_gemv m16n64 */
         {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
         {128, 2048, 8192, NULL}, /* the same, though m128n128's 16 tiles × 8192 reach its work hint: m32n16 first */
     };
@@ -314,7 +320,9 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * (below), no upper end in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest
                 * multiple of 64 that reaches it, where 256 does not; the floor's own edges last), from M = 33
                 * ≤ 240 · 5120 (its edges:
-                * 80 blocks × 3 chunks × K 5120, × 4 chunks × K 3840; none at M = 32: 2 chunks × K 7744 past it) */
+                * 80 blocks × 3 chunks × K 5120, × 4 chunks × K 3840; none at M = 32: 77 blocks × 2 chunks × K 8000
+                * past it — 4928 rows, 39 tiles of 128: short of wgmma m32n128's box on Hopper, as are the K < 5120
+                * here) */
                {9, 5120, 2496, m16n64, true, NULL},      {16, 5120, 2496, m16n64, true, NULL},
                {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 1280, m16n64, true, NULL},
                {32, 5120, 1280, m16n64, true, NULL},     {33, 5120, 832, m16n64, true, NULL},
@@ -322,12 +330,12 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {48, 27648, 256, m16n64, true, NULL},     {64, 27648, 256, m16n64, true, NULL},
                {48, 5120, 5120, m16n64, true, NULL},     {48, 5120, 5184, m16n64, false, NULL},
                {49, 5120, 3840, m16n64, true, NULL},     {49, 5120, 3904, m16n64, false, NULL},
-               {32, 5120, 7744, m16n64, true, NULL},     {48, 1536, 2752, m16n64, true, NULL},
+               {32, 4928, 8000, m16n64, true, NULL},     {48, 1536, 2752, m16n64, true, NULL},
                {48, 1472, 2752, m16n64, false, m32n16},
                {16, 4544, 2752, m16n64, false, m16n32},  {16, 4545, 2752, m16n64, true, NULL},
                {16, 19200, 704, m16n64, true, NULL},     {16, 19201, 704, m16n64, false, m16n32},
                {17, 19201, 384, m16n64, true, NULL},     {32, 27648, 256, m16n64, true, NULL},
-               {13, 5120, 14336, m16n64, true, NULL},    {20, 12288, 5120, m16n64, true, NULL},
+               {13, 5120, 14336, m16n64, true, NULL},    {20, 12288, 4096, m16n64, true, NULL},
                {20, 14336, 448, m16n64, true, NULL},     {17, 2241, 2752, m16n64, true, NULL},
                {17, 2240, 2752, m16n64, false, m32n16},
                /* the tiles × K floor: 96 tiles × 2048 reach it, × 1984 do not; the 30B-A3B down expert (2048×768) at
@@ -425,7 +433,8 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
 
 /* The wgmma rows' last wave (wgmma_splits): where the tiles fill whole waves of the device's SMs and part of one, the
  * whole waves run unsplit in one launch and the rest split across the SMs in another. N = 17000 rows at M = 100 is
- * 133 tiles of 128 × 128 (one more than the H200's 132 SMs, the last one partial in N) and 266 of 128 × 64; K = 2048
+ * 133 tiles of 128 × 128 (one more than the H200's 132 SMs, the last one partial in N), 266 of 128 × 64 and 532 of
+ * 128 × 32; K = 2048
  * gives enough super-blocks to split at both bit widths. Against the oracle with poisoned outputs, the same bits
  * on three runs, and with QMM_CUDA_WGMMA_LAST_WAVE=0 (every tile split alike, or none) within the bound too. */
 static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
@@ -434,7 +443,7 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
         qmm_dtype dtype;
     } cases[] = {{4, 64, QMM_F16}, {8, 128, QMM_BF16}};
     static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
-                                 "cuda.qmm_t.wgmma_tile_fma.m128n128"};
+                                 "cuda.qmm_t.wgmma_tile.m32n128", "cuda.qmm_t.wgmma_tile_fma.m128n128"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
         if (!product_make(context, rng, 100, 17000, 2048, cases[c].bits, cases[c].group_size, cases[c].dtype,
@@ -458,7 +467,7 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
  * comparison cannot pass vacuously) and through the workspace (=0): each against the oracle with poisoned outputs,
  * and the same bits (both add the splits' partials in split order) — split counts 2–8 forced (QMM_CUDA_SPLITS, the
  * cluster sizes; split_limits may lower them) and, on 64 super-blocks, 12 (11 splits: past a portable cluster, the
- * workspace either way), PREP and _fma rows, both token tiles, edges: N not a multiple of 128, K ending inside a
+ * workspace either way), PREP and _fma rows, the three token tiles, edges: N not a multiple of 128, K ending inside a
  * super-block, M past one token tile. Hopper only. */
 static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -470,7 +479,7 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
                  {64, 300, 4160, 4, 64, QMM_BF16},
                  {128, 1024, 8192, 4, 64, QMM_F16}};
     static const char *rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
-                                 "cuda.qmm_t.wgmma_tile_fma.m128n128"};
+                                 "cuda.qmm_t.wgmma_tile.m32n128", "cuda.qmm_t.wgmma_tile_fma.m128n128"};
     static const char *splits[] = {"2", "3", "4", "8", "12"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
@@ -518,7 +527,7 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
     void *chained = malloc(bytes);
     static const char *chain_rows[] = {"cuda.qmm_t.wgmma_tile.m128n128", "cuda.qmm_t.wgmma_tile.m64n128",
-                                       "cuda.qmm_t.wgmma_tile_fma.m64n128"};
+                                       "cuda.qmm_t.wgmma_tile.m32n128", "cuda.qmm_t.wgmma_tile_fma.m64n128"};
     for (size_t r = 0; r < sizeof chain_rows / sizeof chain_rows[0]; r++) {
         if (qmm_kernel_supports(context, chain_rows[r], p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) continue;
         const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = chain_rows[r]};

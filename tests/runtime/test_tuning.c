@@ -72,7 +72,7 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
  * box); then prefer_max_tiles_k from prefer_max_tiles_k_min_m and prefer_large_n (the CUDA m16n64 row's),
- * prefer_gap_tiles (the CUDA m8n64 row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_min_tiles_large_m
+ * prefer_gap_tiles (the CUDA m8n64 row's), prefer_min_k (the CUDA 32-token wgmma row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_min_tiles_large_m
  * from prefer_large_m (the CUDA m16n64 row's). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
@@ -163,6 +163,21 @@ static void test_hints(void) {
         const char *got = pick_row_or_any(&gap, gap_cases[i].N, gap_cases[i].M, 4096);
         CHECK(strcmp(got, gap_cases[i].want) == 0, "hints: prefer_gap_tiles N=%zu M=%zu picked %s, want %s",
               gap_cases[i].N, gap_cases[i].M, got, gap_cases[i].want);
+    }
+    /* prefer_min_k = 5120 with prefer_min_m = 17, prefer_max_m = 32 and prefer_min_tiles = 40 of 32 × 128 (the CUDA
+     * 32-token wgmma row's box): K 5120 takes it, 5056 does not; 40 tiles (N 4993 … 5120) do, 39 do not */
+    qmm_kernel_info long_k_info = FAKE("fake.hint.long_k", QMM_OP_QMM_T);
+    long_k_info.bm = 32, long_k_info.bn = 128;
+    const qmm_kernel long_k = {.info = long_k_info, .supports = supports_all, .run = run_nothing, .prefer_min_m = 17,
+                               .prefer_max_m = 32, .prefer_min_tiles = 40, .prefer_min_k = 5120};
+    static const struct { size_t N, M, K; const char *want; } long_k_cases[] = {
+        {5120, 32, 5120, "fake.hint.long_k"}, {5120, 32, 5056, "fake.hint.any"},  {4993, 17, 14336, "fake.hint.long_k"},
+        {4992, 17, 14336, "fake.hint.any"},   {27648, 16, 5120, "fake.hint.any"}, {27648, 33, 5120, "fake.hint.any"},
+    };
+    for (size_t i = 0; i < sizeof long_k_cases / sizeof long_k_cases[0]; i++) {
+        const char *got = pick_row_or_any(&long_k, long_k_cases[i].N, long_k_cases[i].M, long_k_cases[i].K);
+        CHECK(strcmp(got, long_k_cases[i].want) == 0, "hints: prefer_min_k N=%zu M=%zu K=%zu picked %s, want %s",
+              long_k_cases[i].N, long_k_cases[i].M, long_k_cases[i].K, got, long_k_cases[i].want);
     }
     /* prefer_min_tiles_unsplit = 80, in batch-invariant mode only: 64 tiles are enough without it, 80 with it */
     const qmm_kernel_info order_info = {.name = "fake.hint.order", .backend = QMM_BACKEND_REF, .op = QMM_OP_QMM_T,
