@@ -151,9 +151,10 @@ static inline void v_load_words(const uint32_t *const *rows, size_t first, int c
 }
 
 /* The bf16 dot-product GEMV (gemv_bf16.h; the row cpu.qmm_t.gemv_bf16.r8.avx512bf16): AVX-512 BF16's vdpbf16ps
- * multiplies 4-bit codes decoded to bf16 by bf16 x, two products per f32 lane per instruction. Only the functions
- * marked BF16DP_TARGET contain BF16 instructions; the row's supports() checks the CPU for them first
- * (qmm_cpu_has_avx512bf16). A chunk is 64 codes = 32 bytes: lane i of its products holds codes 4i … 4i + 3. */
+ * multiplies codes decoded to bf16 (4-bit, or 2/3/5/6-bit unpacked to bytes) by bf16 x, two products per f32 lane per
+ * instruction. Only the functions marked BF16DP_TARGET contain BF16 instructions; the row's supports() checks the CPU
+ * for them first (qmm_cpu_has_avx512bf16). A chunk is 64 codes (32 bytes at 4 bits, 64 as bytes): lane i of its
+ * products holds codes 4i … 4i + 3. */
 #define GEMV_BF16DP 1
 #define BF16DP_TARGET __attribute__((target("avx512bf16")))
 typedef __m512i vh; /* 32 bf16 values, two per f32 lane */

@@ -8,7 +8,8 @@
  * Byte codes: a chunk of 64 codes is 64 bytes, and v_decode6_bf16 gives the same lo/hi layout (below) by one shift and
  * two vpermi2w, so x and everything after the decode are the 4-bit blocks' own.
  *
- * result[r·ld + w] = row m0 + r of x times weight row rows[w], as gemv_block.h, but by chunks of 64 codes (32 bytes):
+ * result[r·ld + w] = row m0 + r of x times weight row rows[w], as gemv_block.h, but by chunks of 64 codes (32 bytes at
+ * 4 bits, as drawn; 64 bytes as byte codes, see the top):
  *
  *   chunk c of a row (32 bytes)          two vectors of 32 bf16 codes               x in pair order (once per call)
  *   byte j = code 2j+1 : code 2j   ──▶   lo word j = bf16(code 2j)                 xlo word j = x(64c + 2j)
@@ -22,7 +23,8 @@
  * one FMA per row of x — where the table decode of gemv_block.h spends two vpmovzxbd, a shift, four vpermps and four
  * FMAs on the same 64 codes (docs/PERF.md: the dot product path decodes and multiplies 2× faster per core on Zen 4).
  *
- * Exact, by the bound of docs/kernels.md §6. Each product q·x is exact in f32 (4 and 8 significant bits). vdpbf16ps
+ * Exact, by the bound of docs/kernels.md §6. Each product q·x is exact in f32 (a code of at most 6 significant bits
+ * times an x of 8: at most 14). vdpbf16ps
  * reads denormal inputs as 0 and flushes denormal results to 0, whatever MXCSR says, which §6 does not cover; the
  * caller runs these blocks for bf16 x only when every x is ±0, non-finite or ≥ 2^-118 in magnitude (gemv_bf16_x_ok;
  * f16 x needs no check: it, its head and its tail are multiples of 2^-24, and the argument below holds with 2^-24), and

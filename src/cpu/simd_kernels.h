@@ -798,7 +798,7 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_t)(const qmm_call *call) { return gemv_qmm_t
 #if GEMV_BF16DP
 static qmm_status gemm_qmm_t(const qmm_call *call, int bf16);
 
-/* The row cpu.qmm_t.gemv_bf16 (backend.c: bf16 or f16 x, 4-bit codes, AVX-512 BF16): the bf16 dot-product blocks —
+/* The row cpu.qmm_t.gemv_bf16 (backend.c: bf16 or f16 x, 2- to 6-bit codes, AVX-512 BF16): the bf16 dot-product blocks —
  * f16 x in two parts, which never meet a denormal (every part and product is a multiple of 2^-24); bf16 x in one.
  * A bf16 call whose x has a value under 2^-118 (gemv_bf16_x_ok) runs the f32 row the selector takes without this one:
  * the table decode up to QMM_CPU_GEMV_MAX_M, the f32 tiles above (the same bits as those rows). */

@@ -1223,8 +1223,14 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         CALL_KNOBS_CHECK();                                                                                       \
+        if ((TOKENS) == 32 && call->batch_invariant) /* refused before this (no order); never run one here */   \
+            return qmm_error(QMM_ERR_UNSUPPORTED, "%s declares no batch-invariant order", #NAME);                \
         if ((PREPARED) && call->batch_invariant) return wgmma_invariant_run(call, TOKENS);                    \
         qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED, false);                                  \
+        if ((TOKENS) == 32 && !launch.wgmma_prepared) { /* no prepared x: the 64-token _fma kernels (above) */  \
+            launch = wgmma_launch_of(call, 64, false, false);                                                     \
+            return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, 64), #NAME, __FILE__, __LINE__);             \
+        }                                                                                                         \
         return launch_status(qmm_cuda_wgmma_tile_qmm_t(&launch, TOKENS), #NAME, __FILE__, __LINE__);             \
     }                                                                                                             \
     static void NAME##_reserve(const qmm_call *call) {                                                            \
@@ -1293,14 +1299,17 @@ static qmm_status gather_run(const qmm_call *call);
  * with the launcher's warps-per-block rule, over the 120 seed and Qwen3 cells M ≤ 8: 115 within 5 % of the
  * fastest row, 101 with the earlier m8n64/m8n16 split):
  *   M 17–32 on Hopper with 40 tiles of 128 rows or more (N ≥ 4993) and K ≥ 5120: wgmma_tile m32n128 — the wgmma tile
- *            with 32 tokens (wgmma m64n32, a third of the 64-token tile's shared memory for x), which reads the
+ *            with 32 tokens (wgmma m64n32: half the 64-token tile's x tile, two thirds of its stage), which reads the
  *            weights once where mma_gemv m16n64 reads them once per 16 rows of x (two chunks past M = 16): at M = 17,
- *            24 and 32 (the thirty-eighth session, every seed and Qwen3 shape, f16 and bf16) 0.68–0.74× m16n64's time
+ *            24 and 32 (the thirty-eighth session, every seed and Qwen3 shape, f16 and bf16, 4-bit group 64 — other
+ *            formats take the box unmeasured; `qmm tune` measures them) 0.68–0.74× m16n64's time
  *            on 5120×14336 and 5120×17408, 0.75–0.79× on 14336×5120, 0.89–0.94× on 27648×5120, 0.91–0.98× on
  *            17408×5120, 0.91–0.95× on 5120² — and 1.08–1.12× on 12288×4096 (K = 4096), 1.10–1.19× on 4096×12288 (32
- *            tiles), 1.41–1.54× on 4096², more on the 1024-row and expert shapes; at M = 16 1.26× or more everywhere. It
- *            took 0.75–0.88× the 64-token tile's time in every cell. It declares no batch-invariant order (its sums were
- *            not compared with the other wgmma rows' bit for bit), so the mode passes it over.
+ *            tiles), 1.15–1.31× on the 1024-row k_proj shapes, 1.41–1.54× on 4096², 1.65–2.2× on the experts; at M = 16
+ *            1.26× or more everywhere. It took 0.74–0.88× the 64-token tile's time in every cell. It declares no
+ *            batch-invariant order (its sums were not compared with the other wgmma rows' bit for bit), so the mode
+ *            passes it over; and where the prepared-x workspace cannot be had, it runs the 64-token tile's _fma
+ *            kernels (measured, tested) rather than 32-token kernels without prepared x, which no test reaches.
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
  *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
  *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get 4–6 warps under

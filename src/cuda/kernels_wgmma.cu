@@ -953,6 +953,7 @@ static int cluster_capacity(Kernel kernel, dim3 grid, size_t shared, int splits,
  * in each block and b·Σx by FMA. */
 template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const qmm_cuda_launch *c) {
     using L = wgmma_layout<BITS, GS, TOKS>;
+    if (TOKS == 32 && !c->wgmma_prepared) return (int)cudaErrorInvalidValue; /* its caller runs 64 tokens instead */
     const int tiles = (int)(((c->N + WG_ROWS - 1) / WG_ROWS) * ((c->M + TOKS - 1) / TOKS));
     /* the last wave (wgmma_splits): tiles [0, whole) unsplit, then [whole, tiles) in `splits` splits of K — the splits
      * sized for those tiles' workspace, so where the range does not hold, none */
@@ -984,11 +985,10 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     static unsigned long long opted_in[6] = {0, 0, 0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
         *variant = prep && !split && virtual_per ? (in_slots ? 5 : 4) : (prep ? 2 : 0) + (split ? 1 : 0);
-        if constexpr (TOKS == 32) /* no virtual splits: the 32-token row takes no batch-invariant call (fewer kernels) */
-            return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
-                   : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
-                   : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
-                                   : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
+        if constexpr (TOKS == 32) /* PREP only (launch_wgmma refuses the rest): the 32-token row runs the 64-token _fma
+                                   * kernels where x cannot be prepared, and takes no batch-invariant call */
+            return *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
+                                 : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
         else
         return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
                : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
