@@ -985,17 +985,18 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     static unsigned long long opted_in[6] = {0, 0, 0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
         *variant = prep && !split && virtual_per ? (in_slots ? 5 : 4) : (prep ? 2 : 0) + (split ? 1 : 0);
-        if constexpr (TOKS == 32) /* PREP only (launch_wgmma refuses the rest): the 32-token row runs the 64-token _fma
-                                   * kernels where x cannot be prepared, and takes no batch-invariant call */
+        if constexpr (TOKS == 32) { /* PREP only (launch_wgmma refuses the rest): the 32-token row runs the 64-token
+                                     * _fma kernels where x cannot be prepared, and takes no batch-invariant call */
             return *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
                                  : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
-        else
-        return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
-               : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
-               : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
-               : *variant == 3 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>
-               : *variant == 4 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, in_registers ? 1 : 2>
-                               : wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 2>;
+        } else {
+            return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
+                   : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
+                   : *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
+                   : *variant == 3 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>
+                   : *variant == 4 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, in_registers ? 1 : 2>
+                                   : wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 2>;
+        }
     };
     int variant, whole_variant;
     auto kernel = kernel_of(splits > 1, &variant), whole_kernel = kernel_of(false, &whole_variant);
