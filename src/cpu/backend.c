@@ -434,7 +434,7 @@ CPU_GATHER(portable, portable_qmm_t_rows)
  * kernels in simd_kernels.h and in docs/kernels.md "CPU kernels"). */
 const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     [ROW_QMM_T_GEMV_BF16_AVX512] = CPU_ROW("cpu.qmm_t.gemv_bf16.r8.avx512bf16", QMM_OP_QMM_T, "gemv", 8, 8, 64,
-            "bf16 x M<=64 (2/3/5/6-bit M<=16) / f16 x M=1: codes to bf16 by vpermw (4-bit) or vpermi2w on unpacked bytes, vdpbf16ps dot products (f16: x as head + tail), b·Σx split",
+            "2-6-bit codes (not 8), bf16 x M<=64 (2/3/5/6-bit: M<=16) / f16 x M=1: codes to bf16 by vpermw (4-bit) or vpermi2w on unpacked bytes, vdpbf16ps dot products (f16: x as head + tail), b·Σx split",
             avx512bf16_gemv_qmm_t_supports, qmm_cpu_gemv_bf16_qmm_t_avx512, qmm_cpu_has_avx512bf16),
     [ROW_QMM_T_GEMV_AVX512] = CPU_ROW("cpu.qmm_t.gemv.r8.avx512", QMM_OP_QMM_T, "gemv", 8, 8, 32,
             "M<=16, memory-bound: weights read once, 8 rows of x x 8 weight rows in ZMM, split s·Σq·x + b·Σx",
