@@ -1067,6 +1067,8 @@ static size_t split_waves(size_t tiles, size_t splits, size_t sms, int clusters,
  * reduce_splits). */
 static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     const cuda_state *s = call->backend_state;
+    if (tokens != 64 && tokens != 128) /* the 32-token row declares no order: the selector never gives it such a call */
+        return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.qmm_t.wgmma_tile.m%dn128 declares no batch-invariant order", tokens);
     const char *name = tokens == 64 ? "cuda.qmm_t.wgmma_tile.m64n128" : "cuda.qmm_t.wgmma_tile.m128n128";
     qmm_cuda_launch launch = wgmma_launch_of(call, tokens, true, false);
     if (!launch.wgmma_prepared)
@@ -1223,8 +1225,6 @@ static qmm_status wgmma_invariant_run(const qmm_call *call, int tokens) {
     }                                                                                                             \
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         CALL_KNOBS_CHECK();                                                                                       \
-        if ((TOKENS) == 32 && call->batch_invariant) /* refused before this (no order); never run one here */   \
-            return qmm_error(QMM_ERR_UNSUPPORTED, "%s declares no batch-invariant order", #NAME);                \
         if ((PREPARED) && call->batch_invariant) return wgmma_invariant_run(call, TOKENS);                    \
         qmm_cuda_launch launch = wgmma_launch_of(call, TOKENS, PREPARED, false);                                  \
         if ((TOKENS) == 32 && !launch.wgmma_prepared) { /* no prepared x: the 64-token _fma kernels (above) */  \

@@ -654,7 +654,6 @@ static void import_k_block(uint32_t type, const uint8_t *block, uint8_t codes[25
     }
 }
 
-
 qmm_status qmm_gguf_import(const qmm_gguf *file, size_t index, int *is_quantized, qmm_qmatrix *matrix,
                            qmm_tensor *float_tensor) {
     if (!file || !is_quantized || !matrix || !float_tensor)
