@@ -435,13 +435,25 @@ typedef struct qmm_kernel_info {
 qmm_status qmm_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t M,
                       qmm_buffer *out, const qmm_matmul_options *options, qmm_kernel_info *info);
 
-/* Options of one gather. Zero-initialised means: the selector's choice, sortedness detected. */
+/* Options of one gather. Zero-initialised means: the selector's choice, sortedness detected, batch-invariant mode
+ * off. */
 typedef struct qmm_gather_options {
     const char *kernel; /* NULL: the selector chooses; else a registered gather row (op gather), forced */
     /* MLX's sorted_indices. The runtime always detects whether rhs_indices is non-decreasing (rows of one
      * expert contiguous: the fast path) while it checks the indices; nonzero here is a promise that it is,
      * and a broken promise is an error naming the first position out of order, never a wrong result. */
     int sorted_indices;
+    /* Nonzero: batch-invariant mode, as qmm_matmul_options.batch_invariant. The bits of out[i] then depend only
+     * on x[lhs_indices[i]] and expert rhs_indices[i]'s weights (and the context's backend and machine): not on
+     * B, T, the other pairs, their order, sorted or not, which kernel ran or the thread count. Each expert block
+     * runs on the qmm_t rows of the backend's batch-invariant order, so out[i] is bit for bit what qmm_matmul
+     * with the option gives for that x row alone and that expert's weights as plain weights (on ref and cpu;
+     * tests/runtime/test_batch_invariant.c). Only gather rows that declare a batch-invariant order take such
+     * a call: on the CPU cpu.gather.blocks_ordered.* (the ordered GEMV rows at blocks of M <= 16: on Qwen3-30B-A3B's
+     * experts 1-1.9x the default's time with f32 x, 2-2.8x with bf16 x; docs/kernels.md §11) and
+     * cpu.gather.blocks.portable, on ref both rows; the CUDA
+     * gather row declares none yet, so there the call fails with QMM_ERR_UNSUPPORTED. */
+    int batch_invariant;
 } qmm_gather_options;
 
 /* Enqueues the MoE gather product (MLX gather_qmm, transpose=True; the arithmetic of qmm_ref_gather_qmm):
@@ -461,7 +473,8 @@ typedef struct qmm_gather_options {
  * range, naming the array,
  * position, value and bound; sorted_indices promised but rhs_indices[i] < rhs_indices[i−1]),
  * QMM_ERR_SHAPE (T = 0, B = 0, B > T with lhs_indices NULL, a buffer too small or of another dtype),
- * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND / QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul), and
+ * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND / QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul; in batch-invariant
+ * mode also one without the call's order, and any call where no gather row declares an order: CUDA today), and
  * QMM_ERR_UNSUPPORTED when the backend has no gather row ("no kernel of backend B computes gather yet"; every
  * backend has one today: ref, cpu, and cuda.gather.blocks.auto on CUDA); on CUDA, QMM_ERR_INVALID_ARGUMENT for
  * a knob of the calls outside its rule (docs/kernels.md §12), before anything is launched.

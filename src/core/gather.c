@@ -87,6 +87,7 @@ static qmm_call block_call(const qmm_call *gather, size_t i0, size_t i1) {
         .out = (char *)gather->out + i0 * gather->N * size,
         .backend_state = gather->backend_state,
         .weights_extra = NULL,
+        .batch_invariant = gather->batch_invariant, /* the block's rows then reduce in the mode's order */
     };
     return call;
 }

@@ -132,7 +132,9 @@ extern const size_t qmm_ref_kernel_count;
  * offset to row i0, and x the block's rows x[lhs_indices[i]] — used in place when they are consecutive
  * rows of x (lhs_indices NULL, or i0, i0+1, ...), else copied into host scratch. With rhs_sorted there is one
  * block per expert used, so each expert's weights are read once for all its rows (MLX's sorted_indices
- * fast path); unsorted indices give the same outputs through more, smaller blocks. Host memory only.
+ * fast path); unsorted indices give the same outputs through more, smaller blocks. Host memory only. A block's
+ * call carries the gather's batch_invariant, so the qmm_t rows it reaches (qmm_kernel_accepts, the selector) are
+ * those of the mode; a gather row that declares an order must reach only qmm_t rows of one order.
  * A gather row is then three lines (src/ref/kernels.c, ref.gather.blocks.r1, is the model):
  *     supports: return qmm_gather_blocks_supported(call, &my_qmm_t_row, why_not, why_not_size);
  *     run:      return qmm_gather_run_blocks(call, &my_qmm_t_row);

@@ -771,6 +771,7 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
     call.lhs_indices = lhs_indices;
     call.rhs_indices = rhs_indices;
     call.rhs_sorted = sorted;
+    call.batch_invariant = options && options->batch_invariant;
     if (!(options && options->kernel) && !table_has_op(context, QMM_OP_GATHER))
         return qmm_error(QMM_ERR_UNSUPPORTED,
                          "%s: no kernel of backend %s computes gather yet (the reference gather rows read host "

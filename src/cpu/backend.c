@@ -17,7 +17,8 @@
  *   3. the portable C row (threads, no SIMD), for CPUs without AVX2.
  *   AVX-512 before AVX2 within each family: twice the lanes per instruction where both can run.
  *   Then the qmm_n rows (GEMV for M ≤ 8, then tiled), then the gather rows (one per ISA, each driving that
- *   ISA's qmm_t rows per expert block), then (appended by the runtime) the reference rows.
+ *   ISA's qmm_t rows per expert block; the ordered ones, for batch-invariant mode, driving only the rows of the
+ *   ISA's order), then (appended by the runtime) the reference rows.
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "cpu.h"
@@ -271,7 +272,11 @@ static bool scalar_qmm_t_supports(const qmm_call *call, char *why_not, size_t wh
  * threads as a qmm_t call would. A block with more than 1/threads of the rows (a popular expert in a
  * prefill chunk) runs first on all the threads, since on one it would outlast the others. Decode (one token to 8 experts: 8 blocks of M = 1 of a few hundred KiB
  * each) thus wakes one team per gather instead of one per block. Either way every output is computed by
- * one thread in the order of its qmm_t row, so the result does not depend on the thread count. */
+ * one thread in the order of its qmm_t row, so the result does not depend on the thread count.
+ * Batch-invariant mode: the ordered rows (cpu.gather.blocks_ordered.*) drive only their ISA's rows of one order
+ * (the ordered GEMV, the tiled row), so a pair's bits depend neither on its block's M nor on the rest of the routing:
+ * they are the bits of a batch-invariant qmm_t call on its x row and expert alone. The portable row's one row is of
+ * the oracle's order. The other rows pick among GEMV rows of no order and declare none. */
 typedef struct gather_block {
     size_t i0, i1;
     const qmm_kernel *row; /* the qmm_t row the selector picks for this block */
@@ -385,6 +390,12 @@ static const qmm_kernel *const avx512_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T
 static const qmm_kernel *const avx2_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_AVX2],
                                                     &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX2]};
 static const qmm_kernel *const portable_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_SCALAR]};
+/* The ordered gather rows' (batch-invariant mode): each ISA's rows of its one order, the ordered GEMV first (blocks of
+ * M <= 16) and the tiled row (every M), as the qmm_t table reaches them for a batch-invariant call. */
+static const qmm_kernel *const avx512_ordered_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_ORDERED_AVX512],
+                                                              &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX512]};
+static const qmm_kernel *const avx2_ordered_qmm_t_rows[] = {&qmm_cpu_kernels[ROW_QMM_T_GEMV_ORDERED_AVX2],
+                                                            &qmm_cpu_kernels[ROW_QMM_T_GEMM_AVX2]};
 
 /* A gather row accepts a call when its ISA is here and the rows it drives accept every block. */
 static bool cpu_gather_supports(const qmm_call *call, const qmm_kernel *const *rows, size_t row_count,
@@ -403,6 +414,8 @@ static bool cpu_gather_supports(const qmm_call *call, const qmm_kernel *const *r
     }
 CPU_GATHER(avx512, avx512_qmm_t_rows)
 CPU_GATHER(avx2, avx2_qmm_t_rows)
+CPU_GATHER(avx512_ordered, avx512_ordered_qmm_t_rows)
+CPU_GATHER(avx2_ordered, avx2_ordered_qmm_t_rows)
 CPU_GATHER(portable, portable_qmm_t_rows)
 
 /* Slack 1 for every row: each one keeps every product term within K + 2 f32 roundings (the counts
@@ -478,9 +491,15 @@ const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT] = {
     CPU_ROW("cpu.gather.blocks.avx2", QMM_OP_GATHER, "blocks", QMM_CPU_GEMV_MAX_M, 6, 256,
             "MoE gather without AVX-512: per expert block the AVX2 qmm_t row the selector picks, blocks on parallel threads",
             avx2_gather_supports, avx2_gather_run, qmm_cpu_has_avx2),
-    CPU_ROW("cpu.gather.blocks.portable", QMM_OP_GATHER, "blocks", 1, 1, 1,
+    CPU_ROW_ORDERED("cpu.gather.blocks_ordered.avx512", QMM_OP_GATHER, "blocks_ordered", QMM_CPU_GEMV_MAX_M, 12, 256,
+            "MoE gather in batch-invariant mode: per expert block the AVX-512 rows of order split-fma-d32 (ordered GEMV for small blocks, else tiled)",
+            avx512_ordered_gather_supports, avx512_ordered_gather_run, qmm_cpu_has_avx512, "split-fma-d32"),
+    CPU_ROW_ORDERED("cpu.gather.blocks_ordered.avx2", QMM_OP_GATHER, "blocks_ordered", QMM_CPU_GEMV_MAX_M, 6, 256,
+            "MoE gather in batch-invariant mode without AVX-512: per expert block the AVX2 rows of order split-fma-d16",
+            avx2_ordered_gather_supports, avx2_ordered_gather_run, qmm_cpu_has_avx2, "split-fma-d16"),
+    CPU_ROW_ORDERED("cpu.gather.blocks.portable", QMM_OP_GATHER, "blocks", 1, 1, 1,
             "MoE gather on any CPU (no AVX2): cpu.qmm_t.scalar.r1 per expert block, blocks on parallel threads",
-            portable_gather_supports, portable_gather_run, NULL),
+            portable_gather_supports, portable_gather_run, NULL, "oracle"),
 };
 
 bool qmm_cpu_unpack_codes_for_test(int isa, const uint32_t *in, size_t count, int bits, uint8_t *codes) {

@@ -135,7 +135,7 @@ bool qmm_cpu_unpack_codes_for_test(int isa, const uint32_t *in, size_t count, in
 
 /* The backend's rows in selector order (backend.c) and what runtime.c plugs into its hooks: the
  * CPU backend shares the host memory hooks; these open, close and carry its thread count. */
-#define QMM_CPU_KERNEL_COUNT 16
+#define QMM_CPU_KERNEL_COUNT 18
 extern const qmm_kernel qmm_cpu_kernels[QMM_CPU_KERNEL_COUNT];
 qmm_status qmm_cpu_open(int device, void **state);
 void qmm_cpu_close(void *state);

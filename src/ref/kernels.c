@@ -90,7 +90,9 @@ static bool ref_gather_blocks_supports(const qmm_call *call, char *why_not, size
 
 static qmm_status ref_gather_blocks_run(const qmm_call *call) { return qmm_gather_run_blocks(call, &qmm_ref_kernels[0]); }
 
-/* Slack 1: the oracle is exactly the order the bound of docs/kernels.md "Tolerance" was derived for. */
+/* Slack 1: the oracle is exactly the order the bound of docs/kernels.md "Tolerance" was derived for. Both gather
+ * rows declare "oracle" too: each pair's output is ref.qmm_t.scalar.r1's for its x row and expert alone, whatever
+ * the rest of the routing (tests/runtime/test_gather.c). */
 const qmm_kernel qmm_ref_kernels[] = {
     {
         .info = {.name = "ref.qmm_t.scalar.r1", .backend = QMM_BACKEND_REF, .op = QMM_OP_QMM_T,
@@ -111,14 +113,16 @@ const qmm_kernel qmm_ref_kernels[] = {
     {
         .info = {.name = "ref.gather.blocks.r1", .backend = QMM_BACKEND_REF, .op = QMM_OP_GATHER,
                  .family = "blocks", .bm = 1, .bn = 1, .bk = 1, .threads = 1, .tolerance_slack = 1.0,
-                 .description = "gather: one ref.qmm_t.scalar.r1 product per expert block (rows of one expert)"},
+                 .description = "gather: one ref.qmm_t.scalar.r1 product per expert block (rows of one expert)",
+                 .batch_invariant_order = "oracle"},
         .supports = ref_gather_blocks_supports,
         .run = ref_gather_blocks_run,
     },
     {
         .info = {.name = "ref.gather.scalar.r1", .backend = QMM_BACKEND_REF, .op = QMM_OP_GATHER,
                  .family = "scalar", .bm = 1, .bn = 1, .bk = 1, .threads = 1, .tolerance_slack = 1.0,
-                 .description = "gather oracle: x[lhs[i]]·Ŵ[rhs[i]]ᵀ per pair, f32 per-group split as qmm_t"},
+                 .description = "gather oracle: x[lhs[i]]·Ŵ[rhs[i]]ᵀ per pair, f32 per-group split as qmm_t",
+                 .batch_invariant_order = "oracle"},
         .supports = ref_gather_scalar_supports,
         .run = ref_gather_scalar_run,
     },

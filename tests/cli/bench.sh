@@ -225,6 +225,28 @@ assert d["peers_absent"] == [], d["peers_absent"]
 PY
 fi
 check "--gather --no-peers: no peer row" bash -c '! grep -q "peer mlx-gather-cpu" <<<"$1"' _ "$OUT"
+# --gather --batch-invariant: a 'bi' row per cell (qmm_gather_options.batch_invariant), its note the mode's cost; on
+# CUDA, whose gather row declares no order yet, the row says why it is not eligible.
+q bench --backend ref --gather --quick --no-peers --experts 8 --experts-per-token 2 --batch-invariant --json "$WORK/gather-bi.json"
+check "--gather --batch-invariant: exit 0" rc_is 0
+check "--gather --batch-invariant: header" out_has "'bi' rows are the selector's choice (or --kernel) with qmm_gather_options.batch_invariant on"
+check "--gather --batch-invariant: a bi row per cell" [ "$(out_lines_matching ' bi ref\.gather\.blocks\.r1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +batch-invariant mode \(order "oracle"\): [0-9.]+× the default selector.s time')" = 4 ]
+if command -v python3 >/dev/null; then
+  check "--gather --batch-invariant: JSON" python3 - "$WORK/gather-bi.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["batch_invariant"] is True and len(d["cells"]) == 4
+for c in d["cells"]:
+    bi = [k for k in c["kernels"] if k["batch_invariant"]]
+    assert [k["name"] for k in bi] == ["ref.gather.blocks.r1"] and bi[0]["us"] > 0, bi
+PY
+fi
+if grep -q "^backend cuda: [0-9]" <<<"$("$QMM" kernels --backend cuda 2>/dev/null)"; then
+  q bench --backend cuda --gather --quick --no-peers --experts 8 --experts-per-token 2 --m 1 --dtype f16 --batch-invariant
+  check "--gather --batch-invariant --backend cuda: exit 0" rc_is 0
+  check "--gather --batch-invariant --backend cuda: the bi row says why" \
+    out_matches ' bi \(none\) +— .*not eligible in batch-invariant mode: no kernel of this table declares a batch-invariant order'
+fi
 # --gather with peers: MLX's mx.gather_qmm on the CPU (bench/peers/mlx_gather_cpu.py through .venv) gets a row
 # under every cell, in the JSON too; without .venv or MLX the header lists it as absent, with the reason.
 q bench --backend ref --gather --quick --experts 8 --experts-per-token 2 --m 1 --dtype f32 --json "$WORK/gather-peer.json"
@@ -252,6 +274,10 @@ if grep -q "^backend cpu: [0-9]" <<<"$("$QMM" kernels --backend cpu 2>/dev/null)
   check "--gather --backend cpu: exit 0" rc_is 0
   check "--gather --backend cpu: a CPU gather row selected" out_matches '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +1 +bf16 +[0-9.]+ +(memory|compute) +\* cpu\.gather\.blocks\.'
   check "--gather --backend cpu: the reference row as the baseline" out_matches '^ +ref\.gather\.blocks\.r1 +[0-9.]+'
+  q bench --backend cpu --gather --quick --no-peers --experts 8 --m 1 --dtype f32 --batch-invariant
+  check "--gather --batch-invariant --backend cpu: exit 0" rc_is 0
+  check "--gather --batch-invariant --backend cpu: an ordered CPU gather row" \
+    out_matches ' bi cpu\.gather\.(blocks_ordered\.avx(512|2)|blocks\.portable) +[0-9.]+ .*batch-invariant mode \(order "(split-fma-d32|split-fma-d16|oracle)"\)'
 fi
 # --gather --backend cuda (on a machine with a usable GPU): the CUDA gather row, timed on the host clock per streamed
 # call, says so in the header; elsewhere the backend's absence is a library error.

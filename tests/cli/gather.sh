@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gather.sh — `qmm quantize` of a 3-D [E, N, K] weight into a layer of experts, `qmm info` showing it, and
 # `qmm gather` (MLX gather_qmm with top-k routing) on it: sorted and unsorted routing, every dtype, each
-# gather row forced, a 2-D layer as one expert, the FAIL verdict hook, and its usage and library errors.
+# gather row forced, batch-invariant mode, a 2-D layer as one expert, the FAIL verdict hook, and its usage and
+# library errors.
 SUITE=cli_gather
 source "$(dirname "$0")/lib.sh"
 
@@ -64,6 +65,27 @@ fi
 for bad in 0 -1 5000 two ""; do
   expect_usage_error gather "--threads '$bad' is not a whole number from 1 to " gather "$WORK/moe" --layer $L --threads "$bad"
 done
+
+# --batch-invariant: the kernel's order and up to 64 pairs recomputed alone (B=1), bit for bit, sorted and in token
+# order; a forced gather row without an order is refused naming it; the switch twice is a usage error.
+for backend in ref cpu; do
+  q kernels --backend $backend
+  [ "$RC" = 0 ] || continue
+  for order in "" --unsorted; do
+    name="gather --batch-invariant ($backend $order)"
+    expect_ok "$name" gather "$WORK/moe" --layer $L --backend $backend -t 30 -k 3 --dtype bf16 $order --batch-invariant
+    check "$name: order line" out_matches '^batch-invariant +order "[a-z0-9-]+"; 64 of 64 pairs checked alone \(B=1\) are bit for bit the same inside B=90$'
+    check "$name: within bound" out_matches "^verdict +all 2160 outputs within bound"
+  done
+  [ $backend = cpu ] && check "gather --batch-invariant (cpu): an ordered CPU gather row" \
+    out_matches "^kernel +cpu\.gather\.(blocks_ordered\.avx|blocks\.portable)"
+done
+q kernels --backend cpu
+if [ "$RC" = 0 ]; then
+  expect_library_error gather "unsupported" "kernel cpu.gather.blocks.avx512 does not declare a batch-invariant order" \
+    gather "$WORK/moe" --layer $L --backend cpu -t 2 --kernel cpu.gather.blocks.avx512 --batch-invariant
+fi
+expect_usage_error gather "--batch-invariant given twice" gather "$WORK/moe" --layer $L --batch-invariant --batch-invariant
 
 # matmul and run take an expert layer as one stacked matrix, and say so
 expect_ok "matmul on an expert layer" matmul "$WORK/moe" --layer $L -m 3 --backend ref

@@ -17,6 +17,11 @@
  *      are memcmp-identical; outputs are poisoned first. On cpu also with 1 and 3 threads, and through a
  *      chain. Rows that declare the same order give the same bits without the option too.
  *   4. The errors of a forced row without the order, or of another order, through qmm_matmul.
+ *   5. The gather op (qmm_gather_options.batch_invariant): every pair of five routings (decode, top-3 in token
+ *      order and sorted, one block of 40 rows, blocks of 16 and 17 rows) bit for bit a batch-invariant qmm_matmul
+ *      of its x row and expert alone, through the selector, every gather row (forced; those of another order or
+ *      none refused) and 1 or 3 threads; a gather row of an order, without the option, the bits of a qmm_t row
+ *      of that order; refused with its message where no gather row declares an order (cuda).
  * N = 52, K = 384 (qmm_t; qmm_n reads the same weights as K = 52, N = 384): the 2048-row products stay
  * cheap on the ref backend.
  */
@@ -397,6 +402,251 @@ static void test_bits(qmm_context *context, const char *backend) {
         }
 }
 
+/* ───────────────────────────── 5. the gather op ─────────────────────────────
+ *
+ * qmm_gather_options.batch_invariant: pair i's bits are those of x[lhs[i]] and expert rhs[i] alone. The reference
+ * of pair (t, e) is a batch-invariant qmm_matmul (M = 1, the selector choosing) of x row t on expert e's weights as
+ * plain weights; every routing below, through the selector and through every gather row that accepts the option
+ * (forced), on 1 and 3 threads (cpu), must give exactly those bits. A gather row that declares an order gives, with
+ * the option off too, the bits of a qmm_t row of the same order on the pair alone (its blocks run only rows of that
+ * order). On a backend whose gather rows declare no order (cuda today) the call is refused, saying so. */
+
+#define G_EXPERTS 5
+#define G_TOKENS 40
+
+typedef struct gather_routing {
+    const char *name;
+    size_t B;
+    bool lhs_null; /* pair i takes row i of x */
+    uint32_t lhs[G_TOKENS * 3], rhs[G_TOKENS * 3];
+} gather_routing;
+
+/* Decode (one token, 4 experts), top-3 routing in token order and sorted by expert, every token to one expert (one
+ * block of 40 rows: the tiled rows), blocks of 16 and 17 rows (the ordered GEMV's limit) with repeated rows of x. */
+static size_t gather_routings(check_rng *rng, gather_routing *out) {
+    size_t n = 0;
+    gather_routing *r = &out[n++];
+    *r = (gather_routing){.name = "decode: token 7 to experts 0, 1, 3, 4", .B = 4};
+    for (uint32_t j = 0, e = 0; j < 4; j++, e++) {
+        if (e == 2) e++;
+        r->lhs[j] = 7;
+        r->rhs[j] = e;
+    }
+    gather_routing *token_order = &out[n++];
+    *token_order = (gather_routing){.name = "top-3 routing, token order", .B = G_TOKENS * 3};
+    for (uint32_t t = 0; t < G_TOKENS; t++) {
+        const uint32_t first = (uint32_t)(check_rng_next(rng) % G_EXPERTS);
+        for (uint32_t j = 0; j < 3; j++) {
+            token_order->lhs[t * 3 + j] = t;
+            token_order->rhs[t * 3 + j] = (first + j * 2) % G_EXPERTS; /* 3 distinct experts */
+        }
+    }
+    r = &out[n++];
+    *r = (gather_routing){.name = "top-3 routing, sorted by expert", .B = G_TOKENS * 3};
+    size_t at = 0;
+    for (uint32_t e = 0; e < G_EXPERTS; e++)
+        for (size_t i = 0; i < token_order->B; i++)
+            if (token_order->rhs[i] == e) {
+                r->lhs[at] = token_order->lhs[i];
+                r->rhs[at++] = e;
+            }
+    r = &out[n++];
+    *r = (gather_routing){.name = "every token to expert 2 (lhs NULL)", .B = G_TOKENS, .lhs_null = true};
+    for (size_t i = 0; i < G_TOKENS; i++) r->lhs[i] = (uint32_t)i, r->rhs[i] = 2;
+    r = &out[n++];
+    *r = (gather_routing){.name = "blocks of 16, 17 and 1 rows, random x rows", .B = 34};
+    for (size_t i = 0; i < 34; i++) {
+        r->lhs[i] = (uint32_t)(check_rng_next(rng) % G_TOKENS);
+        r->rhs[i] = i < 16 ? 0 : i < 33 ? 1 : 4;
+    }
+    return n;
+}
+
+typedef struct gather_case {
+    qmm_context *context;
+    qmm_weights *stacked; /* G_EXPERTS experts of N_T × K_T */
+    qmm_weights *plain[G_EXPERTS];
+    qmm_dtype dtype;
+    size_t element;
+    qmm_buffer *x, *x_one, *out, *out_one;
+    unsigned char *x_host; /* G_TOKENS × K_T */
+    unsigned char *got;    /* G_TOKENS·3 × N_T */
+    const char *label;
+} gather_case;
+
+/* reference[t][e][N_T]: x row t alone on expert e's plain weights, qmm_matmul with `kernel` (NULL: the selector)
+ * and the option as given. Returns false when a call failed (recorded). */
+static bool gather_reference(gather_case *c, const char *kernel, int invariant, unsigned char *reference) {
+    qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = kernel, .batch_invariant = invariant};
+    for (size_t t = 0; t < G_TOKENS; t++) {
+        if (qmm_buffer_write(c->x_one, c->x_host + t * K_T * c->element, K_T) != QMM_OK) return false;
+        for (size_t e = 0; e < G_EXPERTS; e++) {
+            qmm_status status = qmm_buffer_poison(c->out_one);
+            if (status == QMM_OK) status = qmm_matmul(c->context, c->plain[e], c->x_one, 1, c->out_one, &options, NULL);
+            if (status == QMM_OK)
+                status = qmm_buffer_read(c->out_one, reference + (t * G_EXPERTS + e) * N_T * c->element, N_T);
+            CHECK(status == QMM_OK, "%s: reference %s row %zu expert %zu: %s", c->label, kernel ? kernel : "selector", t,
+                  e, qmm_last_error());
+            if (status != QMM_OK) return false;
+        }
+    }
+    return true;
+}
+
+/* Runs the routing (kernel NULL: the selector) and compares every pair with reference; false when the call failed
+ * with `status` (not recorded: the caller decides). */
+static qmm_status gather_compare(gather_case *c, const gather_routing *r, const char *kernel, int invariant,
+                                 const unsigned char *reference, const char *who) {
+    qmm_gather_options options = {.kernel = kernel, .batch_invariant = invariant};
+    qmm_status status = qmm_buffer_poison(c->out);
+    if (status == QMM_OK)
+        status = qmm_gather_matmul(c->context, c->stacked, c->x, G_TOKENS, r->lhs_null ? NULL : r->lhs, r->rhs, r->B,
+                                   c->out, &options, NULL);
+    if (status != QMM_OK) return status;
+    CHECK_OK(qmm_buffer_read(c->out, c->got, r->B * N_T));
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < r->B; i++) {
+        const unsigned char *want = reference + ((size_t)r->lhs[i] * G_EXPERTS + r->rhs[i]) * N_T * c->element;
+        if (memcmp(c->got + i * N_T * c->element, want, N_T * c->element) != 0 && differ++ == 0) first = i;
+    }
+    CHECK(differ == 0, "%s %s, %s: %zu of %zu pairs differ from the pair alone (first: pair %zu, token %u, expert %u)",
+          c->label, who, r->name, differ, r->B, first, r->lhs[first], r->rhs[first]);
+    return QMM_OK;
+}
+
+static void check_gather(gather_case *c, check_rng *rng) {
+    gather_routing routings[5];
+    const size_t routing_count = gather_routings(rng, routings);
+    unsigned char *reference = malloc(G_TOKENS * G_EXPERTS * N_T * c->element);
+    if (!reference) {
+        CHECK(false, "%s: out of memory", c->label);
+        return;
+    }
+    /* The mode through the selector: refused where no gather row declares an order, else the pairs alone. */
+    bool ordered = false;
+    for (size_t i = 0; i < qmm_kernel_count(c->context); i++) {
+        qmm_kernel_info info;
+        CHECK_OK(qmm_kernel_get(c->context, i, &info));
+        ordered |= info.op == QMM_OP_GATHER && info.batch_invariant_order && qmm_kernel_usable(c->context, i, NULL) == 1;
+    }
+    if (!ordered) {
+        const qmm_status status = gather_compare(c, &routings[1], NULL, 1, NULL, "selector");
+        CHECK(status == QMM_ERR_UNSUPPORTED, "%s: a batch-invariant gather without ordered rows gave %s", c->label,
+              qmm_status_string(status));
+        EXPECT_CONTAINS("declares a batch-invariant order for this call");
+        goto cleanup;
+    }
+    if (!gather_reference(c, NULL, 1, reference)) goto cleanup;
+    for (size_t r = 0; r < routing_count; r++) CHECK_OK(gather_compare(c, &routings[r], NULL, 1, reference, "selector"));
+    if (qmm_context_backend(c->context) == QMM_BACKEND_CPU) {
+        for (int threads = 1; threads <= 3; threads += 2) {
+            CHECK_OK(qmm_context_set_threads(c->context, threads));
+            char who[64];
+            snprintf(who, sizeof who, "selector with %d threads", threads);
+            for (size_t r = 0; r < routing_count; r++) CHECK_OK(gather_compare(c, &routings[r], NULL, 1, reference, who));
+        }
+        CHECK_OK(qmm_context_set_threads(c->context, 0));
+    }
+    /* Every gather row, forced with the option: the call's order's rows give the same bits, the others are refused
+     * naming the reason. */
+    size_t ran = 0;
+    for (size_t i = 0; i < qmm_kernel_count(c->context); i++) {
+        qmm_kernel_info info;
+        CHECK_OK(qmm_kernel_get(c->context, i, &info));
+        if (info.op != QMM_OP_GATHER) continue;
+        for (size_t r = 0; r < routing_count; r++) {
+            const qmm_status status = gather_compare(c, &routings[r], info.name, 1, reference, info.name);
+            if (status == QMM_OK) {
+                ran++;
+                continue;
+            }
+            CHECK(status == QMM_ERR_UNSUPPORTED, "%s: forcing %s gave %s (%s)", c->label, info.name,
+                  qmm_status_string(status), qmm_last_error());
+            if (!info.batch_invariant_order) EXPECT_CONTAINS("does not declare a batch-invariant order");
+            else if (qmm_kernel_usable(c->context, i, NULL) == 1) EXPECT_CONTAINS("but this call's order is");
+        }
+    }
+    CHECK(ran > 0, "%s: no gather row ran in batch-invariant mode", c->label);
+    /* A gather row of an order, forced without the option, gives the bits of a qmm_t row of that order on the pairs
+     * alone (the first usable one in the table, forced, without the option too). */
+    for (size_t i = 0; i < qmm_kernel_count(c->context); i++) {
+        qmm_kernel_info info;
+        CHECK_OK(qmm_kernel_get(c->context, i, &info));
+        if (info.op != QMM_OP_GATHER || !info.batch_invariant_order || qmm_kernel_usable(c->context, i, NULL) != 1)
+            continue;
+        const char *qmm_t_row = NULL;
+        for (size_t j = 0; j < qmm_kernel_count(c->context) && !qmm_t_row; j++) {
+            qmm_kernel_info row;
+            CHECK_OK(qmm_kernel_get(c->context, j, &row));
+            if (row.op == QMM_OP_QMM_T && row.batch_invariant_order &&
+                strcmp(row.batch_invariant_order, info.batch_invariant_order) == 0 &&
+                qmm_kernel_supports(c->context, row.name, c->plain[0], 1, QMM_OP_QMM_T, NULL) == 1)
+                qmm_t_row = row.name;
+        }
+        CHECK(qmm_t_row != NULL, "%s: no usable qmm_t row of order \"%s\" (that of %s)", c->label,
+              info.batch_invariant_order, info.name);
+        if (!qmm_t_row || !gather_reference(c, qmm_t_row, 0, reference)) continue;
+        char who[256];
+        snprintf(who, sizeof who, "%s without the option (against %s)", info.name, qmm_t_row);
+        for (size_t r = 0; r < routing_count; r++) CHECK_OK(gather_compare(c, &routings[r], info.name, 0, reference, who));
+    }
+cleanup:
+    free(reference);
+}
+
+static void test_gather(qmm_context *context, const char *backend) {
+    static const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    static const int formats[][2] = {{4, 64}, {3, 32}};
+    check_rng rng = check_rng_make(0x9a74e7);
+    for (size_t d = 0; d < 3; d++)
+        for (size_t f = 0; f < 2; f++) {
+            const qmm_dtype dtype = dtypes[d];
+            const int bits = formats[f][0], group_size = formats[f][1];
+            char label[96];
+            snprintf(label, sizeof label, "%s gather %d-bit gs%d %s", backend, bits, group_size, qmm_dtype_name(dtype));
+            check_qmatrix q;
+            if (!check_qmatrix_random(&rng, G_EXPERTS * N_T, K_T, bits, group_size, dtype, &q)) {
+                CHECK(false, "%s: check_qmatrix_random failed", label);
+                continue;
+            }
+            gather_case c = {.context = context, .dtype = dtype, .element = qmm_dtype_size(dtype), .label = label};
+            CHECK_OK(qmm_weights_create_experts(context, &q.m, G_EXPERTS, &c.stacked));
+            const size_t words = qmm_packed_words(K_T, bits), groups = qmm_groups(K_T, group_size);
+            bool made = c.stacked != NULL;
+            for (size_t e = 0; e < G_EXPERTS; e++) {
+                qmm_qmatrix expert = q.m;
+                expert.rows = N_T;
+                expert.w = q.m.w + e * N_T * words;
+                expert.scales = (const unsigned char *)q.m.scales + e * N_T * groups * c.element;
+                expert.biases = (const unsigned char *)q.m.biases + e * N_T * groups * c.element;
+                CHECK_OK(qmm_weights_create(context, &expert, &c.plain[e]));
+                made &= c.plain[e] != NULL;
+            }
+            CHECK_OK(qmm_buffer_create(context, dtype, G_TOKENS * K_T, &c.x));
+            CHECK_OK(qmm_buffer_create(context, dtype, K_T, &c.x_one));
+            CHECK_OK(qmm_buffer_create(context, dtype, G_TOKENS * 3 * N_T, &c.out));
+            CHECK_OK(qmm_buffer_create(context, dtype, N_T, &c.out_one));
+            c.x_host = malloc(G_TOKENS * K_T * c.element);
+            c.got = malloc(G_TOKENS * 3 * N_T * c.element);
+            if (made && c.x && c.x_one && c.out && c.out_one && c.x_host && c.got) {
+                check_fill_uniform(&rng, c.x_host, dtype, G_TOKENS * K_T, -1.0f, 1.0f);
+                CHECK_OK(qmm_buffer_write(c.x, c.x_host, G_TOKENS * K_T));
+                check_gather(&c, &rng);
+            } else {
+                CHECK(false, "%s: could not set up the case", label);
+            }
+            qmm_buffer_destroy(c.x);
+            qmm_buffer_destroy(c.x_one);
+            qmm_buffer_destroy(c.out);
+            qmm_buffer_destroy(c.out_one);
+            for (size_t e = 0; e < G_EXPERTS; e++) qmm_weights_destroy(c.plain[e]);
+            qmm_weights_destroy(c.stacked);
+            free(c.x_host);
+            free(c.got);
+            check_qmatrix_free(&q);
+        }
+}
+
 /* ───────────────────────────── 4. errors through qmm_matmul ───────────────────────────── */
 
 static void test_errors(qmm_context *context) {
@@ -455,6 +705,7 @@ int main(void) {
         }
         test_tables(context, qmm_backend_name(backends[b]));
         test_bits(context, qmm_backend_name(backends[b]));
+        test_gather(context, qmm_backend_name(backends[b]));
         if (backends[b] == QMM_BACKEND_CPU) test_errors(context);
         qmm_context_destroy(context);
     }

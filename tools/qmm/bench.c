@@ -124,9 +124,21 @@ static int measuring_order(const bench_run *run, size_t k, const qmm_kernel_info
     return 1;
 }
 
+/* The note of a --batch-invariant row once timed: its order and the time ÷ the default row's (the selector's, or
+ * --kernel's without the option): the mode's cost. */
+static void invariant_note(const bench_run *run, const bench_cell *cell, bench_row *row, const char *order) {
+    const bench_row *selected = selected_row(run, cell);
+    const double reference = selected ? selected->us : NAN;
+    if (isnan(reference) || isnan(row->us))
+        snprintf(row->note, sizeof row->note, "batch-invariant mode (order \"%s\")", order);
+    else
+        snprintf(row->note, sizeof row->note, "batch-invariant mode (order \"%s\"): %.2f× the %s time", order,
+                 row->us / reference, run->kernel ? "kernel's default-mode" : "default selector's");
+}
+
 /* --batch-invariant: the row of the mode — the selector's choice with qmm_matmul_options.batch_invariant on (or
- * --kernel's row with it), timed like the others; its note gives the time ÷ the default row's (the selector's, or
- * --kernel's without the option): the mode's cost. A forced kernel the mode refuses gets a row saying why. */
+ * --kernel's row with it), timed like the others, its note from invariant_note. A forced kernel the mode refuses
+ * gets a row saying why. */
 static qmm_status bench_invariant_row(bench_run *run, bench_cell *cell, qmm_weights **weights, size_t copies,
                                       qmm_buffer *x, qmm_buffer *out) {
     const size_t M = cell->M;
@@ -144,15 +156,8 @@ static qmm_status bench_invariant_row(bench_run *run, bench_cell *cell, qmm_weig
     if (slow_row_skipped(&info, M, cell->shape->N, cell->shape->K, copies, run->repeats, row->note, sizeof row->note))
         return QMM_OK;
     status = time_kernel(run->context, run->repeats, weights, copies, x, M, out, run->op, info.name, 1, &row->us);
-    if (status != QMM_OK) return status;
-    const bench_row *selected = selected_row(run, cell);
-    const double reference = selected ? selected->us : NAN;
-    if (isnan(reference))
-        snprintf(row->note, sizeof row->note, "batch-invariant mode (order \"%s\")", info.batch_invariant_order);
-    else
-        snprintf(row->note, sizeof row->note, "batch-invariant mode (order \"%s\"): %.2f× the %s time", info.batch_invariant_order,
-                 row->us / reference, run->kernel ? "kernel's default-mode" : "default selector's");
-    return QMM_OK;
+    if (status == QMM_OK) invariant_note(run, cell, row, info.batch_invariant_order);
+    return status;
 }
 
 /* Every M of one (shape, dtype): the selector's choice and every eligible kernel (or --kernel only). */
@@ -338,9 +343,9 @@ static qmm_status wait_for_out(const qmm_buffer *out) {
  * take more than GATHER_BUDGET_S, one timed pass over the copies only, and past GATHER_SKIP_S none: *us = NaN (the
  * note says which). */
 static qmm_status time_gather(bench_run *run, qmm_weights **weights, size_t copies, const gather_routing *routings,
-                              qmm_buffer *x, size_t T, size_t B, qmm_buffer *out, const char *kernel, double *us,
-                              char *note, size_t note_size) {
-    qmm_gather_options options = {.kernel = kernel, .sorted_indices = 1};
+                              qmm_buffer *x, size_t T, size_t B, qmm_buffer *out, const char *kernel,
+                              int batch_invariant, double *us, char *note, size_t note_size) {
+    qmm_gather_options options = {.kernel = kernel, .sorted_indices = 1, .batch_invariant = batch_invariant};
     size_t steps = (copies > GATHER_ROUTINGS ? copies : GATHER_ROUTINGS) * (run->backend == QMM_BACKEND_CUDA ? 8 : 1);
     int repeats = run->repeats, warm_up = 1;
     double started = now_seconds();
@@ -435,12 +440,32 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
             bench_row *row = add_row(cell, info.name, 0);
             if (!row) break;
             row->selected = k == 0;
-            status = time_gather(run, weights, copies, routings, x, T, B, out, info.name, &row->us, row->note,
+            status = time_gather(run, weights, copies, routings, x, T, B, out, info.name, 0, &row->us, row->note,
                                  sizeof row->note);
             if (status == QMM_ERR_UNSUPPORTED) { /* not eligible here: say why when forced, else drop the row */
                 if (run->kernel) snprintf(row->note, sizeof row->note, "not eligible: %s", qmm_last_error());
                 else cell->row_count--;
                 status = QMM_OK;
+            }
+        }
+        /* --batch-invariant: the mode's row (the selector's choice with the option, or --kernel's), as for qmm_t. */
+        if (status == QMM_OK && run->batch_invariant) {
+            const qmm_gather_options invariant = {.kernel = run->kernel, .sorted_indices = 1, .batch_invariant = 1};
+            qmm_kernel_info info;
+            status = qmm_gather_matmul(run->context, weights[0], x, T, routings[0].lhs, routings[0].rhs, B, out,
+                                       &invariant, &info);
+            bench_row *row = add_row(cell, status == QMM_OK ? info.name : run->kernel ? run->kernel : "(none)", 0);
+            if (row) row->invariant = 1;
+            if (status == QMM_ERR_UNSUPPORTED || status == QMM_ERR_NOT_FOUND) {
+                if (row) snprintf(row->note, sizeof row->note, "not eligible in batch-invariant mode: %s", qmm_last_error());
+                status = QMM_OK;
+            } else if (status == QMM_OK && row) {
+                char note[sizeof row->note] = "";
+                status = time_gather(run, weights, copies, routings, x, T, B, out, info.name, 1, &row->us, note,
+                                     sizeof note);
+                if (status == QMM_OK) invariant_note(run, cell, row, info.batch_invariant_order);
+                if (status == QMM_OK && note[0]) /* the timing's own note (one pass, skipped) goes after */
+                    snprintf(row->note + strlen(row->note), sizeof row->note - strlen(row->note), "; %s", note);
             }
         }
         qmm_buffer_destroy(x);
@@ -758,8 +783,9 @@ static void print_header(const bench_run *run) {
         printf("# the selector read a measured %s ('selector picked the fastest' judges the tuned selector)\n",
                run->tuning);
     if (run->batch_invariant)
-        printf("# --batch-invariant: 'bi' rows are the selector's choice (or --kernel) with qmm_matmul_options.batch_invariant "
-               "on, timed the same way; the note gives its time ÷ the default mode's (the mode's cost)\n");
+        printf("# --batch-invariant: 'bi' rows are the selector's choice (or --kernel) with %s.batch_invariant "
+               "on, timed the same way; the note gives its time ÷ the default mode's (the mode's cost)\n",
+               run->gather ? "qmm_gather_options" : "qmm_matmul_options");
     printf("# * = the selector's choice; 'fastest' = the selector's kernel is within 5%% of the fastest kernel measured; "
            "GB/s = the quantized problem's bytes ÷ time (also for peers)\n");
     for (size_t i = 0; i < run->absent_count; i++) printf("# peer %s\n", run->absent[i]);
@@ -1139,10 +1165,6 @@ int cmd_bench(const command *c, int argc, char **argv) {
     }
     if (peer_timeout_text && run->op == QMM_OP_QMM_N) {
         rc = usage_error(c, "--peer-timeout does not apply with --op n (the peer scripts time x·Ŵᵀ only: none runs)");
-        goto done;
-    }
-    if (batch_invariant && gather) {
-        rc = usage_error(c, "--batch-invariant does not apply to --gather (qmm_gather_matmul has no batch-invariant option)");
         goto done;
     }
     if (tuning_text && gather) { /* the gather rows choose each block's qmm_t row by the table order */

@@ -92,7 +92,7 @@ static double gather_host_bytes(const qmm_qmatrix *stacked, size_t E, qmm_dtype 
 int cmd_gather(const command *c, int argc, char **argv) {
     const char *layer_name = NULL, *tokens_text = NULL, *top_k_text = NULL, *dtype_text = NULL, *kernel = NULL,
                *seed_text = NULL, *backend = NULL, *threads_text = NULL;
-    int unsorted = 0;
+    int unsorted = 0, batch_invariant = 0;
     flag_spec flags[] = {{"--layer", NULL, &layer_name, NULL, NULL, 0, NULL},
                          {"--tokens", "-t", &tokens_text, NULL, NULL, 0, NULL},
                          {"--experts-per-token", "-k", &top_k_text, NULL, NULL, 0, NULL},
@@ -101,7 +101,8 @@ int cmd_gather(const command *c, int argc, char **argv) {
                          {"--kernel", NULL, &kernel, NULL, NULL, 0, NULL},
                          {"--seed", NULL, &seed_text, NULL, NULL, 0, NULL},
                          {"--backend", NULL, &backend, NULL, NULL, 0, NULL},
-                         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL}};
+                         {"--threads", NULL, &threads_text, NULL, NULL, 0, NULL},
+                         {"--batch-invariant", NULL, NULL, NULL, NULL, 0, &batch_invariant}};
     const char *positional[1];
     size_t npositional;
     int rc = parse_args(c, argc, argv, flags, sizeof flags / sizeof flags[0], positional, 1, &npositional);
@@ -127,12 +128,12 @@ int cmd_gather(const command *c, int argc, char **argv) {
     qmm_checkpoint *checkpoint = NULL;
     qmm_context *context = NULL;
     qmm_weights *weights = NULL;
-    qmm_buffer *x_buffer = NULL, *out_buffer = NULL;
-    void *scales = NULL, *biases = NULL, *x = NULL, *out_host = NULL;
+    qmm_buffer *x_buffer = NULL, *out_buffer = NULL, *pair_buffer = NULL;
+    void *scales = NULL, *biases = NULL, *x = NULL, *out_host = NULL, *alone = NULL;
     uint32_t *lhs = NULL, *rhs = NULL;
     float *got = NULL;
     double *exact = NULL, *abs_dot = NULL, *times = NULL;
-    size_t outside = 0, first_outside = 0, experts_used = 0;
+    size_t outside = 0, first_outside = 0, experts_used = 0, checked = 0, differ = 0, first_differ = 0;
     qmm_status status;
     if ((status = qmm_checkpoint_open(positional[0], &checkpoint)) != QMM_OK) goto cleanup;
     qmm_layer layer;
@@ -197,13 +198,35 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if ((status = qmm_buffer_create(context, dtype, count_out, &out_buffer)) != QMM_OK) goto cleanup;
     if ((status = qmm_buffer_write(x_buffer, x, count_x)) != QMM_OK) goto cleanup;
     if ((status = qmm_buffer_poison(out_buffer)) != QMM_OK) goto cleanup; /* unwritten outputs show as NaN */
-    qmm_gather_options options = {.kernel = kernel, .sorted_indices = !unsorted};
+    qmm_gather_options options = {.kernel = kernel, .sorted_indices = !unsorted, .batch_invariant = batch_invariant};
     qmm_kernel_info ran;
     if ((status = qmm_gather_matmul(context, weights, x_buffer, T, lhs, rhs, B, out_buffer, &options, &ran)) != QMM_OK)
         goto cleanup;
     if ((status = qmm_buffer_read(out_buffer, out_host, count_out)) != QMM_OK) goto cleanup;
     if ((status = qmm_convert(out_host, dtype, got, QMM_F32, count_out)) != QMM_OK) goto cleanup;
     if (faults) got[0] += 1.0f + fabsf(got[0]); /* test hook: an error far outside any bound */
+    /* --batch-invariant: up to 64 pairs (all when B is smaller; else evenly spaced, first and last included) computed
+     * alone (B = 1: the pair's token and expert, the same options) must give the same bits as inside the gather. */
+    if (batch_invariant) {
+        enum { SAMPLES = 64 };
+        const size_t samples = B < SAMPLES ? B : SAMPLES;
+        if (!(alone = malloc(N * element))) {
+            status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate one output row");
+            goto cleanup;
+        }
+        if ((status = qmm_buffer_create(context, dtype, N, &pair_buffer)) != QMM_OK) goto cleanup;
+        for (size_t s = 0; s < samples; s++) {
+            const size_t i = samples == B ? s : (samples > 1 ? s * (B - 1) / (samples - 1) : 0);
+            if ((status = qmm_buffer_poison(pair_buffer)) != QMM_OK) goto cleanup;
+            if ((status = qmm_gather_matmul(context, weights, x_buffer, T, &lhs[i], &rhs[i], 1, pair_buffer, &options,
+                                            NULL)) != QMM_OK)
+                goto cleanup;
+            if ((status = qmm_buffer_read(pair_buffer, alone, N)) != QMM_OK) goto cleanup;
+            checked++;
+            if (memcmp(alone, (const unsigned char *)out_host + i * N * element, N * element) != 0 && differ++ == 0)
+                first_differ = i;
+        }
+    }
 
     if ((status = qmm_ref_gather_dense_f64(&matrix, E, x, T, lhs, rhs, B, exact, abs_dot)) != QMM_OK) goto cleanup;
     double max_error = 0.0, max_exact = 0.0, worst = 0.0;
@@ -255,6 +278,9 @@ int cmd_gather(const command *c, int argc, char **argv) {
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
     printf("threads            %d\n", qmm_context_threads(context));
     printf("kernel             %s%s\n", ran.name, kernel ? " (forced)" : " (selector's choice)");
+    if (batch_invariant)
+        printf("batch-invariant    order \"%s\"; %zu of %zu pairs checked alone (B=1) are bit for bit the same inside "
+               "B=%zu%s\n", ran.batch_invariant_order, checked - differ, checked, B, differ ? " — FAIL" : "");
     printf("max |error|        %.3e\n", max_error);
     printf("max rel error      %.3e (max |error| / max |exact|)\n", max_exact > 0 ? max_error / max_exact : max_error);
     printf("worst error/bound  %.3g (qmm_error_bound, slack %g)\n", worst, slack);
@@ -263,11 +289,15 @@ int cmd_gather(const command *c, int argc, char **argv) {
         printf("verdict            FAIL: %zu of %zu outputs outside bound (first: pair %zu (token %u, expert %u), "
                "column %zu)\n", outside, count_out, first_outside / N, lhs[first_outside / N], rhs[first_outside / N],
                first_outside % N);
+    else if (differ)
+        printf("verdict            FAIL: %zu pairs differ from the same pair computed alone (first: pair %zu (token %u, "
+               "expert %u))\n", differ, first_differ, lhs[first_differ], rhs[first_differ]);
     else
         printf("verdict            all %zu outputs within bound\n", count_out);
 cleanup:
     qmm_buffer_destroy(x_buffer);
     qmm_buffer_destroy(out_buffer);
+    qmm_buffer_destroy(pair_buffer);
     qmm_weights_destroy(weights);
     qmm_context_destroy(context);
     qmm_checkpoint_close(checkpoint);
@@ -275,6 +305,7 @@ cleanup:
     free(biases);
     free(x);
     free(out_host);
+    free(alone);
     free(got);
     free(exact);
     free(abs_dot);
@@ -282,5 +313,5 @@ cleanup:
     free(rhs);
     free(times);
     if (status != QMM_OK) return library_error(c, status);
-    return outside ? QMM_EXIT_FAIL : QMM_EXIT_OK;
+    return outside || differ ? QMM_EXIT_FAIL : QMM_EXIT_OK;
 }

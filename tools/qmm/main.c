@@ -66,7 +66,7 @@ static const command commands[] = {
      cmd_matmul},
     {"gather", "the MoE product of a layer of experts (top-k routing), checked against the f64 oracle",
      "usage: qmm gather DIR --layer NAME [--tokens|-t T] [--experts-per-token|-k K] [--unsorted] [--dtype f32|f16|bf16]\n"
-     "                  [--kernel NAME] [--seed S] [--backend auto|cuda|cpu|ref] [--threads N]\n"
+     "                  [--kernel NAME] [--seed S] [--backend auto|cuda|cpu|ref] [--threads N] [--batch-invariant]\n"
      "  MLX gather_qmm on layer NAME of checkpoint DIR, a layer of E experts (weight [E, N, K·bits/32], as\n"
      "  mlx-lm's switch_mlp; `qmm info` shows \"E experts\"; a 2-D layer is one expert). T tokens (default 16,\n"
      "  at most 65536) of random x, uniform in [-1, 1) (seed S, default 42), are each routed to K distinct\n"
@@ -78,6 +78,9 @@ static const command commands[] = {
      "  layer's scale dtype converts scales and biases (rounded once). Exit 3 when an output is outside its bound.\n"
      "  --backend auto: the first of cuda, cpu, ref that opens and has a gather kernel (all three have one).\n"
      "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use).\n"
+     "  --batch-invariant: batch-invariant mode (qmm_gather_options.batch_invariant: a pair's bits depend only on its\n"
+     "  token's x row and its expert): prints the kernel's order and recomputes up to 64 pairs alone (B=1), comparing\n"
+     "  them bit for bit with the gather (exit 3 when one differs). No CUDA gather row takes it yet (exit 1).\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_gather},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
@@ -144,9 +147,10 @@ static const command commands[] = {
      "  (bench/peers/mlx_gather_cpu.py), with --backend cuda on MLX CUDA (mlx_gather_cuda.py, python3 from PATH),\n"
      "  on the same stack, copies and routings; no --tuning. Default shapes: qwen3-30b-a3b-experts\n"
      "  (Qwen3-30B-A3B: 768×2048 gate/up, 2048×768 down).\n"
-     "  --batch-invariant: each cell also times batch-invariant mode (qmm_matmul_options.batch_invariant): a row\n"
-     "  marked 'bi' with the kernel the selector (or --kernel) takes in that mode and, in its note, its time ÷ the\n"
-     "  default mode's (the mode's cost); JSON marks it \"batch_invariant\": true.\n"
+     "  --batch-invariant: each cell also times batch-invariant mode (qmm_matmul_options.batch_invariant; with\n"
+     "  --gather qmm_gather_options.batch_invariant): a row marked 'bi' with the kernel the selector (or --kernel)\n"
+     "  takes in that mode and, in its note, its time ÷ the default mode's (the mode's cost); JSON marks it\n"
+     "  \"batch_invariant\": true.\n"
      "  --op n: time qmm_n (x·Ŵ, MLX transpose=False) instead: the same n×k problems with Ŵ stored k×n, quantized\n"
      "  along n (n must be a multiple of the group size); peers: OpenBLAS (cpu) and cuBLAS dense (cuda) on the same\n"
      "  product, the peer scripts (x·Ŵᵀ only) listed as absent.\n"
