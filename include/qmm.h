@@ -393,7 +393,10 @@ typedef struct qmm_matmul_options {
      * run the same rows as without the mode. On CUDA, 4/8-bit f16/bf16 qmm_t runs the tensor-core tile rows
      * (on Hopper the wgmma tiles among them) at every M, without split-K: about the default's time at M ≥ 512,
      * 1.4× it at M = 128 (geomean), 2.4–4.9× at M ≤ 16 (H200).
-     * Row i of a product with the mode on is not promised to equal the same row computed with it off. */
+     * Row i of a product with the mode on is not promised to equal the same row computed with it off.
+     * Like the error bounds, the promise assumes the default floating-point environment (round to nearest, no
+     * flush-to-zero or denormals-are-zero) on the calling thread: the CPU backend's worker threads keep their own,
+     * so a caller that changes its rounding mode or FTZ/DAZ gets rows whose bits depend on the thread that ran them. */
     int batch_invariant;
 } qmm_matmul_options;
 
@@ -445,13 +448,14 @@ typedef struct qmm_gather_options {
     int sorted_indices;
     /* Nonzero: batch-invariant mode, as qmm_matmul_options.batch_invariant. The bits of out[i] then depend only
      * on x[lhs_indices[i]] and expert rhs_indices[i]'s weights (and the context's backend and machine): not on
-     * B, T, the other pairs, their order, sorted or not, which kernel ran or the thread count. Each expert block
-     * runs on the qmm_t rows of the backend's batch-invariant order, so out[i] is bit for bit what qmm_matmul
-     * with the option gives for that x row alone and that expert's weights as plain weights (on ref and cpu;
-     * tests/runtime/test_batch_invariant.c). Only gather rows that declare a batch-invariant order take such
-     * a call: on the CPU cpu.gather.blocks_ordered.* (the ordered GEMV rows at blocks of M <= 16: on Qwen3-30B-A3B's
-     * experts 1-1.9x the default's time with f32 x, 2-2.8x with bf16 x; docs/kernels.md §11) and
-     * cpu.gather.blocks.portable, on ref both rows; the CUDA
+     * B, T, the other pairs, their order, sorted or not, which kernel ran or the thread count. Each pair is
+     * reduced in the order of the backend's batch-invariant qmm_t rows (the gather rows run them per expert block,
+     * or the oracle per pair), so out[i] is bit for bit what qmm_matmul with the option gives for that x row
+     * alone and that expert's weights as plain weights (on ref and cpu; tests/runtime/test_batch_invariant.c).
+     * Only gather rows that declare a batch-invariant order take such a call, of the call's order: on the CPU
+     * cpu.gather.blocks_ordered.* (the ordered GEMV rows at blocks of M <= 16: on Qwen3-30B-A3B's experts
+     * 0.95-1.9x the default's time with f32 x, 2-2.8x with bf16 x; docs/kernels.md §11), or without AVX2
+     * cpu.gather.blocks.portable and the ref rows (order "oracle"); on ref both rows; the CUDA
      * gather row declares none yet, so there the call fails with QMM_ERR_UNSUPPORTED. */
     int batch_invariant;
 } qmm_gather_options;

@@ -401,8 +401,11 @@ static const qmm_kernel *const avx2_ordered_qmm_t_rows[] = {&qmm_cpu_kernels[ROW
 static bool cpu_gather_supports(const qmm_call *call, const qmm_kernel *const *rows, size_t row_count,
                                 char *why_not, size_t why_not_size) {
     if (refuse_op(QMM_OP_GATHER, call, why_not, why_not_size)) return false;
-    /* The last row of each list (tiled, or the portable row) takes every qmm_t call its ISA allows. */
-    return qmm_gather_blocks_supported(call, rows[row_count - 1], why_not, why_not_size);
+    /* The last row of each list (tiled, or the portable row) takes every qmm_t call its ISA allows: its ISA first, so
+     * that a missing one is named as such rather than through the first block. */
+    const qmm_kernel *last = rows[row_count - 1];
+    if (last->usable && !last->usable(why_not, why_not_size)) return false;
+    return qmm_gather_blocks_supported(call, last, why_not, why_not_size);
 }
 
 #define CPU_GATHER(isa, list)                                                                                   \

@@ -1376,6 +1376,15 @@ cleanup:
  * Rows of x: ORDERED_R at a time share each column's codes (R accumulators).
  */
 #define ORDERED_R 4
+/* Blocks of LANES weight rows run together (NB) at M = 1 with 4-bit codes: each lane's chain is sequential (the
+ * order), so one block and one row of x is a single FMA chain per vector; ORDERED_NB_MAX blocks (each decoding its
+ * own codes, all against the same x) give the core independent chains. Measured on the Zen 4 VM (docs/PERF.md,
+ * thirty-ninth session), M = 1: AVX-512 0.91x the time (geomean of three seed shapes, 0.85-1.01), AVX2 0.78x (0.76-0.82);
+ * M = 2 and 4 unchanged (1.00-1.02). The FMA latency was not the main bound, the decode is. Two blocks of two
+ * rows at M = 2 took 1.04-1.26x one block's time, so from M = 2 one block takes up to ORDERED_R rows. 8-bit and byte
+ * codes keep one block: with two, 4096² took 1.16-1.25x the time (a row of 4 KiB puts every row's line in one L1 set),
+ * 5120² 0.81x. AVX2 has 16 registers: two blocks at most. */
+#define ORDERED_NB_MAX (LANES == 16 ? 4 : 2)
 /* Prefetch distance along each weight row, in words (1 KiB, as the GEMV rows): LANES rows are LANES streams,
  * more than the hardware prefetcher follows well. */
 #define ORDERED_PF_WORDS 256
@@ -1384,106 +1393,147 @@ typedef struct ordered_plan {
     const qmm_call *call;
     size_t K, G, groups, words;
     int fast;
+    int nb;          /* blocks of LANES weight rows run together: ORDERED_NB_MAX at M = 1 with 4-bit codes, else 1 */
     const float *xd; /* [M][K] x in decode order */
     const float *xg; /* [M][groups] Σx per group in decode order, sequential */
-    float *sb;       /* [threads][2][groups][LANES] the block's scales, then biases */
-    uint8_t *bytes;  /* generic widths: [threads][LANES][K] codes as bytes; else NULL */
+    float *sb;       /* [threads][ORDERED_NB_MAX][2][groups][LANES] the blocks' scales, then biases */
+    uint8_t *bytes;  /* generic widths: [threads][LANES][K] codes as bytes (one block: nb = 1); else NULL */
 } ordered_plan;
 
-/* R rows of x from m0 against one block of LANES weight rows: acc[r] = the outputs' f32 accumulators.
- * FAST (4 or 8) is a constant, so once the 2·LANES positions of a decode block are unrolled, the word, shift
- * and x offset of each are constants too: the block's words stay in registers. */
-#define ORDERED_ROWS(FAST)                                                                                        \
-    ALWAYS_INLINE void ordered_rows_##FAST(const ordered_plan *p, const uint32_t *const *rows, size_t m0, int R,   \
-                                           const float *sb, vf *acc) {                                           \
+/* R rows of x from m0 against NB blocks of LANES weight rows (rows[b·LANES + lane]; block b's scales and biases
+ * at sb + b·2·groups·LANES): acc[b·RMAX + r] = the outputs' f32 accumulators, RMAX = ORDERED_R / NB. FAST (4 or 8)
+ * and NB are constants, so once the positions of a decode block are unrolled, the word, shift and x offset of each
+ * are constants too: the words stay in registers. The words are loaded 4 at a time where the decode order allows
+ * (8-bit and byte codes: in order), all of the decode block's at once for 4-bit (even codes, then odd). x is
+ * broadcast inside each FMA (AVX-512: an embedded-broadcast memory operand; a broadcast kept in a register for the
+ * NB blocks cost an instruction per FMA at NB = 1, 1.3x the time). Each chain takes the positions in decode order
+ * whatever NB: the bits do not depend on it. */
+#define ORDERED_ROWS(NAME, FAST, NB)                                                                             \
+    ALWAYS_INLINE void NAME(const ordered_plan *p, const uint32_t *const *rows, size_t m0, int R, const float *sb, \
+                            vf *acc) {                                                                           \
         const size_t K = p->K, G = p->G, groups = p->groups;                                                     \
         enum { PER_WORD = FAST == 4 ? 8 : 4, WIDTH = FAST == 4 ? 4 : 8, MASK = FAST == 4 ? 0xF : 0xFF,           \
-               WORDS = 2 * LANES / PER_WORD };                                                                   \
+               WORDS = 2 * LANES / PER_WORD, PART = FAST == 4 ? WORDS : 4, RMAX = ORDERED_R / NB };              \
         for (size_t g = 0; g < groups; g++) {                                                                    \
-            vf qdot[ORDERED_R];                                                                                  \
-            _Pragma("GCC unroll 4") for (int r = 0; r < ORDERED_R; r++) qdot[r] = v_zero();                      \
+            vf qdot[NB][RMAX];                                                                                   \
+            _Pragma("GCC unroll 4") for (int b = 0; b < NB; b++)                                                 \
+                _Pragma("GCC unroll 4") for (int r = 0; r < RMAX; r++) qdot[b][r] = v_zero();                    \
             for (size_t c0 = g * G; c0 < (g + 1) * G; c0 += 2 * LANES) {                                         \
-                vi words[WORDS];                                                                                 \
                 if (m0 == 0 && c0 % (16 * PER_WORD) == 0) /* a new 64-byte line of every row: fetch one ahead */ \
-                    for (int lane = 0; lane < LANES; lane++)                                                     \
+                    for (int lane = 0; lane < NB * LANES; lane++)                                                \
                         __builtin_prefetch(rows[lane] + c0 / PER_WORD + ORDERED_PF_WORDS);                       \
-                v_load_words(rows, c0 / PER_WORD, WORDS, words);                                                 \
                 const float *x = p->xd + m0 * K + c0;                                                            \
-                _Pragma("GCC unroll 32") for (int j = 0; j < 2 * LANES; j++) {                                   \
-                    const int k = (int)natural_index(FAST, (size_t)j);                                           \
-                    const vf q = FAST == 4 ? v_code4_field(words[k / PER_WORD], (k % PER_WORD) * WIDTH)          \
-                                           : v_code_field(words[k / PER_WORD], (k % PER_WORD) * WIDTH, MASK);    \
-                    _Pragma("GCC unroll 4") for (int r = 0; r < ORDERED_R; r++) if (r < R) qdot[r] =             \
-                        v_fma(v_set1(x[(size_t)r * K + (size_t)j]), q, qdot[r]);                                 \
+                _Pragma("GCC unroll 8") for (int h = 0; h < WORDS; h += PART) {                                  \
+                    vi words[NB][PART];                                                                          \
+                    _Pragma("GCC unroll 4") for (int b = 0; b < NB; b++)                                         \
+                        v_load_words(rows + b * LANES, c0 / PER_WORD + (size_t)h, PART, words[b]);               \
+                    _Pragma("GCC unroll 32") for (int j = h * PER_WORD; j < (h + PART) * PER_WORD; j++) {         \
+                        const int k = (int)natural_index(FAST, (size_t)j) - h * PER_WORD;                        \
+                        _Pragma("GCC unroll 4") for (int b = 0; b < NB; b++) {                                   \
+                            const vf q = FAST == 4 ? v_code4_field(words[b][k / PER_WORD], (k % PER_WORD) * WIDTH) \
+                                                   : v_code_field(words[b][k / PER_WORD], (k % PER_WORD) * WIDTH, MASK); \
+                            _Pragma("GCC unroll 4") for (int r = 0; r < RMAX; r++) if (r < R) qdot[b][r] =       \
+                                v_fma(v_set1(x[(size_t)r * K + (size_t)j]), q, qdot[b][r]);                      \
+                        }                                                                                        \
+                    }                                                                                            \
                 }                                                                                                \
             }                                                                                                    \
-            const vf s = v_load(sb + g * LANES), b = v_load(sb + (groups + g) * LANES);                          \
-            _Pragma("GCC unroll 4") for (int r = 0; r < ORDERED_R; r++) {                                        \
-                if (r >= R) continue;                                                                            \
-                const vf t = v_fma(s, qdot[r], v_mul(b, v_set1(p->xg[(m0 + (size_t)r) * groups + g])));          \
-                acc[r] = g == 0 ? t : v_add(acc[r], t);                                                          \
+            _Pragma("GCC unroll 4") for (int b = 0; b < NB; b++) {                                               \
+                const float *block_sb = sb + (size_t)b * 2 * groups * LANES;                                     \
+                const vf s = v_load(block_sb + g * LANES), bias = v_load(block_sb + (groups + g) * LANES);      \
+                _Pragma("GCC unroll 4") for (int r = 0; r < RMAX; r++) {                                         \
+                    if (r >= R) continue;                                                                        \
+                    const vf t = v_fma(s, qdot[b][r], v_mul(bias, v_set1(p->xg[(m0 + (size_t)r) * groups + g]))); \
+                    acc[b * RMAX + r] = g == 0 ? t : v_add(acc[b * RMAX + r], t);                                \
+                }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
     }
-ORDERED_ROWS(4)
-ORDERED_ROWS(8)
+ORDERED_ROWS(ordered_rows_4, 4, 1)
+ORDERED_ROWS(ordered_rows_8, 8, 1)
+ORDERED_ROWS(ordered_rows_4_blocks, 4, ORDERED_NB_MAX) /* M = 1, 4-bit */
 
-static void ordered_block(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes) {
+/* The nb blocks of LANES weight rows from n0 (blocks past N repeat its last row; their results are dropped). fast and
+ * nb are constants in each of the three functions below, so each holds only its own kernel: one function holding the
+ * one-block and the blocks kernels made the one-block path 1.06-1.10x slower at M = 2 (AVX2), and the split alone made
+ * 8-bit M = 1 (the same kernel as before) 0.79-0.81x the time (Zen 4 VM; code generation, not arithmetic). */
+ALWAYS_INLINE void ordered_block(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes, const int fast,
+                                 const int nb) {
     const qmm_call *call = p->call;
     const size_t N = call->N, M = call->M, K = p->K, groups = p->groups;
-    const int valid = N - n0 < (size_t)LANES ? (int)(N - n0) : LANES;
-    /* Scales and biases of the block's rows, lane-major per group (lanes past N repeat the last row). */
-    for (size_t g = 0; g < groups; g++)
-        for (int lane = 0; lane < LANES; lane++) {
-            const size_t n = n0 + (size_t)(lane < valid ? lane : valid - 1);
-            sb[g * LANES + (size_t)lane] = qmm_load_f32(call->scales, call->dtype, n * groups + g);
-            sb[(groups + g) * LANES + (size_t)lane] = qmm_load_f32(call->biases, call->dtype, n * groups + g);
-        }
+    const int rows_here = N - n0 < (size_t)(nb * LANES) ? (int)(N - n0) : nb * LANES;
+    /* Scales and biases of the blocks' rows, lane-major per group, block after block (rows past N repeat the last). */
+    for (int b = 0; b < nb; b++)
+        for (size_t g = 0; g < groups; g++)
+            for (int lane = 0; lane < LANES; lane++) {
+                const int row = b * LANES + lane;
+                const size_t n = n0 + (size_t)(row < rows_here ? row : rows_here - 1);
+                float *block_sb = sb + (size_t)b * 2 * groups * LANES;
+                block_sb[g * LANES + (size_t)lane] = qmm_load_f32(call->scales, call->dtype, n * groups + g);
+                block_sb[(groups + g) * LANES + (size_t)lane] = qmm_load_f32(call->biases, call->dtype, n * groups + g);
+            }
     /* Where the codes come from: packed 4- or 8-bit rows in place, else each row unpacked to bytes (= 8-bit). */
     const uint32_t *base;
     size_t stride;
-    if (p->fast == 4 || call->bits == 8) {
+    if (fast == 4 || call->bits == 8) {
         base = call->w + n0 * p->words;
         stride = p->words;
     } else {
-        for (int lane = 0; lane < valid; lane++)
-            unpack_codes(call->w + (n0 + (size_t)lane) * p->words, K, call->bits, bytes + (size_t)lane * K);
+        for (int row = 0; row < rows_here; row++)
+            unpack_codes(call->w + (n0 + (size_t)row) * p->words, K, call->bits, bytes + (size_t)row * K);
         base = (const uint32_t *)bytes;
         stride = K / 4;
     }
-    const uint32_t *rows[LANES]; /* lanes past N repeat the last row; their results are dropped */
-    for (int lane = 0; lane < LANES; lane++) rows[lane] = base + (size_t)(lane < valid ? lane : valid - 1) * stride;
+    const uint32_t *rows[ORDERED_NB_MAX * LANES];
+    for (int row = 0; row < nb * LANES; row++) rows[row] = base + (size_t)(row < rows_here ? row : rows_here - 1) * stride;
     float result[LANES];
-    for (size_t m0 = 0; m0 < M; m0 += ORDERED_R) {
-        const int R = M - m0 < ORDERED_R ? (int)(M - m0) : ORDERED_R;
+    const int rmax = ORDERED_R / nb;
+    for (size_t m0 = 0; m0 < M; m0 += (size_t)rmax) {
+        const int R = M - m0 < (size_t)rmax ? (int)(M - m0) : rmax;
         vf acc[ORDERED_R];
-        if (p->fast == 4) ordered_rows_4(p, rows, m0, R, sb, acc);
-        else ordered_rows_8(p, rows, m0, R, sb, acc);
-        for (int r = 0; r < R; r++) {
-            const size_t m = m0 + (size_t)r;
-            v_store(result, acc[r]);
-            for (int lane = 0; lane < valid; lane++)
-                qmm_store_f32(call->out, call->dtype, m * N + n0 + (size_t)lane,
-                              qmm_cpu_finite_or_direct(call, result[lane], m, n0 + (size_t)lane));
-        }
+        if (fast != 4) ordered_rows_8(p, rows, m0, R, sb, acc); /* nb = 1 */
+        else if (nb == 1) ordered_rows_4(p, rows, m0, R, sb, acc);
+        else ordered_rows_4_blocks(p, rows, m0, R, sb, acc);
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < R; r++) {
+                const size_t m = m0 + (size_t)r;
+                v_store(result, acc[b * rmax + r]);
+                for (int lane = 0; lane < LANES && b * LANES + lane < rows_here; lane++) {
+                    const size_t n = n0 + (size_t)(b * LANES + lane);
+                    qmm_store_f32(call->out, call->dtype, m * N + n, qmm_cpu_finite_or_direct(call, result[lane], m, n));
+                }
+            }
     }
+}
+static __attribute__((noinline)) void ordered_block_4(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes) {
+    ordered_block(p, n0, sb, bytes, 4, 1);
+}
+static __attribute__((noinline)) void ordered_block_8(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes) {
+    ordered_block(p, n0, sb, bytes, 8, 1);
+}
+static __attribute__((noinline)) void ordered_block_4_many(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes) {
+    ordered_block(p, n0, sb, bytes, 4, ORDERED_NB_MAX);
 }
 
 qmm_status QMM_ISA(qmm_cpu_gemv_ordered_qmm_t)(const qmm_call *call) {
     const size_t M = call->M, N = call->N, K = call->K, G = (size_t)call->group_size, groups = K / G;
     const int threads = qmm_cpu_threads_for(call);
     ordered_plan plan = {.call = call, .K = K, .G = G, .groups = groups, .words = qmm_packed_words(K, call->bits),
-                         .fast = fast_bits(call->bits)};
+                         .fast = fast_bits(call->bits), .nb = 1};
+    /* Several blocks at M = 1 with 4-bit codes, where there are enough of them for every thread (the bits are the same
+     * either way: each output's chain does not depend on nb). */
+    if (M == 1 && plan.fast == 4 && N >= (size_t)threads * ORDERED_NB_MAX * LANES) plan.nb = ORDERED_NB_MAX;
     qmm_status status = QMM_OK;
     float *xd = qmm_cpu_scratch(M * K, sizeof(float), "x in decode order");
     float *xg = qmm_cpu_scratch(M * groups, sizeof(float), "x group sums");
-    float *sb = qmm_cpu_scratch((size_t)threads * 2 * groups * LANES, sizeof(float), "block scales");
+    float *sb = qmm_cpu_scratch((size_t)threads * ORDERED_NB_MAX * 2 * groups * LANES, sizeof(float), "block scales");
     uint8_t *bytes = NULL;
     if (!xd || !xg || !sb) {
         status = QMM_ERR_OUT_OF_MEMORY; /* message set by qmm_cpu_scratch */
         goto cleanup;
     }
-    if (plan.fast != 4 && call->bits != 8 && !(bytes = qmm_cpu_scratch((size_t)threads * LANES * K, 1, "unpacked codes"))) {
+    if (plan.fast != 4 && call->bits != 8 &&
+        !(bytes = qmm_cpu_scratch((size_t)threads * LANES * K, 1, "unpacked codes"))) {
         status = QMM_ERR_OUT_OF_MEMORY;
         goto cleanup;
     }
@@ -1500,11 +1550,15 @@ qmm_status QMM_ISA(qmm_cpu_gemv_ordered_qmm_t)(const qmm_call *call) {
     plan.xg = xg;
     plan.sb = sb;
     plan.bytes = bytes;
-    const size_t blocks = (N + LANES - 1) / LANES;
+    const size_t rows_per = (size_t)plan.nb * LANES, blocks = (N + rows_per - 1) / rows_per;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
     for (size_t block = 0; block < blocks; block++) {
         const size_t me = (size_t)QMM_CPU_THREAD_ID();
-        ordered_block(&plan, block * LANES, sb + me * 2 * groups * LANES, bytes ? bytes + me * LANES * K : NULL);
+        float *my_sb = sb + me * ORDERED_NB_MAX * 2 * groups * LANES;
+        uint8_t *my_bytes = bytes ? bytes + me * LANES * K : NULL; /* byte codes: nb = 1 */
+        if (plan.fast != 4) ordered_block_8(&plan, block * rows_per, my_sb, my_bytes);
+        else if (plan.nb == 1) ordered_block_4(&plan, block * rows_per, my_sb, my_bytes);
+        else ordered_block_4_many(&plan, block * rows_per, my_sb, my_bytes);
     }
 
 cleanup:

@@ -14,10 +14,9 @@
  *                         qmm_ref_qmm_t call per used expert (last: always an answer)
  * Both give bit for bit the same outputs: qmm_ref_qmm_t computes each row of x on its own.
  *
- * Batch-invariant order "oracle" (docs/kernels.md "Batch-invariant mode") on the qmm_t and qmm_n rows: the
- * oracle reduces every output in one sequential order whatever M (its blocks of rows only share loads).
- * The gather rows declare none: qmm_gather_matmul has no batch-invariant option (its rows are row-wise
- * anyway, qmm_ref_gather_qmm).
+ * Batch-invariant order "oracle" (docs/kernels.md "Batch-invariant mode") on every row: the oracle reduces every
+ * output in one sequential order whatever M (its blocks of rows only share loads), and each gather pair is the
+ * oracle's qmm_t output of its x row and expert alone (qmm_gather_options.batch_invariant).
  */
 #include "kernel.h"
 

@@ -22,6 +22,8 @@
  *      of its x row and expert alone, through the selector, every gather row (forced; those of another order or
  *      none refused) and 1 or 3 threads; a gather row of an order, without the option, the bits of a qmm_t row
  *      of that order; refused with its message where no gather row declares an order (cuda).
+ *   6. The ordered GEMV rows' blocks (cpu): M = 1, 2, 3, 5, 16 (at M = 1, 4-bit, several blocks of weight rows), N = 200,
+ *      4-, 8- and 3-bit, f32/bf16, 1, 2 and 4 threads: the tiled row's bits.
  * N = 52, K = 384 (qmm_t; qmm_n reads the same weights as K = 52, N = 384): the 2048-row products stay
  * cheap on the ref backend.
  */
@@ -647,6 +649,74 @@ static void test_gather(qmm_context *context, const char *backend) {
         }
 }
 
+/* ───────────────────────────── 6. the ordered GEMV's blocks (cpu) ─────────────────────────────
+ *
+ * The ordered GEMV rows run ORDERED_NB_MAX blocks of weight rows together at M = 1 with 4-bit codes (4 with AVX-512, 2 with AVX2; else
+ * one; src/cpu/simd_kernels.h) and the rows of x in groups of up to 4: every such shape must give the tiled row's
+ * bits. N = 200 (three blocks of 64 rows and a tail of 8 at M = 1, ragged against 16 and 32 too), K = 256, 4-bit
+ * (the table decode), 8-bit and 3-bit (bytes), f32 and bf16, 1, 2 and 4 threads, M = 1, 2, 3, 5 and 16 against the
+ * tiled row forced at M = 16. */
+#define OB_N 200
+#define OB_K 256
+static void test_ordered_blocks(qmm_context *context) {
+    static const char *const pairs[][2] = {{"cpu.qmm_t.gemv_ordered.n16.avx512", "cpu.qmm_t.gemm.m32n12.avx512"},
+                                           {"cpu.qmm_t.gemv_ordered.n8.avx2", "cpu.qmm_t.gemm.m16n6.avx2"}};
+    static const int bits_set[] = {4, 8, 3};
+    static const qmm_dtype dtypes[] = {QMM_F32, QMM_BF16};
+    static const size_t ms[] = {1, 2, 3, 5, 16};
+    check_rng rng = check_rng_make(0x0b10c5);
+    for (size_t b = 0; b < 3; b++)
+        for (size_t d = 0; d < 2; d++) {
+            check_qmatrix q;
+            if (!check_qmatrix_random(&rng, OB_N, OB_K, bits_set[b], 64, dtypes[d], &q)) {
+                CHECK(false, "check_qmatrix_random failed");
+                continue;
+            }
+            const size_t element = qmm_dtype_size(dtypes[d]);
+            qmm_weights *weights = NULL;
+            qmm_buffer *x = NULL, *out = NULL;
+            unsigned char *x_host = malloc(16 * OB_K * element), *want = malloc(16 * OB_N * element),
+                          *got = malloc(16 * OB_N * element);
+            CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+            CHECK_OK(qmm_buffer_create(context, dtypes[d], 16 * OB_K, &x));
+            CHECK_OK(qmm_buffer_create(context, dtypes[d], 16 * OB_N, &out));
+            if (weights && x && out && x_host && want && got) {
+                check_fill_uniform(&rng, x_host, dtypes[d], 16 * OB_K, -1.0f, 1.0f);
+                CHECK_OK(qmm_buffer_write(x, x_host, 16 * OB_K));
+                for (size_t p = 0; p < 2; p++) {
+                    if (qmm_kernel_supports(context, pairs[p][0], weights, 1, QMM_OP_QMM_T, NULL) != 1) continue;
+                    qmm_matmul_options tiled = {.op = QMM_OP_QMM_T, .kernel = pairs[p][1]};
+                    CHECK_OK(qmm_buffer_poison(out));
+                    CHECK_OK(qmm_matmul(context, weights, x, 16, out, &tiled, NULL));
+                    CHECK_OK(qmm_buffer_read(out, want, 16 * OB_N));
+                    for (int threads = 1; threads <= 4; threads *= 2) { /* AVX-512 at 4: 4 · 64 > N, one block a pass */
+                        CHECK_OK(qmm_context_set_threads(context, threads));
+                        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                            qmm_matmul_options ordered = {.op = QMM_OP_QMM_T, .kernel = pairs[p][0]};
+                            CHECK_OK(qmm_buffer_poison(out));
+                            CHECK_OK(qmm_matmul(context, weights, x, ms[mi], out, &ordered, NULL));
+                            CHECK_OK(qmm_buffer_read(out, got, ms[mi] * OB_N));
+                            for (size_t m = 0; m < ms[mi]; m++)
+                                CHECK(memcmp(got + m * OB_N * element, want + m * OB_N * element, OB_N * element) == 0,
+                                      "%s %d-bit %s M=%zu, %d thread(s): row %zu differs from %s's", pairs[p][0],
+                                      bits_set[b], qmm_dtype_name(dtypes[d]), ms[mi], threads, m, pairs[p][1]);
+                        }
+                    }
+                    CHECK_OK(qmm_context_set_threads(context, 0));
+                }
+            } else {
+                CHECK(false, "ordered blocks: could not set up the case");
+            }
+            qmm_buffer_destroy(x);
+            qmm_buffer_destroy(out);
+            qmm_weights_destroy(weights);
+            free(x_host);
+            free(want);
+            free(got);
+            check_qmatrix_free(&q);
+        }
+}
+
 /* ───────────────────────────── 4. errors through qmm_matmul ───────────────────────────── */
 
 static void test_errors(qmm_context *context) {
@@ -707,6 +777,7 @@ int main(void) {
         test_bits(context, qmm_backend_name(backends[b]));
         test_gather(context, qmm_backend_name(backends[b]));
         if (backends[b] == QMM_BACKEND_CPU) test_errors(context);
+        if (backends[b] == QMM_BACKEND_CPU) test_ordered_blocks(context);
         qmm_context_destroy(context);
     }
     return check_finish("test_batch_invariant");
