@@ -453,9 +453,9 @@ typedef struct qmm_gather_options {
      * or the oracle per pair), so out[i] is bit for bit what qmm_matmul with the option gives for that x row
      * alone and that expert's weights as plain weights (on ref and cpu; tests/runtime/test_batch_invariant.c).
      * Only gather rows that declare a batch-invariant order take such a call, of the call's order: on the CPU
-     * cpu.gather.blocks_ordered.* (the ordered GEMV rows at blocks of M <= 16: on Qwen3-30B-A3B's experts
-     * 1.1-1.7x the default's time with f32 x, 1.6-2.6x with bf16 x; docs/kernels.md §11), or without AVX2
-     * cpu.gather.blocks.portable and the ref rows (order "oracle"); on ref both rows; the CUDA
+     * cpu.gather.blocks_ordered.* (the ordered GEMV rows at blocks of M <= 16, the tiled rows above: on
+     * Qwen3-30B-A3B's experts 1.1-1.7x the default's time with f32 x, 1.6-2.6x with bf16 x; docs/kernels.md §11),
+     * or without AVX2 cpu.gather.blocks.portable and the ref rows (order "oracle"); on ref both rows; the CUDA
      * gather row declares none yet, so there the call fails with QMM_ERR_UNSUPPORTED. */
     int batch_invariant;
 } qmm_gather_options;

@@ -47,7 +47,8 @@ typedef struct qmm_call {
     const uint32_t *lhs_indices; /* [M] rows of x, or NULL for row i */
     const uint32_t *rhs_indices; /* [M] experts */
     bool rhs_sorted;             /* rhs_indices non-decreasing: one block per expert used */
-    /* qmm_matmul_options.batch_invariant: only rows whose info.batch_invariant_order is the call's order
+    /* qmm_matmul_options.batch_invariant (qmm_gather_options.batch_invariant for op gather, and then each expert
+     * block's qmm_t call too): only rows whose info.batch_invariant_order is the call's order
      * take it (qmm_kernel_accepts refuses rows that declare none; the selector, src/select.c, the rest). */
     bool batch_invariant;
 } qmm_call;

@@ -1572,6 +1572,14 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
         snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
         return false;
     }
+    /* The row declares no batch-invariant order, so qmm_kernel_accepts refuses such a call before asking here; this
+     * keeps it so should the row ever declare one: its grouped GEMV launches (gather_grouping) bypass the selector
+     * and split K by the other blocks, so a block's bits would depend on the routing. */
+    if (call->batch_invariant) {
+        snprintf(why_not, size, "cuda.gather.blocks.auto has no batch-invariant form: its grouped GEMV launches split K "
+                 "by the rest of the routing");
+        return false;
+    }
     if (call->M > 0x7fffffffu) {
         snprintf(why_not, size, "B=%zu index pairs exceed the gather grid (2^31 - 1)", call->M);
         return false;

@@ -549,9 +549,10 @@ static void check_gather(gather_case *c, check_rng *rng) {
         }
         CHECK_OK(qmm_context_set_threads(c->context, 0));
     }
-    /* Every gather row, forced with the option: the call's order's rows give the same bits, the others are refused
-     * naming the reason. */
+    /* Every gather row, forced with the option: the call's order's rows give the same bits and declare one order (the
+     * table rule, src/core/kernel.h), the others are refused naming the reason. */
     size_t ran = 0;
+    const char *order = NULL;
     for (size_t i = 0; i < qmm_kernel_count(c->context); i++) {
         qmm_kernel_info info;
         CHECK_OK(qmm_kernel_get(c->context, i, &info));
@@ -560,6 +561,13 @@ static void check_gather(gather_case *c, check_rng *rng) {
             const qmm_status status = gather_compare(c, &routings[r], info.name, 1, reference, info.name);
             if (status == QMM_OK) {
                 ran++;
+                CHECK(info.batch_invariant_order != NULL, "%s: %s accepts a batch-invariant gather without an order",
+                      c->label, info.name);
+                if (!info.batch_invariant_order) continue;
+                if (!order) order = info.batch_invariant_order;
+                CHECK(strcmp(order, info.batch_invariant_order) == 0,
+                      "%s: %s accepts with order \"%s\", another accepting gather row has \"%s\"", c->label, info.name,
+                      info.batch_invariant_order, order);
                 continue;
             }
             CHECK(status == QMM_ERR_UNSUPPORTED, "%s: forcing %s gave %s (%s)", c->label, info.name,
@@ -653,11 +661,11 @@ static void test_gather(qmm_context *context, const char *backend) {
  *
  * The ordered GEMV rows run ORDERED_NB_MAX blocks of weight rows together at M = 1 with 4-bit codes (4 with AVX-512, 2 with AVX2; else
  * one; src/cpu/simd_kernels.h) and the rows of x in groups of up to 4: every such shape must give the tiled row's
- * bits. N = 200 (three blocks of 64 rows and a tail of 8 at M = 1, ragged against 16 and 32 too), K = 256, 4-bit
- * (the table decode), 8-bit and 3-bit (bytes), f32 and bf16, 1, 2 and 4 threads, M = 1, 2, 3, 5 and 16 against the
- * tiled row forced at M = 16. */
+ * bits. N = 200 (three blocks of 64 rows and a tail of 8 at M = 1, ragged against 16 and 32 too), K = 8192, 4-bit
+ * (the table decode), 8-bit and 3-bit (bytes), f32 and bf16, 1, 2 and 4 threads (AVX-512, M = 1: 4 blocks a pass on 1
+ * and 2 threads, one on 4, since 4 · 64 > N), M = 1, 2, 3, 5 and 16 against the tiled row forced at M = 16. */
 #define OB_N 200
-#define OB_K 256
+#define OB_K 8192 /* M·N·K ≥ 2^20 from M = 1: the calls run on the context's threads (qmm_cpu_threads_for) */
 static void test_ordered_blocks(qmm_context *context) {
     static const char *const pairs[][2] = {{"cpu.qmm_t.gemv_ordered.n16.avx512", "cpu.qmm_t.gemm.m32n12.avx512"},
                                            {"cpu.qmm_t.gemv_ordered.n8.avx2", "cpu.qmm_t.gemm.m16n6.avx2"}};
@@ -689,7 +697,7 @@ static void test_ordered_blocks(qmm_context *context) {
                     CHECK_OK(qmm_buffer_poison(out));
                     CHECK_OK(qmm_matmul(context, weights, x, 16, out, &tiled, NULL));
                     CHECK_OK(qmm_buffer_read(out, want, 16 * OB_N));
-                    for (int threads = 1; threads <= 4; threads *= 2) { /* AVX-512 at 4: 4 · 64 > N, one block a pass */
+                    for (int threads = 1; threads <= 4; threads *= 2) {
                         CHECK_OK(qmm_context_set_threads(context, threads));
                         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
                             qmm_matmul_options ordered = {.op = QMM_OP_QMM_T, .kernel = pairs[p][0]};

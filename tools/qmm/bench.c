@@ -337,22 +337,26 @@ static qmm_status wait_for_out(const qmm_buffer *out) {
     return qmm_buffer_read(out, element, 1);
 }
 
-/* Median µs of one gather call by `kernel` (NULL: the selector's): a probe call, then a warm-up pass and
+/* Median µs of one gather call by `kernel` (NULL: the selector's; ran, if not NULL, gets the row that ran) with
+ * qmm_gather_options.batch_invariant = batch_invariant: a probe call, then a warm-up pass and
  * `repeats` timed passes of `steps` calls each, the clock stopped once the last call's work is done (on a device
  * backend 8× as many calls per pass, so that the one wait costs little per call); when the probe says that would
  * take more than GATHER_BUDGET_S, one timed pass over the copies only, and past GATHER_SKIP_S none: *us = NaN (the
  * note says which). */
 static qmm_status time_gather(bench_run *run, qmm_weights **weights, size_t copies, const gather_routing *routings,
                               qmm_buffer *x, size_t T, size_t B, qmm_buffer *out, const char *kernel,
-                              int batch_invariant, double *us, char *note, size_t note_size) {
+                              int batch_invariant, qmm_kernel_info *ran, double *us, char *note, size_t note_size) {
     qmm_gather_options options = {.kernel = kernel, .sorted_indices = 1, .batch_invariant = batch_invariant};
     size_t steps = (copies > GATHER_ROUTINGS ? copies : GATHER_ROUTINGS) * (run->backend == QMM_BACKEND_CUDA ? 8 : 1);
     int repeats = run->repeats, warm_up = 1;
     double started = now_seconds();
+    qmm_kernel_info probed;
     qmm_status status = qmm_gather_matmul(run->context, weights[0], x, T, routings[0].lhs, routings[0].rhs, B, out,
-                                          &options, NULL);
+                                          &options, &probed);
     if (status == QMM_OK) status = wait_for_out(out);
     if (status != QMM_OK) return status;
+    if (ran) *ran = probed;
+    options.kernel = probed.name; /* the selector's choice (kernel NULL), forced from here on */
     const double probe = now_seconds() - started;
     if (probe * (double)steps * (double)(repeats + 1) > GATHER_BUDGET_S) {
         if (probe * (double)copies > gather_skip_s()) {
@@ -440,7 +444,7 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
             bench_row *row = add_row(cell, info.name, 0);
             if (!row) break;
             row->selected = k == 0;
-            status = time_gather(run, weights, copies, routings, x, T, B, out, info.name, 0, &row->us, row->note,
+            status = time_gather(run, weights, copies, routings, x, T, B, out, info.name, 0, NULL, &row->us, row->note,
                                  sizeof row->note);
             if (status == QMM_ERR_UNSUPPORTED) { /* not eligible here: say why when forced, else drop the row */
                 if (run->kernel) snprintf(row->note, sizeof row->note, "not eligible: %s", qmm_last_error());
@@ -449,22 +453,21 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
             }
         }
         /* --batch-invariant: the mode's row (the selector's choice with the option, or --kernel's), as for qmm_t. */
-        if (status == QMM_OK && run->batch_invariant) {
-            const qmm_gather_options invariant = {.kernel = run->kernel, .sorted_indices = 1, .batch_invariant = 1};
+        bench_row *row = status == QMM_OK && run->batch_invariant ? add_row(cell, run->kernel ? run->kernel : "(none)", 0)
+                                                                  : NULL;
+        if (row) {
+            row->invariant = 1;
             qmm_kernel_info info;
-            status = qmm_gather_matmul(run->context, weights[0], x, T, routings[0].lhs, routings[0].rhs, B, out,
-                                       &invariant, &info);
-            bench_row *row = add_row(cell, status == QMM_OK ? info.name : run->kernel ? run->kernel : "(none)", 0);
-            if (row) row->invariant = 1;
+            char note[sizeof row->note] = "";
+            status = time_gather(run, weights, copies, routings, x, T, B, out, run->kernel, 1, &info, &row->us, note,
+                                 sizeof note);
             if (status == QMM_ERR_UNSUPPORTED || status == QMM_ERR_NOT_FOUND) {
-                if (row) snprintf(row->note, sizeof row->note, "not eligible in batch-invariant mode: %s", qmm_last_error());
+                snprintf(row->note, sizeof row->note, "not eligible in batch-invariant mode: %s", qmm_last_error());
                 status = QMM_OK;
-            } else if (status == QMM_OK && row) {
-                char note[sizeof row->note] = "";
-                status = time_gather(run, weights, copies, routings, x, T, B, out, info.name, 1, &row->us, note,
-                                     sizeof note);
-                if (status == QMM_OK) invariant_note(run, cell, row, info.batch_invariant_order);
-                if (status == QMM_OK && note[0]) /* the timing's own note (one pass, skipped) goes after */
+            } else if (status == QMM_OK) {
+                snprintf(row->name, sizeof row->name, "%s", info.name);
+                invariant_note(run, cell, row, info.batch_invariant_order);
+                if (note[0]) /* the timing's own note (one pass, skipped) goes after */
                     snprintf(row->note + strlen(row->note), sizeof row->note - strlen(row->note), "; %s", note);
             }
         }
