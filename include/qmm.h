@@ -394,9 +394,9 @@ typedef struct qmm_matmul_options {
      * (on Hopper the wgmma tiles among them) at every M, without split-K: about the default's time at M ≥ 512,
      * 1.4× it at M = 128 (geomean), 2.4–4.9× at M ≤ 16 (H200).
      * Row i of a product with the mode on is not promised to equal the same row computed with it off.
-     * Like the error bounds, the promise assumes the default floating-point environment (round to nearest, no
-     * flush-to-zero or denormals-are-zero) on the calling thread: the CPU backend's worker threads keep their own,
-     * so a caller that changes its rounding mode or FTZ/DAZ gets rows whose bits depend on the thread that ran them. */
+     * The CPU backend's worker threads compute in the calling thread's floating-point environment (rounding mode,
+     * x86 FTZ/DAZ), so the promise holds in any one environment; the error bounds assume the default one (round to
+     * nearest, no flush-to-zero or denormals-are-zero). */
     int batch_invariant;
 } qmm_matmul_options;
 

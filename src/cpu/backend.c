@@ -119,33 +119,39 @@ qmm_status qmm_cpu_scalar_qmm_t(const qmm_call *call) {
                 for (size_t i = 0; i < group_size; i++) xsum += xr[i];
                 xsums[r * groups + g] = xsum;
             }
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (size_t block = 0; block < row_blocks; block++) {
-            const size_t n0 = block * SCALAR_LANES, lanes = N - n0 < SCALAR_LANES ? N - n0 : SCALAR_LANES;
-            float acc[SCALAR_ROWS][SCALAR_LANES] = {{0}}, qt[SCALAR_MAX_GROUP][SCALAR_LANES] = {{0}};
-            float s[SCALAR_LANES] = {0}, b[SCALAR_LANES] = {0};
-            uint8_t codes[SCALAR_MAX_GROUP];
-            for (size_t g = 0; g < groups; g++) {
-                for (size_t j = 0; j < lanes; j++) { /* lanes past N keep zeros: computed, never stored */
-                    s[j] = qmm_load_f32(call->scales, call->dtype, (n0 + j) * groups + g);
-                    b[j] = qmm_load_f32(call->biases, call->dtype, (n0 + j) * groups + g);
-                    /* the group's codes: its bit stream starts on a word (group_size·bits is a multiple of 32) */
-                    qmm_unpack_stream(call->w + (n0 + j) * words + g * group_size * (size_t)call->bits / 32, group_size,
-                                      call->bits, codes);
-                    for (size_t i = 0; i < group_size; i++) qt[i][j] = (float)codes[i];
+        QMM_CPU_FP_CALLER(caller_fp);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            QMM_CPU_FP_ENTER(caller_fp);
+#pragma omp for schedule(static)
+            for (size_t block = 0; block < row_blocks; block++) {
+                const size_t n0 = block * SCALAR_LANES, lanes = N - n0 < SCALAR_LANES ? N - n0 : SCALAR_LANES;
+                float acc[SCALAR_ROWS][SCALAR_LANES] = {{0}}, qt[SCALAR_MAX_GROUP][SCALAR_LANES] = {{0}};
+                float s[SCALAR_LANES] = {0}, b[SCALAR_LANES] = {0};
+                uint8_t codes[SCALAR_MAX_GROUP];
+                for (size_t g = 0; g < groups; g++) {
+                    for (size_t j = 0; j < lanes; j++) { /* lanes past N keep zeros: computed, never stored */
+                        s[j] = qmm_load_f32(call->scales, call->dtype, (n0 + j) * groups + g);
+                        b[j] = qmm_load_f32(call->biases, call->dtype, (n0 + j) * groups + g);
+                        /* the group's codes: its bit stream starts on a word (group_size·bits is a multiple of 32) */
+                        qmm_unpack_stream(call->w + (n0 + j) * words + g * group_size * (size_t)call->bits / 32, group_size,
+                                          call->bits, codes);
+                        for (size_t i = 0; i < group_size; i++) qt[i][j] = (float)codes[i];
+                    }
+                    for (size_t r = 0; r < rows; r++) {
+                        const float *xr = xf + r * K + g * group_size, xsum = xsums[r * groups + g];
+                        float qdot[SCALAR_LANES] = {0};
+                        for (size_t i = 0; i < group_size; i++)
+                            for (size_t j = 0; j < SCALAR_LANES; j++) qdot[j] += qt[i][j] * xr[i];
+                        for (size_t j = 0; j < SCALAR_LANES; j++) acc[r][j] += s[j] * qdot[j] + b[j] * xsum;
+                    }
                 }
-                for (size_t r = 0; r < rows; r++) {
-                    const float *xr = xf + r * K + g * group_size, xsum = xsums[r * groups + g];
-                    float qdot[SCALAR_LANES] = {0};
-                    for (size_t i = 0; i < group_size; i++)
-                        for (size_t j = 0; j < SCALAR_LANES; j++) qdot[j] += qt[i][j] * xr[i];
-                    for (size_t j = 0; j < SCALAR_LANES; j++) acc[r][j] += s[j] * qdot[j] + b[j] * xsum;
-                }
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t j = 0; j < lanes; j++)
+                        qmm_store_f32(call->out, call->dtype, (m0 + r) * N + n0 + j,
+                                      qmm_cpu_finite_or_direct(call, acc[r][j], m0 + r, n0 + j));
             }
-            for (size_t r = 0; r < rows; r++)
-                for (size_t j = 0; j < lanes; j++)
-                    qmm_store_f32(call->out, call->dtype, (m0 + r) * N + n0 + j,
-                                  qmm_cpu_finite_or_direct(call, acc[r][j], m0 + r, n0 + j));
+            QMM_CPU_FP_LEAVE(caller_fp);
         }
     }
     free(xf);
@@ -336,29 +342,35 @@ static qmm_status cpu_gather_run(const qmm_call *call, const qmm_kernel *const *
         qmm_cpu_state one_thread = {.threads = 1};
         char message[512] = "";
         int failed = 0;
-#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
-        for (size_t k = 0; k < count; k++) {
-            int stop;
+        QMM_CPU_FP_CALLER(caller_fp);
+#pragma omp parallel num_threads(team)
+        {
+            QMM_CPU_FP_ENTER(caller_fp);
+#pragma omp for schedule(dynamic, 1)
+            for (size_t k = 0; k < count; k++) {
+                int stop;
 #pragma omp atomic read
-            stop = failed;
-            if (stop || (blocks[k].i1 - blocks[k].i0) * (size_t)team > call->M) continue; /* ran above */
-            qmm_call block = qmm_gather_block_call(call, blocks[k].i0, blocks[k].i1);
-            block.backend_state = &one_thread;
-            if (!block.x) {
-                unsigned char *rows_of_x = scratch + (size_t)QMM_CPU_THREAD_ID() * slice;
-                qmm_gather_block_rows(call, blocks[k].i0, blocks[k].i1, rows_of_x);
-                block.x = rows_of_x;
-            }
-            const qmm_status result = blocks[k].row->run(&block);
-            if (result != QMM_OK) {
+                stop = failed;
+                if (stop || (blocks[k].i1 - blocks[k].i0) * (size_t)team > call->M) continue; /* ran above */
+                qmm_call block = qmm_gather_block_call(call, blocks[k].i0, blocks[k].i1);
+                block.backend_state = &one_thread;
+                if (!block.x) {
+                    unsigned char *rows_of_x = scratch + (size_t)QMM_CPU_THREAD_ID() * slice;
+                    qmm_gather_block_rows(call, blocks[k].i0, blocks[k].i1, rows_of_x);
+                    block.x = rows_of_x;
+                }
+                const qmm_status result = blocks[k].row->run(&block);
+                if (result != QMM_OK) {
 #pragma omp critical(qmm_cpu_gather_failure)
-                if (!failed) {
-                    snprintf(message, sizeof message, "%s", qmm_last_error());
-                    status = result;
+                    if (!failed) {
+                        snprintf(message, sizeof message, "%s", qmm_last_error());
+                        status = result;
 #pragma omp atomic write
-                    failed = 1;
+                        failed = 1;
+                    }
                 }
             }
+            QMM_CPU_FP_LEAVE(caller_fp);
         }
         if (status != QMM_OK) qmm_error(status, "%s", message);
     }

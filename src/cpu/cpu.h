@@ -18,6 +18,8 @@
 
 #include "kernel.h"
 
+#include <fenv.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #define QMM_CPU_THREAD_ID() omp_get_thread_num()
@@ -26,6 +28,28 @@
 #define QMM_CPU_THREAD_ID() 0
 #define qmm_cpu_team_size() 1
 #endif
+
+/* The caller's floating-point environment inside every parallel region of the backend: OpenMP's worker threads keep
+ * the environment they were created with, so a caller that later changes its rounding mode or (x86) FTZ/DAZ would
+ * otherwise get outputs whose bits depend on the thread that computed them (the thirty-ninth session's break-it helper:
+ * under fesetround(FE_UPWARD), 24,609 of 32,768 outputs of an M = 64 product differed from the same rows at M = 1).
+ * QMM_CPU_FP_CALLER(fp) before the region reads the caller's; QMM_CPU_FP_ENTER(fp), first in the region, sets it on
+ * a worker (thread 0 is the caller itself, whose exception flags are left alone) and QMM_CPU_FP_LEAVE(fp), last, puts
+ * the worker's own environment back, so the caller's choice does not outlive the call on threads it does not own. */
+#define QMM_CPU_FP_CALLER(fp)                                                                                   \
+    fenv_t fp;                                                                                                  \
+    fegetenv(&fp)
+#define QMM_CPU_FP_ENTER(fp)                                                                                    \
+    fenv_t fp##_own;                                                                                            \
+    const int fp##_worker = QMM_CPU_THREAD_ID() != 0;                                                           \
+    if (fp##_worker) {                                                                                          \
+        fegetenv(&fp##_own);                                                                                    \
+        fesetenv(&fp);                                                                                          \
+    }
+#define QMM_CPU_FP_LEAVE(fp)                                                                                    \
+    do {                                                                                                        \
+        if (fp##_worker) fesetenv(&fp##_own);                                                                   \
+    } while (0)
 
 /* The widest instruction set the rows may use: what the CPU has, capped by the environment variable
  * QMM_CPU_MAX_ISA=avx512|avx2|portable (for running and testing the narrower rows on a wider CPU; avx512: AVX-512

@@ -769,8 +769,10 @@ static qmm_status gemv_qmm_t(const qmm_call *call, int bf16dp) {
     plan.group_f32 = group_f32;
 
     const size_t blocks = (N + GEMV_RW - 1) / GEMV_RW;
+    QMM_CPU_FP_CALLER(caller_fp);
 #pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
     {
+        QMM_CPU_FP_ENTER(caller_fp);
         const size_t me = (size_t)QMM_CPU_THREAD_ID();
         gemv_plan mine = plan;
         mine.xp = xp + me * xp_per_thread;
@@ -778,6 +780,7 @@ static qmm_status gemv_qmm_t(const qmm_call *call, int bf16dp) {
         gemv_prepare_x(&mine, M, Mread);
 #pragma omp for schedule(static) nowait
         for (size_t block = 0; block < blocks; block++) gemv_run_block(&mine, block, blocks);
+        QMM_CPU_FP_LEAVE(caller_fp);
     }
 
 cleanup:
@@ -1102,52 +1105,63 @@ static qmm_status gemm_qmm_t(const qmm_call *call, int bf16) {
      * Zero in the padding columns m ≥ M. Σx per (group, m) is summed down each panel the same way.
      * One pass over x per call, shared by every item; threads take whole panels. */
     const size_t panels = Mpad / GEMM_VL;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && M * K >= 65536)
-    for (size_t panel = 0; panel < panels; panel++) {
-        float *panel_x = xt + panel * K * GEMM_VL, *panel_sum = xg + panel * groups * GEMM_VL;
-        const size_t m0 = panel * GEMM_VL, m_end = M - m0 < GEMM_VL ? M : m0 + GEMM_VL;
+    QMM_CPU_FP_CALLER(caller_fp);
+#pragma omp parallel num_threads(threads) if (threads > 1 && M * K >= 65536)
+    {
+        QMM_CPU_FP_ENTER(caller_fp);
+#pragma omp for schedule(static)
+        for (size_t panel = 0; panel < panels; panel++) {
+            float *panel_x = xt + panel * K * GEMM_VL, *panel_sum = xg + panel * groups * GEMM_VL;
+            const size_t m0 = panel * GEMM_VL, m_end = M - m0 < GEMM_VL ? M : m0 + GEMM_VL;
 #if GEMV_BF16DP
-        if (bf16) { /* x in bf16 pairs (a panel of K / 2 rows of GEMM_VL dwords: half the f32 panel's room) */
-            uint32_t *pairs = (uint32_t *)xt + panel * (K / 2) * GEMM_VL;
-            const uint16_t *x = call->x;
-            memset(pairs, 0, K / 2 * GEMM_VL * sizeof(uint32_t));
+            if (bf16) { /* x in bf16 pairs (a panel of K / 2 rows of GEMM_VL dwords: half the f32 panel's room) */
+                uint32_t *pairs = (uint32_t *)xt + panel * (K / 2) * GEMM_VL;
+                const uint16_t *x = call->x;
+                memset(pairs, 0, K / 2 * GEMM_VL * sizeof(uint32_t));
+                for (size_t m = m0; m < m_end; m++)
+                    for (size_t p = 0; p < K / 2; p++)
+                        pairs[p * GEMM_VL + m - m0] = (uint32_t)x[m * K + 2 * p] | (uint32_t)x[m * K + 2 * p + 1] << 16;
+                for (size_t g = 0; g < groups; g++) {
+                    vf sum[2] = {v_zero(), v_zero()};
+                    for (size_t p = g * G / 2; p < (g + 1) * G / 2; p++)
+                        for (int h = 0; h < 2; h++) {
+                            vf low, high;
+                            v_pairs_to_f32(v_load_bf16((const uint16_t *)(pairs + p * GEMM_VL + h * LANES)), &low, &high);
+                            sum[h] = v_add(v_add(sum[h], low), high);
+                        }
+                    v_store(panel_sum + g * GEMM_VL, sum[0]);
+                    v_store(panel_sum + g * GEMM_VL + LANES, sum[1]);
+                }
+                continue;
+            }
+#endif
+            memset(panel_x, 0, K * GEMM_VL * sizeof(float));
             for (size_t m = m0; m < m_end; m++)
-                for (size_t p = 0; p < K / 2; p++)
-                    pairs[p * GEMM_VL + m - m0] = (uint32_t)x[m * K + 2 * p] | (uint32_t)x[m * K + 2 * p + 1] << 16;
+                for (size_t k = 0; k < K; k++)
+                    panel_x[k * GEMM_VL + m - m0] = qmm_load_f32(call->x, call->dtype, m * K + natural_index(fast, k));
             for (size_t g = 0; g < groups; g++) {
                 vf sum[2] = {v_zero(), v_zero()};
-                for (size_t p = g * G / 2; p < (g + 1) * G / 2; p++)
-                    for (int h = 0; h < 2; h++) {
-                        vf low, high;
-                        v_pairs_to_f32(v_load_bf16((const uint16_t *)(pairs + p * GEMM_VL + h * LANES)), &low, &high);
-                        sum[h] = v_add(v_add(sum[h], low), high);
-                    }
+                for (size_t k = g * G; k < (g + 1) * G; k++) {
+                    sum[0] = v_add(sum[0], v_load(panel_x + k * GEMM_VL));
+                    sum[1] = v_add(sum[1], v_load(panel_x + k * GEMM_VL + LANES));
+                }
                 v_store(panel_sum + g * GEMM_VL, sum[0]);
                 v_store(panel_sum + g * GEMM_VL + LANES, sum[1]);
             }
-            continue;
         }
-#endif
-        memset(panel_x, 0, K * GEMM_VL * sizeof(float));
-        for (size_t m = m0; m < m_end; m++)
-            for (size_t k = 0; k < K; k++)
-                panel_x[k * GEMM_VL + m - m0] = qmm_load_f32(call->x, call->dtype, m * K + natural_index(fast, k));
-        for (size_t g = 0; g < groups; g++) {
-            vf sum[2] = {v_zero(), v_zero()};
-            for (size_t k = g * G; k < (g + 1) * G; k++) {
-                sum[0] = v_add(sum[0], v_load(panel_x + k * GEMM_VL));
-                sum[1] = v_add(sum[1], v_load(panel_x + k * GEMM_VL + LANES));
-            }
-            v_store(panel_sum + g * GEMM_VL, sum[0]);
-            v_store(panel_sum + g * GEMM_VL + LANES, sum[1]);
-        }
+        QMM_CPU_FP_LEAVE(caller_fp);
     }
     const size_t a_items = (N + GEMM_AC - 1) / GEMM_AC, b_items = (Mpad + GEMM_T_BC - 1) / GEMM_T_BC;
     const size_t items = a_items * b_items;
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1 && items > 1)
-    for (size_t item = 0; item < items; item++)
-        gemm_t_item(call, xt, xg, Mpad, item / b_items * GEMM_AC, item % b_items * GEMM_T_BC,
-                    gemm_scratch_of(scratch, GEMM_T_BC, QMM_CPU_THREAD_ID()), bf16);
+#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+    {
+        QMM_CPU_FP_ENTER(caller_fp);
+#pragma omp for schedule(dynamic)
+        for (size_t item = 0; item < items; item++)
+            gemm_t_item(call, xt, xg, Mpad, item / b_items * GEMM_AC, item % b_items * GEMM_T_BC,
+                        gemm_scratch_of(scratch, GEMM_T_BC, QMM_CPU_THREAD_ID()), bf16);
+        QMM_CPU_FP_LEAVE(caller_fp);
+    }
 
 cleanup:
     free(xt);
@@ -1220,10 +1234,16 @@ qmm_status QMM_ISA(qmm_cpu_gemm_qmm_n)(const qmm_call *call) {
     if (!scratch) return QMM_ERR_OUT_OF_MEMORY;
     const size_t a_items = (M + GEMM_AC - 1) / GEMM_AC, b_items = (N + GEMM_N_BC - 1) / GEMM_N_BC;
     const size_t items = a_items * b_items;
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1 && items > 1)
-    for (size_t item = 0; item < items; item++)
-        gemm_n_item(call, item / b_items * GEMM_AC, item % b_items * GEMM_N_BC,
-                    gemm_scratch_of(scratch, GEMM_N_BC, QMM_CPU_THREAD_ID()));
+    QMM_CPU_FP_CALLER(caller_fp);
+#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+    {
+        QMM_CPU_FP_ENTER(caller_fp);
+#pragma omp for schedule(dynamic)
+        for (size_t item = 0; item < items; item++)
+            gemm_n_item(call, item / b_items * GEMM_AC, item % b_items * GEMM_N_BC,
+                        gemm_scratch_of(scratch, GEMM_N_BC, QMM_CPU_THREAD_ID()));
+        QMM_CPU_FP_LEAVE(caller_fp);
+    }
     free(scratch);
     return QMM_OK;
 }
@@ -1330,8 +1350,10 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_n)(const qmm_call *call) {
     for (size_t i = 0; i < M * K; i++) xf[i] = qmm_load_f32(call->x, call->dtype, i);
     /* Each thread owns one contiguous range of whole 32-column blocks, cut into chunks. */
     const size_t blocks = N / 32;
+    QMM_CPU_FP_CALLER(caller_fp);
 #pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
     {
+        QMM_CPU_FP_ENTER(caller_fp);
         const size_t team = (size_t)qmm_cpu_team_size(), me = (size_t)QMM_CPU_THREAD_ID();
         const size_t first = blocks * me / team * 32, last = blocks * (me + 1) / team * 32;
         float *mine = acc + me * M * chunk;
@@ -1348,6 +1370,7 @@ qmm_status QMM_ISA(qmm_cpu_gemv_qmm_n)(const qmm_call *call) {
                                   qmm_cpu_finite_or_direct(call, mine[m * width + j], m, n));
                 }
         }
+        QMM_CPU_FP_LEAVE(caller_fp);
     }
 
 cleanup:
@@ -1551,14 +1574,20 @@ qmm_status QMM_ISA(qmm_cpu_gemv_ordered_qmm_t)(const qmm_call *call) {
     plan.sb = sb;
     plan.bytes = bytes;
     const size_t rows_per = (size_t)plan.nb * LANES, blocks = (N + rows_per - 1) / rows_per;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
-    for (size_t block = 0; block < blocks; block++) {
-        const size_t me = (size_t)QMM_CPU_THREAD_ID();
-        float *my_sb = sb + me * ORDERED_NB_MAX * 2 * groups * LANES;
-        uint8_t *my_bytes = bytes ? bytes + me * LANES * K : NULL; /* byte codes: nb = 1 */
-        if (plan.fast != 4) ordered_block_8(&plan, block * rows_per, my_sb, my_bytes);
-        else if (plan.nb == 1) ordered_block_4(&plan, block * rows_per, my_sb, my_bytes);
-        else ordered_block_4_many(&plan, block * rows_per, my_sb, my_bytes);
+    QMM_CPU_FP_CALLER(caller_fp);
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
+    {
+        QMM_CPU_FP_ENTER(caller_fp);
+#pragma omp for schedule(static)
+        for (size_t block = 0; block < blocks; block++) {
+            const size_t me = (size_t)QMM_CPU_THREAD_ID();
+            float *my_sb = sb + me * ORDERED_NB_MAX * 2 * groups * LANES;
+            uint8_t *my_bytes = bytes ? bytes + me * LANES * K : NULL; /* byte codes: nb = 1 */
+            if (plan.fast != 4) ordered_block_8(&plan, block * rows_per, my_sb, my_bytes);
+            else if (plan.nb == 1) ordered_block_4(&plan, block * rows_per, my_sb, my_bytes);
+            else ordered_block_4_many(&plan, block * rows_per, my_sb, my_bytes);
+        }
+        QMM_CPU_FP_LEAVE(caller_fp);
     }
 
 cleanup:

@@ -24,14 +24,20 @@
  *      of that order; refused with its message where no gather row declares an order (cuda).
  *   6. The ordered GEMV rows' blocks (cpu): M = 1, 2, 3, 5, 16 (at M = 1, 4-bit, several blocks of weight rows), N = 200,
  *      4-, 8- and 3-bit, f32/bf16, 1, 2 and 4 threads: the tiled row's bits.
+ *   7. The caller's floating-point environment (cpu): FE_UPWARD, FE_TOWARDZERO, FTZ/DAZ set after the thread team
+ *      started; qmm_t, qmm_n, batch-invariant rows and a gather on 1, 2 and 3 threads give the same bits.
  * N = 52, K = 384 (qmm_t; qmm_n reads the same weights as K = 52, N = 384): the 2048-row products stay
  * cheap on the ref backend.
  */
 #include "check.h"
 #include "kernel.h"
 
+#include <fenv.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #define EXPECT_MESSAGE(text)                                                                                 \
     CHECK(strcmp(qmm_last_error(), (text)) == 0, "message \"%s\", want \"%s\"", qmm_last_error(), (text))
@@ -725,6 +731,129 @@ static void test_ordered_blocks(qmm_context *context) {
         }
 }
 
+/* ───────────────────────────── 7. the caller's floating-point environment (cpu) ─────────────────────────────
+ *
+ * The CPU backend's worker threads take the caller's floating-point environment in every parallel region
+ * (QMM_CPU_FP_ENTER, src/cpu/cpu.h), so with another rounding mode, or FTZ/DAZ (x86), set on the caller's thread after
+ * the thread team started, the bits still do not depend on the thread count: qmm_t at M = 1, 5 and 40, qmm_n at M = 3,
+ * batch-invariant M = 1 against the same rows inside M = 40, and a gather of 16 pairs (its blocks on the team), each on
+ * 1, 2 and 3 threads. N = 512, K = 4096 (above the work that starts threads). FTZ/DAZ gets x at 2^-126 scale, so
+ * products and x are denormal. The caller's environment is put back after each mode. */
+#define FP_N 512
+#define FP_K 4096
+#define FP_ROWS 40
+typedef struct fp_case {
+    qmm_context *context;
+    qmm_weights *weights, *experts;
+    qmm_buffer *x, *out;
+    unsigned char *got;
+} fp_case;
+
+/* out rows as bytes for (op, M, option) on `threads` threads; false when a call failed (recorded). */
+static bool fp_run(fp_case *c, int threads, qmm_op op, size_t M, int invariant, size_t rows_out) {
+    CHECK_OK(qmm_context_set_threads(c->context, threads));
+    qmm_matmul_options options = {.op = op, .batch_invariant = invariant};
+    qmm_status status = qmm_buffer_poison(c->out);
+    if (status == QMM_OK) status = qmm_matmul(c->context, c->weights, c->x, M, c->out, &options, NULL);
+    if (status == QMM_OK) status = qmm_buffer_read(c->out, c->got, rows_out);
+    CHECK(status == QMM_OK, "fp environment: %s M=%zu on %d threads: %s", qmm_op_name(op), M, threads, qmm_last_error());
+    return status == QMM_OK;
+}
+
+static bool fp_gather(fp_case *c, int threads) {
+    static const uint32_t lhs[16] = {0, 3, 5, 1, 2, 7, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7},
+                          rhs[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+    CHECK_OK(qmm_context_set_threads(c->context, threads));
+    qmm_status status = qmm_buffer_poison(c->out);
+    if (status == QMM_OK) status = qmm_gather_matmul(c->context, c->experts, c->x, 8, lhs, rhs, 16, c->out, NULL, NULL);
+    if (status == QMM_OK) status = qmm_buffer_read(c->out, c->got, 16 * (FP_N / 4));
+    CHECK(status == QMM_OK, "fp environment: gather on %d threads: %s", threads, qmm_last_error());
+    return status == QMM_OK;
+}
+
+static void test_fp_environment(qmm_context *context) {
+    check_rng rng = check_rng_make(0xfe7e);
+    check_qmatrix q;
+    if (!check_qmatrix_random(&rng, FP_N, FP_K, 4, 64, QMM_F32, &q)) {
+        CHECK(false, "check_qmatrix_random failed");
+        return;
+    }
+    fp_case c = {.context = context};
+    float *x = malloc(FP_ROWS * FP_K * sizeof *x);
+    unsigned char *first = malloc(FP_ROWS * FP_N * sizeof(float));
+    c.got = malloc(FP_ROWS * FP_N * sizeof(float));
+    CHECK_OK(qmm_weights_create(context, &q.m, &c.weights));
+    CHECK_OK(qmm_weights_create_experts(context, &q.m, 4, &c.experts));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, FP_ROWS * FP_K, &c.x));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, FP_ROWS * FP_N, &c.out));
+    if (!x || !first || !c.got || !c.weights || !c.experts || !c.x || !c.out) {
+        CHECK(false, "fp environment: could not set up the case");
+        goto cleanup;
+    }
+    fenv_t saved;
+    fegetenv(&saved);
+    enum { MODES = 3 };
+    static const char *const names[MODES] = {"FE_UPWARD", "FE_TOWARDZERO", "FTZ|DAZ"};
+    for (int mode = 0; mode < MODES; mode++) {
+#if !(defined(__x86_64__) || defined(__i386__))
+        if (mode == 2) continue; /* FTZ/DAZ: x86's MXCSR */
+#endif
+        check_fill_uniform(&rng, x, QMM_F32, FP_ROWS * FP_K, -1.0f, 1.0f);
+        if (mode == 2)
+            for (size_t i = 0; i < FP_ROWS * FP_K; i++) x[i] *= 0x1p-126f; /* about half of them denormal */
+        CHECK_OK(qmm_buffer_write(c.x, x, FP_ROWS * FP_K));
+        /* The team starts in the default environment, then the caller's changes. */
+        fp_run(&c, 3, QMM_OP_QMM_T, 40, 0, 40 * FP_N);
+#if defined(__x86_64__) || defined(__i386__)
+        if (mode == 2) _mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ (bit 15) and DAZ (bit 6) */
+#endif
+        if (mode == 0) fesetround(FE_UPWARD);
+        if (mode == 1) fesetround(FE_TOWARDZERO);
+        static const size_t ms[] = {1, 5, 40};
+        for (size_t mi = 0; mi < 3; mi++)
+            for (int threads = 1; threads <= 3; threads++) {
+                if (!fp_run(&c, threads, QMM_OP_QMM_T, ms[mi], 0, ms[mi] * FP_N)) continue;
+                if (threads == 1) memcpy(first, c.got, ms[mi] * FP_N * sizeof(float));
+                else
+                    CHECK(memcmp(first, c.got, ms[mi] * FP_N * sizeof(float)) == 0,
+                          "fp environment %s: qmm_t M=%zu on %d threads differs from 1 thread", names[mode], ms[mi], threads);
+            }
+        for (int threads = 1; threads <= 3; threads++) { /* qmm_n: K = 512 of x's rows, N = 4096 */
+            if (!fp_run(&c, threads, QMM_OP_QMM_N, 3, 0, 3 * FP_K)) continue;
+            if (threads == 1) memcpy(first, c.got, 3 * FP_K * sizeof(float));
+            else
+                CHECK(memcmp(first, c.got, 3 * FP_K * sizeof(float)) == 0,
+                      "fp environment %s: qmm_n M=3 on %d threads differs from 1 thread", names[mode], threads);
+        }
+        for (int threads = 1; threads <= 3; threads++) { /* batch-invariant: row 0 alone and inside M = 40 */
+            if (!fp_run(&c, threads, QMM_OP_QMM_T, 1, 1, FP_N)) continue;
+            memcpy(first, c.got, FP_N * sizeof(float));
+            if (!fp_run(&c, threads, QMM_OP_QMM_T, 40, 1, 40 * FP_N)) continue;
+            CHECK(memcmp(first, c.got, FP_N * sizeof(float)) == 0,
+                  "fp environment %s: batch-invariant row 0 inside M=40 on %d threads differs from it alone",
+                  names[mode], threads);
+        }
+        for (int threads = 1; threads <= 3; threads++) {
+            if (!fp_gather(&c, threads)) continue;
+            if (threads == 1) memcpy(first, c.got, 16 * (FP_N / 4) * sizeof(float));
+            else
+                CHECK(memcmp(first, c.got, 16 * (FP_N / 4) * sizeof(float)) == 0,
+                      "fp environment %s: gather on %d threads differs from 1 thread", names[mode], threads);
+        }
+        fesetenv(&saved);
+    }
+    CHECK_OK(qmm_context_set_threads(context, 0));
+cleanup:
+    qmm_buffer_destroy(c.x);
+    qmm_buffer_destroy(c.out);
+    qmm_weights_destroy(c.weights);
+    qmm_weights_destroy(c.experts);
+    free(x);
+    free(first);
+    free(c.got);
+    check_qmatrix_free(&q);
+}
+
 /* ───────────────────────────── 4. errors through qmm_matmul ───────────────────────────── */
 
 static void test_errors(qmm_context *context) {
@@ -786,6 +915,7 @@ int main(void) {
         test_gather(context, qmm_backend_name(backends[b]));
         if (backends[b] == QMM_BACKEND_CPU) test_errors(context);
         if (backends[b] == QMM_BACKEND_CPU) test_ordered_blocks(context);
+        if (backends[b] == QMM_BACKEND_CPU) test_fp_environment(context);
         qmm_context_destroy(context);
     }
     return check_finish("test_batch_invariant");
