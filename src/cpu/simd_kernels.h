@@ -1402,11 +1402,11 @@ cleanup:
 /* Blocks of LANES weight rows run together (NB) at M = 1 with 4-bit codes: each lane's chain is sequential (the
  * order), so one block and one row of x is a single FMA chain per vector; ORDERED_NB_MAX blocks (each decoding its
  * own codes, all against the same x) give the core independent chains. Measured on the Zen 4 VM (docs/PERF.md,
- * thirty-ninth session), M = 1: AVX-512 0.91x the time (geomean of three seed shapes, 0.85-1.01), AVX2 0.78x (0.76-0.82);
- * M = 2 and 4 unchanged (1.00-1.02). The FMA latency was not the main bound, the decode is. Two blocks of two
- * rows at M = 2 took 1.04-1.26x one block's time, so from M = 2 one block takes up to ORDERED_R rows. 8-bit and byte
- * codes keep one block: with two, 4096² took 1.16-1.25x the time (a row of 4 KiB puts every row's line in one L1 set),
- * 5120² 0.81x. AVX2 has 16 registers: two blocks at most. */
+ * thirty-ninth session), M = 1: AVX-512 0.91x the time (geomean of three seed shapes, 0.85-1.01), AVX2 0.78x
+ * (0.76-0.82); M = 2 and 4 unchanged (1.00-1.02). The FMA latency was not the main bound, the decode is. Two
+ * blocks of two rows at M = 2 took 1.04-1.26x one block's time, so from M = 2 one block takes up to ORDERED_R rows.
+ * 8-bit and byte codes keep one block: with two, 4096² took 1.16-1.25x the time (a row of 4 KiB puts every row's line
+ * in one L1 set), 5120² 0.81x. AVX2 has 16 registers: two blocks at most. */
 #define ORDERED_NB_MAX (LANES == 16 ? 4 : 2)
 /* Prefetch distance along each weight row, in words (1 KiB, as the GEMV rows): LANES rows are LANES streams,
  * more than the hardware prefetcher follows well. */
@@ -1508,7 +1508,8 @@ ALWAYS_INLINE void ordered_block(const ordered_plan *p, size_t n0, float *sb, ui
         stride = K / 4;
     }
     const uint32_t *rows[ORDERED_NB_MAX * LANES];
-    for (int row = 0; row < nb * LANES; row++) rows[row] = base + (size_t)(row < rows_here ? row : rows_here - 1) * stride;
+    for (int row = 0; row < nb * LANES; row++)
+        rows[row] = base + (size_t)(row < rows_here ? row : rows_here - 1) * stride;
     float result[LANES];
     const int rmax = ORDERED_R / nb;
     for (size_t m0 = 0; m0 < M; m0 += (size_t)rmax) {
@@ -1523,7 +1524,8 @@ ALWAYS_INLINE void ordered_block(const ordered_plan *p, size_t n0, float *sb, ui
                 v_store(result, acc[b * rmax + r]);
                 for (int lane = 0; lane < LANES && b * LANES + lane < rows_here; lane++) {
                     const size_t n = n0 + (size_t)(b * LANES + lane);
-                    qmm_store_f32(call->out, call->dtype, m * N + n, qmm_cpu_finite_or_direct(call, result[lane], m, n));
+                    qmm_store_f32(call->out, call->dtype, m * N + n,
+                                  qmm_cpu_finite_or_direct(call, result[lane], m, n));
                 }
             }
     }
@@ -1534,7 +1536,8 @@ static __attribute__((noinline)) void ordered_block_4(const ordered_plan *p, siz
 static __attribute__((noinline)) void ordered_block_8(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes) {
     ordered_block(p, n0, sb, bytes, 8, 1);
 }
-static __attribute__((noinline)) void ordered_block_4_many(const ordered_plan *p, size_t n0, float *sb, uint8_t *bytes) {
+static __attribute__((noinline)) void ordered_block_4_many(const ordered_plan *p, size_t n0, float *sb,
+                                                           uint8_t *bytes) {
     ordered_block(p, n0, sb, bytes, 4, ORDERED_NB_MAX);
 }
 

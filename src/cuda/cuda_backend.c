@@ -1576,8 +1576,9 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
      * keeps it so should the row ever declare one: its grouped GEMV launches (gather_grouping) bypass the selector
      * and split K by the other blocks, so a block's bits would depend on the routing. */
     if (call->batch_invariant) {
-        snprintf(why_not, size, "cuda.gather.blocks.auto has no batch-invariant form: its grouped GEMV launches split K "
-                 "by the rest of the routing");
+        snprintf(why_not, size,
+                 "cuda.gather.blocks.auto has no batch-invariant form: its grouped GEMV launches split K by the rest "
+                 "of the routing");
         return false;
     }
     if (call->M > 0x7fffffffu) {
