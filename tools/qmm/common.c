@@ -369,14 +369,16 @@ qmm_status load_tuning_option(qmm_context *context, const char *path, char *note
     return QMM_OK;
 }
 
-static bool has_op(const qmm_context *context, qmm_op op) {
+static bool has_op(const qmm_context *context, qmm_op op, int batch_invariant) {
     qmm_kernel_info info;
     for (size_t i = 0; i < qmm_kernel_count(context); i++)
-        if (qmm_kernel_get(context, i, &info) == QMM_OK && info.op == op) return true;
+        if (qmm_kernel_get(context, i, &info) == QMM_OK && info.op == op &&
+            (!batch_invariant || info.batch_invariant_order))
+            return true;
     return false;
 }
 
-qmm_status open_context_for(int backend, qmm_op op, qmm_context **context) {
+qmm_status open_context_for(int backend, qmm_op op, int batch_invariant, qmm_context **context) {
     if (backend != BACKEND_AUTO) return open_context(backend, context);
     *context = NULL;
     qmm_status status = QMM_OK;
@@ -384,11 +386,12 @@ qmm_status open_context_for(int backend, qmm_op op, qmm_context **context) {
         if ((status = qmm_context_create(backend_order[i], 0, context)) == QMM_ERR_INVALID_ARGUMENT)
             return auto_stop(backend_order[i]);
         if (status != QMM_OK) continue;
-        if (has_op(*context, op)) return QMM_OK;
+        if (has_op(*context, op, batch_invariant)) return QMM_OK;
         qmm_context_destroy(*context);
         *context = NULL;
     }
-    return qmm_error(QMM_ERR_UNSUPPORTED, "--backend auto: no backend built here has a %s kernel", qmm_op_name(op));
+    return qmm_error(QMM_ERR_UNSUPPORTED, "--backend auto: no backend built here has a %s kernel%s", qmm_op_name(op),
+                     batch_invariant ? " with a batch-invariant order" : "");
 }
 
 /* ───────────────────────────── one product, checked and timed ───────────────────────────── */

@@ -136,9 +136,10 @@ int parse_backend(const command *c, const char *text, int *backend);
 /* A context on the parsed backend (device 0). A named backend that cannot be created (not built in, no
  * device) is an error naming the option and the library's reason; auto falls back to the next backend. */
 qmm_status open_context(int backend, qmm_context **context);
-/* open_context, but --backend auto takes the first backend whose table has a kernel of op (CUDA has no
- * gather kernel yet, so `qmm gather` on a GPU machine runs on the CPU backend unless --backend cuda). */
-qmm_status open_context_for(int backend, qmm_op op, qmm_context **context);
+/* open_context, but --backend auto takes the first backend whose table has a kernel of op — with batch_invariant, a
+ * kernel of op that declares a batch-invariant order (CUDA's gather row declares none yet, so `qmm gather
+ * --batch-invariant` on a GPU machine runs on the CPU backend unless --backend cuda, which refuses it). */
+qmm_status open_context_for(int backend, qmm_op op, int batch_invariant, qmm_context **context);
 
 /* --tuning FILE (bench, run, matmul): loads a tuning table (qmm tune) into the context and describes it in
  * note[size]: "tuning table FILE: N entries in use[; X set aside: measured on another device; Y set aside: naming

@@ -150,7 +150,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     const qmm_dtype stored = matrix.dtype;
     const size_t T = (size_t)tokens, B = T * (size_t)top_k; /* ≤ 65536·2^20: no overflow */
 
-    if ((status = open_context_for(backend_choice, QMM_OP_GATHER, &context)) != QMM_OK) goto cleanup;
+    if ((status = open_context_for(backend_choice, QMM_OP_GATHER, batch_invariant, &context)) != QMM_OK) goto cleanup;
     if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
     warn_if_loaded(c, context);
     /* Before anything of the product's size is allocated: refused if it would not fit in the host memory (-t 65536 on
