@@ -796,7 +796,12 @@ static void print_header(const bench_run *run) {
 }
 
 static void print_table(const bench_run *run) {
-    print_cell("shape", 26);
+    /* The shape column: 26 wide, or the longest name and two spaces (qwen3-30b-a3b.experts_gate_up is 29). */
+    int shape_width = 26;
+    for (size_t k = 0; k < run->cell_count; k++)
+        if (run->cells[k].shape && (int)strlen(run->cells[k].shape->name) + 2 > shape_width)
+            shape_width = (int)strlen(run->cells[k].shape->name) + 2;
+    print_cell("shape", shape_width);
     print_cell("n×k", 12);
     print_cell(run->gather ? "T" : "M", 5);
     print_cell("dtype", 6);
@@ -816,7 +821,7 @@ static void print_table(const bench_run *run) {
         format_us(floor_text, sizeof floor_text, cell->floor_us);
         for (size_t r = 0; r < cell->row_count || r == 0; r++) {
             const bench_row *row = r < cell->row_count ? &cell->rows[r] : NULL;
-            print_cell(r == 0 ? cell->shape->name : "", 26);
+            print_cell(r == 0 ? cell->shape->name : "", shape_width);
             print_cell(r == 0 ? nk : "", 12);
             print_cell(r == 0 ? m : "", 5);
             print_cell(r == 0 ? qmm_dtype_name(cell->dtype) : "", 6);
