@@ -81,7 +81,7 @@ class qmm_kernel_info(Structure):
 
 
 class qmm_gather_options(Structure):
-    _fields_ = [("kernel", c_char_p), ("sorted_indices", c_int)]
+    _fields_ = [("kernel", c_char_p), ("sorted_indices", c_int), ("batch_invariant", c_int)]
 
 
 QMM_OP_GATHER = 2
@@ -307,7 +307,7 @@ class Qmm:
             self.call("qmm_buffer_create", context, dtype, B * N, ctypes.byref(ob))
             self.call("qmm_buffer_write", xb, _ptr(x_raw), T * K)
             self.call("qmm_buffer_poison", ob)
-            options = qmm_gather_options(kernel.encode(), 1 if sorted_indices else 0)
+            options = qmm_gather_options(kernel.encode(), 1 if sorted_indices else 0, 0)
             info = qmm_kernel_info()
             self.call("qmm_gather_matmul", context, weights, xb, T, lhs_ptr, rhs_ptr, B, ob, ctypes.byref(options),
                       ctypes.byref(info))
