@@ -1416,7 +1416,6 @@ typedef struct ordered_plan {
     const qmm_call *call;
     size_t K, G, groups, words;
     int fast;
-    int nb;          /* blocks of LANES weight rows run together: ORDERED_NB_MAX at M = 1 with 4-bit codes, else 1 */
     const float *xd; /* [M][K] x in decode order */
     const float *xg; /* [M][groups] Σx per group in decode order, sequential */
     float *sb;       /* [threads][ORDERED_NB_MAX][2][groups][LANES] the blocks' scales, then biases */
@@ -1545,10 +1544,10 @@ qmm_status QMM_ISA(qmm_cpu_gemv_ordered_qmm_t)(const qmm_call *call) {
     const size_t M = call->M, N = call->N, K = call->K, G = (size_t)call->group_size, groups = K / G;
     const int threads = qmm_cpu_threads_for(call);
     ordered_plan plan = {.call = call, .K = K, .G = G, .groups = groups, .words = qmm_packed_words(K, call->bits),
-                         .fast = fast_bits(call->bits), .nb = 1};
-    /* Several blocks at M = 1 with 4-bit codes, where there are enough of them for every thread (the bits are the same
-     * either way: each output's chain does not depend on nb). */
-    if (M == 1 && plan.fast == 4 && N >= (size_t)threads * ORDERED_NB_MAX * LANES) plan.nb = ORDERED_NB_MAX;
+                         .fast = fast_bits(call->bits)};
+    /* Blocks of LANES weight rows run together: ORDERED_NB_MAX at M = 1 with 4-bit codes, where there are enough of
+     * them for every thread, else 1 (the bits are the same either way: each output's chain does not depend on it). */
+    const int nb = M == 1 && plan.fast == 4 && N >= (size_t)threads * ORDERED_NB_MAX * LANES ? ORDERED_NB_MAX : 1;
     qmm_status status = QMM_OK;
     float *xd = qmm_cpu_scratch(M * K, sizeof(float), "x in decode order");
     float *xg = qmm_cpu_scratch(M * groups, sizeof(float), "x group sums");
@@ -1576,7 +1575,7 @@ qmm_status QMM_ISA(qmm_cpu_gemv_ordered_qmm_t)(const qmm_call *call) {
     plan.xg = xg;
     plan.sb = sb;
     plan.bytes = bytes;
-    const size_t rows_per = (size_t)plan.nb * LANES, blocks = (N + rows_per - 1) / rows_per;
+    const size_t rows_per = (size_t)nb * LANES, blocks = (N + rows_per - 1) / rows_per;
     QMM_CPU_FP_CALLER(caller_fp);
 #pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
     {
@@ -1587,7 +1586,7 @@ qmm_status QMM_ISA(qmm_cpu_gemv_ordered_qmm_t)(const qmm_call *call) {
             float *my_sb = sb + me * ORDERED_NB_MAX * 2 * groups * LANES;
             uint8_t *my_bytes = bytes ? bytes + me * LANES * K : NULL; /* byte codes: nb = 1 */
             if (plan.fast != 4) ordered_block_8(&plan, block * rows_per, my_sb, my_bytes);
-            else if (plan.nb == 1) ordered_block_4(&plan, block * rows_per, my_sb, my_bytes);
+            else if (nb == 1) ordered_block_4(&plan, block * rows_per, my_sb, my_bytes);
             else ordered_block_4_many(&plan, block * rows_per, my_sb, my_bytes);
         }
         QMM_CPU_FP_LEAVE(caller_fp);

@@ -1572,15 +1572,6 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
         snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
         return false;
     }
-    /* The row declares no batch-invariant order, so qmm_kernel_accepts refuses such a call before asking here; this
-     * keeps it so should the row ever declare one: its grouped GEMV launches (gather_grouping) bypass the selector
-     * and split K by the other blocks, so a block's bits would depend on the routing. */
-    if (call->batch_invariant) {
-        snprintf(why_not, size,
-                 "cuda.gather.blocks.auto has no batch-invariant form: its grouped GEMV launches split K by the rest "
-                 "of the routing");
-        return false;
-    }
     if (call->M > 0x7fffffffu) {
         snprintf(why_not, size, "B=%zu index pairs exceed the gather grid (2^31 - 1)", call->M);
         return false;
@@ -1610,6 +1601,13 @@ static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, els
 static bool gather_grouping(const qmm_call *call, int forced, char *why_not, size_t size) {
     if (forced == 0) {
         snprintf(why_not, size, "QMM_CUDA_GATHER_GROUPED=0");
+        return false;
+    }
+    /* Batch-invariant mode (not reached today: the row declares no order, so qmm_kernel_accepts refuses such a call):
+     * the grouped launches split K by the warps gemv_warps gives all of them, so by the rest of the routing, and
+     * bypass the selector; each block goes to the qmm_t row the selector picks for it in the mode instead. */
+    if (call->batch_invariant) {
+        snprintf(why_not, size, "a batch-invariant gather runs each block on the qmm_t rows of the mode");
         return false;
     }
     cuda_weights_extra extra = {0};

@@ -404,7 +404,6 @@ qmm_status open_context_for(int backend, qmm_op op, int batch_invariant, qmm_con
  * before the comparison (the QMM_RUN_INJECT_FAULT test hook). With batch_invariant, up to
  * INVARIANT_SAMPLES rows (all of them when M is smaller; else evenly spaced, first and last included) are
  * also computed alone (M = 1, the same options) and compared bit for bit with the same rows of the product. */
-#define INVARIANT_SAMPLES 64
 static qmm_status check_invariance(qmm_context *context, qmm_weights *weights, const qmm_qmatrix *matrix,
                                    const void *x, size_t M, const qmm_matmul_options *options, const void *out_host,
                                    layer_result *result) {
@@ -414,9 +413,8 @@ static qmm_status check_invariance(qmm_context *context, qmm_weights *weights, c
     qmm_status status = alone ? QMM_OK : qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate one output row");
     if (status == QMM_OK) status = qmm_buffer_create(context, matrix->dtype, K, &x_row);
     if (status == QMM_OK) status = qmm_buffer_create(context, matrix->dtype, N, &out_row);
-    const size_t samples = M < INVARIANT_SAMPLES ? M : INVARIANT_SAMPLES;
-    for (size_t s = 0; status == QMM_OK && s < samples; s++) {
-        const size_t row = samples == M ? s : (samples > 1 ? s * (M - 1) / (samples - 1) : 0);
+    for (size_t s = 0; status == QMM_OK && s < invariant_samples(M); s++) {
+        const size_t row = invariant_sample(s, M);
         if ((status = qmm_buffer_write(x_row, (const unsigned char *)x + row * K * element, K)) != QMM_OK) break;
         if ((status = qmm_buffer_poison(out_row)) != QMM_OK) break;
         if ((status = qmm_matmul(context, weights, x_row, 1, out_row, options, NULL)) != QMM_OK) break;

@@ -140,6 +140,15 @@ qmm_status open_context(int backend, qmm_context **context);
  * kernel of op that declares a batch-invariant order (CUDA's gather row declares none yet, so `qmm gather
  * --batch-invariant` on a GPU machine runs on the CPU backend unless --backend cuda, which refuses it). */
 qmm_status open_context_for(int backend, qmm_op op, int batch_invariant, qmm_context **context);
+/* --batch-invariant's check (matmul, run, gather): up to INVARIANT_SAMPLES of count rows (pairs) are recomputed alone,
+ * all of them when count is smaller, else evenly spaced with the first and the last: invariant_samples(count) of them,
+ * sample s being row invariant_sample(s, count). */
+#define INVARIANT_SAMPLES 64
+static inline size_t invariant_samples(size_t count) { return count < INVARIANT_SAMPLES ? count : INVARIANT_SAMPLES; }
+static inline size_t invariant_sample(size_t s, size_t count) {
+    const size_t samples = invariant_samples(count);
+    return samples == count ? s : s * (count - 1) / (samples - 1);
+}
 
 /* --tuning FILE (bench, run, matmul): loads a tuning table (qmm tune) into the context and describes it in
  * note[size]: "tuning table FILE: N entries in use[; X set aside: measured on another device; Y set aside: naming

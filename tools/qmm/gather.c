@@ -208,15 +208,13 @@ int cmd_gather(const command *c, int argc, char **argv) {
     /* --batch-invariant: up to 64 pairs (all when B is smaller; else evenly spaced, first and last included) computed
      * alone (B = 1: the pair's token and expert, the same options) must give the same bits as inside the gather. */
     if (batch_invariant) {
-        enum { SAMPLES = 64 };
-        const size_t samples = B < SAMPLES ? B : SAMPLES;
         if (!(alone = malloc(N * element))) {
             status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot allocate one output row");
             goto cleanup;
         }
         if ((status = qmm_buffer_create(context, dtype, N, &pair_buffer)) != QMM_OK) goto cleanup;
-        for (size_t s = 0; s < samples; s++) {
-            const size_t i = samples == B ? s : (samples > 1 ? s * (B - 1) / (samples - 1) : 0);
+        for (size_t s = 0; s < invariant_samples(B); s++) {
+            const size_t i = invariant_sample(s, B);
             if ((status = qmm_buffer_poison(pair_buffer)) != QMM_OK) goto cleanup;
             if ((status = qmm_gather_matmul(context, weights, x_buffer, T, &lhs[i], &rhs[i], 1, pair_buffer, &options,
                                             NULL)) != QMM_OK)
