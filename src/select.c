@@ -78,19 +78,21 @@ int qmm_tuning_compare(const qmm_tuning_entry *a, const qmm_tuning_entry *b) {
 
 const qmm_tuning_entry *qmm_tuning_find(const qmm_tuning_table *tuning, const qmm_call *call) {
     if (!tuning || !tuning->count) return NULL;
+    /* keyed by the weights' own width (a 3-bit matrix stored as 4-bit codes: its entries say 3, as qmm tune wrote) */
+    const int bits = call->format_bits ? call->format_bits : call->bits;
     /* Binary search for the last entry ≤ (the call's key, m_min = M); entries of one key have disjoint
      * ranges sorted by m_min, so only that one can contain M. */
     size_t low = 0, high = tuning->count; /* the answer is below high */
     while (low < high) {
         size_t middle = low + (high - low) / 2;
         const qmm_tuning_entry *entry = &tuning->entries[middle];
-        int key = compare_key(call->op, call->dtype, call->bits, call->group_size, call->N, call->K, entry);
+        int key = compare_key(call->op, call->dtype, bits, call->group_size, call->N, call->K, entry);
         if (key > 0 || (key == 0 && entry->m_min <= call->M)) low = middle + 1;
         else high = middle;
     }
     if (low == 0) return NULL;
     const qmm_tuning_entry *entry = &tuning->entries[low - 1];
-    if (compare_key(call->op, call->dtype, call->bits, call->group_size, call->N, call->K, entry) != 0) return NULL;
+    if (compare_key(call->op, call->dtype, bits, call->group_size, call->N, call->K, entry) != 0) return NULL;
     return call->M <= entry->m_max ? entry : NULL;
 }
 
@@ -119,7 +121,7 @@ qmm_status qmm_batch_invariant_row(const qmm_kernel *const *table, size_t count,
     return qmm_error(QMM_ERR_UNSUPPORTED,
                      "no kernel of this table declares a batch-invariant order for this call (M=%zu, N=%zu, K=%zu, %s, "
                      "%s, %d-bit, group_size %d)", call->M, call->N, call->K, qmm_op_name(call->op),
-                     qmm_dtype_name(call->dtype), call->bits, call->group_size);
+                     qmm_dtype_name(call->dtype), call->format_bits ? call->format_bits : call->bits, call->group_size);
 }
 
 /* The largest M the row's hints let the selector take it for, unforced, at this N (SIZE_MAX: no limit). */

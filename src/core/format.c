@@ -14,6 +14,8 @@
  */
 #include "internal.h"
 
+#include <stdlib.h>
+
 static const char allowed_bits[] = "{2, 3, 4, 5, 6, 8}";
 static const char allowed_group_sizes[] = "{32, 64, 128}";
 
@@ -188,6 +190,29 @@ qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, ui
     }
 
     for (size_t r = 0; r < rows; r++) qmm_pack_stream(codes + r * cols, cols, bits, w + r * words_per_row);
+    return QMM_OK;
+}
+
+qmm_status qmm_widen_codes(const uint32_t *w, size_t rows, size_t cols, int bits, int wide_bits, uint32_t **wide) {
+    *wide = NULL;
+    const size_t words = qmm_packed_words(cols, bits), wide_words = qmm_packed_words(cols, wide_bits);
+    size_t bytes;
+    if (!qmm_mul_size(rows, wide_words, &bytes) || !qmm_mul_size(bytes, sizeof(uint32_t), &bytes))
+        return qmm_error(QMM_ERR_OVERFLOW, "%zu rows of %zu %d-bit codes overflow size_t", rows, cols, wide_bits);
+    uint32_t *out = malloc(bytes ? bytes : 1);
+    uint8_t *codes = malloc(cols);
+    if (!out || !codes) {
+        free(out);
+        free(codes);
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "no host memory to store a %zu×%zu matrix's %d-bit codes as %d-bit",
+                         rows, cols, bits, wide_bits);
+    }
+    for (size_t r = 0; r < rows; r++) {
+        qmm_unpack_stream(w + r * words, cols, bits, codes);
+        qmm_pack_stream(codes, cols, wide_bits, out + r * wide_words);
+    }
+    free(codes);
+    *wide = out;
     return QMM_OK;
 }
 

@@ -77,6 +77,7 @@ static qmm_call block_call(const qmm_call *gather, size_t i0, size_t i1) {
         .op = QMM_OP_QMM_T,
         .dtype = gather->dtype,
         .bits = gather->bits,
+        .format_bits = gather->format_bits,
         .group_size = gather->group_size,
         .M = i1 - i0,
         .N = gather->N,

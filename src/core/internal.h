@@ -109,6 +109,11 @@ static inline uint32_t qmm_code_at(const uint32_t *row, size_t j, int bits) {
 void qmm_pack_stream(const uint8_t *codes, size_t count, int bits, uint32_t *out);
 void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *codes);
 
+/* The same codes in wider words (a backend's stored_bits, src/core/kernel.h): rows × cols codes of `bits` from w
+ * (qmm_packed_words(cols, bits) words a row) into `wide_bits` ≥ bits words (qmm_packed_words(cols, wide_bits) a
+ * row) — every code keeps its value. Allocates *wide (free it); QMM_ERR_OUT_OF_MEMORY / QMM_ERR_OVERFLOW. */
+qmm_status qmm_widen_codes(const uint32_t *w, size_t rows, size_t cols, int bits, int wide_bits, uint32_t **wide);
+
 /* The non-finite rule's replacement (docs/kernels.md §2), the one implementation (src/ref/oracle.c, built
  * with -ffp-contract=off): output (m, n) of x·Ŵᵀ (transpose = 1) or x·Ŵ (transpose = 0) in the direct form
  * in f64, Σ_k (s·q_k + b)·x_k with each ŵ = s·q + b formed in f64 and the sum in increasing k — bit for bit

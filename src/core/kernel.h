@@ -31,7 +31,8 @@
 typedef struct qmm_call {
     qmm_op op;
     qmm_dtype dtype;
-    int bits;
+    int bits;        /* the width of the codes in w: the weights' stored width (qmm_backend_hooks.stored_bits) */
+    int format_bits; /* the weights' own width (qmm_weights_describe), the tuning table's key; 0: the same as bits */
     int group_size;
     size_t M, N, K;
     const void *x;
@@ -178,6 +179,13 @@ typedef struct qmm_backend_hooks {
      * in *extra (NULL allowed) and passed to kernels as qmm_call.weights_extra; weights_release frees it. */
     qmm_status (*weights_prepare)(void *state, const qmm_qmatrix *host_matrix, void **extra);
     void (*weights_release)(void *state, void *extra);
+    /* Optional (NULL: every width as given): writes into *stored the code width (≥ bits) the backend stores a matrix
+     * of `bits` in (the CUDA backend: 2/3-bit codes as 4-bit, 5/6-bit as 8-bit, so its fast rows, which decode 4
+     * and 8 bits, take every format). qmm_weights_create then re-packs the codes into words of that width on the
+     * host (qmm_widen_codes: the same codes, scales and biases, so the same ŵ), uploads those and gives
+     * weights_prepare the re-packed matrix; every call on the weights carries the stored width in qmm_call.bits,
+     * while qmm_weights_describe keeps the caller's. The device memory is that of the wider codes. */
+    qmm_status (*stored_bits)(void *state, int bits, int *stored);
     /* Optional: runs a chain's `count` steps as one submission. launch(argument, i) enqueues step i.
      * *graph is the backend's cached submission for this chain (NULL the first time; the runtime drops
      * it with chain_release when steps change). Writes each step's device time into microseconds[count]
@@ -243,6 +251,12 @@ void qmm_tuning_free(qmm_tuning_table *tuning);
 int qmm_tuning_compare(const qmm_tuning_entry *a, const qmm_tuning_entry *b);
 /* The entry of tuning that matches call, or NULL (src/select.c). */
 const qmm_tuning_entry *qmm_tuning_find(const qmm_tuning_table *tuning, const qmm_call *call);
+
+/* The qmm_call a qmm_matmul of M rows on weights would make, everything but the x and out buffers validated (their
+ * pointers NULL); `function` names the caller in messages. The runtime's, and the tests' view of what a call carries
+ * (e.g. the stored and the format width). Errors: those of qmm_matmul before it looks at the buffers. */
+qmm_status qmm_prepare_call(const char *function, const qmm_context *context, const qmm_weights *weights, size_t M,
+                            const qmm_matmul_options *options, qmm_call *call);
 
 /* The row that sets a batch-invariant call's order: the first row of table[count] (in order, hints and
  * tune_only aside) that declares an order and accepts the call. Errors: QMM_ERR_UNSUPPORTED when none does. */

@@ -82,6 +82,21 @@ static qmm_status host_copy(void *state, void *dst, const void *src, size_t byte
 
 static qmm_status host_synchronize(void *state) { return QMM_OK; }
 
+/* QMM_REF_STORED_BITS=1 (a test knob; 0 or unset: off): the reference backend stores 2/3-bit codes as 4-bit and
+ * 5/6-bit as 8-bit, as the CUDA backend does (kernel.h, stored_bits), so that the runtime's stored-width path runs
+ * where there is no GPU — the reference rows read whatever width a call carries, so no output may change
+ * (tests/runtime/test_runtime.c). Read at each qmm_weights_create; another value is an error naming it. */
+static qmm_status ref_stored_bits(void *state, int bits, int *stored) {
+    (void)state;
+    *stored = bits;
+    const char *knob = getenv("QMM_REF_STORED_BITS");
+    if (!knob || strcmp(knob, "0") == 0) return QMM_OK;
+    if (strcmp(knob, "1") != 0)
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "QMM_REF_STORED_BITS=%.40s: the knob takes 0 or 1", knob);
+    *stored = bits <= 4 ? 4 : 8;
+    return QMM_OK;
+}
+
 static const qmm_backend_hooks ref_backend = {
     .backend = QMM_BACKEND_REF,
     .host_memory = true,
@@ -94,6 +109,7 @@ static const qmm_backend_hooks ref_backend = {
     .upload = host_copy,
     .download = host_copy,
     .synchronize = host_synchronize,
+    .stored_bits = ref_stored_bits,
 };
 
 #ifdef QMM_HAVE_CPU
@@ -186,6 +202,7 @@ struct qmm_weights {
     void *scales;
     void *biases;
     void *extra; /* the backend's repacked copy (weights_prepare), or NULL */
+    int stored_bits; /* the width of the codes in w (hooks->stored_bits; format.bits without it): the calls' bits */
     size_t expert_count; /* experts stacked in the rows (qmm_weights_create_experts); 1 otherwise */
 };
 
@@ -413,14 +430,33 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
     if (status != QMM_OK) return status;
 
     const qmm_backend_hooks *hooks = context->hooks;
+    /* The backend's stored width (kernel.h, stored_bits): the codes re-packed into wider words on the host first */
+    qmm_qmatrix stored = *matrix;
+    uint32_t *widened = NULL;
+    int stored_bits = matrix->bits;
+    if (hooks->stored_bits && (status = hooks->stored_bits(context->state, matrix->bits, &stored_bits)) != QMM_OK)
+        return status;
+    if (stored_bits < matrix->bits || qmm_format_validate(stored_bits, matrix->group_size) != QMM_OK)
+        return qmm_error(QMM_ERR_BACKEND, "qmm_weights_create: backend %s would store %d-bit codes as %d-bit ones (the "
+                         "stored width must be a format's and no narrower)", qmm_backend_name(hooks->backend),
+                         matrix->bits, stored_bits);
+    if (stored_bits != matrix->bits) {
+        if ((status = qmm_widen_codes(matrix->w, matrix->rows, matrix->cols, matrix->bits, stored_bits, &widened)) !=
+            QMM_OK)
+            return status;
+        stored.bits = stored_bits;
+        stored.w = widened;
+    }
     size_t w_bytes, group_bytes;
-    if ((status = qmm_qmatrix_bytes(matrix, &w_bytes, &group_bytes)) != QMM_OK) return status;
+    qmm_weights *created = NULL;
+    if ((status = qmm_qmatrix_bytes(&stored, &w_bytes, &group_bytes)) != QMM_OK) goto cleanup;
 
-    qmm_weights *created = calloc(1, sizeof *created);
+    created = calloc(1, sizeof *created);
     if (!created) {
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_weights_create: no memory for a weights object");
         goto cleanup;
     }
+    created->stored_bits = stored_bits;
     created->references = 1;
     created->context = context_hold(context);
     created->expert_count = 1;
@@ -433,11 +469,11 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
     created->w = w_memory;
     if ((status = hooks->alloc(context->state, group_bytes, &created->scales)) != QMM_OK) goto cleanup;
     if ((status = hooks->alloc(context->state, group_bytes, &created->biases)) != QMM_OK) goto cleanup;
-    if ((status = hooks->upload(context->state, created->w, matrix->w, w_bytes)) != QMM_OK) goto cleanup;
+    if ((status = hooks->upload(context->state, created->w, stored.w, w_bytes)) != QMM_OK) goto cleanup;
     if ((status = hooks->upload(context->state, created->scales, matrix->scales, group_bytes)) != QMM_OK) goto cleanup;
     if ((status = hooks->upload(context->state, created->biases, matrix->biases, group_bytes)) != QMM_OK) goto cleanup;
     if (hooks->weights_prepare &&
-        (status = hooks->weights_prepare(context->state, matrix, &created->extra)) != QMM_OK)
+        (status = hooks->weights_prepare(context->state, &stored, &created->extra)) != QMM_OK)
         goto cleanup;
     /* The copies above may be asynchronous on a device; the caller may free its arrays on return. */
     if ((status = hooks->synchronize(context->state)) != QMM_OK) goto cleanup;
@@ -447,6 +483,7 @@ qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, q
 
 cleanup:
     qmm_weights_destroy(created);
+    free(widened); /* after the synchronize above (or a failure): the uploads have read it */
     return status;
 }
 
@@ -586,9 +623,9 @@ qmm_status qmm_buffer_poison(qmm_buffer *buffer) {
 
 /* ───────────────────────────── matmul ───────────────────────────── */
 
-/* Validates everything about a product but the buffers and fills call (pointers but x/out set). */
-static qmm_status prepare_call(const char *function, const qmm_context *context, const qmm_weights *weights,
-                               size_t M, const qmm_matmul_options *options, qmm_call *call) {
+/* Validates everything about a product but the buffers and fills call (pointers but x/out set); kernel.h. */
+qmm_status qmm_prepare_call(const char *function, const qmm_context *context, const qmm_weights *weights, size_t M,
+                            const qmm_matmul_options *options, qmm_call *call) {
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: context is NULL", function);
     if (!weights) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: weights is NULL", function);
     if (weights->destroyed) return destroyed_error(function, "the weights", "qmm_weights_destroy");
@@ -607,7 +644,8 @@ static qmm_status prepare_call(const char *function, const qmm_context *context,
     memset(call, 0, sizeof *call);
     call->op = op;
     call->dtype = format->dtype;
-    call->bits = format->bits;
+    call->bits = weights->stored_bits;
+    call->format_bits = format->bits;
     call->group_size = format->group_size;
     call->M = M;
     /* MLX's transpose flag: the same weights are N×K for x·Ŵᵀ and K×N for x·Ŵ. */
@@ -643,17 +681,17 @@ static qmm_status check_operand(const char *function, const char *name, const qm
     if (buffer->dtype != dtype)
         return qmm_error(QMM_ERR_SHAPE, "%s: %s has dtype %s but the weights' scales are %s (x and out must match them)",
                          function, name, qmm_dtype_name(buffer->dtype), qmm_dtype_name(dtype));
-    if (buffer->count < rows * cols) /* rows·cols checked by prepare_call */
+    if (buffer->count < rows * cols) /* rows·cols checked by qmm_prepare_call */
         return qmm_error(QMM_ERR_SHAPE, "%s: %s holds %zu elements but %s = %zu*%zu = %zu are needed", function, name,
                          buffer->count, shape, rows, cols, rows * cols);
     return QMM_OK;
 }
 
-/* A fully validated call: prepare_call plus the x and out buffers. */
+/* A fully validated call: qmm_prepare_call plus the x and out buffers. */
 static qmm_status build_call(const char *function, const qmm_context *context, const qmm_weights *weights,
                              const qmm_buffer *x, size_t M, qmm_buffer *out, const qmm_matmul_options *options,
                              qmm_call *call) {
-    qmm_status status = prepare_call(function, context, weights, M, options, call);
+    qmm_status status = qmm_prepare_call(function, context, weights, M, options, call);
     if (status != QMM_OK) return status;
     if ((status = check_operand(function, "x", context, x, call->dtype, M, call->K, "M*K")) != QMM_OK) return status;
     if ((status = check_operand(function, "out", context, out, call->dtype, M, call->N, "M*N")) != QMM_OK)
@@ -688,7 +726,7 @@ qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M
                       qmm_kernel_info *info) {
     if (context && context->destroyed) return destroyed_error("qmm_select", "the context", "qmm_context_destroy");
     qmm_call call;
-    qmm_status status = prepare_call("qmm_select", context, weights, M, options, &call);
+    qmm_status status = qmm_prepare_call("qmm_select", context, weights, M, options, &call);
     if (status != QMM_OK) return status;
     if (!info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select: info is NULL");
     const qmm_kernel *kernel;
@@ -755,7 +793,8 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
     if (x == out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: x and out are the same buffer", function);
     call.op = QMM_OP_GATHER;
     call.dtype = format->dtype;
-    call.bits = format->bits;
+    call.bits = weights->stored_bits;
+    call.format_bits = format->bits;
     call.group_size = format->group_size;
     call.M = B;
     call.K = format->cols;
@@ -836,7 +875,7 @@ int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_
     }
     qmm_matmul_options options = {.op = op, .kernel = name};
     qmm_call call;
-    qmm_status status = prepare_call("qmm_kernel_supports", context, weights, M, &options, &call);
+    qmm_status status = qmm_prepare_call("qmm_kernel_supports", context, weights, M, &options, &call);
     if (status == QMM_ERR_INVALID_ARGUMENT) return -1;
     const qmm_kernel *row = NULL;
     for (size_t i = 0; i < context->table_count && !row; i++)

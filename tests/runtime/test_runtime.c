@@ -1,10 +1,12 @@
 /*
  * test_runtime.c — context, weights, buffers, matmul, selection, kernel listing and chains
- * (include/qmm.h "Runtime" and "Chains"). Every bad input is checked for its exact status and message;
+ * (include/qmm.h "Runtime" and "Chains"), and the stored-width path (on the ref backend's test knob
+ * QMM_REF_STORED_BITS). Every bad input is checked for its exact status and message;
  * good calls are checked against the oracle on fresh random inputs.
  */
 #include "check.h"
 #include "internal.h"
+#include "kernel.h"
 
 #include <limits.h>
 #include <math.h>
@@ -468,6 +470,118 @@ static void test_matmul_products(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* The stored-width path (kernel.h, stored_bits; the CUDA backend stores 2/3-bit codes as 4-bit and 5/6-bit as 8-bit),
+ * run on the ref backend by its test knob QMM_REF_STORED_BITS=1: for 2, 3, 5 and 6 bits and each dtype, weights made
+ * with the knob give bit for bit the outputs of weights made without it — qmm_t (M = 3), qmm_n (M = 5) and a gather
+ * of 3 experts — their calls carry the stored width in bits and the caller's in format_bits (the tuning key),
+ * qmm_weights_describe keeps the caller's width; a bad knob value is an error naming it. The knob's value from outside
+ * the test is put back after each use. */
+static char *stored_knob_outside; /* QMM_REF_STORED_BITS as the test found it (NULL: unset) */
+static void stored_knob(const char *value) { /* NULL: unset */
+    if (value) setenv("QMM_REF_STORED_BITS", value, 1);
+    else unsetenv("QMM_REF_STORED_BITS");
+}
+static void stored_knob_restore(void) { stored_knob(stored_knob_outside); }
+
+static qmm_status stored_run(qmm_context *context, const check_qmatrix *q, int wide, qmm_op op, size_t M,
+                             const void *x_host, void *out_host) {
+    stored_knob(wide ? "1" : NULL);
+    qmm_weights *weights = NULL;
+    qmm_status status = qmm_weights_create(context, &q->m, &weights);
+    stored_knob_restore();
+    qmm_buffer *x = NULL, *out = NULL;
+    const size_t k = op == QMM_OP_QMM_T ? q->m.cols : q->m.rows, n = op == QMM_OP_QMM_T ? q->m.rows : q->m.cols;
+    qmm_qmatrix described;
+    if (status == QMM_OK && (status = qmm_weights_describe(weights, &described)) == QMM_OK)
+        CHECK(described.bits == q->m.bits, "stored bits: qmm_weights_describe says %d-bit for %d-bit weights (knob %d)",
+              described.bits, q->m.bits, wide);
+    qmm_matmul_options options = {.op = op};
+    qmm_call call;
+    if (status == QMM_OK && (status = qmm_prepare_call("test", context, weights, M, &options, &call)) == QMM_OK) {
+        const int want = wide ? (q->m.bits <= 4 ? 4 : 8) : q->m.bits;
+        CHECK(call.bits == want && call.format_bits == q->m.bits,
+              "stored bits: a call on %d-bit weights (knob %d) carries bits %d, format_bits %d (want %d, %d)", q->m.bits,
+              wide, call.bits, call.format_bits, want, q->m.bits);
+    }
+    if (status == QMM_OK) status = qmm_buffer_create(context, q->m.dtype, M * k, &x);
+    if (status == QMM_OK) status = qmm_buffer_create(context, q->m.dtype, M * n, &out);
+    if (status == QMM_OK) status = qmm_buffer_write(x, x_host, M * k);
+    if (status == QMM_OK) status = qmm_buffer_poison(out);
+    if (status == QMM_OK) status = qmm_matmul(context, weights, x, M, out, &options, NULL);
+    if (status == QMM_OK) status = qmm_buffer_read(out, out_host, M * n);
+    qmm_buffer_destroy(x);
+    qmm_buffer_destroy(out);
+    qmm_weights_destroy(weights);
+    return status;
+}
+
+static qmm_status stored_gather(qmm_context *context, const check_qmatrix *q, int wide, const void *x_host,
+                                void *out_host) {
+    static const uint32_t lhs[] = {0, 1, 1, 0, 1}, rhs[] = {2, 0, 2, 1, 1};
+    stored_knob(wide ? "1" : NULL);
+    qmm_weights *experts = NULL;
+    qmm_status status = qmm_weights_create_experts(context, &q->m, 3, &experts);
+    stored_knob_restore();
+    qmm_buffer *x = NULL, *out = NULL;
+    const size_t n = q->m.rows / 3;
+    if (status == QMM_OK) status = qmm_buffer_create(context, q->m.dtype, 2 * q->m.cols, &x);
+    if (status == QMM_OK) status = qmm_buffer_create(context, q->m.dtype, 5 * n, &out);
+    if (status == QMM_OK) status = qmm_buffer_write(x, x_host, 2 * q->m.cols);
+    if (status == QMM_OK) status = qmm_buffer_poison(out);
+    if (status == QMM_OK) status = qmm_gather_matmul(context, experts, x, 2, lhs, rhs, 5, out, NULL, NULL);
+    if (status == QMM_OK) status = qmm_buffer_read(out, out_host, 5 * n);
+    qmm_buffer_destroy(x);
+    qmm_buffer_destroy(out);
+    qmm_weights_destroy(experts);
+    return status;
+}
+
+static void test_stored_bits(qmm_context *context, check_rng *rng) {
+    const char *outside = getenv("QMM_REF_STORED_BITS");
+    stored_knob_outside = outside ? strdup(outside) : NULL;
+    static const int widths[] = {2, 3, 5, 6};
+    static const int group_sizes[] = {32, 64, 128};
+    static const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    enum { ROWS = 24, COLS = 256, M_MAX = 5 };
+    for (size_t b = 0; b < 4; b++)
+        for (size_t d = 0; d < 3; d++) {
+            const int bits = widths[b], group_size = group_sizes[(b + d) % 3];
+            const size_t size = qmm_dtype_size(dtypes[d]);
+            check_qmatrix q;
+            if (!check_qmatrix_random(rng, ROWS, COLS, bits, group_size, dtypes[d], &q)) {
+                CHECK(false, "stored bits: out of memory");
+                return;
+            }
+            unsigned char x[M_MAX * COLS * 4], plain[M_MAX * COLS * 4], wide[M_MAX * COLS * 4];
+            check_fill_uniform(rng, x, dtypes[d], M_MAX * COLS, -1.0f, 1.0f);
+            static const struct { qmm_op op; size_t M, n; const char *name; } runs[] = {
+                {QMM_OP_QMM_T, 3, ROWS, "qmm_t"}, {QMM_OP_QMM_N, 5, COLS, "qmm_n"}};
+            for (size_t r = 0; r < 2; r++) {
+                CHECK_OK(stored_run(context, &q, 0, runs[r].op, runs[r].M, x, plain));
+                CHECK_OK(stored_run(context, &q, 1, runs[r].op, runs[r].M, x, wide));
+                CHECK(memcmp(plain, wide, runs[r].M * runs[r].n * size) == 0,
+                      "stored bits: %s of %d-bit gs%d %s weights stored as %d-bit differs", runs[r].name, bits,
+                      group_size, qmm_dtype_name(dtypes[d]), bits <= 4 ? 4 : 8);
+            }
+            CHECK_OK(stored_gather(context, &q, 0, x, plain));
+            CHECK_OK(stored_gather(context, &q, 1, x, wide));
+            CHECK(memcmp(plain, wide, 5 * (ROWS / 3) * size) == 0,
+                  "stored bits: a gather of %d-bit gs%d %s experts stored wider differs", bits, group_size,
+                  qmm_dtype_name(dtypes[d]));
+            if (b == 0 && d == 0) { /* the knob's rule */
+                stored_knob("yes");
+                qmm_weights *weights = NULL;
+                CHECK_STATUS(qmm_weights_create(context, &q.m, &weights), QMM_ERR_INVALID_ARGUMENT);
+                EXPECT_MESSAGE("QMM_REF_STORED_BITS=yes: the knob takes 0 or 1");
+                CHECK(weights == NULL, "stored bits: a refused qmm_weights_create left weights");
+                stored_knob_restore();
+            }
+            check_qmatrix_free(&q);
+        }
+    free(stored_knob_outside);
+    stored_knob_outside = NULL;
+}
+
 /* A chain of three matmuls: two qmm_t products feeding nothing and one qmm_n, each step timed. */
 static void test_chain(qmm_context *context, check_rng *rng) {
     qmm_chain *chain = (qmm_chain *)&chain;
@@ -581,6 +695,7 @@ int main(void) {
     test_weights(context, &rng);
     test_matmul_errors(context, &rng);
     test_matmul_products(context, &rng);
+    test_stored_bits(context, &rng);
     test_chain(context, &rng);
     qmm_context_destroy(context);
     return check_finish("test_runtime");

@@ -281,6 +281,14 @@ static void test_selector(void) {
     EXPECT_PICK(&tuning, &other, NULL, "fake.qmm_t.a");
     other = make_call(QMM_OP_QMM_N, QMM_F32, 4, 64, 128, 256, 2);
     EXPECT_PICK(&tuning, &other, NULL, "fake.qmm_n.a");
+    /* The width in the key is the weights' own (format_bits), not the stored one (bits): 3-bit weights stored as
+     * 4-bit codes (the CUDA backend's stored_bits) miss the 4-bit entry; 4-bit weights stored as 8-bit would hit it. */
+    other = make_call(QMM_OP_QMM_T, QMM_F32, 4, 64, 128, 256, 2);
+    other.format_bits = 3;
+    EXPECT_PICK(&tuning, &other, NULL, "fake.qmm_t.a");
+    other = make_call(QMM_OP_QMM_T, QMM_F32, 8, 64, 128, 256, 2);
+    other.format_bits = 4;
+    EXPECT_PICK(&tuning, &other, NULL, "fake.qmm_t.b");
 
     /* A stale entry (its row refuses the call) falls back to the order; the call does not fail. */
     other = make_call(QMM_OP_QMM_T, QMM_F32, 4, 64, 96, 256, 3);

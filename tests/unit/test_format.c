@@ -1,7 +1,8 @@
 /*
  * test_format.c — the affine format: qmm_format_validate, qmm_qmatrix_validate, sizes, and qmm_pack /
  * qmm_unpack for every width (random round trips checked against a bit-by-bit stream, hand-worked 3-bit and
- * 6-bit words with codes straddling words, and every bad input with its exact status and message).
+ * 6-bit words with codes straddling words, and every bad input with its exact status and message); qmm_widen_codes
+ * from every width to every wider one.
  */
 #include "check.h"
 #include "internal.h"
@@ -118,6 +119,23 @@ static void test_round_trip(void) {
                         if (qmm_code_at(w + r * words_per_row, j, bits) != codes[r * cols + j]) code_at_wrong++;
                 CHECK(code_at_wrong == 0, "qmm_code_at disagrees with qmm_pack in %zu codes (bits=%d)", code_at_wrong,
                       bits);
+
+                /* qmm_widen_codes (a backend's stored width): the same codes in every wider width's rows */
+                for (size_t wb = b; wb < sizeof all_bits / sizeof all_bits[0]; wb++) {
+                    const int wide_bits = all_bits[wb];
+                    if (cols * (size_t)wide_bits % 32 != 0) continue;
+                    uint32_t *wide = NULL;
+                    CHECK_OK(qmm_widen_codes(w, rows, cols, bits, wide_bits, &wide));
+                    if (!wide) continue;
+                    const size_t wide_words = cols * (size_t)wide_bits / 32;
+                    size_t wrong = 0;
+                    for (size_t r = 0; r < rows; r++)
+                        for (size_t j = 0; j < cols; j++)
+                            if (qmm_code_at(wide + r * wide_words, j, wide_bits) != codes[r * cols + j]) wrong++;
+                    CHECK(wrong == 0, "qmm_widen_codes %d → %d bits rows=%zu cols=%zu: %zu codes differ", bits,
+                          wide_bits, rows, cols, wrong);
+                    free(wide);
+                }
                 free(codes), free(back), free(w), free(expected);
             }
         }
