@@ -326,9 +326,11 @@ int qmm_max_threads(void);
 int qmm_context_threads(const qmm_context *context);
 
 /* Creates immutable device-resident weights from a host qmm_qmatrix (copied; the caller's arrays may
- * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag). On CUDA a
- * 4- or 8-bit matrix with f16/bf16 scales is also repacked once for the tensor-core kernels (the
- * layout of docs/kernels.md §9.1), so it takes its weight bytes twice in device memory.
+ * be freed afterwards). The same weights serve both qmm_t and qmm_n (MLX's transpose flag). On CUDA
+ * 2/3-bit codes are stored as 4-bit and 5/6-bit as 8-bit ones (the same values: docs/kernels.md §9,
+ * "Stored widths"; QMM_CUDA_STORED_BITS=0 keeps them), and a matrix with f16/bf16 scales is also repacked
+ * once for the tensor-core kernels (the layout of §9.1), so it takes its (stored) code bytes twice in
+ * device memory; qmm_weights_describe still gives the caller's bits.
  * The weights hold the context. Errors: validation errors of qmm_qmatrix_validate,
  * QMM_ERR_INVALID_ARGUMENT (a NULL argument, a destroyed context), QMM_ERR_OUT_OF_MEMORY, QMM_ERR_BACKEND. */
 qmm_status qmm_weights_create(qmm_context *context, const qmm_qmatrix *matrix, qmm_weights **weights);
@@ -390,9 +392,9 @@ typedef struct qmm_matmul_options {
      * accepts the call (docs/kernels.md "Batch-invariant mode"). The selector and a tuning table choose
      * among those only. On the CPU with AVX2 or AVX-512, qmm_t at M ≤ 16 then runs the ordered GEMV rows
      * instead of the GEMV rows (another order), which costs time there (about 2× at M ≤ 4); qmm_n and larger M
-     * run the same rows as without the mode. On CUDA, 4/8-bit f16/bf16 qmm_t runs the tensor-core tile rows
-     * (on Hopper the wgmma tiles among them) at every M, without split-K: about the default's time at M ≥ 512,
-     * 1.4× it at M = 128 (geomean), 2.4–4.9× at M ≤ 16 (H200).
+     * run the same rows as without the mode. On CUDA, f16/bf16 qmm_t (2/3/5/6-bit codes stored as 4/8-bit)
+     * runs the tensor-core tile rows (on Hopper the wgmma tiles among them) at every M, without split-K:
+     * about the default's time at M ≥ 512, 1.4× it at M = 128 (geomean), 2.4–4.9× at M ≤ 16 (H200).
      * Row i of a product with the mode on is not promised to equal the same row computed with it off.
      * The CPU backend's worker threads compute in the calling thread's floating-point environment (rounding mode,
      * x86 FTZ/DAZ), so the promise holds in any one environment; the error bounds assume the default one (round to
@@ -451,12 +453,14 @@ typedef struct qmm_gather_options {
      * B, T, the other pairs, their order, sorted or not, which kernel ran or the thread count. Each pair is
      * reduced in the order of the backend's batch-invariant qmm_t rows (the gather rows run them per expert block,
      * or the oracle per pair), so out[i] is bit for bit what qmm_matmul with the option gives for that x row
-     * alone and that expert's weights as plain weights (on ref and cpu; tests/runtime/test_batch_invariant.c).
+     * alone and that expert's weights as plain weights (on ref and cpu; on cuda where N is a multiple of 16, else
+     * the bits of that pair gathered alone; tests/runtime/test_batch_invariant.c).
      * Only gather rows that declare a batch-invariant order take such a call, of the call's order: on the CPU
      * cpu.gather.blocks_ordered.* (the ordered GEMV rows at blocks of M <= 16, the tiled rows above: on
      * Qwen3-30B-A3B's experts 1.1-1.7x the default's time with f32 x, 1.6-2.6x with bf16 x; docs/kernels.md §11),
-     * or without AVX2 cpu.gather.blocks.portable and the ref rows (order "oracle"); on ref both rows; the CUDA
-     * gather row declares none yet, so there the call fails with QMM_ERR_UNSUPPORTED. */
+     * or without AVX2 cpu.gather.blocks.portable and the ref rows (order "oracle"); on ref both rows; on CUDA
+     * cuda.gather.blocks.auto (order "qmm_t-rows-per-block": each expert block alone on the qmm_t rows the mode
+     * picks for it, no grouped launches). */
     int batch_invariant;
 } qmm_gather_options;
 

@@ -310,6 +310,25 @@ static qmm_status tile_workspace(cuda_state *s) {
     return QMM_OK;
 }
 
+/* The width this backend stores codes in (the stored_bits hook, src/core/kernel.h): 2- and 3-bit codes as 4-bit, 5-
+ * and 6-bit as 8-bit, so that the tensor-core rows and ffma_gemv, which decode 4 and 8 bits, take every format (the
+ * generic row, which decodes every width, takes about 1 ms for a 5120² product at M = 1 with f32 x, m8n64 6.5 µs
+ * with f16 x: docs/PERF.md). The price: the bytes a product reads are the wider codes' (2-bit 2×, 3-bit 4/3, 5-bit
+ * 8/5, 6-bit 4/3 of the format's), and the device memory that of a 4/8-bit matrix — the wider MLX-layout codes and
+ * their repacked copy (weights_prepare; f16/bf16 scales), e.g. 2 × 4/3 = 2.67× a 3-bit matrix's code bytes, where the
+ * generic rows needed 1×. QMM_CUDA_STORED_BITS=0 (read at each qmm_weights_create) keeps the caller's width. */
+static const knob stored_bits_knob = {"QMM_CUDA_STORED_BITS", knob_zero_one, 0, 0,
+                                      "0: 2/3/5/6-bit codes stored as they are (the generic rows), 1: as 4/8-bit ones"};
+static qmm_status cuda_stored_bits(void *state, int bits, int *stored) {
+    (void)state;
+    *stored = bits;
+    const qmm_status status = knob_check(&stored_bits_knob);
+    if (status != QMM_OK) return status;
+    const char *value = getenv(stored_bits_knob.name);
+    if (!(value && strcmp(value, "0") == 0)) *stored = bits <= 4 ? 4 : 8;
+    return QMM_OK;
+}
+
 /* Repacks the matrix for the mma families (docs/kernels.md §9) and uploads it; formats they do not read get no
  * extra arrays (*extra = NULL). The packed copy costs the weights' bytes once more on the device (rounded up to
  * 64 bytes per row and 16 rows); the MLX-layout arrays stay for the other kernels. */
@@ -1512,8 +1531,10 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = generic_supports, .run = generic_n_run},
     {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
-              .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV launches, "
-                             "larger ones on the CUDA qmm_t row picked for their rows"},
+              .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV "
+                             "launches, larger ones on the CUDA qmm_t row picked for their rows (batch-invariant: "
+                             "every block so)",
+              .batch_invariant_order = "qmm_t-rows-per-block"},
      .supports = gather_supports, .run = gather_run},
 };
 
@@ -1603,9 +1624,9 @@ static bool gather_grouping(const qmm_call *call, int forced, char *why_not, siz
         snprintf(why_not, size, "QMM_CUDA_GATHER_GROUPED=0");
         return false;
     }
-    /* Batch-invariant mode (not reached today: the row declares no order, so qmm_kernel_accepts refuses such a call):
-     * the grouped launches split K by the warps gemv_warps gives all of them, so by the rest of the routing, and
-     * bypass the selector; each block goes to the qmm_t row the selector picks for it in the mode instead. */
+    /* Batch-invariant mode (the row's order, "qmm_t-rows-per-block"): the grouped launches split K by the warps
+     * gemv_warps gives all of them, so by the rest of the routing, and bypass the selector; each block goes to the
+     * qmm_t row the selector picks for it in the mode instead. */
     if (call->batch_invariant) {
         snprintf(why_not, size, "a batch-invariant gather runs each block on the qmm_t rows of the mode");
         return false;
@@ -1818,6 +1839,7 @@ static const qmm_backend_hooks cuda_hooks = {
     .synchronize = cuda_synchronize,
     .weights_prepare = cuda_weights_prepare,
     .weights_release = cuda_weights_release,
+    .stored_bits = cuda_stored_bits,
     .chain_run = cuda_chain_run,
     .chain_release = cuda_chain_release,
     .device_name = cuda_device_name,

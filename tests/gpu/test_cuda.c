@@ -806,8 +806,8 @@ static void sort_pairs_by_expert(uint32_t *lhs, uint32_t *rhs, size_t B) {
  * written past B·N — each call with the expert blocks of ≤ 16 rows in grouped GEMV launches (the default where the
  * mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a call that did not group would fail, and it must
  * fail where they do not) and with a launch per block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
- * (4/8-bit f16/bf16), the generic one (3-bit f32) and an 8-bit f16 stack with N = 200 (not a multiple of 16: no
- * repacked slices, the generic row, no grouping). */
+ * (4/8-bit f16/bf16; 3- and 6-bit, stored as 4/8-bit codes), 3-bit f32 (the f32 rows) and an 8-bit f16 stack with
+ * N = 200 (not a multiple of 16: no repacked slices, the generic row, no grouping). */
 static void test_gather(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t experts, active, T, N, K;
@@ -843,6 +843,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * rows, and for the last expert into the zero tiles that end the repacked arrays (QMM_CUDA_PAD_ROW_TILES); M = 1
          * blocks run its one-token epilogue. Under compute-sanitizer memcheck (make test-gpu), a read past them fails. */
         {3, 1, 6, 5136, 128, 4, 64, QMM_F16},
+        /* 3- and 6-bit stacks (stored as 4- and 8-bit codes): grouped like those */
+        {16, 4, 40, 96, 256, 3, 32, QMM_BF16}, {8, 2, 20, 64, 512, 6, 64, QMM_F16},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
@@ -883,8 +885,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             qmm_gather_options options = {.sorted_indices = sorted};
             qmm_kernel_info ran = {0};
             const uint32_t *lhs_used = lhs_null ? NULL : lhs;
-            const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) &&
-                                (cases[c].bits == 4 || cases[c].bits == 8) && N % 16 == 0;
+            /* any width: 2/3/5/6-bit codes are stored as 4/8-bit ones */
+            const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
             if (grouped && !groups) { /* requiring grouping where it cannot be is an error naming why */
                 setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
                 CHECK_STATUS(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, NULL),
@@ -1275,6 +1277,10 @@ static void test_qmm_n(qmm_context *context, check_rng *rng) {
         {64, 256, 4128, 4, 32, QMM_BF16, PLAIN},  {33, 2048, 768, 8, 64, QMM_F16, PLAIN},
         {9, 1024, 4160, 4, 64, QMM_F16, SPECIAL}, {17, 1024, 4128, 8, 32, QMM_BF16, SPECIAL},
         {3, 1024, 640, 4, 128, QMM_BF16, TINY},   {20, 768, 1024, 8, 64, QMM_BF16, TINY},
+        /* 2/3/5/6-bit codes, stored as 4/8-bit (test_stored_bits): the same rows */
+        {1, 1024, 640, 3, 64, QMM_F16, PLAIN},    {40, 1000, 576, 3, 32, QMM_BF16, PLAIN},
+        {5, 256, 1024, 2, 128, QMM_F16, PLAIN},   {20, 768, 640, 6, 64, QMM_BF16, PLAIN},
+        {1, 512, 1280, 5, 32, QMM_F16, PLAIN},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t M = cases[c].M, K = cases[c].K, N = cases[c].N, size = qmm_dtype_size(cases[c].dtype);
@@ -1751,6 +1757,65 @@ cleanup:
     product_free(&p);
 }
 
+/* Codes stored wider (the backend's stored_bits hook: 2/3-bit as 4-bit, 5/6-bit as 8-bit): every width reaches the
+ * 4/8-bit rows. For 2, 3, 5 and 6 bits, a group size each, f16/bf16/f32, qmm_t at M = 1, 16, 40 and 300 (GEMV,
+ * tile and wgmma sizes; N = 200, ragged): the selector's row is not the generic one, its output within the oracle's
+ * bound (outputs poisoned), every row that takes the call too (M = 1 and 40); qmm_weights_describe keeps the
+ * caller's width. QMM_CUDA_STORED_BITS=0 keeps the width (the generic row, within the bound); another value is an
+ * error naming it. qmm_n's cases of these widths are in test_qmm_n, the gather's in test_gather. */
+static void test_stored_bits(qmm_context *context, check_rng *rng) {
+    static const int widths[] = {2, 3, 5, 6};
+    static const int group_sizes[] = {32, 64, 128};
+    static const qmm_dtype dtypes[] = {QMM_F16, QMM_BF16, QMM_F32};
+    static const size_t ms[] = {1, 16, 40, 300};
+    for (size_t b = 0; b < 4; b++)
+        for (size_t d = 0; d < 3; d++) {
+            const int bits = widths[b], group_size = group_sizes[(b + d) % 3];
+            const qmm_dtype dtype = dtypes[d];
+            for (size_t mi = 0; mi < 4; mi++) {
+                const size_t M = ms[mi], N = 200, K = 512;
+                char what[160];
+                snprintf(what, sizeof what, "stored bits: %d-bit gs%d %s M=%zu N=%zu K=%zu", bits, group_size,
+                         qmm_dtype_name(dtype), M, N, K);
+                product p;
+                if (!product_make(context, rng, M, N, K, bits, group_size, dtype, what, &p)) continue;
+                qmm_qmatrix described;
+                CHECK_OK(qmm_weights_describe(p.weights, &described));
+                CHECK(described.bits == bits, "%s: qmm_weights_describe says %d-bit", what, described.bits);
+                qmm_kernel_info info = {0};
+                CHECK_OK(qmm_buffer_poison(p.out));
+                CHECK_OK(qmm_matmul(context, p.weights, p.x, M, p.out, NULL, &info));
+                CHECK(info.name && !strstr(info.name, ".generic."), "%s: the selector took %s", what,
+                      info.name ? info.name : "nothing");
+                char label[240];
+                snprintf(label, sizeof label, "%s, %s", what, info.name ? info.name : "?");
+                product_check(&p, label, info.tolerance_slack);
+                if (M == 1 || M == 40) check_every_row(context, &p, what);
+                product_free(&p);
+            }
+        }
+    /* the knob: 0 keeps the width (the generic row takes the calls), a bad value is refused */
+    check_qmatrix q;
+    if (!check_qmatrix_random(rng, 200, 512, 3, 64, QMM_F16, &q)) {
+        CHECK(false, "stored bits knob: set-up failed");
+        return;
+    }
+    qmm_weights *weights = NULL;
+    setenv("QMM_CUDA_STORED_BITS", "2", 1);
+    CHECK_STATUS(qmm_weights_create(context, &q.m, &weights), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(qmm_last_error(), "QMM_CUDA_STORED_BITS=2 is not one of 0, 1") != NULL, "stored bits knob: %s",
+          qmm_last_error());
+    setenv("QMM_CUDA_STORED_BITS", "0", 1);
+    CHECK_OK(qmm_weights_create(context, &q.m, &weights));
+    unsetenv("QMM_CUDA_STORED_BITS");
+    qmm_kernel_info info = {0};
+    if (weights) CHECK_OK(qmm_select(context, weights, 1, NULL, &info));
+    CHECK(info.name && strstr(info.name, ".generic."), "stored bits knob 0: 3-bit weights select %s",
+          info.name ? info.name : "nothing");
+    qmm_weights_destroy(weights);
+    check_qmatrix_free(&q);
+}
+
 /* The sections, in the order a whole run takes them. Each draws its inputs from its own generator (salt 700 + its
  * index), so with the same QMM_TEST_SEED a section run alone (QMM_TEST_SECTION) checks the same products as inside the
  * whole run (without it each process takes its seed from the clock and prints it on a failure). */
@@ -1778,6 +1843,7 @@ static const section sections[] = {
     {"wgmma_last_wave", test_wgmma_last_wave},
     {"wgmma_cluster_splits", test_wgmma_cluster_splits},
     {"qmm_n", test_qmm_n},
+    {"stored_bits", test_stored_bits},
 };
 #define SECTION_COUNT (sizeof sections / sizeof sections[0])
 

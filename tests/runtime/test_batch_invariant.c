@@ -19,9 +19,9 @@
  *   4. The errors of a forced row without the order, or of another order, through qmm_matmul.
  *   5. The gather op (qmm_gather_options.batch_invariant): every pair of five routings (decode, top-3 in token
  *      order and sorted, one block of 40 rows, blocks of 16 and 17 rows) bit for bit a batch-invariant qmm_matmul
- *      of its x row and expert alone, through the selector, every gather row (forced; those of another order or
- *      none refused) and 1 or 3 threads; a gather row of an order, without the option, the bits of a qmm_t row
- *      of that order; refused with its message where no gather row declares an order (cuda).
+ *      of its x row and expert alone (on cuda where N % 16 == 0; at N = 52 there, the gather of that one pair),
+ *      through the selector, every gather row (forced; those of another order or none refused) and 1 or 3
+ *      threads; a cpu gather row of an order, without the option, the bits of a qmm_t row of that order.
  *   6. The ordered GEMV rows' blocks (cpu): M = 1, 2, 3, 5, 16 (at M = 1, 4-bit, several blocks of weight rows), N = 200,
  *      4-, 8- and 3-bit, f32/bf16, 1, 2 and 4 threads: the tiled row's bits.
  *   7. The caller's floating-point environment (cpu): FE_UPWARD, FE_TOWARDZERO, FTZ/DAZ set after the thread team
@@ -415,12 +415,16 @@ static void test_bits(qmm_context *context, const char *backend) {
  * qmm_gather_options.batch_invariant: pair i's bits are those of x[lhs[i]] and expert rhs[i] alone. The reference
  * of pair (t, e) is a batch-invariant qmm_matmul (M = 1, the selector choosing) of x row t on expert e's weights as
  * plain weights; every routing below, through the selector and through every gather row that accepts the option
- * (forced), on 1 and 3 threads (cpu), must give exactly those bits. A gather row that declares an order gives, with
- * the option off too, the bits of a qmm_t row of the same order on the pair alone (its blocks run only rows of that
- * order). On a backend whose gather rows declare no order (cuda today) the call is refused, saying so. */
+ * (forced), on 1 and 3 threads (cpu), must give exactly those bits. A gather row whose order is one of the qmm_t rows'
+ * (cpu) gives, with the option off too, the bits of a qmm_t row of that order on the pair alone (its blocks run only
+ * rows of that order). On cuda the gather row's order is GATHER_PER_BLOCK_ORDER: each block runs on the qmm_t rows the
+ * mode picks for it, which are those of plain weights only where an expert starts on a 16-row tile of the repacked
+ * layout (N % 16 == 0; otherwise its blocks take the generic row): there N = 64 is checked against qmm_matmul and
+ * N = 52 against the gather's own calls of one pair. A backend whose gather rows declare no order refuses the call. */
 
 #define G_EXPERTS 5
 #define G_TOKENS 40
+#define GATHER_PER_BLOCK_ORDER "qmm_t-rows-per-block" /* cuda.gather.blocks.auto's (src/cuda/cuda_backend.c) */
 
 typedef struct gather_routing {
     const char *name;
@@ -472,27 +476,40 @@ static size_t gather_routings(check_rng *rng, gather_routing *out) {
 
 typedef struct gather_case {
     qmm_context *context;
-    qmm_weights *stacked; /* G_EXPERTS experts of N_T × K_T */
+    qmm_weights *stacked; /* G_EXPERTS experts of c->n × K_T */
     qmm_weights *plain[G_EXPERTS];
     qmm_dtype dtype;
     size_t element;
+    size_t n;              /* rows of each expert (the product's N) */
+    bool alone_by_gather;  /* the reference is the gather of the one pair, not qmm_matmul on plain weights */
     qmm_buffer *x, *x_one, *out, *out_one;
     unsigned char *x_host; /* G_TOKENS × K_T */
-    unsigned char *got;    /* G_TOKENS·3 × N_T */
+    unsigned char *got;    /* G_TOKENS·3 × c->n */
     const char *label;
 } gather_case;
 
-/* reference[t][e][N_T]: x row t alone on expert e's plain weights, qmm_matmul with `kernel` (NULL: the selector)
- * and the option as given. Returns false when a call failed (recorded). */
+/* reference[t][e][c->n]: x row t alone on expert e's plain weights, qmm_matmul with `kernel` (NULL: the selector)
+ * and the option as given — or, with c->alone_by_gather, the batch-invariant gather of that one pair (the selector).
+ * Returns false when a call failed (recorded). */
 static bool gather_reference(gather_case *c, const char *kernel, int invariant, unsigned char *reference) {
+    /* the gather's own one-pair calls (cuda, N % 16 != 0) only as the mode's reference through the selector: they
+     * show that the routing does not change a pair's bits, not which qmm_t order its blocks ran */
+    CHECK(!c->alone_by_gather || (!kernel && invariant), "%s: a one-pair gather reference asked for %s, option %d",
+          c->label, kernel ? kernel : "the selector", invariant);
     qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = kernel, .batch_invariant = invariant};
+    qmm_gather_options gather_options = {.batch_invariant = 1};
     for (size_t t = 0; t < G_TOKENS; t++) {
         if (qmm_buffer_write(c->x_one, c->x_host + t * K_T * c->element, K_T) != QMM_OK) return false;
         for (size_t e = 0; e < G_EXPERTS; e++) {
+            const uint32_t lhs = 0, rhs = (uint32_t)e;
             qmm_status status = qmm_buffer_poison(c->out_one);
-            if (status == QMM_OK) status = qmm_matmul(c->context, c->plain[e], c->x_one, 1, c->out_one, &options, NULL);
+            if (status == QMM_OK && c->alone_by_gather)
+                status = qmm_gather_matmul(c->context, c->stacked, c->x_one, 1, &lhs, &rhs, 1, c->out_one,
+                                           &gather_options, NULL);
+            else if (status == QMM_OK)
+                status = qmm_matmul(c->context, c->plain[e], c->x_one, 1, c->out_one, &options, NULL);
             if (status == QMM_OK)
-                status = qmm_buffer_read(c->out_one, reference + (t * G_EXPERTS + e) * N_T * c->element, N_T);
+                status = qmm_buffer_read(c->out_one, reference + (t * G_EXPERTS + e) * c->n * c->element, c->n);
             CHECK(status == QMM_OK, "%s: reference %s row %zu expert %zu: %s", c->label, kernel ? kernel : "selector", t,
                   e, qmm_last_error());
             if (status != QMM_OK) return false;
@@ -511,11 +528,11 @@ static qmm_status gather_compare(gather_case *c, const gather_routing *r, const 
         status = qmm_gather_matmul(c->context, c->stacked, c->x, G_TOKENS, r->lhs_null ? NULL : r->lhs, r->rhs, r->B,
                                    c->out, &options, NULL);
     if (status != QMM_OK) return status;
-    CHECK_OK(qmm_buffer_read(c->out, c->got, r->B * N_T));
+    CHECK_OK(qmm_buffer_read(c->out, c->got, r->B * c->n));
     size_t differ = 0, first = 0;
     for (size_t i = 0; i < r->B; i++) {
-        const unsigned char *want = reference + ((size_t)r->lhs[i] * G_EXPERTS + r->rhs[i]) * N_T * c->element;
-        if (memcmp(c->got + i * N_T * c->element, want, N_T * c->element) != 0 && differ++ == 0) first = i;
+        const unsigned char *want = reference + ((size_t)r->lhs[i] * G_EXPERTS + r->rhs[i]) * c->n * c->element;
+        if (memcmp(c->got + i * c->n * c->element, want, c->n * c->element) != 0 && differ++ == 0) first = i;
     }
     CHECK(differ == 0, "%s %s, %s: %zu of %zu pairs differ from the pair alone (first: pair %zu, token %u, expert %u)",
           c->label, who, r->name, differ, r->B, first, r->lhs[first], r->rhs[first]);
@@ -525,7 +542,7 @@ static qmm_status gather_compare(gather_case *c, const gather_routing *r, const 
 static void check_gather(gather_case *c, check_rng *rng) {
     gather_routing routings[5];
     const size_t routing_count = gather_routings(rng, routings);
-    unsigned char *reference = malloc(G_TOKENS * G_EXPERTS * N_T * c->element);
+    unsigned char *reference = malloc(G_TOKENS * G_EXPERTS * c->n * c->element);
     if (!reference) {
         CHECK(false, "%s: out of memory", c->label);
         return;
@@ -583,12 +600,14 @@ static void check_gather(gather_case *c, check_rng *rng) {
         }
     }
     CHECK(ran > 0, "%s: no gather row ran in batch-invariant mode", c->label);
-    /* A gather row of an order, forced without the option, gives the bits of a qmm_t row of that order on the pairs
-     * alone (the first usable one in the table, forced, without the option too). */
+    /* A gather row of a qmm_t order, forced without the option, gives the bits of a qmm_t row of that order on the
+     * pairs alone (the first usable one in the table, forced, without the option too). Not the per-block order: such
+     * a row (cuda) groups its blocks without the option. */
     for (size_t i = 0; i < qmm_kernel_count(c->context); i++) {
         qmm_kernel_info info;
         CHECK_OK(qmm_kernel_get(c->context, i, &info));
-        if (info.op != QMM_OP_GATHER || !info.batch_invariant_order || qmm_kernel_usable(c->context, i, NULL) != 1)
+        if (info.op != QMM_OP_GATHER || !info.batch_invariant_order || qmm_kernel_usable(c->context, i, NULL) != 1 ||
+            strcmp(info.batch_invariant_order, GATHER_PER_BLOCK_ORDER) == 0)
             continue;
         const char *qmm_t_row = NULL;
         for (size_t j = 0; j < qmm_kernel_count(c->context) && !qmm_t_row; j++) {
@@ -613,54 +632,61 @@ cleanup:
 static void test_gather(qmm_context *context, const char *backend) {
     static const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
     static const int formats[][2] = {{4, 64}, {3, 32}};
+    /* cuda: N = 64 against qmm_matmul, N = 52 (no repacked expert slices) against the gather's one-pair calls */
+    const bool cuda = qmm_context_backend(context) == QMM_BACKEND_CUDA;
+    static const size_t ns[] = {N_T, 64};
     check_rng rng = check_rng_make(0x9a74e7);
     for (size_t d = 0; d < 3; d++)
-        for (size_t f = 0; f < 2; f++) {
-            const qmm_dtype dtype = dtypes[d];
-            const int bits = formats[f][0], group_size = formats[f][1];
-            char label[96];
-            snprintf(label, sizeof label, "%s gather %d-bit gs%d %s", backend, bits, group_size, qmm_dtype_name(dtype));
-            check_qmatrix q;
-            if (!check_qmatrix_random(&rng, G_EXPERTS * N_T, K_T, bits, group_size, dtype, &q)) {
-                CHECK(false, "%s: check_qmatrix_random failed", label);
-                continue;
+        for (size_t f = 0; f < 2; f++)
+            for (size_t s = 0; s < (cuda ? 2u : 1u); s++) {
+                const qmm_dtype dtype = dtypes[d];
+                const int bits = formats[f][0], group_size = formats[f][1];
+                const size_t n = ns[s];
+                char label[128];
+                snprintf(label, sizeof label, "%s gather %d-bit gs%d %s N=%zu", backend, bits, group_size,
+                         qmm_dtype_name(dtype), n);
+                check_qmatrix q;
+                if (!check_qmatrix_random(&rng, G_EXPERTS * n, K_T, bits, group_size, dtype, &q)) {
+                    CHECK(false, "%s: check_qmatrix_random failed", label);
+                    continue;
+                }
+                gather_case c = {.context = context, .dtype = dtype, .element = qmm_dtype_size(dtype), .n = n,
+                                 .alone_by_gather = cuda && n % 16 != 0, .label = label};
+                CHECK_OK(qmm_weights_create_experts(context, &q.m, G_EXPERTS, &c.stacked));
+                const size_t words = qmm_packed_words(K_T, bits), groups = qmm_groups(K_T, group_size);
+                bool made = c.stacked != NULL;
+                for (size_t e = 0; e < G_EXPERTS; e++) {
+                    qmm_qmatrix expert = q.m;
+                    expert.rows = n;
+                    expert.w = q.m.w + e * n * words;
+                    expert.scales = (const unsigned char *)q.m.scales + e * n * groups * c.element;
+                    expert.biases = (const unsigned char *)q.m.biases + e * n * groups * c.element;
+                    CHECK_OK(qmm_weights_create(context, &expert, &c.plain[e]));
+                    made &= c.plain[e] != NULL;
+                }
+                CHECK_OK(qmm_buffer_create(context, dtype, G_TOKENS * K_T, &c.x));
+                CHECK_OK(qmm_buffer_create(context, dtype, K_T, &c.x_one));
+                CHECK_OK(qmm_buffer_create(context, dtype, G_TOKENS * 3 * n, &c.out));
+                CHECK_OK(qmm_buffer_create(context, dtype, n, &c.out_one));
+                c.x_host = malloc(G_TOKENS * K_T * c.element);
+                c.got = malloc(G_TOKENS * 3 * n * c.element);
+                if (made && c.x && c.x_one && c.out && c.out_one && c.x_host && c.got) {
+                    check_fill_uniform(&rng, c.x_host, dtype, G_TOKENS * K_T, -1.0f, 1.0f);
+                    CHECK_OK(qmm_buffer_write(c.x, c.x_host, G_TOKENS * K_T));
+                    check_gather(&c, &rng);
+                } else {
+                    CHECK(false, "%s: could not set up the case", label);
+                }
+                qmm_buffer_destroy(c.x);
+                qmm_buffer_destroy(c.x_one);
+                qmm_buffer_destroy(c.out);
+                qmm_buffer_destroy(c.out_one);
+                for (size_t e = 0; e < G_EXPERTS; e++) qmm_weights_destroy(c.plain[e]);
+                qmm_weights_destroy(c.stacked);
+                free(c.x_host);
+                free(c.got);
+                check_qmatrix_free(&q);
             }
-            gather_case c = {.context = context, .dtype = dtype, .element = qmm_dtype_size(dtype), .label = label};
-            CHECK_OK(qmm_weights_create_experts(context, &q.m, G_EXPERTS, &c.stacked));
-            const size_t words = qmm_packed_words(K_T, bits), groups = qmm_groups(K_T, group_size);
-            bool made = c.stacked != NULL;
-            for (size_t e = 0; e < G_EXPERTS; e++) {
-                qmm_qmatrix expert = q.m;
-                expert.rows = N_T;
-                expert.w = q.m.w + e * N_T * words;
-                expert.scales = (const unsigned char *)q.m.scales + e * N_T * groups * c.element;
-                expert.biases = (const unsigned char *)q.m.biases + e * N_T * groups * c.element;
-                CHECK_OK(qmm_weights_create(context, &expert, &c.plain[e]));
-                made &= c.plain[e] != NULL;
-            }
-            CHECK_OK(qmm_buffer_create(context, dtype, G_TOKENS * K_T, &c.x));
-            CHECK_OK(qmm_buffer_create(context, dtype, K_T, &c.x_one));
-            CHECK_OK(qmm_buffer_create(context, dtype, G_TOKENS * 3 * N_T, &c.out));
-            CHECK_OK(qmm_buffer_create(context, dtype, N_T, &c.out_one));
-            c.x_host = malloc(G_TOKENS * K_T * c.element);
-            c.got = malloc(G_TOKENS * 3 * N_T * c.element);
-            if (made && c.x && c.x_one && c.out && c.out_one && c.x_host && c.got) {
-                check_fill_uniform(&rng, c.x_host, dtype, G_TOKENS * K_T, -1.0f, 1.0f);
-                CHECK_OK(qmm_buffer_write(c.x, c.x_host, G_TOKENS * K_T));
-                check_gather(&c, &rng);
-            } else {
-                CHECK(false, "%s: could not set up the case", label);
-            }
-            qmm_buffer_destroy(c.x);
-            qmm_buffer_destroy(c.x_one);
-            qmm_buffer_destroy(c.out);
-            qmm_buffer_destroy(c.out_one);
-            for (size_t e = 0; e < G_EXPERTS; e++) qmm_weights_destroy(c.plain[e]);
-            qmm_weights_destroy(c.stacked);
-            free(c.x_host);
-            free(c.got);
-            check_qmatrix_free(&q);
-        }
 }
 
 /* ───────────────────────────── 6. the ordered GEMV's blocks (cpu) ─────────────────────────────

@@ -76,13 +76,12 @@ static const command commands[] = {
      "  (qmm_ref_gather_dense_f64) under qmm_error_bound. Prints max |error|, max relative error, the worst\n"
      "  error/bound ratio, the median µs of repeated products (host clock) and the kernel. --dtype other than the\n"
      "  layer's scale dtype converts scales and biases (rounded once). Exit 3 when an output is outside its bound.\n"
-     "  --backend auto: the first of cuda, cpu, ref that opens and has a gather kernel (all three have one; with\n"
-     "  --batch-invariant one of a batch-invariant order: cpu or ref).\n"
+     "  --backend auto: the first of cuda, cpu, ref that opens and has a gather kernel (all three have one, each\n"
+     "  also one of a batch-invariant order).\n"
      "  --threads N: host threads of the CPU kernels (1 to 8 x the CPUs online; default: the cores this process may use).\n"
      "  --batch-invariant: batch-invariant mode (qmm_gather_options.batch_invariant: a pair's bits depend only on its\n"
      "  token's x row and its expert): prints the kernel's order and recomputes up to 64 pairs alone (B=1), comparing\n"
-     "  them bit for bit with the gather (exit 3 when one differs). No CUDA gather row takes it yet (--backend cuda:\n"
-     "  exit 1).\n"
+     "  them bit for bit with the gather (exit 3 when one differs).\n"
      "  Test hook: QMM_RUN_INJECT_FAULT=n (n >= 1) corrupts one output element before the comparison.\n",
      cmd_gather},
     {"run", "the main job: every quantized layer of a real checkpoint, checked against the oracle",
