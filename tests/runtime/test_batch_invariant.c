@@ -27,7 +27,7 @@
  *   7. The caller's floating-point environment (cpu): FE_UPWARD, FE_TOWARDZERO, FTZ/DAZ set after the thread team
  *      started; qmm_t, qmm_n, batch-invariant rows and a gather on 1, 2 and 3 threads give the same bits.
  * N = 52, K = 384 (qmm_t; qmm_n reads the same weights as K = 52, N = 384): the 2048-row products stay
- * cheap on the ref backend.
+ * cheap on the ref backend. QMM_TEST_BACKEND=ref|cpu|cuda runs that backend's sections only (as test_kernels).
  */
 #include "check.h"
 #include "kernel.h"
@@ -929,7 +929,9 @@ cleanup:
 int main(void) {
     test_selector();
     static const qmm_backend backends[] = {QMM_BACKEND_REF, QMM_BACKEND_CPU, QMM_BACKEND_CUDA};
+    const char *only = getenv("QMM_TEST_BACKEND"); /* as test_kernels: one backend's sections only */
     for (size_t b = 0; b < 3; b++) {
+        if (only && *only && strcmp(only, qmm_backend_name(backends[b])) != 0) continue;
         qmm_context *context = NULL;
         const qmm_status status = qmm_context_create(backends[b], 0, &context);
         if (status != QMM_OK) {
