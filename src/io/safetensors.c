@@ -610,7 +610,8 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
     uint64_t header_length = qmm_le64(bytes);
     if (header_length > size - 8)
         return qmm_error(QMM_ERR_CORRUPT,
-                         "safetensors header length %llu is past the end of the file (%zu bytes after the length)",
+                         "safetensors header length %llu is past the end of the file (%zu bytes after the length): "
+                         "not a safetensors file, or a truncated one",
                          (unsigned long long)header_length, size - 8);
     if (header_length > SAFETENSORS_MAX_HEADER)
         return qmm_error(QMM_ERR_CORRUPT, "safetensors header length %llu exceeds the 100 MB limit",

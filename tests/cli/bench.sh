@@ -96,6 +96,7 @@ if command -v python3 >/dev/null; then
   check "--op n: JSON op" python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["op"] == "qmm_n", d["op"]; assert all(k["name"].startswith("ref.qmm_n.") for c in d["cells"] for k in c["kernels"])' "$WORK/bench-n.json"
 fi
 expect_usage_error bench "--op 'x' is not t (qmm_t, x·Ŵᵀ) or n (qmm_n, x·Ŵ)" bench --backend ref --quick --op x
+expect_usage_error bench "--bits 7 --group-size 64: bits=7 is not supported (allowed: {2, 3, 4, 5, 6, 8})" bench --backend ref --quick --bits 7
 expect_usage_error bench "--op does not apply to --gather" bench --backend ref --quick --op n --gather
 expect_usage_error bench "--kernel 'ref.qmm_t.scalar.r1' computes qmm_t; this run measures qmm_n kernels" \
   bench --backend ref --quick --op n --kernel ref.qmm_t.scalar.r1

@@ -349,7 +349,8 @@ int parse_measure_options(const command *c, const measure_option_texts *texts, i
     if (texts->bits && !parse_int(texts->bits, bits)) return usage_error(c, "--bits '%s' is not an integer (in the int range)", texts->bits);
     if (texts->group_size && !parse_int(texts->group_size, group_size))
         return usage_error(c, "--group-size '%s' is not an integer (in the int range)", texts->group_size);
-    if (qmm_format_validate(*bits, *group_size) != QMM_OK) return usage_error(c, "%s", qmm_last_error());
+    if (qmm_format_validate(*bits, *group_size) != QMM_OK)
+        return usage_error(c, "--bits %d --group-size %d: %s", *bits, *group_size, qmm_last_error());
     if (texts->repeats) {
         if (!parse_unsigned(texts->repeats, 1, 1000, &value))
             return usage_error(c, "--repeats '%s' is not a whole number in [1, 1000]", texts->repeats);
