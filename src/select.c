@@ -76,10 +76,13 @@ int qmm_tuning_compare(const qmm_tuning_entry *a, const qmm_tuning_entry *b) {
     return key ? key : compare_sizes(a->m_min, b->m_min);
 }
 
+/* The weights' own width (qmm_call.format_bits; 0 there: bits), which a user reads and a tuning table is keyed by. */
+static int format_bits(const qmm_call *call) { return call->format_bits ? call->format_bits : call->bits; }
+
 const qmm_tuning_entry *qmm_tuning_find(const qmm_tuning_table *tuning, const qmm_call *call) {
     if (!tuning || !tuning->count) return NULL;
     /* keyed by the weights' own width (a 3-bit matrix stored as 4-bit codes: its entries say 3, as qmm tune wrote) */
-    const int bits = call->format_bits ? call->format_bits : call->bits;
+    const int bits = format_bits(call);
     /* Binary search for the last entry ≤ (the call's key, m_min = M); entries of one key have disjoint
      * ranges sorted by m_min, so only that one can contain M. */
     size_t low = 0, high = tuning->count; /* the answer is below high */
@@ -121,7 +124,7 @@ qmm_status qmm_batch_invariant_row(const qmm_kernel *const *table, size_t count,
     return qmm_error(QMM_ERR_UNSUPPORTED,
                      "no kernel of this table declares a batch-invariant order for this call (M=%zu, N=%zu, K=%zu, %s, "
                      "%s, %d-bit, group_size %d)", call->M, call->N, call->K, qmm_op_name(call->op),
-                     qmm_dtype_name(call->dtype), call->format_bits ? call->format_bits : call->bits, call->group_size);
+                     qmm_dtype_name(call->dtype), format_bits(call), call->group_size);
 }
 
 /* The largest M the row's hints let the selector take it for, unforced, at this N (SIZE_MAX: no limit). */

@@ -113,6 +113,8 @@ void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *code
  * (qmm_packed_words(cols, bits) words a row) into `wide_bits` ≥ bits words (qmm_packed_words(cols, wide_bits) a
  * row) — every code keeps its value. Allocates *wide (free it); QMM_ERR_OUT_OF_MEMORY / QMM_ERR_OVERFLOW. */
 qmm_status qmm_widen_codes(const uint32_t *w, size_t rows, size_t cols, int bits, int wide_bits, uint32_t **wide);
+/* The width a backend whose kernels decode 4- and 8-bit codes only stores `bits` in: 2/3 → 4, 5/6 → 8. */
+static inline int qmm_decoder_bits(int bits) { return bits <= 4 ? 4 : 8; }
 
 /* The non-finite rule's replacement (docs/kernels.md §2), the one implementation (src/ref/oracle.c, built
  * with -ffp-contract=off): output (m, n) of x·Ŵᵀ (transpose = 1) or x·Ŵ (transpose = 0) in the direct form

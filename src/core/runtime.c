@@ -93,7 +93,7 @@ static qmm_status ref_stored_bits(void *state, int bits, int *stored) {
     if (!knob || strcmp(knob, "0") == 0) return QMM_OK;
     if (strcmp(knob, "1") != 0)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "QMM_REF_STORED_BITS=%.40s: the knob takes 0 or 1", knob);
-    *stored = bits <= 4 ? 4 : 8;
+    *stored = qmm_decoder_bits(bits);
     return QMM_OK;
 }
 

@@ -325,7 +325,7 @@ static qmm_status cuda_stored_bits(void *state, int bits, int *stored) {
     const qmm_status status = knob_check(&stored_bits_knob);
     if (status != QMM_OK) return status;
     const char *value = getenv(stored_bits_knob.name);
-    if (!(value && strcmp(value, "0") == 0)) *stored = bits <= 4 ? 4 : 8;
+    if (!(value && strcmp(value, "0") == 0)) *stored = qmm_decoder_bits(bits);
     return QMM_OK;
 }
 
