@@ -482,7 +482,7 @@ typedef struct qmm_gather_options {
  * position, value and bound; sorted_indices promised but rhs_indices[i] < rhs_indices[i−1]),
  * QMM_ERR_SHAPE (T = 0, B = 0, B > T with lhs_indices NULL, a buffer too small or of another dtype),
  * QMM_ERR_OVERFLOW, QMM_ERR_NOT_FOUND / QMM_ERR_UNSUPPORTED (a forced kernel, as qmm_matmul; in batch-invariant
- * mode also one without the call's order, and any call where no gather row declares an order: CUDA today), and
+ * mode also one without the call's order, and any call where no gather row declares an order — none today), and
  * QMM_ERR_UNSUPPORTED when the backend has no gather row ("no kernel of backend B computes gather yet"; every
  * backend has one today: ref, cpu, and cuda.gather.blocks.auto on CUDA); on CUDA, QMM_ERR_INVALID_ARGUMENT for
  * a knob of the calls outside its rule (docs/kernels.md §12), before anything is launched.

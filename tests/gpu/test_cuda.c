@@ -4,7 +4,7 @@
  * a step is added), the selector's choices by M, cross-kernel agreement at the selector's switch points,
  * bit-for-bit determinism, the non-finite rule (docs/kernels.md §2) on the fast rows, large f16 x on every row,
  * error paths
- * (among them gather, which has no CUDA row yet), and batch-invariant mode (a row alone and inside M = 2, 37,
+ * (among them the gather's), and batch-invariant mode (a row alone and inside M = 2, 37,
  * 512 through the selector, the mma rows refusing it, the same bits as the ref backend's "oracle" rows;
  * tests/runtime/test_batch_invariant.c also walks the CUDA table when it runs on a GPU machine).
  * The harness (tests/kernels) runs every CUDA row on its case grid in every dtype.

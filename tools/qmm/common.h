@@ -137,8 +137,7 @@ int parse_backend(const command *c, const char *text, int *backend);
  * device) is an error naming the option and the library's reason; auto falls back to the next backend. */
 qmm_status open_context(int backend, qmm_context **context);
 /* open_context, but --backend auto takes the first backend whose table has a kernel of op — with batch_invariant, a
- * kernel of op that declares a batch-invariant order (CUDA's gather row declares none yet, so `qmm gather
- * --batch-invariant` on a GPU machine runs on the CPU backend unless --backend cuda, which refuses it). */
+ * kernel of op that declares a batch-invariant order (every backend's gather row does since the fortieth session). */
 qmm_status open_context_for(int backend, qmm_op op, int batch_invariant, qmm_context **context);
 /* --batch-invariant's check (matmul, run, gather): up to INVARIANT_SAMPLES of count rows (pairs) are recomputed alone,
  * all of them when count is smaller, else evenly spaced with the first and the last: invariant_samples(count) of them,
