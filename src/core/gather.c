@@ -85,7 +85,7 @@ static qmm_call block_call(const qmm_call *gather, size_t i0, size_t i1) {
         .w = gather->w + expert * gather->N * words,
         .scales = (const char *)gather->scales + expert * gather->N * groups * size,
         .biases = (const char *)gather->biases + expert * gather->N * groups * size,
-        .out = (char *)gather->out + i0 * gather->N * size,
+        .out = gather->out ? (char *)gather->out + i0 * gather->N * size : NULL, /* NULL: qmm_select_gather's */
         .backend_state = gather->backend_state,
         .weights_extra = NULL,
         .batch_invariant = gather->batch_invariant, /* the block's rows then reduce in the mode's order */
@@ -95,7 +95,7 @@ static qmm_call block_call(const qmm_call *gather, size_t i0, size_t i1) {
 
 qmm_call qmm_gather_block_call(const qmm_call *gather, size_t i0, size_t i1) {
     qmm_call call = block_call(gather, i0, i1);
-    if (qmm_gather_block_in_place(gather, i0, i1)) {
+    if (gather->x && qmm_gather_block_in_place(gather, i0, i1)) {
         const size_t first = gather->lhs_indices ? gather->lhs_indices[i0] : i0;
         call.x = (const unsigned char *)gather->x + first * gather->K * qmm_dtype_size(gather->dtype);
     }

@@ -150,7 +150,8 @@ qmm_status qmm_gather_run_blocks(const qmm_call *gather, const qmm_kernel *qmm_t
  * them on parallel threads, src/cpu/backend.c; the CUDA row groups them into launches, src/cuda/cuda_backend.c). qmm_gather_block_end: the end i1 of the block that starts at
  * i0. qmm_gather_block_call: block [i0, i1)'s qmm_t call (weights, out and backend_state as above), with x in
  * place when the block's rows are consecutive rows of x, else NULL: then the caller copies them with
- * qmm_gather_block_rows into host memory of (i1 − i0)·K elements and points x there. Never fail. */
+ * qmm_gather_block_rows into host memory of (i1 − i0)·K elements and points x there. Never fail. A gather call of
+ * qmm_select_gather (supports() only) has x and out NULL: its blocks' calls then have them NULL too. */
 size_t qmm_gather_block_end(const qmm_call *gather, size_t i0);
 /* Whether block [i0, i1)'s rows of x are consecutive rows of x (lhs_indices NULL, or lhs_indices[i] = lhs_indices[i0] +
  * i − i0): qmm_gather_block_call then points x at them in place. */

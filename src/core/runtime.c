@@ -761,10 +761,13 @@ static bool table_has_op(const qmm_context *context, qmm_op op) {
     return false;
 }
 
-qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
-                             const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
-                             const qmm_gather_options *options, qmm_kernel_info *info) {
-    static const char function[] = "qmm_gather_matmul";
+/* The gather call of qmm_gather_matmul (with_buffers: x and out checked and set) or of qmm_select_gather (without:
+ * call->x and ->out NULL, which no row's supports() reads), validated, and the row the selector (or options->kernel)
+ * takes for it. */
+static qmm_status gather_select(const char *function, qmm_context *context, const qmm_weights *weights, bool with_buffers,
+                                const qmm_buffer *x, size_t T, const uint32_t *lhs_indices, const uint32_t *rhs_indices,
+                                size_t B, qmm_buffer *out, const qmm_gather_options *options, qmm_call *call_out,
+                                const qmm_kernel **kernel) {
     /* Lifetimes as for qmm_matmul: the caller's handles must be live; the call holds nothing after it
      * returns (a gather is not a chain step), so there is no reference to take. */
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: context is NULL", function);
@@ -788,9 +791,13 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
                          "%s: sorted_indices is set but rhs_indices[%zu]=%u < rhs_indices[%zu]=%u (indices sorted by "
                          "expert must not decrease)", function, i, rhs_indices[i], i - 1, rhs_indices[i - 1]);
     }
-    if ((status = check_operand(function, "x", context, x, format->dtype, T, format->cols, "T*K")) != QMM_OK) return status;
-    if ((status = check_operand(function, "out", context, out, format->dtype, B, call.N, "B*N")) != QMM_OK) return status;
-    if (x == out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: x and out are the same buffer", function);
+    if (with_buffers) {
+        if ((status = check_operand(function, "x", context, x, format->dtype, T, format->cols, "T*K")) != QMM_OK)
+            return status;
+        if ((status = check_operand(function, "out", context, out, format->dtype, B, call.N, "B*N")) != QMM_OK)
+            return status;
+        if (x == out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: x and out are the same buffer", function);
+    }
     call.op = QMM_OP_GATHER;
     call.dtype = format->dtype;
     call.bits = weights->stored_bits;
@@ -798,11 +805,11 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
     call.group_size = format->group_size;
     call.M = B;
     call.K = format->cols;
-    call.x = x->memory;
+    call.x = with_buffers ? x->memory : NULL;
     call.w = weights->w;
     call.scales = weights->scales;
     call.biases = weights->biases;
-    call.out = out->memory;
+    call.out = with_buffers ? out->memory : NULL;
     call.backend_state = context->state;
     call.weights_extra = weights->extra;
     call.T = T;
@@ -816,12 +823,33 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
                          "%s: no kernel of backend %s computes gather yet (the reference gather rows read host "
                          "memory, so they are not in a %s context's table)",
                          function, qmm_backend_name(context->hooks->backend), qmm_backend_name(context->hooks->backend));
+    *call_out = call;
+    return qmm_select_kernel(context->table, context->table_count, &call, options ? options->kernel : NULL, kernel);
+}
+
+qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, const qmm_buffer *x, size_t T,
+                             const uint32_t *lhs_indices, const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
+                             const qmm_gather_options *options, qmm_kernel_info *info) {
+    qmm_call call;
     const qmm_kernel *kernel;
-    if ((status = qmm_select_kernel(context->table, context->table_count, &call, options ? options->kernel : NULL,
-                                    &kernel)) != QMM_OK)
-        return status;
+    qmm_status status = gather_select("qmm_gather_matmul", context, weights, true, x, T, lhs_indices, rhs_indices, B,
+                                      out, options, &call, &kernel);
+    if (status != QMM_OK) return status;
     if ((status = kernel->run(&call)) != QMM_OK) return status;
     if (info) *info = kernel->info;
+    return QMM_OK;
+}
+
+qmm_status qmm_select_gather(qmm_context *context, const qmm_weights *weights, size_t T, const uint32_t *lhs_indices,
+                             const uint32_t *rhs_indices, size_t B, const qmm_gather_options *options,
+                             qmm_kernel_info *info) {
+    qmm_call call;
+    const qmm_kernel *kernel;
+    qmm_status status = gather_select("qmm_select_gather", context, weights, false, NULL, T, lhs_indices, rhs_indices, B,
+                                      NULL, options, &call, &kernel);
+    if (status != QMM_OK) return status;
+    if (!info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select_gather: info is NULL");
+    *info = kernel->info;
     return QMM_OK;
 }
 

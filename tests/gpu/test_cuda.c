@@ -901,6 +901,10 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             unsetenv("QMM_CUDA_GATHER_GROUPED");
             CHECK(ran.name && strcmp(ran.name, "cuda.gather.blocks.auto") == 0, "gather ran %s",
                   ran.name ? ran.name : "?");
+            qmm_kernel_info chosen = {0}; /* qmm_select_gather names the row that ran, without buffers */
+            CHECK_OK(qmm_select_gather(context, experts, T, lhs_used, rhs, B, &options, &chosen));
+            CHECK(chosen.name && ran.name && strcmp(chosen.name, ran.name) == 0, "qmm_select_gather named %s, %s ran",
+                  chosen.name ? chosen.name : "?", ran.name ? ran.name : "?");
             CHECK_OK(qmm_buffer_read(ob, out, B * N + 64));
             CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs_used, rhs, B, exact, abs_dot));
             char label[200];

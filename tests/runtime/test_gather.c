@@ -4,7 +4,9 @@
  *   - every gather row of the ref backend equals the oracle bit for bit (ref.gather.blocks.r1 through
  *     ref.qmm_t.scalar.r1 per expert block; the selector's choice), sorted or not;
  *   - every bad input with its exact status and message, and out left untouched (indices are checked
- *     before any work).
+ *     before any work);
+ *   - qmm_select_gather names the row qmm_gather_matmul runs (ref and cpu, the selector, forced rows, batch-invariant
+ *     mode, sorted or not), with qmm_gather_matmul's index errors under its own name.
  * The numerical grid (every format, odd N/K, every index pattern) is the kernel harness's job
  * (tests/kernels/test_kernels.c).
  */
@@ -221,10 +223,75 @@ static void test_unknown_kernel_names_every_row(check_rng *rng) {
     qmm_context_destroy(context);
 }
 
+/* qmm_select_gather: the row qmm_gather_matmul runs for the same arguments, without buffers; its errors. */
+static void test_select_gather(check_rng *rng, qmm_backend backend) {
+    qmm_context *context = NULL;
+    CHECK_OK(qmm_context_create(backend, 0, &context));
+    if (!context) return;
+    check_qmatrix q;
+    CHECK(check_qmatrix_random(rng, E * N, K, 4, 32, QMM_F32, &q), "matrix");
+    qmm_weights *weights = NULL;
+    qmm_buffer *x = NULL, *out = NULL;
+    CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &weights));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, T * K, &x));
+    CHECK_OK(qmm_buffer_create(context, QMM_F32, 8 * N, &out));
+    const uint32_t lhs[8] = {5, 0, 0, 3, 2, 2, 1, 4};
+    const uint32_t sorted[8] = {0, 0, 1, 1, 1, 3, 3, 3}, unsorted[8] = {3, 3, 0, 1, 1, 1, 3, 0};
+    size_t compared = 0;
+    for (size_t k = 0; k <= qmm_kernel_count(context); k++) { /* k = count: the selector */
+        qmm_kernel_info row = {0};
+        if (k < qmm_kernel_count(context)) {
+            CHECK_OK(qmm_kernel_get(context, k, &row));
+            if (row.op != QMM_OP_GATHER || qmm_kernel_usable(context, k, NULL) != 1) continue;
+        }
+        for (int invariant = 0; invariant < 2; invariant++)
+            for (int s = 0; s < 2; s++) {
+                qmm_gather_options options = {.kernel = row.name, .sorted_indices = s == 0, .batch_invariant = invariant};
+                const uint32_t *rhs = s == 0 ? sorted : unsorted;
+                qmm_kernel_info chosen = {0}, ran = {0};
+                const qmm_status selected = qmm_select_gather(context, weights, T, lhs, rhs, 8, &options, &chosen);
+                char why[1024];
+                snprintf(why, sizeof why, "%s", qmm_last_error());
+                const qmm_status status = qmm_gather_matmul(context, weights, x, T, lhs, rhs, 8, out, &options, &ran);
+                CHECK(selected == status, "%s %s, option %d, %s: qmm_select_gather gave %s (%s), qmm_gather_matmul %s",
+                      qmm_backend_name(backend), row.name ? row.name : "selector", invariant, s ? "unsorted" : "sorted",
+                      qmm_status_string(selected), why, qmm_status_string(status));
+                if (selected != QMM_OK || status != QMM_OK) continue;
+                compared++;
+                CHECK(chosen.name && ran.name && strcmp(chosen.name, ran.name) == 0 && chosen.op == QMM_OP_GATHER,
+                      "%s %s, option %d: qmm_select_gather names %s, qmm_gather_matmul ran %s", qmm_backend_name(backend),
+                      row.name ? row.name : "selector", invariant, chosen.name ? chosen.name : "(none)",
+                      ran.name ? ran.name : "(none)");
+            }
+    }
+    CHECK(compared >= 4, "%s: only %zu selections compared", qmm_backend_name(backend), compared);
+    /* Errors: those of qmm_gather_matmul under its own name, info NULL; nothing about buffers. */
+    qmm_kernel_info info;
+    const uint32_t bad_rhs[3] = {0, 1, 4};
+    CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, bad_rhs, 3, NULL, &info), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_select_gather: rhs_indices[2]=4 is out of range: the weights hold 4 experts (0..3)");
+    CHECK_STATUS(qmm_select_gather(context, weights, T, NULL, sorted, 8, NULL, &info), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_select_gather: lhs_indices is NULL (row i of x for pair i), so B=8 must be <= T=6");
+    CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, sorted, 8, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_select_gather: info is NULL");
+    CHECK_STATUS(qmm_select_gather(NULL, weights, T, lhs, sorted, 8, NULL, &info), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_select_gather: context is NULL");
+    qmm_gather_options promise = {.sorted_indices = 1}, unknown = {.kernel = "nope"};
+    CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, unsorted, 8, &promise, &info), QMM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, sorted, 8, &unknown, &info), QMM_ERR_NOT_FOUND);
+    qmm_buffer_destroy(x);
+    qmm_buffer_destroy(out);
+    qmm_weights_destroy(weights);
+    check_qmatrix_free(&q);
+    qmm_context_destroy(context);
+}
+
 int main(void) {
     check_rng rng = check_rng_make(61);
     test_oracle_rows(&rng);
     test_runtime(&rng);
+    test_select_gather(&rng, QMM_BACKEND_REF);
+    test_select_gather(&rng, QMM_BACKEND_CPU);
     test_unknown_kernel_names_every_row(&rng);
     return check_finish("test_gather");
 }
