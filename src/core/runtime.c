@@ -843,12 +843,12 @@ qmm_status qmm_gather_matmul(qmm_context *context, const qmm_weights *weights, c
 qmm_status qmm_select_gather(qmm_context *context, const qmm_weights *weights, size_t T, const uint32_t *lhs_indices,
                              const uint32_t *rhs_indices, size_t B, const qmm_gather_options *options,
                              qmm_kernel_info *info) {
+    if (!info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select_gather: info is NULL"); /* before a choice */
     qmm_call call;
     const qmm_kernel *kernel;
     qmm_status status = gather_select("qmm_select_gather", context, weights, false, NULL, T, lhs_indices, rhs_indices, B,
                                       NULL, options, &call, &kernel);
     if (status != QMM_OK) return status;
-    if (!info) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_select_gather: info is NULL");
     *info = kernel->info;
     return QMM_OK;
 }

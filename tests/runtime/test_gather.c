@@ -192,19 +192,39 @@ static void test_runtime(check_rng *rng) {
     qmm_context_destroy(other);
 }
 
+/* E random f32 experts of N×K (4-bit gs32) on a context of `backend`, x of T rows and out of 8 pairs' rows. */
+typedef struct f32_stack {
+    qmm_context *context;
+    check_qmatrix q;
+    qmm_weights *weights;
+    qmm_buffer *x, *out;
+} f32_stack;
+
+static bool f32_stack_open(check_rng *rng, qmm_backend backend, f32_stack *s) {
+    *s = (f32_stack){0};
+    CHECK_OK(qmm_context_create(backend, 0, &s->context));
+    if (!s->context) return false;
+    CHECK(check_qmatrix_random(rng, E * N, K, 4, 32, QMM_F32, &s->q), "matrix");
+    CHECK_OK(qmm_weights_create_experts(s->context, &s->q.m, E, &s->weights));
+    CHECK_OK(qmm_buffer_create(s->context, QMM_F32, T * K, &s->x));
+    CHECK_OK(qmm_buffer_create(s->context, QMM_F32, 8 * N, &s->out));
+    return true;
+}
+
+static void f32_stack_close(f32_stack *s) {
+    qmm_buffer_destroy(s->x);
+    qmm_buffer_destroy(s->out);
+    qmm_weights_destroy(s->weights);
+    check_qmatrix_free(&s->q);
+    qmm_context_destroy(s->context);
+}
+
 /* A forced name that is not registered lists every row of the context's table, whole: the CPU table's 16
  * names (398 characters) were cut at 255, mid-name, before the gather rows ("cpu.gather.blocks.av)"). */
 static void test_unknown_kernel_names_every_row(check_rng *rng) {
-    qmm_context *context = NULL;
-    CHECK_OK(qmm_context_create(QMM_BACKEND_CPU, 0, &context));
-    if (!context) return;
-    check_qmatrix q;
-    CHECK(check_qmatrix_random(rng, E * N, K, 4, 32, QMM_F32, &q), "matrix");
-    qmm_weights *weights = NULL;
-    qmm_buffer *x = NULL, *out = NULL;
-    CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &weights));
-    CHECK_OK(qmm_buffer_create(context, QMM_F32, T * K, &x));
-    CHECK_OK(qmm_buffer_create(context, QMM_F32, T * N, &out));
+    f32_stack stack;
+    if (!f32_stack_open(rng, QMM_BACKEND_CPU, &stack)) return;
+    qmm_context *context = stack.context;
     char want[1024] = "kernel \"nope\" is not registered (known: "; /* qmm_last_error holds 1024 */
     for (size_t i = 0; i < qmm_kernel_count(context); i++) {
         qmm_kernel_info info;
@@ -214,27 +234,19 @@ static void test_unknown_kernel_names_every_row(check_rng *rng) {
     snprintf(want + strlen(want), sizeof want - strlen(want), ")");
     const uint32_t rhs[T] = {0, 0, 1, 2, 3, 3};
     qmm_gather_options nope = {.kernel = "nope"};
-    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, NULL, rhs, T, out, &nope, NULL), QMM_ERR_NOT_FOUND);
+    CHECK_STATUS(qmm_gather_matmul(context, stack.weights, stack.x, T, NULL, rhs, T, stack.out, &nope, NULL),
+                 QMM_ERR_NOT_FOUND);
     EXPECT_MESSAGE(want);
-    qmm_buffer_destroy(x);
-    qmm_buffer_destroy(out);
-    qmm_weights_destroy(weights);
-    check_qmatrix_free(&q);
-    qmm_context_destroy(context);
+    f32_stack_close(&stack);
 }
 
 /* qmm_select_gather: the row qmm_gather_matmul runs for the same arguments, without buffers; its errors. */
 static void test_select_gather(check_rng *rng, qmm_backend backend) {
-    qmm_context *context = NULL;
-    CHECK_OK(qmm_context_create(backend, 0, &context));
-    if (!context) return;
-    check_qmatrix q;
-    CHECK(check_qmatrix_random(rng, E * N, K, 4, 32, QMM_F32, &q), "matrix");
-    qmm_weights *weights = NULL;
-    qmm_buffer *x = NULL, *out = NULL;
-    CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &weights));
-    CHECK_OK(qmm_buffer_create(context, QMM_F32, T * K, &x));
-    CHECK_OK(qmm_buffer_create(context, QMM_F32, 8 * N, &out));
+    f32_stack stack;
+    if (!f32_stack_open(rng, backend, &stack)) return;
+    qmm_context *context = stack.context;
+    qmm_weights *weights = stack.weights;
+    qmm_buffer *x = stack.x, *out = stack.out;
     const uint32_t lhs[8] = {5, 0, 0, 3, 2, 2, 1, 4};
     const uint32_t sorted[8] = {0, 0, 1, 1, 1, 3, 3, 3}, unsorted[8] = {3, 3, 0, 1, 1, 1, 3, 0};
     size_t compared = 0;
@@ -274,16 +286,15 @@ static void test_select_gather(check_rng *rng, qmm_backend backend) {
     EXPECT_MESSAGE("qmm_select_gather: lhs_indices is NULL (row i of x for pair i), so B=8 must be <= T=6");
     CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, sorted, 8, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("qmm_select_gather: info is NULL");
+    qmm_gather_options nope = {.kernel = "nope"}; /* info is checked before any choice */
+    CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, sorted, 8, &nope, NULL), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_select_gather: info is NULL");
     CHECK_STATUS(qmm_select_gather(NULL, weights, T, lhs, sorted, 8, NULL, &info), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("qmm_select_gather: context is NULL");
     qmm_gather_options promise = {.sorted_indices = 1}, unknown = {.kernel = "nope"};
     CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, unsorted, 8, &promise, &info), QMM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(qmm_select_gather(context, weights, T, lhs, sorted, 8, &unknown, &info), QMM_ERR_NOT_FOUND);
-    qmm_buffer_destroy(x);
-    qmm_buffer_destroy(out);
-    qmm_weights_destroy(weights);
-    check_qmatrix_free(&q);
-    qmm_context_destroy(context);
+    f32_stack_close(&stack);
 }
 
 int main(void) {
