@@ -497,10 +497,11 @@ qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M
                       const qmm_matmul_options *options, qmm_kernel_info *info);
 
 /* The gather row qmm_gather_matmul would run for these arguments, without running it and without buffers: T rows
- * of x, B index pairs (the indices are checked and read as there: a backend's row may accept a call for its expert
- * blocks, which the indices make), options->kernel, sorted_indices and batch_invariant honoured as there. info
- * receives the row's description. Errors: those of qmm_gather_matmul but the buffers' (x and out are not asked
- * for), and QMM_ERR_INVALID_ARGUMENT for info NULL (checked first). */
+ * of x (of K elements, the weights' dtype), B index pairs as uint32 host arrays (checked and read as there: a
+ * backend's row may accept a call for its expert blocks, which the indices make), options->kernel, sorted_indices
+ * and batch_invariant honoured as there. info receives the row's description. The choice is the selector's
+ * (src/select.c; docs/kernels.md §4, the gather rows §10). Errors: those of qmm_gather_matmul but the buffers' (x
+ * and out are not asked for), and QMM_ERR_INVALID_ARGUMENT for info NULL (checked first). */
 qmm_status qmm_select_gather(qmm_context *context, const qmm_weights *weights, size_t T, const uint32_t *lhs_indices,
                              const uint32_t *rhs_indices, size_t B, const qmm_gather_options *options,
                              qmm_kernel_info *info);
