@@ -450,17 +450,18 @@ typedef struct qmm_gather_options {
     int sorted_indices;
     /* Nonzero: batch-invariant mode, as qmm_matmul_options.batch_invariant. The bits of out[i] then depend only
      * on x[lhs_indices[i]] and expert rhs_indices[i]'s weights (and the context's backend and machine): not on
-     * B, T, the other pairs, their order, sorted or not, which kernel ran or the thread count. Each pair is
-     * reduced in the order of the backend's batch-invariant qmm_t rows (the gather rows run them per expert block,
-     * or the oracle per pair), so out[i] is bit for bit what qmm_matmul with the option gives for that x row
-     * alone and that expert's weights as plain weights (on ref and cpu; on cuda where N is a multiple of 16, else
-     * the bits of that pair gathered alone; tests/runtime/test_batch_invariant.c).
+     * B, T, the other pairs, their order, sorted or not, which kernel ran or the thread count. On ref and cpu each
+     * pair is reduced in the order of the backend's batch-invariant qmm_t rows (the gather rows run them per expert
+     * block, or the oracle per pair), so out[i] is bit for bit what qmm_matmul with the option gives for that x row
+     * alone and that expert's weights as plain weights (on ref and cpu; on cuda the bits of that pair gathered
+     * alone; tests/runtime/test_batch_invariant.c).
      * Only gather rows that declare a batch-invariant order take such a call, of the call's order: on the CPU
      * cpu.gather.blocks_ordered.* (the ordered GEMV rows at blocks of M <= 16, the tiled rows above: on
      * Qwen3-30B-A3B's experts 1.1-1.7x the default's time with f32 x, 1.6-2.6x with bf16 x; docs/kernels.md §11),
      * or without AVX2 cpu.gather.blocks.portable and the ref rows (order "oracle"); on ref both rows; on CUDA
-     * cuda.gather.blocks.auto (order "qmm_t-rows-per-block": each expert block alone on the qmm_t rows the mode
-     * picks for it, no grouped launches). */
+     * cuda.gather.blocks.auto (order "gather-fixed-per-format": f16/bf16 expert blocks in chunks of <= 16 rows in
+     * grouped m16n32 launches of a fixed warp count; f32 and N not a multiple of 16 each block alone on the qmm_t
+     * rows the mode picks for it; docs/kernels.md §11). */
     int batch_invariant;
 } qmm_gather_options;
 

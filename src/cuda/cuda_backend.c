@@ -1309,7 +1309,9 @@ WGMMA_ROW(wgmma_fma_m64n128, 64, false)
     {.name = NAME, .backend = QMM_BACKEND_CUDA, .op = QMM_OP_QMM_T, .family = "mma_gemv", .bm = BM, .bn = BN,    \
      .bk = 128, .threads = 256, .tolerance_slack = 2.0, .description = TEXT}
 
-/* cuda.gather.blocks.auto (defined below the table, whose rows it selects among) */
+/* cuda.gather.blocks.auto (defined below the table, whose rows it selects among); its batch-invariant order
+ * (gather_piece_end, docs/kernels.md §11) */
+#define GATHER_INVARIANT_ORDER "gather-fixed-per-format"
 static bool gather_supports(const qmm_call *call, char *why_not, size_t size);
 static qmm_status gather_run(const qmm_call *call);
 
@@ -1533,8 +1535,9 @@ static const qmm_kernel cuda_kernels[] = {
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
               .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV "
                              "launches, larger ones on the CUDA qmm_t row picked for their rows (batch-invariant: "
-                             "every block so)",
-              .batch_invariant_order = "qmm_t-rows-per-block"},
+                             "f16/bf16 chunks of <= 16 rows in m16n32 launches of fixed warps, other formats every "
+                             "block on the qmm_t rows of the mode)",
+              .batch_invariant_order = GATHER_INVARIANT_ORDER},
      .supports = gather_supports, .run = gather_run},
 };
 
@@ -1611,7 +1614,8 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
 
 /* Whether gather_run puts its blocks of ≤ 16 rows into grouped GEMV launches (one launch of m8n32 for every block
  * of ≤ 8 rows, one of m16n32 for 9–16) instead of a launch per block: where the mma_gemv rows take the blocks (f16
- * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. Measured on the H200
+ * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. In batch-invariant mode
+ * every block is grouped so, in chunks of ≤ 16 rows (gather_piece_end). Measured on the H200
  * (docs/PERF.md, sixteenth session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's
  * experts at T = 128: 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off; =1 makes a call that cannot group
  * an error (tests: that grouping happened where it should). */
@@ -1622,13 +1626,6 @@ static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, els
 static bool gather_grouping(const qmm_call *call, int forced, char *why_not, size_t size) {
     if (forced == 0) {
         snprintf(why_not, size, "QMM_CUDA_GATHER_GROUPED=0");
-        return false;
-    }
-    /* Batch-invariant mode (the row's order, "qmm_t-rows-per-block"): the grouped launches split K by the warps
-     * gemv_warps gives all of them, so by the rest of the routing, and bypass the selector; each block goes to the
-     * qmm_t row the selector picks for it in the mode instead. */
-    if (call->batch_invariant) {
-        snprintf(why_not, size, "a batch-invariant gather runs each block on the qmm_t rows of the mode");
         return false;
     }
     cuda_weights_extra extra = {0};
@@ -1676,27 +1673,48 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
  * m16n32) — or 0 for a block that gets a launch of its own. */
 static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 0; }
 
-/* The products of one class of expert blocks for the grouped launches (grouped_token_tiles), in block order, into
- * products (room for all of them). */
+/* The gather's pieces: the products gather_run launches, pairs i0 … i1−1 of one expert. By default a piece is an
+ * expert block (qmm_gather_block_end), in the grouped class grouped_token_tiles gives it when grouping, else a launch
+ * of its own. Batch-invariant mode, where grouping (order GATHER_INVARIANT_ORDER, docs/kernels.md §11): each block is
+ * cut into chunks of ≤ 16 rows, every chunk in the m16n32 class, and its launches run GATHER_INVARIANT_WARPS warps
+ * (QMM_CUDA_WARPS where set) — so a pair's bits are those of the m16n32 tile of those warps on its x row and expert
+ * alone: the tile computes each token's column on its own (its MMAs' columns and its Σx are per token), and warp w
+ * sums super-blocks w, w + W, … of K, the warps' sums then added in warp order, so with W fixed by the format (and
+ * capped by K's super-blocks, gemv_launch_warps) nothing depends on the other pairs. Without grouping (f32, N not a
+ * multiple of 16, QMM_CUDA_GATHER_GROUPED=0) every block is a qmm_t call of its own on the row the selector picks
+ * for it among the rows of the mode, whose order is fixed by the format too (§11). Measured (docs/PERF.md,
+ * forty-first session): the chunks' launches against each block as a batch-invariant qmm_t call. */
+#define GATHER_INVARIANT_WARPS 8
+static size_t gather_piece_end(const qmm_call *call, bool grouping, size_t i0) {
+    const size_t i1 = qmm_gather_block_end(call, i0);
+    return grouping && call->batch_invariant && i1 - i0 > 16 ? i0 + 16 : i1;
+}
+static int gather_piece_class(const qmm_call *call, bool grouping, size_t rows) {
+    return !grouping ? 0 : call->batch_invariant ? 2 : grouped_token_tiles(rows);
+}
+
+/* The products of one class of pieces (gather_piece_end: expert blocks, or in batch-invariant mode their chunks) for
+ * the grouped launches (gather_piece_class), in pair order, into products (room for all of them). */
 static void gather_grouped_products(const qmm_call *call, const char *gathered_x, int token_tiles,
                                     qmm_cuda_gemv_product *products) {
     size_t count = 0;
     for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
-        i1 = qmm_gather_block_end(call, i0);
-        if (grouped_token_tiles(i1 - i0) != token_tiles) continue;
+        i1 = gather_piece_end(call, true, i0);
+        if (gather_piece_class(call, true, i1 - i0) != token_tiles) continue;
         cuda_weights_extra extra = {0};
         const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
         products[count++] = grouped_product(call, gathered_x, &block);
     }
 }
 
-/* The grouped launches of one class of `count` expert blocks: a class of ≤ QMM_CUDA_GROUPED_MAX blocks in one launch
+/* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX blocks in one launch
  * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
  * 65535 blocks per launch (grid.z). */
 static qmm_status gather_grouped_launches(const qmm_call *call, const char *gathered_x, int token_tiles, size_t count,
                                           const qmm_cuda_gemv_product *device_table) {
     qmm_cuda_launch launch = launch_of(call);
     launch.x = gathered_x ? gathered_x : call->x;
+    if (call->batch_invariant && launch.warps <= 0) launch.warps = GATHER_INVARIANT_WARPS; /* gather_piece_end */
     const char *what = token_tiles == 1 ? "grouped mma_m8n32" : "grouped mma_m16n32";
     if (!device_table) {
         if (count > QMM_CUDA_GROUPED_MAX) /* gather_run uploads such a class's table: never here */
@@ -1720,7 +1738,7 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const char *gath
  * rows are not consecutive rows of x — else every block reads x in place, and a decode step's blocks of one row
  * always do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks), built on the host first so
  * that nothing is launched before everything the launches need is in place; the gather of x's rows; a launch per
- * block of > 16 rows; the grouped launches (a class of ≤ QMM_CUDA_GROUPED_MAX blocks with its table in the launch's
+ * piece outside the grouped classes (a block of > 16 rows, or every block when not grouping); the grouped launches (a class of ≤ QMM_CUDA_GROUPED_MAX blocks with its table in the launch's
  * parameter). The upload is a copy from pageable memory (a staging slot, gather_staging_slot): measured on the H200
  * (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28× slower at T ≥ 8
  * (probably the copy-engine transfer on the stream between kernels). A decode step (T = 1) uploads nothing: 0.53–0.81×
@@ -1731,8 +1749,9 @@ static qmm_status gather_run(const qmm_call *call) {
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
     collect_rows(cuda_rows);
     const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
-    /* Blocks of ≤ 16 rows go to the grouped launches (when grouping): grouped[0] of ≤ 8 rows, grouped[1] of 9–16
-     * (grouped_token_tiles − 1); the others get a launch each on the row the selector picks. */
+    /* Pieces (gather_piece_end) of ≤ 16 rows go to the grouped launches (when grouping): grouped[0] of ≤ 8 rows,
+     * grouped[1] of 9–16 (gather_piece_class − 1; in batch-invariant mode all in grouped[1]); the others get a launch
+     * each on the row the selector picks. */
     size_t grouped[2] = {0, 0};
     char why_not[256] = "";
     const int forced = gather_grouped_forced();
@@ -1740,12 +1759,12 @@ static qmm_status gather_run(const qmm_call *call) {
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
-    /* One pass over the blocks: the classes' counts, and whether the rows of x must be gathered */
+    /* One pass over the pieces: the classes' counts, and whether the rows of x must be gathered */
     bool gather_x = false;
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
-        i1 = qmm_gather_block_end(call, i0);
+        i1 = gather_piece_end(call, grouping, i0);
         gather_x = gather_x || !qmm_gather_block_in_place(call, i0, i1);
-        const int token_tiles = grouping ? grouped_token_tiles(i1 - i0) : 0;
+        const int token_tiles = gather_piece_class(call, grouping, i1 - i0);
         if (token_tiles) grouped[token_tiles - 1]++;
     }
     const char *gathered_x = NULL;
@@ -1800,8 +1819,8 @@ static qmm_status gather_run(const qmm_call *call) {
     }
     qmm_status status = QMM_OK;
     for (size_t i0 = 0, i1; i0 < B && status == QMM_OK; i0 = i1) {
-        i1 = qmm_gather_block_end(call, i0);
-        if (grouping && grouped_token_tiles(i1 - i0)) continue;
+        i1 = gather_piece_end(call, grouping, i0);
+        if (gather_piece_class(call, grouping, i1 - i0)) continue;
         cuda_weights_extra extra = {0};
         qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
         const qmm_kernel *row;

@@ -224,8 +224,9 @@ __device__ __forceinline__ qmm_cuda_gemv_product grouped_entry(const grouped_dev
 /* Many products of one shape (N, K) in one launch — the expert blocks of a gather (cuda.gather.blocks.auto):
  * grid.z = the product, grouped_entry(table, z) its offsets from the bases and its rows of x (M ≤ 8·TT: no chunks),
  * grid (row tiles, 1, products). Each product is computed by the same algorithm as a launch of m8n32 / m16n32 on it
- * alone, within the same bound; not always with the same bits — the warps per block are chosen for the whole grid, and
- * they set how K is split among a block's warps (the gather has no batch-invariant mode). */
+ * alone, within the same bound; not always with the same bits — the warps per block are chosen for the whole grid
+ * (unless launch->warps fixes them, as the gather's batch-invariant mode does: gather_piece_end in cuda_backend.c), and
+ * they set how K is split among a block's warps. */
 template <int BITS, typename T, int RT, int TT, int S, int GS, typename Table>
 __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_gemv_limits<RT, TT>::min_blocks)
     mma_gemv_grouped_kernel(const __grid_constant__ Table table, const T *__restrict__ x_base,

@@ -227,7 +227,7 @@ PY
 fi
 check "--gather --no-peers: no peer row" bash -c '! grep -q "peer mlx-gather-cpu" <<<"$1"' _ "$OUT"
 # --gather --batch-invariant: a 'bi' row per cell (qmm_gather_options.batch_invariant), its note the mode's cost (on
-# CUDA too: its gather row's order is its blocks' qmm_t rows of the mode).
+# CUDA too: its gather row has an order of its own, "gather-fixed-per-format").
 q bench --backend ref --gather --quick --no-peers --experts 8 --experts-per-token 2 --batch-invariant --json "$WORK/gather-bi.json"
 check "--gather --batch-invariant: exit 0" rc_is 0
 check "--gather --batch-invariant: header" out_has "'bi' rows are the selector's choice (or --kernel) with qmm_gather_options.batch_invariant on"
@@ -246,7 +246,7 @@ if grep -q "^backend cuda: [0-9]" <<<"$("$QMM" kernels --backend cuda 2>/dev/nul
   q bench --backend cuda --gather --quick --no-peers --experts 8 --experts-per-token 2 --m 1 --dtype f16 --batch-invariant
   check "--gather --batch-invariant --backend cuda: exit 0" rc_is 0
   check "--gather --batch-invariant --backend cuda: a bi row" \
-    out_matches ' bi cuda\.gather\.blocks\.auto +[0-9.]+ +[0-9.]+ +[0-9.]+ +batch-invariant mode \(order "qmm_t-rows-per-block"\): [0-9.]+× the default'
+    out_matches ' bi cuda\.gather\.blocks\.auto +[0-9.]+ +[0-9.]+ +[0-9.]+ +batch-invariant mode \(order "gather-fixed-per-format"\): [0-9.]+× the default'
 fi
 # --gather with peers: MLX's mx.gather_qmm on the CPU (bench/peers/mlx_gather_cpu.py through .venv) gets a row
 # under every cell, in the JSON too; without .venv or MLX the header lists it as absent, with the reason.

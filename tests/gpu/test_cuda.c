@@ -807,7 +807,9 @@ static void sort_pairs_by_expert(uint32_t *lhs, uint32_t *rhs, size_t B) {
  * mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a call that did not group would fail, and it must
  * fail where they do not) and with a launch per block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
  * (4/8-bit f16/bf16; 3- and 6-bit, stored as 4/8-bit codes), 3-bit f32 (the f32 rows) and an 8-bit f16 stack with
- * N = 200 (not a multiple of 16: no repacked slices, the generic row, no grouping). */
+ * N = 200 (not a multiple of 16: no repacked slices, the generic row, no grouping). Batch-invariant mode too (B ≤
+ * 5000, sorted and not; grouping required where the format groups): against the oracle, and every pair bit for bit
+ * the gather of that one pair alone. */
 static void test_gather(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t experts, active, T, N, K;
@@ -845,6 +847,10 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {3, 1, 6, 5136, 128, 4, 64, QMM_F16},
         /* 3- and 6-bit stacks (stored as 4- and 8-bit codes): grouped like those */
         {16, 4, 40, 96, 256, 3, 32, QMM_BF16}, {8, 2, 20, 64, 512, 6, 64, QMM_F16},
+        /* K = 4096 (16–64 super-blocks): the warps per block are not capped by K, so in batch-invariant mode only the
+         * fixed count keeps a pair's bits — a one-pair launch (8 blocks) and the whole call's (hundreds of blocks,
+         * blocks of 16–20 rows sorted: chunks of 16 and the rest) would get different counts from the model */
+        {16, 4, 72, 256, 4096, 4, 64, QMM_BF16}, {16, 4, 72, 256, 4096, 8, 32, QMM_F16},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
@@ -857,9 +863,10 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         uint32_t *lhs = malloc(B * sizeof *lhs), *rhs = malloc(B * sizeof *rhs);
         void *x = malloc(T * K * size), *out = malloc((B * N + 64) * size);
         double *exact = malloc(B * N * sizeof(double)), *abs_dot = malloc(B * N * sizeof(double));
+        void *one = malloc(N * size);
         qmm_weights *experts = NULL;
-        qmm_buffer *xb = NULL, *ob = NULL;
-        if (!lhs || !rhs || !x || !out || !exact || !abs_dot) {
+        qmm_buffer *xb = NULL, *ob = NULL, *ob_one = NULL;
+        if (!lhs || !rhs || !x || !out || !exact || !abs_dot || !one) {
             CHECK(false, "gather: out of memory");
             goto next;
         }
@@ -867,11 +874,15 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &experts));
         CHECK_OK(qmm_buffer_create(context, cases[c].dtype, T * K, &xb));
         CHECK_OK(qmm_buffer_create(context, cases[c].dtype, B * N + 64, &ob));
-        if (!experts || !xb || !ob) goto next;
+        CHECK_OK(qmm_buffer_create(context, cases[c].dtype, N, &ob_one));
+        if (!experts || !xb || !ob || !ob_one) goto next;
         CHECK_OK(qmm_buffer_write(xb, x, T * K));
-        for (int variant = 0; variant < 6; variant++) {
-            const int sorted = variant & 1, grouped = !(variant & 2), lhs_null = variant >= 4;
-            if (((sorted || !grouped) && B > 5000) || (lhs_null && A != 1)) continue;
+        /* variants 0–5: sorted or not × grouped (the default) or a launch per block × lhs_indices NULL; 6–7: the
+         * batch-invariant mode, sorted or not */
+        for (int variant = 0; variant < 8; variant++) {
+            const int invariant = variant >= 6, sorted = variant & 1, grouped = invariant || !(variant & 2);
+            const int lhs_null = variant == 4 || variant == 5;
+            if (((sorted || !grouped || invariant) && B > 5000) || (lhs_null && A != 1)) continue;
             /* token t takes experts (t·7 + j·(E/A) + random offset) mod E, j < A: distinct */
             for (size_t t = 0; t < T; t++) {
                 const size_t shift = (size_t)(check_rng_next(rng) % (E / A));
@@ -882,7 +893,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             }
             if (sorted) sort_pairs_by_expert(lhs, rhs, B);
             CHECK_OK(qmm_buffer_poison(ob));
-            qmm_gather_options options = {.sorted_indices = sorted};
+            qmm_gather_options options = {.sorted_indices = sorted, .batch_invariant = invariant};
             qmm_kernel_info ran = {0};
             const uint32_t *lhs_used = lhs_null ? NULL : lhs;
             /* any width: 2/3/5/6-bit codes are stored as 4/8-bit ones */
@@ -908,21 +919,40 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             CHECK_OK(qmm_buffer_read(ob, out, B * N + 64));
             CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs_used, rhs, B, exact, abs_dot));
             char label[200];
-            snprintf(label, sizeof label, "gather E=%zu N=%zu K=%zu T=%zu B=%zu %d-bit gs%d %s %s%s%s", E, N, K, T, B,
+            snprintf(label, sizeof label, "gather E=%zu N=%zu K=%zu T=%zu B=%zu %d-bit gs%d %s %s%s%s%s", E, N, K, T, B,
                      cases[c].bits, cases[c].group_size, qmm_dtype_name(cases[c].dtype), sorted ? "sorted" : "unsorted",
-                     grouped ? "" : ", a launch per block", lhs_null ? ", lhs_indices NULL" : "");
+                     grouped ? "" : ", a launch per block", lhs_null ? ", lhs_indices NULL" : "",
+                     invariant ? ", batch-invariant" : "");
             double worst = 0;
             size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, B * N, K, 2.0, &worst);
             CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
             size_t past = 0;
             for (size_t i = B * N; i < B * N + 64; i++) past += !isnan(qmm_load_f32(out, cases[c].dtype, i));
             CHECK(past == 0, "%s: %zu elements written past B·N", label, past);
+            if (!invariant) continue;
+            /* the mode's promise: each pair's bits those of the pair alone (its one-pair gather, grouped alike) —
+             * every pair up to B = 256, else 256 pairs at a stride (a call each: memcheck runs this section) */
+            size_t differ = 0, first = 0, checked = 0;
+            const size_t stride = B > 256 ? B / 256 : 1;
+            if (groups) setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
+            for (size_t i = (size_t)(check_rng_next(rng) % stride); i < B; i += stride) {
+                const qmm_gather_options alone = {.batch_invariant = 1};
+                checked++;
+                CHECK_OK(qmm_buffer_poison(ob_one));
+                CHECK_OK(qmm_gather_matmul(context, experts, xb, T, &lhs[i], &rhs[i], 1, ob_one, &alone, NULL));
+                CHECK_OK(qmm_buffer_read(ob_one, one, N));
+                if (memcmp(one, (const char *)out + i * N * size, N * size) != 0 && differ++ == 0) first = i;
+            }
+            unsetenv("QMM_CUDA_GATHER_GROUPED");
+            CHECK(differ == 0, "%s: %zu of %zu pairs checked differ from the pair alone (first: pair %zu, token %u, "
+                  "expert %u)", label, differ, checked, first, lhs[first], rhs[first]);
         }
     next:
         qmm_weights_destroy(experts);
         qmm_buffer_destroy(xb);
         qmm_buffer_destroy(ob);
-        free(lhs), free(rhs), free(x), free(out), free(exact), free(abs_dot);
+        qmm_buffer_destroy(ob_one);
+        free(lhs), free(rhs), free(x), free(out), free(exact), free(abs_dot), free(one);
         check_qmatrix_free(&q);
     }
 }

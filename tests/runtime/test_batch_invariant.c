@@ -19,7 +19,7 @@
  *   4. The errors of a forced row without the order, or of another order, through qmm_matmul.
  *   5. The gather op (qmm_gather_options.batch_invariant): every pair of five routings (decode, top-3 in token
  *      order and sorted, one block of 40 rows, blocks of 16 and 17 rows) bit for bit a batch-invariant qmm_matmul
- *      of its x row and expert alone (on cuda where N % 16 == 0; at N = 52 there, the gather of that one pair),
+ *      of its x row and expert alone (on cuda, N = 64 and 52: the gather of that one pair, the gather's own order),
  *      through the selector, every gather row (forced; those of another order or none refused) and 1 or 3
  *      threads; a cpu gather row of an order, without the option, the bits of a qmm_t row of that order.
  *   6. The ordered GEMV rows' blocks (cpu): M = 1, 2, 3, 5, 16 (at M = 1, 4-bit, several blocks of weight rows), N = 200,
@@ -417,14 +417,14 @@ static void test_bits(qmm_context *context, const char *backend) {
  * plain weights; every routing below, through the selector and through every gather row that accepts the option
  * (forced), on 1 and 3 threads (cpu), must give exactly those bits. A gather row whose order is one of the qmm_t rows'
  * (cpu) gives, with the option off too, the bits of a qmm_t row of that order on the pair alone (its blocks run only
- * rows of that order). On cuda the gather row's order is GATHER_PER_BLOCK_ORDER: each block runs on the qmm_t rows the
- * mode picks for it, which are those of plain weights only where an expert starts on a 16-row tile of the repacked
- * layout (N % 16 == 0; otherwise its blocks take the generic row): there N = 64 is checked against qmm_matmul and
- * N = 52 against the gather's own calls of one pair. A backend whose gather rows declare no order refuses the call. */
+ * rows of that order). On cuda the gather row's order is GATHER_CUDA_ORDER, the gather's own (chunks of ≤ 16 rows in
+ * grouped m16n32 launches of fixed warps where the format groups — f16/bf16 at N = 64 —, else each block on the qmm_t
+ * rows of the mode): there every N (64 and 52, no repacked expert slices) is checked against the gather's own calls of
+ * one pair. A backend whose gather rows declare no order refuses the call. */
 
 #define G_EXPERTS 5
 #define G_TOKENS 40
-#define GATHER_PER_BLOCK_ORDER "qmm_t-rows-per-block" /* cuda.gather.blocks.auto's (src/cuda/cuda_backend.c) */
+#define GATHER_CUDA_ORDER "gather-fixed-per-format" /* cuda.gather.blocks.auto's (src/cuda/cuda_backend.c) */
 
 typedef struct gather_routing {
     const char *name;
@@ -492,8 +492,8 @@ typedef struct gather_case {
  * and the option as given — or, with c->alone_by_gather, the batch-invariant gather of that one pair (the selector).
  * Returns false when a call failed (recorded). */
 static bool gather_reference(gather_case *c, const char *kernel, int invariant, unsigned char *reference) {
-    /* the gather's own one-pair calls (cuda, N % 16 != 0) only as the mode's reference through the selector: they
-     * show that the routing does not change a pair's bits, not which qmm_t order its blocks ran */
+    /* the gather's own one-pair calls (cuda) only as the mode's reference through the selector: they show that the
+     * routing does not change a pair's bits, not which qmm_t order its blocks ran */
     CHECK(!c->alone_by_gather || (!kernel && invariant), "%s: a one-pair gather reference asked for %s, option %d",
           c->label, kernel ? kernel : "the selector", invariant);
     qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = kernel, .batch_invariant = invariant};
@@ -601,13 +601,13 @@ static void check_gather(gather_case *c, check_rng *rng) {
     }
     CHECK(ran > 0, "%s: no gather row ran in batch-invariant mode", c->label);
     /* A gather row of a qmm_t order, forced without the option, gives the bits of a qmm_t row of that order on the
-     * pairs alone (the first usable one in the table, forced, without the option too). Not the per-block order: such
-     * a row (cuda) groups its blocks without the option. */
+     * pairs alone (the first usable one in the table, forced, without the option too). Not the gather's own order
+     * (cuda): without the option that row groups its blocks by their rows and picks its warps for the grid. */
     for (size_t i = 0; i < qmm_kernel_count(c->context); i++) {
         qmm_kernel_info info;
         CHECK_OK(qmm_kernel_get(c->context, i, &info));
         if (info.op != QMM_OP_GATHER || !info.batch_invariant_order || qmm_kernel_usable(c->context, i, NULL) != 1 ||
-            strcmp(info.batch_invariant_order, GATHER_PER_BLOCK_ORDER) == 0)
+            strcmp(info.batch_invariant_order, GATHER_CUDA_ORDER) == 0)
             continue;
         const char *qmm_t_row = NULL;
         for (size_t j = 0; j < qmm_kernel_count(c->context) && !qmm_t_row; j++) {
@@ -632,7 +632,8 @@ cleanup:
 static void test_gather(qmm_context *context, const char *backend) {
     static const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
     static const int formats[][2] = {{4, 64}, {3, 32}};
-    /* cuda: N = 64 against qmm_matmul, N = 52 (no repacked expert slices) against the gather's one-pair calls */
+    /* cuda: N = 64 (grouped in f16/bf16) and N = 52 (no repacked expert slices), both against the gather's one-pair
+     * calls */
     const bool cuda = qmm_context_backend(context) == QMM_BACKEND_CUDA;
     static const size_t ns[] = {N_T, 64};
     check_rng rng = check_rng_make(0x9a74e7);
@@ -651,7 +652,7 @@ static void test_gather(qmm_context *context, const char *backend) {
                     continue;
                 }
                 gather_case c = {.context = context, .dtype = dtype, .element = qmm_dtype_size(dtype), .n = n,
-                                 .alone_by_gather = cuda && n % 16 != 0, .label = label};
+                                 .alone_by_gather = cuda, .label = label};
                 CHECK_OK(qmm_weights_create_experts(context, &q.m, G_EXPERTS, &c.stacked));
                 const size_t words = qmm_packed_words(K_T, bits), groups = qmm_groups(K_T, group_size);
                 bool made = c.stacked != NULL;
@@ -673,7 +674,12 @@ static void test_gather(qmm_context *context, const char *backend) {
                 if (made && c.x && c.x_one && c.out && c.out_one && c.x_host && c.got) {
                     check_fill_uniform(&rng, c.x_host, dtype, G_TOKENS * K_T, -1.0f, 1.0f);
                     CHECK_OK(qmm_buffer_write(c.x, c.x_host, G_TOKENS * K_T));
+                    /* cuda, f16/bf16 at N = 64: the chunks must go to the grouped launches (a call that cannot group
+                     * is then an error), not silently to the per-block form */
+                    const bool grouped = cuda && dtype != QMM_F32 && n % 16 == 0;
+                    if (grouped) setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
                     check_gather(&c, &rng);
+                    if (grouped) unsetenv("QMM_CUDA_GATHER_GROUPED");
                 } else {
                     CHECK(false, "%s: could not set up the case", label);
                 }
