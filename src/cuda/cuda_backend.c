@@ -71,6 +71,8 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_INVARIANT_SLOTS", knob_zero_one, 0, 0, "0: as if the bf16 virtual splits' slots could not be had"},
     {"QMM_CUDA_GATHER_GROUPED", knob_zero_one, 0, 0,
      "0: a launch per expert block, 1: grouped launches (an error where they cannot run)"},
+    {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
+     "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
 
 static qmm_status knob_check(const knob *k) {
@@ -1533,8 +1535,9 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = generic_supports, .run = generic_n_run},
     {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
-              .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV "
-                             "launches, larger ones on the CUDA qmm_t row picked for their rows (batch-invariant: "
+              .description = "MoE gather: one product per expert block, blocks of <= 16 rows and chunks of 16 "
+                             "rows of blocks up to 256 rows in two grouped GEMV launches, larger blocks on the CUDA "
+                             "qmm_t row picked for their rows (batch-invariant: "
                              "f16/bf16 chunks of <= 16 rows in m16n32 launches of fixed warps, other formats every "
                              "block on the qmm_t rows of the mode)",
               .batch_invariant_order = GATHER_INVARIANT_ORDER},
@@ -1614,14 +1617,34 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
 
 /* Whether gather_run puts its blocks of ≤ 16 rows into grouped GEMV launches (one launch of m8n32 for every block
  * of ≤ 8 rows, one of m16n32 for 9–16) instead of a launch per block: where the mma_gemv rows take the blocks (f16
- * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. In batch-invariant mode
- * every block is grouped so, in chunks of ≤ 16 rows (gather_piece_end). Measured on the H200
+ * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. Larger blocks go there too,
+ * in chunks of ≤ 16 rows: in batch-invariant mode every block, by default those gather_chunk_rows names
+ * (gather_piece_end). Measured on the H200
  * (docs/PERF.md, sixteenth session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's
  * experts at T = 128: 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off; =1 makes a call that cannot group
  * an error (tests: that grouping happened where it should). */
 static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, else −1 */
     const char *forced = getenv("QMM_CUDA_GATHER_GROUPED");
     return forced && strcmp(forced, "0") == 0 ? 0 : forced && strcmp(forced, "1") == 0 ? 1 : -1;
+}
+/* Which expert blocks of > 16 rows the default mode cuts into chunks of 16 rows for the grouped launches instead of a
+ * launch each (gather_piece_end): those of ≤ QMM_CUDA_GATHER_CHUNK_ROWS rows where the knob is set, else those of ≤ 256
+ * rows whose multiply-adds (rows·N·K) are at most 2^30. Measured on the H100 (docs/PERF.md, forty-second session),
+ * every block cut against a launch per block of > 16 rows (about 5 µs of wall time each): Qwen3-30B-A3B's 768×2048
+ * experts 0.21–0.28× the time at T = 512 (about 32 rows a block, 0.05 G multiply-adds), 0.34–0.52× at T = 2048 (128
+ * rows, 0.2 G), T ≤ 128 within noise; Qwen3-235B-A22B's 1536×4096 0.42× at T = 512, 0.67× at T = 2048 (128 rows,
+ * 0.8 G); Mixtral-8x7B's 14336×4096 (8 experts, 2 per token) 1.21× at T = 128 (32 rows, 1.9 G), 1.64× at T = 512 and
+ * 2.5× at T = 2048 — there each chunk's second and later reads of the expert's weights cost more than a launch, so
+ * such blocks stay on the tensor-core rows. The rows' bound: cutting Qwen3-30B-A3B's blocks at 256 rows was no slower
+ * than cutting every block (T = 2048). */
+#define GATHER_CHUNK_ROWS 256
+#define GATHER_CHUNK_MACS (1ull << 30)
+static size_t gather_chunk_rows(const qmm_call *call) {
+    const char *forced = getenv("QMM_CUDA_GATHER_CHUNK_ROWS"); /* CALL_KNOBS_CHECK: 16 … 2^30 */
+    if (forced && *forced) return (size_t)strtol(forced, NULL, 10);
+    const unsigned long long per_row = (unsigned long long)call->N * call->K; /* a gather's N·K fits: validated */
+    const unsigned long long rows = GATHER_CHUNK_MACS / (per_row ? per_row : 1);
+    return rows < GATHER_CHUNK_ROWS ? (size_t)rows : GATHER_CHUNK_ROWS;
 }
 static bool gather_grouping(const qmm_call *call, int forced, char *why_not, size_t size) {
     if (forced == 0) {
@@ -1674,8 +1697,9 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
 static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 0; }
 
 /* The gather's pieces: the products gather_run launches, pairs i0 … i1−1 of one expert. By default a piece is an
- * expert block (qmm_gather_block_end), in the grouped class grouped_token_tiles gives it when grouping, else a launch
- * of its own. Batch-invariant mode, where grouping (order GATHER_INVARIANT_ORDER, docs/kernels.md §11): each block is
+ * expert block (qmm_gather_block_end) or, when grouping, a chunk of 16 rows of a block of > 16 rows and ≤ chunk_rows
+ * (gather_chunk_rows; the block's last chunk may be smaller), in the grouped class grouped_token_tiles gives it when
+ * grouping, else a launch of its own. Batch-invariant mode, where grouping (order GATHER_INVARIANT_ORDER, docs/kernels.md §11): each block is
  * cut into chunks of ≤ 16 rows, every chunk in the m16n32 class, and its launches run GATHER_INVARIANT_WARPS warps
  * (QMM_CUDA_WARPS where set) — so a pair's bits are those of the m16n32 tile of those warps on its x row and expert
  * alone: the tile computes each token's column on its own (its MMAs' columns and its Σx are per token), and warp w
@@ -1685,21 +1709,22 @@ static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 
  * for it among the rows of the mode, whose order is fixed by the format too (§11). Measured (docs/PERF.md,
  * forty-first session): the chunks' launches against each block as a batch-invariant qmm_t call. */
 #define GATHER_INVARIANT_WARPS 8
-static size_t gather_piece_end(const qmm_call *call, bool grouping, size_t i0) {
+static size_t gather_piece_end(const qmm_call *call, bool grouping, size_t chunk_rows, size_t i0) {
     const size_t i1 = qmm_gather_block_end(call, i0);
-    return grouping && call->batch_invariant && i1 - i0 > 16 ? i0 + 16 : i1;
+    const bool chunked = grouping && i1 - i0 > 16 && (call->batch_invariant || i1 - i0 <= chunk_rows);
+    return chunked ? i0 + 16 : i1;
 }
 static int gather_piece_class(const qmm_call *call, bool grouping, size_t rows) {
     return !grouping ? 0 : call->batch_invariant ? 2 : grouped_token_tiles(rows);
 }
 
-/* The products of one class of pieces (gather_piece_end: expert blocks, or in batch-invariant mode their chunks) for
+/* The products of one class of pieces (gather_piece_end: expert blocks or their chunks) for
  * the grouped launches (gather_piece_class), in pair order, into products (room for all of them). */
-static void gather_grouped_products(const qmm_call *call, const char *gathered_x, int token_tiles,
+static void gather_grouped_products(const qmm_call *call, const char *gathered_x, size_t chunk_rows, int token_tiles,
                                     qmm_cuda_gemv_product *products) {
     size_t count = 0;
     for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
-        i1 = gather_piece_end(call, true, i0);
+        i1 = gather_piece_end(call, true, chunk_rows, i0);
         if (gather_piece_class(call, true, i1 - i0) != token_tiles) continue;
         cuda_weights_extra extra = {0};
         const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
@@ -1710,8 +1735,8 @@ static void gather_grouped_products(const qmm_call *call, const char *gathered_x
 /* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX blocks in one launch
  * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
  * 65535 blocks per launch (grid.z). */
-static qmm_status gather_grouped_launches(const qmm_call *call, const char *gathered_x, int token_tiles, size_t count,
-                                          const qmm_cuda_gemv_product *device_table) {
+static qmm_status gather_grouped_launches(const qmm_call *call, const char *gathered_x, size_t chunk_rows,
+                                          int token_tiles, size_t count, const qmm_cuda_gemv_product *device_table) {
     qmm_cuda_launch launch = launch_of(call);
     launch.x = gathered_x ? gathered_x : call->x;
     if (call->batch_invariant && launch.warps <= 0) launch.warps = GATHER_INVARIANT_WARPS; /* gather_piece_end */
@@ -1721,7 +1746,7 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const char *gath
             return qmm_error(QMM_ERR_BACKEND, "cuda.gather.blocks.auto: %zu blocks of a grouped class, more than a "
                              "launch's parameters hold (%d), and no uploaded table", count, QMM_CUDA_GROUPED_MAX);
         qmm_cuda_gemv_product products[QMM_CUDA_GROUPED_MAX];
-        gather_grouped_products(call, gathered_x, token_tiles, products);
+        gather_grouped_products(call, gathered_x, chunk_rows, token_tiles, products);
         return launch_status(qmm_cuda_mma_gemv_grouped(&launch, products, NULL, (int)count, token_tiles), what,
                              __FILE__, __LINE__);
     }
@@ -1738,7 +1763,8 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const char *gath
  * rows are not consecutive rows of x — else every block reads x in place, and a decode step's blocks of one row
  * always do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks), built on the host first so
  * that nothing is launched before everything the launches need is in place; the gather of x's rows; a launch per
- * piece outside the grouped classes (a block of > 16 rows, or every block when not grouping); the grouped launches (a class of ≤ QMM_CUDA_GROUPED_MAX blocks with its table in the launch's
+ * piece outside the grouped classes (a block of > 16 rows that is not cut, or every block when not grouping); the
+ * grouped launches (a class of ≤ QMM_CUDA_GROUPED_MAX pieces with its table in the launch's
  * parameter). The upload is a copy from pageable memory (a staging slot, gather_staging_slot): measured on the H200
  * (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28× slower at T ≥ 8
  * (probably the copy-engine transfer on the stream between kernels). A decode step (T = 1) uploads nothing: 0.53–0.81×
@@ -1756,13 +1782,14 @@ static qmm_status gather_run(const qmm_call *call) {
     char why_not[256] = "";
     const int forced = gather_grouped_forced();
     const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
+    const size_t chunk_rows = gather_chunk_rows(call);
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
     /* One pass over the pieces: the classes' counts, and whether the rows of x must be gathered */
     bool gather_x = false;
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
-        i1 = gather_piece_end(call, grouping, i0);
+        i1 = gather_piece_end(call, grouping, chunk_rows, i0);
         gather_x = gather_x || !qmm_gather_block_in_place(call, i0, i1);
         const int token_tiles = gather_piece_class(call, grouping, i1 - i0);
         if (token_tiles) grouped[token_tiles - 1]++;
@@ -1796,7 +1823,7 @@ static qmm_status gather_run(const qmm_call *call) {
         size_t at = index_bytes; /* bytes from the start of the upload (the products are 8-byte aligned there) */
         for (int c = 0; c < 2; c++)
             if (grouped[c] > QMM_CUDA_GROUPED_MAX) {
-                gather_grouped_products(call, gathered_x, c + 1, (qmm_cuda_gemv_product *)(staging + at));
+                gather_grouped_products(call, gathered_x, chunk_rows, c + 1, (qmm_cuda_gemv_product *)(staging + at));
                 tables[c] = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + at);
                 at += grouped[c] * sizeof(qmm_cuda_gemv_product);
             }
@@ -1819,7 +1846,7 @@ static qmm_status gather_run(const qmm_call *call) {
     }
     qmm_status status = QMM_OK;
     for (size_t i0 = 0, i1; i0 < B && status == QMM_OK; i0 = i1) {
-        i1 = gather_piece_end(call, grouping, i0);
+        i1 = gather_piece_end(call, grouping, chunk_rows, i0);
         if (gather_piece_class(call, grouping, i1 - i0)) continue;
         cuda_weights_extra extra = {0};
         qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
@@ -1828,7 +1855,7 @@ static qmm_status gather_run(const qmm_call *call) {
         if (status == QMM_OK) status = row->run(&block);
     }
     for (int c = 0; c < 2 && status == QMM_OK; c++)
-        if (grouped[c]) status = gather_grouped_launches(call, gathered_x, c + 1, grouped[c], tables[c]);
+        if (grouped[c]) status = gather_grouped_launches(call, gathered_x, chunk_rows, c + 1, grouped[c], tables[c]);
     /* lhs_indices and the large tables were copied into the staging slot, the small tables into their launches'
      * parameters, rhs_indices read above: nothing of the caller's host arrays is used after this call returns. */
     return status;
