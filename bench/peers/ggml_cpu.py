@@ -107,7 +107,7 @@ def main():
                     if dname != "f32":
                         note += f"; ggml takes f32 x: the {dname} cell shows the f32 time"
                     emit(peer=peer, shape=name, M=M, dtype=dname, us=us, note=note)
-                progress(f"bench peer {peer} {name} M={M}: {us:.1f} us")
+                progress(f"bench peer {peer} {name} M={M}: {us:.1f} µs")
             ggml.ggml_free(wctx)
 
 

@@ -71,7 +71,7 @@ def main(device="cpu", peer="mlx-cpu"):
                 emit(peer=peer, shape=name, M=M, dtype=dname, us=us,
                      note=f"{note_version}, {copies} copies{', one eval for all' if device == 'gpu' else ''}, "
                           f"median of {len(samples)}")
-                progress(f"bench peer {peer} {name} M={M} {dname}: {us:.1f} us")
+                progress(f"bench peer {peer} {name} M={M} {dname}: {us:.1f} µs")
             del ws
 
 

@@ -127,7 +127,7 @@ def main(device="cpu", peer="mlx-gather-cpu"):
                 last = (T, us * 1e-6)
                 emit(peer=peer, shape=name, M=T, dtype=dname, us=us,
                      note=f"{note_version}, {copies} copies x {ROUTINGS} routings (the bench's), {how}")
-                progress(f"bench peer {peer} {name} T={T} {dname}: {us:.1f} us")
+                progress(f"bench peer {peer} {name} T={T} {dname}: {us:.1f} µs")
             del ws
 
 

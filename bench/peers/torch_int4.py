@@ -86,7 +86,7 @@ def main():
                     us = statistics.median(samples)
                     emit(peer=PEER, shape=name, M=M, dtype=dname, us=us,
                          note=f"{note}, {copies} copies, one CUDA graph, events, median of {len(samples)}")
-                    progress(f"bench peer {PEER} {name} M={M} {dname}: {us:.1f} us")
+                    progress(f"bench peer {PEER} {name} M={M} {dname}: {us:.1f} µs")
                     done.add(M)
                     del graph
             except Exception as e:  # noqa: BLE001 — one cell's failure is that cell's note, not the run's end

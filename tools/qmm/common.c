@@ -216,10 +216,15 @@ void format_format(char *out, size_t size, const qmm_qmatrix *m) {
 
 /* Prints text left-aligned in a column of `width` characters, counting UTF-8 code points (so "×"
  * and "µ" count as one), with at least one space after it. */
-void print_cell(const char *text, int width) {
+int display_chars(const char *text) {
     int chars = 0;
     for (const unsigned char *p = (const unsigned char *)text; *p; p++)
         if ((*p & 0xC0) != 0x80) chars++;
+    return chars;
+}
+
+void print_cell(const char *text, int width) {
+    int chars = display_chars(text);
     fputs(text, stdout);
     do putchar(' ');
     while (++chars < width);

@@ -39,7 +39,7 @@ static int print_table(const command *c, qmm_context *context) {
         /* Whether this machine can run the row at all (its ISA), and if not, what it lacks. */
         if (usable) snprintf(verdict, sizeof verdict, "yes");
         else snprintf(verdict, sizeof verdict, "no: %s", why_not);
-        printf("  %-*s %-6s %-*s tile %-10s block threads %-4s slack %-4g order %-*s usable: %s — %s\n", name_width,
+        printf("  %-*s %-6s %-*s tile %-10s block threads %-4s slack %-4g order %-*s  usable: %s — %s\n", name_width,
                info.name, qmm_op_name(info.op), family_width, info.family, tile, block, info.tolerance_slack, order_width,
                info.batch_invariant_order ? info.batch_invariant_order : "-", verdict, info.description);
     }

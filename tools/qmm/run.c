@@ -89,6 +89,7 @@ int cmd_run(const command *c, int argc, char **argv) {
     if ((status = apply_threads(context, threads)) != QMM_OK) goto cleanup;
     /* Before any layer runs: each layer's product must fit in the host memory (activations of many tokens on a large
      * layer hold tens of GiB; past the memory the system kills the process, with nothing said). */
+    int layer_width = 22; /* the table's layer column: the longest name and two spaces */
     for (size_t i = 0; i < count; i++) {
         qmm_layer layer;
         qmm_tensor tensor;
@@ -99,6 +100,7 @@ int cmd_run(const command *c, int argc, char **argv) {
             goto cleanup;
         char name[PRINTABLE_SIZE];
         printable(layer.name, name, sizeof name);
+        if (display_chars(name) + 2 > layer_width) layer_width = display_chars(name) + 2;
         status = check_product_fits(context, name, &layer.matrix, layer.matrix.dtype, rows, 0.0,
                                     "run it on a larger machine, or with fewer tokens in activations.safetensors");
         if (status != QMM_OK) goto cleanup;
@@ -117,7 +119,7 @@ int cmd_run(const command *c, int argc, char **argv) {
     if (faults) fprintf(stderr, "qmm run: QMM_RUN_INJECT_FAULT=%llu: corrupting one output of the first %llu layer(s)\n",
                         faults, faults);
     /* the kernel column fits the longest row names (cpu.qmm_t.gemv_ordered.n16.avx512, cuda.qmm_t.mma_tile_bf16x3.m32n128) */
-    static const int widths[] = {22, 18, 17, 36, 12, 13, 10};
+    const int widths[] = {layer_width, 18, 17, 36, 12, 13, 10};
     static const char *const headers[] = {"layer", "M×N×K", "format", "kernel", "max|error|", "error/bound", "µs"};
     for (int k = 0; k < 7; k++) print_cell(headers[k], widths[k]);
     printf("x\n");
@@ -167,8 +169,9 @@ int cmd_run(const command *c, int argc, char **argv) {
     if (failed) printf("FAIL: %zu of %zu layers outside bound%s\n", failed, count,
                        batch_invariant ? " or with rows that differ from the same row alone" : "");
     else if (batch_invariant)
-        printf("%zu layers, all within bound; batch-invariant: every row checked alone (M=1) is bit for bit the same "
-               "inside the product\n", count);
+        printf("%zu layer%s, all within bound; batch-invariant: every row checked alone (M=1) is bit for bit the same "
+               "inside the product\n", count, count == 1 ? "" : "s");
+    else if (count == 1) printf("1 layer, within bound\n");
     else printf("%zu layers, all within bound\n", count);
 cleanup:
     free(x);
