@@ -1536,9 +1536,9 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
               .description = "MoE gather: one product per expert block, blocks of <= 16 rows and chunks of 16 "
-                             "rows of blocks up to 256 rows in two grouped GEMV launches, larger blocks on the CUDA "
-                             "qmm_t row picked for their rows (batch-invariant: "
-                             "f16/bf16 chunks of <= 16 rows in m16n32 launches of fixed warps, other formats every "
+                             "rows of blocks up to 256 rows and 2^30 multiply-adds in two grouped GEMV launches, "
+                             "larger blocks on the CUDA qmm_t row picked for their rows (batch-invariant: f16/bf16 "
+                             "chunks of <= 16 rows in m16n32 launches of fixed warps, other formats every "
                              "block on the qmm_t rows of the mode)",
               .batch_invariant_order = GATHER_INVARIANT_ORDER},
      .supports = gather_supports, .run = gather_run},
@@ -1589,8 +1589,9 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
 
 /* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
  * with sorted indices one per expert used, so each expert's weights are read once for all its rows) — blocks of
- * ≤ 16 rows in the grouped GEMV launches where the mma_gemv rows take them (gather_grouping), the others each on
- * the CUDA row the selector picks for that block's M (mma_gemv, mma_tile or generic). Where some block's rows of x
+ * ≤ 16 rows, and the chunks of 16 rows of the blocks gather_chunk_rows cuts, in the grouped GEMV launches where the
+ * mma_gemv rows take them (gather_grouping), the others each on the CUDA row the selector picks for that block's M
+ * (mma_gemv, mma_tile, wgmma or generic). Where some block's rows of x
  * (named by lhs_indices) are not consecutive rows of x, the rows are first gathered into device scratch in pair
  * order (one kernel), so every block's x is contiguous; otherwise (lhs_indices NULL, blocks of one row, runs of
  * consecutive tokens) every block reads x in place. */

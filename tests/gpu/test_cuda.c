@@ -831,7 +831,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {2, 2, 70000, 16, 64, 4, 32, QMM_F16},
         /* 200 experts, one per token, about 12 tokens each: sorted, more than QMM_CUDA_GROUPED_MAX blocks of 9–16
          * rows (their table goes up with the call) beside fewer than that of ≤ 8 rows (theirs in the launch's
-         * parameter) and some past 16; unsorted, 2400 blocks of one row */
+         * parameter) and some past 16 (cut into chunks by default); unsorted, 2400 blocks of one row */
         {200, 1, 2400, 16, 64, 4, 32, QMM_BF16},
         /* exactly QMM_CUDA_GROUPED_MAX blocks in a class (the table in the launch's parameter) and one more (the
          * table uploaded): A = E routes deterministically (shift 0) — sorted, E blocks of T rows read in place;
