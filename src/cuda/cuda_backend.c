@@ -71,6 +71,8 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_INVARIANT_SLOTS", knob_zero_one, 0, 0, "0: as if the bf16 virtual splits' slots could not be had"},
     {"QMM_CUDA_GATHER_GROUPED", knob_zero_one, 0, 0,
      "0: a launch per expert block, 1: grouped launches (an error where they cannot run)"},
+    {"QMM_CUDA_GATHER_TILES", knob_zero_one, 0, 0,
+     "0: the gather's blocks that are not cut get a launch each, 1: grouped m64n64 tile launches"},
     {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
      "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
@@ -1535,9 +1537,9 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = generic_supports, .run = generic_n_run},
     {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
-              .description = "MoE gather: one product per expert block, blocks of <= 16 rows and chunks of 16 "
-                             "rows of blocks up to 256 rows and 2^30 multiply-adds in two grouped GEMV launches, "
-                             "larger blocks on the CUDA qmm_t row picked for their rows (batch-invariant: f16/bf16 "
+              .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV "
+                             "launches, larger blocks of <= 2^30 multiply-adds in grouped m64n64 tile launches, the "
+                             "others on the CUDA qmm_t row picked for their rows (batch-invariant: f16/bf16 "
                              "chunks of <= 16 rows in m16n32 launches of fixed warps, other formats every "
                              "block on the qmm_t rows of the mode)",
               .batch_invariant_order = GATHER_INVARIANT_ORDER},
@@ -1589,9 +1591,10 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
 
 /* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
  * with sorted indices one per expert used, so each expert's weights are read once for all its rows) — blocks of
- * ≤ 16 rows, and the chunks of 16 rows of the blocks gather_chunk_rows cuts, in the grouped GEMV launches where the
- * mma_gemv rows take them (gather_grouping), the others each on the CUDA row the selector picks for that block's M
- * (mma_gemv, mma_tile, wgmma or generic). Where some block's rows of x
+ * ≤ 16 rows (and the chunks of 16 rows of the blocks gather_chunk_rows cuts) in the grouped GEMV launches, larger
+ * blocks of small work (gather_small_work) in the grouped m64n64 tile launches, where the mma_gemv rows take them
+ * (gather_grouping); the others each on the CUDA row the selector picks for that block's M (mma_gemv, mma_tile,
+ * wgmma or generic). Where some block's rows of x
  * (named by lhs_indices) are not consecutive rows of x, the rows are first gathered into device scratch in pair
  * order (one kernel), so every block's x is contiguous; otherwise (lhs_indices NULL, blocks of one row, runs of
  * consecutive tokens) every block reads x in place. */
@@ -1618,9 +1621,9 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
 
 /* Whether gather_run puts its blocks of ≤ 16 rows into grouped GEMV launches (one launch of m8n32 for every block
  * of ≤ 8 rows, one of m16n32 for 9–16) instead of a launch per block: where the mma_gemv rows take the blocks (f16
- * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. Larger blocks go there too,
- * in chunks of ≤ 16 rows: in batch-invariant mode every block, by default those gather_chunk_rows names
- * (gather_piece_end). Measured on the H200
+ * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. Larger blocks go to grouped
+ * launches too (in batch-invariant mode every block, in chunks of ≤ 16 rows; by default the tile launches or the
+ * chunks gather_chunk_rows names: gather_small_work). Measured on the H200
  * (docs/PERF.md, sixteenth session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's
  * experts at T = 128: 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off; =1 makes a call that cannot group
  * an error (tests: that grouping happened where it should). */
@@ -1628,24 +1631,45 @@ static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, els
     const char *forced = getenv("QMM_CUDA_GATHER_GROUPED");
     return forced && strcmp(forced, "0") == 0 ? 0 : forced && strcmp(forced, "1") == 0 ? 1 : -1;
 }
-/* Which expert blocks of > 16 rows the default mode cuts into chunks of 16 rows for the grouped launches instead of a
- * launch each (gather_piece_end): those of ≤ QMM_CUDA_GATHER_CHUNK_ROWS rows where the knob is set, else those of ≤ 256
- * rows whose multiply-adds (rows·N·K) are at most 2^30. Measured on the H100 (docs/PERF.md, forty-second session),
- * every block cut against a launch per block of > 16 rows (about 5 µs of wall time each): Qwen3-30B-A3B's 768×2048
- * experts 0.21–0.28× the time at T = 512 (about 32 rows a block, 0.05 G multiply-adds), 0.34–0.52× at T = 2048 (128
- * rows, 0.2 G), T ≤ 128 within noise; Qwen3-235B-A22B's 1536×4096 0.42× at T = 512, 0.67× at T = 2048 (128 rows,
- * 0.8 G); Mixtral-8x7B's 14336×4096 (8 experts, 2 per token) 1.21× at T = 128 (32 rows, 1.9 G), 1.64× at T = 512 and
- * 2.5× at T = 2048 — there each chunk's second and later reads of the expert's weights cost more than a launch, so
- * such blocks stay on the tensor-core rows. The rows' bound: cutting Qwen3-30B-A3B's blocks at 256 rows was no slower
- * than cutting every block (T = 2048). */
+/* Where the default mode puts an expert block of > 16 rows when grouping (gather_plan, gather_piece_end,
+ * gather_piece_class). A launch of its own costs about 5 µs of wall time whatever its work, so a block whose work is
+ * small — rows·N·K ≤ GATHER_GROUPED_MACS multiply-adds — goes to a grouped launch: the m64n64 tile launches over a
+ * table of such blocks (QMM_CUDA_GATHER_TILES, unset or 1), or with the tiles off, where it has ≤ 256 rows, chunks of
+ * 16 rows in the grouped GEMV launches; a block of more work keeps a launch of its own on the selector's row (the
+ * wgmma and tile rows tuned for one large product). QMM_CUDA_GATHER_CHUNK_ROWS=R cuts exactly the blocks of 17–R
+ * rows into chunks (16: none), whatever their work; the others as above. Measured on the H100 (docs/PERF.md,
+ * forty-second session), Qwen3-30B-A3B's 768×2048 experts (f16): against a launch per block of > 16 rows, chunks took
+ * 0.21–0.28× the time at T = 512 (about 32 rows a block), 0.34–0.52× at T = 2048 (128 rows), and the tiles 0.23× and
+ * 0.27–0.30× — tiles against chunks 1.02 and 0.82 at T = 512, 0.78 and 0.61 at T = 2048 (gate_up, down); Qwen3-235B-
+ * A22B's 1536×4096 (chunks only) 0.42× at T = 512 and 0.67× at T = 2048 (0.8 G multiply-adds a block); Mixtral-8x7B's
+ * 14336×4096 (8 experts, 2 a token) slower grouped: chunks 1.21–2.50×, tiles 1.23–1.74× at T = 128–2048 (32 rows
+ * and more, ≥ 1.9 G a block) — hence the bound on the work. */
+#define GATHER_GROUPED_MACS (1ull << 30)
 #define GATHER_CHUNK_ROWS 256
-#define GATHER_CHUNK_MACS (1ull << 30)
-static size_t gather_chunk_rows(const qmm_call *call) {
-    const char *forced = getenv("QMM_CUDA_GATHER_CHUNK_ROWS"); /* CALL_KNOBS_CHECK: 16 … 2^30 */
-    if (forced && *forced) return (size_t)strtol(forced, NULL, 10);
+static bool gather_small_work(const qmm_call *call, size_t rows) {
     const unsigned long long per_row = (unsigned long long)call->N * call->K; /* a gather's N·K fits: validated */
-    const unsigned long long rows = GATHER_CHUNK_MACS / (per_row ? per_row : 1);
-    return rows < GATHER_CHUNK_ROWS ? (size_t)rows : GATHER_CHUNK_ROWS;
+    return rows <= GATHER_GROUPED_MACS / (per_row ? per_row : 1);
+}
+/* Whether the grouped tile launches take this call's blocks of small work: QMM_CUDA_GATHER_TILES (CALL_KNOBS_CHECK:
+ * 0 or 1) not 0, and the m64n64 row takes an expert block of this format (tile_supports: its shared memory, K; a block
+ * of small work has ≤ 2^30 / (N·K) ≤ 2^21 rows, so grid.y ≤ 32768 tiles). */
+static bool gather_tiles(const qmm_call *call) {
+    const char *forced = getenv("QMM_CUDA_GATHER_TILES");
+    if (forced && strcmp(forced, "0") == 0) return false;
+    char why_not[256];
+    qmm_call probe = expert_block_call(call, NULL, 0, 1, &(cuda_weights_extra){0});
+    return tile_supports(&probe, 0, why_not, sizeof why_not);
+}
+/* The largest block the default mode cuts into chunks of 16 rows (16: none): QMM_CUDA_GATHER_CHUNK_ROWS where set
+ * (CALL_KNOBS_CHECK: 16 … 2^30); else none with the tile launches, or with them off the blocks of ≤ 256 rows and
+ * small work. */
+static size_t gather_chunk_rows(const qmm_call *call, bool tiles) {
+    const char *forced = getenv("QMM_CUDA_GATHER_CHUNK_ROWS");
+    if (forced && *forced) return (size_t)strtol(forced, NULL, 10);
+    if (tiles) return 16;
+    const unsigned long long per_row = (unsigned long long)call->N * call->K;
+    const unsigned long long rows = GATHER_GROUPED_MACS / (per_row ? per_row : 1);
+    return rows < GATHER_CHUNK_ROWS ? (size_t)rows : GATHER_CHUNK_ROWS; /* below 17: none cut */
 }
 static bool gather_grouping(const qmm_call *call, int forced, char *why_not, size_t size) {
     if (forced == 0) {
@@ -1699,8 +1723,8 @@ static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 
 
 /* The gather's pieces: the products gather_run launches, pairs i0 … i1−1 of one expert. By default a piece is an
  * expert block (qmm_gather_block_end) or, when grouping, a chunk of 16 rows of a block of > 16 rows and ≤ chunk_rows
- * (gather_chunk_rows; the block's last chunk may be smaller), in the grouped class grouped_token_tiles gives it when
- * grouping, else a launch of its own. Batch-invariant mode, where grouping (order GATHER_INVARIANT_ORDER, docs/kernels.md §11): each block is
+ * (gather_chunk_rows; the block's last chunk may be smaller), in the grouped class gather_piece_class gives it when
+ * grouping (a GEMV class, or the tile class for a larger block of small work), else a launch of its own. Batch-invariant mode, where grouping (order GATHER_INVARIANT_ORDER, docs/kernels.md §11): each block is
  * cut into chunks of ≤ 16 rows, every chunk in the m16n32 class, and its launches run GATHER_INVARIANT_WARPS warps
  * (QMM_CUDA_WARPS where set) — so a pair's bits are those of the m16n32 tile of those warps on its x row and expert
  * alone: the tile computes each token's column on its own (its MMAs' columns and its Σx are per token), and warp w
@@ -1710,51 +1734,75 @@ static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 
  * for it among the rows of the mode, whose order is fixed by the format too (§11). Measured (docs/PERF.md,
  * forty-first session): the chunks' launches against each block as a batch-invariant qmm_t call. */
 #define GATHER_INVARIANT_WARPS 8
-static size_t gather_piece_end(const qmm_call *call, bool grouping, size_t chunk_rows, size_t i0) {
+/* How gather_run splits a call into pieces and launches (made once per call, the same for every pass over the pieces):
+ * grouping (gather_grouping), the largest block cut into chunks (gather_chunk_rows), and whether the blocks that are
+ * not cut go to the grouped m64n64 tile launches (gather_tiles). */
+typedef struct gather_plan {
+    bool grouping;
+    size_t chunk_rows;
+    bool tiles;
+} gather_plan;
+static size_t gather_piece_end(const qmm_call *call, const gather_plan *plan, size_t i0) {
     const size_t i1 = qmm_gather_block_end(call, i0);
-    const bool chunked = grouping && i1 - i0 > 16 && (call->batch_invariant || i1 - i0 <= chunk_rows);
+    const bool chunked = plan->grouping && i1 - i0 > 16 && (call->batch_invariant || i1 - i0 <= plan->chunk_rows);
     return chunked ? i0 + 16 : i1;
 }
-static int gather_piece_class(const qmm_call *call, bool grouping, size_t rows) {
-    return !grouping ? 0 : call->batch_invariant ? 2 : grouped_token_tiles(rows);
+/* A piece's class: 1 (m8n32) or 2 (m16n32) for pieces of ≤ 16 rows, GATHER_TILE_CLASS for the larger ones in the
+ * grouped tile launches, 0 for a launch of its own on the selector's row. */
+#define GATHER_CLASSES 3
+#define GATHER_TILE_CLASS 3
+static int gather_piece_class(const qmm_call *call, const gather_plan *plan, size_t rows) {
+    if (!plan->grouping) return 0;
+    if (call->batch_invariant) return 2;
+    return rows <= 16 ? grouped_token_tiles(rows) : plan->tiles && gather_small_work(call, rows) ? GATHER_TILE_CLASS : 0;
 }
 
 /* The products of one class of pieces (gather_piece_end: expert blocks or their chunks) for
  * the grouped launches (gather_piece_class), in pair order, into products (room for all of them). */
-static void gather_grouped_products(const qmm_call *call, const char *gathered_x, size_t chunk_rows, int token_tiles,
+static void gather_grouped_products(const qmm_call *call, const gather_plan *plan, const char *gathered_x, int piece_class,
                                     qmm_cuda_gemv_product *products) {
     size_t count = 0;
     for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
-        i1 = gather_piece_end(call, true, chunk_rows, i0);
-        if (gather_piece_class(call, true, i1 - i0) != token_tiles) continue;
+        i1 = gather_piece_end(call, plan, i0);
+        if (gather_piece_class(call, plan, i1 - i0) != piece_class) continue;
         cuda_weights_extra extra = {0};
         const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
         products[count++] = grouped_product(call, gathered_x, &block);
     }
 }
 
-/* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX blocks in one launch
+/* One grouped launch of a class: the GEMV (class 1 or 2: its token tiles) or the m64n64 tile (GATHER_TILE_CLASS). */
+static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class, const qmm_cuda_gemv_product *host,
+                                 const qmm_cuda_gemv_product *device, int count) {
+    return piece_class == GATHER_TILE_CLASS ? qmm_cuda_mma_tile_grouped(launch, host, device, count)
+                                            : qmm_cuda_mma_gemv_grouped(launch, host, device, count, piece_class);
+}
+
+/* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch
  * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
- * 65535 blocks per launch (grid.z). */
-static qmm_status gather_grouped_launches(const qmm_call *call, const char *gathered_x, size_t chunk_rows,
-                                          int token_tiles, size_t count, const qmm_cuda_gemv_product *device_table) {
+ * 65535 pieces per launch (grid.z). tile_rows: the class's largest piece (the tile launches' grid.y). */
+static qmm_status gather_grouped_launches(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
+                                          int piece_class, size_t count, size_t tile_rows,
+                                          const qmm_cuda_gemv_product *device_table) {
     qmm_cuda_launch launch = launch_of(call);
     launch.x = gathered_x ? gathered_x : call->x;
     if (call->batch_invariant && launch.warps <= 0) launch.warps = GATHER_INVARIANT_WARPS; /* gather_piece_end */
-    const char *what = token_tiles == 1 ? "grouped mma_m8n32" : "grouped mma_m16n32";
+    if (piece_class == GATHER_TILE_CLASS) launch.M = tile_rows;
+    const char *what = piece_class == 1 ? "grouped mma_m8n32" : piece_class == 2 ? "grouped mma_m16n32"
+                                                                                 : "grouped mma_tile m64n64";
     if (!device_table) {
         if (count > QMM_CUDA_GROUPED_MAX) /* gather_run uploads such a class's table: never here */
-            return qmm_error(QMM_ERR_BACKEND, "cuda.gather.blocks.auto: %zu blocks of a grouped class, more than a "
+            return qmm_error(QMM_ERR_BACKEND, "cuda.gather.blocks.auto: %zu pieces of a grouped class, more than a "
                              "launch's parameters hold (%d), and no uploaded table", count, QMM_CUDA_GROUPED_MAX);
         qmm_cuda_gemv_product products[QMM_CUDA_GROUPED_MAX];
-        gather_grouped_products(call, gathered_x, chunk_rows, token_tiles, products);
-        return launch_status(qmm_cuda_mma_gemv_grouped(&launch, products, NULL, (int)count, token_tiles), what,
-                             __FILE__, __LINE__);
+        gather_grouped_products(call, plan, gathered_x, piece_class, products);
+        return launch_status(gather_grouped_launch(&launch, piece_class, products, NULL, (int)count), what, __FILE__,
+                             __LINE__);
     }
     for (size_t at = 0; at < count; at += 65535) {
         const int part = (int)(count - at < 65535 ? count - at : 65535);
-        const qmm_status status = launch_status(qmm_cuda_mma_gemv_grouped(&launch, NULL, device_table + at, part,
-                                                                          token_tiles), what, __FILE__, __LINE__);
+        const qmm_status status = launch_status(gather_grouped_launch(&launch, piece_class, NULL, device_table + at, part),
+                                                what, __FILE__, __LINE__);
         if (status != QMM_OK) return status;
     }
     return QMM_OK;
@@ -1776,24 +1824,26 @@ static qmm_status gather_run(const qmm_call *call) {
     const qmm_kernel *cuda_rows[CUDA_ROW_COUNT];
     collect_rows(cuda_rows);
     const size_t B = call->M, K = call->K, size = qmm_dtype_size(call->dtype);
-    /* Pieces (gather_piece_end) of ≤ 16 rows go to the grouped launches (when grouping): grouped[0] of ≤ 8 rows,
-     * grouped[1] of 9–16 (gather_piece_class − 1; in batch-invariant mode all in grouped[1]); the others get a launch
-     * each on the row the selector picks. */
-    size_t grouped[2] = {0, 0};
+    /* Pieces (gather_piece_end) go to the grouped launches when grouping: grouped[0] of ≤ 8 rows, grouped[1] of 9–16
+     * (in batch-invariant mode all in grouped[1]), grouped[2] the larger ones where the tile launches take them
+     * (gather_piece_class − 1); the others get a launch each on the row the selector picks. */
+    size_t grouped[GATHER_CLASSES] = {0, 0, 0}, tile_rows = 0;
     char why_not[256] = "";
     const int forced = gather_grouped_forced();
     const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
-    const size_t chunk_rows = gather_chunk_rows(call);
+    const bool tiles = grouping && gather_tiles(call);
+    const gather_plan plan = {.grouping = grouping, .chunk_rows = gather_chunk_rows(call, tiles), .tiles = tiles};
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
     /* One pass over the pieces: the classes' counts, and whether the rows of x must be gathered */
     bool gather_x = false;
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
-        i1 = gather_piece_end(call, grouping, chunk_rows, i0);
+        i1 = gather_piece_end(call, &plan, i0);
         gather_x = gather_x || !qmm_gather_block_in_place(call, i0, i1);
-        const int token_tiles = gather_piece_class(call, grouping, i1 - i0);
-        if (token_tiles) grouped[token_tiles - 1]++;
+        const int piece_class = gather_piece_class(call, &plan, i1 - i0);
+        if (piece_class) grouped[piece_class - 1]++;
+        if (piece_class == GATHER_TILE_CLASS && i1 - i0 > tile_rows) tile_rows = i1 - i0;
     }
     const char *gathered_x = NULL;
     if (gather_x) {
@@ -1804,13 +1854,14 @@ static qmm_status gather_run(const qmm_call *call) {
         if (status != QMM_OK) return status;
         gathered_x = s->gather_x;
     }
-    /* The upload: [lhs indices, padded to 16 bytes][the table of each class of more than QMM_CUDA_GROUPED_MAX blocks,
-     * ≤ 8 rows first]. B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
+    /* The upload: [lhs indices, padded to 16 bytes][the table of each class of more than QMM_CUDA_GROUPED_MAX pieces,
+     * in class order]. B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
     size_t upload_bytes = index_bytes;
-    for (int c = 0; c < 2; c++)
+    for (int c = 0; c < GATHER_CLASSES; c++)
         if (grouped[c] > QMM_CUDA_GROUPED_MAX) upload_bytes += grouped[c] * sizeof(qmm_cuda_gemv_product);
-    const qmm_cuda_gemv_product *tables[2] = {NULL, NULL}; /* a class's uploaded table, or NULL: in the parameters */
+    /* a class's uploaded table, or NULL: in the parameters */
+    const qmm_cuda_gemv_product *tables[GATHER_CLASSES] = {NULL, NULL, NULL};
     if (upload_bytes) {
         int slot = 0;
         qmm_status status = gather_staging_slot(s, upload_bytes, &slot);
@@ -1822,9 +1873,9 @@ static qmm_status gather_run(const qmm_call *call) {
             memset(staging + B * sizeof(uint32_t), 0, index_bytes - B * sizeof(uint32_t)); /* the padding */
         }
         size_t at = index_bytes; /* bytes from the start of the upload (the products are 8-byte aligned there) */
-        for (int c = 0; c < 2; c++)
+        for (int c = 0; c < GATHER_CLASSES; c++)
             if (grouped[c] > QMM_CUDA_GROUPED_MAX) {
-                gather_grouped_products(call, gathered_x, chunk_rows, c + 1, (qmm_cuda_gemv_product *)(staging + at));
+                gather_grouped_products(call, &plan, gathered_x, c + 1, (qmm_cuda_gemv_product *)(staging + at));
                 tables[c] = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + at);
                 at += grouped[c] * sizeof(qmm_cuda_gemv_product);
             }
@@ -1847,16 +1898,17 @@ static qmm_status gather_run(const qmm_call *call) {
     }
     qmm_status status = QMM_OK;
     for (size_t i0 = 0, i1; i0 < B && status == QMM_OK; i0 = i1) {
-        i1 = gather_piece_end(call, grouping, chunk_rows, i0);
-        if (gather_piece_class(call, grouping, i1 - i0)) continue;
+        i1 = gather_piece_end(call, &plan, i0);
+        if (gather_piece_class(call, &plan, i1 - i0)) continue;
         cuda_weights_extra extra = {0};
         qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
         const qmm_kernel *row;
         status = qmm_select_kernel(cuda_rows, CUDA_ROW_COUNT, &block, NULL, &row);
         if (status == QMM_OK) status = row->run(&block);
     }
-    for (int c = 0; c < 2 && status == QMM_OK; c++)
-        if (grouped[c]) status = gather_grouped_launches(call, gathered_x, chunk_rows, c + 1, grouped[c], tables[c]);
+    for (int c = 0; c < GATHER_CLASSES && status == QMM_OK; c++)
+        if (grouped[c])
+            status = gather_grouped_launches(call, &plan, gathered_x, c + 1, grouped[c], tile_rows, tables[c]);
     /* lhs_indices and the large tables were copied into the staging slot, the small tables into their launches'
      * parameters, rhs_indices read above: nothing of the caller's host arrays is used after this call returns. */
     return status;

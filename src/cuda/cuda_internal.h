@@ -89,7 +89,7 @@ int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int to
  * (x, out, scales and biases: of the dtype; packed: 16-byte words; sb and w: 32-bit words), and its rows of x. */
 typedef struct qmm_cuda_gemv_product {
     unsigned long long x, out, packed, sb, w, scales;
-    unsigned int M; /* 1 … 8·token_tiles */
+    unsigned int M; /* the GEMV: 1 … 8·token_tiles; the tile: any */
     unsigned int unused;
 } qmm_cuda_gemv_product;
 /* Up to QMM_CUDA_GROUPED_MAX products of a grouped launch travel by value as the kernel's parameter (no upload: the
@@ -112,6 +112,11 @@ int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv
  * qmm_cuda_mma_tile_shape gives the tile's BN (weight rows), BM (tokens), threads per block, the blocks per SM
  * its register cap is set for and its dynamic shared memory per block at `bits` (bytes). */
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
+/* `count` products of one shape in one launch of tile 0 (m64n64, f16/bf16, 4/8-bit; no split-K), the products as for
+ * qmm_cuda_mma_gemv_grouped (their M any size ≥ 1); launch->M: the largest product's M (grid.y covers its tiles). The
+ * gather's expert blocks that are not cut into chunks (cuda_backend.c). */
+int qmm_cuda_mma_tile_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv_product *host_products,
+                              const qmm_cuda_gemv_product *device_products, int count);
 void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads, int *resident, size_t *shared);
 
 /* The wgmma_tile family (kernels_wgmma.cu, sm_90a): 128 weight rows × `tokens` (64 or 128) rows of x per block,

@@ -208,19 +208,6 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #include "mma_gemv_body.cuh"
 }
 
-/* Where a grouped launch's products are: in its parameter (qmm_cuda_grouped_table, ≤ QMM_CUDA_GROUPED_MAX: read in
- * place from the constant bank, and the offsets stay there as operands — on sm_90a 70–104 registers instead of 82–124
- * for the m8n32 instantiations) or in a device array (grouped_device_table, the upload of a larger class). */
-struct grouped_device_table {
-    const qmm_cuda_gemv_product *entries;
-};
-__device__ __forceinline__ const qmm_cuda_gemv_product &grouped_entry(const qmm_cuda_grouped_table &table, unsigned z) {
-    return table.products[z];
-}
-__device__ __forceinline__ qmm_cuda_gemv_product grouped_entry(const grouped_device_table &table, unsigned z) {
-    return table.entries[z];
-}
-
 /* Many products of one shape (N, K) in one launch — the expert blocks of a gather (cuda.gather.blocks.auto):
  * grid.z = the product, grouped_entry(table, z) its offsets from the bases and its rows of x (M ≤ 8·TT: no chunks),
  * grid (row tiles, 1, products). Each product is computed by the same algorithm as a launch of m8n32 / m16n32 on it

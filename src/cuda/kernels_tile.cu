@@ -23,6 +23,10 @@
  * batch-invariant mode) each output is reduced in one order that depends on neither M nor the tile shape:
  * super-blocks in order, within each the group segments in order, each segment's MMAs chained in k order.
  */
+#include <string.h>
+
+#include <type_traits>
+
 #include "cuda_internal.h"
 #include "mma_common.cuh"
 
@@ -37,12 +41,26 @@ template <> struct tile_x<float> {
     static constexpr int parts = 3;
 };
 
-template <int BITS, typename T, int GS, int WR, int WT, int WN, int WM, int S, int MIN_BLOCKS>
+/* Group: tile_ungrouped (one product: grid (N tiles, M tiles, splits)) or a grouped launch's table
+ * (qmm_cuda_grouped_table in the parameter, grouped_device_table uploaded: the gather's expert blocks) — then grid.z is
+ * the product, whose entry offsets the pointers from the bases and gives its M; grid.y covers the largest product's M
+ * tiles (a block past its product's M returns at once); no split-K. */
+struct tile_ungrouped {};
+template <int BITS, typename T, int GS, int WR, int WT, int WN, int WM, int S, int MIN_BLOCKS, typename Group>
 __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
-    mma_tile_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
-                    const uint32_t *__restrict__ w_orig, const T *__restrict__ scales, const T *__restrict__ biases,
-                    T *__restrict__ out, float *__restrict__ partials, unsigned *__restrict__ counters, int M, int N,
-                    int K, int sb_per_split) {
+    mma_tile_kernel(const __grid_constant__ Group group, const T *__restrict__ x, const uint4 *__restrict__ packed,
+                    const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig,
+                    const T *__restrict__ scales, const T *__restrict__ biases, T *__restrict__ out,
+                    float *__restrict__ partials, unsigned *__restrict__ counters, int M, int N, int K,
+                    int sb_per_split) {
+    constexpr bool GROUPED = !std::is_same<Group, tile_ungrouped>::value;
+    if constexpr (GROUPED) {
+        const auto &e = grouped_entry(group, blockIdx.z); /* __grid_constant__: never copied to local memory */
+        M = (int)e.M;
+        if ((int)blockIdx.y * (8 * WT * WM) >= M) return;
+        x += e.x, packed += e.packed, sb += e.sb, w_orig += e.w, scales += e.scales, biases += e.scales;
+        out += e.out;
+    }
     constexpr int BPS = BITS == 4 ? 4 : 2; /* 32-code blocks per super-block */
     constexpr int WPB = BITS / 4;          /* words per lane per block */
     constexpr int BPG = GS / 32;           /* blocks per group */
@@ -65,7 +83,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     const int wn = warp % WN, wm = warp / WN, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
     const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
-    const int sb_begin = blockIdx.z * sb_per_split;
+    const int sb_begin = GROUPED ? 0 : (int)blockIdx.z * sb_per_split;
     const int sb_end = min(super_blocks, sb_begin + sb_per_split);
     const int count = max(0, sb_end - sb_begin);
     const uint32_t ones[4] = {mma_traits<MT>::ones, mma_traits<MT>::ones, mma_traits<MT>::ones, mma_traits<MT>::ones};
@@ -231,7 +249,7 @@ __global__ void __launch_bounds__(32 * WN * WM, MIN_BLOCKS)
     asm volatile("cp.async.wait_all;");
 
     /* C fragment: e = 2h + e' is row 16r + 8h + g, token 8tt + 2t + e'. */
-    if (gridDim.z == 1) {
+    if (GROUPED || gridDim.z == 1) {
 #pragma unroll
         for (int r = 0; r < WR; r++)
 #pragma unroll
@@ -336,7 +354,7 @@ template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm
     typedef tile_config<ID> C;
     constexpr int BPS = BITS == 4 ? 4 : 2, BN = 16 * C::WR * C::WN, BM = 8 * C::WT * C::WM;
     constexpr size_t shared = tile_shared<ID>(BITS);
-    auto kernel = mma_tile_kernel<BITS, T, GS, C::WR, C::WT, C::WN, C::WM, C::S, C::MIN_BLOCKS>;
+    auto kernel = mma_tile_kernel<BITS, T, GS, C::WR, C::WT, C::WN, C::WM, C::S, C::MIN_BLOCKS, tile_ungrouped>;
     static unsigned long long opted_in = 0;
     const int opt_in = shared_memory_opt_in(kernel, shared, &opted_in);
     if (opt_in) return opt_in;
@@ -347,7 +365,7 @@ template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm
     dim3 grid(tiles_n, tiles_m, (unsigned)splits);
     cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
     kernel<<<grid, 32 * C::WN * C::WM, shared, (cudaStream_t)c->stream>>>(
-        (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+        tile_ungrouped{}, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
         (const T *)c->biases, (T *)c->out, c->partials, c->counters, (int)c->M, (int)c->N, (int)c->K, per_split);
     return (int)cudaGetLastError();
 }
@@ -377,6 +395,50 @@ extern "C" int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *c, int tile) {
     case 3: return dispatch_tile<3>(c);
     default: return dispatch_tile<4>(c);
     }
+}
+
+/* The grouped launch of tile 0 (m64n64; the gather's expert blocks that are not cut, cuda_backend.c): grid
+ * (N tiles, the largest product's M tiles = ceil(launch->M / 64), products), at most 65535 products a launch. */
+template <int BITS, typename T, int GS, typename Table>
+static int launch_tile_grouped(const qmm_cuda_launch *c, const Table &table, int count) {
+    typedef tile_config<0> C;
+    constexpr int BPS = BITS == 4 ? 4 : 2, BN = 16 * C::WR * C::WN, BM = 8 * C::WT * C::WM;
+    constexpr size_t shared = tile_shared<0>(BITS);
+    auto kernel = mma_tile_kernel<BITS, T, GS, C::WR, C::WT, C::WN, C::WM, C::S, C::MIN_BLOCKS, Table>;
+    static unsigned long long opted_in = 0;
+    const int opt_in = shared_memory_opt_in(kernel, shared, &opted_in);
+    if (opt_in) return opt_in;
+    const int super_blocks = (int)((c->K / 32 + BPS - 1) / BPS);
+    const dim3 grid((unsigned)((c->N + BN - 1) / BN), (unsigned)((c->M + BM - 1) / BM), (unsigned)count);
+    cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
+    kernel<<<grid, 32 * C::WN * C::WM, shared, (cudaStream_t)c->stream>>>(
+        table, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+        (const T *)c->biases, (T *)c->out, nullptr, nullptr, 0, (int)c->N, (int)c->K, super_blocks);
+    return (int)cudaGetLastError();
+}
+
+template <int BITS, typename T, int GS>
+static int launch_tile_grouped_from(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host_products,
+                                    const qmm_cuda_gemv_product *device_products, int count) {
+    if (device_products) return launch_tile_grouped<BITS, T, GS>(c, grouped_device_table{device_products}, count);
+    qmm_cuda_grouped_table table;
+    memcpy(table.products, host_products, (size_t)count * sizeof *host_products);
+    return launch_tile_grouped<BITS, T, GS>(c, table, count);
+}
+
+extern "C" int qmm_cuda_mma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host_products,
+                                         const qmm_cuda_gemv_product *device_products, int count) {
+    if (c->dtype == 0 || (c->bits != 4 && c->bits != 8) || count < 1 || count > 65535 ||
+        (!device_products && count > QMM_CUDA_GROUPED_MAX))
+        return (int)cudaErrorInvalidValue; /* the gather groups only what tile 0 takes */
+#define QMM_TILE_GROUPED_GS(BITS, T)                                                                              \
+    (c->group_size == 32   ? launch_tile_grouped_from<BITS, T, 32>(c, host_products, device_products, count)      \
+     : c->group_size == 64 ? launch_tile_grouped_from<BITS, T, 64>(c, host_products, device_products, count)      \
+                           : launch_tile_grouped_from<BITS, T, 128>(c, host_products, device_products, count))
+    const bool f16 = c->dtype == 1;
+    if (c->bits == 4) return f16 ? QMM_TILE_GROUPED_GS(4, __half) : QMM_TILE_GROUPED_GS(4, __nv_bfloat16);
+    return f16 ? QMM_TILE_GROUPED_GS(8, __half) : QMM_TILE_GROUPED_GS(8, __nv_bfloat16);
+#undef QMM_TILE_GROUPED_GS
 }
 
 extern "C" void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads, int *resident,

@@ -472,4 +472,17 @@ template <typename Kernel> static int shared_memory_opt_in(Kernel kernel, size_t
     return 0;
 }
 
+/* Where a grouped launch's products are (the mma_gemv and mma_tile grouped kernels): in its parameter (qmm_cuda_grouped_table, ≤ QMM_CUDA_GROUPED_MAX: read in
+ * place from the constant bank, and the offsets stay there as operands — on sm_90a 70–104 registers instead of 82–124
+ * for the m8n32 instantiations) or in a device array (grouped_device_table, the upload of a larger class). */
+struct grouped_device_table {
+    const qmm_cuda_gemv_product *entries;
+};
+__device__ __forceinline__ const qmm_cuda_gemv_product &grouped_entry(const qmm_cuda_grouped_table &table, unsigned z) {
+    return table.products[z];
+}
+__device__ __forceinline__ qmm_cuda_gemv_product grouped_entry(const grouped_device_table &table, unsigned z) {
+    return table.entries[z];
+}
+
 #endif /* QMM_MMA_COMMON_CUH */

@@ -803,11 +803,12 @@ static void sort_pairs_by_expert(uint32_t *lhs, uint32_t *rhs, size_t B) {
 /* MoE gather on the GPU (cuda.gather.blocks.auto): every token picks `active` distinct experts of E, the pairs
  * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices (with one expert per
  * token also lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing
- * written past B·N — each call with the expert blocks of ≤ 16 rows, and the chunks of 16 rows of the larger blocks
- * the default mode cuts, in grouped GEMV launches (the default where the mma_gemv rows take them;
- * QMM_CUDA_GATHER_GROUPED=1 there, so a call that did not group would fail, and it must fail where they do not), with
- * no block cut (QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) and with a launch per block
- * (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
+ * written past B·N — each call with the expert blocks of ≤ 16 rows in grouped GEMV launches and the larger blocks in
+ * grouped m64n64 tile launches (the default where the mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a
+ * call that did not group would fail, and it must fail where they do not), with the blocks of 17–256 rows cut into
+ * chunks of 16 for the GEMV launches (QMM_CUDA_GATHER_CHUNK_ROWS=256), with no block cut and no tile launches
+ * (QMM_CUDA_GATHER_TILES=0, QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) and with a launch per
+ * block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
  * (4/8-bit f16/bf16; 3- and 6-bit, stored as 4/8-bit codes), 3-bit f32 (the f32 rows) and an 8-bit f16 stack with
  * N = 200 (not a multiple of 16: no repacked slices, the generic row, no grouping). Batch-invariant mode too (B ≤
  * 5000, sorted and not; grouping required where the format groups): against the oracle, and every pair bit for bit
@@ -822,8 +823,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {8, 2, 3, 33, 128, 3, 32, QMM_F32},   {32, 8, 1, 768, 2048, 4, 64, QMM_BF16},
         /* sorted: blocks of 7–13 rows, so both grouped launches (≤ 8 and 9–16 rows) in one call */
         {16, 4, 40, 256, 256, 4, 32, QMM_F16}, {8, 2, 48, 256, 512, 8, 128, QMM_F16},
-        /* blocks of about 20 rows (cut into chunks of 16 and the rest, or with QMM_CUDA_GATHER_CHUNK_ROWS=16 a launch
-         * each) beside smaller ones; one expert per token (lhs_indices NULL too) */
+        /* blocks of about 20 rows (in the tile launches, or cut into chunks of 16 and the rest, or a launch each)
+         * beside smaller ones; one expert per token (lhs_indices NULL too) */
         {4, 2, 40, 128, 512, 4, 128, QMM_BF16}, {4, 1, 24, 64, 256, 8, 64, QMM_BF16},
         /* unsorted, every token's two pairs on different experts: more than 65535 blocks of ≤ 2 rows (grid.z per
          * grouped launch is 65535) — grouped and unsorted only (the test's insertion sort is quadratic, and 70001
@@ -831,7 +832,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {2, 2, 70000, 16, 64, 4, 32, QMM_F16},
         /* 200 experts, one per token, about 12 tokens each: sorted, more than QMM_CUDA_GROUPED_MAX blocks of 9–16
          * rows (their table goes up with the call) beside fewer than that of ≤ 8 rows (theirs in the launch's
-         * parameter) and some past 16 (cut into chunks by default); unsorted, 2400 blocks of one row */
+         * parameter) and some past 16 (in the tile launches by default); unsorted, 2400 blocks of one row */
         {200, 1, 2400, 16, 64, 4, 32, QMM_BF16},
         /* exactly QMM_CUDA_GROUPED_MAX blocks in a class (the table in the launch's parameter) and one more (the
          * table uploaded): A = E routes deterministically (shift 0) — sorted, E blocks of T rows read in place;
@@ -841,8 +842,9 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         /* sorted: both classes uploaded in one call (about 114 blocks of ≤ 8 rows and 140 of 9–16), x gathered, B not
          * a multiple of 4 (4 bytes of index padding before the two tables) */
         {256, 1, 2303, 16, 64, 4, 32, QMM_F16},
-        /* about 600 tokens per expert on 1536 rows (more than the 256 rows the default mode cuts): 120 tiles of
-         * 128 × 64, the wgmma m64n128 row on Hopper */
+        /* about 600 tokens per expert on 1536 rows: the grouped tile launches, 10 tiles of 64 tokens per expert (more
+         * than the 256 rows QMM_CUDA_GATHER_CHUNK_ROWS=256 cuts); a launch per block: 120 tiles of 128 × 64, the wgmma
+         * m64n128 row on Hopper */
         {2, 1, 1200, 1536, 256, 4, 64, QMM_F16},
         /* N = 5136 (81 blocks of 64 rows, the last of 16): with a launch per block of ≤ 8 rows the selector takes
          * mma_gemv m8n64, whose copies read up to 3 row tiles past an expert's slice unchecked — into the next expert's
@@ -881,15 +883,18 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         CHECK_OK(qmm_buffer_create(context, cases[c].dtype, N, &ob_one));
         if (!experts || !xb || !ob || !ob_one) goto next;
         CHECK_OK(qmm_buffer_write(xb, x, T * K));
-        /* variants 0–5: sorted or not × grouped (the default: blocks of up to GATHER_CHUNK_ROWS rows cut into chunks
-         * of 16) or a launch per block × lhs_indices NULL; 6–7: the batch-invariant mode, sorted or not; 8–9: grouped
-         * with no block cut (QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows), sorted or not */
-        for (int variant = 0; variant < 10; variant++) {
-            const int invariant = variant == 6 || variant == 7, unchunked = variant >= 8, sorted = variant & 1;
-            const int grouped = invariant || unchunked || !(variant & 2), lhs_null = variant == 4 || variant == 5;
+        /* variants 0–5: sorted or not × grouped (the default: blocks of > 16 rows in the grouped tile launches) or a
+         * launch per block × lhs_indices NULL; 6–7: the batch-invariant mode, sorted or not; 8–9: grouped with the
+         * blocks of 17–256 rows cut into chunks of 16 (QMM_CUDA_GATHER_CHUNK_ROWS=256; larger ones in the tile
+         * launches), sorted or not; 10–11: grouped with no block cut and no tile launches (QMM_CUDA_GATHER_TILES=0,
+         * QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) */
+        for (int variant = 0; variant < 12; variant++) {
+            const int invariant = variant == 6 || variant == 7, knobbed = variant >= 8, sorted = variant & 1;
+            const int cut = variant == 8 || variant == 9, untiled = variant >= 10;
+            const int grouped = invariant || knobbed || !(variant & 2), lhs_null = variant == 4 || variant == 5;
             const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
-            if (((sorted || !grouped || invariant || unchunked) && B > 5000) || (lhs_null && A != 1) ||
-                (unchunked && !groups))
+            if (((sorted || !grouped || invariant || knobbed) && B > 5000) || (lhs_null && A != 1) ||
+                (knobbed && !groups))
                 continue;
             /* token t takes experts (t·7 + j·(E/A) + random offset) mod E, j < A: distinct */
             for (size_t t = 0; t < T; t++) {
@@ -915,10 +920,12 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                 unsetenv("QMM_CUDA_GATHER_GROUPED");
             }
             if (!grouped || groups) setenv("QMM_CUDA_GATHER_GROUPED", grouped ? "1" : "0", 1);
-            if (unchunked) setenv("QMM_CUDA_GATHER_CHUNK_ROWS", "16", 1);
+            if (knobbed) setenv("QMM_CUDA_GATHER_CHUNK_ROWS", cut ? "256" : "16", 1);
+            if (untiled) setenv("QMM_CUDA_GATHER_TILES", "0", 1);
             CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, &ran));
             unsetenv("QMM_CUDA_GATHER_GROUPED");
             unsetenv("QMM_CUDA_GATHER_CHUNK_ROWS");
+            unsetenv("QMM_CUDA_GATHER_TILES");
             CHECK(ran.name && strcmp(ran.name, "cuda.gather.blocks.auto") == 0, "gather ran %s",
                   ran.name ? ran.name : "?");
             qmm_kernel_info chosen = {0}; /* qmm_select_gather names the row that ran, without buffers */
@@ -932,7 +939,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                      B, cases[c].bits, cases[c].group_size, qmm_dtype_name(cases[c].dtype),
                      sorted ? "sorted" : "unsorted", grouped ? "" : ", a launch per block",
                      lhs_null ? ", lhs_indices NULL" : "", invariant ? ", batch-invariant" : "",
-                     unchunked ? ", blocks of > 16 rows a launch each" : "");
+                     untiled ? ", blocks of > 16 rows a launch each" : cut ? ", blocks of 17-256 rows cut" : "");
             double worst = 0;
             size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, B * N, K, 2.0, &worst);
             CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
@@ -1195,7 +1202,8 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                         {"QMM_CUDA_INVARIANT_SLOTS", "none", "0, 1", NULL},
                         {"QMM_CUDA_INVARIANT_PATH", "sideways", "split, virtual, last, blocks", NULL},
                         {"QMM_CUDA_GATHER_GROUPED", "2", "0, 1", "cuda.qmm_t.mma_gemv.m16n32"},
-                        {"QMM_CUDA_GATHER_CHUNK_ROWS", "15", "16–1073741824", NULL}};
+                        {"QMM_CUDA_GATHER_CHUNK_ROWS", "15", "16–1073741824", NULL},
+                        {"QMM_CUDA_GATHER_TILES", "2", "0, 1", NULL}};
         CHECK_OK(qmm_buffer_poison(p.out)); /* once: every refusal below must leave it so */
         for (size_t i = 0; i < sizeof bad_call / sizeof bad_call[0]; i++) {
             const size_t M = bad_call[i].row && strstr(bad_call[i].row, ".m8n") ? 8 : p.M; /* m8n64 takes M ≤ 8 */
