@@ -1681,7 +1681,7 @@ static bool gather_grouping(const qmm_call *call, int forced, char *why_not, siz
     return mma_supports(&probe, 16, SIZE_MAX, why_not, size);
 }
 
-/* block (expert_block_call's, ≤ 16 rows) as offsets from the gather's arrays: x from gathered_x (or the call's x),
+/* block (expert_block_call's: a piece of any size) as offsets from the gather's arrays: x from gathered_x (or the call's x),
  * out, the MLX-layout w, scales and biases (one offset: both [rows, groups]) and the repacked packed and sb. */
 static qmm_cuda_gemv_product grouped_product(const qmm_call *call, const char *gathered_x, const qmm_call *block) {
     const size_t size = qmm_dtype_size(call->dtype);
@@ -1717,8 +1717,8 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
     return QMM_OK;
 }
 
-/* The grouped class of an expert block of `rows` rows: its launches' token tiles — 1 (≤ 8 rows, m8n32), 2 (9–16,
- * m16n32) — or 0 for a block that gets a launch of its own. */
+/* The GEMV launches' token tiles for a piece of `rows` rows: 1 (≤ 8 rows, m8n32), 2 (9–16, m16n32), else 0 (the
+ * larger pieces: gather_piece_class decides). */
 static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 0; }
 
 /* The gather's pieces: the products gather_run launches, pairs i0 … i1−1 of one expert. By default a piece is an
@@ -1812,7 +1812,8 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
  * rows are not consecutive rows of x — else every block reads x in place, and a decode step's blocks of one row
  * always do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks), built on the host first so
  * that nothing is launched before everything the launches need is in place; the gather of x's rows; a launch per
- * piece outside the grouped classes (a block of > 16 rows that is not cut, or every block when not grouping); the
+ * piece outside the grouped classes (a block of > 16 rows of more work, or with the tiles off one not cut, or every
+ * block when not grouping); the
  * grouped launches (a class of ≤ QMM_CUDA_GROUPED_MAX pieces with its table in the launch's
  * parameter). The upload is a copy from pageable memory (a staging slot, gather_staging_slot): measured on the H200
  * (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28× slower at T ≥ 8

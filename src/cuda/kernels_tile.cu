@@ -423,13 +423,14 @@ static int launch_tile_grouped_from(const qmm_cuda_launch *c, const qmm_cuda_gem
     if (device_products) return launch_tile_grouped<BITS, T, GS>(c, grouped_device_table{device_products}, count);
     qmm_cuda_grouped_table table;
     memcpy(table.products, host_products, (size_t)count * sizeof *host_products);
+    memset(table.products + count, 0, (size_t)(QMM_CUDA_GROUPED_MAX - count) * sizeof *table.products); /* defined */
     return launch_tile_grouped<BITS, T, GS>(c, table, count);
 }
 
 extern "C" int qmm_cuda_mma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host_products,
                                          const qmm_cuda_gemv_product *device_products, int count) {
-    if (c->dtype == 0 || (c->bits != 4 && c->bits != 8) || count < 1 || count > 65535 ||
-        (!device_products && count > QMM_CUDA_GROUPED_MAX))
+    if (!host_products == !device_products || c->dtype == 0 || (c->bits != 4 && c->bits != 8) || count < 1 ||
+        count > (host_products ? QMM_CUDA_GROUPED_MAX : 65535))
         return (int)cudaErrorInvalidValue; /* the gather groups only what tile 0 takes */
 #define QMM_TILE_GROUPED_GS(BITS, T)                                                                              \
     (c->group_size == 32   ? launch_tile_grouped_from<BITS, T, 32>(c, host_products, device_products, count)      \

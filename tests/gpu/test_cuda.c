@@ -839,6 +839,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * unsorted, T·E blocks of one row (uploaded) */
         {64, 64, 8, 32, 128, 4, 64, QMM_BF16}, {65, 65, 8, 32, 128, 4, 64, QMM_BF16}, /* ≤ 8 rows: 64 / 65 */
         {64, 64, 12, 32, 128, 8, 64, QMM_F16}, {65, 65, 12, 32, 128, 8, 64, QMM_F16}, /* 9–16 rows: 64 / 65 */
+        {64, 64, 20, 32, 128, 4, 64, QMM_BF16}, {65, 65, 20, 32, 128, 4, 64, QMM_BF16}, /* the tiles: 64 / 65 */
         /* sorted: both classes uploaded in one call (about 114 blocks of ≤ 8 rows and 140 of 9–16), x gathered, B not
          * a multiple of 4 (4 bytes of index padding before the two tables) */
         {256, 1, 2303, 16, 64, 4, 32, QMM_F16},
