@@ -287,11 +287,13 @@ int slow_row_skipped(const qmm_kernel_info *info, size_t M, size_t N, size_t K, 
      * thread per output: ~16 GMAC/s measured on the H200 at M = 1, docs/PERF.md) */
     const bool scalar = strcmp(info->family, "scalar") == 0, generic = strcmp(info->family, "generic") == 0;
     if (!scalar && !generic) return 0;
-    /* cpu.qmm_t.scalar.r1 (portable C in the split form, no FMA contraction) measured 0.3–0.7 GMAC/s on
-     * one core, 8–19× slower than the reference row's loop: its own rate, or a --m 65536 cell runs for minutes */
+    /* cpu.qmm_t.scalar.r1 (portable C in the split form, no FMA contraction): a decode of the weights per call and
+     * the multiply-adds (measure.h), or a --m 65536 cell runs for minutes; its rate below is the whole call's */
     const bool cpu_scalar = scalar && info->backend == QMM_BACKEND_CPU;
-    const double rate = cpu_scalar ? CPU_SCALAR_MACS_PER_S : scalar ? SCALAR_MACS_PER_S : GENERIC_MACS_PER_S;
-    double estimate = (double)M * (double)N * (double)K * (double)copies * (repeats + 1) / rate;
+    const double macs = (double)M * (double)N * (double)K;
+    const double call_s = cpu_scalar ? (double)N * (double)K / CPU_SCALAR_DECODES_PER_S + macs / CPU_SCALAR_MACS_PER_S
+                                     : macs / (scalar ? SCALAR_MACS_PER_S : GENERIC_MACS_PER_S);
+    const double rate = macs / call_s, estimate = call_s * (double)copies * (repeats + 1);
     if (estimate <= SCALAR_BUDGET_S) return 0;
     snprintf(note, note_size, "skipped: the %s row would take ~%.0f s here (M·N·K = %.3g at ~%.2g GMAC/s, %zu copies × %d runs)",
              info->family, estimate, (double)M * (double)N * (double)K, rate / 1e9, copies, repeats + 1);
