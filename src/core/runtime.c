@@ -764,10 +764,10 @@ static bool table_has_op(const qmm_context *context, qmm_op op) {
 /* The gather call of qmm_gather_matmul (with_buffers: x and out checked and set) or of qmm_select_gather (without:
  * call->x and ->out NULL, which no row's supports() reads), validated, and the row the selector (or options->kernel)
  * takes for it. */
-static qmm_status gather_select(const char *function, qmm_context *context, const qmm_weights *weights, bool with_buffers,
-                                const qmm_buffer *x, size_t T, const uint32_t *lhs_indices, const uint32_t *rhs_indices,
-                                size_t B, qmm_buffer *out, const qmm_gather_options *options, qmm_call *call_out,
-                                const qmm_kernel **kernel) {
+static qmm_status gather_select(const char *function, qmm_context *context, const qmm_weights *weights,
+                                bool with_buffers, const qmm_buffer *x, size_t T, const uint32_t *lhs_indices,
+                                const uint32_t *rhs_indices, size_t B, qmm_buffer *out,
+                                const qmm_gather_options *options, qmm_call *call_out, const qmm_kernel **kernel) {
     /* Lifetimes as for qmm_matmul: the caller's handles must be live; the call holds nothing after it
      * returns (a gather is not a chain step), so there is no reference to take. */
     if (!context) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: context is NULL", function);

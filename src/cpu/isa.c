@@ -90,15 +90,16 @@ const qmm_cpu_features *qmm_cpu_features_get(void) {
     return &features;
 }
 
-/* The QMM_CPU_MAX_ISA value a cap below QMM_CPU_ISA_AVX512BF16 came from (qmm_cpu_features). */
-static const char *cap_name(int max_isa) {
-    return max_isa == QMM_CPU_ISA_PORTABLE ? "portable" : max_isa == QMM_CPU_ISA_AVX2 ? "avx2" : "avx512";
-}
-
-/* The first missing piece, in the order a reader would check them (a cap set by QMM_CPU_MAX_ISA first: it names the
- * instruction set the row needs, not the first one below it). */
+/* The first missing piece, in the order a reader would check them. */
 static bool refuse(char *why_not, size_t why_not_size, const char *what) {
     if (why_not_size) snprintf(why_not, why_not_size, "%s", what);
+    return false;
+}
+/* A row needing `isa` under a QMM_CPU_MAX_ISA cap below it: checked before the CPU's features, so the message names
+ * the instruction set the row needs and the cap's value, not the first set below it. */
+static bool refuse_capped(char *why_not, size_t why_not_size, const char *isa, int max_isa) {
+    const char *cap = max_isa == QMM_CPU_ISA_PORTABLE ? "portable" : max_isa == QMM_CPU_ISA_AVX2 ? "avx2" : "avx512";
+    if (why_not_size) snprintf(why_not, why_not_size, "%s is disabled by QMM_CPU_MAX_ISA=%s", isa, cap);
     return false;
 }
 
@@ -107,7 +108,7 @@ bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size) {
 #if !(defined(__x86_64__) || defined(__i386__))
     return refuse(why_not, why_not_size, "this CPU is not x86 (no AVX2)");
 #endif
-    if (f->max_isa < QMM_CPU_ISA_AVX2) return refuse(why_not, why_not_size, "AVX2 is disabled by QMM_CPU_MAX_ISA=portable");
+    if (f->max_isa < QMM_CPU_ISA_AVX2) return refuse_capped(why_not, why_not_size, "AVX2", f->max_isa);
     if (!f->os_ymm) return refuse(why_not, why_not_size, "the OS does not enable the YMM register state (XCR0)");
     if (!f->avx2) return refuse(why_not, why_not_size, "this CPU lacks AVX2");
     if (!f->fma) return refuse(why_not, why_not_size, "this CPU lacks FMA");
@@ -117,11 +118,7 @@ bool qmm_cpu_has_avx2(char *why_not, size_t why_not_size) {
 
 bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size) {
     const qmm_cpu_features *f = qmm_cpu_features_get();
-    if (f->max_isa < QMM_CPU_ISA_AVX512) {
-        if (why_not_size)
-            snprintf(why_not, why_not_size, "AVX-512 is disabled by QMM_CPU_MAX_ISA=%s", cap_name(f->max_isa));
-        return false;
-    }
+    if (f->max_isa < QMM_CPU_ISA_AVX512) return refuse_capped(why_not, why_not_size, "AVX-512", f->max_isa);
     if (!qmm_cpu_has_avx2(why_not, why_not_size)) return false; /* the AVX-512 file also uses FMA, F16C */
     if (!f->os_zmm) return refuse(why_not, why_not_size, "the OS does not enable the ZMM register state (XCR0)");
     if (!f->avx512f) return refuse(why_not, why_not_size, "this CPU lacks AVX-512F");
@@ -133,11 +130,7 @@ bool qmm_cpu_has_avx512(char *why_not, size_t why_not_size) {
 
 bool qmm_cpu_has_avx512bf16(char *why_not, size_t why_not_size) {
     const int max_isa = qmm_cpu_features_get()->max_isa;
-    if (max_isa < QMM_CPU_ISA_AVX512BF16) {
-        if (why_not_size)
-            snprintf(why_not, why_not_size, "AVX512_BF16 is disabled by QMM_CPU_MAX_ISA=%s", cap_name(max_isa));
-        return false;
-    }
+    if (max_isa < QMM_CPU_ISA_AVX512BF16) return refuse_capped(why_not, why_not_size, "AVX512_BF16", max_isa);
     if (!qmm_cpu_has_avx512(why_not, why_not_size)) return false;
     if (!qmm_cpu_features_get()->avx512bf16) return refuse(why_not, why_not_size, "this CPU lacks AVX512_BF16");
     return true;

@@ -1592,7 +1592,7 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
 /* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
  * with sorted indices one per expert used, so each expert's weights are read once for all its rows) — blocks of
  * ≤ 16 rows (and the chunks of 16 rows of the blocks gather_chunk_rows cuts) in the grouped GEMV launches, larger
- * blocks of small work (gather_small_work) in the grouped m64n64 tile launches, where the mma_gemv rows take them
+ * blocks of small work (gather_small_rows) in the grouped m64n64 tile launches, where the mma_gemv rows take them
  * (gather_grouping); the others each on the CUDA row the selector picks for that block's M (mma_gemv, mma_tile,
  * wgmma or generic). Where some block's rows of x
  * (named by lhs_indices) are not consecutive rows of x, the rows are first gathered into device scratch in pair
@@ -1623,7 +1623,7 @@ static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
  * of ≤ 8 rows, one of m16n32 for 9–16) instead of a launch per block: where the mma_gemv rows take the blocks (f16
  * or bf16, 4- or 8-bit, the repacked arrays: N a multiple of 16); why_not says why not. Larger blocks go to grouped
  * launches too (in batch-invariant mode every block, in chunks of ≤ 16 rows; by default the tile launches or the
- * chunks gather_chunk_rows names: gather_small_work). Measured on the H200
+ * chunks gather_chunk_rows names: gather_small_rows). Measured on the H200
  * (docs/PERF.md, sixteenth session): a launch per expert block cost about 3.2 µs of wall time each (Qwen3-30B-A3B's
  * experts at T = 128: 128 blocks, 413 µs). QMM_CUDA_GATHER_GROUPED=0 turns it off; =1 makes a call that cannot group
  * an error (tests: that grouping happened where it should). */
@@ -1646,9 +1646,10 @@ static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, els
  * and more, ≥ 1.9 G a block) — hence the bound on the work. */
 #define GATHER_GROUPED_MACS (1ull << 30)
 #define GATHER_CHUNK_ROWS 256
-static bool gather_small_work(const qmm_call *call, size_t rows) {
+/* The most rows a block of small work has: GATHER_GROUPED_MACS / (N·K). */
+static size_t gather_small_rows(const qmm_call *call) {
     const unsigned long long per_row = (unsigned long long)call->N * call->K; /* a gather's N·K fits: validated */
-    return rows <= GATHER_GROUPED_MACS / (per_row ? per_row : 1);
+    return (size_t)(GATHER_GROUPED_MACS / (per_row ? per_row : 1));
 }
 /* Whether the grouped tile launches take this call's blocks of small work: QMM_CUDA_GATHER_TILES (CALL_KNOBS_CHECK:
  * 0 or 1) not 0, and the m64n64 row takes an expert block of this format (tile_supports: its shared memory, K; a block
@@ -1660,16 +1661,14 @@ static bool gather_tiles(const qmm_call *call) {
     qmm_call probe = expert_block_call(call, NULL, 0, 1, &(cuda_weights_extra){0});
     return tile_supports(&probe, 0, why_not, sizeof why_not);
 }
-/* The largest block the default mode cuts into chunks of 16 rows (16: none): QMM_CUDA_GATHER_CHUNK_ROWS where set
- * (CALL_KNOBS_CHECK: 16 … 2^30); else none with the tile launches, or with them off the blocks of ≤ 256 rows and
- * small work. */
-static size_t gather_chunk_rows(const qmm_call *call, bool tiles) {
+/* The largest block the default mode cuts into chunks of 16 rows (16 or less: none): QMM_CUDA_GATHER_CHUNK_ROWS where
+ * set (CALL_KNOBS_CHECK: 16 … 2^30); else none with the tile launches, or with them off the blocks of ≤ 256 rows and
+ * small work (small_rows: gather_small_rows). */
+static size_t gather_chunk_rows(bool tiles, size_t small_rows) {
     const char *forced = getenv("QMM_CUDA_GATHER_CHUNK_ROWS");
     if (forced && *forced) return (size_t)strtol(forced, NULL, 10);
     if (tiles) return 16;
-    const unsigned long long per_row = (unsigned long long)call->N * call->K;
-    const unsigned long long rows = GATHER_GROUPED_MACS / (per_row ? per_row : 1);
-    return rows < GATHER_CHUNK_ROWS ? (size_t)rows : GATHER_CHUNK_ROWS; /* below 17: none cut */
+    return small_rows < GATHER_CHUNK_ROWS ? small_rows : GATHER_CHUNK_ROWS;
 }
 static bool gather_grouping(const qmm_call *call, int forced, char *why_not, size_t size) {
     if (forced == 0) {
@@ -1681,8 +1680,9 @@ static bool gather_grouping(const qmm_call *call, int forced, char *why_not, siz
     return mma_supports(&probe, 16, SIZE_MAX, why_not, size);
 }
 
-/* block (expert_block_call's: a piece of any size) as offsets from the gather's arrays: x from gathered_x (or the call's x),
- * out, the MLX-layout w, scales and biases (one offset: both [rows, groups]) and the repacked packed and sb. */
+/* block (expert_block_call's: a piece of any size) as offsets from the gather's arrays: x from gathered_x (or the
+ * call's x), out, the MLX-layout w, scales and biases (one offset: both [rows, groups]) and the repacked packed and
+ * sb. */
 static qmm_cuda_gemv_product grouped_product(const qmm_call *call, const char *gathered_x, const qmm_call *block) {
     const size_t size = qmm_dtype_size(call->dtype);
     const cuda_weights_extra *all = call->weights_extra, *mine = block->weights_extra;
@@ -1724,23 +1724,23 @@ static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 
 /* The gather's pieces: the products gather_run launches, pairs i0 … i1−1 of one expert. By default a piece is an
  * expert block (qmm_gather_block_end) or, when grouping, a chunk of 16 rows of a block of > 16 rows and ≤ chunk_rows
  * (gather_chunk_rows; the block's last chunk may be smaller), in the grouped class gather_piece_class gives it when
- * grouping (a GEMV class, or the tile class for a larger block of small work), else a launch of its own. Batch-invariant mode, where grouping (order GATHER_INVARIANT_ORDER, docs/kernels.md §11): each block is
- * cut into chunks of ≤ 16 rows, every chunk in the m16n32 class, and its launches run GATHER_INVARIANT_WARPS warps
+ * grouping (a GEMV class, or the tile class for a larger block of small work), else a launch of its own.
+ * Batch-invariant mode, where grouping (order GATHER_INVARIANT_ORDER, docs/kernels.md §11): each block is cut into
+ * chunks of ≤ 16 rows, every chunk in the m16n32 class, and its launches run GATHER_INVARIANT_WARPS warps
  * (QMM_CUDA_WARPS where set) — so a pair's bits are those of the m16n32 tile of those warps on its x row and expert
  * alone: the tile computes each token's column on its own (its MMAs' columns and its Σx are per token), and warp w
  * sums super-blocks w, w + W, … of K, the warps' sums then added in warp order, so with W fixed by the format (and
  * capped by K's super-blocks, gemv_launch_warps) nothing depends on the other pairs. Without grouping (f32, N not a
- * multiple of 16, QMM_CUDA_GATHER_GROUPED=0) every block is a qmm_t call of its own on the row the selector picks
- * for it among the rows of the mode, whose order is fixed by the format too (§11). Measured (docs/PERF.md,
- * forty-first session): the chunks' launches against each block as a batch-invariant qmm_t call. */
+ * multiple of 16, QMM_CUDA_GATHER_GROUPED=0) every block is a qmm_t call of its own on the row the selector picks for
+ * it among the rows of the mode, whose order is fixed by the format too (§11). Measured (docs/PERF.md, forty-first
+ * session): the chunks' launches against each block as a batch-invariant qmm_t call. */
 #define GATHER_INVARIANT_WARPS 8
 /* How gather_run splits a call into pieces and launches (made once per call, the same for every pass over the pieces):
- * grouping (gather_grouping), the largest block cut into chunks (gather_chunk_rows), and whether the blocks that are
- * not cut go to the grouped m64n64 tile launches (gather_tiles). */
+ * grouping (gather_grouping), the largest block cut into chunks (gather_chunk_rows), and the largest block of > 16
+ * rows that is not cut and goes to the grouped m64n64 tile launches (gather_small_rows where gather_tiles, else 0). */
 typedef struct gather_plan {
     bool grouping;
-    size_t chunk_rows;
-    bool tiles;
+    size_t chunk_rows, tile_limit;
 } gather_plan;
 static size_t gather_piece_end(const qmm_call *call, const gather_plan *plan, size_t i0) {
     const size_t i1 = qmm_gather_block_end(call, i0);
@@ -1754,13 +1754,13 @@ static size_t gather_piece_end(const qmm_call *call, const gather_plan *plan, si
 static int gather_piece_class(const qmm_call *call, const gather_plan *plan, size_t rows) {
     if (!plan->grouping) return 0;
     if (call->batch_invariant) return 2;
-    return rows <= 16 ? grouped_token_tiles(rows) : plan->tiles && gather_small_work(call, rows) ? GATHER_TILE_CLASS : 0;
+    return rows <= 16 ? grouped_token_tiles(rows) : rows <= plan->tile_limit ? GATHER_TILE_CLASS : 0;
 }
 
 /* The products of one class of pieces (gather_piece_end: expert blocks or their chunks) for
  * the grouped launches (gather_piece_class), in pair order, into products (room for all of them). */
-static void gather_grouped_products(const qmm_call *call, const gather_plan *plan, const char *gathered_x, int piece_class,
-                                    qmm_cuda_gemv_product *products) {
+static void gather_grouped_products(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
+                                    int piece_class, qmm_cuda_gemv_product *products) {
     size_t count = 0;
     for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
         i1 = gather_piece_end(call, plan, i0);
@@ -1801,8 +1801,8 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
     }
     for (size_t at = 0; at < count; at += 65535) {
         const int part = (int)(count - at < 65535 ? count - at : 65535);
-        const qmm_status status = launch_status(gather_grouped_launch(&launch, piece_class, NULL, device_table + at, part),
-                                                what, __FILE__, __LINE__);
+        const int launched = gather_grouped_launch(&launch, piece_class, NULL, device_table + at, part);
+        const qmm_status status = launch_status(launched, what, __FILE__, __LINE__);
         if (status != QMM_OK) return status;
     }
     return QMM_OK;
@@ -1833,7 +1833,9 @@ static qmm_status gather_run(const qmm_call *call) {
     const int forced = gather_grouped_forced();
     const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
     const bool tiles = grouping && gather_tiles(call);
-    const gather_plan plan = {.grouping = grouping, .chunk_rows = gather_chunk_rows(call, tiles), .tiles = tiles};
+    const size_t small_rows = gather_small_rows(call);
+    const gather_plan plan = {
+        .grouping = grouping, .chunk_rows = gather_chunk_rows(tiles, small_rows), .tile_limit = tiles ? small_rows : 0};
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);

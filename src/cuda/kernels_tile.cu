@@ -365,8 +365,8 @@ template <int BITS, typename T, int GS, int ID> static int launch_tile(const qmm
     dim3 grid(tiles_n, tiles_m, (unsigned)splits);
     cudaGetLastError(); /* an earlier failure, already reported, must not be blamed on this launch */
     kernel<<<grid, 32 * C::WN * C::WM, shared, (cudaStream_t)c->stream>>>(
-        tile_ungrouped{}, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-        (const T *)c->biases, (T *)c->out, c->partials, c->counters, (int)c->M, (int)c->N, (int)c->K, per_split);
+        tile_ungrouped{}, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
+        (const T *)c->scales, (const T *)c->biases, (T *)c->out, c->partials, c->counters, (int)c->M, (int)c->N, (int)c->K, per_split);
     return (int)cudaGetLastError();
 }
 

@@ -889,11 +889,12 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * blocks of 17–256 rows cut into chunks of 16 (QMM_CUDA_GATHER_CHUNK_ROWS=256; larger ones in the tile
          * launches), sorted or not; 10–11: grouped with no block cut and no tile launches (QMM_CUDA_GATHER_TILES=0,
          * QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) */
+        /* whether the format groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
+        const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
         for (int variant = 0; variant < 12; variant++) {
             const int invariant = variant == 6 || variant == 7, knobbed = variant >= 8, sorted = variant & 1;
             const int cut = variant == 8 || variant == 9, untiled = variant >= 10;
             const int grouped = invariant || knobbed || !(variant & 2), lhs_null = variant == 4 || variant == 5;
-            const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
             if (((sorted || !grouped || invariant || knobbed) && B > 5000) || (lhs_null && A != 1) ||
                 (knobbed && !groups))
                 continue;
@@ -910,7 +911,6 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             qmm_gather_options options = {.sorted_indices = sorted, .batch_invariant = invariant};
             qmm_kernel_info ran = {0};
             const uint32_t *lhs_used = lhs_null ? NULL : lhs;
-            /* groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
             if (grouped && !groups) { /* requiring grouping where it cannot be is an error naming why */
                 setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
                 CHECK_STATUS(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, NULL),

@@ -214,8 +214,7 @@ void format_format(char *out, size_t size, const qmm_qmatrix *m) {
     snprintf(out, size, "%d-bit gs%d %s", m->bits, m->group_size, qmm_dtype_name(m->dtype));
 }
 
-/* Prints text left-aligned in a column of `width` characters, counting UTF-8 code points (so "×"
- * and "µ" count as one), with at least one space after it. */
+/* The UTF-8 code points of text (so "×" and "µ" count as one). */
 int display_chars(const char *text) {
     int chars = 0;
     for (const unsigned char *p = (const unsigned char *)text; *p; p++)
@@ -223,6 +222,7 @@ int display_chars(const char *text) {
     return chars;
 }
 
+/* Prints text left-aligned in a column of `width` characters (display_chars), with at least one space after it. */
 void print_cell(const char *text, int width) {
     int chars = display_chars(text);
     fputs(text, stdout);

@@ -111,9 +111,9 @@ const char *printable(const char *text, char *buffer, size_t size);
 void format_shape(char *out, size_t size, int ndim, const int64_t *shape);
 /* "4-bit gs32 f16" */
 void format_format(char *out, size_t size, const qmm_qmatrix *m);
-/* Prints text left-aligned in a column of `width` characters (UTF-8 aware), at least one space after it. */
 /* The characters of UTF-8 text (its code points: the table's text has no wide or combining ones). */
 int display_chars(const char *text);
+/* Prints text left-aligned in a column of `width` characters (UTF-8 aware), at least one space after it. */
 void print_cell(const char *text, int width);
 /* count values uniform in [-1, 1) from a splitmix64 stream seeded with seed, rounded to dtype. */
 qmm_status fill_random(uint64_t seed, void *x, qmm_dtype dtype, size_t count);

@@ -296,7 +296,7 @@ int slow_row_skipped(const qmm_kernel_info *info, size_t M, size_t N, size_t K, 
     const double rate = macs / call_s, estimate = call_s * (double)copies * (repeats + 1);
     if (estimate <= SCALAR_BUDGET_S) return 0;
     snprintf(note, note_size, "skipped: the %s row would take ~%.0f s here (M·N·K = %.3g at ~%.2g GMAC/s, %zu copies × %d runs)",
-             info->family, estimate, (double)M * (double)N * (double)K, rate / 1e9, copies, repeats + 1);
+             info->family, estimate, macs, rate / 1e9, copies, repeats + 1);
     return 1;
 }
 

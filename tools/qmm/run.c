@@ -100,7 +100,8 @@ int cmd_run(const command *c, int argc, char **argv) {
             goto cleanup;
         char name[PRINTABLE_SIZE];
         printable(layer.name, name, sizeof name);
-        if (display_chars(name) + 2 > layer_width) layer_width = display_chars(name) + 2;
+        const int name_width = display_chars(name) + 2;
+        if (name_width > layer_width) layer_width = name_width;
         status = check_product_fits(context, name, &layer.matrix, layer.matrix.dtype, rows, 0.0,
                                     "run it on a larger machine, or with fewer tokens in activations.safetensors");
         if (status != QMM_OK) goto cleanup;
