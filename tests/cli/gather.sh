@@ -97,6 +97,7 @@ check "run on an expert checkpoint: the stacked product is named" err_has "$L (8
 expect_ok "a 2-D layer is one expert" gather "$WORK/moe" --layer model.layers.0.self_attn.q_proj -k 1 -t 3
 check "one expert" out_has "(1 expert of N=16, K=128)"
 check "one expert per token" out_has "T=3 tokens × 1 expert per token = B=3 pairs"
+check "one expert used" out_has "1 of 1 expert used"
 check "one expert: within bound" out_matches "^verdict +all 48 outputs within bound"
 expect_ok "a 2-D layer without -k: the default 8 capped at its one expert" gather "$WORK/moe" \
   --layer model.layers.0.self_attn.q_proj -t 3

@@ -61,6 +61,8 @@ expect_ok "convert --only" convert "$WORK/tiny.gguf" "$WORK/tiny" --only w. --on
 check "convert: summary" out_matches "1 quantized layer$"
 expect_ok "run on the converted GGUF" run "$WORK/tiny"
 check "converted: 1 layer within bound" out_has "1 layer, within bound"
+QMM_RUN_INJECT_FAULT=1 q run "$WORK/tiny"
+check "converted, one injected fault: the verdict in the singular" out_has "FAIL: 1 of 1 layer outside bound"
 check "converted: random x" out_matches "^w +16×2×32 +4-bit gs32 f16 .* random x$"
 
 # K-quants and Q5_x (tests/fuzz/corpus/gguf/kquants.gguf, written by llama.cpp's gguf-py): listed with their
@@ -126,6 +128,8 @@ if grep -q "^backend cpu: [0-9]" <<<"$OUT"; then
     check "kernels, capped to portable: the portable row is usable" out_matches "^  cpu\.qmm_t\.scalar\.r1 .* usable: yes "
     check "kernels, capped to portable: an AVX-512 row names AVX-512 and the cap" \
       out_matches "^  cpu\.qmm_t\.gemv\.r8\.avx512 .* usable: no: AVX-512 is disabled by QMM_CPU_MAX_ISA=portable "
+    check "kernels, capped to portable: a BF16 row names AVX512_BF16 and the cap" \
+      out_matches "^  cpu\.qmm_t\.gemm_bf16\.m32n12\.avx512bf16 .* usable: no: AVX512_BF16 is disabled by QMM_CPU_MAX_ISA=portable "
   fi
 fi
 expect_usage_error kernels "unexpected argument 'x'" kernels x

@@ -270,9 +270,9 @@ int cmd_gather(const command *c, int argc, char **argv) {
     printf("format             %s\n", format);
     if (dtype != stored)
         print_scale_conversion(stored, dtype);
-    printf("routing            T=%zu tokens × %llu expert%s per token = B=%zu pairs, seed %llu, %s; %zu of %zu experts "
+    printf("routing            T=%zu tokens × %llu expert%s per token = B=%zu pairs, seed %llu, %s; %zu of %zu expert%s "
            "used\n", T, top_k, top_k == 1 ? "" : "s", B, seed, unsorted ? "token order (unsorted)" : "sorted by expert",
-           experts_used, E);
+           experts_used, E, E == 1 ? "" : "s");
     printf("x                  random uniform [-1, 1), seed %llu, T=%zu, %s\n", seed, T, qmm_dtype_name(dtype));
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
     printf("threads            %d\n", qmm_context_threads(context));

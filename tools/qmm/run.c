@@ -167,7 +167,7 @@ int cmd_run(const command *c, int argc, char **argv) {
         printf("%s\n", random_x ? "random x" : "real x");
         if (result.outside || result.invariant_differ) failed++;
     }
-    if (failed) printf("FAIL: %zu of %zu layers outside bound%s\n", failed, count,
+    if (failed) printf("FAIL: %zu of %zu layer%s outside bound%s\n", failed, count, count == 1 ? "" : "s",
                        batch_invariant ? " or with rows that differ from the same row alone" : "");
     else if (batch_invariant)
         printf("%zu layer%s, all within bound; batch-invariant: every row checked alone (M=1) is bit for bit the same "
