@@ -51,6 +51,7 @@ typedef struct knob {
 static const char *const knob_zero_one[] = {"0", "1", NULL};
 static const char *const knob_cluster[] = {"0", "1", "require", NULL};
 static const char *const knob_paths[] = {"split", "virtual", "last", "blocks", NULL};
+static const char *const knob_tiles[] = {"0", "1", "mma", "wgmma", NULL};
 
 /* Read when a context opens. */
 static const knob context_knobs[] = {
@@ -71,8 +72,9 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_INVARIANT_SLOTS", knob_zero_one, 0, 0, "0: as if the bf16 virtual splits' slots could not be had"},
     {"QMM_CUDA_GATHER_GROUPED", knob_zero_one, 0, 0,
      "0: a launch per expert block, 1: grouped launches (an error where they cannot run)"},
-    {"QMM_CUDA_GATHER_TILES", knob_zero_one, 0, 0,
-     "0: the gather's blocks that are not cut get a launch each, 1: grouped m64n64 tile launches"},
+    {"QMM_CUDA_GATHER_TILES", knob_tiles, 0, 0,
+     "0: the gather's blocks that are not cut get a launch each, 1: grouped tile launches, mma: of m64n64, wgmma: of "
+     "wgmma m64n128 (an error where they cannot run)"},
     {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
      "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
@@ -1538,7 +1540,8 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = {.name = "cuda.gather.blocks.auto", .backend = QMM_BACKEND_CUDA, .op = QMM_OP_GATHER, .family = "blocks",
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
               .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV "
-                             "launches, larger blocks of <= 2^30 multiply-adds in grouped m64n64 tile launches, the "
+                             "launches, larger blocks of <= 2^30 multiply-adds in grouped tile launches (wgmma "
+                             "m64n128 on Hopper, else m64n64), the "
                              "others on the CUDA qmm_t row picked for their rows (batch-invariant: f16/bf16 "
                              "chunks of <= 16 rows in m16n32 launches of fixed warps, other formats every "
                              "block on the qmm_t rows of the mode)",
@@ -1592,8 +1595,8 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
 /* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
  * with sorted indices one per expert used, so each expert's weights are read once for all its rows) — blocks of
  * ≤ 16 rows (and the chunks of 16 rows of the blocks gather_chunk_rows cuts) in the grouped GEMV launches, larger
- * blocks of small work (gather_small_rows) in the grouped m64n64 tile launches, where the mma_gemv rows take them
- * (gather_grouping); the others each on the CUDA row the selector picks for that block's M (mma_gemv, mma_tile,
+ * blocks of small work (gather_small_rows) in the grouped tile launches (gather_tiles: wgmma on Hopper, else
+ * m64n64), where the mma_gemv rows take them (gather_grouping); the others each on the CUDA row the selector picks for that block's M (mma_gemv, mma_tile,
  * wgmma or generic). Where some block's rows of x
  * (named by lhs_indices) are not consecutive rows of x, the rows are first gathered into device scratch in pair
  * order (one kernel), so every block's x is contiguous; otherwise (lhs_indices NULL, blocks of one row, runs of
@@ -1633,9 +1636,9 @@ static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, els
 }
 /* Where the default mode puts an expert block of > 16 rows when grouping (gather_plan, gather_piece_end,
  * gather_piece_class). A launch of its own costs about 5 µs of wall time whatever its work, so a block whose work is
- * small — rows·N·K ≤ GATHER_GROUPED_MACS multiply-adds — goes to a grouped launch: the m64n64 tile launches over a
- * table of such blocks (QMM_CUDA_GATHER_TILES, unset or 1), or with the tiles off, where it has ≤ 256 rows, chunks of
- * 16 rows in the grouped GEMV launches; a block of more work keeps a launch of its own on the selector's row (the
+ * small — rows·N·K ≤ GATHER_GROUPED_MACS multiply-adds — goes to a grouped launch: the tile launches over a table of
+ * such blocks (gather_tiles), or with the tiles off or too few of them (gather_chunk_rows), where it has ≤ 256 rows,
+ * chunks of 16 rows in the grouped GEMV launches; a block of more work keeps a launch of its own on the selector's row (the
  * wgmma and tile rows tuned for one large product). QMM_CUDA_GATHER_CHUNK_ROWS=R cuts exactly the blocks of 17–R
  * rows into chunks (16: none), whatever their work; the others as above. Measured on the H100 (docs/PERF.md,
  * forty-second session), Qwen3-30B-A3B's 768×2048 experts (f16): against a launch per block of > 16 rows, chunks took
@@ -1651,23 +1654,45 @@ static size_t gather_small_rows(const qmm_call *call) {
     const unsigned long long per_row = (unsigned long long)call->N * call->K; /* a gather's N·K fits: validated */
     return (size_t)(GATHER_GROUPED_MACS / (per_row ? per_row : 1));
 }
-/* Whether the grouped tile launches take this call's blocks of small work: QMM_CUDA_GATHER_TILES (CALL_KNOBS_CHECK:
- * 0 or 1) not 0, and the m64n64 row takes an expert block of this format (tile_supports: its shared memory, K; a block
- * of small work has ≤ 2^30 / (N·K) ≤ 2^21 rows, so grid.y ≤ 32768 tiles). */
-static bool gather_tiles(const qmm_call *call) {
+/* Which grouped tile launches take this call's blocks of small work (QMM_CUDA_GATHER_TILES, CALL_KNOBS_CHECK: 0, 1,
+ * mma or wgmma): none (0); the wgmma tile of QMM_CUDA_WGMMA_GROUPED_TOKENS tokens where its row takes an expert block
+ * of this format (wgmma_supports: a Hopper device) — by default, or forced by `wgmma` (then GATHER_TILES_REFUSED where
+ * it cannot, why_not says why); else, or forced by `mma`, the m64n64 mma_tile where it takes one (tile_supports: its
+ * shared memory, K). A block of small work has rows ≤ 2^30 / (N·K) ≤ 2^21: grid.y ≤ 32768 tiles of m64n64, and the
+ * wgmma tile's grid.x = ⌈N / 128⌉·⌈rows / 64⌉ ≤ N·rows / 8192 + N / 128 + rows / 64 + 1 < 2^31 (N·rows ≤ 2^25). */
+enum { GATHER_TILES_REFUSED = -1, GATHER_TILES_NONE, GATHER_TILES_MMA, GATHER_TILES_WGMMA };
+static int gather_tiles(const qmm_call *call, char *why_not, size_t size) {
     const char *forced = getenv("QMM_CUDA_GATHER_TILES");
-    if (forced && strcmp(forced, "0") == 0) return false;
-    char why_not[256];
+    if (forced && strcmp(forced, "0") == 0) return GATHER_TILES_NONE;
     qmm_call probe = expert_block_call(call, NULL, 0, 1, &(cuda_weights_extra){0});
-    return tile_supports(&probe, 0, why_not, sizeof why_not);
+    const bool mma_only = forced && strcmp(forced, "mma") == 0, wgmma_only = forced && strcmp(forced, "wgmma") == 0;
+    if (!mma_only && wgmma_supports(&probe, QMM_CUDA_WGMMA_GROUPED_TOKENS, why_not, size)) return GATHER_TILES_WGMMA;
+    if (wgmma_only) return GATHER_TILES_REFUSED;
+    return tile_supports(&probe, 0, why_not, size) ? GATHER_TILES_MMA : GATHER_TILES_NONE;
+}
+/* The tile launches' thread blocks for this call's expert blocks of 17 … tile_limit rows, uncut: ⌈rows / 64⌉ tiles of
+ * 64 tokens by ⌈N / 128⌉ (wgmma) or ⌈N / 64⌉ (m64n64) row tiles each. */
+static size_t gather_tile_blocks(const qmm_call *call, size_t tile_limit, bool wgmma) {
+    const size_t rows_per_tile = wgmma ? 128 : 64, row_tiles = (call->N + rows_per_tile - 1) / rows_per_tile;
+    size_t blocks = 0;
+    for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
+        i1 = qmm_gather_block_end(call, i0);
+        if (i1 - i0 > 16 && i1 - i0 <= tile_limit) blocks += (i1 - i0 + 63) / 64 * row_tiles;
+    }
+    return blocks;
 }
 /* The largest block the default mode cuts into chunks of 16 rows (16 or less: none): QMM_CUDA_GATHER_CHUNK_ROWS where
- * set (CALL_KNOBS_CHECK: 16 … 2^30); else none with the tile launches, or with them off the blocks of ≤ 256 rows and
- * small work (small_rows: gather_small_rows). */
-static size_t gather_chunk_rows(bool tiles, size_t small_rows) {
+ * set (CALL_KNOBS_CHECK: 16 … 2^30); else with the tile launches none, unless they would run fewer thread blocks than
+ * the device has SMs (tile_blocks: gather_tile_blocks) — then, as with the tiles off, the blocks of ≤ 256 rows and
+ * small work (small_rows: gather_small_rows). A tile launch of a few expert blocks runs their K one stage after another
+ * on a few SMs, a latency of its own after the GEMV launches: measured on the H100 (docs/PERF.md, forty-third session),
+ * Qwen3-30B-A3B's and Qwen3-235B-A22B's experts at T = 128 (about 8 rows a block, a few past 16) took 0.87–0.93× the
+ * time with those blocks cut, where at T = 512 (about 32 rows a block, hundreds of tiles) cutting the blocks of ≤ 32
+ * rows took 1.11–1.19×. */
+static size_t gather_chunk_rows(bool tiles, size_t small_rows, size_t tile_blocks, int multiprocessors) {
     const char *forced = getenv("QMM_CUDA_GATHER_CHUNK_ROWS");
     if (forced && *forced) return (size_t)strtol(forced, NULL, 10);
-    if (tiles) return 16;
+    if (tiles && tile_blocks >= (size_t)(multiprocessors > 0 ? multiprocessors : 1)) return 16;
     return small_rows < GATHER_CHUNK_ROWS ? small_rows : GATHER_CHUNK_ROWS;
 }
 static bool gather_grouping(const qmm_call *call, int forced, char *why_not, size_t size) {
@@ -1717,6 +1742,11 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
     return QMM_OK;
 }
 
+/* A wgmma tile-class piece's rows in the prepared x: its rows to the end of its last tile. */
+static size_t gather_prepared_rows(size_t rows) {
+    return (rows + QMM_CUDA_WGMMA_GROUPED_TOKENS - 1) / QMM_CUDA_WGMMA_GROUPED_TOKENS * QMM_CUDA_WGMMA_GROUPED_TOKENS;
+}
+
 /* The GEMV launches' token tiles for a piece of `rows` rows: 1 (≤ 8 rows, m8n32), 2 (9–16, m16n32), else 0 (the
  * larger pieces: gather_piece_class decides). */
 static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 0; }
@@ -1737,10 +1767,13 @@ static int grouped_token_tiles(size_t rows) { return rows <= 8 ? 1 : rows <= 16 
 #define GATHER_INVARIANT_WARPS 8
 /* How gather_run splits a call into pieces and launches (made once per call, the same for every pass over the pieces):
  * grouping (gather_grouping), the largest block cut into chunks (gather_chunk_rows), and the largest block of > 16
- * rows that is not cut and goes to the grouped m64n64 tile launches (gather_small_rows where gather_tiles, else 0). */
+ * rows that is not cut and goes to the grouped tile launches (gather_small_rows where gather_tiles, else 0). */
 typedef struct gather_plan {
     bool grouping;
     size_t chunk_rows, tile_limit;
+    /* the tile class in wgmma launches (GATHER_TILES_WGMMA; then its table always uploaded, each product with its x_row),
+     * and whether QMM_CUDA_GATHER_TILES=wgmma asks for them (no fallback to the m64n64 launches) */
+    bool wgmma, wgmma_forced;
 } gather_plan;
 static size_t gather_piece_end(const qmm_call *call, const gather_plan *plan, size_t i0) {
     const size_t i1 = qmm_gather_block_end(call, i0);
@@ -1761,14 +1794,25 @@ static int gather_piece_class(const qmm_call *call, const gather_plan *plan, siz
  * the grouped launches (gather_piece_class), in pair order, into products (room for all of them). */
 static void gather_grouped_products(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
                                     int piece_class, qmm_cuda_gemv_product *products) {
-    size_t count = 0;
+    size_t count = 0, x_row = 0; /* the wgmma tile class: each piece's region of the prepared x (gather_prepared_rows) */
     for (size_t i0 = 0, i1; i0 < call->M; i0 = i1) {
         i1 = gather_piece_end(call, plan, i0);
         if (gather_piece_class(call, plan, i1 - i0) != piece_class) continue;
         cuda_weights_extra extra = {0};
         const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
-        products[count++] = grouped_product(call, gathered_x, &block);
+        products[count] = grouped_product(call, gathered_x, &block);
+        if (plan->wgmma && piece_class == GATHER_TILE_CLASS) {
+            products[count].x_row = (unsigned)x_row;
+            x_row += gather_prepared_rows(i1 - i0);
+        }
+        count++;
     }
+}
+
+/* Whether a grouped class's table goes in the call's upload (not the launch's parameter): more than
+ * QMM_CUDA_GROUPED_MAX pieces, or the tile class in wgmma launches (its pre-pass reads the table too). */
+static bool gather_class_uploaded(const gather_plan *plan, int piece_class, size_t count) {
+    return count > QMM_CUDA_GROUPED_MAX || (count > 0 && plan->wgmma && piece_class == GATHER_TILE_CLASS);
 }
 
 /* One grouped launch of a class: the GEMV (class 1 or 2: its token tiles) or the m64n64 tile (GATHER_TILE_CLASS). */
@@ -1780,14 +1824,34 @@ static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class,
 
 /* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch
  * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
- * 65535 pieces per launch (grid.z). tile_rows: the class's largest piece (the tile launches' grid.y). */
+ * 65535 pieces per launch (grid.z). tile_rows: the class's largest piece (the tile launches' grid.y); prepared_rows:
+ * the wgmma tile class's rows of prepared x (gather_prepared_rows), whose workspace is had here — where it cannot be
+ * (out of device memory, or inside a stream capture), the m64n64 launches take the class from the same table, unless
+ * QMM_CUDA_GATHER_TILES=wgmma asked for wgmma. */
 static qmm_status gather_grouped_launches(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
-                                          int piece_class, size_t count, size_t tile_rows,
+                                          int piece_class, size_t count, size_t tile_rows, size_t prepared_rows,
                                           const qmm_cuda_gemv_product *device_table) {
     qmm_cuda_launch launch = launch_of(call);
     launch.x = gathered_x ? gathered_x : call->x;
     if (call->batch_invariant && launch.warps <= 0) launch.warps = GATHER_INVARIANT_WARPS; /* gather_piece_end */
     if (piece_class == GATHER_TILE_CLASS) launch.M = tile_rows;
+    if (piece_class == GATHER_TILE_CLASS && plan->wgmma) {
+        qmm_call sized = *call; /* the workspace's size: the prepared rows' */
+        sized.M = prepared_rows;
+        launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, &sized, 0);
+        if (!launch.wgmma_prepared && plan->wgmma_forced)
+            return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the "
+                             "prepared-x workspace (%zu bytes for %zu rows, K=%zu) cannot be had now (out of device "
+                             "memory, or inside a stream capture)", qmm_cuda_wgmma_prepared_bytes(call->bits,
+                             call->group_size, prepared_rows, call->K), prepared_rows, call->K);
+        for (size_t at = 0; launch.wgmma_prepared && at < count; at += 65535) {
+            const int part = (int)(count - at < 65535 ? count - at : 65535);
+            const int launched = qmm_cuda_wgmma_tile_grouped(&launch, device_table + at, part, prepared_rows);
+            const qmm_status status = launch_status(launched, "grouped wgmma_tile m64n128", __FILE__, __LINE__);
+            if (status != QMM_OK) return status;
+        }
+        if (launch.wgmma_prepared) return QMM_OK;
+    }
     const char *what = piece_class == 1 ? "grouped mma_m8n32" : piece_class == 2 ? "grouped mma_m16n32"
                                                                                  : "grouped mma_tile m64n64";
     if (!device_table) {
@@ -1828,17 +1892,27 @@ static qmm_status gather_run(const qmm_call *call) {
     /* Pieces (gather_piece_end) go to the grouped launches when grouping: grouped[0] of ≤ 8 rows, grouped[1] of 9–16
      * (in batch-invariant mode all in grouped[1]), grouped[2] the larger ones where the tile launches take them
      * (gather_piece_class − 1); the others get a launch each on the row the selector picks. */
-    size_t grouped[GATHER_CLASSES] = {0, 0, 0}, tile_rows = 0;
+    size_t grouped[GATHER_CLASSES] = {0, 0, 0}, tile_rows = 0, prepared_rows = 0;
     char why_not[256] = "";
     const int forced = gather_grouped_forced();
     const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
-    const bool tiles = grouping && gather_tiles(call);
-    const size_t small_rows = gather_small_rows(call);
-    const gather_plan plan = {
-        .grouping = grouping, .chunk_rows = gather_chunk_rows(tiles, small_rows), .tile_limit = tiles ? small_rows : 0};
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
+    const int tiles = grouping ? gather_tiles(call, why_not, sizeof why_not) : GATHER_TILES_NONE;
+    if (tiles == GATHER_TILES_REFUSED)
+        return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the wgmma tile "
+                         "cannot take these expert blocks: %s", why_not);
+    const size_t small_rows = gather_small_rows(call);
+    const char *tiles_forced = getenv("QMM_CUDA_GATHER_TILES");
+    const size_t tile_blocks =
+        tiles != GATHER_TILES_NONE ? gather_tile_blocks(call, small_rows, tiles == GATHER_TILES_WGMMA) : 0;
+    gather_plan plan = {.grouping = grouping,
+                        .chunk_rows = gather_chunk_rows(tiles != GATHER_TILES_NONE, small_rows, tile_blocks,
+                                                        s->multiprocessors),
+                        .tile_limit = tiles != GATHER_TILES_NONE ? small_rows : 0,
+                        .wgmma = tiles == GATHER_TILES_WGMMA,
+                        .wgmma_forced = tiles_forced && strcmp(tiles_forced, "wgmma") == 0};
     /* One pass over the pieces: the classes' counts, and whether the rows of x must be gathered */
     bool gather_x = false;
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
@@ -1847,6 +1921,14 @@ static qmm_status gather_run(const qmm_call *call) {
         const int piece_class = gather_piece_class(call, &plan, i1 - i0);
         if (piece_class) grouped[piece_class - 1]++;
         if (piece_class == GATHER_TILE_CLASS && i1 - i0 > tile_rows) tile_rows = i1 - i0;
+        if (piece_class == GATHER_TILE_CLASS) prepared_rows += gather_prepared_rows(i1 - i0);
+    }
+    if (plan.wgmma && prepared_rows > (size_t)INT_MAX) { /* the prepared rows are numbered in an int */
+        if (plan.wgmma_forced)
+            return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the tile "
+                             "class's %zu rows of prepared x (each block to a multiple of %d) exceed 2^31 - 1",
+                             prepared_rows, QMM_CUDA_WGMMA_GROUPED_TOKENS);
+        plan.wgmma = false;
     }
     const char *gathered_x = NULL;
     if (gather_x) {
@@ -1862,7 +1944,7 @@ static qmm_status gather_run(const qmm_call *call) {
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
     size_t upload_bytes = index_bytes;
     for (int c = 0; c < GATHER_CLASSES; c++)
-        if (grouped[c] > QMM_CUDA_GROUPED_MAX) upload_bytes += grouped[c] * sizeof(qmm_cuda_gemv_product);
+        if (gather_class_uploaded(&plan, c + 1, grouped[c])) upload_bytes += grouped[c] * sizeof(qmm_cuda_gemv_product);
     /* a class's uploaded table, or NULL: in the parameters */
     const qmm_cuda_gemv_product *tables[GATHER_CLASSES] = {NULL, NULL, NULL};
     if (upload_bytes) {
@@ -1877,7 +1959,7 @@ static qmm_status gather_run(const qmm_call *call) {
         }
         size_t at = index_bytes; /* bytes from the start of the upload (the products are 8-byte aligned there) */
         for (int c = 0; c < GATHER_CLASSES; c++)
-            if (grouped[c] > QMM_CUDA_GROUPED_MAX) {
+            if (gather_class_uploaded(&plan, c + 1, grouped[c])) {
                 gather_grouped_products(call, &plan, gathered_x, c + 1, (qmm_cuda_gemv_product *)(staging + at));
                 tables[c] = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + at);
                 at += grouped[c] * sizeof(qmm_cuda_gemv_product);
@@ -1911,7 +1993,8 @@ static qmm_status gather_run(const qmm_call *call) {
     }
     for (int c = 0; c < GATHER_CLASSES && status == QMM_OK; c++)
         if (grouped[c])
-            status = gather_grouped_launches(call, &plan, gathered_x, c + 1, grouped[c], tile_rows, tables[c]);
+            status = gather_grouped_launches(call, &plan, gathered_x, c + 1, grouped[c], tile_rows, prepared_rows,
+                                             tables[c]);
     /* lhs_indices and the large tables were copied into the staging slot, the small tables into their launches'
      * parameters, rhs_indices read above: nothing of the caller's host arrays is used after this call returns. */
     return status;

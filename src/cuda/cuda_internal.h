@@ -90,7 +90,8 @@ int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int to
 typedef struct qmm_cuda_gemv_product {
     unsigned long long x, out, packed, sb, w, scales;
     unsigned int M; /* the GEMV: 1 … 8·token_tiles; the tile: any */
-    unsigned int unused;
+    unsigned int x_row; /* the grouped wgmma tile: the product's first row in the prepared x (a multiple of its tokens
+                         * per tile); unused elsewhere */
 } qmm_cuda_gemv_product;
 /* Up to QMM_CUDA_GROUPED_MAX products of a grouped launch travel by value as the kernel's parameter (no upload: the
  * driver copies a launch's parameters when the launch is enqueued, so the caller's array may change as soon as the
@@ -123,6 +124,16 @@ void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads,
  * wgmma with the decoded weights in registers; any M (≤ 65535 tiles), any N, any K multiple of the group. Same
  * needs as mma_gemv, and a Hopper (compute capability 9.0) device. */
 int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *launch, int tokens);
+/* `count` (1 … 65535) products of one shape in one launch of the wgmma tile of QMM_CUDA_WGMMA_GROUPED_TOKENS tokens
+ * (PREP, unsplit; the gather's larger expert blocks, cuda_backend.c), after a pre-pass that prepares every product's x:
+ * device_products a device array (unchanged until the kernels have run) of products as for qmm_cuda_mma_gemv_grouped,
+ * each with x_row, its first row in the prepared x — a multiple of the tokens, the products' regions (M rounded up to
+ * the tokens) disjoint inside prepared_rows (< 2^31) rows; launch->wgmma_prepared a workspace of
+ * qmm_cuda_wgmma_prepared_bytes(bits, group_size, prepared_rows, K); launch->M the largest product's M; launch->x,
+ * packed, sb, w, scales, biases, out the bases. Same needs as qmm_cuda_wgmma_tile_qmm_t. */
+#define QMM_CUDA_WGMMA_GROUPED_TOKENS 64
+int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv_product *device_products, int count,
+                                size_t prepared_rows);
 /* The bytes of launch->wgmma_prepared for an [M, K] x of that format (kernels_wgmma.cu). */
 size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t M, size_t K);
 

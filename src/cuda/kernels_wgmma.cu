@@ -42,6 +42,7 @@
 #include <cuda.h> /* CUtensorMap and its enums (types only: the encoder is fetched from the runtime) */
 #include <cudaTypedefs.h>
 #include <atomic>
+#include <climits>
 #include <type_traits>
 #include <stdint.h>
 
@@ -389,15 +390,27 @@ __device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int
     for (int e = 0; e < TOKS / 2; e++) acc[e] = last ? __fadd_rn(sum[e], acc[e]) : sum[e];
 }
 
-template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP, int VIRT = 0>
+template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP, int VIRT = 0, bool GROUPED = false>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                       const T *__restrict__ biases, T *__restrict__ out, float *__restrict__ partials,
                       unsigned *__restrict__ counters, const float *__restrict__ x_sums, int M, int N, int K,
-                      int sb_per_split, int tile_begin) {
+                      int sb_per_split, int tile_begin, const qmm_cuda_gemv_product *__restrict__ group) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, TOKS, PREP>;
+    /* GROUPED (the gather's expert blocks, launch_wgmma_grouped: PREP, unsplit): grid.z the product, group[z] its offsets
+     * from the bases and its M; x_map and x_sums hold every product's prepared rows, product z's from row x_row (its
+     * `x_row`, a multiple of TOKS), and the M given is their count (the rows of x_sums). grid.x covers the largest
+     * product's tiles: a block past its product's M returns at once. */
+    static_assert(!GROUPED || (PREP && !SPLIT && VIRT == 0), "grouped launches: unsplit PREP tiles");
+    const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
+    int x_row = 0;
+    if constexpr (GROUPED) {
+        const qmm_cuda_gemv_product &e = group[blockIdx.z];
+        M = (int)e.M, x_row = (int)e.x_row;
+        packed += e.packed, sb += e.sb;
+    }
     extern __shared__ uint8_t shared_raw[];
     /* 1024-aligned for the swizzle (offset from the array itself, so the compiler keeps shared-space accesses) */
     uint8_t *shared = shared_raw + ((1024u - (smem_address(shared_raw) & 1023u)) & 1023u);
@@ -408,9 +421,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
      * them: launch_wgmma's last wave) */
     const int tiles_n = (N + WG_ROWS - 1) / WG_ROWS, tile = tile_begin + (int)blockIdx.x;
     const int n0 = (tile % tiles_n) * WG_ROWS, m0 = (tile / tiles_n) * TOKS;
+    if (GROUPED && m0 >= M) return; /* past this product's tokens (before any barrier) */
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int groups = K / GS;
-    const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
     /* SPLIT (split-K, grid.z splits): this block's contiguous range of super-blocks, `count` of them from sb_begin. A
      * separate instantiation: the split epilogue's code in the one kernel made the consumers' main loop spill under
      * their 168-register cap. */
@@ -499,14 +512,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     if (PREP) /* the tokens' Σx pieces of this super-block (x_sums: [super-blocks][M_pad][XP_ROW bytes]) */
                         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                                          stage + L::XSUM_AT),
-                                     "l"(x_sums + ((size_t)(sb_begin + i) * m_pad + m0) * (L::XP_ROW / 4)),
+                                     "l"(x_sums + ((size_t)(sb_begin + i) * m_pad + x_row + m0) * (L::XP_ROW / 4)),
                                      "r"(L::XSUM_BYTES), "r"(x_full)
                                      : "memory");
 #pragma unroll
                     for (int column = 0; column < L::KS / 64; column++)
                         asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
                                          stage + column * (TOKS * 128)),
-                                     "l"(&x_map), "r"((sb_begin + i) * L::KS + 64 * column), "r"(m0), "r"(x_full)
+                                     "l"(&x_map), "r"((sb_begin + i) * L::KS + 64 * column), "r"(x_row + m0), "r"(x_full)
                                      : "memory");
                 }
 #pragma unroll
@@ -793,6 +806,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K,
                                             n0, m0);
     } else {
+        if constexpr (GROUPED) { /* the product's outputs and, for the non-finite rule, its x and MLX-layout weights */
+            const qmm_cuda_gemv_product &e = group[blockIdx.z];
+            x += e.x, w_orig += e.w, scales += e.scales, biases += e.scales, out += e.out;
+        }
         /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
 #pragma unroll
         for (int j = 0; j < TOKS / 8; j++)
@@ -826,20 +843,34 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * K = 4096 and took 8.5 µs, a fifth of the call (ncu, twenty-fourth session). */
 template <int BITS, typename T, int GS>
 __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, T *__restrict__ x_prepared,
-                                                       float *__restrict__ x_sums, int M, int K) {
+                                                       float *__restrict__ x_sums, int M, int K,
+                                                       const qmm_cuda_gemv_product *__restrict__ group, int tokens) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, 128, true>; /* SEG, SEG_BLOCKS and the slots do not depend on TOKS */
     constexpr int LANES = 4 * L::SEG_BLOCKS; /* a segment's lanes: 4, 8 or 16, aligned within the warp */
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int m_pad = x_sums_tokens(M);
     /* launch_wgmma starts exactly m_pad · super_blocks · BPS · 4 threads: a multiple of 256 (m_pad of 128), so every
-     * warp is whole for the shuffles */
+     * warp is whole for the shuffles. Grouped (group: launch_wgmma_grouped; M the prepared rows of every product): grid.y
+     * the product, whose rows m < its M are x's rows e.x / K + m, written to prepared row e.x_row + m, and whose rows up to
+     * its M rounded up to `tokens` are zeros (its last tile's); grid.x covers the largest product's rows so rounded (a
+     * multiple of 64: whole warps), the other threads only take part in the shuffles. */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int piece = (int)(index & 3), j = (int)(index / 4 % L::BPS);
     const size_t token_sb = index / (4 * L::BPS);
-    const int m = (int)(token_sb / super_blocks), sbk = (int)(token_sb % super_blocks), sg = j / L::SEG_BLOCKS;
+    const int sbk = (int)(token_sb % super_blocks), sg = j / L::SEG_BLOCKS;
+    int m = (int)(token_sb / super_blocks), rows = M, x_sums_row = 0; /* x's row m (grouped: the product's row m) */
+    bool active = true;                                               /* the thread writes its piece and sums */
+    if (group) {
+        const qmm_cuda_gemv_product &e = group[blockIdx.y];
+        rows = (int)e.M;
+        active = m < (rows + tokens - 1) / tokens * tokens;
+        x += e.x;
+        x_prepared += (size_t)e.x_row * K;
+        x_sums_row = (int)e.x_row;
+    }
     const int blk = sbk * L::BPS + j;
-    const bool in_range = m < M && blk < blocks_k;
+    const bool in_range = active && m < rows && blk < blocks_k;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (in_range) v = reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32)[piece];
     float sum = 0.0f;
@@ -859,16 +890,16 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
 #pragma unroll
         for (int w = 0; w < 4; w++) o[w] = from == w ? got : o[w];
     }
-    if (in_range)
+    if (active && blk < blocks_k && (group || m < rows)) /* grouped: the zeros of the last tile's rows past M too */
         reinterpret_cast<uint4 *>(x_prepared + (size_t)m * K + (size_t)blk * 32)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
 #pragma unroll
     for (int d = 1; d < LANES; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    if (index % LANES != 0) return;
+    if (index % LANES != 0 || !active) return;
     float *tile = x_sums + (size_t)sbk * m_pad * (L::XP_ROW / 4);
 #pragma unroll
-    for (int p = 0; p < 3; p++) tile[x_sums_at(m, 3 * sg + p, L::XP_CHUNKS)] = tf32_piece(sum, p);
+    for (int p = 0; p < 3; p++) tile[x_sums_at(x_sums_row + m, 3 * sg + p, L::XP_CHUNKS)] = tf32_piece(sum, p);
     if (sg == L::SEG - 1)
-        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m, k, L::XP_CHUNKS)] = 0.0f;
+        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(x_sums_row + m, k, L::XP_CHUNKS)] = 0.0f;
 #elif defined(__CUDA_ARCH__)
     __trap();
 #endif
@@ -1023,7 +1054,8 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
         const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::BPS * 4); /* a multiple of 256 */
         const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
-                                         0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K);
+                                         0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K,
+                                         nullptr, 0);
         if (status) return status;
         x = x_prepared;
         x_sums = sums;
@@ -1036,7 +1068,8 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                                          x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out,
                                          in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
-                                         (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0);
+                                         (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0,
+                                         nullptr);
         if (status) return status;
     }
     /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
@@ -1053,7 +1086,51 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                             (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                             (const T *)c->biases, (T *)c->out,
                             splits == 1 && in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
-                            (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole);
+                            (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole,
+                            nullptr);
+}
+
+/* The grouped launch (qmm_cuda_wgmma_tile_grouped): x prepared for every product by wgmma_prepare_x's grouped form (grid.y
+ * the product: its rows to its region of x_prepared and x_sums from row x_row, zeros to the end of its last tile), then
+ * one launch of the PREP tile over every product (grid.z; grid.x the largest product's tiles, c->M its rows). */
+template <int BITS, typename T, int GS, int TOKS>
+static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count,
+                                size_t prepared_rows) {
+    using P = wgmma_layout<BITS, GS, TOKS, true>;
+    auto kernel = wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 0, true>;
+    static unsigned long long opted_in = 0;
+    int status = shared_memory_opt_in(kernel, (size_t)P::SHARED, &opted_in);
+    if (status) return status;
+    size_t sums_at;
+    prepared_bytes<BITS, GS>(prepared_rows, c->K, &sums_at);
+    T *x_prepared = static_cast<T *>(c->wgmma_prepared);
+    float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
+    const size_t rows = (c->M + TOKS - 1) / TOKS * TOKS; /* the largest product's, to its last tile's end */
+    const size_t threads = rows * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* a multiple of 256 */
+    status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)(threads / 256), (unsigned)count), dim3(256), 0,
+                           c->stream, false, (const T *)c->x, x_prepared, sums, (int)prepared_rows, (int)c->K, products,
+                           TOKS);
+    if (status) return status;
+    qmm_cuda_launch mapped = *c;
+    mapped.M = prepared_rows;
+    CUtensorMap x_map;
+    status = x_tensor_map(&x_map, &mapped, x_prepared, TOKS);
+    if (status) return status;
+    const unsigned tiles = (unsigned)(((c->N + WG_ROWS - 1) / WG_ROWS) * (rows / TOKS));
+    return launch_kernel(kernel, dim3(tiles, 1, (unsigned)count), dim3(WG_THREADS), (size_t)P::SHARED, c->stream, false,
+                         x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
+                         (const T *)c->scales, (const T *)c->biases, (T *)c->out, nullptr, nullptr, (const float *)sums,
+                         (int)prepared_rows, (int)c->N, (int)c->K, 0, 0, products);
+}
+
+template <int BITS, typename T>
+static int wgmma_grouped_group(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count, size_t rows) {
+    constexpr int TOKS = QMM_CUDA_WGMMA_GROUPED_TOKENS;
+    switch (c->group_size) {
+    case 32: return launch_wgmma_grouped<BITS, T, 32, TOKS>(c, products, count, rows);
+    case 64: return launch_wgmma_grouped<BITS, T, 64, TOKS>(c, products, count, rows);
+    default: return launch_wgmma_grouped<BITS, T, 128, TOKS>(c, products, count, rows);
+    }
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {
@@ -1074,6 +1151,18 @@ template <int TOKS> static int wgmma_dispatch(const qmm_cuda_launch *c) {
 extern "C" size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t M, size_t K) {
     size_t sums_at;
     return prepared_bytes_of(bits, group_size, M, K, &sums_at);
+}
+
+extern "C" int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *device_products,
+                                          int count, size_t prepared_rows) {
+    if (!device_products || !c->wgmma_prepared || count < 1 || count > 65535 || c->dtype == 0 || prepared_rows < 1 ||
+        prepared_rows > (size_t)INT_MAX || (c->bits != 4 && c->bits != 8))
+        return (int)cudaErrorInvalidValue;
+    if (c->bits == 4)
+        return c->dtype == 1 ? wgmma_grouped_group<4, __half>(c, device_products, count, prepared_rows)
+                             : wgmma_grouped_group<4, __nv_bfloat16>(c, device_products, count, prepared_rows);
+    return c->dtype == 1 ? wgmma_grouped_group<8, __half>(c, device_products, count, prepared_rows)
+                         : wgmma_grouped_group<8, __nv_bfloat16>(c, device_products, count, prepared_rows);
 }
 
 extern "C" int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *c, int tokens) {

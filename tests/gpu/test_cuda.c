@@ -804,8 +804,9 @@ static void sort_pairs_by_expert(uint32_t *lhs, uint32_t *rhs, size_t B) {
  * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices (with one expert per
  * token also lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing
  * written past B·N — each call with the expert blocks of ≤ 16 rows in grouped GEMV launches and the larger blocks in
- * grouped m64n64 tile launches (the default where the mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a
- * call that did not group would fail, and it must fail where they do not), with the blocks of 17–256 rows cut into
+ * grouped tile launches (the default where the mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a
+ * call that did not group would fail, and it must fail where they do not) — wgmma m64n128 on Hopper (required there:
+ * QMM_CUDA_GATHER_TILES=wgmma, which must fail elsewhere) and m64n64 (QMM_CUDA_GATHER_TILES=mma) —, with the blocks of 17–256 rows cut into
  * chunks of 16 for the GEMV launches (QMM_CUDA_GATHER_CHUNK_ROWS=256), with no block cut and no tile launches
  * (QMM_CUDA_GATHER_TILES=0, QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) and with a launch per
  * block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
@@ -823,8 +824,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {8, 2, 3, 33, 128, 3, 32, QMM_F32},   {32, 8, 1, 768, 2048, 4, 64, QMM_BF16},
         /* sorted: blocks of 7–13 rows, so both grouped launches (≤ 8 and 9–16 rows) in one call */
         {16, 4, 40, 256, 256, 4, 32, QMM_F16}, {8, 2, 48, 256, 512, 8, 128, QMM_F16},
-        /* blocks of about 20 rows (in the tile launches, or cut into chunks of 16 and the rest, or a launch each)
-         * beside smaller ones; one expert per token (lhs_indices NULL too) */
+        /* blocks of about 20 rows (in the tile launches where forced, else cut into chunks of 16 and the rest — too
+         * few tiles for a launch of their own —, or a launch each) beside smaller ones; one expert per token (lhs_indices NULL too) */
         {4, 2, 40, 128, 512, 4, 128, QMM_BF16}, {4, 1, 24, 64, 256, 8, 64, QMM_BF16},
         /* unsorted, every token's two pairs on different experts: more than 65535 blocks of ≤ 2 rows (grid.z per
          * grouped launch is 65535) — grouped and unsorted only (the test's insertion sort is quadratic, and 70001
@@ -832,14 +833,14 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {2, 2, 70000, 16, 64, 4, 32, QMM_F16},
         /* 200 experts, one per token, about 12 tokens each: sorted, more than QMM_CUDA_GROUPED_MAX blocks of 9–16
          * rows (their table goes up with the call) beside fewer than that of ≤ 8 rows (theirs in the launch's
-         * parameter) and some past 16 (in the tile launches by default); unsorted, 2400 blocks of one row */
+         * parameter) and some past 16 (in the tile launches where forced, else cut); unsorted, 2400 blocks of one row */
         {200, 1, 2400, 16, 64, 4, 32, QMM_BF16},
         /* exactly QMM_CUDA_GROUPED_MAX blocks in a class (the table in the launch's parameter) and one more (the
          * table uploaded): A = E routes deterministically (shift 0) — sorted, E blocks of T rows read in place;
          * unsorted, T·E blocks of one row (uploaded) */
         {64, 64, 8, 32, 128, 4, 64, QMM_BF16}, {65, 65, 8, 32, 128, 4, 64, QMM_BF16}, /* ≤ 8 rows: 64 / 65 */
         {64, 64, 12, 32, 128, 8, 64, QMM_F16}, {65, 65, 12, 32, 128, 8, 64, QMM_F16}, /* 9–16 rows: 64 / 65 */
-        {64, 64, 20, 32, 128, 4, 64, QMM_BF16}, {65, 65, 20, 32, 128, 4, 64, QMM_BF16}, /* the tiles: 64 / 65 */
+        {64, 64, 20, 32, 128, 4, 64, QMM_BF16}, {65, 65, 20, 32, 128, 4, 64, QMM_BF16}, /* the tiles (forced): 64 / 65 */
         /* sorted: both classes uploaded in one call (about 114 blocks of ≤ 8 rows and 140 of 9–16), x gathered, B not
          * a multiple of 4 (4 bytes of index padding before the two tables) */
         {256, 1, 2303, 16, 64, 4, 32, QMM_F16},
@@ -858,7 +859,17 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * fixed count keeps a pair's bits — a one-pair launch (8 blocks) and the whole call's (hundreds of blocks,
          * blocks of 16–20 rows sorted: chunks of 16 and the rest) would get different counts from the model */
         {16, 4, 72, 256, 4096, 4, 64, QMM_BF16}, {16, 4, 72, 256, 4096, 8, 32, QMM_F16},
+        /* blocks of about 75 rows (two wgmma tiles of 64 tokens, the second part full) on N = 208 (a part-full tile of
+         * 128 rows), K = 320 at 4 bits (2.5 super-blocks); of about 50 rows, 8-bit groups of 128 */
+        {4, 2, 150, 208, 320, 4, 32, QMM_BF16}, {6, 3, 100, 144, 384, 8, 128, QMM_F16},
     };
+    /* whether the device runs the wgmma tiles (Hopper): the default grouped calls there must take the wgmma tile
+     * launches (QMM_CUDA_GATHER_TILES=wgmma, an error where they do not run), elsewhere that knob must be refused */
+    product probe;
+    if (!product_make(context, rng, 64, 128, 256, 4, 64, QMM_F16, "gather probe", &probe)) return;
+    const bool hopper =
+        qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m64n128", probe.weights, 64, QMM_OP_QMM_T, NULL) == 1;
+    product_free(&probe);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
         const size_t B = T * A, size = qmm_dtype_size(cases[c].dtype);
@@ -888,12 +899,17 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * launch per block × lhs_indices NULL; 6–7: the batch-invariant mode, sorted or not; 8–9: grouped with the
          * blocks of 17–256 rows cut into chunks of 16 (QMM_CUDA_GATHER_CHUNK_ROWS=256; larger ones in the tile
          * launches), sorted or not; 10–11: grouped with no block cut and no tile launches (QMM_CUDA_GATHER_TILES=0,
-         * QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) */
+         * QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows); 12–13: every block of > 16 rows in the
+         * m64n64 tile launches (QMM_CUDA_GATHER_TILES=mma, QMM_CUDA_GATHER_CHUNK_ROWS=16: none cut, however few),
+         * sorted or not. Variants 0–1 on Hopper: every such block in the wgmma tile launches, required
+         * (QMM_CUDA_GATHER_TILES=wgmma, QMM_CUDA_GATHER_CHUNK_ROWS=16); elsewhere and in 2–5 the default rule (a
+         * tile class of fewer thread blocks than SMs cut into chunks). */
         /* whether the format groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
         const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
-        for (int variant = 0; variant < 12; variant++) {
+        for (int variant = 0; variant < 14; variant++) {
             const int invariant = variant == 6 || variant == 7, knobbed = variant >= 8, sorted = variant & 1;
-            const int cut = variant == 8 || variant == 9, untiled = variant >= 10;
+            const int cut = variant == 8 || variant == 9, untiled = variant == 10 || variant == 11;
+            const int mma_tiles = variant >= 12, wgmma_tiles = variant <= 1 && hopper && groups;
             const int grouped = invariant || knobbed || !(variant & 2), lhs_null = variant == 4 || variant == 5;
             if (((sorted || !grouped || invariant || knobbed) && B > 5000) || (lhs_null && A != 1) ||
                 (knobbed && !groups))
@@ -921,8 +937,18 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                 unsetenv("QMM_CUDA_GATHER_GROUPED");
             }
             if (!grouped || groups) setenv("QMM_CUDA_GATHER_GROUPED", grouped ? "1" : "0", 1);
-            if (knobbed) setenv("QMM_CUDA_GATHER_CHUNK_ROWS", cut ? "256" : "16", 1);
-            if (untiled) setenv("QMM_CUDA_GATHER_TILES", "0", 1);
+            if (variant == 0 && !hopper && groups) { /* the wgmma tiles required where they do not run: an error */
+                setenv("QMM_CUDA_GATHER_TILES", "wgmma", 1);
+                CHECK_STATUS(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, NULL),
+                             QMM_ERR_UNSUPPORTED);
+                CHECK(strstr(qmm_last_error(), "QMM_CUDA_GATHER_TILES=wgmma, but the wgmma tile cannot take") != NULL,
+                      "gather E=%zu N=%zu, wgmma tiles required off Hopper: %s", E, N, qmm_last_error());
+                unsetenv("QMM_CUDA_GATHER_TILES");
+            }
+            const char *chunk_rows = cut ? "256" : untiled || mma_tiles || wgmma_tiles ? "16" : NULL;
+            if (chunk_rows) setenv("QMM_CUDA_GATHER_CHUNK_ROWS", chunk_rows, 1);
+            if (untiled || mma_tiles || wgmma_tiles)
+                setenv("QMM_CUDA_GATHER_TILES", untiled ? "0" : mma_tiles ? "mma" : "wgmma", 1);
             CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, &ran));
             unsetenv("QMM_CUDA_GATHER_GROUPED");
             unsetenv("QMM_CUDA_GATHER_CHUNK_ROWS");
@@ -936,11 +962,12 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             CHECK_OK(qmm_buffer_read(ob, out, B * N + 64));
             CHECK_OK(qmm_ref_gather_dense_f64(&q.m, E, x, T, lhs_used, rhs, B, exact, abs_dot));
             char label[200];
-            snprintf(label, sizeof label, "gather E=%zu N=%zu K=%zu T=%zu B=%zu %d-bit gs%d %s %s%s%s%s%s", E, N, K, T,
-                     B, cases[c].bits, cases[c].group_size, qmm_dtype_name(cases[c].dtype),
+            snprintf(label, sizeof label, "gather E=%zu N=%zu K=%zu T=%zu B=%zu %d-bit gs%d %s %s%s%s%s%s%s", E, N, K,
+                     T, B, cases[c].bits, cases[c].group_size, qmm_dtype_name(cases[c].dtype),
                      sorted ? "sorted" : "unsorted", grouped ? "" : ", a launch per block",
                      lhs_null ? ", lhs_indices NULL" : "", invariant ? ", batch-invariant" : "",
-                     untiled ? ", blocks of > 16 rows a launch each" : cut ? ", blocks of 17-256 rows cut" : "");
+                     untiled ? ", blocks of > 16 rows a launch each" : cut ? ", blocks of 17-256 rows cut" : "",
+                     mma_tiles ? ", m64n64 tiles" : wgmma_tiles ? ", wgmma tiles required" : "");
             double worst = 0;
             size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, B * N, K, 2.0, &worst);
             CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
@@ -1204,7 +1231,7 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                         {"QMM_CUDA_INVARIANT_PATH", "sideways", "split, virtual, last, blocks", NULL},
                         {"QMM_CUDA_GATHER_GROUPED", "2", "0, 1", "cuda.qmm_t.mma_gemv.m16n32"},
                         {"QMM_CUDA_GATHER_CHUNK_ROWS", "15", "16–1073741824", NULL},
-                        {"QMM_CUDA_GATHER_TILES", "2", "0, 1", NULL}};
+                        {"QMM_CUDA_GATHER_TILES", "2", "0, 1, mma, wgmma", NULL}};
         CHECK_OK(qmm_buffer_poison(p.out)); /* once: every refusal below must leave it so */
         for (size_t i = 0; i < sizeof bad_call / sizeof bad_call[0]; i++) {
             const size_t M = bad_call[i].row && strstr(bad_call[i].row, ".m8n") ? 8 : p.M; /* m8n64 takes M ≤ 8 */
