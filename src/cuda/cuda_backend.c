@@ -73,8 +73,8 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_GATHER_GROUPED", knob_zero_one, 0, 0,
      "0: a launch per expert block, 1: grouped launches (an error where they cannot run)"},
     {"QMM_CUDA_GATHER_TILES", knob_tiles, 0, 0,
-     "0: the gather's blocks that are not cut get a launch each, 1: grouped tile launches, mma: of m64n64, wgmma: of "
-     "wgmma m64n128 (an error where they cannot run)"},
+     "0: the gather's blocks that are not cut get a launch each; 1, mma, wgmma: grouped tile launches of the default "
+     "kind, of m64n64, of wgmma m64n128 (an error where the grouped wgmma tiles cannot run) where they are not cut"},
     {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
      "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
@@ -1824,33 +1824,25 @@ static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class,
 
 /* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch
  * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
- * 65535 pieces per launch (grid.z). tile_rows: the class's largest piece (the tile launches' grid.y); prepared_rows:
- * the wgmma tile class's rows of prepared x (gather_prepared_rows), whose workspace is had here — where it cannot be
- * (out of device memory, or inside a stream capture), the m64n64 launches take the class from the same table, unless
- * QMM_CUDA_GATHER_TILES=wgmma asked for wgmma. */
+ * 65535 pieces per launch (grid.z). tile_rows: the class's largest piece (its 64-token tiles: the m64n64 launches'
+ * grid.y, a factor of the wgmma launches' grid.x). The wgmma tile class (plan->wgmma): its prepared_rows of prepared
+ * x (gather_prepared_rows) in `prepared`, the workspace gather_run had for them. */
 static qmm_status gather_grouped_launches(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
                                           int piece_class, size_t count, size_t tile_rows, size_t prepared_rows,
-                                          const qmm_cuda_gemv_product *device_table) {
+                                          void *prepared, const qmm_cuda_gemv_product *device_table) {
     qmm_cuda_launch launch = launch_of(call);
     launch.x = gathered_x ? gathered_x : call->x;
     if (call->batch_invariant && launch.warps <= 0) launch.warps = GATHER_INVARIANT_WARPS; /* gather_piece_end */
     if (piece_class == GATHER_TILE_CLASS) launch.M = tile_rows;
     if (piece_class == GATHER_TILE_CLASS && plan->wgmma) {
-        qmm_call sized = *call; /* the workspace's size: the prepared rows' */
-        sized.M = prepared_rows;
-        launch.wgmma_prepared = wgmma_prepared_workspace(call->backend_state, &sized, 0);
-        if (!launch.wgmma_prepared && plan->wgmma_forced)
-            return qmm_error(QMM_ERR_OUT_OF_MEMORY, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the "
-                             "prepared-x workspace (%zu bytes for %zu rows, K=%zu) cannot be had now (out of device "
-                             "memory, or inside a stream capture)", qmm_cuda_wgmma_prepared_bytes(call->bits,
-                             call->group_size, prepared_rows, call->K), prepared_rows, call->K);
-        for (size_t at = 0; launch.wgmma_prepared && at < count; at += 65535) {
+        launch.wgmma_prepared = prepared;
+        for (size_t at = 0; at < count; at += 65535) {
             const int part = (int)(count - at < 65535 ? count - at : 65535);
             const int launched = qmm_cuda_wgmma_tile_grouped(&launch, device_table + at, part, prepared_rows);
             const qmm_status status = launch_status(launched, "grouped wgmma_tile m64n128", __FILE__, __LINE__);
             if (status != QMM_OK) return status;
         }
-        if (launch.wgmma_prepared) return QMM_OK;
+        return QMM_OK;
     }
     const char *what = piece_class == 1 ? "grouped mma_m8n32" : piece_class == 2 ? "grouped mma_m16n32"
                                                                                  : "grouped mma_tile m64n64";
@@ -1874,12 +1866,11 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
 
 /* The gather's order on the stream: one upload, when there is anything to upload (the lhs indices when some block's
  * rows are not consecutive rows of x — else every block reads x in place, and a decode step's blocks of one row
- * always do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks), built on the host first so
- * that nothing is launched before everything the launches need is in place; the gather of x's rows; a launch per
- * piece outside the grouped classes (a block of > 16 rows of more work, or with the tiles off one not cut, or every
- * block when not grouping); the
- * grouped launches (a class of ≤ QMM_CUDA_GROUPED_MAX pieces with its table in the launch's
- * parameter). The upload is a copy from pageable memory (a staging slot, gather_staging_slot): measured on the H200
+ * always do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks, or of the wgmma tile class),
+ * built on the host first so that nothing is launched before everything the launches need is in place (the wgmma
+ * class's prepared-x workspace too); the gather of x's rows; a launch per piece outside the grouped classes (a block
+ * of > 16 rows of more work, or with the tiles off one not cut, or every block when not grouping); the grouped
+ * launches (a class of ≤ QMM_CUDA_GROUPED_MAX pieces with its table in the launch's parameter, but for wgmma). The upload is a copy from pageable memory (a staging slot, gather_staging_slot): measured on the H200
  * (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28× slower at T ≥ 8
  * (probably the copy-engine transfer on the stream between kernels). A decode step (T = 1) uploads nothing: 0.53–0.81×
  * the time of one upload of its table (eighteenth session). */
@@ -1899,7 +1890,8 @@ static qmm_status gather_run(const qmm_call *call) {
     if (!grouping && forced == 1)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
-    const int tiles = grouping ? gather_tiles(call, why_not, sizeof why_not) : GATHER_TILES_NONE;
+    /* (batch-invariant mode has no tile class: gather_piece_class) */
+    const int tiles = grouping && !call->batch_invariant ? gather_tiles(call, why_not, sizeof why_not) : GATHER_TILES_NONE;
     if (tiles == GATHER_TILES_REFUSED)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the wgmma tile "
                          "cannot take these expert blocks: %s", why_not);
@@ -1923,12 +1915,33 @@ static qmm_status gather_run(const qmm_call *call) {
         if (piece_class == GATHER_TILE_CLASS && i1 - i0 > tile_rows) tile_rows = i1 - i0;
         if (piece_class == GATHER_TILE_CLASS) prepared_rows += gather_prepared_rows(i1 - i0);
     }
-    if (plan.wgmma && prepared_rows > (size_t)INT_MAX) { /* the prepared rows are numbered in an int */
-        if (plan.wgmma_forced)
-            return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the tile "
-                             "class's %zu rows of prepared x (each block to a multiple of %d) exceed 2^31 - 1",
-                             prepared_rows, QMM_CUDA_WGMMA_GROUPED_TOKENS);
-        plan.wgmma = false;
+    /* The wgmma tile class's workspace, had before anything is launched: where it cannot be — more prepared rows than
+     * the launch takes, no device memory, or a stream capture it would have to grow in — the m64n64 launches take the
+     * class (the same pieces), unless QMM_CUDA_GATHER_TILES=wgmma asked for wgmma (then an error, nothing enqueued). */
+    void *prepared = NULL;
+    if (plan.wgmma && grouped[GATHER_TILE_CLASS - 1]) {
+        if (prepared_rows > QMM_CUDA_WGMMA_GROUPED_ROWS_MAX) {
+            if (plan.wgmma_forced)
+                return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the tile "
+                                 "class's %zu rows of prepared x (each block to a multiple of %d) exceed 2^30",
+                                 prepared_rows, QMM_CUDA_WGMMA_GROUPED_TOKENS);
+        } else {
+            qmm_call sized = *call; /* the workspace's size: the prepared rows' */
+            sized.M = prepared_rows;
+            prepared = wgmma_prepared_workspace(s, &sized, 0);
+            if (!prepared && plan.wgmma_forced) {
+                enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+                const bool capturing = cudaStreamIsCapturing(s->stream, &capture) == cudaSuccess &&
+                                       capture != cudaStreamCaptureStatusNone;
+                cudaGetLastError();
+                return qmm_error(capturing ? QMM_ERR_UNSUPPORTED : QMM_ERR_OUT_OF_MEMORY,
+                                 "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the prepared-x workspace "
+                                 "(%zu bytes for %zu rows, K=%zu) cannot be had %s", qmm_cuda_wgmma_prepared_bytes(
+                                 call->bits, call->group_size, prepared_rows, call->K), prepared_rows, call->K,
+                                 capturing ? "inside a stream capture (it would have to grow)" : "(out of device memory)");
+            }
+        }
+        plan.wgmma = prepared != NULL;
     }
     const char *gathered_x = NULL;
     if (gather_x) {
@@ -1940,7 +1953,7 @@ static qmm_status gather_run(const qmm_call *call) {
         gathered_x = s->gather_x;
     }
     /* The upload: [lhs indices, padded to 16 bytes][the table of each class of more than QMM_CUDA_GROUPED_MAX pieces,
-     * in class order]. B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
+     * and of the wgmma tile class, in class order (gather_class_uploaded)]. B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
     size_t upload_bytes = index_bytes;
     for (int c = 0; c < GATHER_CLASSES; c++)
@@ -1994,8 +2007,8 @@ static qmm_status gather_run(const qmm_call *call) {
     for (int c = 0; c < GATHER_CLASSES && status == QMM_OK; c++)
         if (grouped[c])
             status = gather_grouped_launches(call, &plan, gathered_x, c + 1, grouped[c], tile_rows, prepared_rows,
-                                             tables[c]);
-    /* lhs_indices and the large tables were copied into the staging slot, the small tables into their launches'
+                                             prepared, tables[c]);
+    /* lhs_indices and the uploaded tables were copied into the staging slot, the others into their launches'
      * parameters, rhs_indices read above: nothing of the caller's host arrays is used after this call returns. */
     return status;
 }

@@ -115,7 +115,7 @@ int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv
 int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *launch, int tile);
 /* `count` products of one shape in one launch of tile 0 (m64n64, f16/bf16, 4/8-bit; no split-K), the products as for
  * qmm_cuda_mma_gemv_grouped (their M any size ≥ 1); launch->M: the largest product's M (grid.y covers its tiles). The
- * gather's expert blocks that are not cut into chunks (cuda_backend.c). */
+ * gather's tile class where the grouped wgmma tiles do not take it (cuda_backend.c). */
 int qmm_cuda_mma_tile_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv_product *host_products,
                               const qmm_cuda_gemv_product *device_products, int count);
 void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads, int *resident, size_t *shared);
@@ -128,10 +128,13 @@ int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *launch, int tokens);
  * (PREP, unsplit; the gather's larger expert blocks, cuda_backend.c), after a pre-pass that prepares every product's x:
  * device_products a device array (unchanged until the kernels have run) of products as for qmm_cuda_mma_gemv_grouped,
  * each with x_row, its first row in the prepared x — a multiple of the tokens, the products' regions (M rounded up to
- * the tokens) disjoint inside prepared_rows (< 2^31) rows; launch->wgmma_prepared a workspace of
+ * the tokens) disjoint inside prepared_rows (≤ QMM_CUDA_WGMMA_GROUPED_ROWS_MAX) rows; launch->wgmma_prepared a workspace of
  * qmm_cuda_wgmma_prepared_bytes(bits, group_size, prepared_rows, K); launch->M the largest product's M; launch->x,
  * packed, sb, w, scales, biases, out the bases. Same needs as qmm_cuda_wgmma_tile_qmm_t. */
 #define QMM_CUDA_WGMMA_GROUPED_TOKENS 64
+/* the most prepared rows a grouped launch takes (2^30: the rows, their tiles' coordinates and x_sums' rows rounded up
+ * to 128 stay ints) */
+#define QMM_CUDA_WGMMA_GROUPED_ROWS_MAX (1u << 30)
 int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *launch, const qmm_cuda_gemv_product *device_products, int count,
                                 size_t prepared_rows);
 /* The bytes of launch->wgmma_prepared for an [M, K] x of that format (kernels_wgmma.cu). */

@@ -397,7 +397,7 @@ extern "C" int qmm_cuda_mma_tile_qmm_t(const qmm_cuda_launch *c, int tile) {
     }
 }
 
-/* The grouped launch of tile 0 (m64n64; the gather's expert blocks that are not cut, cuda_backend.c): grid
+/* The grouped launch of tile 0 (m64n64; the gather's tile class off Hopper, cuda_backend.c): grid
  * (N tiles, the largest product's M tiles = ceil(launch->M / 64), products), at most 65535 products a launch. */
 template <int BITS, typename T, int GS, typename Table>
 static int launch_tile_grouped(const qmm_cuda_launch *c, const Table &table, int count) {

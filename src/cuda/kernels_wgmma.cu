@@ -401,8 +401,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     using L = wgmma_layout<BITS, GS, TOKS, PREP>;
     /* GROUPED (the gather's expert blocks, launch_wgmma_grouped: PREP, unsplit): grid.z the product, group[z] its offsets
      * from the bases and its M; x_map and x_sums hold every product's prepared rows, product z's from row x_row (its
-     * `x_row`, a multiple of TOKS), and the M given is their count (the rows of x_sums). grid.x covers the largest
-     * product's tiles: a block past its product's M returns at once. */
+     * `x_row`, a multiple of TOKS), and the M given is their count (x_sums has it rounded up to 128 rows). grid.x covers
+     * the largest product's tiles: a block past its product's M returns at once. */
     static_assert(!GROUPED || (PREP && !SPLIT && VIRT == 0), "grouped launches: unsplit PREP tiles");
     const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
     int x_row = 0;
@@ -895,11 +895,13 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
 #pragma unroll
     for (int d = 1; d < LANES; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     if (index % LANES != 0 || !active) return;
-    float *tile = x_sums + (size_t)sbk * m_pad * (L::XP_ROW / 4);
+    /* grouped: the product's run of x_sums from its row x_sums_row (a multiple of 8: x_sums_at's whole groups of 8
+     * tokens, XP_ROW / 4 floats a token), so x_sums_at takes the product's own row (an int at any prepared row count) */
+    float *tile = x_sums + ((size_t)sbk * m_pad + (size_t)x_sums_row) * (L::XP_ROW / 4);
 #pragma unroll
-    for (int p = 0; p < 3; p++) tile[x_sums_at(x_sums_row + m, 3 * sg + p, L::XP_CHUNKS)] = tf32_piece(sum, p);
+    for (int p = 0; p < 3; p++) tile[x_sums_at(m, 3 * sg + p, L::XP_CHUNKS)] = tf32_piece(sum, p);
     if (sg == L::SEG - 1)
-        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(x_sums_row + m, k, L::XP_CHUNKS)] = 0.0f;
+        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m, k, L::XP_CHUNKS)] = 0.0f;
 #elif defined(__CUDA_ARCH__)
     __trap();
 #endif
@@ -1156,7 +1158,7 @@ extern "C" size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t
 extern "C" int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *device_products,
                                           int count, size_t prepared_rows) {
     if (!device_products || !c->wgmma_prepared || count < 1 || count > 65535 || c->dtype == 0 || prepared_rows < 1 ||
-        prepared_rows > (size_t)INT_MAX || (c->bits != 4 && c->bits != 8))
+        prepared_rows > QMM_CUDA_WGMMA_GROUPED_ROWS_MAX || (c->bits != 4 && c->bits != 8))
         return (int)cudaErrorInvalidValue;
     if (c->bits == 4)
         return c->dtype == 1 ? wgmma_grouped_group<4, __half>(c, device_products, count, prepared_rows)

@@ -902,7 +902,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows); 12–13: every block of > 16 rows in the
          * m64n64 tile launches (QMM_CUDA_GATHER_TILES=mma, QMM_CUDA_GATHER_CHUNK_ROWS=16: none cut, however few),
          * sorted or not. Variants 0–1 on Hopper: every such block in the wgmma tile launches, required
-         * (QMM_CUDA_GATHER_TILES=wgmma, QMM_CUDA_GATHER_CHUNK_ROWS=16); elsewhere and in 2–5 the default rule (a
+         * (QMM_CUDA_GATHER_TILES=wgmma, QMM_CUDA_GATHER_CHUNK_ROWS=16); elsewhere and in 4–5 the default rule (a
          * tile class of fewer thread blocks than SMs cut into chunks). */
         /* whether the format groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
         const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
@@ -1083,12 +1083,21 @@ static void test_gather_queue(qmm_context *context, check_rng *rng) {
  * their codes (expert e: every code e + 1) and in which rows have ŵ = 0.5 or ŵ = 0 (expert 1 the other half), so the
  * exact fallback of a row whose sum is not finite reads its own expert's codes, scales and biases or gives another
  * sign; token 0 has +inf at k = 0 (ŵ = 0.5: +inf; ŵ = 0: NaN, 0·inf), token 1 (f32 and bf16: f16's max is 65504)
- * 2e38 at k = 0 and 1 (ŵ = 0: exactly 0). Both tokens on experts 1 and 2: two blocks of 2 rows, grouped (f16, bf16)
- * and with a launch per block. */
+ * 2e38 at k = 0 and 1 (ŵ = 0: exactly 0; their Σx overflows f32, so the tiles' b·Σx is not finite either). Both
+ * tokens on experts 1 and 2, alternating: two blocks of 20 rows, grouped (f16, bf16: the GEMV chunks and both tile
+ * kinds) and with a launch per block. */
 static void test_gather_non_finite(qmm_context *context, check_rng *rng) {
-    (void)rng; /* fixed inputs */
-    enum { E = 3, N = 16, K = 64, T = 2, B = 4 };
-    const uint32_t lhs[B] = {0, 1, 0, 1}, rhs[B] = {1, 1, 2, 2};
+    /* fixed inputs (rng: the Hopper probe's product only); two blocks of 20 pairs, tokens 0, 1, 0, 1, … on experts 1
+     * and 2 — a launch per block, the default grouping (the blocks cut into chunks for the GEMV launches: two tiles'
+     * worth), every block of > 16 rows in the m64n64 tile launches, and on Hopper in the wgmma ones */
+    enum { E = 3, N = 16, K = 64, T = 2, B = 40 };
+    uint32_t lhs[B], rhs[B];
+    for (size_t i = 0; i < B; i++) lhs[i] = (uint32_t)(i % 2), rhs[i] = i < B / 2 ? 1u : 2u;
+    product probe;
+    if (!product_make(context, rng, 64, 128, 256, 4, 64, QMM_F16, "gather non-finite probe", &probe)) return;
+    const bool hopper =
+        qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m64n128", probe.weights, 64, QMM_OP_QMM_T, NULL) == 1;
+    product_free(&probe);
     const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
     for (size_t d = 0; d < 3; d++) {
         const qmm_dtype dtype = dtypes[d];
@@ -1122,13 +1131,20 @@ static void test_gather_non_finite(qmm_context *context, check_rng *rng) {
         CHECK_OK(qmm_buffer_create(context, dtype, B * N, &ob));
         if (experts && xb && ob) {
             CHECK_OK(qmm_buffer_write(xb, dtype == QMM_F32 ? (void *)x32 : (void *)x16, T * K));
-            for (int grouped = 0; grouped < 2; grouped++) {
-                if (grouped && dtype == QMM_F32) continue; /* f32 runs a launch per block */
+            for (int how_run = 0; how_run < 4; how_run++) { /* per block, grouped, m64n64 tiles, wgmma tiles */
+                const int grouped = how_run > 0;
+                if ((grouped && dtype == QMM_F32) || (how_run == 3 && !hopper)) continue; /* f32: a launch per block */
                 setenv("QMM_CUDA_GATHER_GROUPED", grouped ? "1" : "0", 1);
+                if (how_run >= 2) {
+                    setenv("QMM_CUDA_GATHER_TILES", how_run == 2 ? "mma" : "wgmma", 1);
+                    setenv("QMM_CUDA_GATHER_CHUNK_ROWS", "16", 1); /* none cut */
+                }
                 CHECK_OK(qmm_buffer_poison(ob));
                 qmm_gather_options options = {.sorted_indices = 1};
                 CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs, rhs, B, ob, &options, NULL));
                 unsetenv("QMM_CUDA_GATHER_GROUPED");
+                unsetenv("QMM_CUDA_GATHER_TILES");
+                unsetenv("QMM_CUDA_GATHER_CHUNK_ROWS");
                 float out[B * N];
                 if (dtype == QMM_F32) {
                     CHECK_OK(qmm_buffer_read(ob, out, B * N));
@@ -1142,7 +1158,10 @@ static void test_gather_non_finite(qmm_context *context, check_rng *rng) {
                     for (size_t n = 0; n < N; n++) {
                         const bool half = rhs[i] == 1 ? n >= 8 : n < 8;
                         const float v = out[i * N + n];
-                        const char *how = grouped ? "grouped" : "a launch per block";
+                        const char *how = how_run == 0   ? "a launch per block"
+                                          : how_run == 1 ? "grouped"
+                                          : how_run == 2 ? "m64n64 tiles"
+                                                         : "wgmma tiles";
                         if (lhs[i] == 0 && half)
                             CHECK(isinf(v) && v > 0, "gather non-finite %s %s: expert %u row %zu, inf·0.5 gave %g",
                                   qmm_dtype_name(dtype), how, rhs[i], n, v);
