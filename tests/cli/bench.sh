@@ -8,6 +8,7 @@ q bench --backend ref --quick --no-peers --json "$WORK/bench.json"
 check "quick bench: exit 0" rc_is 0
 check "header names the ceilings" out_matches '^# ceilings measured in this run: copy [0-9.]+ GB/s'
 check "header names the matrix peak" out_matches 'matrix peak [0-9.]+ GFLOP/s'
+check "an f32-only run: no bf16 peak line" [ "$(out_lines_matching 'bf16 peak')" = 0 ]
 check "header names the floor" out_has "# floor = max(bytes ÷ copy, 2·M·n·k ÷ peak)"
 check "table header" out_matches '^shape +n×k +M +dtype +floor µs +bound +kernel or peer +µs +GB/s +×floor +note'
 check "one selected row per cell (2 shapes × 2 M × 1 dtype)" [ "$(out_lines_matching '^quick\.[0-9x]+ +[0-9]+×[0-9]+ +[0-9]+ +f32 +[0-9.]+ +(memory|compute) +\* ref\.qmm_t\.scalar\.r1 +[0-9.]+ +[0-9.]+ +[0-9.]+')" = 4 ]

@@ -755,7 +755,9 @@ static void print_header(const bench_run *run) {
     printf("# ceilings measured in this run: copy %.1f GB/s (%s)\n", run->ceilings.copy_gbps, run->ceilings.copy_method);
     printf("#                                matrix peak %.1f GFLOP/s (%s)\n", run->ceilings.peak_gflops,
            run->ceilings.peak_method);
-    if (run->ceilings.peak_bf16_gflops > run->ceilings.peak_gflops)
+    bool bf16_cells = false; /* the bf16 peak's line only where a cell uses it */
+    for (size_t d = 0; d < run->dtype_count; d++) bf16_cells = bf16_cells || run->dtypes[d] == QMM_BF16;
+    if (bf16_cells && run->ceilings.peak_bf16_gflops > run->ceilings.peak_gflops)
         printf("#                                bf16 peak %.1f GFLOP/s (%s): the compute term of bf16 cells\n",
                run->ceilings.peak_bf16_gflops, run->ceilings.peak_bf16_method);
     if (run->gather)
