@@ -469,8 +469,9 @@ typedef struct qmm_gather_options {
  *     out[i, :] = x[lhs_indices[i], :] · Ŵ[rhs_indices[i]]ᵀ          i = 0 … B−1
  * weights: E experts of N×K (qmm_weights_create_experts; plain weights are E = 1). x: a buffer of at least
  * T·K elements, the rows tokens are taken from; out: at least B·N elements; both of the weights' scale dtype.
- * lhs_indices (NULL: row i of x, then B ≤ T) and rhs_indices are uint32 host arrays of B entries, read during
- * the call only; every index is checked before any work, so a bad one leaves out untouched. When
+ * lhs_indices (NULL: row i of x, then B ≤ T) and rhs_indices are uint32 host arrays of B entries (they must hold
+ * that many: out's size is checked against B before any index is read), read during the call only; every index is
+ * checked before any work, so a bad one leaves out untouched. When
  * rhs_indices is non-decreasing the kernels run one product per expert block (each used expert's weights
  * read once for all its rows); otherwise the result is the same, computed in more, smaller blocks.
  * Like qmm_matmul, blocking on host backends and asynchronous on devices (read out with qmm_buffer_read); info
@@ -498,8 +499,9 @@ qmm_status qmm_select(qmm_context *context, const qmm_weights *weights, size_t M
                       const qmm_matmul_options *options, qmm_kernel_info *info);
 
 /* The gather row qmm_gather_matmul would run for these arguments, without running it and without buffers: T rows
- * of x (of K elements, the weights' dtype), B index pairs as uint32 host arrays (checked and read as there: a
- * backend's row may accept a call for its expert blocks, which the indices make), options->kernel, sorted_indices
+ * of x (of K elements, the weights' dtype), B index pairs as uint32 host arrays of B entries (checked and read as
+ * there: a backend's row may accept a call for its expert blocks, which the indices make; with no buffer to bound
+ * B here, the caller must pass arrays of B entries), options->kernel, sorted_indices
  * and batch_invariant honoured as there. info receives the row's description. The choice is the selector's
  * (src/select.c; docs/kernels.md §4, the gather rows §10). Errors: those of qmm_gather_matmul but the buffers' (x
  * and out are not asked for), and QMM_ERR_INVALID_ARGUMENT for info NULL (checked first). */
@@ -520,8 +522,9 @@ int qmm_kernel_usable(const qmm_context *context, size_t index, const char **why
 /* Whether the named kernel supports a call of this shape; when not, why_not (if not NULL) receives a
  * one-line reason ("N=100 is not a multiple of BN=64"), valid until the next qmm call on this thread.
  * Returns 1/0, or -1 with qmm_last_error set when the name is unknown or an argument is invalid (NULL,
- * a destroyed handle, weights of another context, an op outside qmm_op). M = 0 or an M·K/M·N that
- * overflows gives 0 with the reason. */
+ * a destroyed handle, weights of another context, an op outside qmm_op, op = QMM_OP_GATHER — a gather call is
+ * made of index arrays: ask qmm_select_gather — or the weights of several experts, which serve gathers only).
+ * M = 0 or an M·K/M·N that overflows gives 0 with the reason. */
 int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_weights *weights, size_t M,
                         qmm_op op, const char **why_not);
 

@@ -780,9 +780,23 @@ static qmm_status gather_select(const char *function, qmm_context *context, cons
     qmm_call call;
     memset(&call, 0, sizeof call);
     bool sorted = false;
+    qmm_status status;
+    /* x and out first (their handles and sizes, not their contents): the index arrays must hold B entries, and a B
+     * beyond what out holds would have the checks below read past them. Where T·K or B·N overflows,
+     * qmm_gather_validate says so. */
+    if (with_buffers && weights->expert_count > 0) {
+        const size_t N = format->rows / weights->expert_count;
+        size_t elements;
+        if (qmm_mul_size(T, format->cols, &elements) &&
+            (status = check_operand(function, "x", context, x, format->dtype, T, format->cols, "T*K")) != QMM_OK)
+            return status;
+        if (qmm_mul_size(B, N, &elements) &&
+            (status = check_operand(function, "out", context, out, format->dtype, B, N, "B*N")) != QMM_OK)
+            return status;
+    }
     /* Every index is checked here, before any buffer is touched: a bad one leaves out as it was. */
-    qmm_status status = qmm_gather_validate(function, format->rows, format->cols, format->dtype, weights->expert_count,
-                                            T, lhs_indices, rhs_indices, B, &call.N, &sorted);
+    status = qmm_gather_validate(function, format->rows, format->cols, format->dtype, weights->expert_count, T,
+                                 lhs_indices, rhs_indices, B, &call.N, &sorted);
     if (status != QMM_OK) return status;
     if (options && options->sorted_indices && !sorted) {
         size_t i = 1;
@@ -791,13 +805,7 @@ static qmm_status gather_select(const char *function, qmm_context *context, cons
                          "%s: sorted_indices is set but rhs_indices[%zu]=%u < rhs_indices[%zu]=%u (indices sorted by "
                          "expert must not decrease)", function, i, rhs_indices[i], i - 1, rhs_indices[i - 1]);
     }
-    if (with_buffers) {
-        if ((status = check_operand(function, "x", context, x, format->dtype, T, format->cols, "T*K")) != QMM_OK)
-            return status;
-        if ((status = check_operand(function, "out", context, out, format->dtype, B, call.N, "B*N")) != QMM_OK)
-            return status;
-        if (x == out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: x and out are the same buffer", function);
-    }
+    if (with_buffers && x == out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "%s: x and out are the same buffer", function);
     call.op = QMM_OP_GATHER;
     call.dtype = format->dtype;
     call.bits = weights->stored_bits;

@@ -154,6 +154,9 @@ static void test_runtime(check_rng *rng) {
     EXPECT_MESSAGE("qmm_gather_matmul: x holds 384 elements but T*K = 7*64 = 448 are needed");
     CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, small, NULL, NULL), QMM_ERR_SHAPE);
     EXPECT_MESSAGE("qmm_gather_matmul: out holds 39 elements but B*N = 8*5 = 40 are needed");
+    /* B past the index arrays' 8 entries and past out: refused on out's size before any index is read (ASan) */
+    CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 9, out, NULL, NULL), QMM_ERR_SHAPE);
+    EXPECT_MESSAGE("qmm_gather_matmul: out holds 40 elements but B*N = 9*5 = 45 are needed");
     CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, f32, NULL, NULL), QMM_ERR_SHAPE);
     CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 8, foreign, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(qmm_gather_matmul(context, weights, x, T, lhs, sorted, 1, x, NULL, NULL), QMM_ERR_INVALID_ARGUMENT);
