@@ -232,7 +232,12 @@ int cmd_gather(const command *c, int argc, char **argv) {
     for (size_t i = 0; i < count_out; i++) {
         if (!isfinite(exact[i])) {
             status = qmm_error(QMM_ERR_NUMERIC, "the exact output at pair %zu, column %zu is %g: the layer's scales or "
-                               "biases hold NaN or Inf", i / N, i % N, exact[i]);
+                               "biases hold NaN or Inf%s%s%s", i / N, i % N, exact[i],
+                               dtype != stored ? " (or overflow when converted from " : "",
+                               dtype != stored ? qmm_dtype_name(stored) : "",
+                               dtype != stored ? (dtype == QMM_F16 ? " to f16 by --dtype: f16's largest value is 65504)"
+                                                                   : " by --dtype)")
+                                               : "");
             goto cleanup;
         }
         /* The one verdict (qmm_output_check, docs/kernels.md §6): within the bound, or ±inf where correct
