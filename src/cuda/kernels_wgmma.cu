@@ -53,6 +53,14 @@
 #define QMM_WGMMA_DEVICE 0
 #endif
 
+/* (Outside the anonymous namespace: a kernel parameter's type must be one the launch stub can name.)
+ * A grouped launch's products (wgmma_tile_kernel's GROUPED): `count` entries of qmm_cuda_gemv_product in device memory,
+ * the largest one's M in m_tiles tiles of the tile's tokens. Empty for the other launches. */
+struct wgmma_group {
+    const qmm_cuda_gemv_product *products;
+    int count, m_tiles;
+};
+
 namespace {
 
 constexpr int WG_ROWS = 128;    /* weight rows per block: two consumer warpgroups of 64 */
@@ -396,21 +404,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                       const T *__restrict__ biases, T *__restrict__ out, float *__restrict__ partials,
                       unsigned *__restrict__ counters, const float *__restrict__ x_sums, int M, int N, int K,
-                      int sb_per_split, int tile_begin, const qmm_cuda_gemv_product *__restrict__ group) {
+                      int sb_per_split, int tile_begin, const wgmma_group group) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, TOKS, PREP>;
-    /* GROUPED (the gather's expert blocks, launch_wgmma_grouped: PREP, unsplit): grid.z the product, group[z] its offsets
-     * from the bases and its M; x_map and x_sums hold every product's prepared rows, product z's from row x_row (its
-     * `x_row`, a multiple of TOKS), and the M given is their count (x_sums has it rounded up to 128 rows). grid.x covers
-     * the largest product's tiles: a block past its product's M returns at once. */
+    /* GROUPED (the gather's expert blocks, launch_wgmma_grouped: PREP, unsplit), persistent: the work is every product's
+     * tiles (product z's entry group.products[z]: its offsets from the bases and its M; group.m_tiles tiles of TOKS
+     * tokens by the row tiles for each product, those past its M skipped), and block b takes work items b, b + grid.x,
+     * … in turn — its producer runs on into the next tile's stages while its consumers finish the last one's. x_map
+     * and x_sums hold every product's prepared rows, product z's from row x_row (its `x_row`, a multiple of TOKS), and
+     * the M given is their count (x_sums has it rounded up to 128 rows). */
     static_assert(!GROUPED || (PREP && !SPLIT && VIRT == 0), "grouped launches: unsplit PREP tiles");
     const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
-    int x_row = 0;
-    if constexpr (GROUPED) {
-        const qmm_cuda_gemv_product &e = group[blockIdx.z];
-        M = (int)e.M, x_row = (int)e.x_row;
-        packed += e.packed, sb += e.sb;
-    }
     extern __shared__ uint8_t shared_raw[];
     /* 1024-aligned for the swizzle (offset from the array itself, so the compiler keeps shared-space accesses) */
     uint8_t *shared = shared_raw + ((1024u - (smem_address(shared_raw) & 1023u)) & 1023u);
@@ -418,10 +422,29 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
      * it), x_full[s] at 8(2S + s) (its x tile has arrived) */
     const uint32_t bars = smem_address(shared + WG_STAGES * L::STAGE);
     /* the block's tile: tile_begin + blockIdx.x of the tiles in row-tile-fastest order (a launch may take a range of
-     * them: launch_wgmma's last wave) */
+     * them: launch_wgmma's last wave); GROUPED: its current work item's (next_tile) */
     const int tiles_n = (N + WG_ROWS - 1) / WG_ROWS, tile = tile_begin + (int)blockIdx.x;
-    const int n0 = (tile % tiles_n) * WG_ROWS, m0 = (tile / tiles_n) * TOKS;
-    if (GROUPED && m0 >= M) return; /* past this product's tokens (before any barrier) */
+    int n0 = (tile % tiles_n) * WG_ROWS, m0 = (tile / tiles_n) * TOKS, x_row = 0;
+    const uint4 *packed_t = packed; /* the current product's weights */
+    const uint32_t *sb_t = sb;
+    const qmm_cuda_gemv_product *entry = nullptr; /* GROUPED: the current product */
+    int work = (int)blockIdx.x;
+    /* GROUPED: the first work item from `work` on that lies inside its product's M, made current; false: none left */
+    auto next_tile = [&]() -> bool {
+        const int per_product = tiles_n * group.m_tiles;
+        for (; work < group.count * per_product; work += (int)gridDim.x) {
+            const qmm_cuda_gemv_product *e = group.products + work / per_product;
+            const int t_in = work % per_product, m_first = (t_in / tiles_n) * TOKS;
+            if (m_first >= (int)e->M) continue;
+            entry = e, M = (int)e->M, x_row = (int)e->x_row, n0 = (t_in % tiles_n) * WG_ROWS, m0 = m_first;
+            packed_t = packed + e->packed, sb_t = sb + e->sb;
+            return true;
+        }
+        return false;
+    };
+    if constexpr (GROUPED) {
+        if (!next_tile()) return; /* no work for this block (before any barrier) */
+    }
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int groups = K / GS;
     /* SPLIT (split-K, grid.z splits): this block's contiguous range of super-blocks, `count` of them from sb_begin. A
@@ -473,7 +496,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         if (PREP) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         /* ───── producer ───── */
         const int p = threadIdx.x - 256;
-        const int row_tiles = (N + 15) / 16, tile0 = n0 / 16;
+        const int row_tiles = (N + 15) / 16;
         /* Per stage: the x tile of TOKS rows by KS values arrives by TMA (cp.async.bulk.tensor, PTX ISA §9.7.9.25) in
          * the 128-byte swizzle: value k of token tok at byte (k / 64)·TOKS·128 + tok·128 + (((k % 64) / 8) ^ (tok & 7))·16
          * + (k % 8)·2 — rows past M and values past K zero. Weight quarters and pairs come by cp.async, with the
@@ -482,22 +505,28 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
          *    tiled layout (packed_tiled_quad);
          *  - pairs: thread p < 32·GSB copies chunk p % (4·GSB) of row tile p / (4·GSB). */
         const uint4 *w_src[4];
-        bool w_ok[4];
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int n = n0 + p / 4 + 32 * c;
-            w_ok[c] = n < N;
-            w_src[c] = packed + (w_ok[c] ? packed_tiled_quad<size_t>(n, super_blocks, 0) + (unsigned)(p & 3) : 0);
-        }
+        bool w_ok[4], sb_ok;
+        const uint4 *sb_src;
         const int sb_tile = p / (4 * L::GSB);
-        const bool sb_ok = p < 32 * L::GSB && tile0 + sb_tile < row_tiles;
-        const uint4 *sb_src = reinterpret_cast<const uint4 *>(sb) +
-                              (sb_ok ? sb_tiled_run<size_t>(tile0 + sb_tile, super_blocks, 0, L::GSB) + p % (4 * L::GSB) : 0);
-        /* All copies of stage i, after the consumers have handed its buffer back; always commits a group. */
-        auto issue = [&](int i) { /* the block's i-th super-block: sb_begin + i of the row */
+        auto sources = [&]() { /* the current tile's (GROUPED: again for each) */
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int n = n0 + p / 4 + 32 * c;
+                w_ok[c] = n < N;
+                w_src[c] = packed_t + (w_ok[c] ? packed_tiled_quad<size_t>(n, super_blocks, 0) + (unsigned)(p & 3) : 0);
+            }
+            const int tile0 = n0 / 16;
+            sb_ok = p < 32 * L::GSB && tile0 + sb_tile < row_tiles;
+            sb_src = reinterpret_cast<const uint4 *>(sb_t) +
+                     (sb_ok ? sb_tiled_run<size_t>(tile0 + sb_tile, super_blocks, 0, L::GSB) + p % (4 * L::GSB) : 0);
+        };
+        sources();
+        /* All copies of the tile's i-th super-block (sb_begin + i of the row) into the block's stage use g (g = i but in
+         * a persistent launch's later tiles), after the consumers have handed its buffer back; always commits a group. */
+        auto issue = [&](int g, int i) {
             if (i < count) {
-                const int s = i % WG_STAGES;
-                if (i >= WG_STAGES) mbarrier_wait(bars + 8 * (WG_STAGES + s), ((i / WG_STAGES) - 1) & 1);
+                const int s = g % WG_STAGES;
+                if (g >= WG_STAGES) mbarrier_wait(bars + 8 * (WG_STAGES + s), ((g / WG_STAGES) - 1) & 1);
                 const uint32_t stage = smem_address(shared + s * L::STAGE);
                 /* PREP: every copy of the stage completes on `full` itself (TMA and bulk bytes by complete_tx, each
                  * thread's cp.async by the arrive below), so the producer never waits for its own copies */
@@ -534,16 +563,24 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             asm volatile("cp.async.commit_group;");
         };
         if constexpr (PREP) { /* only issue: each stage as soon as its buffer is handed back (WG_STAGES in flight) */
-            for (int i = 0; i < count; i++) issue(i);
+            int uses = 0; /* stage uses issued (GROUPED: over the block's tiles) */
+            for (;;) {
+                for (int i = 0; i < count; i++) issue(uses + i, i);
+                uses += count;
+                if constexpr (!GROUPED) break;
+                work += (int)gridDim.x;
+                if (!next_tile()) break;
+                sources();
+            }
             asm volatile("cp.async.wait_all;");
             /* no thread leaves with a copy in flight: the last stages handed back means their TMA and bulk bytes landed */
-            for (int i = count > WG_STAGES ? count - WG_STAGES : 0; i < count; i++)
+            for (int i = uses > WG_STAGES ? uses - WG_STAGES : 0; i < uses; i++)
                 mbarrier_wait(bars + 8 * (WG_STAGES + i % WG_STAGES), (i / WG_STAGES) & 1);
             return;
         }
         constexpr int AHEAD = WG_STAGES - 1; /* stages whose copies are issued before the first is prepared */
 #pragma unroll
-        for (int d = 0; d < AHEAD; d++) issue(d);
+        for (int d = 0; d < AHEAD; d++) issue(d, d);
         const uint32_t ones = mma_traits<T>::ones, ones4[4] = {ones, ones, ones, ones};
         for (int i = 0; i < count; i++) {
             const int s = i % WG_STAGES;
@@ -607,7 +644,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             mbarrier_arrive(bars + 8 * s);
             /* then the copies AHEAD stages on, into the buffer the consumers finish with now: the preparation of
              * stage i + 1 runs while they compute stage i */
-            issue(i + AHEAD);
+            issue(i + AHEAD, i + AHEAD);
         }
         asm volatile("cp.async.wait_all;");
         return;
@@ -626,6 +663,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
      * work between. */
     constexpr bool TWO_PARTS = PREP && TOKS <= 64 && L::SEG >= 2; /* (PREP: no turns) */
     float part2[TWO_PARTS ? TOKS / 2 : 1];
+    int uses = 0; /* stage uses before this tile (GROUPED: the block's earlier tiles') */
+    for (;;) { /* a tile (GROUPED: each of the block's in turn) */
 #pragma unroll
     for (int e = 0; e < TOKS / 2; e++) acc[e] = 0.0f;
 #pragma unroll
@@ -635,8 +674,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (TURNS && warpgroup == 1) turn_pass(1); /* warpgroup 0 issues first */
 #pragma unroll 1
     for (int i = 0; i < count; i++) {
-        const int s = i % WG_STAGES;
-        mbarrier_wait(bars + 8 * s, (i / WG_STAGES) & 1);
+        const int s = (uses + i) % WG_STAGES;
+        mbarrier_wait(bars + 8 * s, ((uses + i) / WG_STAGES) & 1);
         const uint8_t *stage = shared + s * L::STAGE;
         const uint4 *ws = reinterpret_cast<const uint4 *>(stage + L::W_AT);
         const uint4 wq0 = ws[(row_w + g) * 4 + t], wq1 = ws[(row_w + g + 8) * 4 + t];
@@ -806,10 +845,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K,
                                             n0, m0);
     } else {
-        if constexpr (GROUPED) { /* the product's outputs and, for the non-finite rule, its x and MLX-layout weights */
-            const qmm_cuda_gemv_product &e = group[blockIdx.z];
-            x += e.x, w_orig += e.w, scales += e.scales, biases += e.scales, out += e.out;
-        }
+        /* the outputs and, for the non-finite rule, x and the MLX-layout weights (GROUPED: the current product's) */
+        const T *x_t = x, *scales_t = scales, *biases_t = biases;
+        const uint32_t *w_t = w_orig;
+        T *out_t = out;
+        if constexpr (GROUPED)
+            x_t += entry->x, w_t += entry->w, scales_t += entry->scales, biases_t += entry->scales, out_t += entry->out;
         /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
 #pragma unroll
         for (int j = 0; j < TOKS / 8; j++)
@@ -819,13 +860,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 if (m < M && n < N) {
                     float value = acc[4 * j + e];
                     if (!isfinite(value))
-                        value = direct_output_t(x + (size_t)m * K, w_orig + (size_t)n * (K / 32 * BITS),
-                                                scales + (size_t)n * groups, biases + (size_t)n * groups, BITS,
+                        value = direct_output_t(x_t + (size_t)m * K, w_t + (size_t)n * (K / 32 * BITS),
+                                                scales_t + (size_t)n * groups, biases_t + (size_t)n * groups, BITS,
                                                 (size_t)K, GS);
-                    store_f32(out, (size_t)m * N + n, value);
+                    store_f32(out_t, (size_t)m * N + n, value);
                 }
             }
     }
+    if constexpr (!GROUPED) break;
+    uses += count;
+    work += (int)gridDim.x;
+    if (!next_tile()) break;
+    } /* the tiles */
 #elif defined(__CUDA_ARCH__)
     __trap(); /* device code without sm_90a features (supports() should have refused): fail, never return silently */
 #endif
@@ -1071,7 +1117,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out,
                                          in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
                                          (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0,
-                                         nullptr);
+                                         wgmma_group{});
         if (status) return status;
     }
     /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
@@ -1089,7 +1135,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                             (const T *)c->biases, (T *)c->out,
                             splits == 1 && in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
                             (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole,
-                            nullptr);
+                            wgmma_group{});
 }
 
 /* The grouped launch (qmm_cuda_wgmma_tile_grouped): x prepared for every product by wgmma_prepare_x's grouped form (grid.y
@@ -1118,11 +1164,14 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_pr
     CUtensorMap x_map;
     status = x_tensor_map(&x_map, &mapped, x_prepared, TOKS);
     if (status) return status;
-    const unsigned tiles = (unsigned)(((c->N + WG_ROWS - 1) / WG_ROWS) * (rows / TOKS));
-    return launch_kernel(kernel, dim3(tiles, 1, (unsigned)count), dim3(WG_THREADS), (size_t)P::SHARED, c->stream, false,
-                         x_map, (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
-                         (const T *)c->scales, (const T *)c->biases, (T *)c->out, nullptr, nullptr, (const float *)sums,
-                         (int)prepared_rows, (int)c->N, (int)c->K, 0, 0, products);
+    /* persistent: a block per SM (one fits: 384 threads at 168 registers), or one per work item where fewer */
+    const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(rows / TOKS) * count;
+    if (work > INT_MAX) return (int)cudaErrorInvalidValue; /* the kernel numbers its work items in an int */
+    const unsigned blocks = (unsigned)(c->multiprocessors > 0 && c->multiprocessors < work ? c->multiprocessors : work);
+    return launch_kernel(kernel, dim3(blocks), dim3(WG_THREADS), (size_t)P::SHARED, c->stream, false, x_map,
+                         (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
+                         (const T *)c->biases, (T *)c->out, nullptr, nullptr, (const float *)sums, (int)prepared_rows,
+                         (int)c->N, (int)c->K, 0, 0, wgmma_group{products, count, (int)(rows / TOKS)});
 }
 
 template <int BITS, typename T>
