@@ -1658,8 +1658,9 @@ static size_t gather_small_rows(const qmm_call *call) {
  * mma or wgmma): none (0); the wgmma tile of QMM_CUDA_WGMMA_GROUPED_TOKENS tokens where its row takes an expert block
  * of this format (wgmma_supports: a Hopper device) — by default, or forced by `wgmma` (then GATHER_TILES_REFUSED where
  * it cannot, why_not says why); else, or forced by `mma`, the m64n64 mma_tile where it takes one (tile_supports: its
- * shared memory, K). A block of small work has rows ≤ 2^30 / (N·K) ≤ 2^21: grid.y ≤ 32768 tiles of m64n64, and the
- * wgmma tile's grid.x = ⌈N / 128⌉·⌈rows / 64⌉ ≤ N·rows / 8192 + N / 128 + rows / 64 + 1 < 2^31 (N·rows ≤ 2^25). */
+ * shared memory, K). A block of small work has rows ≤ 2^30 / (N·K) ≤ 2^21: grid.y ≤ 32768 tiles of m64n64; the wgmma
+ * launch's work items, ⌈N / 128⌉·⌈rows / 64⌉ ≤ N·rows / 8192 + N / 128 + rows / 64 + 1 (N·rows ≤ 2^25) per block, are
+ * checked against int by its launcher (cudaErrorInvalidValue past it). */
 enum { GATHER_TILES_REFUSED = -1, GATHER_TILES_NONE, GATHER_TILES_MMA, GATHER_TILES_WGMMA };
 static int gather_tiles(const qmm_call *call, char *why_not, size_t size) {
     const char *forced = getenv("QMM_CUDA_GATHER_TILES");
@@ -1824,8 +1825,8 @@ static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class,
 
 /* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch
  * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
- * 65535 pieces per launch (grid.z). tile_rows: the class's largest piece (its 64-token tiles: the m64n64 launches'
- * grid.y, a factor of the wgmma launches' grid.x). The wgmma tile class (plan->wgmma): its prepared_rows of prepared
+ * 65535 pieces per launch (grid.z; the wgmma launches' pre-pass, grid.y). tile_rows: the class's largest piece (its
+ * 64-token tiles: the m64n64 launches' grid.y, the wgmma launches' work items per row tile and piece). The wgmma tile class (plan->wgmma): its prepared_rows of prepared
  * x (gather_prepared_rows) in `prepared`, the workspace gather_run had for them. */
 static qmm_status gather_grouped_launches(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
                                           int piece_class, size_t count, size_t tile_rows, size_t prepared_rows,

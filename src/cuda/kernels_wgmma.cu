@@ -56,7 +56,7 @@
 /* (Outside the anonymous namespace: a kernel parameter's type must be one the launch stub can name.)
  * A grouped launch's products (wgmma_tile_kernel's GROUPED): `count` entries of qmm_cuda_gemv_product in device memory,
  * the largest one's M in m_tiles tiles of the tile's tokens. Empty for the other launches. */
-struct wgmma_group {
+struct wgmma_grouped_work {
     const qmm_cuda_gemv_product *products;
     int count, m_tiles;
 };
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                       const T *__restrict__ biases, T *__restrict__ out, float *__restrict__ partials,
                       unsigned *__restrict__ counters, const float *__restrict__ x_sums, int M, int N, int K,
-                      int sb_per_split, int tile_begin, const wgmma_group group) {
+                      int sb_per_split, int tile_begin, const wgmma_grouped_work group) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, TOKS, PREP>;
     /* GROUPED (the gather's expert blocks, launch_wgmma_grouped: PREP, unsplit), persistent: the work is every product's
@@ -1117,7 +1117,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                                          (const T *)c->scales, (const T *)c->biases, (T *)c->out,
                                          in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
                                          (int)c->M, (int)c->N, (int)c->K, virtual_per ? -virtual_per : per_split, 0,
-                                         wgmma_group{});
+                                         wgmma_grouped_work{});
         if (status) return status;
     }
     /* the splits as clusters: where the device runs them in no more waves than the workspace launch would take on all
@@ -1135,12 +1135,13 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                             (const T *)c->biases, (T *)c->out,
                             splits == 1 && in_slots ? c->wgmma_virtual_sums : c->partials, c->counters, x_sums,
                             (int)c->M, (int)c->N, (int)c->K, splits == 1 && virtual_per ? -virtual_per : per_split, whole,
-                            wgmma_group{});
+                            wgmma_grouped_work{});
 }
 
 /* The grouped launch (qmm_cuda_wgmma_tile_grouped): x prepared for every product by wgmma_prepare_x's grouped form (grid.y
- * the product: its rows to its region of x_prepared and x_sums from row x_row, zeros to the end of its last tile), then
- * one launch of the PREP tile over every product (grid.z; grid.x the largest product's tiles, c->M its rows). */
+ * the product — hence at most 65535 products a launch: its rows to its region of x_prepared and x_sums from row x_row,
+ * zeros to the end of its last tile), then one persistent launch of the PREP tile over every product's work items (the
+ * largest product's token tiles, c->M its rows, by the row tiles, for each product). */
 template <int BITS, typename T, int GS, int TOKS>
 static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count,
                                 size_t prepared_rows) {
@@ -1154,6 +1155,11 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_pr
     T *x_prepared = static_cast<T *>(c->wgmma_prepared);
     float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
     const size_t rows = (c->M + TOKS - 1) / TOKS * TOKS; /* the largest product's, to its last tile's end */
+    /* persistent: a block per SM (one fits: 384 threads at 168 registers), or one per work item where fewer; the kernel
+     * numbers its work items in an int and steps them by the grid (checked before anything is enqueued) */
+    const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(rows / TOKS) * count;
+    const long long blocks = c->multiprocessors > 0 && c->multiprocessors < work ? c->multiprocessors : work;
+    if (work > (long long)INT_MAX - blocks) return (int)cudaErrorInvalidValue;
     const size_t threads = rows * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* a multiple of 256 */
     status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)(threads / 256), (unsigned)count), dim3(256), 0,
                            c->stream, false, (const T *)c->x, x_prepared, sums, (int)prepared_rows, (int)c->K, products,
@@ -1164,14 +1170,10 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_pr
     CUtensorMap x_map;
     status = x_tensor_map(&x_map, &mapped, x_prepared, TOKS);
     if (status) return status;
-    /* persistent: a block per SM (one fits: 384 threads at 168 registers), or one per work item where fewer */
-    const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(rows / TOKS) * count;
-    if (work > INT_MAX) return (int)cudaErrorInvalidValue; /* the kernel numbers its work items in an int */
-    const unsigned blocks = (unsigned)(c->multiprocessors > 0 && c->multiprocessors < work ? c->multiprocessors : work);
-    return launch_kernel(kernel, dim3(blocks), dim3(WG_THREADS), (size_t)P::SHARED, c->stream, false, x_map,
+    return launch_kernel(kernel, dim3((unsigned)blocks), dim3(WG_THREADS), (size_t)P::SHARED, c->stream, false, x_map,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, nullptr, nullptr, (const float *)sums, (int)prepared_rows,
-                         (int)c->N, (int)c->K, 0, 0, wgmma_group{products, count, (int)(rows / TOKS)});
+                         (int)c->N, (int)c->K, 0, 0, wgmma_grouped_work{products, count, (int)(rows / TOKS)});
 }
 
 template <int BITS, typename T>
