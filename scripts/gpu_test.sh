@@ -160,7 +160,10 @@ else
   fi
 fi
 if wanted ctest; then
-  grep -hE "cases ran|backend cuda:|test_cuda:|tests passed" "$logs/ctest.log" | sed -E "s/^[0-9]+: //" | sort -u | head -40
+  # the totals and the CUDA lines first (test_cuda's, the harness's "backend cuda:"), then every row's case count
+  found=$(grep -hE "cases ran|backend cuda:|test_cuda:|tests passed" "$logs/ctest.log" | sed -E "s/^[0-9]+: //" | sort -u)
+  grep -v "cases ran" <<<"$found" || true
+  grep "cases ran" <<<"$found" || true
 fi
 printf '%s\n' "${summary[@]}"
 exit $fail
