@@ -1592,15 +1592,14 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
     return block;
 }
 
-/* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert;
- * with sorted indices one per expert used, so each expert's weights are read once for all its rows) — blocks of
- * ≤ 16 rows (and the chunks of 16 rows of the blocks gather_chunk_rows cuts) in the grouped GEMV launches, larger
- * blocks of small work (gather_small_rows) in the grouped tile launches (gather_tiles: wgmma on Hopper, else
- * m64n64), where the mma_gemv rows take them (gather_grouping); the others each on the CUDA row the selector picks for that block's M (mma_gemv, mma_tile,
- * wgmma or generic). Where some block's rows of x
- * (named by lhs_indices) are not consecutive rows of x, the rows are first gathered into device scratch in pair
- * order (one kernel), so every block's x is contiguous; otherwise (lhs_indices NULL, blocks of one row, runs of
- * consecutive tokens) every block reads x in place. */
+/* cuda.gather.blocks.auto: one qmm_t product per expert block (a maximal run of pairs with the same expert; with sorted
+ * indices one per expert used, so each expert's weights are read once for all its rows) — blocks of ≤ 16 rows (and the
+ * chunks of 16 rows of the blocks gather_chunk_rows cuts) in the grouped GEMV launches, larger blocks of small work
+ * (gather_small_rows) in the grouped tile launches (gather_tiles: wgmma on Hopper, else m64n64), where the mma_gemv
+ * rows take them (gather_grouping); the others each on the CUDA row the selector picks for that block's M (mma_gemv,
+ * mma_tile, wgmma or generic). Where some block's rows of x (named by lhs_indices) are not consecutive rows of x, the
+ * rows are first gathered into device scratch in pair order (one kernel), so every block's x is contiguous; otherwise
+ * (lhs_indices NULL, blocks of one row, runs of consecutive tokens) every block reads x in place. */
 static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
     if (call->op != QMM_OP_GATHER) {
         snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
@@ -1638,15 +1637,15 @@ static int gather_grouped_forced(void) { /* QMM_CUDA_GATHER_GROUPED: 0 or 1, els
  * gather_piece_class). A launch of its own costs about 5 µs of wall time whatever its work, so a block whose work is
  * small — rows·N·K ≤ GATHER_GROUPED_MACS multiply-adds — goes to a grouped launch: the tile launches over a table of
  * such blocks (gather_tiles), or with the tiles off or too few of them (gather_chunk_rows), where it has ≤ 256 rows,
- * chunks of 16 rows in the grouped GEMV launches; a block of more work keeps a launch of its own on the selector's row (the
- * wgmma and tile rows tuned for one large product). QMM_CUDA_GATHER_CHUNK_ROWS=R cuts exactly the blocks of 17–R
+ * chunks of 16 rows in the grouped GEMV launches; a block of more work keeps a launch of its own on the selector's row
+ * (the wgmma and tile rows tuned for one large product). QMM_CUDA_GATHER_CHUNK_ROWS=R cuts exactly the blocks of 17–R
  * rows into chunks (16: none), whatever their work; the others as above. Measured on the H100 (docs/PERF.md,
  * forty-second session), Qwen3-30B-A3B's 768×2048 experts (f16): against a launch per block of > 16 rows, chunks took
  * 0.21–0.28× the time at T = 512 (about 32 rows a block), 0.34–0.52× at T = 2048 (128 rows), and the tiles 0.23× and
  * 0.27–0.30× — tiles against chunks 1.02 and 0.82 at T = 512, 0.78 and 0.61 at T = 2048 (gate_up, down); Qwen3-235B-
  * A22B's 1536×4096 (chunks only) 0.42× at T = 512 and 0.67× at T = 2048 (0.8 G multiply-adds a block); Mixtral-8x7B's
- * 14336×4096 (8 experts, 2 a token) slower grouped: chunks 1.21–2.50×, tiles 1.23–1.74× at T = 128–2048 (32 rows
- * and more, ≥ 1.9 G a block) — hence the bound on the work. */
+ * 14336×4096 (8 experts, 2 a token) slower grouped: chunks 1.21–2.50×, tiles 1.23–1.74× at T = 128–2048 (32 rows and
+ * more, ≥ 1.9 G a block) — hence the bound on the work. */
 #define GATHER_GROUPED_MACS (1ull << 30)
 #define GATHER_CHUNK_ROWS 256
 /* The most rows a block of small work has: GATHER_GROUPED_MACS / (N·K). */
@@ -1823,11 +1822,12 @@ static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class,
                                             : qmm_cuda_mma_gemv_grouped(launch, host, device, count, piece_class);
 }
 
-/* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch
- * whose parameter holds the table (built here), a larger one from its table in the call's upload (device_table),
- * 65535 pieces per launch (grid.z; the wgmma launches' pre-pass, grid.y). tile_rows: the class's largest piece (its
- * 64-token tiles: the m64n64 launches' grid.y, the wgmma launches' work items per row tile and piece). The wgmma tile class (plan->wgmma): its prepared_rows of prepared
- * x (gather_prepared_rows) in `prepared`, the workspace gather_run had for them. */
+/* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch whose
+ * parameter holds the table (built here), a larger one from its table in the call's upload (device_table), 65535 pieces
+ * per launch (grid.z; the wgmma launches' pre-pass, grid.y). tile_rows: the class's largest piece (its 64-token tiles:
+ * the m64n64 launches' grid.y, the wgmma launches' work items per row tile and piece). The wgmma tile class
+ * (plan->wgmma): its prepared_rows of prepared x (gather_prepared_rows) in `prepared`, the workspace gather_run had for
+ * them. */
 static qmm_status gather_grouped_launches(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
                                           int piece_class, size_t count, size_t tile_rows, size_t prepared_rows,
                                           void *prepared, const qmm_cuda_gemv_product *device_table) {
@@ -1866,15 +1866,16 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
 }
 
 /* The gather's order on the stream: one upload, when there is anything to upload (the lhs indices when some block's
- * rows are not consecutive rows of x — else every block reads x in place, and a decode step's blocks of one row
- * always do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks, or of the wgmma tile class),
- * built on the host first so that nothing is launched before everything the launches need is in place (the wgmma
- * class's prepared-x workspace too); the gather of x's rows; a launch per piece outside the grouped classes (a block
- * of > 16 rows of more work, or with the tiles off one not cut, or every block when not grouping); the grouped
- * launches (a class of ≤ QMM_CUDA_GROUPED_MAX pieces with its table in the launch's parameter, but for wgmma). The upload is a copy from pageable memory (a staging slot, gather_staging_slot): measured on the H200
- * (docs/PERF.md, seventeenth session) the same bytes in pinned memory made the calls 1.07–1.28× slower at T ≥ 8
- * (probably the copy-engine transfer on the stream between kernels). A decode step (T = 1) uploads nothing: 0.53–0.81×
- * the time of one upload of its table (eighteenth session). */
+ * rows are not consecutive rows of x — else every block reads x in place, and a decode step's blocks of one row always
+ * do — and the table of a grouped class of more than QMM_CUDA_GROUPED_MAX blocks, or of the wgmma tile class), built on
+ * the host first so that nothing is launched before everything the launches need is in place (the wgmma class's
+ * prepared-x workspace too); the gather of x's rows; a launch per piece outside the grouped classes (a block of > 16
+ * rows of more work, or with the tiles off one not cut, or every block when not grouping); the grouped launches (a
+ * class of ≤ QMM_CUDA_GROUPED_MAX pieces with its table in the launch's parameter, but for wgmma). The upload is a copy
+ * from pageable memory (a staging slot, gather_staging_slot): measured on the H200 (docs/PERF.md, seventeenth session)
+ * the same bytes in pinned memory made the calls 1.07–1.28× slower at T ≥ 8 (probably the copy-engine transfer on the
+ * stream between kernels). A decode step (T = 1) uploads nothing: 0.53–0.81× the time of one upload of its table
+ * (eighteenth session). */
 static qmm_status gather_run(const qmm_call *call) {
     CALL_KNOBS_CHECK();
     cuda_state *s = call->backend_state;
@@ -1954,7 +1955,8 @@ static qmm_status gather_run(const qmm_call *call) {
         gathered_x = s->gather_x;
     }
     /* The upload: [lhs indices, padded to 16 bytes][the table of each class of more than QMM_CUDA_GROUPED_MAX pieces,
-     * and of the wgmma tile class, in class order (gather_class_uploaded)]. B ≤ 2^31 − 1 (gather_supports) and at most B products: no overflow. */
+     * and of the wgmma tile class, in class order (gather_class_uploaded)]. B ≤ 2^31 − 1 (gather_supports) and at most
+     * B products: no overflow. */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
     size_t upload_bytes = index_bytes;
     for (int c = 0; c < GATHER_CLASSES; c++)

@@ -800,20 +800,19 @@ static void sort_pairs_by_expert(uint32_t *lhs, uint32_t *rhs, size_t B) {
         }
 }
 
-/* MoE gather on the GPU (cuda.gather.blocks.auto): every token picks `active` distinct experts of E, the pairs
- * sorted by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices (with one expert per
- * token also lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing
- * written past B·N — each call with the expert blocks of ≤ 16 rows in grouped GEMV launches and the larger blocks in
- * grouped tile launches (the default where the mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a
- * call that did not group would fail, and it must fail where they do not) — wgmma m64n128 on Hopper (required there:
- * QMM_CUDA_GATHER_TILES=wgmma, which must fail elsewhere) and m64n64 (QMM_CUDA_GATHER_TILES=mma) —, with the blocks of 17–256 rows cut into
- * chunks of 16 for the GEMV launches (QMM_CUDA_GATHER_CHUNK_ROWS=256), with no block cut and no tile launches
- * (QMM_CUDA_GATHER_TILES=0, QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) and with a launch per
- * block (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows
- * (4/8-bit f16/bf16; 3- and 6-bit, stored as 4/8-bit codes), 3-bit f32 (the f32 rows) and an 8-bit f16 stack with
- * N = 200 (not a multiple of 16: no repacked slices, the generic row, no grouping). Batch-invariant mode too (B ≤
- * 5000, sorted and not; grouping required where the format groups): against the oracle, and every pair bit for bit
- * the gather of that one pair alone. */
+/* MoE gather on the GPU (cuda.gather.blocks.auto): every token picks `active` distinct experts of E, the pairs sorted
+ * by expert (MLX's sorted_indices) or left in token order, x rows named by lhs_indices (with one expert per token also
+ * lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing written past B·N —
+ * each call with the expert blocks of ≤ 16 rows in grouped GEMV launches and the larger blocks in grouped tile launches
+ * (the default where the mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a call that did not group would
+ * fail, and it must fail where they do not) — wgmma m64n128 on Hopper (required there: QMM_CUDA_GATHER_TILES=wgmma,
+ * which must fail elsewhere) and m64n64 (QMM_CUDA_GATHER_TILES=mma) —, with the blocks of 17–256 rows cut into chunks
+ * of 16 for the GEMV launches (QMM_CUDA_GATHER_CHUNK_ROWS=256), with no block cut and no tile launches
+ * (QMM_CUDA_GATHER_TILES=0, QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) and with a launch per block
+ * (QMM_CUDA_GATHER_GROUPED=0). Formats: the tensor-core rows (4/8-bit f16/bf16; 3- and 6-bit, stored as 4/8-bit codes),
+ * 3-bit f32 (the f32 rows) and an 8-bit f16 stack with N = 200 (not a multiple of 16: no repacked slices, the generic
+ * row, no grouping). Batch-invariant mode too (B ≤ 5000, sorted and not; grouping required where the format groups):
+ * against the oracle, and every pair bit for bit the gather of that one pair alone. */
 static void test_gather(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t experts, active, T, N, K;
@@ -824,8 +823,9 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         {8, 2, 3, 33, 128, 3, 32, QMM_F32},   {32, 8, 1, 768, 2048, 4, 64, QMM_BF16},
         /* sorted: blocks of 7–13 rows, so both grouped launches (≤ 8 and 9–16 rows) in one call */
         {16, 4, 40, 256, 256, 4, 32, QMM_F16}, {8, 2, 48, 256, 512, 8, 128, QMM_F16},
-        /* blocks of about 20 rows (in the tile launches where forced, else cut into chunks of 16 and the rest — too
-         * few tiles for a launch of their own —, or a launch each) beside smaller ones; one expert per token (lhs_indices NULL too) */
+        /* blocks of about 20 rows (in the tile launches where forced, else cut into chunks of 16 and the rest — too few
+         * tiles for a launch of their own —, or a launch each) beside smaller ones; one expert per token (lhs_indices
+         * NULL too) */
         {4, 2, 40, 128, 512, 4, 128, QMM_BF16}, {4, 1, 24, 64, 256, 8, 64, QMM_BF16},
         /* unsorted, every token's two pairs on different experts: more than 65535 blocks of ≤ 2 rows (grid.z per
          * grouped launch is 65535) — grouped and unsorted only (the test's insertion sort is quadratic, and 70001
