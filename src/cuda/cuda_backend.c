@@ -1656,18 +1656,19 @@ static size_t gather_small_rows(const qmm_call *call) {
 /* Which grouped tile launches take this call's blocks of small work (QMM_CUDA_GATHER_TILES, CALL_KNOBS_CHECK: 0, 1,
  * mma or wgmma): none (0); the wgmma tile of QMM_CUDA_WGMMA_GROUPED_TOKENS tokens where its row takes an expert block
  * of this format (wgmma_supports: a Hopper device) — by default, or forced by `wgmma` (then GATHER_TILES_REFUSED where
- * it cannot, why_not says why); else, or forced by `mma`, the m64n64 mma_tile where it takes one (tile_supports: its
+ * it cannot, why_not says why; *wgmma_only says it was forced); else, or forced by `mma`, the m64n64 mma_tile where it takes one (tile_supports: its
  * shared memory, K). A block of small work has rows ≤ 2^30 / (N·K) ≤ 2^21: grid.y ≤ 32768 tiles of m64n64; the wgmma
  * launch's work items, ⌈N / 128⌉·⌈rows / 64⌉ ≤ N·rows / 8192 + N / 128 + rows / 64 + 1 (N·rows ≤ 2^25) per block, are
  * checked against int by its launcher (cudaErrorInvalidValue past it). */
 enum { GATHER_TILES_REFUSED = -1, GATHER_TILES_NONE, GATHER_TILES_MMA, GATHER_TILES_WGMMA };
-static int gather_tiles(const qmm_call *call, char *why_not, size_t size) {
+static int gather_tiles(const qmm_call *call, bool *wgmma_only, char *why_not, size_t size) {
     const char *forced = getenv("QMM_CUDA_GATHER_TILES");
+    *wgmma_only = forced && strcmp(forced, "wgmma") == 0;
     if (forced && strcmp(forced, "0") == 0) return GATHER_TILES_NONE;
     qmm_call probe = expert_block_call(call, NULL, 0, 1, &(cuda_weights_extra){0});
-    const bool mma_only = forced && strcmp(forced, "mma") == 0, wgmma_only = forced && strcmp(forced, "wgmma") == 0;
+    const bool mma_only = forced && strcmp(forced, "mma") == 0;
     if (!mma_only && wgmma_supports(&probe, QMM_CUDA_WGMMA_GROUPED_TOKENS, why_not, size)) return GATHER_TILES_WGMMA;
-    if (wgmma_only) return GATHER_TILES_REFUSED;
+    if (*wgmma_only) return GATHER_TILES_REFUSED;
     return tile_supports(&probe, 0, why_not, size) ? GATHER_TILES_MMA : GATHER_TILES_NONE;
 }
 /* The tile launches' thread blocks for this call's expert blocks of 17 … tile_limit rows, uncut: ⌈rows / 64⌉ tiles of
@@ -1815,11 +1816,14 @@ static bool gather_class_uploaded(const gather_plan *plan, int piece_class, size
     return count > QMM_CUDA_GROUPED_MAX || (count > 0 && plan->wgmma && piece_class == GATHER_TILE_CLASS);
 }
 
-/* One grouped launch of a class: the GEMV (class 1 or 2: its token tiles) or the m64n64 tile (GATHER_TILE_CLASS). */
+/* One grouped launch of a class: the GEMV (class 1 or 2: its token tiles) or the tile (GATHER_TILE_CLASS): the wgmma
+ * one where launch->wgmma_prepared holds the class's prepared_rows of prepared x (its table then in device memory),
+ * else m64n64. */
 static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class, const qmm_cuda_gemv_product *host,
-                                 const qmm_cuda_gemv_product *device, int count) {
-    return piece_class == GATHER_TILE_CLASS ? qmm_cuda_mma_tile_grouped(launch, host, device, count)
-                                            : qmm_cuda_mma_gemv_grouped(launch, host, device, count, piece_class);
+                                 const qmm_cuda_gemv_product *device, int count, size_t prepared_rows) {
+    if (piece_class != GATHER_TILE_CLASS) return qmm_cuda_mma_gemv_grouped(launch, host, device, count, piece_class);
+    return launch->wgmma_prepared ? qmm_cuda_wgmma_tile_grouped(launch, device, count, prepared_rows)
+                                  : qmm_cuda_mma_tile_grouped(launch, host, device, count);
 }
 
 /* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch whose
@@ -1835,30 +1839,23 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
     launch.x = gathered_x ? gathered_x : call->x;
     if (call->batch_invariant && launch.warps <= 0) launch.warps = GATHER_INVARIANT_WARPS; /* gather_piece_end */
     if (piece_class == GATHER_TILE_CLASS) launch.M = tile_rows;
-    if (piece_class == GATHER_TILE_CLASS && plan->wgmma) {
-        launch.wgmma_prepared = prepared;
-        for (size_t at = 0; at < count; at += 65535) {
-            const int part = (int)(count - at < 65535 ? count - at : 65535);
-            const int launched = qmm_cuda_wgmma_tile_grouped(&launch, device_table + at, part, prepared_rows);
-            const qmm_status status = launch_status(launched, "grouped wgmma_tile m64n128", __FILE__, __LINE__);
-            if (status != QMM_OK) return status;
-        }
-        return QMM_OK;
-    }
-    const char *what = piece_class == 1 ? "grouped mma_m8n32" : piece_class == 2 ? "grouped mma_m16n32"
-                                                                                 : "grouped mma_tile m64n64";
+    if (piece_class == GATHER_TILE_CLASS && plan->wgmma) launch.wgmma_prepared = prepared; /* (table uploaded) */
+    const char *what = piece_class == 1   ? "grouped mma_m8n32"
+                       : piece_class == 2 ? "grouped mma_m16n32"
+                       : plan->wgmma      ? "grouped wgmma_tile m64n128"
+                                          : "grouped mma_tile m64n64";
     if (!device_table) {
         if (count > QMM_CUDA_GROUPED_MAX) /* gather_run uploads such a class's table: never here */
             return qmm_error(QMM_ERR_BACKEND, "cuda.gather.blocks.auto: %zu pieces of a grouped class, more than a "
                              "launch's parameters hold (%d), and no uploaded table", count, QMM_CUDA_GROUPED_MAX);
         qmm_cuda_gemv_product products[QMM_CUDA_GROUPED_MAX];
         gather_grouped_products(call, plan, gathered_x, piece_class, products);
-        return launch_status(gather_grouped_launch(&launch, piece_class, products, NULL, (int)count), what, __FILE__,
-                             __LINE__);
+        return launch_status(gather_grouped_launch(&launch, piece_class, products, NULL, (int)count, 0), what,
+                             __FILE__, __LINE__);
     }
     for (size_t at = 0; at < count; at += 65535) {
         const int part = (int)(count - at < 65535 ? count - at : 65535);
-        const int launched = gather_grouped_launch(&launch, piece_class, NULL, device_table + at, part);
+        const int launched = gather_grouped_launch(&launch, piece_class, NULL, device_table + at, part, prepared_rows);
         const qmm_status status = launch_status(launched, what, __FILE__, __LINE__);
         if (status != QMM_OK) return status;
     }
@@ -1893,12 +1890,13 @@ static qmm_status gather_run(const qmm_call *call) {
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_GROUPED=1, but these expert blocks "
                          "cannot go to the grouped GEMV launches: %s", why_not);
     /* (batch-invariant mode has no tile class: gather_piece_class) */
-    const int tiles = grouping && !call->batch_invariant ? gather_tiles(call, why_not, sizeof why_not) : GATHER_TILES_NONE;
+    bool wgmma_forced = false;
+    const int tiles = grouping && !call->batch_invariant ? gather_tiles(call, &wgmma_forced, why_not, sizeof why_not)
+                                                         : GATHER_TILES_NONE;
     if (tiles == GATHER_TILES_REFUSED)
         return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the wgmma tile "
                          "cannot take these expert blocks: %s", why_not);
     const size_t small_rows = gather_small_rows(call);
-    const char *tiles_forced = getenv("QMM_CUDA_GATHER_TILES");
     const size_t tile_blocks =
         tiles != GATHER_TILES_NONE ? gather_tile_blocks(call, small_rows, tiles == GATHER_TILES_WGMMA) : 0;
     gather_plan plan = {.grouping = grouping,
@@ -1906,7 +1904,7 @@ static qmm_status gather_run(const qmm_call *call) {
                                                         s->multiprocessors),
                         .tile_limit = tiles != GATHER_TILES_NONE ? small_rows : 0,
                         .wgmma = tiles == GATHER_TILES_WGMMA,
-                        .wgmma_forced = tiles_forced && strcmp(tiles_forced, "wgmma") == 0};
+                        .wgmma_forced = wgmma_forced};
     /* One pass over the pieces: the classes' counts, and whether the rows of x must be gathered */
     bool gather_x = false;
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {

@@ -462,10 +462,7 @@ static int launch_mma_gemv_grouped_from(const qmm_cuda_launch *c, const qmm_cuda
     if (!host_products == !device_products || count < 1 || count > (host_products ? QMM_CUDA_GROUPED_MAX : 65535))
         return (int)cudaErrorInvalidValue;
     if (device_products) return launch_mma_gemv_grouped<BITS, T, TT, GS>(c, grouped_device_table{device_products}, count);
-    qmm_cuda_grouped_table table;
-    memcpy(table.products, host_products, (size_t)count * sizeof *host_products);
-    memset(table.products + count, 0, (size_t)(QMM_CUDA_GROUPED_MAX - count) * sizeof *table.products); /* defined */
-    return launch_mma_gemv_grouped<BITS, T, TT, GS>(c, table, count);
+    return launch_mma_gemv_grouped<BITS, T, TT, GS>(c, grouped_parameter_table(host_products, count), count);
 }
 
 template <int BITS, typename T, int TT>

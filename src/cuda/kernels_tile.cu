@@ -23,8 +23,6 @@
  * batch-invariant mode) each output is reduced in one order that depends on neither M nor the tile shape:
  * super-blocks in order, within each the group segments in order, each segment's MMAs chained in k order.
  */
-#include <string.h>
-
 #include <type_traits>
 
 #include "cuda_internal.h"
@@ -421,10 +419,7 @@ template <int BITS, typename T, int GS>
 static int launch_tile_grouped_from(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host_products,
                                     const qmm_cuda_gemv_product *device_products, int count) {
     if (device_products) return launch_tile_grouped<BITS, T, GS>(c, grouped_device_table{device_products}, count);
-    qmm_cuda_grouped_table table;
-    memcpy(table.products, host_products, (size_t)count * sizeof *host_products);
-    memset(table.products + count, 0, (size_t)(QMM_CUDA_GROUPED_MAX - count) * sizeof *table.products); /* defined */
-    return launch_tile_grouped<BITS, T, GS>(c, table, count);
+    return launch_tile_grouped<BITS, T, GS>(c, grouped_parameter_table(host_products, count), count);
 }
 
 extern "C" int qmm_cuda_mma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *host_products,

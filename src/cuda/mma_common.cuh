@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ───────────────────────────── dtype helpers ───────────────────────────── */
 
@@ -472,9 +473,10 @@ template <typename Kernel> static int shared_memory_opt_in(Kernel kernel, size_t
     return 0;
 }
 
-/* Where a grouped launch's products are (the mma_gemv and mma_tile grouped kernels): in its parameter (qmm_cuda_grouped_table, ≤ QMM_CUDA_GROUPED_MAX: read in
- * place from the constant bank, and the offsets stay there as operands — on sm_90a 70–104 registers instead of 82–124
- * for the m8n32 instantiations) or in a device array (grouped_device_table, the upload of a larger class). */
+/* Where a grouped launch's products are (the mma_gemv and mma_tile grouped kernels): in its parameter
+ * (qmm_cuda_grouped_table, ≤ QMM_CUDA_GROUPED_MAX: read in place from the constant bank, and the offsets stay there as
+ * operands — on sm_90a 70–104 registers instead of 82–124 for the m8n32 instantiations) or in a device array
+ * (grouped_device_table, the upload of a larger class). */
 struct grouped_device_table {
     const qmm_cuda_gemv_product *entries;
 };
@@ -483,6 +485,14 @@ __device__ __forceinline__ const qmm_cuda_gemv_product &grouped_entry(const qmm_
 }
 __device__ __forceinline__ qmm_cuda_gemv_product grouped_entry(const grouped_device_table &table, unsigned z) {
     return table.entries[z];
+}
+/* A launch's parameter table of `count` (≤ QMM_CUDA_GROUPED_MAX) host products, the entries past them zero (defined
+ * bytes for the driver's copy of the parameters). */
+static inline qmm_cuda_grouped_table grouped_parameter_table(const qmm_cuda_gemv_product *host_products, int count) {
+    qmm_cuda_grouped_table table;
+    memcpy(table.products, host_products, (size_t)count * sizeof *host_products);
+    memset(table.products + count, 0, (size_t)(QMM_CUDA_GROUPED_MAX - count) * sizeof *table.products);
+    return table;
 }
 
 #endif /* QMM_MMA_COMMON_CUH */

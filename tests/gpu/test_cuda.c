@@ -75,6 +75,18 @@ static bool product_make(qmm_context *context, check_rng *rng, size_t M, size_t 
     return false;
 }
 
+/* Whether the device runs the wgmma tiles (Hopper), asked of a 64×128×256 product (made from rng); *ok false where the
+ * probe could not be made (the failure is counted). */
+static bool wgmma_device(qmm_context *context, check_rng *rng, const char *label, bool *ok) {
+    product probe;
+    *ok = product_make(context, rng, 64, 128, 256, 4, 64, QMM_F16, label, &probe);
+    if (!*ok) return false;
+    const bool hopper =
+        qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m64n128", probe.weights, 64, QMM_OP_QMM_T, NULL) == 1;
+    product_free(&probe);
+    return hopper;
+}
+
 /* Reads the output back and checks it against the oracle within the row's bound. */
 static void product_check(product *p, const char *label, double slack) {
     CHECK_OK(qmm_buffer_read(p->out, p->host_out, p->M * p->N));
@@ -865,11 +877,9 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     };
     /* whether the device runs the wgmma tiles (Hopper): the default grouped calls there must take the wgmma tile
      * launches (QMM_CUDA_GATHER_TILES=wgmma, an error where they do not run), elsewhere that knob must be refused */
-    product probe;
-    if (!product_make(context, rng, 64, 128, 256, 4, 64, QMM_F16, "gather probe", &probe)) return;
-    const bool hopper =
-        qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m64n128", probe.weights, 64, QMM_OP_QMM_T, NULL) == 1;
-    product_free(&probe);
+    bool probed;
+    const bool hopper = wgmma_device(context, rng, "gather probe", &probed);
+    if (!probed) return;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
         const size_t B = T * A, size = qmm_dtype_size(cases[c].dtype);
@@ -1093,11 +1103,9 @@ static void test_gather_non_finite(qmm_context *context, check_rng *rng) {
     enum { E = 3, N = 16, K = 64, T = 2, B = 40 };
     uint32_t lhs[B], rhs[B];
     for (size_t i = 0; i < B; i++) lhs[i] = (uint32_t)(i % 2), rhs[i] = i < B / 2 ? 1u : 2u;
-    product probe;
-    if (!product_make(context, rng, 64, 128, 256, 4, 64, QMM_F16, "gather non-finite probe", &probe)) return;
-    const bool hopper =
-        qmm_kernel_supports(context, "cuda.qmm_t.wgmma_tile.m64n128", probe.weights, 64, QMM_OP_QMM_T, NULL) == 1;
-    product_free(&probe);
+    bool probed;
+    const bool hopper = wgmma_device(context, rng, "gather non-finite probe", &probed);
+    if (!probed) return;
     const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
     for (size_t d = 0; d < 3; d++) {
         const qmm_dtype dtype = dtypes[d];
