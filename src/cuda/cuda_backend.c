@@ -75,6 +75,8 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_GATHER_TILES", knob_tiles, 0, 0,
      "0: the gather's blocks that are not cut get a launch each; 1, mma, wgmma: grouped tile launches of the default "
      "kind, of m64n64, of wgmma m64n128 (an error where the grouped wgmma tiles cannot run) where they are not cut"},
+    {"QMM_CUDA_GATHER_WGMMA_BLOCKS", NULL, 1, 65535,
+     "the thread blocks of the gather's persistent wgmma tile launches (tests: several work items a block)"},
     {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
      "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
@@ -1598,8 +1600,10 @@ static qmm_call expert_block_call(const qmm_call *gather, const char *gathered_x
  * (gather_small_rows) in the grouped tile launches (gather_tiles: wgmma on Hopper, else m64n64), where the mma_gemv
  * rows take them (gather_grouping); the others each on the CUDA row the selector picks for that block's M (mma_gemv,
  * mma_tile, wgmma or generic). Where some block's rows of x (named by lhs_indices) are not consecutive rows of x, the
- * rows are first gathered into device scratch in pair order (one kernel), so every block's x is contiguous; otherwise
- * (lhs_indices NULL, blocks of one row, runs of consecutive tokens) every block reads x in place. */
+ * rows are first gathered into device scratch in pair order (one kernel), so every block's x is contiguous — but the
+ * wgmma tile class's pre-pass reads them through the uploaded indices (plan.x_rows), so only another class's such
+ * blocks have x gathered; otherwise (lhs_indices NULL, blocks of one row, runs of consecutive tokens) every block
+ * reads x in place. */
 static bool gather_supports(const qmm_call *call, char *why_not, size_t size) {
     if (call->op != QMM_OP_GATHER) {
         snprintf(why_not, size, "cuda.gather.blocks.auto computes gather only");
@@ -1775,6 +1779,9 @@ typedef struct gather_plan {
     /* the tile class in wgmma launches (GATHER_TILES_WGMMA; then its table always uploaded, each product with its x_row),
      * and whether QMM_CUDA_GATHER_TILES=wgmma asks for them (no fallback to the m64n64 launches) */
     bool wgmma, wgmma_forced;
+    /* the wgmma tile class reads x through the uploaded lhs indices (some piece's rows are not consecutive rows of x):
+     * its products' x is their first pair (qmm_cuda_wgmma_tile_grouped's x_rows) */
+    bool x_rows;
 } gather_plan;
 static size_t gather_piece_end(const qmm_call *call, const gather_plan *plan, size_t i0) {
     const size_t i1 = qmm_gather_block_end(call, i0);
@@ -1800,8 +1807,11 @@ static void gather_grouped_products(const qmm_call *call, const gather_plan *pla
         i1 = gather_piece_end(call, plan, i0);
         if (gather_piece_class(call, plan, i1 - i0) != piece_class) continue;
         cuda_weights_extra extra = {0};
-        const qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
-        products[count] = grouped_product(call, gathered_x, &block);
+        qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
+        const bool x_rows = plan->x_rows && piece_class == GATHER_TILE_CLASS; /* x through the indices, from pair i0 */
+        if (x_rows) block.x = call->x;                                       /* (x not gathered for it) */
+        products[count] = grouped_product(call, x_rows ? NULL : gathered_x, &block);
+        if (x_rows) products[count].x = i0;
         if (plan->wgmma && piece_class == GATHER_TILE_CLASS) {
             products[count].x_row = (unsigned)x_row;
             x_row += gather_prepared_rows(i1 - i0);
@@ -1816,33 +1826,38 @@ static bool gather_class_uploaded(const gather_plan *plan, int piece_class, size
     return count > QMM_CUDA_GROUPED_MAX || (count > 0 && plan->wgmma && piece_class == GATHER_TILE_CLASS);
 }
 
-/* One grouped launch of a class: the GEMV (class 1 or 2: its token tiles) or the tile (GATHER_TILE_CLASS): the wgmma
- * one where launch->wgmma_prepared holds the class's prepared_rows of prepared x (its table then in device memory),
- * else m64n64. */
+/* One grouped launch of a class: the GEMV (class 1 or 2: its token tiles) or the m64n64 tile (GATHER_TILE_CLASS). */
 static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class, const qmm_cuda_gemv_product *host,
-                                 const qmm_cuda_gemv_product *device, int count, size_t prepared_rows) {
+                                 const qmm_cuda_gemv_product *device, int count) {
     if (piece_class != GATHER_TILE_CLASS) return qmm_cuda_mma_gemv_grouped(launch, host, device, count, piece_class);
-    return launch->wgmma_prepared ? qmm_cuda_wgmma_tile_grouped(launch, device, count, prepared_rows)
-                                  : qmm_cuda_mma_tile_grouped(launch, host, device, count);
+    return qmm_cuda_mma_tile_grouped(launch, host, device, count);
 }
 
 /* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch whose
  * parameter holds the table (built here), a larger one from its table in the call's upload (device_table), 65535 pieces
- * per launch (grid.z; the wgmma launches' pre-pass, grid.y). tile_rows: the class's largest piece (its 64-token tiles:
- * the m64n64 launches' grid.y, the wgmma launches' work items per row tile and piece). The wgmma tile class
- * (plan->wgmma): its prepared_rows of prepared x (gather_prepared_rows) in `prepared`, the workspace gather_run had for
- * them. */
+ * per launch (grid.z). tile_rows: the class's largest piece (its 64-token tiles: the m64n64 launches' grid.y). The
+ * wgmma tile class (plan->wgmma): one launch over its uploaded table of token tiles (gather_run's upload), its
+ * prepared_rows of prepared x (gather_prepared_rows) in `prepared`, the workspace gather_run had for them, x read
+ * through the uploaded lhs indices (x_rows) where plan->x_rows. */
 static qmm_status gather_grouped_launches(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
                                           int piece_class, size_t count, size_t tile_rows, size_t prepared_rows,
-                                          void *prepared, const qmm_cuda_gemv_product *device_table) {
+                                          void *prepared, const qmm_cuda_gemv_product *device_table,
+                                          const unsigned *x_rows) {
     qmm_cuda_launch launch = launch_of(call);
     launch.x = gathered_x ? gathered_x : call->x;
     if (call->batch_invariant && launch.warps <= 0) launch.warps = GATHER_INVARIANT_WARPS; /* gather_piece_end */
     if (piece_class == GATHER_TILE_CLASS) launch.M = tile_rows;
-    if (piece_class == GATHER_TILE_CLASS && plan->wgmma) launch.wgmma_prepared = prepared; /* (table uploaded) */
+    if (piece_class == GATHER_TILE_CLASS && plan->wgmma) {
+        launch.x = call->x; /* (a gathered copy, where there is one, is for the other classes) */
+        launch.wgmma_prepared = prepared;
+        const char *blocks = getenv("QMM_CUDA_GATHER_WGMMA_BLOCKS"); /* CALL_KNOBS_CHECK: 1 … 65535 */
+        if (blocks && *blocks) launch.multiprocessors = (int)strtol(blocks, NULL, 10); /* the persistent grid's size */
+        return launch_status(qmm_cuda_wgmma_tile_grouped(&launch, device_table, prepared_rows,
+                                                         plan->x_rows ? x_rows : NULL),
+                             "grouped wgmma_tile m64n128", __FILE__, __LINE__);
+    }
     const char *what = piece_class == 1   ? "grouped mma_m8n32"
                        : piece_class == 2 ? "grouped mma_m16n32"
-                       : plan->wgmma      ? "grouped wgmma_tile m64n128"
                                           : "grouped mma_tile m64n64";
     if (!device_table) {
         if (count > QMM_CUDA_GROUPED_MAX) /* gather_run uploads such a class's table: never here */
@@ -1850,13 +1865,14 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
                              "launch's parameters hold (%d), and no uploaded table", count, QMM_CUDA_GROUPED_MAX);
         qmm_cuda_gemv_product products[QMM_CUDA_GROUPED_MAX];
         gather_grouped_products(call, plan, gathered_x, piece_class, products);
-        return launch_status(gather_grouped_launch(&launch, piece_class, products, NULL, (int)count, 0), what,
-                             __FILE__, __LINE__);
+        return launch_status(gather_grouped_launch(&launch, piece_class, products, NULL, (int)count), what, __FILE__,
+                             __LINE__);
     }
     for (size_t at = 0; at < count; at += 65535) {
         const int part = (int)(count - at < 65535 ? count - at : 65535);
-        const int launched = gather_grouped_launch(&launch, piece_class, NULL, device_table + at, part, prepared_rows);
-        const qmm_status status = launch_status(launched, what, __FILE__, __LINE__);
+        const qmm_status status =
+            launch_status(gather_grouped_launch(&launch, piece_class, NULL, device_table + at, part), what, __FILE__,
+                          __LINE__);
         if (status != QMM_OK) return status;
     }
     return QMM_OK;
@@ -1905,12 +1921,16 @@ static qmm_status gather_run(const qmm_call *call) {
                         .tile_limit = tiles != GATHER_TILES_NONE ? small_rows : 0,
                         .wgmma = tiles == GATHER_TILES_WGMMA,
                         .wgmma_forced = wgmma_forced};
-    /* One pass over the pieces: the classes' counts, and whether the rows of x must be gathered */
-    bool gather_x = false;
+    /* One pass over the pieces: the classes' counts, and whether some piece's rows of x are not consecutive rows of x
+     * (then the lhs indices are uploaded): a tile piece's (tile_apart), another's (other_apart) */
+    bool tile_apart = false, other_apart = false;
     for (size_t i0 = 0, i1; i0 < B; i0 = i1) {
         i1 = gather_piece_end(call, &plan, i0);
-        gather_x = gather_x || !qmm_gather_block_in_place(call, i0, i1);
         const int piece_class = gather_piece_class(call, &plan, i1 - i0);
+        if (!qmm_gather_block_in_place(call, i0, i1)) {
+            if (piece_class == GATHER_TILE_CLASS) tile_apart = true;
+            else other_apart = true;
+        }
         if (piece_class) grouped[piece_class - 1]++;
         if (piece_class == GATHER_TILE_CLASS && i1 - i0 > tile_rows) tile_rows = i1 - i0;
         if (piece_class == GATHER_TILE_CLASS) prepared_rows += gather_prepared_rows(i1 - i0);
@@ -1943,8 +1963,13 @@ static qmm_status gather_run(const qmm_call *call) {
         }
         plan.wgmma = prepared != NULL;
     }
+    /* x's rows gathered into scratch in pair order for the pieces that read x as a contiguous block (the wgmma tile
+     * class's pre-pass reads them through the indices instead: plan.x_rows) */
+    const bool gather_x = tile_apart || other_apart;
+    plan.x_rows = plan.wgmma && grouped[GATHER_TILE_CLASS - 1] && gather_x;
+    const bool gather_rows = other_apart || (tile_apart && !plan.wgmma);
     const char *gathered_x = NULL;
-    if (gather_x) {
+    if (gather_rows) {
         size_t x_bytes;
         if (!qmm_mul_size(B, K, &x_bytes) || !qmm_mul_size(x_bytes, size, &x_bytes))
             return qmm_error(QMM_ERR_OVERFLOW, "cuda.gather.blocks.auto: B=%zu gathered rows of K=%zu overflow size_t", B, K);
@@ -1953,12 +1978,16 @@ static qmm_status gather_run(const qmm_call *call) {
         gathered_x = s->gather_x;
     }
     /* The upload: [lhs indices, padded to 16 bytes][the table of each class of more than QMM_CUDA_GROUPED_MAX pieces,
-     * and of the wgmma tile class, in class order (gather_class_uploaded)]. B ≤ 2^31 − 1 (gather_supports) and at most
-     * B products: no overflow. */
+     * and of the wgmma tile class, in class order (gather_class_uploaded) — the wgmma tile class's an entry per token
+     * tile, prepared_rows / QMM_CUDA_WGMMA_GROUPED_TOKENS of them (qmm_cuda_wgmma_tile_grouped)]. B ≤ 2^31 − 1
+     * (gather_supports), at most B products and prepared_rows ≤ 2^30: no overflow. */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
+    size_t entries[GATHER_CLASSES]; /* each class's table's entries */
+    for (int c = 0; c < GATHER_CLASSES; c++)
+        entries[c] = c + 1 == GATHER_TILE_CLASS && plan.wgmma ? prepared_rows / QMM_CUDA_WGMMA_GROUPED_TOKENS : grouped[c];
     size_t upload_bytes = index_bytes;
     for (int c = 0; c < GATHER_CLASSES; c++)
-        if (gather_class_uploaded(&plan, c + 1, grouped[c])) upload_bytes += grouped[c] * sizeof(qmm_cuda_gemv_product);
+        if (gather_class_uploaded(&plan, c + 1, grouped[c])) upload_bytes += entries[c] * sizeof(qmm_cuda_gemv_product);
     /* a class's uploaded table, or NULL: in the parameters */
     const qmm_cuda_gemv_product *tables[GATHER_CLASSES] = {NULL, NULL, NULL};
     if (upload_bytes) {
@@ -1974,9 +2003,19 @@ static qmm_status gather_run(const qmm_call *call) {
         size_t at = index_bytes; /* bytes from the start of the upload (the products are 8-byte aligned there) */
         for (int c = 0; c < GATHER_CLASSES; c++)
             if (gather_class_uploaded(&plan, c + 1, grouped[c])) {
-                gather_grouped_products(call, &plan, gathered_x, c + 1, (qmm_cuda_gemv_product *)(staging + at));
+                qmm_cuda_gemv_product *staged = (qmm_cuda_gemv_product *)(staging + at);
+                gather_grouped_products(call, &plan, gathered_x, c + 1, staged);
+                if (entries[c] != grouped[c]) /* the wgmma tile class: each product's entry once per token tile, from the
+                                               * last (its tiles start at x_row / tokens ≥ its index: nothing unread is
+                                               * overwritten) */
+                    for (size_t p = grouped[c]; p-- > 0;) {
+                        const qmm_cuda_gemv_product product = staged[p];
+                        const size_t first = product.x_row / QMM_CUDA_WGMMA_GROUPED_TOKENS;
+                        for (size_t t = gather_prepared_rows(product.M) / QMM_CUDA_WGMMA_GROUPED_TOKENS; t-- > 0;)
+                            staged[first + t] = product;
+                    }
                 tables[c] = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + at);
-                at += grouped[c] * sizeof(qmm_cuda_gemv_product);
+                at += entries[c] * sizeof(qmm_cuda_gemv_product);
             }
         CUDA_TRY(cudaMemcpyAsync(s->gather_upload, staging, upload_bytes, cudaMemcpyHostToDevice, s->stream));
         const cudaError_t recorded = cudaEventRecord(s->gather_staged[slot], s->stream);
@@ -1989,7 +2028,7 @@ static qmm_status gather_run(const qmm_call *call) {
         }
         s->gather_slot = slot ^ 1;
     }
-    if (gather_x) {
+    if (gather_rows) {
         const qmm_status launched = launch_status(qmm_cuda_gather_rows(call->x, s->gather_upload, s->gather_x, B,
                                                                        K * size, s->stream),
                                                   "gather_rows", __FILE__, __LINE__);
@@ -2008,7 +2047,7 @@ static qmm_status gather_run(const qmm_call *call) {
     for (int c = 0; c < GATHER_CLASSES && status == QMM_OK; c++)
         if (grouped[c])
             status = gather_grouped_launches(call, &plan, gathered_x, c + 1, grouped[c], tile_rows, prepared_rows,
-                                             prepared, tables[c]);
+                                             prepared, tables[c], (const unsigned *)s->gather_upload);
     /* lhs_indices and the uploaded tables were copied into the staging slot, the others into their launches'
      * parameters, rhs_indices read above: nothing of the caller's host arrays is used after this call returns. */
     return status;

@@ -54,11 +54,15 @@
 #endif
 
 /* (Outside the anonymous namespace: a kernel parameter's type must be one the launch stub can name.)
- * A grouped launch's products (wgmma_tile_kernel's GROUPED): `count` entries of qmm_cuda_gemv_product in device memory,
- * the largest one's M in m_tiles tiles of the tile's tokens. Empty for the other launches. */
+ * A grouped launch's work (wgmma_tile_kernel's GROUPED, qmm_cuda_wgmma_tile_grouped): for each of the `tiles` token
+ * tiles of the prepared x, its product's entry (qmm_cuda_gemv_product in device memory; tile g's is that of the product
+ * whose region holds prepared rows g·TOKS …: one load finds a tile's product), and x_rows, where x is read through the
+ * gather's lhs indices (a product's `x` then its first pair: its row m is x's row x_rows[x + m]), else NULL (its `x` an
+ * offset from x in elements). Empty for the other launches. */
 struct wgmma_grouped_work {
-    const qmm_cuda_gemv_product *products;
-    int count, m_tiles;
+    const qmm_cuda_gemv_product *tile_products;
+    const unsigned *x_rows;
+    int tiles;
 };
 
 namespace {
@@ -407,12 +411,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                       int sb_per_split, int tile_begin, const wgmma_grouped_work group) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, TOKS, PREP>;
-    /* GROUPED (the gather's expert blocks, launch_wgmma_grouped: PREP, unsplit), persistent: the work is every product's
-     * tiles (product z's entry group.products[z]: its offsets from the bases and its M; group.m_tiles tiles of TOKS
-     * tokens by the row tiles for each product, those past its M skipped), and block b takes work items b, b + grid.x,
-     * … in turn — its producer runs on into the next tile's stages while its consumers finish the last one's. x_map
-     * and x_sums hold every product's prepared rows, product z's from row x_row (its `x_row`, a multiple of TOKS), and
-     * the M given is their count (x_sums has it rounded up to 128 rows). */
+    /* GROUPED (the gather's expert blocks, launch_wgmma_grouped: PREP, unsplit), persistent: the work items are the
+     * prepared x's token tiles by the row tiles, item w = g · tiles_n + row tile (so the blocks' shares differ by one
+     * item at most, and the blocks running together share token tiles), token tile g of the product group.tile_products[g]
+     * (its entry: offsets from the bases, its M, its region of the prepared x from row x_row, a multiple of TOKS); block b
+     * takes items b, b + grid.x, … in turn — its producer runs on into the next tile's stages while its consumers finish
+     * the last one's. x_map and x_sums hold the prepared rows, and the M given is their count (x_sums has it rounded up
+     * to 128 rows). The twenty-third session's form numbered the items over every product's share of the largest
+     * product's tiles, skipping those past its M (blocks' shares up to 1.33× the even one at T = 1024–2048); a walk
+     * over the table to number only the items that exist cost a table load per product passed (T = 512 1.14×). */
     static_assert(!GROUPED || (PREP && !SPLIT && VIRT == 0), "grouped launches: unsplit PREP tiles");
     const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
     extern __shared__ uint8_t shared_raw[];
@@ -429,18 +436,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const uint32_t *sb_t = sb;
     const qmm_cuda_gemv_product *entry = nullptr; /* GROUPED: the current product */
     int work = (int)blockIdx.x;
-    /* GROUPED: the first work item from `work` on that lies inside its product's M, made current; false: none left */
+    /* GROUPED: work item `work` made current; false: there is none (the block is done) */
     auto next_tile = [&]() -> bool {
-        const int per_product = tiles_n * group.m_tiles;
-        for (; work < group.count * per_product; work += (int)gridDim.x) {
-            const qmm_cuda_gemv_product *e = group.products + work / per_product;
-            const int t_in = work % per_product, m_first = (t_in / tiles_n) * TOKS;
-            if (m_first >= (int)e->M) continue;
-            entry = e, M = (int)e->M, x_row = (int)e->x_row, n0 = (t_in % tiles_n) * WG_ROWS, m0 = m_first;
-            packed_t = packed + e->packed, sb_t = sb + e->sb;
-            return true;
-        }
-        return false;
+        if (work >= group.tiles * tiles_n) return false; /* (no overflow: launch_wgmma_grouped) */
+        const int g = work / tiles_n;
+        const qmm_cuda_gemv_product *e = group.tile_products + g;
+        entry = e, M = (int)e->M, x_row = (int)e->x_row, n0 = (work - g * tiles_n) * WG_ROWS, m0 = g * TOKS - x_row;
+        packed_t = packed + e->packed, sb_t = sb + e->sb;
+        return true;
     };
     if constexpr (GROUPED) {
         if (!next_tile()) return; /* no work for this block (before any barrier) */
@@ -845,12 +848,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             split_finish<BITS, T, GS, TOKS>(tile_partial, partials, counters, x, w_orig, scales, biases, out, M, N, K,
                                             n0, m0);
     } else {
-        /* the outputs and, for the non-finite rule, x and the MLX-layout weights (GROUPED: the current product's) */
+        /* the outputs and, for the non-finite rule, x and the MLX-layout weights (GROUPED: the current product's; its
+         * x rows through group.x_rows where given) */
         const T *x_t = x, *scales_t = scales, *biases_t = biases;
         const uint32_t *w_t = w_orig;
         T *out_t = out;
-        if constexpr (GROUPED)
-            x_t += entry->x, w_t += entry->w, scales_t += entry->scales, biases_t += entry->scales, out_t += entry->out;
+        if constexpr (GROUPED) {
+            if (!group.x_rows) x_t += entry->x;
+            w_t += entry->w, scales_t += entry->scales, biases_t += entry->scales, out_t += entry->out;
+        }
         /* Stores: rows n0 + row_w + g (+8), tokens m0 + 8j + 2t (+1). */
 #pragma unroll
         for (int j = 0; j < TOKS / 8; j++)
@@ -860,7 +866,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 if (m < M && n < N) {
                     float value = acc[4 * j + e];
                     if (!isfinite(value))
-                        value = direct_output_t(x_t + (size_t)m * K, w_t + (size_t)n * (K / 32 * BITS),
+                        value = direct_output_t(GROUPED && group.x_rows ? x + (size_t)group.x_rows[entry->x + m] * K
+                                                                        : x_t + (size_t)m * K,
+                                                w_t + (size_t)n * (K / 32 * BITS),
                                                 scales_t + (size_t)n * groups, biases_t + (size_t)n * groups, BITS,
                                                 (size_t)K, GS);
                     store_f32(out_t, (size_t)m * N + n, value);
@@ -890,64 +898,77 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 template <int BITS, typename T, int GS>
 __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, T *__restrict__ x_prepared,
                                                        float *__restrict__ x_sums, int M, int K,
-                                                       const qmm_cuda_gemv_product *__restrict__ group, int tokens) {
+                                                       const wgmma_grouped_work group) {
 #if QMM_WGMMA_DEVICE
     using L = wgmma_layout<BITS, GS, 128, true>; /* SEG, SEG_BLOCKS and the slots do not depend on TOKS */
     constexpr int LANES = 4 * L::SEG_BLOCKS; /* a segment's lanes: 4, 8 or 16, aligned within the warp */
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int m_pad = x_sums_tokens(M);
     /* launch_wgmma starts exactly m_pad · super_blocks · BPS · 4 threads: a multiple of 256 (m_pad of 128), so every
-     * warp is whole for the shuffles. Grouped (group: launch_wgmma_grouped; M the prepared rows of every product): grid.y
-     * the product, whose rows m < its M are x's rows e.x / K + m, written to prepared row e.x_row + m, and whose rows up to
-     * its M rounded up to `tokens` are zeros (its last tile's); grid.x covers the largest product's rows so rounded (a
-     * multiple of 64: whole warps), the other threads only take part in the shuffles. */
+     * warp is whole for the shuffles. Grouped (group.tile_products: launch_wgmma_grouped; M the prepared rows, a multiple
+     * of 64, and exactly M · super_blocks · BPS · 4 threads): prepared row m is row m − x_row of the product
+     * group.tile_products[m / 64] (QMM_CUDA_WGMMA_GROUPED_TOKENS), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row
+     * without x_rows) up to its M, zeros after (its last tile's). */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int piece = (int)(index & 3), j = (int)(index / 4 % L::BPS);
     const size_t token_sb = index / (4 * L::BPS);
-    const int sbk = (int)(token_sb % super_blocks), sg = j / L::SEG_BLOCKS;
-    int m = (int)(token_sb / super_blocks), rows = M, x_sums_row = 0; /* x's row m (grouped: the product's row m) */
-    bool active = true;                                               /* the thread writes its piece and sums */
-    if (group) {
-        const qmm_cuda_gemv_product &e = group[blockIdx.y];
-        rows = (int)e.M;
-        active = m < (rows + tokens - 1) / tokens * tokens;
-        x += e.x;
-        x_prepared += (size_t)e.x_row * K;
-        x_sums_row = (int)e.x_row;
+    int m, sbk; /* x's row m (grouped: prepared row m), super-block sbk: token_sb's quotient and remainder by
+                 * super_blocks, in 32 bits where they fit (a 64-bit division is a long routine) */
+    if (token_sb >> 32 == 0) {
+        const unsigned q = (unsigned)token_sb / (unsigned)super_blocks;
+        m = (int)q, sbk = (int)((unsigned)token_sb - q * (unsigned)super_blocks);
+    } else {
+        m = (int)(token_sb / super_blocks), sbk = (int)(token_sb % super_blocks);
     }
-    const int blk = sbk * L::BPS + j;
-    const bool in_range = active && m < rows && blk < blocks_k;
+    const int sg = j / L::SEG_BLOCKS, blk = sbk * L::BPS + j;
+    const T *x_m = x + (size_t)m * K; /* x's row for prepared row m */
+    bool in_range = m < M && blk < blocks_k;
+    if (group.tile_products) {
+        const qmm_cuda_gemv_product &e = group.tile_products[m / QMM_CUDA_WGMMA_GROUPED_TOKENS];
+        const int local = m - (int)e.x_row;
+        in_range = local < (int)e.M && blk < blocks_k;
+        if (in_range) /* (the indices end with the last product's M) */
+            x_m = group.x_rows ? x + (size_t)group.x_rows[e.x + (unsigned)local] * K : x + e.x + (size_t)local * K;
+    }
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (in_range) v = reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32)[piece];
+    if (in_range) v = reinterpret_cast<const uint4 *>(x_m + (size_t)blk * 32)[piece];
     float sum = 0.0f;
     const T *h = reinterpret_cast<const T *>(&v);
 #pragma unroll
     for (int e = 0; e < 8; e++) sum += (float)h[e];
-    uint32_t b[4], o[4] = {0u, 0u, 0u, 0u};
+    uint32_t b[4];
     x_pairs<BITS>(v, b);
-    const unsigned base = threadIdx.x & 28u; /* the block's first lane in the warp */
+    /* the 4 × 4 transpose over the block's four lanes (word w of lane `piece` becomes word `piece` of lane w) in two
+     * butterfly steps, on bit 0 then bit 1 of the lane and word indices: in step d (1, 2) a lane keeps its words whose
+     * bit d is its own and swaps the other two with lane piece ^ d, the partner's words whose bit d is this lane's —
+     * after both, word w of lane q is word q of lane w. Branch-free (the rounds of indexed shuffles before this,
+     * with dynamic word choices, were a fifth of the pre-pass's instructions). */
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
-        /* round r: this lane reads piece (piece + r) & 3's pair `piece` — its output word (piece + r) & 3 — and sends its
-         * own pair (piece − r) & 3, the one lane (piece − r) & 3 wants */
-        const int send = (piece - r) & 3, from = (piece + r) & 3;
-        const uint32_t mine = send == 0 ? b[0] : send == 1 ? b[1] : send == 2 ? b[2] : b[3];
-        const uint32_t got = __shfl_sync(0xffffffffu, mine, (int)base + from);
-#pragma unroll
-        for (int w = 0; w < 4; w++) o[w] = from == w ? got : o[w];
+    for (int d = 1; d <= 2; d <<= 1) {
+        const bool high = piece & d; /* this lane's bit d: it keeps the words with bit d set */
+        const int lo0 = 0, lo1 = d == 1 ? 2 : 1;  /* the words with bit d clear */
+        const int hi0 = lo0 + d, hi1 = lo1 + d;   /* and set */
+        const uint32_t send0 = high ? b[lo0] : b[hi0], send1 = high ? b[lo1] : b[hi1];
+        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, d), got1 = __shfl_xor_sync(0xffffffffu, send1, d);
+        b[lo0] = high ? got0 : b[lo0], b[lo1] = high ? got1 : b[lo1];
+        b[hi0] = high ? b[hi0] : got0, b[hi1] = high ? b[hi1] : got1;
     }
-    if (active && blk < blocks_k && (group || m < rows)) /* grouped: the zeros of the last tile's rows past M too */
+    const uint32_t *o = b;
+    if (blk < blocks_k && m < M) /* grouped: the zeros of the last tile's rows past its product's M too */
         reinterpret_cast<uint4 *>(x_prepared + (size_t)m * K + (size_t)blk * 32)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
 #pragma unroll
     for (int d = 1; d < LANES; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    if (index % LANES != 0 || !active) return;
-    /* grouped: the product's run of x_sums from its row x_sums_row (a multiple of 8: x_sums_at's whole groups of 8
-     * tokens, XP_ROW / 4 floats a token), so x_sums_at takes the product's own row (an int at any prepared row count) */
-    float *tile = x_sums + ((size_t)sbk * m_pad + (size_t)x_sums_row) * (L::XP_ROW / 4);
-#pragma unroll
-    for (int p = 0; p < 3; p++) tile[x_sums_at(m, 3 * sg + p, L::XP_CHUNKS)] = tf32_piece(sum, p);
-    if (sg == L::SEG - 1)
-        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m, k, L::XP_CHUNKS)] = 0.0f;
+    /* every lane of the segment now holds its sum: lanes 0–2 of the segment store its pieces 0–2, lane 3 of the last
+     * segment the zeros of the unused slots; row m's group of 8 tokens through the pointer (x_sums_at's int arithmetic
+     * would overflow past 2^27 rows), then x_sums_at within it */
+    const int lane = (int)(index % LANES);
+    if (lane > 3 || (lane == 3 && sg != L::SEG - 1)) return;
+    float *tile = x_sums + ((size_t)sbk * m_pad + (size_t)(m / 8 * 8)) * (L::XP_ROW / 4);
+    if (lane < 3) {
+        tile[x_sums_at(m % 8, 3 * sg + lane, L::XP_CHUNKS)] = tf32_piece(sum, lane);
+    } else {
+        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m % 8, k, L::XP_CHUNKS)] = 0.0f;
+    }
 #elif defined(__CUDA_ARCH__)
     __trap();
 #endif
@@ -1103,7 +1124,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::BPS * 4); /* a multiple of 256 */
         const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
                                          0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K,
-                                         nullptr, 0);
+                                         wgmma_grouped_work{});
         if (status) return status;
         x = x_prepared;
         x_sums = sums;
@@ -1138,14 +1159,14 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
                             wgmma_grouped_work{});
 }
 
-/* The grouped launch (qmm_cuda_wgmma_tile_grouped): x prepared for every product by wgmma_prepare_x's grouped form (grid.y
- * the product — hence at most 65535 products a launch: its rows to its region of x_prepared and x_sums from row x_row,
- * zeros to the end of its last tile), then one persistent launch of the PREP tile over every product's work items (the
- * largest product's token tiles, c->M its rows, by the row tiles, for each product). */
+/* The grouped launch (qmm_cuda_wgmma_tile_grouped): x prepared for every product by wgmma_prepare_x's grouped form (a
+ * thread per 128-bit piece of the prepared rows: each product's rows to its region of x_prepared and x_sums from row
+ * x_row, read through work.x_rows where given, zeros to the end of its last tile), then one persistent launch of the
+ * PREP tile over the work items (the prepared x's token tiles by the row tiles). */
 template <int BITS, typename T, int GS, int TOKS>
-static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count,
-                                size_t prepared_rows) {
+static int launch_wgmma_grouped(const qmm_cuda_launch *c, const wgmma_grouped_work &work_of, size_t prepared_rows) {
     using P = wgmma_layout<BITS, GS, TOKS, true>;
+    static_assert(TOKS == QMM_CUDA_WGMMA_GROUPED_TOKENS, "wgmma_prepare_x's grouped form finds a row's product by it");
     auto kernel = wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 0, true>;
     static unsigned long long opted_in = 0;
     int status = shared_memory_opt_in(kernel, (size_t)P::SHARED, &opted_in);
@@ -1154,16 +1175,15 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_pr
     prepared_bytes<BITS, GS>(prepared_rows, c->K, &sums_at);
     T *x_prepared = static_cast<T *>(c->wgmma_prepared);
     float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
-    const size_t rows = (c->M + TOKS - 1) / TOKS * TOKS; /* the largest product's, to its last tile's end */
     /* persistent: a block per SM (one fits: 384 threads at 168 registers), or one per work item where fewer; the kernel
      * numbers its work items in an int and steps them by the grid (checked before anything is enqueued) */
-    const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(rows / TOKS) * count;
+    const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(prepared_rows / TOKS);
     const long long blocks = c->multiprocessors > 0 && c->multiprocessors < work ? c->multiprocessors : work;
     if (work > (long long)INT_MAX - blocks) return (int)cudaErrorInvalidValue;
-    const size_t threads = rows * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* a multiple of 256 */
-    status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)(threads / 256), (unsigned)count), dim3(256), 0,
-                           c->stream, false, (const T *)c->x, x_prepared, sums, (int)prepared_rows, (int)c->K, products,
-                           TOKS);
+    const size_t threads = prepared_rows * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* a multiple of 256 */
+    if (threads / 256 > (size_t)INT_MAX) return (int)cudaErrorInvalidValue;
+    status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)(threads / 256)), dim3(256), 0, c->stream, false,
+                           (const T *)c->x, x_prepared, sums, (int)prepared_rows, (int)c->K, work_of);
     if (status) return status;
     qmm_cuda_launch mapped = *c;
     mapped.M = prepared_rows;
@@ -1173,16 +1193,16 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_pr
     return launch_kernel(kernel, dim3((unsigned)blocks), dim3(WG_THREADS), (size_t)P::SHARED, c->stream, false, x_map,
                          (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
                          (const T *)c->biases, (T *)c->out, nullptr, nullptr, (const float *)sums, (int)prepared_rows,
-                         (int)c->N, (int)c->K, 0, 0, wgmma_grouped_work{products, count, (int)(rows / TOKS)});
+                         (int)c->N, (int)c->K, 0, 0, work_of);
 }
 
 template <int BITS, typename T>
-static int wgmma_grouped_group(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *products, int count, size_t rows) {
+static int wgmma_grouped_group(const qmm_cuda_launch *c, const wgmma_grouped_work &work, size_t rows) {
     constexpr int TOKS = QMM_CUDA_WGMMA_GROUPED_TOKENS;
     switch (c->group_size) {
-    case 32: return launch_wgmma_grouped<BITS, T, 32, TOKS>(c, products, count, rows);
-    case 64: return launch_wgmma_grouped<BITS, T, 64, TOKS>(c, products, count, rows);
-    default: return launch_wgmma_grouped<BITS, T, 128, TOKS>(c, products, count, rows);
+    case 32: return launch_wgmma_grouped<BITS, T, 32, TOKS>(c, work, rows);
+    case 64: return launch_wgmma_grouped<BITS, T, 64, TOKS>(c, work, rows);
+    default: return launch_wgmma_grouped<BITS, T, 128, TOKS>(c, work, rows);
     }
 }
 
@@ -1206,16 +1226,19 @@ extern "C" size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t
     return prepared_bytes_of(bits, group_size, M, K, &sums_at);
 }
 
-extern "C" int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *device_products,
-                                          int count, size_t prepared_rows) {
-    if (!device_products || !c->wgmma_prepared || count < 1 || count > 65535 || c->dtype == 0 || prepared_rows < 1 ||
-        prepared_rows > QMM_CUDA_WGMMA_GROUPED_ROWS_MAX || (c->bits != 4 && c->bits != 8))
+extern "C" int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *tile_products,
+                                          size_t prepared_rows, const unsigned *x_rows) {
+    if (!tile_products || !c->wgmma_prepared || c->dtype == 0 || prepared_rows < 1 ||
+        prepared_rows % QMM_CUDA_WGMMA_GROUPED_TOKENS || prepared_rows > QMM_CUDA_WGMMA_GROUPED_ROWS_MAX ||
+        (c->bits != 4 && c->bits != 8))
         return (int)cudaErrorInvalidValue;
+    const wgmma_grouped_work work{tile_products, x_rows,
+                                  (int)(prepared_rows / QMM_CUDA_WGMMA_GROUPED_TOKENS)};
     if (c->bits == 4)
-        return c->dtype == 1 ? wgmma_grouped_group<4, __half>(c, device_products, count, prepared_rows)
-                             : wgmma_grouped_group<4, __nv_bfloat16>(c, device_products, count, prepared_rows);
-    return c->dtype == 1 ? wgmma_grouped_group<8, __half>(c, device_products, count, prepared_rows)
-                         : wgmma_grouped_group<8, __nv_bfloat16>(c, device_products, count, prepared_rows);
+        return c->dtype == 1 ? wgmma_grouped_group<4, __half>(c, work, prepared_rows)
+                             : wgmma_grouped_group<4, __nv_bfloat16>(c, work, prepared_rows);
+    return c->dtype == 1 ? wgmma_grouped_group<8, __half>(c, work, prepared_rows)
+                         : wgmma_grouped_group<8, __nv_bfloat16>(c, work, prepared_rows);
 }
 
 extern "C" int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *c, int tokens) {

@@ -959,10 +959,12 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             if (chunk_rows) setenv("QMM_CUDA_GATHER_CHUNK_ROWS", chunk_rows, 1);
             if (untiled || mma_tiles || wgmma_tiles)
                 setenv("QMM_CUDA_GATHER_TILES", untiled ? "0" : mma_tiles ? "mma" : "wgmma", 1);
+            if (wgmma_tiles && sorted) setenv("QMM_CUDA_GATHER_WGMMA_BLOCKS", "3", 1); /* items past the stages */
             CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, &ran));
             unsetenv("QMM_CUDA_GATHER_GROUPED");
             unsetenv("QMM_CUDA_GATHER_CHUNK_ROWS");
             unsetenv("QMM_CUDA_GATHER_TILES");
+            unsetenv("QMM_CUDA_GATHER_WGMMA_BLOCKS");
             CHECK(ran.name && strcmp(ran.name, "cuda.gather.blocks.auto") == 0, "gather ran %s",
                   ran.name ? ran.name : "?");
             qmm_kernel_info chosen = {0}; /* qmm_select_gather names the row that ran, without buffers */
@@ -977,7 +979,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                      sorted ? "sorted" : "unsorted", grouped ? "" : ", a launch per block",
                      lhs_null ? ", lhs_indices NULL" : "", invariant ? ", batch-invariant" : "",
                      untiled ? ", blocks of > 16 rows a launch each" : cut ? ", blocks of 17-256 rows cut" : "",
-                     mma_tiles ? ", m64n64 tiles" : wgmma_tiles ? ", wgmma tiles required" : "");
+                     mma_tiles ? ", m64n64 tiles" : wgmma_tiles ? (sorted ? ", wgmma tiles required, 3 thread blocks"
+                                                                          : ", wgmma tiles required") : "");
             double worst = 0;
             size_t bad = check_against_oracle(label, out, cases[c].dtype, exact, abs_dot, B * N, K, 2.0, &worst);
             CHECK(bad == 0, "%s: %zu outputs outside the bound (worst %.3g)", label, bad, worst);
@@ -1258,7 +1261,8 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                         {"QMM_CUDA_INVARIANT_PATH", "sideways", "split, virtual, last, blocks", NULL},
                         {"QMM_CUDA_GATHER_GROUPED", "2", "0, 1", "cuda.qmm_t.mma_gemv.m16n32"},
                         {"QMM_CUDA_GATHER_CHUNK_ROWS", "15", "16–1073741824", NULL},
-                        {"QMM_CUDA_GATHER_TILES", "2", "0, 1, mma, wgmma", NULL}};
+                        {"QMM_CUDA_GATHER_TILES", "2", "0, 1, mma, wgmma", NULL},
+                        {"QMM_CUDA_GATHER_WGMMA_BLOCKS", "0", "1–65535", NULL}};
         CHECK_OK(qmm_buffer_poison(p.out)); /* once: every refusal below must leave it so */
         for (size_t i = 0; i < sizeof bad_call / sizeof bad_call[0]; i++) {
             const size_t M = bad_call[i].row && strstr(bad_call[i].row, ".m8n") ? 8 : p.M; /* m8n64 takes M ≤ 8 */
