@@ -70,6 +70,9 @@ namespace {
 constexpr int WG_ROWS = 128;    /* weight rows per block: two consumer warpgroups of 64 */
 constexpr int WG_STAGES = 4;    /* super-blocks in flight (42–44 KiB each at 4 bits, TOKS = 128) */
 constexpr int WG_THREADS = 384; /* consumers 0–255, producer 256–383 */
+constexpr int PREP_ROWS = 4;     /* wgmma_prepare_x: rows per thread, sharing its indexing (a divisor of 8: its rows
+                                 * are in one group of 8 tokens of x_sums) */
+static_assert(8 % PREP_ROWS == 0, "a thread's rows in one group of 8 tokens");
 
 #if QMM_WGMMA_DEVICE /* the device helpers: sm_90a code only */
 __device__ __forceinline__ uint32_t smem_address(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -887,8 +890,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
 /* x prepared once per call for the PREP tiles (every block of a column of tiles used to permute the same x tile and sum
  * it again): each thread takes one 128-bit piece of x (8 values; four lanes a 32-value block, 4 · SEG_BLOCKS lanes a
- * segment = group ∩ super-block; thread index ((m · super-blocks + super-block) · BPS + block) · 4 + piece, so a warp's
- * loads and stores are contiguous) — each block in the k order of the decoded weights (x_pairs, as the producer
+ * segment = group ∩ super-block; thread index ((q · super-blocks + super-block) · BPS + block) · 4 + piece, so a warp's
+ * loads and stores are contiguous) in each of PREP_ROWS rows PREP_ROWS · q … — each block in the k order of the decoded weights (x_pairs, as the producer
  * permutes a stage in place: word a of output piece a' is pair a' of input piece a, a 4 × 4 transpose over the
  * block's four lanes by shuffles), into x_prepared [M, K]; the segment's Σx in f32 (each lane's 8 values in order,
  * then a shuffle tree over the segment's lanes), as three tf32 pieces at its slots of x_sums [super-blocks][m_pad ·
@@ -904,70 +907,84 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
     constexpr int LANES = 4 * L::SEG_BLOCKS; /* a segment's lanes: 4, 8 or 16, aligned within the warp */
     const int blocks_k = K / 32, super_blocks = (blocks_k + L::BPS - 1) / L::BPS;
     const int m_pad = x_sums_tokens(M);
-    /* launch_wgmma starts exactly m_pad · super_blocks · BPS · 4 threads: a multiple of 256 (m_pad of 128), so every
-     * warp is whole for the shuffles. Grouped (group.tile_products: launch_wgmma_grouped; M the prepared rows, a multiple
-     * of 64, and exactly M · super_blocks · BPS · 4 threads): prepared row m is row m − x_row of the product
-     * group.tile_products[m / 64] (QMM_CUDA_WGMMA_GROUPED_TOKENS), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row
-     * without x_rows) up to its M, zeros after (its last tile's). */
+    /* launch_wgmma starts m_pad / PREP_ROWS · super_blocks · BPS · 4 threads (a multiple of 256: m_pad of 128), a thread
+     * for rows PREP_ROWS · q … + PREP_ROWS − 1 of one piece, so every warp is whole for the shuffles. Grouped
+     * (group.tile_products: launch_wgmma_grouped; M the prepared rows, a multiple of 64; M / PREP_ROWS · super_blocks ·
+     * BPS · 4 threads, a multiple of 128, in blocks of 256: a last block's second half returns at once): prepared row m is
+     * row m − x_row of the product group.tile_products[m / 64] (QMM_CUDA_WGMMA_GROUPED_TOKENS; one for a thread's
+     * rows), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row without x_rows) up to its M, zeros after (its last
+     * tile's). */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int piece = (int)(index & 3), j = (int)(index / 4 % L::BPS);
-    const size_t token_sb = index / (4 * L::BPS);
-    int m, sbk; /* x's row m (grouped: prepared row m), super-block sbk: token_sb's quotient and remainder by
-                 * super_blocks, in 32 bits where they fit (a 64-bit division is a long routine) */
-    if (token_sb >> 32 == 0) {
-        const unsigned q = (unsigned)token_sb / (unsigned)super_blocks;
-        m = (int)q, sbk = (int)((unsigned)token_sb - q * (unsigned)super_blocks);
+    const size_t quad_sb = index / (4 * L::BPS);
+    int quad, sbk; /* the thread's rows' quad and super-block sbk: quad_sb's quotient and remainder by super_blocks, in
+                    * 32 bits where they fit (a 64-bit division is a long routine) */
+    if (quad_sb >> 32 == 0) {
+        const unsigned q = (unsigned)quad_sb / (unsigned)super_blocks;
+        quad = (int)q, sbk = (int)((unsigned)quad_sb - q * (unsigned)super_blocks);
     } else {
-        m = (int)(token_sb / super_blocks), sbk = (int)(token_sb % super_blocks);
+        quad = (int)(quad_sb / super_blocks), sbk = (int)(quad_sb % super_blocks);
     }
-    const int sg = j / L::SEG_BLOCKS, blk = sbk * L::BPS + j;
-    const T *x_m = x + (size_t)m * K; /* x's row for prepared row m */
-    bool in_range = m < M && blk < blocks_k;
-    if (group.tile_products) {
-        const qmm_cuda_gemv_product &e = group.tile_products[m / QMM_CUDA_WGMMA_GROUPED_TOKENS];
-        const int local = m - (int)e.x_row;
-        in_range = local < (int)e.M && blk < blocks_k;
-        if (in_range) /* (the indices end with the last product's M) */
-            x_m = group.x_rows ? x + (size_t)group.x_rows[e.x + (unsigned)local] * K : x + e.x + (size_t)local * K;
+    if (quad >= (group.tile_products ? M : m_pad) / PREP_ROWS) return; /* (whole warps) */
+    const int sg = j / L::SEG_BLOCKS, blk = sbk * L::BPS + j, m0 = quad * PREP_ROWS;
+    /* the rows' pieces first, loads together (x's row for prepared row m; zeros past M, past K and past a product's M) */
+    uint4 v[PREP_ROWS];
+    const qmm_cuda_gemv_product *e = group.tile_products ? group.tile_products + m0 / QMM_CUDA_WGMMA_GROUPED_TOKENS : nullptr;
+#pragma unroll
+    for (int r = 0; r < PREP_ROWS; r++) {
+        const int m = m0 + r;
+        v[r] = make_uint4(0u, 0u, 0u, 0u);
+        if (blk >= blocks_k) continue;
+        if (e) {
+            const int local = m - (int)e->x_row;
+            if (local >= (int)e->M) continue; /* (the indices end with the last product's M) */
+            const T *x_m = group.x_rows ? x + (size_t)group.x_rows[e->x + (unsigned)local] * K : x + e->x + (size_t)local * K;
+            v[r] = reinterpret_cast<const uint4 *>(x_m + (size_t)blk * 32)[piece];
+        } else if (m < M) {
+            v[r] = reinterpret_cast<const uint4 *>(x + (size_t)m * K + (size_t)blk * 32)[piece];
+        }
     }
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (in_range) v = reinterpret_cast<const uint4 *>(x_m + (size_t)blk * 32)[piece];
-    float sum = 0.0f;
-    const T *h = reinterpret_cast<const T *>(&v);
-#pragma unroll
-    for (int e = 0; e < 8; e++) sum += (float)h[e];
-    uint32_t b[4];
-    x_pairs<BITS>(v, b);
-    /* the 4 × 4 transpose over the block's four lanes (word w of lane `piece` becomes word `piece` of lane w) in two
-     * butterfly steps, on bit 0 then bit 1 of the lane and word indices: in step d (1, 2) a lane keeps its words whose
-     * bit d is its own and swaps the other two with lane piece ^ d, the partner's words whose bit d is this lane's —
-     * after both, word w of lane q is word q of lane w. Branch-free (the rounds of indexed shuffles before this,
-     * with dynamic word choices, were a fifth of the pre-pass's instructions). */
-#pragma unroll
-    for (int d = 1; d <= 2; d <<= 1) {
-        const bool high = piece & d; /* this lane's bit d: it keeps the words with bit d set */
-        const int lo0 = 0, lo1 = d == 1 ? 2 : 1;  /* the words with bit d clear */
-        const int hi0 = lo0 + d, hi1 = lo1 + d;   /* and set */
-        const uint32_t send0 = high ? b[lo0] : b[hi0], send1 = high ? b[lo1] : b[hi1];
-        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, d), got1 = __shfl_xor_sync(0xffffffffu, send1, d);
-        b[lo0] = high ? got0 : b[lo0], b[lo1] = high ? got1 : b[lo1];
-        b[hi0] = high ? b[hi0] : got0, b[hi1] = high ? b[hi1] : got1;
-    }
-    const uint32_t *o = b;
-    if (blk < blocks_k && m < M) /* grouped: the zeros of the last tile's rows past its product's M too */
-        reinterpret_cast<uint4 *>(x_prepared + (size_t)m * K + (size_t)blk * 32)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
-#pragma unroll
-    for (int d = 1; d < LANES; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    /* every lane of the segment now holds its sum: lanes 0–2 of the segment store its pieces 0–2, lane 3 of the last
-     * segment the zeros of the unused slots; row m's group of 8 tokens through the pointer (x_sums_at's int arithmetic
-     * would overflow past 2^27 rows), then x_sums_at within it */
+    /* every lane of a segment holds its sum after the shuffle tree: lanes 0–2 of the segment store its pieces 0–2, lane
+     * 3 of the last segment the zeros of the unused slots; the rows' group of 8 tokens through the pointer (x_sums_at's
+     * int arithmetic would overflow past 2^27 rows), then x_sums_at within it */
     const int lane = (int)(index % LANES);
-    if (lane > 3 || (lane == 3 && sg != L::SEG - 1)) return;
-    float *tile = x_sums + ((size_t)sbk * m_pad + (size_t)(m / 8 * 8)) * (L::XP_ROW / 4);
-    if (lane < 3) {
-        tile[x_sums_at(m % 8, 3 * sg + lane, L::XP_CHUNKS)] = tf32_piece(sum, lane);
-    } else {
-        for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m % 8, k, L::XP_CHUNKS)] = 0.0f;
+    const bool sums_lane = lane < 3 || (lane == 3 && sg == L::SEG - 1);
+    float *tile = x_sums + ((size_t)sbk * m_pad + (size_t)(m0 / 8 * 8)) * (L::XP_ROW / 4);
+#pragma unroll
+    for (int r = 0; r < PREP_ROWS; r++) {
+        const int m = m0 + r;
+        float sum = 0.0f;
+        const T *h = reinterpret_cast<const T *>(&v[r]);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sum += (float)h[i];
+        uint32_t b[4];
+        x_pairs<BITS>(v[r], b);
+        /* the 4 × 4 transpose over the block's four lanes (word w of lane `piece` becomes word `piece` of lane w) in two
+         * butterfly steps, on bit 0 then bit 1 of the lane and word indices: in step d (1, 2) a lane keeps its words
+         * whose bit d is its own and swaps the other two with lane piece ^ d, the partner's words whose bit d is this
+         * lane's — after both, word w of lane q is word q of lane w. Branch-free (four rounds of indexed shuffles with
+         * dynamic word choices compiled to branches: with them the pre-pass ran 290 instructions a warp, 47 M at
+         * T = 2048 on Qwen3-30B-A3B's gate_up, forty-fourth session). */
+#pragma unroll
+        for (int d = 1; d <= 2; d <<= 1) {
+            const bool high = piece & d; /* this lane's bit d: it keeps the words with bit d set */
+            const int lo0 = 0, lo1 = d == 1 ? 2 : 1; /* the words with bit d clear */
+            const int hi0 = lo0 + d, hi1 = lo1 + d;  /* and set */
+            const uint32_t send0 = high ? b[lo0] : b[hi0], send1 = high ? b[lo1] : b[hi1];
+            const uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, d), got1 = __shfl_xor_sync(0xffffffffu, send1, d);
+            b[lo0] = high ? got0 : b[lo0], b[lo1] = high ? got1 : b[lo1];
+            b[hi0] = high ? b[hi0] : got0, b[hi1] = high ? b[hi1] : got1;
+        }
+        if (blk < blocks_k && m < M) /* grouped: the zeros of the last tile's rows past its product's M too */
+            reinterpret_cast<uint4 *>(x_prepared + (size_t)m * K + (size_t)blk * 32)[piece] = make_uint4(b[0], b[1], b[2], b[3]);
+#pragma unroll
+        for (int d = 1; d < LANES; d <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+        if (!sums_lane) continue;
+        if (lane < 3) {
+            tile[x_sums_at(m % 8, 3 * sg + lane, L::XP_CHUNKS)] = tf32_piece(sum, lane);
+        } else {
+            for (int k = 3 * L::SEG; k < 8 * L::XP_CHUNKS; k++) tile[x_sums_at(m % 8, k, L::XP_CHUNKS)] = 0.0f;
+        }
     }
 #elif defined(__CUDA_ARCH__)
     __trap();
@@ -1121,7 +1138,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
         prepared_bytes<BITS, GS>(c->M, c->K, &sums_at);
         T *x_prepared = static_cast<T *>(c->wgmma_prepared);
         float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
-        const size_t threads = x_sums_tokens(c->M) * ((c->K / 32 + L::BPS - 1) / L::BPS * L::BPS * 4); /* a multiple of 256 */
+        const size_t threads = x_sums_tokens(c->M) / PREP_ROWS * ((c->K / 32 + L::BPS - 1) / L::BPS * L::BPS * 4); /* × 256 */
         const int status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256),
                                          0, c->stream, false, (const T *)c->x, x_prepared, sums, (int)c->M, (int)c->K,
                                          wgmma_grouped_work{});
@@ -1180,9 +1197,9 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const wgmma_grouped_wo
     const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(prepared_rows / TOKS);
     const long long blocks = c->multiprocessors > 0 && c->multiprocessors < work ? c->multiprocessors : work;
     if (work > (long long)INT_MAX - blocks) return (int)cudaErrorInvalidValue;
-    const size_t threads = prepared_rows * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* a multiple of 256 */
-    if (threads / 256 > (size_t)INT_MAX) return (int)cudaErrorInvalidValue;
-    status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)(threads / 256)), dim3(256), 0, c->stream, false,
+    const size_t threads = prepared_rows / PREP_ROWS * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* × 128 */
+    if ((threads + 255) / 256 > (size_t)INT_MAX) return (int)cudaErrorInvalidValue;
+    status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0, c->stream, false,
                            (const T *)c->x, x_prepared, sums, (int)prepared_rows, (int)c->K, work_of);
     if (status) return status;
     qmm_cuda_launch mapped = *c;
