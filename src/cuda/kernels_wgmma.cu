@@ -1192,7 +1192,8 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const wgmma_grouped_wo
     prepared_bytes<BITS, GS>(prepared_rows, c->K, &sums_at);
     T *x_prepared = static_cast<T *>(c->wgmma_prepared);
     float *sums = reinterpret_cast<float *>(static_cast<char *>(c->wgmma_prepared) + sums_at);
-    /* persistent: a block per SM (one fits: 384 threads at 168 registers), or one per work item where fewer; the kernel
+    /* persistent: a block per SM (one fits: 384 threads at 168 registers; c->multiprocessors, which
+     * QMM_CUDA_GATHER_WGMMA_BLOCKS may set), or one per work item where fewer; the kernel
      * numbers its work items in an int and steps them by the grid (checked before anything is enqueued) */
     const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(prepared_rows / TOKS);
     const long long blocks = c->multiprocessors > 0 && c->multiprocessors < work ? c->multiprocessors : work;
