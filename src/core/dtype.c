@@ -37,7 +37,8 @@ qmm_status qmm_dtype_parse(const char *name, qmm_dtype *dtype) {
             return QMM_OK;
         }
     }
-    return qmm_error(QMM_ERR_INVALID_ARGUMENT, "unknown dtype \"%s\" (known: f32, f16, bf16, f64, u8, i8, u16, i16, u32, i32, u64, i64, bool)", name);
+    return qmm_error(QMM_ERR_INVALID_ARGUMENT, "unknown dtype \"%s\" (known: f32, f16, bf16, f64, u8, i8, u16, i16, u32, "
+                     "i32, u64, i64, bool, or their long names float32, float16, bfloat16, float64, uint8, …)", name);
 }
 
 static uint32_t f32_bits(float value) {

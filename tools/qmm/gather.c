@@ -119,7 +119,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if ((rc = parse_seed(c, seed_text, &seed))) return rc;
     qmm_dtype dtype = QMM_F32;
     if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
-        return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);
+        return usage_error(c, "--dtype '%s' is not f32, f16 or bf16 (or float32, float16, bfloat16)", dtype_text);
     int backend_choice, threads;
     if ((rc = parse_backend(c, backend, &backend_choice))) return rc;
     if ((rc = parse_threads(c, threads_text, &threads))) return rc;

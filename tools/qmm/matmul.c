@@ -34,7 +34,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if ((rc = parse_seed(c, seed_text, &seed))) return rc;
     qmm_dtype dtype = QMM_F32;
     if (dtype_text && (qmm_dtype_parse(dtype_text, &dtype) != QMM_OK || !qmm_is_float_dtype(dtype)))
-        return usage_error(c, "--dtype '%s' is not f32, f16 or bf16", dtype_text);
+        return usage_error(c, "--dtype '%s' is not f32, f16 or bf16 (or float32, float16, bfloat16)", dtype_text);
     if (tuning && !tuning[0]) return usage_error(c, "--tuning is empty (want a tuning table from 'qmm tune')");
     if (x_path && !x_path[0]) return usage_error(c, "--x is empty (want a safetensors file of activations)");
     int backend_choice, threads;

@@ -59,7 +59,7 @@ int parse_dtype_list(const command *c, const char *text, qmm_dtype *values, size
         memcpy(item, p, length);
         item[length] = '\0';
         if (qmm_dtype_parse(item, &dtype) != QMM_OK || (dtype != QMM_F32 && dtype != QMM_F16 && dtype != QMM_BF16))
-            return usage_error(c, "--dtype '%s': '%s' is not f32, f16 or bf16", text, item);
+            return usage_error(c, "--dtype '%s': '%s' is not f32, f16 or bf16 (or float32, float16, bfloat16)", text, item);
         if (*count == MAX_LIST) return usage_error(c, "--dtype '%s': more than %d values", text, MAX_LIST);
         values[(*count)++] = dtype;
         if (!comma) break;
