@@ -77,8 +77,9 @@ typedef enum qmm_dtype {
 size_t qmm_dtype_size(qmm_dtype dtype);
 /* Lower-case name: "f32", "f16", "bf16", "f64", "u8", ... ; "?" for an unknown value. */
 const char *qmm_dtype_name(qmm_dtype dtype);
-/* Parses a name as printed by qmm_dtype_name (also "float32", "float16", "bfloat16").
- * Errors: QMM_ERR_INVALID_ARGUMENT for null pointers or an unknown name. */
+/* Parses a name as printed by qmm_dtype_name, or its long name ("float32", "float16", "bfloat16", "float64", "uint8",
+ * "int8", …, "uint64", "int64", "bool"). Errors: QMM_ERR_INVALID_ARGUMENT for null pointers or an unknown name (the
+ * message shows the name escaped). */
 qmm_status qmm_dtype_parse(const char *name, qmm_dtype *dtype);
 
 /* IEEE binary16 / bfloat16 <-> binary32. Narrowing rounds to nearest, ties to even; NaN stays NaN

@@ -37,8 +37,10 @@ qmm_status qmm_dtype_parse(const char *name, qmm_dtype *dtype) {
             return QMM_OK;
         }
     }
+    char shown[QMM_PRINTABLE_SIZE]; /* the caller's bytes, escaped (qmm_printable) */
     return qmm_error(QMM_ERR_INVALID_ARGUMENT, "unknown dtype \"%s\" (known: f32, f16, bf16, f64, u8, i8, u16, i16, u32, "
-                     "i32, u64, i64, bool, or their long names float32, float16, bfloat16, float64, uint8, …)", name);
+                     "i32, u64, i64, bool, or their long names float32, float16, bfloat16, float64, uint8, …)",
+                     qmm_printable(name, strlen(name), shown, sizeof shown));
 }
 
 static uint32_t f32_bits(float value) {
@@ -115,10 +117,12 @@ qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtyp
                          qmm_dtype_name(src_dtype), qmm_dtype_name(dst_dtype));
     if (count == 0) return QMM_OK;
     if (!src || !dst) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_convert: null %s", src ? "dst" : "src");
-    size_t bytes;
-    if (!qmm_mul_size(count, qmm_dtype_size(dst_dtype), &bytes))
+    size_t bytes, src_bytes; /* both arrays' byte counts: the wider one overflows first */
+    if (!qmm_mul_size(count, qmm_dtype_size(dst_dtype), &bytes) ||
+        !qmm_mul_size(count, qmm_dtype_size(src_dtype), &src_bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "qmm_convert: count=%zu elements of %s overflow a byte count", count,
-                         qmm_dtype_name(dst_dtype));
+                         qmm_dtype_size(src_dtype) > qmm_dtype_size(dst_dtype) ? qmm_dtype_name(src_dtype)
+                                                                              : qmm_dtype_name(dst_dtype));
     if (src_dtype == dst_dtype) {
         memmove(dst, src, bytes);
         return QMM_OK;

@@ -69,8 +69,8 @@ qmm_status qmm_qmatrix_bytes(const qmm_qmatrix *matrix, size_t *w_bytes, size_t 
     size_t groups = qmm_groups(matrix->cols, matrix->group_size);
     size_t count, bytes, packed_bytes, scale_bytes;
     if (!qmm_mul_size(matrix->rows, matrix->cols, &count) || !qmm_mul_size(count, sizeof(float), &bytes))
-        return qmm_error(QMM_ERR_OVERFLOW, "rows=%zu x cols=%zu elements overflow size_t", matrix->rows,
-                         matrix->cols);
+        return qmm_error(QMM_ERR_OVERFLOW, "rows=%zu x cols=%zu elements, as f32 (the unpacked matrix), overflow a "
+                         "byte count in size_t", matrix->rows, matrix->cols);
     if (!qmm_mul_size(matrix->rows, words, &count) || !qmm_mul_size(count, sizeof(uint32_t), &packed_bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "packed weights of rows=%zu x %zu words overflow size_t", matrix->rows,
                          words);

@@ -48,9 +48,13 @@ static qmm_status check_product(const char *function, const qmm_qmatrix *matrix,
         return qmm_error(QMM_ERR_OVERFLOW, "%s: M*K = %zu*%zu overflows size_t", function, M, *K);
     if (!qmm_mul_size(M, *N, &product))
         return qmm_error(QMM_ERR_OVERFLOW, "%s: M*N = %zu*%zu overflows size_t", function, M, *N);
-    /* The f64 output and abs_dot arrays are M·N doubles; the caller allocated them, but a count that
-     * cannot be addressed in bytes is still an overflow worth naming. */
-    if (!qmm_mul_size(product, sizeof(double), &product))
+    /* x is M·K elements of the matrix's dtype, out M·N of it (the f64 outputs and abs_dot: M·N doubles); the caller
+     * allocated them, but a count that cannot be addressed in bytes is still an overflow worth naming */
+    const size_t size = qmm_dtype_size(matrix->dtype);
+    if (!qmm_mul_size(M, *K, &product) || !qmm_mul_size(product, size, &product))
+        return qmm_error(QMM_ERR_OVERFLOW, "%s: x's M*K = %zu*%zu elements of %s overflow a byte count", function, M,
+                         *K, qmm_dtype_name(matrix->dtype));
+    if (!qmm_mul_size(M, *N, &product) || !qmm_mul_size(product, sizeof(double) > size ? sizeof(double) : size, &product))
         return qmm_error(QMM_ERR_OVERFLOW, "%s: M*N = %zu*%zu elements overflow a byte count", function, M, *N);
     return QMM_OK;
 }

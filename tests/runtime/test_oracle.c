@@ -386,6 +386,12 @@ static void test_bad_input(void) {
     CHECK_STATUS(qmm_ref_qmm_n(&q.m, x, SIZE_MAX / 16, out), QMM_ERR_OVERFLOW);
     CHECK(strstr(qmm_last_error(), "M*N") != NULL, "message names M*N: %s", qmm_last_error());
     CHECK_STATUS(qmm_ref_dense_f64(&q.m, x, SIZE_MAX / 32, 1, out64, NULL), QMM_ERR_OVERFLOW);
+    /* M·K fits in elements but not as f32 bytes (a break-it helper's case: the oracle read past x): K = 64,
+     * M = SIZE_MAX/256 + 1 */
+    CHECK_STATUS(qmm_ref_qmm_t(&q.m, x, SIZE_MAX / 256 + 1, out), QMM_ERR_OVERFLOW);
+    CHECK(strstr(qmm_last_error(), "x's M*K") && strstr(qmm_last_error(), "byte count"), "message names x's bytes: %s",
+          qmm_last_error());
+    CHECK_STATUS(qmm_ref_dense_f64(&q.m, x, SIZE_MAX / 256 + 1, 1, out64, NULL), QMM_ERR_OVERFLOW);
 
     /* The matrix itself goes through qmm_qmatrix_validate. */
     qmm_qmatrix bad = q.m;

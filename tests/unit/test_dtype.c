@@ -221,6 +221,10 @@ static void test_convert(void) {
     CHECK_STATUS(qmm_convert(&one, QMM_I32, &half, QMM_F16, 1), QMM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(qmm_convert(&one, QMM_F32, &half, QMM_U8, 1), QMM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(qmm_convert(&one, (qmm_dtype)99, &half, QMM_F16, 1), QMM_ERR_INVALID_ARGUMENT);
+    /* a count whose destination bytes fit but whose (wider) source bytes do not: an overflow, not a wild read */
+    CHECK_STATUS(qmm_convert(&one, QMM_F32, &half, QMM_BF16, SIZE_MAX / 3), QMM_ERR_OVERFLOW);
+    CHECK(strstr(qmm_last_error(), "elements of f32 overflow") != NULL, "message names the source: %s", qmm_last_error());
+    CHECK_STATUS(qmm_convert(&half, QMM_F16, &one, QMM_F32, SIZE_MAX / 3), QMM_ERR_OVERFLOW);
 }
 
 static void test_dtype_names(void) {
@@ -236,6 +240,11 @@ static void test_dtype_names(void) {
     CHECK_OK(qmm_dtype_parse("bfloat16", &parsed));
     CHECK(parsed == QMM_BF16, "bfloat16 alias");
     CHECK_STATUS(qmm_dtype_parse("float8", &parsed), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(qmm_last_error(), "float16") != NULL, "the refusal lists the long names: %s", qmm_last_error());
+    /* the caller's bytes go into the message escaped: no raw control byte or invalid UTF-8 */
+    CHECK_STATUS(qmm_dtype_parse("\x1b[31mX\xff\xfe", &parsed), QMM_ERR_INVALID_ARGUMENT);
+    CHECK(strchr(qmm_last_error(), 0x1b) == NULL && strchr(qmm_last_error(), (char)0xff) == NULL,
+          "escaped: %s", qmm_last_error());
     CHECK_STATUS(qmm_dtype_parse(NULL, &parsed), QMM_ERR_INVALID_ARGUMENT);
     CHECK(strcmp(qmm_dtype_name((qmm_dtype)-1), "?") == 0, "unknown dtype name is ?");
 }

@@ -112,6 +112,15 @@ static const bench_row *progress_row(const bench_cell *cell) {
     return shown;
 }
 
+/* A progress line's time: "12.3 µs (1.23× floor)", or "not measured" where every row was skipped (no row shown). */
+static const char *progress_time(const bench_row *shown, double floor_us, char *text, size_t size) {
+    if (shown)
+        snprintf(text, size, "%.1f µs (%.2f× floor)", shown->us, shown->us / floor_us);
+    else
+        snprintf(text, size, "not measured");
+    return text;
+}
+
 /* The k-th kernel of a cell's measuring order (k = 0 … kernel_count): the selector's choice first, then the
  * table's other rows in order, only --kernel's when given. 1: *info is a row to consider; 0: skip this k;
  * -1: qmm_kernel_get failed (*status says why). */
@@ -245,10 +254,11 @@ static qmm_status bench_dtype(bench_run *run, const bench_shape *shape, const qm
         if (status != QMM_OK) break;
         (*done)++;
         const bench_row *shown = progress_row(cell);
-        const double best = shown ? shown->us : NAN;
-        fprintf(stderr, "bench [%zu/%zu] %s M=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n", *done,
-                run->cell_count, shape->name, M, qmm_dtype_name(matrix->dtype), shown ? shown->name : cell->selected, best,
-                best / cell->floor_us, cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
+        char time_text[64];
+        fprintf(stderr, "bench [%zu/%zu] %s M=%zu %s: %s %s, %zu kernel row%s, %.0f s so far\n", *done, run->cell_count,
+                shape->name, M, qmm_dtype_name(matrix->dtype), shown ? shown->name : cell->selected,
+                progress_time(shown, cell->floor_us, time_text, sizeof time_text), cell->row_count,
+                cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
     }
     weight_copies_destroy(weights, copies);
     return status;
@@ -477,10 +487,11 @@ static qmm_status bench_gather_dtype(bench_run *run, const bench_shape *shape, c
         if (status != QMM_OK) break;
         (*done)++;
         const bench_row *shown = progress_row(cell);
-        const double best = shown ? shown->us : NAN;
-        fprintf(stderr, "bench [%zu/%zu] gather %s T=%zu B=%zu %s: %s %.1f µs (%.2f× floor), %zu kernel row%s, %.0f s so far\n",
-                *done, run->cell_count, shape->name, T, B, qmm_dtype_name(stack->dtype), shown ? shown->name : cell->selected, best,
-                best / cell->floor_us, cell->row_count, cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
+        char time_text[64];
+        fprintf(stderr, "bench [%zu/%zu] gather %s T=%zu B=%zu %s: %s %s, %zu kernel row%s, %.0f s so far\n", *done,
+                run->cell_count, shape->name, T, B, qmm_dtype_name(stack->dtype), shown ? shown->name : cell->selected,
+                progress_time(shown, cell->floor_us, time_text, sizeof time_text), cell->row_count,
+                cell->row_count == 1 ? "" : "s", now_seconds() - run->started);
     }
     weight_copies_destroy(weights, copies);
     return status;
