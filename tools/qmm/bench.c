@@ -1328,11 +1328,11 @@ int cmd_bench(const command *c, int argc, char **argv) {
         goto done;
     }
     {
-        const double load = load_average();
-        if (load > 0.5 * bench_host_threads())
+        char what[96];
+        if (competing_load(bench_host_threads(), what, sizeof what))
             snprintf(run->load_warning, sizeof run->load_warning,
-                     "# warning: load average %.2f on %d thread%s when the run started: other processes compete for the "
-                     "cores and the memory bus, so times (and ceilings) may be off", load, bench_host_threads(),
+                     "# warning: %s on %d thread%s when the run started: other processes compete for the cores and the "
+                     "memory bus, so times (and ceilings) may be off", what, bench_host_threads(),
                      bench_host_threads() == 1 ? "" : "s");
     }
     fprintf(stderr, "bench: copy %.1f GB/s, matrix peak %.1f GFLOP/s\n", run->ceilings.copy_gbps, run->ceilings.peak_gflops);

@@ -122,9 +122,18 @@ double now_seconds(void);
 /* The 1-minute load average (/proc/loadavg), or 0 where it cannot be read; QMM_TEST_LOAD_AVERAGE=x pretends x
  * (tests). */
 double load_average(void);
-/* For the commands that print host-timed CPU products (run, matmul, gather, tune): a warning on stderr when the
- * load average exceeds half the context's threads (and it has more than one) — a thread of the team descheduled
- * inside a product holds the others back by a scheduler slice, so times can read milliseconds. No-op on CUDA. */
+/* Cores' worth of time other processes used over `seconds` (sampled now: /proc/stat less this process's own time),
+ * or −1 where /proc cannot say; QMM_TEST_BUSY_CORES=x pretends x (tests). */
+double busy_cores_elsewhere(double seconds);
+/* Whether other work competes with `threads` threads: the load average over half of them, or (the average is a
+ * minute long: a single busy core at a load of 1 passed under it) more than half a core busy elsewhere over 0.1 s;
+ * what says which ("load average 2.10", "1.0 cores busy with other processes …"). With QMM_TEST_LOAD_AVERAGE set,
+ * that load alone decides (tests). */
+bool competing_load(int threads, char *what, size_t size);
+/* For the commands that print host-timed CPU products (run, matmul, gather, tune): a warning on stderr when other
+ * work competes for the context's threads (competing_load; and it has more than one) — a thread of the team
+ * descheduled inside a product holds the others back by a scheduler slice, so times can read milliseconds. No-op on
+ * CUDA. */
 void warn_if_loaded(const command *c, qmm_context *context);
 /* The "note" line of qmm matmul and qmm gather when --dtype converts the layer's scales and biases. */
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype);
