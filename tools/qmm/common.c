@@ -4,7 +4,10 @@
  * (check_product), activations, scale conversion, the host memory check and the OUTDIR guard of convert and
  * quantize.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET, CPU_COUNT */
 #include "common.h"
+
+#include <sched.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -268,20 +271,30 @@ double load_average(void) {
     return load;
 }
 
-/* The machine's busy and total jiffies so far (the "cpu" line of /proc/stat: idle and iowait are not busy); false
- * where it cannot be read. */
-static bool machine_jiffies(unsigned long long *busy, unsigned long long *total) {
+/* The busy and total jiffies so far of the CPUs in `cpus` (the "cpuN" lines of /proc/stat: idle and iowait are not
+ * busy — a container sees the host's CPUs there, so only those this process may run on count); false where they
+ * cannot be read. */
+static bool cores_jiffies(const cpu_set_t *cpus, unsigned long long *busy, unsigned long long *total) {
     FILE *f = fopen("/proc/stat", "r");
     if (!f) return false;
-    unsigned long long v[8] = {0};
-    const int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
-                         &v[6], &v[7]);
+    char line[512];
+    int found = 0;
+    *busy = *total = 0;
+    while (fgets(line, sizeof line, f)) {
+        int cpu;
+        unsigned long long v[8] = {0};
+        if (sscanf(line, "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                   &v[6], &v[7]) < 5 ||
+            cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, cpus))
+            continue;
+        unsigned long long all = 0;
+        for (int i = 0; i < 8; i++) all += v[i];
+        *total += all;
+        *busy += all - v[3] - v[4]; /* less idle and iowait */
+        found++;
+    }
     fclose(f);
-    if (n < 4) return false;
-    *total = 0;
-    for (int i = 0; i < 8; i++) *total += v[i];
-    *busy = *total - v[3] - v[4]; /* less idle and iowait */
-    return true;
+    return found > 0;
 }
 
 /* This process's user + system jiffies so far (/proc/self/stat fields 14 and 15); false where unknown. */
@@ -302,14 +315,15 @@ static bool own_jiffies(unsigned long long *used) {
 double busy_cores_elsewhere(double seconds) {
     const char *forced = getenv("QMM_TEST_BUSY_CORES"); /* the tests' hook: a number to pretend */
     if (forced && *forced) return strtod(forced, NULL);
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) < 1) return -1.0;
     unsigned long long busy0, total0, own0, busy1, total1, own1;
-    if (!machine_jiffies(&busy0, &total0) || !own_jiffies(&own0)) return -1.0;
+    if (!cores_jiffies(&cpus, &busy0, &total0) || !own_jiffies(&own0)) return -1.0;
     const struct timespec pause = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
     nanosleep(&pause, NULL);
-    if (!machine_jiffies(&busy1, &total1) || !own_jiffies(&own1) || total1 <= total0) return -1.0;
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!cores_jiffies(&cpus, &busy1, &total1) || !own_jiffies(&own1) || total1 <= total0) return -1.0;
     const double others = (double)(busy1 - busy0) - (double)(own1 - own0); /* jiffies of other processes */
-    return (others > 0 ? others : 0.0) / (double)(total1 - total0) * (double)(cpus > 0 ? cpus : 1);
+    return (others > 0 ? others : 0.0) / (double)(total1 - total0) * (double)CPU_COUNT(&cpus);
 }
 
 bool competing_load(int threads, char *what, size_t size) {

@@ -122,8 +122,8 @@ double now_seconds(void);
 /* The 1-minute load average (/proc/loadavg), or 0 where it cannot be read; QMM_TEST_LOAD_AVERAGE=x pretends x
  * (tests). */
 double load_average(void);
-/* Cores' worth of time other processes used over `seconds` (sampled now: /proc/stat less this process's own time),
- * or −1 where /proc cannot say; QMM_TEST_BUSY_CORES=x pretends x (tests). */
+/* Cores' worth of time other processes used over `seconds` on the cores this process may run on (sampled now:
+ * /proc/stat less this process's own time), or −1 where /proc cannot say; QMM_TEST_BUSY_CORES=x pretends x (tests). */
 double busy_cores_elsewhere(double seconds);
 /* Whether other work competes with `threads` threads: the load average over half of them, or (the average is a
  * minute long: a single busy core at a load of 1 passed under it) more than half a core busy elsewhere over 0.1 s;
