@@ -122,11 +122,12 @@ double now_seconds(void);
 /* The 1-minute load average (/proc/loadavg), or 0 where it cannot be read; QMM_TEST_LOAD_AVERAGE=x pretends x
  * (tests). */
 double load_average(void);
-/* Cores' worth of time other processes used over `seconds` on the cores this process may run on (sampled now:
+/* Cores' worth of time other processes used over `seconds` on the `cores` this process may run on (sampled now:
  * /proc/stat less this process's own time), or −1 where /proc cannot say; QMM_TEST_BUSY_CORES=x pretends x (tests). */
-double busy_cores_elsewhere(double seconds);
+double busy_cores_elsewhere(double seconds, int *cores);
 /* Whether other work competes with `threads` threads: the load average over half of them, or (the average is a
- * minute long: a single busy core at a load of 1 passed under it) more than half a core busy elsewhere over 0.1 s;
+ * minute long: a single busy core at a load of 1 passed under it) more than half a core busy elsewhere over 0.1 s
+ * beyond the cores the threads leave free;
  * what says which ("load average 2.10", "1.0 cores busy with other processes …"). With QMM_TEST_LOAD_AVERAGE set,
  * that load alone decides (tests). */
 bool competing_load(int threads, char *what, size_t size);
