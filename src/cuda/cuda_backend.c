@@ -1798,8 +1798,10 @@ static int gather_piece_class(const qmm_call *call, const gather_plan *plan, siz
     return rows <= 16 ? grouped_token_tiles(rows) : rows <= plan->tile_limit ? GATHER_TILE_CLASS : 0;
 }
 
-/* The products of one class of pieces (gather_piece_end: expert blocks or their chunks) for
- * the grouped launches (gather_piece_class), in pair order, into products (room for all of them). */
+/* The products of one class of pieces (gather_piece_end: expert blocks or their chunks) for the grouped launches
+ * (gather_piece_class), in pair order, into products (room for all of them) — the wgmma tile class's (plan->wgmma) an
+ * entry per token tile of its prepared x (qmm_cuda_wgmma_tile_grouped's tile_products: prepared_rows /
+ * QMM_CUDA_WGMMA_GROUPED_TOKENS of them), each with its piece's region from x_row, x its first pair where plan->x_rows. */
 static void gather_grouped_products(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
                                     int piece_class, qmm_cuda_gemv_product *products) {
     size_t count = 0, x_row = 0; /* the wgmma tile class: each piece's region of the prepared x (gather_prepared_rows) */
@@ -1810,13 +1812,16 @@ static void gather_grouped_products(const qmm_call *call, const gather_plan *pla
         qmm_call block = expert_block_call(call, gathered_x, i0, i1, &extra);
         const bool x_rows = plan->x_rows && piece_class == GATHER_TILE_CLASS; /* x through the indices, from pair i0 */
         if (x_rows) block.x = call->x;                                       /* (x not gathered for it) */
-        products[count] = grouped_product(call, x_rows ? NULL : gathered_x, &block);
-        if (x_rows) products[count].x = i0;
-        if (plan->wgmma && piece_class == GATHER_TILE_CLASS) {
-            products[count].x_row = (unsigned)x_row;
-            x_row += gather_prepared_rows(i1 - i0);
+        qmm_cuda_gemv_product product = grouped_product(call, x_rows ? NULL : gathered_x, &block);
+        if (x_rows) product.x = i0;
+        if (!plan->wgmma || piece_class != GATHER_TILE_CLASS) {
+            products[count++] = product;
+            continue;
         }
-        count++;
+        product.x_row = (unsigned)x_row; /* the wgmma tile class: the entry once per token tile of its region */
+        const size_t rows = gather_prepared_rows(i1 - i0);
+        for (size_t t = 0; t < rows / QMM_CUDA_WGMMA_GROUPED_TOKENS; t++) products[count++] = product;
+        x_row += rows;
     }
 }
 
@@ -1829,8 +1834,8 @@ static bool gather_class_uploaded(const gather_plan *plan, int piece_class, size
 /* One grouped launch of a class: the GEMV (class 1 or 2: its token tiles) or the m64n64 tile (GATHER_TILE_CLASS). */
 static int gather_grouped_launch(const qmm_cuda_launch *launch, int piece_class, const qmm_cuda_gemv_product *host,
                                  const qmm_cuda_gemv_product *device, int count) {
-    if (piece_class != GATHER_TILE_CLASS) return qmm_cuda_mma_gemv_grouped(launch, host, device, count, piece_class);
-    return qmm_cuda_mma_tile_grouped(launch, host, device, count);
+    return piece_class == GATHER_TILE_CLASS ? qmm_cuda_mma_tile_grouped(launch, host, device, count)
+                                            : qmm_cuda_mma_gemv_grouped(launch, host, device, count, piece_class);
 }
 
 /* The grouped launches of one class of `count` pieces: a class of ≤ QMM_CUDA_GROUPED_MAX pieces in one launch whose
@@ -2003,17 +2008,7 @@ static qmm_status gather_run(const qmm_call *call) {
         size_t at = index_bytes; /* bytes from the start of the upload (the products are 8-byte aligned there) */
         for (int c = 0; c < GATHER_CLASSES; c++)
             if (gather_class_uploaded(&plan, c + 1, grouped[c])) {
-                qmm_cuda_gemv_product *staged = (qmm_cuda_gemv_product *)(staging + at);
-                gather_grouped_products(call, &plan, gathered_x, c + 1, staged);
-                if (entries[c] != grouped[c]) /* the wgmma tile class: each product's entry once per token tile, from the
-                                               * last (its tiles start at x_row / tokens ≥ its index: nothing unread is
-                                               * overwritten) */
-                    for (size_t p = grouped[c]; p-- > 0;) {
-                        const qmm_cuda_gemv_product product = staged[p];
-                        const size_t first = product.x_row / QMM_CUDA_WGMMA_GROUPED_TOKENS;
-                        for (size_t t = gather_prepared_rows(product.M) / QMM_CUDA_WGMMA_GROUPED_TOKENS; t-- > 0;)
-                            staged[first + t] = product;
-                    }
+                gather_grouped_products(call, &plan, gathered_x, c + 1, (qmm_cuda_gemv_product *)(staging + at));
                 tables[c] = (const qmm_cuda_gemv_product *)((const char *)s->gather_upload + at);
                 at += entries[c] * sizeof(qmm_cuda_gemv_product);
             }
