@@ -223,7 +223,9 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
             }
             used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", name);
         }
-        return qmm_error(QMM_ERR_NOT_FOUND, "kernel \"%s\" is not registered (known: %s)", forced, known);
+        char shown[QMM_PRINTABLE_SIZE]; /* the caller's bytes, escaped */
+        return qmm_error(QMM_ERR_NOT_FOUND, "kernel \"%s\" is not registered (known: %s)",
+                         qmm_printable(forced, strlen(forced), shown, sizeof shown), known);
     }
     if (call->batch_invariant) {
         qmm_status status = qmm_batch_invariant_row(table, count, call, &order_row);

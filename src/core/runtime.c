@@ -917,8 +917,9 @@ int qmm_kernel_supports(const qmm_context *context, const char *name, const qmm_
     for (size_t i = 0; i < context->table_count && !row; i++)
         if (strcmp(context->table[i]->info.name, name) == 0) row = context->table[i];
     if (!row) {
-        qmm_error(QMM_ERR_NOT_FOUND, "qmm_kernel_supports: kernel \"%s\" is not registered in backend %s", name,
-                  qmm_backend_name(context->hooks->backend));
+        char shown[QMM_PRINTABLE_SIZE]; /* the caller's bytes, escaped */
+        qmm_error(QMM_ERR_NOT_FOUND, "qmm_kernel_supports: kernel \"%s\" is not registered in backend %s",
+                  qmm_printable(name, strlen(name), shown, sizeof shown), qmm_backend_name(context->hooks->backend));
         return -1;
     }
     if (status != QMM_OK) { /* M = 0 or an overflow: no kernel supports that call */

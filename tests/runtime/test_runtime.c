@@ -349,6 +349,11 @@ static void test_matmul_errors(qmm_context *context, check_rng *rng) {
     qmm_matmul_options unknown = {.op = QMM_OP_QMM_T, .kernel = "cuda.qmm_t.gemv.r8"};
     CHECK_STATUS(qmm_matmul(context, weights, x, 2, out, &unknown, NULL), QMM_ERR_NOT_FOUND);
     EXPECT_MESSAGE("kernel \"cuda.qmm_t.gemv.r8\" is not registered (known: ref.qmm_t.scalar.r1, ref.qmm_n.scalar.r1, ref.gather.blocks.r1, ref.gather.scalar.r1)");
+    /* a forced name's bytes go into the message escaped (no raw control byte) */
+    qmm_matmul_options control = {.op = QMM_OP_QMM_T, .kernel = "\x1b[31mref"};
+    CHECK_STATUS(qmm_matmul(context, weights, x, 2, out, &control, NULL), QMM_ERR_NOT_FOUND);
+    CHECK(strchr(qmm_last_error(), 0x1b) == NULL && strstr(qmm_last_error(), "[31mref") != NULL, "escaped: %s",
+          qmm_last_error());
     qmm_matmul_options wrong_op = {.op = QMM_OP_QMM_T, .kernel = "ref.qmm_n.scalar.r1"};
     CHECK_STATUS(qmm_matmul(context, weights, x, 2, out, &wrong_op, NULL), QMM_ERR_UNSUPPORTED);
     EXPECT_MESSAGE("forced kernel ref.qmm_n.scalar.r1 does not support this call (M=2, N=8, K=64, qmm_t): "
@@ -396,6 +401,8 @@ static void test_matmul_errors(qmm_context *context, check_rng *rng) {
     qmm_error_clear();
     CHECK(qmm_kernel_supports(context, "no.such.kernel", weights, 4, QMM_OP_QMM_T, &why) == -1, "unknown name");
     EXPECT_MESSAGE("qmm_kernel_supports: kernel \"no.such.kernel\" is not registered in backend ref");
+    CHECK(qmm_kernel_supports(context, "no\x1b[0m", weights, 4, QMM_OP_QMM_T, &why) == -1, "unknown name");
+    CHECK(strchr(qmm_last_error(), 0x1b) == NULL, "escaped: %s", qmm_last_error());
     CHECK(qmm_kernel_supports(context, NULL, weights, 4, QMM_OP_QMM_T, &why) == -1, "NULL name");
     CHECK(qmm_kernel_supports(NULL, "ref.qmm_t.scalar.r1", weights, 4, QMM_OP_QMM_T, &why) == -1, "NULL context");
     CHECK(qmm_kernel_supports(context, "ref.qmm_t.scalar.r1", NULL, 4, QMM_OP_QMM_T, NULL) == -1, "NULL weights");
