@@ -98,11 +98,10 @@ static qmm_status parse_entry(const cJSON *entry, size_t index, const char *orig
         return corrupt_entry(origin, index, rule);
     }
     if ((status = entry_string(entry, "dtype", 1, origin, index, &dtype_text)) != QMM_OK) return status;
-    if (strcmp(dtype_text, "f32") == 0) out->dtype = QMM_F32;
-    else if (strcmp(dtype_text, "f16") == 0) out->dtype = QMM_F16;
-    else if (strcmp(dtype_text, "bf16") == 0) out->dtype = QMM_BF16;
+    qmm_dtype dtype; /* qmm tune writes the short names; the long ones (float16, ...) are accepted too */
+    if (qmm_dtype_parse(dtype_text, &dtype) == QMM_OK && qmm_is_float_dtype(dtype)) out->dtype = dtype;
     else {
-        snprintf(rule, sizeof rule, "dtype \"%s\" is not f32, f16 or bf16",
+        snprintf(rule, sizeof rule, "dtype \"%s\" is not f32, f16 or bf16 (or float32, float16, bfloat16)",
                  qmm_printable(dtype_text, strlen(dtype_text), shown, sizeof shown));
         return corrupt_entry(origin, index, rule);
     }

@@ -93,6 +93,9 @@ for m in 0 abc -1 1.5 "" 65537 99999999999999999999999; do
 done
 expect_usage_error matmul "--dtype 'f64'" matmul "$FIXTURE" --layer $L -m 1 --dtype f64
 expect_usage_error matmul "--dtype 'int4'" matmul "$FIXTURE" --layer $L -m 1 --dtype int4
+# an argument's control bytes come back escaped, not as typed (an ESC would reach the terminal)
+expect_usage_error matmul "--dtype 'f\\x1b[2J'" matmul "$FIXTURE" --layer $L -m 1 --dtype $'f\e[2J'
+check "usage error: no raw ESC on stderr" err_lacks $'\e'
 expect_usage_error matmul "--seed 'x'" matmul "$FIXTURE" --layer $L -m 1 --seed x
 expect_usage_error matmul "--backend 'tpu'" matmul "$FIXTURE" --layer $L -m 1 --backend tpu
 expect_usage_error run "--backend 'tpu'" run --backend tpu

@@ -407,6 +407,13 @@ static void test_parser(void) {
     CHECK(tuning.count == 0, "an empty entries array is a valid, empty table");
     qmm_tuning_free(&tuning);
 
+    /* the long dtype names (qmm_dtype_parse's) are read as the short ones qmm tune writes */
+    CHECK_OK(parse(HEAD "{\"op\": \"qmm_t\", \"dtype\": \"float16\", \"bits\": 4, \"group_size\": 64, \"N\": 128, "
+                   "\"K\": 256, \"m_min\": 1, \"m_max\": 8, \"kernel\": \"fake.qmm_t.b\"}]}", &tuning, &ignored));
+    CHECK(tuning.count == 1 && tuning.entries[0].dtype == QMM_F16, "dtype \"float16\" read as f16 (%zu entries)",
+          tuning.count);
+    qmm_tuning_free(&tuning);
+
     const char *range = "\"m_min\": 1, \"m_max\": 4, \"kernel\": \"fake.qmm_t.b\"";
     char json[2048];
     expect_refused("not json", QMM_ERR_CORRUPT, "tuning table 't.json' is not valid JSON (error near byte 0 of 8)");
@@ -428,7 +435,8 @@ static void test_parser(void) {
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_x\"}]}");
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: op \"qmm_x\" is not qmm_t or qmm_n");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f64\"}]}");
-    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: dtype \"f64\" is not f32, f16 or bf16");
+    expect_refused(json, QMM_ERR_CORRUPT,
+                   "tuning table 't.json': entries[0]: dtype \"f64\" is not f32, f16 or bf16 (or float32, float16, bfloat16)");
     /* strings from the file are named printable: a control character (ESC, C1 CSI) or a bidi override escaped */
     expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1, \"backend\": \"cpu\\u001b[2J\", \"device\": \"x\", "
                    "\"entries\": []}",
@@ -438,7 +446,8 @@ static void test_parser(void) {
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm\\u001b[2J\"}]}");
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: op \"qmm\\x1b[2J\" is not qmm_t or qmm_n");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f\\u009b\"}]}");
-    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: dtype \"f\\xc2\\x9b\" is not f32, f16 or bf16");
+    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: dtype \"f\\xc2\\x9b\" is not f32, f16 or bf16 (or float32, float16, "
+                   "bfloat16)");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": \"\\u202e4\"}]}");
     expect_refused(json, QMM_ERR_CORRUPT,
                    "tuning table 't.json': entries[0]: \"bits\": \"\\xe2\\x80\\xae4\" is not a whole number from 1 to 2^53 - 1");
