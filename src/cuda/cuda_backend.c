@@ -52,6 +52,7 @@ static const char *const knob_zero_one[] = {"0", "1", NULL};
 static const char *const knob_cluster[] = {"0", "1", "require", NULL};
 static const char *const knob_paths[] = {"split", "virtual", "last", "blocks", NULL};
 static const char *const knob_tiles[] = {"0", "1", "mma", "wgmma", NULL};
+static const char *const knob_tokens[] = {"32", "64", NULL};
 
 /* Read when a context opens. */
 static const knob context_knobs[] = {
@@ -77,6 +78,8 @@ static const knob call_knobs[] = {
      "kind, of m64n64, of wgmma m64n128 (an error where the grouped wgmma tiles cannot run) where they are not cut"},
     {"QMM_CUDA_GATHER_WGMMA_BLOCKS", NULL, 1, 65535,
      "the thread blocks of the gather's persistent wgmma tile launches (tests: several work items a block)"},
+    {"QMM_CUDA_GATHER_WGMMA_TOKENS", knob_tokens, 0, 0,
+     "the tokens of the gather's grouped wgmma tiles (unset: 64; 32 pads a block of 17–32 rows less)"},
     {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
      "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
@@ -1747,9 +1750,16 @@ static qmm_status gather_staging_slot(cuda_state *s, size_t bytes, int *slot_out
     return QMM_OK;
 }
 
-/* A wgmma tile-class piece's rows in the prepared x: its rows to the end of its last tile. */
-static size_t gather_prepared_rows(size_t rows) {
-    return (rows + QMM_CUDA_WGMMA_GROUPED_TOKENS - 1) / QMM_CUDA_WGMMA_GROUPED_TOKENS * QMM_CUDA_WGMMA_GROUPED_TOKENS;
+/* A wgmma tile-class piece's rows in the prepared x: its rows to the end of its last tile of `tokens`. */
+static size_t gather_prepared_rows(size_t rows, int tokens) {
+    return (rows + (size_t)tokens - 1) / (size_t)tokens * (size_t)tokens;
+}
+
+/* The grouped wgmma tiles' tokens: QMM_CUDA_GATHER_WGMMA_TOKENS (32 or 64; CALL_KNOBS_CHECK), else
+ * QMM_CUDA_WGMMA_GROUPED_TOKENS (64). */
+static int gather_wgmma_tokens(void) {
+    const char *value = getenv("QMM_CUDA_GATHER_WGMMA_TOKENS");
+    return value && strcmp(value, "32") == 0 ? 32 : QMM_CUDA_WGMMA_GROUPED_TOKENS;
 }
 
 /* The GEMV launches' token tiles for a piece of `rows` rows: 1 (≤ 8 rows, m8n32), 2 (9–16, m16n32), else 0 (the
@@ -1779,6 +1789,7 @@ typedef struct gather_plan {
     /* the tile class in wgmma launches (GATHER_TILES_WGMMA; then its table always uploaded, each product with its x_row),
      * and whether QMM_CUDA_GATHER_TILES=wgmma asks for them (no fallback to the m64n64 launches) */
     bool wgmma, wgmma_forced;
+    int wgmma_tokens; /* the wgmma tile class's tokens per tile (gather_wgmma_tokens) */
     /* the wgmma tile class reads x through the uploaded lhs indices (some piece's rows are not consecutive rows of x):
      * its products' x is their first pair (qmm_cuda_wgmma_tile_grouped's x_rows) */
     bool x_rows;
@@ -1819,8 +1830,8 @@ static void gather_grouped_products(const qmm_call *call, const gather_plan *pla
             continue;
         }
         product.x_row = (unsigned)x_row; /* the wgmma tile class: the entry once per token tile of its region */
-        const size_t rows = gather_prepared_rows(i1 - i0);
-        for (size_t t = 0; t < rows / QMM_CUDA_WGMMA_GROUPED_TOKENS; t++) products[count++] = product;
+        const size_t rows = gather_prepared_rows(i1 - i0, plan->wgmma_tokens);
+        for (size_t t = 0; t < rows / (size_t)plan->wgmma_tokens; t++) products[count++] = product;
         x_row += rows;
     }
 }
@@ -1858,8 +1869,9 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
         const char *blocks = getenv("QMM_CUDA_GATHER_WGMMA_BLOCKS"); /* CALL_KNOBS_CHECK: 1 … 65535 */
         if (blocks && *blocks) launch.multiprocessors = (int)strtol(blocks, NULL, 10); /* the persistent grid's size */
         return launch_status(qmm_cuda_wgmma_tile_grouped(&launch, device_table, prepared_rows,
-                                                         plan->x_rows ? x_rows : NULL),
-                             "grouped wgmma_tile m64n128", __FILE__, __LINE__);
+                                                         plan->x_rows ? x_rows : NULL, plan->wgmma_tokens),
+                             plan->wgmma_tokens == 32 ? "grouped wgmma_tile m32n128" : "grouped wgmma_tile m64n128",
+                             __FILE__, __LINE__);
     }
     const char *what = piece_class == 1   ? "grouped mma_m8n32"
                        : piece_class == 2 ? "grouped mma_m16n32"
@@ -1925,7 +1937,8 @@ static qmm_status gather_run(const qmm_call *call) {
                                                         s->multiprocessors),
                         .tile_limit = tiles != GATHER_TILES_NONE ? small_rows : 0,
                         .wgmma = tiles == GATHER_TILES_WGMMA,
-                        .wgmma_forced = wgmma_forced};
+                        .wgmma_forced = wgmma_forced,
+                        .wgmma_tokens = gather_wgmma_tokens()};
     /* One pass over the pieces: the classes' counts, and whether some piece's rows of x are not consecutive rows of x
      * (then the lhs indices are uploaded): a tile piece's (tile_apart), another's (other_apart) */
     bool tile_apart = false, other_apart = false;
@@ -1938,7 +1951,7 @@ static qmm_status gather_run(const qmm_call *call) {
         }
         if (piece_class) grouped[piece_class - 1]++;
         if (piece_class == GATHER_TILE_CLASS && i1 - i0 > tile_rows) tile_rows = i1 - i0;
-        if (piece_class == GATHER_TILE_CLASS) prepared_rows += gather_prepared_rows(i1 - i0);
+        if (piece_class == GATHER_TILE_CLASS) prepared_rows += gather_prepared_rows(i1 - i0, plan.wgmma_tokens);
     }
     /* The wgmma tile class's workspace, had before anything is launched: where it cannot be — more prepared rows than
      * the launch takes, no device memory, or a stream capture it would have to grow in — the m64n64 launches take the
@@ -1949,7 +1962,7 @@ static qmm_status gather_run(const qmm_call *call) {
             if (plan.wgmma_forced)
                 return qmm_error(QMM_ERR_UNSUPPORTED, "cuda.gather.blocks.auto: QMM_CUDA_GATHER_TILES=wgmma, but the tile "
                                  "class's %zu rows of prepared x (each block to a multiple of %d) exceed 2^30",
-                                 prepared_rows, QMM_CUDA_WGMMA_GROUPED_TOKENS);
+                                 prepared_rows, plan.wgmma_tokens);
         } else {
             qmm_call sized = *call; /* the workspace's size: the prepared rows' */
             sized.M = prepared_rows;
@@ -1984,12 +1997,12 @@ static qmm_status gather_run(const qmm_call *call) {
     }
     /* The upload: [lhs indices, padded to 16 bytes][the table of each class of more than QMM_CUDA_GROUPED_MAX pieces,
      * and of the wgmma tile class, in class order (gather_class_uploaded) — the wgmma tile class's an entry per token
-     * tile, prepared_rows / QMM_CUDA_WGMMA_GROUPED_TOKENS of them (qmm_cuda_wgmma_tile_grouped)]. B ≤ 2^31 − 1
+     * tile, prepared_rows / plan.wgmma_tokens of them (qmm_cuda_wgmma_tile_grouped)]. B ≤ 2^31 − 1
      * (gather_supports), at most B products and prepared_rows ≤ 2^30: no overflow. */
     const size_t index_bytes = gather_x ? (B * sizeof(uint32_t) + 15) / 16 * 16 : 0;
     size_t entries[GATHER_CLASSES]; /* each class's table's entries */
     for (int c = 0; c < GATHER_CLASSES; c++)
-        entries[c] = c + 1 == GATHER_TILE_CLASS && plan.wgmma ? prepared_rows / QMM_CUDA_WGMMA_GROUPED_TOKENS : grouped[c];
+        entries[c] = c + 1 == GATHER_TILE_CLASS && plan.wgmma ? prepared_rows / (size_t)plan.wgmma_tokens : grouped[c];
     size_t upload_bytes = index_bytes;
     for (int c = 0; c < GATHER_CLASSES; c++)
         if (gather_class_uploaded(&plan, c + 1, grouped[c])) upload_bytes += entries[c] * sizeof(qmm_cuda_gemv_product);

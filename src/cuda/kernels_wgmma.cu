@@ -56,13 +56,13 @@
 /* (Outside the anonymous namespace: a kernel parameter's type must be one the launch stub can name.)
  * A grouped launch's work (wgmma_tile_kernel's GROUPED, qmm_cuda_wgmma_tile_grouped): for each of the `tiles` token
  * tiles of the prepared x, its product's entry (qmm_cuda_gemv_product in device memory; tile g's is that of the product
- * whose region holds prepared rows g·TOKS …: one load finds a tile's product), and x_rows, where x is read through the
+ * whose region holds prepared rows g·TOKS …, TOKS = 1 << token_shift: one load finds a tile's product), and x_rows, where x is read through the
  * gather's lhs indices (a product's `x` then its first pair: its row m is x's row x_rows[x + m]), else NULL (its `x` an
  * offset from x in elements). Empty for the other launches. */
 struct wgmma_grouped_work {
     const qmm_cuda_gemv_product *tile_products;
     const unsigned *x_rows;
-    int tiles;
+    int tiles, token_shift; /* the token tiles, and log2 of their tokens (the launch's TOKS: 5 or 6) */
 };
 
 namespace {
@@ -910,9 +910,9 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
     /* launch_wgmma starts m_pad / PREP_ROWS · super_blocks · BPS · 4 threads (a multiple of 256: m_pad of 128), a thread
      * for rows PREP_ROWS · q … + PREP_ROWS − 1 of one piece, so every warp is whole for the shuffles. Grouped
      * (group.tile_products: launch_wgmma_grouped; M the prepared rows, a multiple of 64; M / PREP_ROWS · super_blocks ·
-     * BPS · 4 threads, a multiple of 128, in blocks of 256: a last block's second half returns at once): prepared row m is
-     * row m − x_row of the product group.tile_products[m / 64] (QMM_CUDA_WGMMA_GROUPED_TOKENS; one for a thread's
-     * rows), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row without x_rows) up to its M, zeros after (its last
+     * BPS · 4 threads, a multiple of 32, in blocks of 256: a last block's surplus warps return at once): prepared row m
+     * is row m − x_row of the product group.tile_products[m >> token_shift] (the grouped tile's tokens, 32 or 64; one for
+     * a thread's rows), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row without x_rows) up to its M, zeros after (its last
      * tile's). */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int piece = (int)(index & 3), j = (int)(index / 4 % L::BPS);
@@ -929,7 +929,7 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
     const int sg = j / L::SEG_BLOCKS, blk = sbk * L::BPS + j, m0 = quad * PREP_ROWS;
     /* the rows' pieces first, loads together (x's row for prepared row m; zeros past M, past K and past a product's M) */
     uint4 v[PREP_ROWS];
-    const qmm_cuda_gemv_product *e = group.tile_products ? group.tile_products + m0 / QMM_CUDA_WGMMA_GROUPED_TOKENS : nullptr;
+    const qmm_cuda_gemv_product *e = group.tile_products ? group.tile_products + (m0 >> group.token_shift) : nullptr;
 #pragma unroll
     for (int r = 0; r < PREP_ROWS; r++) {
         const int m = m0 + r;
@@ -1183,7 +1183,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
 template <int BITS, typename T, int GS, int TOKS>
 static int launch_wgmma_grouped(const qmm_cuda_launch *c, const wgmma_grouped_work &work_of, size_t prepared_rows) {
     using P = wgmma_layout<BITS, GS, TOKS, true>;
-    static_assert(TOKS == QMM_CUDA_WGMMA_GROUPED_TOKENS, "wgmma_prepare_x's grouped form finds a row's product by it");
+    static_assert(TOKS == 32 || TOKS == 64, "wgmma_prepare_x's grouped form finds a row's product by log2 TOKS");
     auto kernel = wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 0, true>;
     static unsigned long long opted_in = 0;
     int status = shared_memory_opt_in(kernel, (size_t)P::SHARED, &opted_in);
@@ -1198,7 +1198,7 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const wgmma_grouped_wo
     const long long work = (long long)((c->N + WG_ROWS - 1) / WG_ROWS) * (long long)(prepared_rows / TOKS);
     const long long blocks = c->multiprocessors > 0 && c->multiprocessors < work ? c->multiprocessors : work;
     if (work > (long long)INT_MAX - blocks) return (int)cudaErrorInvalidValue;
-    const size_t threads = prepared_rows / PREP_ROWS * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* × 128 */
+    const size_t threads = prepared_rows / PREP_ROWS * ((c->K / 32 + P::BPS - 1) / P::BPS * P::BPS * 4); /* × 64 */
     if ((threads + 255) / 256 > (size_t)INT_MAX) return (int)cudaErrorInvalidValue;
     status = launch_kernel(wgmma_prepare_x<BITS, T, GS>, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0, c->stream, false,
                            (const T *)c->x, x_prepared, sums, (int)prepared_rows, (int)c->K, work_of);
@@ -1214,14 +1214,18 @@ static int launch_wgmma_grouped(const qmm_cuda_launch *c, const wgmma_grouped_wo
                          (int)c->N, (int)c->K, 0, 0, work_of);
 }
 
-template <int BITS, typename T>
-static int wgmma_grouped_group(const qmm_cuda_launch *c, const wgmma_grouped_work &work, size_t rows) {
-    constexpr int TOKS = QMM_CUDA_WGMMA_GROUPED_TOKENS;
+template <int BITS, typename T, int TOKS>
+static int wgmma_grouped_tokens(const qmm_cuda_launch *c, const wgmma_grouped_work &work, size_t rows) {
     switch (c->group_size) {
     case 32: return launch_wgmma_grouped<BITS, T, 32, TOKS>(c, work, rows);
     case 64: return launch_wgmma_grouped<BITS, T, 64, TOKS>(c, work, rows);
     default: return launch_wgmma_grouped<BITS, T, 128, TOKS>(c, work, rows);
     }
+}
+template <int BITS, typename T>
+static int wgmma_grouped_group(const qmm_cuda_launch *c, const wgmma_grouped_work &work, size_t rows) {
+    return work.token_shift == 5 ? wgmma_grouped_tokens<BITS, T, 32>(c, work, rows)
+                                 : wgmma_grouped_tokens<BITS, T, 64>(c, work, rows);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {
@@ -1245,13 +1249,12 @@ extern "C" size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t
 }
 
 extern "C" int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *tile_products,
-                                          size_t prepared_rows, const unsigned *x_rows) {
-    if (!tile_products || !c->wgmma_prepared || c->dtype == 0 || prepared_rows < 1 ||
-        prepared_rows % QMM_CUDA_WGMMA_GROUPED_TOKENS || prepared_rows > QMM_CUDA_WGMMA_GROUPED_ROWS_MAX ||
+                                          size_t prepared_rows, const unsigned *x_rows, int tokens) {
+    if (!tile_products || !c->wgmma_prepared || c->dtype == 0 || (tokens != 32 && tokens != 64) || prepared_rows < 1 ||
+        prepared_rows % (size_t)tokens || prepared_rows > QMM_CUDA_WGMMA_GROUPED_ROWS_MAX ||
         (c->bits != 4 && c->bits != 8))
         return (int)cudaErrorInvalidValue;
-    const wgmma_grouped_work work{tile_products, x_rows,
-                                  (int)(prepared_rows / QMM_CUDA_WGMMA_GROUPED_TOKENS)};
+    const wgmma_grouped_work work{tile_products, x_rows, (int)(prepared_rows / (size_t)tokens), tokens == 32 ? 5 : 6};
     if (c->bits == 4)
         return c->dtype == 1 ? wgmma_grouped_group<4, __half>(c, work, prepared_rows)
                              : wgmma_grouped_group<4, __nv_bfloat16>(c, work, prepared_rows);
