@@ -52,7 +52,7 @@ static const char *const knob_zero_one[] = {"0", "1", NULL};
 static const char *const knob_cluster[] = {"0", "1", "require", NULL};
 static const char *const knob_paths[] = {"split", "virtual", "last", "blocks", NULL};
 static const char *const knob_tiles[] = {"0", "1", "mma", "wgmma", NULL};
-static const char *const knob_tokens[] = {"32", "64", NULL};
+static const char *const knob_tokens[] = {"32", "64", "128", NULL};
 
 /* Read when a context opens. */
 static const knob context_knobs[] = {
@@ -79,7 +79,7 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_GATHER_WGMMA_BLOCKS", NULL, 1, 65535,
      "the thread blocks of the gather's persistent wgmma tile launches (tests: several work items a block)"},
     {"QMM_CUDA_GATHER_WGMMA_TOKENS", knob_tokens, 0, 0,
-     "the tokens of the gather's grouped wgmma tiles (unset: 64; 32 pads a block of 17–32 rows less)"},
+     "the tokens of the gather's grouped wgmma tiles (unset: 64; 32 pads a block of 17–32 rows less, 128 decodes a large block's weights half as often)"},
     {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
      "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
@@ -1755,11 +1755,11 @@ static size_t gather_prepared_rows(size_t rows, int tokens) {
     return (rows + (size_t)tokens - 1) / (size_t)tokens * (size_t)tokens;
 }
 
-/* The grouped wgmma tiles' tokens: QMM_CUDA_GATHER_WGMMA_TOKENS (32 or 64; CALL_KNOBS_CHECK), else
+/* The grouped wgmma tiles' tokens: QMM_CUDA_GATHER_WGMMA_TOKENS (32, 64 or 128; CALL_KNOBS_CHECK), else
  * QMM_CUDA_WGMMA_GROUPED_TOKENS (64). */
 static int gather_wgmma_tokens(void) {
     const char *value = getenv("QMM_CUDA_GATHER_WGMMA_TOKENS");
-    return value && strcmp(value, "32") == 0 ? 32 : QMM_CUDA_WGMMA_GROUPED_TOKENS;
+    return !value || !*value ? QMM_CUDA_WGMMA_GROUPED_TOKENS : (int)strtol(value, NULL, 10);
 }
 
 /* The GEMV launches' token tiles for a piece of `rows` rows: 1 (≤ 8 rows, m8n32), 2 (9–16, m16n32), else 0 (the
@@ -1870,7 +1870,9 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
         if (blocks && *blocks) launch.multiprocessors = (int)strtol(blocks, NULL, 10); /* the persistent grid's size */
         return launch_status(qmm_cuda_wgmma_tile_grouped(&launch, device_table, prepared_rows,
                                                          plan->x_rows ? x_rows : NULL, plan->wgmma_tokens),
-                             plan->wgmma_tokens == 32 ? "grouped wgmma_tile m32n128" : "grouped wgmma_tile m64n128",
+                             plan->wgmma_tokens == 32   ? "grouped wgmma_tile m32n128"
+                             : plan->wgmma_tokens == 64 ? "grouped wgmma_tile m64n128"
+                                                        : "grouped wgmma_tile m128n128",
                              __FILE__, __LINE__);
     }
     const char *what = piece_class == 1   ? "grouped mma_m8n32"

@@ -913,16 +913,17 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * m64n64 tile launches (QMM_CUDA_GATHER_TILES=mma, QMM_CUDA_GATHER_CHUNK_ROWS=16: none cut, however few),
          * sorted or not. Variants 0–1 on Hopper: every such block in the wgmma tile launches, required
          * (QMM_CUDA_GATHER_TILES=wgmma, QMM_CUDA_GATHER_CHUNK_ROWS=16); elsewhere and in 4–5 the default rule (a
-         * tile class of fewer thread blocks than SMs cut into chunks). 14, on Hopper only: sorted, the wgmma tile
-         * launches required with tiles of 32 tokens (QMM_CUDA_GATHER_WGMMA_TOKENS=32). */
+         * tile class of fewer thread blocks than SMs cut into chunks). 14–15, on Hopper only: sorted, the wgmma tile
+         * launches required with tiles of 32 and 128 tokens (QMM_CUDA_GATHER_WGMMA_TOKENS). */
         /* whether the format groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
         const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
-        for (int variant = 0; variant < 15; variant++) {
-            const int tokens32 = variant == 14, invariant = variant == 6 || variant == 7, knobbed = variant >= 8;
-            const int sorted = (variant & 1) || tokens32, cut = variant == 8 || variant == 9;
+        for (int variant = 0; variant < 16; variant++) {
+            const int tokens = variant == 14 ? 32 : variant == 15 ? 128 : 0; /* QMM_CUDA_GATHER_WGMMA_TOKENS */
+            const int invariant = variant == 6 || variant == 7, knobbed = variant >= 8;
+            const int sorted = (variant & 1) || tokens, cut = variant == 8 || variant == 9;
             const int untiled = variant == 10 || variant == 11, mma_tiles = variant == 12 || variant == 13;
-            const int wgmma_tiles = (variant <= 1 || tokens32) && hopper && groups;
-            if (tokens32 && !wgmma_tiles) continue;
+            const int wgmma_tiles = (variant <= 1 || tokens) && hopper && groups;
+            if (tokens && !wgmma_tiles) continue;
             const int grouped = invariant || knobbed || !(variant & 2), lhs_null = variant == 4 || variant == 5;
             if (((sorted || !grouped || invariant || knobbed) && B > 5000) || (lhs_null && A != 1) ||
                 (knobbed && !groups))
@@ -963,7 +964,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             if (untiled || mma_tiles || wgmma_tiles)
                 setenv("QMM_CUDA_GATHER_TILES", untiled ? "0" : mma_tiles ? "mma" : "wgmma", 1);
             if (wgmma_tiles && sorted) setenv("QMM_CUDA_GATHER_WGMMA_BLOCKS", "3", 1); /* items past the stages */
-            if (tokens32) setenv("QMM_CUDA_GATHER_WGMMA_TOKENS", "32", 1);
+            if (tokens) setenv("QMM_CUDA_GATHER_WGMMA_TOKENS", tokens == 32 ? "32" : "128", 1);
             CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, &ran));
             unsetenv("QMM_CUDA_GATHER_GROUPED");
             unsetenv("QMM_CUDA_GATHER_CHUNK_ROWS");
@@ -985,7 +986,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                      lhs_null ? ", lhs_indices NULL" : "", invariant ? ", batch-invariant" : "",
                      untiled ? ", blocks of > 16 rows a launch each" : cut ? ", blocks of 17-256 rows cut" : "",
                      mma_tiles ? ", m64n64 tiles"
-                     : tokens32 ? ", wgmma tiles of 32 tokens required, 3 thread blocks"
+                     : tokens == 32  ? ", wgmma tiles of 32 tokens required, 3 thread blocks"
+                     : tokens == 128 ? ", wgmma tiles of 128 tokens required, 3 thread blocks"
                      : wgmma_tiles ? (sorted ? ", wgmma tiles required, 3 thread blocks" : ", wgmma tiles required")
                                    : "");
             double worst = 0;
@@ -1270,7 +1272,7 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                         {"QMM_CUDA_GATHER_CHUNK_ROWS", "15", "16–1073741824", NULL},
                         {"QMM_CUDA_GATHER_TILES", "2", "0, 1, mma, wgmma", NULL},
                         {"QMM_CUDA_GATHER_WGMMA_BLOCKS", "0", "1–65535", NULL},
-                        {"QMM_CUDA_GATHER_WGMMA_TOKENS", "128", "32, 64", NULL}};
+                        {"QMM_CUDA_GATHER_WGMMA_TOKENS", "96", "32, 64, 128", NULL}};
         CHECK_OK(qmm_buffer_poison(p.out)); /* once: every refusal below must leave it so */
         for (size_t i = 0; i < sizeof bad_call / sizeof bad_call[0]; i++) {
             const size_t M = bad_call[i].row && strstr(bad_call[i].row, ".m8n") ? 8 : p.M; /* m8n64 takes M ≤ 8 */
