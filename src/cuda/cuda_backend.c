@@ -1812,7 +1812,7 @@ static int gather_piece_class(const qmm_call *call, const gather_plan *plan, siz
 /* The products of one class of pieces (gather_piece_end: expert blocks or their chunks) for the grouped launches
  * (gather_piece_class), in pair order, into products (room for all of them) — the wgmma tile class's (plan->wgmma) an
  * entry per token tile of its prepared x (qmm_cuda_wgmma_tile_grouped's tile_products: prepared_rows /
- * QMM_CUDA_WGMMA_GROUPED_TOKENS of them), each with its piece's region from x_row, x its first pair where plan->x_rows. */
+ * plan->wgmma_tokens of them), each with its piece's region from x_row, x its first pair where plan->x_rows. */
 static void gather_grouped_products(const qmm_call *call, const gather_plan *plan, const char *gathered_x,
                                     int piece_class, qmm_cuda_gemv_product *products) {
     size_t count = 0, x_row = 0; /* the wgmma tile class: each piece's region of the prepared x (gather_prepared_rows) */
