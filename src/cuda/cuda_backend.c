@@ -52,7 +52,7 @@ static const char *const knob_zero_one[] = {"0", "1", NULL};
 static const char *const knob_cluster[] = {"0", "1", "require", NULL};
 static const char *const knob_paths[] = {"split", "virtual", "last", "blocks", NULL};
 static const char *const knob_tiles[] = {"0", "1", "mma", "wgmma", NULL};
-static const char *const knob_tokens[] = {"32", "64", "128", NULL};
+static const char *const knob_tokens[] = {"32", "64", NULL};
 
 /* Read when a context opens. */
 static const knob context_knobs[] = {
@@ -79,7 +79,8 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_GATHER_WGMMA_BLOCKS", NULL, 1, 65535,
      "the thread blocks of the gather's persistent wgmma tile launches (tests: several work items a block)"},
     {"QMM_CUDA_GATHER_WGMMA_TOKENS", knob_tokens, 0, 0,
-     "the tokens of the gather's grouped wgmma tiles (unset: 64; 32 pads a block of 17–32 rows less, 128 decodes a large block's weights half as often)"},
+     "the tokens of the gather's grouped wgmma tiles (unset: 32 where the tile class's largest block has <= 32 rows, "
+     "else 64)"},
     {"QMM_CUDA_GATHER_CHUNK_ROWS", NULL, 16, 1L << 30,
      "the largest expert block the default mode cuts into chunks of 16 rows for the grouped launches (16: none)"},
 };
@@ -1661,7 +1662,7 @@ static size_t gather_small_rows(const qmm_call *call) {
     return (size_t)(GATHER_GROUPED_MACS / (per_row ? per_row : 1));
 }
 /* Which grouped tile launches take this call's blocks of small work (QMM_CUDA_GATHER_TILES, CALL_KNOBS_CHECK: 0, 1,
- * mma or wgmma): none (0); the wgmma tile of QMM_CUDA_WGMMA_GROUPED_TOKENS tokens where its row takes an expert block
+ * mma or wgmma): none (0); the wgmma tile (32 or 64 tokens: gather_wgmma_tokens) where its row takes an expert block
  * of this format (wgmma_supports: a Hopper device) — by default, or forced by `wgmma` (then GATHER_TILES_REFUSED where
  * it cannot, why_not says why; *wgmma_only says it was forced); else, or forced by `mma`, the m64n64 mma_tile where it takes one (tile_supports: its
  * shared memory, K). A block of small work has rows ≤ 2^30 / (N·K) ≤ 2^21: grid.y ≤ 32768 tiles of m64n64; the wgmma
@@ -1755,11 +1756,15 @@ static size_t gather_prepared_rows(size_t rows, int tokens) {
     return (rows + (size_t)tokens - 1) / (size_t)tokens * (size_t)tokens;
 }
 
-/* The grouped wgmma tiles' tokens: QMM_CUDA_GATHER_WGMMA_TOKENS (32, 64 or 128; CALL_KNOBS_CHECK), else
- * QMM_CUDA_WGMMA_GROUPED_TOKENS (64). */
-static int gather_wgmma_tokens(void) {
+/* The grouped wgmma tiles' tokens for a tile class whose largest block has tile_rows rows: QMM_CUDA_GATHER_WGMMA_TOKENS
+ * (32 or 64; CALL_KNOBS_CHECK) where set, else 32 where every block fits one 32-token tile, else 64. Measured on the
+ * H100 (docs/PERF.md, forty-fifth session), Qwen3-30B-A3B's experts: at T = 256 (blocks of 17–30 rows in the class)
+ * the 32-token tiles took 0.89–0.90× the time of the 64-token ones, which pad those blocks to 64 rows; at T = 512
+ * (blocks of up to about 50 rows) 1.01–1.08× (a block of 33–64 rows decodes its weights twice in 32-token tiles). */
+static int gather_wgmma_tokens(size_t tile_rows) {
     const char *value = getenv("QMM_CUDA_GATHER_WGMMA_TOKENS");
-    return !value || !*value ? QMM_CUDA_WGMMA_GROUPED_TOKENS : (int)strtol(value, NULL, 10);
+    if (value && *value) return (int)strtol(value, NULL, 10);
+    return tile_rows <= 32 ? 32 : 64;
 }
 
 /* The GEMV launches' token tiles for a piece of `rows` rows: 1 (≤ 8 rows, m8n32), 2 (9–16, m16n32), else 0 (the
@@ -1870,9 +1875,7 @@ static qmm_status gather_grouped_launches(const qmm_call *call, const gather_pla
         if (blocks && *blocks) launch.multiprocessors = (int)strtol(blocks, NULL, 10); /* the persistent grid's size */
         return launch_status(qmm_cuda_wgmma_tile_grouped(&launch, device_table, prepared_rows,
                                                          plan->x_rows ? x_rows : NULL, plan->wgmma_tokens),
-                             plan->wgmma_tokens == 32   ? "grouped wgmma_tile m32n128"
-                             : plan->wgmma_tokens == 64 ? "grouped wgmma_tile m64n128"
-                                                        : "grouped wgmma_tile m128n128",
+                             plan->wgmma_tokens == 32 ? "grouped wgmma_tile m32n128" : "grouped wgmma_tile m64n128",
                              __FILE__, __LINE__);
     }
     const char *what = piece_class == 1   ? "grouped mma_m8n32"
@@ -1917,7 +1920,7 @@ static qmm_status gather_run(const qmm_call *call) {
     /* Pieces (gather_piece_end) go to the grouped launches when grouping: grouped[0] of ≤ 8 rows, grouped[1] of 9–16
      * (in batch-invariant mode all in grouped[1]), grouped[2] the larger ones where the tile launches take them
      * (gather_piece_class − 1); the others get a launch each on the row the selector picks. */
-    size_t grouped[GATHER_CLASSES] = {0, 0, 0}, tile_rows = 0, prepared_rows = 0;
+    size_t grouped[GATHER_CLASSES] = {0, 0, 0}, tile_rows = 0, prepared_rows = 0, prepared_32 = 0;
     char why_not[256] = "";
     const int forced = gather_grouped_forced();
     const bool grouping = gather_grouping(call, forced, why_not, sizeof why_not);
@@ -1939,8 +1942,7 @@ static qmm_status gather_run(const qmm_call *call) {
                                                         s->multiprocessors),
                         .tile_limit = tiles != GATHER_TILES_NONE ? small_rows : 0,
                         .wgmma = tiles == GATHER_TILES_WGMMA,
-                        .wgmma_forced = wgmma_forced,
-                        .wgmma_tokens = gather_wgmma_tokens()};
+                        .wgmma_forced = wgmma_forced};
     /* One pass over the pieces: the classes' counts, and whether some piece's rows of x are not consecutive rows of x
      * (then the lhs indices are uploaded): a tile piece's (tile_apart), another's (other_apart) */
     bool tile_apart = false, other_apart = false;
@@ -1953,8 +1955,13 @@ static qmm_status gather_run(const qmm_call *call) {
         }
         if (piece_class) grouped[piece_class - 1]++;
         if (piece_class == GATHER_TILE_CLASS && i1 - i0 > tile_rows) tile_rows = i1 - i0;
-        if (piece_class == GATHER_TILE_CLASS) prepared_rows += gather_prepared_rows(i1 - i0, plan.wgmma_tokens);
+        if (piece_class == GATHER_TILE_CLASS) { /* the prepared rows with tiles of 64 and of 32 tokens */
+            prepared_rows += gather_prepared_rows(i1 - i0, 64);
+            prepared_32 += gather_prepared_rows(i1 - i0, 32);
+        }
     }
+    plan.wgmma_tokens = gather_wgmma_tokens(tile_rows);
+    if (plan.wgmma_tokens == 32) prepared_rows = prepared_32;
     /* The wgmma tile class's workspace, had before anything is launched: where it cannot be — more prepared rows than
      * the launch takes, no device memory, or a stream capture it would have to grow in — the m64n64 launches take the
      * class (the same pieces), unless QMM_CUDA_GATHER_TILES=wgmma asked for wgmma (then an error, nothing enqueued). */

@@ -124,7 +124,7 @@ void qmm_cuda_mma_tile_shape(int tile, int bits, int *bn, int *bm, int *threads,
  * wgmma with the decoded weights in registers; any M (≤ 65535 tiles), any N, any K multiple of the group. Same
  * needs as mma_gemv, and a Hopper (compute capability 9.0) device. */
 int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *launch, int tokens);
-/* Products of one shape in one launch of the wgmma tile of `tokens` (32, 64 or 128) tokens (PREP, unsplit; the
+/* Products of one shape in one launch of the wgmma tile of `tokens` (32 or 64) tokens (PREP, unsplit; the
  * gather's larger expert blocks, cuda_backend.c), after a pre-pass that prepares every product's x. The products are
  * as for qmm_cuda_mma_gemv_grouped, each with x_row, its first row in the prepared x — a multiple of the tokens, the
  * products' regions (M rounded up to the tokens) tiling prepared_rows (a multiple of the tokens, ≤
@@ -134,7 +134,7 @@ int qmm_cuda_wgmma_tile_qmm_t(const qmm_cuda_launch *launch, int tokens);
  * pair (the gather's lhs indices; each product's x then its first pair: its row m is x's row x_rows[x + m]).
  * launch->wgmma_prepared a workspace of qmm_cuda_wgmma_prepared_bytes(bits, group_size, prepared_rows, K); launch->x,
  * packed, sb, w, scales, biases, out the bases (launch->M unused). Same needs as qmm_cuda_wgmma_tile_qmm_t. */
-#define QMM_CUDA_WGMMA_GROUPED_TOKENS 64 /* the default; QMM_CUDA_GATHER_WGMMA_TOKENS=32 asks for 32 */
+#define QMM_CUDA_WGMMA_GROUPED_TOKENS 64 /* the largest (cuda_backend.c's gather_wgmma_tokens picks 32 or 64) */
 /* the most prepared rows a grouped launch takes (2^30: the rows, their tiles' coordinates and x_sums' rows rounded up
  * to 128 stay ints) */
 #define QMM_CUDA_WGMMA_GROUPED_ROWS_MAX (1u << 30)

@@ -56,13 +56,13 @@
 /* (Outside the anonymous namespace: a kernel parameter's type must be one the launch stub can name.)
  * A grouped launch's work (wgmma_tile_kernel's GROUPED, qmm_cuda_wgmma_tile_grouped): for each of the `tiles` token
  * tiles of the prepared x, its product's entry (qmm_cuda_gemv_product in device memory; tile g's is that of the product
- * whose region holds prepared rows g·TOKS …, TOKS = 1 << token_shift: one load finds a tile's product), and x_rows, where x is read through the
- * gather's lhs indices (a product's `x` then its first pair: its row m is x's row x_rows[x + m]), else NULL (its `x` an
- * offset from x in elements). Empty for the other launches. */
+ * whose region holds prepared rows g·TOKS …, TOKS = 1 << token_shift: one load finds a tile's product), and x_rows,
+ * where x is read through the gather's lhs indices (a product's `x` then its first pair: its row m is x's row
+ * x_rows[x + m]), else NULL (its `x` an offset from x in elements). Empty for the other launches. */
 struct wgmma_grouped_work {
     const qmm_cuda_gemv_product *tile_products;
     const unsigned *x_rows;
-    int tiles, token_shift; /* the token tiles, and log2 of their tokens (the launch's TOKS: 5, 6 or 7) */
+    int tiles, token_shift; /* the token tiles, and log2 of their tokens (the launch's TOKS: 5 or 6) */
 };
 
 namespace {
@@ -911,7 +911,7 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
      * for rows PREP_ROWS · q … + PREP_ROWS − 1 of one piece, so every warp is whole for the shuffles. Grouped
      * (group.tile_products: launch_wgmma_grouped; M the prepared rows, a multiple of 64; M / PREP_ROWS · super_blocks ·
      * BPS · 4 threads, a multiple of 32, in blocks of 256: a last block's surplus warps return at once): prepared row m
-     * is row m − x_row of the product group.tile_products[m >> token_shift] (the grouped tile's tokens, 32, 64 or 128; one
+     * is row m − x_row of the product group.tile_products[m >> token_shift] (the grouped tile's tokens, 32 or 64; one
      * for a thread's rows), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row without x_rows) up to its M, zeros after (its last
      * tile's). */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1183,7 +1183,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
 template <int BITS, typename T, int GS, int TOKS>
 static int launch_wgmma_grouped(const qmm_cuda_launch *c, const wgmma_grouped_work &work_of, size_t prepared_rows) {
     using P = wgmma_layout<BITS, GS, TOKS, true>;
-    static_assert(TOKS == 32 || TOKS == 64 || TOKS == 128, "wgmma_prepare_x's grouped form finds a row's product by log2 TOKS");
+    static_assert(TOKS == 32 || TOKS == 64, "wgmma_prepare_x's grouped form finds a row's product by log2 TOKS");
     auto kernel = wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 0, true>;
     static unsigned long long opted_in = 0;
     int status = shared_memory_opt_in(kernel, (size_t)P::SHARED, &opted_in);
@@ -1224,9 +1224,8 @@ static int wgmma_grouped_tokens(const qmm_cuda_launch *c, const wgmma_grouped_wo
 }
 template <int BITS, typename T>
 static int wgmma_grouped_group(const qmm_cuda_launch *c, const wgmma_grouped_work &work, size_t rows) {
-    return work.token_shift == 5   ? wgmma_grouped_tokens<BITS, T, 32>(c, work, rows)
-           : work.token_shift == 7 ? wgmma_grouped_tokens<BITS, T, 128>(c, work, rows)
-                                   : wgmma_grouped_tokens<BITS, T, 64>(c, work, rows);
+    return work.token_shift == 5 ? wgmma_grouped_tokens<BITS, T, 32>(c, work, rows)
+                                 : wgmma_grouped_tokens<BITS, T, 64>(c, work, rows);
 }
 
 template <int BITS, typename T, int TOKS> static int wgmma_group(const qmm_cuda_launch *c) {
@@ -1251,12 +1250,12 @@ extern "C" size_t qmm_cuda_wgmma_prepared_bytes(int bits, int group_size, size_t
 
 extern "C" int qmm_cuda_wgmma_tile_grouped(const qmm_cuda_launch *c, const qmm_cuda_gemv_product *tile_products,
                                           size_t prepared_rows, const unsigned *x_rows, int tokens) {
-    if (!tile_products || !c->wgmma_prepared || c->dtype == 0 || (tokens != 32 && tokens != 64 && tokens != 128) || prepared_rows < 1 ||
+    if (!tile_products || !c->wgmma_prepared || c->dtype == 0 || (tokens != 32 && tokens != 64) || prepared_rows < 1 ||
         prepared_rows % (size_t)tokens || prepared_rows > QMM_CUDA_WGMMA_GROUPED_ROWS_MAX ||
         (c->bits != 4 && c->bits != 8))
         return (int)cudaErrorInvalidValue;
     const wgmma_grouped_work work{tile_products, x_rows, (int)(prepared_rows / (size_t)tokens),
-                                  tokens == 32 ? 5 : tokens == 64 ? 6 : 7};
+                                  tokens == 32 ? 5 : 6};
     if (c->bits == 4)
         return c->dtype == 1 ? wgmma_grouped_group<4, __half>(c, work, prepared_rows)
                              : wgmma_grouped_group<4, __nv_bfloat16>(c, work, prepared_rows);

@@ -914,11 +914,12 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * sorted or not. Variants 0–1 on Hopper: every such block in the wgmma tile launches, required
          * (QMM_CUDA_GATHER_TILES=wgmma, QMM_CUDA_GATHER_CHUNK_ROWS=16); elsewhere and in 4–5 the default rule (a
          * tile class of fewer thread blocks than SMs cut into chunks). 14–15, on Hopper only: sorted, the wgmma tile
-         * launches required with tiles of 32 and 128 tokens (QMM_CUDA_GATHER_WGMMA_TOKENS). */
+         * launches required with tiles of 32 and of 64 tokens (QMM_CUDA_GATHER_WGMMA_TOKENS; unset, the blocks' sizes
+         * pick). */
         /* whether the format groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
         const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
         for (int variant = 0; variant < 16; variant++) {
-            const int tokens = variant == 14 ? 32 : variant == 15 ? 128 : 0; /* QMM_CUDA_GATHER_WGMMA_TOKENS */
+            const int tokens = variant == 14 ? 32 : variant == 15 ? 64 : 0; /* QMM_CUDA_GATHER_WGMMA_TOKENS */
             const int invariant = variant == 6 || variant == 7, knobbed = variant >= 8;
             const int sorted = (variant & 1) || tokens, cut = variant == 8 || variant == 9;
             const int untiled = variant == 10 || variant == 11, mma_tiles = variant == 12 || variant == 13;
@@ -964,7 +965,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             if (untiled || mma_tiles || wgmma_tiles)
                 setenv("QMM_CUDA_GATHER_TILES", untiled ? "0" : mma_tiles ? "mma" : "wgmma", 1);
             if (wgmma_tiles && sorted) setenv("QMM_CUDA_GATHER_WGMMA_BLOCKS", "3", 1); /* items past the stages */
-            if (tokens) setenv("QMM_CUDA_GATHER_WGMMA_TOKENS", tokens == 32 ? "32" : "128", 1);
+            if (tokens) setenv("QMM_CUDA_GATHER_WGMMA_TOKENS", tokens == 32 ? "32" : "64", 1);
             CHECK_OK(qmm_gather_matmul(context, experts, xb, T, lhs_used, rhs, B, ob, &options, &ran));
             unsetenv("QMM_CUDA_GATHER_GROUPED");
             unsetenv("QMM_CUDA_GATHER_CHUNK_ROWS");
@@ -987,7 +988,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                      untiled ? ", blocks of > 16 rows a launch each" : cut ? ", blocks of 17-256 rows cut" : "",
                      mma_tiles ? ", m64n64 tiles"
                      : tokens == 32  ? ", wgmma tiles of 32 tokens required, 3 thread blocks"
-                     : tokens == 128 ? ", wgmma tiles of 128 tokens required, 3 thread blocks"
+                     : tokens == 64  ? ", wgmma tiles of 64 tokens required, 3 thread blocks"
                      : wgmma_tiles ? (sorted ? ", wgmma tiles required, 3 thread blocks" : ", wgmma tiles required")
                                    : "");
             double worst = 0;
@@ -1272,7 +1273,7 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                         {"QMM_CUDA_GATHER_CHUNK_ROWS", "15", "16–1073741824", NULL},
                         {"QMM_CUDA_GATHER_TILES", "2", "0, 1, mma, wgmma", NULL},
                         {"QMM_CUDA_GATHER_WGMMA_BLOCKS", "0", "1–65535", NULL},
-                        {"QMM_CUDA_GATHER_WGMMA_TOKENS", "96", "32, 64, 128", NULL}};
+                        {"QMM_CUDA_GATHER_WGMMA_TOKENS", "128", "32, 64", NULL}};
         CHECK_OK(qmm_buffer_poison(p.out)); /* once: every refusal below must leave it so */
         for (size_t i = 0; i < sizeof bad_call / sizeof bad_call[0]; i++) {
             const size_t M = bad_call[i].row && strstr(bad_call[i].row, ".m8n") ? 8 : p.M; /* m8n64 takes M ≤ 8 */
