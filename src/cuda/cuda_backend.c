@@ -1759,8 +1759,9 @@ static size_t gather_prepared_rows(size_t rows, int tokens) {
 /* The grouped wgmma tiles' tokens for a tile class whose largest block has tile_rows rows: QMM_CUDA_GATHER_WGMMA_TOKENS
  * (32 or 64; CALL_KNOBS_CHECK) where set, else 32 where every block fits one 32-token tile, else 64. Measured on the
  * H100 (docs/PERF.md, forty-fifth session), Qwen3-30B-A3B's experts: at T = 256 (blocks of 17–30 rows in the class)
- * the 32-token tiles took 0.89–0.90× the time of the 64-token ones, which pad those blocks to 64 rows; at T = 512
- * (blocks of up to about 50 rows) 1.01–1.08× (a block of 33–64 rows decodes its weights twice in 32-token tiles). */
+ * the 32-token tiles took 0.89–0.92× the time of the 64-token ones, which pad those blocks to 64 rows; at T = 512
+ * (blocks of up to about 50 rows) 0.97–1.08× (gate_up 1.03–1.08: a block of 33–64 rows decodes its weights twice in
+ * 32-token tiles). */
 static int gather_wgmma_tokens(size_t tile_rows) {
     const char *value = getenv("QMM_CUDA_GATHER_WGMMA_TOKENS");
     if (value && *value) return (int)strtol(value, NULL, 10);
