@@ -75,7 +75,7 @@ static const knob call_knobs[] = {
      "0: a launch per expert block, 1: grouped launches (an error where they cannot run)"},
     {"QMM_CUDA_GATHER_TILES", knob_tiles, 0, 0,
      "0: the gather's blocks that are not cut get a launch each; 1, mma, wgmma: grouped tile launches of the default "
-     "kind, of m64n64, of wgmma m64n128 (an error where the grouped wgmma tiles cannot run) where they are not cut"},
+     "kind, of m64n64, of wgmma m32n128/m64n128 (an error where the grouped wgmma tiles cannot run) where they are not cut"},
     {"QMM_CUDA_GATHER_WGMMA_BLOCKS", NULL, 1, 65535,
      "the thread blocks of the gather's persistent wgmma tile launches (tests: several work items a block)"},
     {"QMM_CUDA_GATHER_WGMMA_TOKENS", knob_tokens, 0, 0,
@@ -1547,7 +1547,7 @@ static const qmm_kernel cuda_kernels[] = {
               .bm = 16, .bn = 64, .bk = 128, .threads = 128, .tolerance_slack = 2.0,
               .description = "MoE gather: one product per expert block, blocks of <= 16 rows in two grouped GEMV "
                              "launches, larger blocks of <= 2^30 multiply-adds in grouped tile launches (wgmma "
-                             "m64n128 on Hopper, else m64n64), the "
+                             "m32n128/m64n128 on Hopper, else m64n64), the "
                              "others on the CUDA qmm_t row picked for their rows (batch-invariant: f16/bf16 "
                              "chunks of <= 16 rows in m16n32 launches of fixed warps, other formats every "
                              "block on the qmm_t rows of the mode)",
@@ -1666,8 +1666,9 @@ static size_t gather_small_rows(const qmm_call *call) {
  * of this format (wgmma_supports: a Hopper device) — by default, or forced by `wgmma` (then GATHER_TILES_REFUSED where
  * it cannot, why_not says why; *wgmma_only says it was forced); else, or forced by `mma`, the m64n64 mma_tile where it takes one (tile_supports: its
  * shared memory, K). A block of small work has rows ≤ 2^30 / (N·K) ≤ 2^21: grid.y ≤ 32768 tiles of m64n64; the wgmma
- * launch's work items, ⌈N / 128⌉·⌈rows / 64⌉ ≤ N·rows / 8192 + N / 128 + rows / 64 + 1 (N·rows ≤ 2^25) per block, are
- * checked against int by its launcher (cudaErrorInvalidValue past it). */
+ * launch's work items, ⌈N / 128⌉·⌈rows / 32⌉ ≤ N·rows / 4096 + N / 128 + rows / 32 + 1 (N·rows ≤ 2^25) per block at
+ * most (32-token tiles), are checked against int by its launcher (cudaErrorInvalidValue past it). The probe's M is 1:
+ * wgmma_supports answers alike for 32 and 64 tokens there. */
 enum { GATHER_TILES_REFUSED = -1, GATHER_TILES_NONE, GATHER_TILES_MMA, GATHER_TILES_WGMMA };
 static int gather_tiles(const qmm_call *call, bool *wgmma_only, char *why_not, size_t size) {
     const char *forced = getenv("QMM_CUDA_GATHER_TILES");
@@ -1680,7 +1681,9 @@ static int gather_tiles(const qmm_call *call, bool *wgmma_only, char *why_not, s
     return tile_supports(&probe, 0, why_not, size) ? GATHER_TILES_MMA : GATHER_TILES_NONE;
 }
 /* The tile launches' thread blocks for this call's expert blocks of 17 … tile_limit rows, uncut: ⌈rows / 64⌉ tiles of
- * 64 tokens by ⌈N / 128⌉ (wgmma) or ⌈N / 64⌉ (m64n64) row tiles each. */
+ * 64 tokens by ⌈N / 128⌉ (wgmma) or ⌈N / 64⌉ (m64n64) row tiles each. (The wgmma class runs 32-token tiles only where
+ * every block has ≤ 32 rows — one tile either way — unless QMM_CUDA_GATHER_WGMMA_TOKENS=32 forces them: then this
+ * counts fewer items than run, which matters only to the chunk rule below.) */
 static size_t gather_tile_blocks(const qmm_call *call, size_t tile_limit, bool wgmma) {
     const size_t rows_per_tile = wgmma ? 128 : 64, row_tiles = (call->N + rows_per_tile - 1) / rows_per_tile;
     size_t blocks = 0;
@@ -1764,7 +1767,7 @@ static size_t gather_prepared_rows(size_t rows, int tokens) {
  * 32-token tiles). */
 static int gather_wgmma_tokens(size_t tile_rows) {
     const char *value = getenv("QMM_CUDA_GATHER_WGMMA_TOKENS");
-    if (value && *value) return (int)strtol(value, NULL, 10);
+    if (value && *value) return strcmp(value, "32") == 0 ? 32 : 64;
     return tile_rows <= 32 ? 32 : 64;
 }
 

@@ -96,6 +96,14 @@ expect_usage_error matmul "--dtype 'int4'" matmul "$FIXTURE" --layer $L -m 1 --d
 # an argument's control bytes come back escaped, not as typed (an ESC would reach the terminal)
 expect_usage_error matmul "--dtype 'f\\x1b[2J'" matmul "$FIXTURE" --layer $L -m 1 --dtype $'f\e[2J'
 check "usage error: no raw ESC on stderr" err_lacks $'\e'
+# ... however long the message: the rule at its end is still there (a path may be PATH_MAX bytes)
+long=$(printf 'd%.0s' {1..1200})
+expect_usage_error info "$long' (at most 1 positional argument)" info "$WORK" "$long"
+expect_usage_error "" "unknown command 'x\x1b[2J'" $'x\e[2J'
+check "unknown command: no raw ESC on stderr" err_lacks $'\e'
+# a library error quoting a path from the command line: escaped the same way
+expect_library_error info "" "cannot open '$WORK/no\x1b[2J'" info "$WORK/no"$'\e[2J'
+check "library error: no raw ESC on stderr" err_lacks $'\e'
 expect_usage_error matmul "--seed 'x'" matmul "$FIXTURE" --layer $L -m 1 --seed x
 expect_usage_error matmul "--backend 'tpu'" matmul "$FIXTURE" --layer $L -m 1 --backend tpu
 expect_usage_error run "--backend 'tpu'" run --backend tpu

@@ -817,7 +817,7 @@ static void sort_pairs_by_expert(uint32_t *lhs, uint32_t *rhs, size_t B) {
  * lhs_indices NULL: x row i for pair i); against the f64 oracle, the selector's row named, nothing written past B·N —
  * each call with the expert blocks of ≤ 16 rows in grouped GEMV launches and the larger blocks in grouped tile launches
  * (the default where the mma_gemv rows take them; QMM_CUDA_GATHER_GROUPED=1 there, so a call that did not group would
- * fail, and it must fail where they do not) — wgmma m64n128 on Hopper (required there: QMM_CUDA_GATHER_TILES=wgmma,
+ * fail, and it must fail where they do not) — wgmma m32n128/m64n128 on Hopper (required there: QMM_CUDA_GATHER_TILES=wgmma,
  * which must fail elsewhere) and m64n64 (QMM_CUDA_GATHER_TILES=mma) —, with the blocks of 17–256 rows cut into chunks
  * of 16 for the GEMV launches (QMM_CUDA_GATHER_CHUNK_ROWS=256), with no block cut and no tile launches
  * (QMM_CUDA_GATHER_TILES=0, QMM_CUDA_GATHER_CHUNK_ROWS=16: a launch per block of > 16 rows) and with a launch per block

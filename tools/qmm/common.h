@@ -60,11 +60,20 @@ int cmd_kernels(const command *self, int argc, char **argv);
 int cmd_bench(const command *self, int argc, char **argv);
 int cmd_tune(const command *self, int argc, char **argv);
 
-/* Prints "qmm CMD: usage error: ..." and a hint to stderr; returns QMM_EXIT_USAGE. */
+/* Prints "qmm CMD: usage error: ..." and a hint to stderr (the message through put_terminal_safe, whole); returns
+ * QMM_EXIT_USAGE. */
 int usage_error(const command *c, const char *format, ...) QMM_PRINTF(2, 3);
 /* A failing library call (or a CLI-level check that set the message with qmm_error): prints
- * "qmm CMD: STATUS: message" to stderr; returns QMM_EXIT_ERROR. */
+ * "qmm CMD: STATUS: message" to stderr (the message through put_terminal_safe); returns QMM_EXIT_ERROR. */
 int library_error(const command *c, qmm_status status);
+/* text to stream with every byte that is not part of a printable UTF-8 character (qmm_printable_char: control
+ * characters, invalid UTF-8, bidirectional controls) as \xNN — a message that quotes the caller's arguments or paths
+ * (an escape sequence pasted into one would otherwise reach the terminal as typed). Backslashes stay as they are, so
+ * text already escaped by printable() (file names in the library's messages) is shown once, not twice. */
+void put_terminal_safe(FILE *stream, const char *text);
+/* The formatted line, whole, through put_terminal_safe to stderr, then a newline (a line that names a path or an
+ * argument). Where memory for it cannot be had, the line unescaped rather than cut. */
+void eprintln_safe(const char *format, ...) QMM_PRINTF(1, 2);
 
 /* ───────────────────────────── argument parsing ───────────────────────────── */
 

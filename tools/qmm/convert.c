@@ -44,7 +44,7 @@ int cmd_convert(const command *c, int argc, char **argv) {
     for (size_t i = 0; i < prefix_count; i++)
         if (!prefixes[i][0]) return usage_error(c, "--only needs a non-empty PREFIX");
     if ((rc = check_outdir(c, positional[1], force))) return rc;
-    fprintf(stderr, "qmm convert: %s -> %s\n", positional[0], positional[1]);
+    eprintln_safe("qmm convert: %s -> %s", positional[0], positional[1]);
     const qmm_gguf_convert_options options = {
         .prefixes = prefixes, .prefix_count = prefix_count, .skip_unsupported = skip};
     qmm_status status = qmm_gguf_convert_with(positional[0], positional[1], &options);

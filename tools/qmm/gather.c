@@ -143,7 +143,7 @@ int cmd_gather(const command *c, int argc, char **argv) {
     if (top_k > E) { /* a rule of this layer: checked before any work */
         qmm_checkpoint_close(checkpoint);
         return usage_error(c, "--experts-per-token %llu exceeds the %zu expert%s of layer '%s'", top_k, E,
-                           E == 1 ? "" : "s", layer_name); /* usage_error escapes the whole message */
+                           E == 1 ? "" : "s", layer_name); /* usage_error escapes its message */
     }
     qmm_qmatrix matrix = layer.matrix;
     if (!dtype_text) dtype = matrix.dtype;

@@ -245,7 +245,8 @@ int main(int argc, char **argv) {
     }
     const command *c = find_command(argv[1]);
     if (!c) {
-        fprintf(stderr, "qmm: usage error: unknown command '%s'\nTry 'qmm help'.\n", argv[1]);
+        eprintln_safe("qmm: usage error: unknown command '%s'", argv[1]);
+        fprintf(stderr, "Try 'qmm help'.\n");
         return QMM_EXIT_USAGE;
     }
     int rc = c->run(c, argc - 2, argv + 2);

@@ -112,7 +112,7 @@ int cmd_run(const command *c, int argc, char **argv) {
         fprintf(stderr, "qmm run: %s\n", note);
     }
 
-    fprintf(stderr, "qmm run: %s: %zu quantized layer%s, backend %s, %d thread%s, activations %s\n", dir, count,
+    eprintln_safe("qmm run: %s: %zu quantized layer%s, backend %s, %d thread%s, activations %s", dir, count,
             count == 1 ? "" : "s",
             qmm_backend_name(qmm_context_backend(context)), qmm_context_threads(context),
             qmm_context_threads(context) == 1 ? "" : "s", activations ? "activations.safetensors" : "(none)");
