@@ -104,6 +104,9 @@ check "unknown command: no raw ESC on stderr" err_lacks $'\e'
 # a library error quoting a path from the command line: escaped the same way
 expect_library_error info "" "cannot open '$WORK/no\x1b[2J'" info "$WORK/no"$'\e[2J'
 check "library error: no raw ESC on stderr" err_lacks $'\e'
+QMM_CPU_MAX_ISA=$'\e[2J' q kernels
+check "kernels: the unknown QMM_CPU_MAX_ISA value escaped" out_has "QMM_CPU_MAX_ISA='\x1b[2J'"
+check "kernels: no raw ESC on stdout" out_lacks $'\e'
 expect_usage_error matmul "--seed 'x'" matmul "$FIXTURE" --layer $L -m 1 --seed x
 expect_usage_error matmul "--backend 'tpu'" matmul "$FIXTURE" --layer $L -m 1 --backend tpu
 expect_usage_error run "--backend 'tpu'" run --backend tpu

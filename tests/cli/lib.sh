@@ -44,6 +44,7 @@ rc_is() { [ "$RC" = "$1" ]; }
 out_has() { grep -qF -- "$1" <<<"$OUT"; }
 err_has() { grep -qF -- "$1" <<<"$ERR"; }
 err_lacks() { ! grep -qF -- "$1" <<<"$ERR"; }
+out_lacks() { ! grep -qF -- "$1" <<<"$OUT"; }
 out_matches() { grep -qE -- "$1" <<<"$OUT"; }
 err_matches() { grep -qE -- "$1" <<<"$ERR"; }
 out_lines_matching() { grep -cE -- "$1" <<<"$OUT"; }

@@ -1221,7 +1221,8 @@ int cmd_bench(const command *c, int argc, char **argv) {
             snprintf(run->tuning + used, sizeof run->tuning - used, " (each steers calls of its own op only: qmm_t "
                      "entries, such as qmm tune writes, do not apply to --op n)");
         }
-        eprintln_safe("bench: %s", run->tuning);
+        fprint_safe(stderr, "bench: %s", run->tuning);
+        fputc('\n', stderr);
     }
     if (json_text && (rc = resolve_json_path(c, json_text, run->backend, json_path, sizeof json_path))) goto done;
     if (kernel) {

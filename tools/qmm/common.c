@@ -56,12 +56,11 @@ static void vput_terminal_safe(FILE *stream, const char *format, va_list args) {
     va_end(again);
 }
 
-void eprintln_safe(const char *format, ...) {
+void fprint_safe(FILE *stream, const char *format, ...) {
     va_list args;
     va_start(args, format);
-    vput_terminal_safe(stderr, format, args);
+    vput_terminal_safe(stream, format, args);
     va_end(args);
-    fputc('\n', stderr);
 }
 
 int usage_error(const command *c, const char *format, ...) {

@@ -71,9 +71,10 @@ int library_error(const command *c, qmm_status status);
  * (an escape sequence pasted into one would otherwise reach the terminal as typed). Backslashes stay as they are, so
  * text already escaped by printable() (file names in the library's messages) is shown once, not twice. */
 void put_terminal_safe(FILE *stream, const char *text);
-/* The formatted line, whole, through put_terminal_safe to stderr, then a newline (a line that names a path or an
- * argument). Where memory for it cannot be had, the line unescaped rather than cut. */
-void eprintln_safe(const char *format, ...) QMM_PRINTF(1, 2);
+/* The formatted text, whole, through put_terminal_safe to stream (text that names a path or an argument; a newline
+ * in it would be escaped too: the caller ends the line). Where memory for it cannot be had, unescaped rather than
+ * cut. */
+void fprint_safe(FILE *stream, const char *format, ...) QMM_PRINTF(2, 3);
 
 /* ───────────────────────────── argument parsing ───────────────────────────── */
 

@@ -245,8 +245,8 @@ int main(int argc, char **argv) {
     }
     const command *c = find_command(argv[1]);
     if (!c) {
-        eprintln_safe("qmm: usage error: unknown command '%s'", argv[1]);
-        fprintf(stderr, "Try 'qmm help'.\n");
+        fprint_safe(stderr, "qmm: usage error: unknown command '%s'", argv[1]);
+        fprintf(stderr, "\nTry 'qmm help'.\n");
         return QMM_EXIT_USAGE;
     }
     int rc = c->run(c, argc - 2, argv + 2);

@@ -128,7 +128,10 @@ int cmd_matmul(const command *c, int argc, char **argv) {
                layer.experts, matrix.rows / layer.experts, matrix.rows);
     if (dtype != stored)
         print_scale_conversion(stored, dtype);
-    if (x_path) printf("x                  %s, M=%zu, rounded to %s\n", x_path, rows, qmm_dtype_name(dtype));
+    if (x_path) {
+        fprint_safe(stdout, "x                  %s, M=%zu, rounded to %s", x_path, rows, qmm_dtype_name(dtype));
+        putchar('\n');
+    }
     else printf("x                  random uniform [-1, 1), seed %llu, M=%zu, %s\n", seed, rows, qmm_dtype_name(dtype));
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
     printf("threads            %d\n", qmm_context_threads(context));
