@@ -77,8 +77,13 @@ expect_usage_error quantize "--group-size is required" quantize "$WORK/float.saf
 expect_usage_error quantize "--bits 7: bits=7 is not supported (allowed: {2, 3, 4, 5, 6, 8})" quantize \
   "$WORK/float.safetensors" "$WORK/q" --bits 7
 check "--bits 7 alone: the missing --group-size not said first" bash -c '! grep -q "group-size is required" <<<"$0"' "$ERR"
-expect_usage_error quantize "--bits 'four' is not an integer" quantize "$WORK/float.safetensors" "$WORK/q" --bits four
-expect_usage_error quantize "--bits ' 4' is not an integer" quantize "$WORK/float.safetensors" "$WORK/q" --bits " 4"
+expect_usage_error quantize "--bits 'four' is not one of 2, 3, 4, 5, 6, 8" quantize "$WORK/float.safetensors" "$WORK/q" --bits four
+expect_usage_error quantize "--bits ' 4' is not one of" quantize "$WORK/float.safetensors" "$WORK/q" --bits " 4"
+# signs refused, as for every other number; a huge value is named with the set, not called a non-integer
+expect_usage_error quantize "--bits '+4' is not one of" quantize "$WORK/float.safetensors" "$WORK/q" --bits +4
+expect_usage_error quantize "--group-size '+64' is not one of 32, 64, 128" quantize "$WORK/float.safetensors" "$WORK/q" \
+  --bits 4 --group-size +64
+expect_usage_error bench "--bits '99999999999' is not one of" bench --backend ref --quick --bits 99999999999
 expect_usage_error quantize "--group-size 48: group_size=48 is not supported (allowed:" quantize \
   "$WORK/float.safetensors" "$WORK/q" --group-size 48
 expect_usage_error quantize "--bits 7 --group-size 48: bits=7 is not supported" quantize "$WORK/float.safetensors" \
@@ -121,7 +126,7 @@ expect_usage_error quantize "--bits 7 --group-size 32: bits=7 is not supported (
 expect_usage_error quantize "group_size=48 is not supported (allowed:" quantize "$WORK/float.safetensors" "$WORK/q" \
   --bits 4 --group-size 48
 expect_usage_error quantize "bits=0" quantize "$WORK/float.safetensors" "$WORK/q" --bits 0 --group-size 32
-expect_usage_error quantize "bits=-4" quantize "$WORK/nonexistent.safetensors" "$WORK/q" --bits -4 --group-size 32
+expect_usage_error quantize "--bits '-4' is not one of" quantize "$WORK/nonexistent.safetensors" "$WORK/q" --bits -4 --group-size 32
 check "nothing written on a format error" [ ! -e "$WORK/q" ]
 
 # nonexistent and broken paths

@@ -221,14 +221,11 @@ int parse_inject_fault(const command *c, unsigned long long *faults) {
     return usage_error(c, "QMM_RUN_INJECT_FAULT='%.64s' is not a whole number from 0 to 1000000", inject);
 }
 
-/* An int option whose range the library checks (bits, group size): any decimal int parses. */
-int parse_int(const char *text, int *out) {
-    /* a sign or a digit first: strtol would also skip leading white space (" 4"), which the other parsers refuse */
-    if (!text || !(text[0] == '-' || text[0] == '+' || (text[0] >= '0' && text[0] <= '9'))) return 0;
-    errno = 0;
-    char *end = NULL;
-    long value = strtol(text, &end, 10);
-    if (errno != 0 || *end != '\0' || value < INT_MIN || value > INT_MAX) return 0;
+/* A format number (--bits, --group-size) as the other numbers parse (parse_unsigned: digits only), up to INT_MAX;
+ * which values the format takes, the library's qmm_format_validate says. */
+int parse_format_number(const char *text, int *out) {
+    unsigned long long value;
+    if (!parse_unsigned(text, 0, INT_MAX, &value)) return 0;
     *out = (int)value;
     return 1;
 }

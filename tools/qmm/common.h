@@ -107,7 +107,7 @@ int parse_seed(const command *c, const char *text, unsigned long long *seed);
  * returns 0 or QMM_EXIT_USAGE after the usage error (matmul, gather, run). */
 int parse_inject_fault(const command *c, unsigned long long *faults);
 /* An int option whose range the library checks (bits, group size): any decimal int parses. */
-int parse_int(const char *text, int *out);
+int parse_format_number(const char *text, int *out);
 
 /* ───────────────────────────── small helpers ───────────────────────────── */
 

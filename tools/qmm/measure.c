@@ -348,9 +348,10 @@ int parse_measure_options(const command *c, const measure_option_texts *texts, i
                           int *repeats, size_t *ms, size_t *m_count, qmm_dtype *dtypes, size_t *dtype_count) {
     int rc;
     unsigned long long value;
-    if (texts->bits && !parse_int(texts->bits, bits)) return usage_error(c, "--bits '%s' is not an integer (in the int range)", texts->bits);
-    if (texts->group_size && !parse_int(texts->group_size, group_size))
-        return usage_error(c, "--group-size '%s' is not an integer (in the int range)", texts->group_size);
+    if (texts->bits && !parse_format_number(texts->bits, bits))
+        return usage_error(c, "--bits '%s' is not one of 2, 3, 4, 5, 6, 8", texts->bits);
+    if (texts->group_size && !parse_format_number(texts->group_size, group_size))
+        return usage_error(c, "--group-size '%s' is not one of 32, 64, 128", texts->group_size);
     if (qmm_format_validate(*bits, *group_size) != QMM_OK)
         return usage_error(c, "--bits %d --group-size %d: %s", *bits, *group_size, qmm_last_error());
     if (texts->repeats) {

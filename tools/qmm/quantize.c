@@ -29,9 +29,10 @@ int cmd_quantize(const command *c, int argc, char **argv) {
      * given is parsed and judged — a missing one by a supported stand-in, since qmm_format_validate judges the pair,
      * bits first — and only then are the missing ones required. */
     int bits = 4, group_size = 64;
-    if (bits_text && !parse_int(bits_text, &bits)) return usage_error(c, "--bits '%s' is not an integer", bits_text);
-    if (group_text && !parse_int(group_text, &group_size))
-        return usage_error(c, "--group-size '%s' is not an integer", group_text);
+    if (bits_text && !parse_format_number(bits_text, &bits))
+        return usage_error(c, "--bits '%s' is not one of 2, 3, 4, 5, 6, 8", bits_text);
+    if (group_text && !parse_format_number(group_text, &group_size))
+        return usage_error(c, "--group-size '%s' is not one of 32, 64, 128", group_text);
     if ((bits_text || group_text) && qmm_format_validate(bits, group_size) != QMM_OK) {
         if (bits_text && group_text)
             return usage_error(c, "--bits %d --group-size %d: %s", bits, group_size, qmm_last_error());
