@@ -26,6 +26,7 @@ check "run usage documents the test hook" out_has "QMM_RUN_INJECT_FAULT"
 q
 check "no command: exit 2" rc_is 2
 check "no command: overview on stderr" err_has "usage: qmm COMMAND"
+check "no command: a usage error line first" err_matches "^qmm: usage error: no command given"
 expect_usage_error "" "unknown command 'frobnicate'" frobnicate
 expect_usage_error help "unknown command 'nope'" help nope
 expect_ok "qmm help --help" help --help

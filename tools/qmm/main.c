@@ -231,7 +231,8 @@ static int stdout_checked(const char *name, int rc) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
+    if (argc < 2) { /* a usage error like any other (its line first), then the commands */
+        fprintf(stderr, "qmm: usage error: no command given\n\n");
         print_overview(stderr);
         return QMM_EXIT_USAGE;
     }
