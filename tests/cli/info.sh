@@ -51,6 +51,10 @@ check "gguf: count" out_has "2 of 3 tensors importable"
 expect_library_error convert unsupported "k.weight" convert "$WORK/tiny.gguf" "$WORK/tinyall"
 check "convert: the refusal points at --skip-unsupported" err_has "--skip-unsupported converts the rest"
 check "convert: the refused OUTDIR not created" [ ! -e "$WORK/tinyall" ]
+# a file version qmm does not read: no pointer to --skip-unsupported (it would refuse the same)
+{ printf 'GGUF'; printf '\x04\x00\x00\x00'; tail -c +9 "$WORK/tiny.gguf"; } >"$WORK/v4.gguf"
+expect_library_error convert unsupported "GGUF version 4 is not supported" convert "$WORK/v4.gguf" "$WORK/v4out"
+check "convert: no --skip-unsupported hint for a file version" err_lacks "--skip-unsupported"
 expect_ok "convert --skip-unsupported" convert "$WORK/tiny.gguf" "$WORK/tinyskip" --skip-unsupported
 check "convert --skip-unsupported: k.weight named" err_has "left out k.weight (Q6_K: its sub-blocks of 16 weights"
 check "convert --skip-unsupported: count" err_has "1 tensor left out (--skip-unsupported)"
