@@ -350,6 +350,30 @@ static bool plain_file_name(const char *name) {
     return name[0] != '\0' && name[0] != '.' && !strchr(name, '/') && qmm_io_utf8_valid(name, strlen(name));
 }
 
+/* With an index: a model*.safetensors beside the shards it names that it does not name is refused — mlx_lm's
+ * load_model globs model*.safetensors, index or not, and would read that file too (QMM_ERR_CORRUPT). */
+static qmm_status check_unnamed_shards(const char *dir, char *const *names, size_t count) {
+    DIR *listing = opendir(dir);
+    if (!listing) return QMM_OK; /* it was read a moment ago; nothing more to say here */
+    qmm_status status = QMM_OK;
+    struct dirent *entry;
+    while (status == QMM_OK && (entry = readdir(listing)) != NULL) {
+        if (strncmp(entry->d_name, "model", 5) != 0 || !ends_with(entry->d_name, ".safetensors")) continue;
+        bool named = false;
+        for (size_t i = 0; i < count && !named; i++) named = strcmp(names[i], entry->d_name) == 0;
+        if (!named) {
+            char shown[QMM_PRINTABLE_SIZE];
+            status = qmm_error(QMM_ERR_CORRUPT,
+                               "model.safetensors.index.json names %zu shard%s, but the directory also holds %s, which "
+                               "it does not name (mlx_lm reads every model*.safetensors: remove that file, or name its "
+                               "tensors in the index)", count, count == 1 ? "" : "s",
+                               qmm_printable(entry->d_name, strlen(entry->d_name), shown, sizeof shown));
+        }
+    }
+    closedir(listing);
+    return status;
+}
+
 static qmm_status add_name(char ***names, size_t *count, size_t *capacity, const char *name) {
     for (size_t i = 0; i < *count; i++)
         if (strcmp((*names)[i], name) == 0) return QMM_OK;
@@ -735,6 +759,7 @@ static qmm_status open_directory(const char *dir, qmm_checkpoint *checkpoint) {
         checkpoint->tensor_count += qmm_safetensors_count(checkpoint->shards[i]);
     }
     status = index_tensors(checkpoint, index);
+    if (status == QMM_OK && index) status = check_unnamed_shards(dir, checkpoint->shard_names, checkpoint->shard_count);
 cleanup:
     cJSON_Delete(index);
     free(shard_path);

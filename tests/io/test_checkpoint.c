@@ -189,6 +189,18 @@ static void test_two_shards(const char *root) {
         qmm_checkpoint_close(ck);
     }
 
+    /* With the index (still in place): a model*.safetensors it does not name, beside its shards, is refused (mlx_lm
+     * globs model*.safetensors and would read it too) */
+    CHECK_OK(qmm_safetensors_write(io_path(dir, "model.safetensors"), shard2 + 3, 1, NULL, NULL, 0));
+    {
+        qmm_checkpoint *stray = (qmm_checkpoint *)&rng;
+        CHECK_STATUS(qmm_checkpoint_open(dir, &stray), QMM_ERR_CORRUPT);
+        CHECK(message_has("names 2 shards, but the directory also holds model.safetensors"), "message: %s",
+              qmm_last_error());
+        CHECK(stray == NULL, "handle not reset on failure");
+    }
+    remove(io_path(dir, "model.safetensors"));
+
     /* An index that puts a tensor in the wrong shard, or names a missing shard. */
     const char *wrong = "{\"weight_map\": {\"layers.0.q.weight\": \"model-00002-of-00002.safetensors\","
                         "\"lm_head.weight\": \"model-00002-of-00002.safetensors\"}}";
