@@ -46,9 +46,13 @@ static qmm_status entry_size(const cJSON *entry, const char *name, const char *o
     double number = cJSON_IsNumber(item) ? item->valuedouble : NAN;
     /* below 2^53: a larger integer may be a rounded neighbour (JSON numbers are doubles in cJSON) */
     if (!(number >= 1.0 && number < MAX_WHOLE && floor(number) == number) || number > (double)SIZE_MAX) {
-        char *printed = cJSON_PrintUnformatted(item), shown[64]; /* the value as JSON, printable (cJSON keeps U+009B) */
+        /* the value as JSON, printable (cJSON keeps U+009B); a number past the double range (1e400) cJSON prints as null */
+        const bool huge = cJSON_IsNumber(item) && isinf(number);
+        char *printed = huge ? NULL : cJSON_PrintUnformatted(item), shown[64];
         snprintf(rule, sizeof rule, "\"%s\": %s is not a whole number from 1 to 2^53 - 1", name,
-                 printed ? qmm_printable(printed, strlen(printed), shown, sizeof shown) : "?");
+                 huge      ? "a number beyond the double range"
+                 : printed ? qmm_printable(printed, strlen(printed), shown, sizeof shown)
+                           : "?");
         cJSON_free(printed);
         return corrupt_entry(origin, index, rule);
     }

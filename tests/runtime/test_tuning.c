@@ -451,6 +451,10 @@ static void test_parser(void) {
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": \"\\u202e4\"}]}");
     expect_refused(json, QMM_ERR_CORRUPT,
                    "tuning table 't.json': entries[0]: \"bits\": \"\\xe2\\x80\\xae4\" is not a whole number from 1 to 2^53 - 1");
+    snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 1e400}]}");
+    expect_refused(json, QMM_ERR_CORRUPT,
+                   "tuning table 't.json': entries[0]: \"bits\": a number beyond the double range is not a whole number "
+                   "from 1 to 2^53 - 1");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": 7, \"group_size\": 64}]}");
     expect_refused(json, QMM_ERR_CORRUPT,
                    "tuning table 't.json': entries[0]: bits=7, group_size=64: bits must be one of 2, 3, 4, 5, 6, 8 and "
