@@ -23,8 +23,10 @@ check "progress on stderr" err_has "qmm run:"
 QMM_TEST_LOAD_AVERAGE=8 q run --backend cpu --threads 2
 check "load 8 on 2 threads: still exit 0" rc_is 0
 check "load 8 on 2 threads: warned" err_has "qmm run: load average 8.00 with 2 threads — a warning"
+check "load 8 on 2 threads: the note under the table" out_has "note: the µs column was measured while other processes"
 QMM_TEST_LOAD_AVERAGE=8 q run --backend cpu --threads 1
 check "load 8 on 1 thread: no warning" bash -c '! grep -q "a warning" <<<"$0"' "$ERR"
+check "load 8 on 1 thread: no note" out_lacks "note: the µs column"
 QMM_TEST_LOAD_AVERAGE=0.5 q run --backend cpu --threads 2
 check "load 0.5 on 2 threads: no warning" bash -c '! grep -q "a warning" <<<"$0"' "$ERR"
 # A core busy elsewhere at a low load average (the minute-long average missed it): the sampled cores warn (pretended;

@@ -380,15 +380,16 @@ bool competing_load(int threads, char *what, size_t size) {
     return false;
 }
 
-void warn_if_loaded(const command *c, qmm_context *context) {
+bool warn_if_loaded(const command *c, qmm_context *context) {
     const int threads = qmm_context_threads(context);
     char what[96];
     if (qmm_context_backend(context) == QMM_BACKEND_CUDA || threads <= 1 || !competing_load(threads, what, sizeof what))
-        return;
+        return false;
     /* not "qmm CMD: kind: message", the form of an error */
     fprintf(stderr, "qmm %s: %s with %d threads — a warning: other processes compete for the cores, "
             "so times may be far above the idle figures (a descheduled thread holds its team back); --threads 1 "
             "suffers least\n", c->name, what, threads);
+    return true;
 }
 
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype) {

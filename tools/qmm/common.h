@@ -144,8 +144,8 @@ bool competing_load(int threads, char *what, size_t size);
 /* For the commands that print host-timed CPU products (run, matmul, gather, tune): a warning on stderr when other
  * work competes for the context's threads (competing_load; and it has more than one) — a thread of the team
  * descheduled inside a product holds the others back by a scheduler slice, so times can read milliseconds. No-op on
- * CUDA. */
-void warn_if_loaded(const command *c, qmm_context *context);
+ * CUDA. Returns whether it warned (qmm run repeats it under its table, where the times are read). */
+bool warn_if_loaded(const command *c, qmm_context *context); /* whether it warned */
 /* The "note" line of qmm matmul and qmm gather when --dtype converts the layer's scales and biases. */
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype);
 /* qsort order for doubles, ascending (the medians of every timing in the CLI). */

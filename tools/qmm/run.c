@@ -116,7 +116,7 @@ int cmd_run(const command *c, int argc, char **argv) {
                 count == 1 ? "" : "s", qmm_backend_name(qmm_context_backend(context)), qmm_context_threads(context),
                 qmm_context_threads(context) == 1 ? "" : "s", activations ? "activations.safetensors" : "(none)");
     fputc('\n', stderr);
-    warn_if_loaded(c, context);
+    const bool loaded = warn_if_loaded(c, context);
     if (faults) fprintf(stderr, "qmm run: QMM_RUN_INJECT_FAULT=%llu: corrupting one output of the first %llu layer(s)\n",
                         faults, faults);
     /* the kernel column fits the longest row names (cpu.qmm_t.gemv_ordered.n16.avx512, cuda.qmm_t.mma_tile_bf16x3.m32n128) */
@@ -174,6 +174,9 @@ int cmd_run(const command *c, int argc, char **argv) {
                "inside the product\n", count, count == 1 ? "" : "s");
     else if (count == 1) printf("1 layer, within bound\n");
     else printf("%zu layers, all within bound\n", count);
+    if (loaded) /* the warning went to stderr before the table; the times are read here */
+        printf("note: the µs column was measured while other processes competed for the cores (the warning on stderr): "
+               "it may be far above the idle figures; --threads 1 suffers least\n");
 cleanup:
     free(x);
     qmm_context_destroy(context);
