@@ -909,11 +909,11 @@ __global__ void __launch_bounds__(256) wgmma_prepare_x(const T *__restrict__ x, 
     const int m_pad = x_sums_tokens(M);
     /* launch_wgmma starts m_pad / PREP_ROWS · super_blocks · BPS · 4 threads (a multiple of 256: m_pad of 128), a thread
      * for rows PREP_ROWS · q … + PREP_ROWS − 1 of one piece, so every warp is whole for the shuffles. Grouped
-     * (group.tile_products: launch_wgmma_grouped; M the prepared rows, a multiple of the tokens; M / PREP_ROWS · super_blocks ·
-     * BPS · 4 threads, a multiple of 32, in blocks of 256: a last block's surplus warps return at once): prepared row m
-     * is row m − x_row of the product group.tile_products[m >> token_shift] (the grouped tile's tokens, 32 or 64; one
-     * for a thread's rows), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row without x_rows) up to its M, zeros after (its last
-     * tile's). */
+     * (group.tile_products: launch_wgmma_grouped; M the prepared rows, a multiple of the tokens; M / PREP_ROWS ·
+     * super_blocks · BPS · 4 threads, a multiple of 32, in blocks of 256: a last block's surplus warps return at once):
+     * prepared row m is row m − x_row of the product group.tile_products[m >> token_shift] (the grouped tile's tokens,
+     * 32 or 64; one for a thread's rows), x's row x_rows[e.x + m − x_row] (or e.x / K + m − x_row without x_rows) up to
+     * its M, zeros after (its last tile's). */
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int piece = (int)(index & 3), j = (int)(index / 4 % L::BPS);
     const size_t quad_sb = index / (4 * L::BPS);

@@ -446,7 +446,8 @@ static void test_parser(void) {
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm\\u001b[2J\"}]}");
     expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: op \"qmm\\x1b[2J\" is not qmm_t or qmm_n");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f\\u009b\"}]}");
-    expect_refused(json, QMM_ERR_CORRUPT, "tuning table 't.json': entries[0]: dtype \"f\\xc2\\x9b\" is not f32, f16 or bf16 (or float32, float16, "
+    expect_refused(json, QMM_ERR_CORRUPT,
+                   "tuning table 't.json': entries[0]: dtype \"f\\xc2\\x9b\" is not f32, f16 or bf16 (or float32, float16, "
                    "bfloat16)");
     snprintf(json, sizeof json, HEAD "{\"op\": \"qmm_t\", \"dtype\": \"f32\", \"bits\": \"\\u202e4\"}]}");
     expect_refused(json, QMM_ERR_CORRUPT,

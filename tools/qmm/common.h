@@ -106,7 +106,8 @@ int parse_seed(const command *c, const char *text, unsigned long long *seed);
 /* The QMM_RUN_INJECT_FAULT test hook (unset or empty: *faults keeps its default): a whole number from 0 to 1000000;
  * returns 0 or QMM_EXIT_USAGE after the usage error (matmul, gather, run). */
 int parse_inject_fault(const command *c, unsigned long long *faults);
-/* An int option whose range the library checks (bits, group size): any decimal int parses. */
+/* --bits or --group-size: digits only (as parse_unsigned), up to INT_MAX, into *out; 0 where text is not such a number
+ * (the caller's usage error names the format's set; which values it takes, qmm_format_validate says). */
 int parse_format_number(const char *text, int *out);
 
 /* ───────────────────────────── small helpers ───────────────────────────── */
@@ -145,7 +146,7 @@ bool competing_load(int threads, char *what, size_t size);
  * work competes for the context's threads (competing_load; and it has more than one) — a thread of the team
  * descheduled inside a product holds the others back by a scheduler slice, so times can read milliseconds. No-op on
  * CUDA. Returns whether it warned (qmm run repeats it under its table, where the times are read). */
-bool warn_if_loaded(const command *c, qmm_context *context); /* whether it warned */
+bool warn_if_loaded(const command *c, qmm_context *context);
 /* The "note" line of qmm matmul and qmm gather when --dtype converts the layer's scales and biases. */
 void print_scale_conversion(qmm_dtype stored, qmm_dtype dtype);
 /* qsort order for doubles, ascending (the medians of every timing in the CLI). */

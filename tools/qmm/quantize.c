@@ -53,9 +53,9 @@ int cmd_quantize(const command *c, int argc, char **argv) {
     qmm_status status = qmm_checkpoint_quantize(positional[0], positional[1], bits, group_size, convention,
                                                 print_quantize_note, NULL, &summary);
     if (status != QMM_OK) return library_error(c, status);
-    fprint_safe(stdout, "wrote %s: %zu tensor%s copied, %zu quantized layer%s (%d-bit gs%d, %s convention)", positional[1],
-                summary.copied, summary.copied == 1 ? "" : "s", summary.quantized, summary.quantized == 1 ? "" : "s",
-                bits, group_size, convention == QMM_CONVENTION_GPU ? "gpu" : "cpu");
+    fprint_safe(stdout, "wrote %s: %zu tensor%s copied, %zu quantized layer%s (%d-bit gs%d, %s convention)",
+                positional[1], summary.copied, summary.copied == 1 ? "" : "s", summary.quantized,
+                summary.quantized == 1 ? "" : "s", bits, group_size, convention == QMM_CONVENTION_GPU ? "gpu" : "cpu");
     if (summary.kept)
         printf(", %zu already quantized layer%s kept in their own format", summary.kept, summary.kept == 1 ? "" : "s");
     if (summary.left) printf(", %zu float weights left unquantized (see above)", summary.left);
