@@ -1960,7 +1960,7 @@ static qmm_status gather_run(const qmm_call *call) {
         if (piece_class) grouped[piece_class - 1]++;
         if (piece_class == GATHER_TILE_CLASS && i1 - i0 > tile_rows) tile_rows = i1 - i0;
         if (piece_class == GATHER_TILE_CLASS) { /* the prepared rows with tiles of 64 and of 32 tokens */
-            prepared_rows += gather_prepared_rows(i1 - i0, 64);
+            prepared_rows += gather_prepared_rows(i1 - i0, QMM_CUDA_WGMMA_GROUPED_TOKENS);
             prepared_32 += gather_prepared_rows(i1 - i0, 32);
         }
     }

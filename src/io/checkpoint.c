@@ -350,6 +350,11 @@ static bool plain_file_name(const char *name) {
     return name[0] != '\0' && name[0] != '.' && !strchr(name, '/') && qmm_io_utf8_valid(name, strlen(name));
 }
 
+/* A shard's file name as mlx_lm.utils.load_model globs them: model*.safetensors. */
+static bool shard_file_name(const char *name) {
+    return strncmp(name, "model", 5) == 0 && ends_with(name, ".safetensors");
+}
+
 /* With an index: a model*.safetensors beside the shards it names that it does not name is refused — mlx_lm's
  * load_model globs model*.safetensors, index or not, and would read that file too (QMM_ERR_CORRUPT). */
 static qmm_status check_unnamed_shards(const char *dir, char *const *names, size_t count) {
@@ -358,7 +363,7 @@ static qmm_status check_unnamed_shards(const char *dir, char *const *names, size
     qmm_status status = QMM_OK;
     struct dirent *entry;
     while (status == QMM_OK && (entry = readdir(listing)) != NULL) {
-        if (strncmp(entry->d_name, "model", 5) != 0 || !ends_with(entry->d_name, ".safetensors")) continue;
+        if (!shard_file_name(entry->d_name)) continue;
         bool named = false;
         for (size_t i = 0; i < count && !named; i++) named = strcmp(names[i], entry->d_name) == 0;
         if (!named) {
@@ -489,7 +494,7 @@ static qmm_status find_shards(const char *dir, char ***names, size_t *count, cJS
         }
         struct dirent *entry;
         while ((entry = readdir(listing)) != NULL) {
-            if (strncmp(entry->d_name, "model", 5) != 0 || !ends_with(entry->d_name, ".safetensors")) continue;
+            if (!shard_file_name(entry->d_name)) continue;
             if ((status = add_name(names, count, &capacity, entry->d_name)) != QMM_OK) goto cleanup;
         }
     } else {
@@ -992,8 +997,7 @@ static qmm_status check_no_stale_shards(const char *dir) {
     while ((entry = readdir(listing)) != NULL) {
         const char *name = entry->d_name;
         bool stale = strcmp(name, "model.safetensors.index.json") == 0 ||
-                     (strncmp(name, "model", 5) == 0 && ends_with(name, ".safetensors") &&
-                      strcmp(name, "model.safetensors") != 0);
+                     (shard_file_name(name) && strcmp(name, "model.safetensors") != 0);
         if (stale) {
             char printable[QMM_PRINTABLE_SIZE];
             status = qmm_error(QMM_ERR_INVALID_ARGUMENT,

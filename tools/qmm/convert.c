@@ -50,11 +50,13 @@ int cmd_convert(const command *c, int argc, char **argv) {
         .prefixes = prefixes, .prefix_count = prefix_count, .skip_unsupported = skip};
     qmm_status status = qmm_gguf_convert_with(positional[0], positional[1], &options);
     if (status != QMM_OK) {
-        /* the hint only where it helps: a tensor of a type qmm cannot import (not a file version or byte order) */
-        const char *message = qmm_last_error();
-        const bool tensor_type = message && strstr(message, "which qmm cannot import");
         rc = library_error(c, status);
-        if (status == QMM_ERR_UNSUPPORTED && tensor_type && !skip)
+        /* the hint only where it helps: the file itself opens (its version and byte order are read), so what was
+         * unsupported is a tensor — the error above is printed already when the open below sets its own */
+        qmm_gguf *file = NULL;
+        const bool tensor_type = status == QMM_ERR_UNSUPPORTED && !skip && qmm_gguf_open(positional[0], &file) == QMM_OK;
+        qmm_gguf_close(file);
+        if (tensor_type)
             fprintf(stderr, "qmm convert: --skip-unsupported converts the rest and leaves such tensors out\n");
         return rc;
     }
