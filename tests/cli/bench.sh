@@ -42,6 +42,30 @@ check "--kernel: exit 0" rc_is 0
 check "--kernel: the forced row" out_matches '\* ref\.qmm_t\.scalar\.r1'
 expect_library_error bench "not found" "--kernel 'nope' is not a kernel of backend ref" bench --backend ref --quick --kernel nope
 
+# --selector-only: the selector's kernel alone in each cell (the CPU backend has several eligible rows per cell,
+# so without it a cell has more than one kernel row); the header and the summary say so; not with --kernel.
+q bench --backend cpu --quick --no-peers --json "$WORK/bench-all.json"
+check "cpu quick: exit 0" rc_is 0
+q bench --backend cpu --quick --no-peers --selector-only --json "$WORK/bench-sel.json"
+check "--selector-only: exit 0" rc_is 0
+check "--selector-only: header" out_has "# --selector-only: the selector's kernel alone is measured in each cell"
+check "--selector-only: not decided" out_matches '^selector vs fastest: not decided .*--selector-only measures one'
+if command -v python3 >/dev/null; then
+  check "--selector-only: one kernel row per cell, the selector's, where the full run has more" \
+    python3 - "$WORK/bench-all.json" "$WORK/bench-sel.json" <<'PY'
+import json, sys
+full, sel = (json.load(open(p)) for p in sys.argv[1:3])
+assert sel["selector_only"] is True and full["selector_only"] is False
+assert any(len(c["kernels"]) > 1 for c in full["cells"]), "the full run measured one row per cell: the test proves nothing"
+assert len(sel["cells"]) == len(full["cells"])
+for c in sel["cells"]:
+    assert len(c["kernels"]) == 1 and c["kernels"][0]["selected"] is True and c["kernels"][0]["us"] > 0, c["kernels"]
+    assert c["selector_fastest"] is None
+PY
+fi
+expect_usage_error bench "--kernel and --selector-only both choose the kernel rows; give one of them" \
+  bench --backend ref --quick --selector-only --kernel ref.qmm_t.scalar.r1
+
 # --batch-invariant: one more row per cell, marked 'bi', its note the mode's cost; in the JSON too. A forced kernel
 # the mode refuses gets a row saying why.
 q bench --backend ref --quick --no-peers --batch-invariant --json "$WORK/bench-bi.json"

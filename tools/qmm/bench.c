@@ -61,6 +61,7 @@ typedef struct bench_run {
     size_t experts, top_k;      /* --gather: experts per stack, experts per token */
     int batch_invariant;        /* --batch-invariant: one more row per cell, the mode's choice with the option on */
     const char *kernel;         /* --kernel, or NULL */
+    int selector_only;          /* --selector-only: the selector's kernel alone (and the peers) */
     bench_shape shapes[MAX_SHAPES];
     size_t shape_count;
     size_t ms[MAX_LIST];
@@ -122,10 +123,11 @@ static const char *progress_time(const bench_row *shown, double floor_us, char *
 }
 
 /* The k-th kernel of a cell's measuring order (k = 0 … kernel_count): the selector's choice first, then the
- * table's other rows in order, only --kernel's when given. 1: *info is a row to consider; 0: skip this k;
- * -1: qmm_kernel_get failed (*status says why). */
+ * table's other rows in order, only --kernel's when given, none under --selector-only. 1: *info is a row to
+ * consider; 0: skip this k; -1: qmm_kernel_get failed (*status says why). */
 static int measuring_order(const bench_run *run, size_t k, const qmm_kernel_info *chosen, qmm_kernel_info *info,
                            qmm_status *status) {
+    if (k > 0 && run->selector_only) return 0;
     if (k == 0) *info = *chosen;
     else if ((*status = qmm_kernel_get(run->context, k - 1, info)) != QMM_OK) return -1;
     if (k > 0 && strcmp(info->name, chosen->name) == 0) return 0;
@@ -802,6 +804,9 @@ static void print_header(const bench_run *run) {
         printf("# --batch-invariant: 'bi' rows are the selector's choice (or --kernel) with %s.batch_invariant "
                "on, timed the same way; the note gives its time ÷ the default mode's (the mode's cost)\n",
                run->gather ? "qmm_gather_options" : "qmm_matmul_options");
+    if (run->selector_only)
+        printf("# --selector-only: the selector's kernel alone is measured in each cell (with the peers), so "
+               "'fastest' is not decided\n");
     printf("# * = the selector's choice; 'fastest' = the selector's kernel is within 5%% of the fastest kernel measured; "
            "GB/s = the quantized problem's bytes ÷ time (also for peers)\n");
     for (size_t i = 0; i < run->absent_count; i++) printf("# peer %s\n", run->absent[i]);
@@ -995,6 +1000,7 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
     cJSON_AddNumberToObject(root, "repeats", run->repeats);
     cJSON_AddBoolToObject(root, "quick", run->quick);
     cJSON_AddBoolToObject(root, "batch_invariant", run->batch_invariant);
+    cJSON_AddBoolToObject(root, "selector_only", run->selector_only);
     if (run->load_warning[0]) cJSON_AddStringToObject(root, "warning", run->load_warning + 2);
     if (run->tuning[0]) cJSON_AddStringToObject(root, "tuning", run->tuning);
     cJSON *absent = cJSON_AddArrayToObject(root, "peers_absent");
@@ -1086,7 +1092,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
                *group_text = NULL, *kernel = NULL, *repeats_text = NULL, *json_text = NULL, *tuning_text = NULL,
                *threads_text = NULL, *experts_text = NULL, *top_k_text = NULL, *op_text = NULL,
                *peer_timeout_text = NULL;
-    int no_peers = 0, quick = 0, threads = 0, gather = 0, batch_invariant = 0;
+    int no_peers = 0, quick = 0, threads = 0, gather = 0, batch_invariant = 0, selector_only = 0;
     flag_spec flags[] = {
         {"--backend", NULL, &backend_text, NULL, NULL, 0, NULL}, {"--shapes", NULL, &shapes_text, NULL, NULL, 0, NULL},
         {"--m", "-m", &m_text, NULL, NULL, 0, NULL},             {"--dtype", NULL, &dtype_text, NULL, NULL, 0, NULL},
@@ -1100,6 +1106,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
         {"--batch-invariant", NULL, NULL, NULL, NULL, 0, &batch_invariant},
         {"--op", NULL, &op_text, NULL, NULL, 0, NULL},
         {"--peer-timeout", NULL, &peer_timeout_text, NULL, NULL, 0, NULL},
+        {"--selector-only", NULL, NULL, NULL, NULL, 0, &selector_only},
     };
     const char *positional[1];
     size_t npositional;
@@ -1113,6 +1120,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
     run->quick = quick;
     run->peers = !no_peers;
     run->kernel = kernel;
+    run->selector_only = selector_only;
     run->gather = gather;
     run->experts = 128; /* Qwen3-30B-A3B: 128 experts, 8 per token */
     run->top_k = 8;
@@ -1198,6 +1206,10 @@ int cmd_bench(const command *c, int argc, char **argv) {
     }
     if (kernel && !kernel[0]) {
         rc = usage_error(c, "--kernel is empty (want a kernel name from 'qmm kernels')");
+        goto done;
+    }
+    if (kernel && selector_only) {
+        rc = usage_error(c, "--kernel and --selector-only both choose the kernel rows; give one of them");
         goto done;
     }
 
@@ -1396,7 +1408,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
                "measured (%.0f%%)\n", yes, decided, 100.0 * (double)yes / (double)decided);
     else
         printf("selector vs fastest: not decided (no cell had two or more kernels measured%s)\n",
-               run->kernel ? "; --kernel measures one" : "");
+               run->kernel ? "; --kernel measures one" : run->selector_only ? "; --selector-only measures one" : "");
     printf("bench took %.1f s (%zu cells)\n", elapsed, run->cell_count);
 #ifdef QMM_BENCH_JSON
     if (json_path[0]) {
