@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char last_error[1024]; /* room for a table of kernel names (select.c) */
+/* Room for a table of kernel names (select.c) and for a message that echoes a path of PATH_MAX bytes with its rule. */
+static _Thread_local char last_error[8192];
 
 const char *qmm_status_string(qmm_status status) {
     switch (status) {
@@ -39,13 +40,14 @@ qmm_status qmm_error(qmm_status status, const char *format, ...) {
     va_start(args, format);
     const int length = vsnprintf(message, sizeof message, format, args);
     va_end(args);
-    if (length >= (int)sizeof message) { /* cut: never inside a UTF-8 character (names in messages keep theirs) */
-        size_t end = sizeof message - 1, lead = end;
+    if (length >= (int)sizeof message) { /* cut, marked with "…": never inside a UTF-8 character (names keep theirs) */
+        static const char mark[] = "\xE2\x80\xA6";
+        size_t end = sizeof message - sizeof mark, lead = end;
         while (lead > 0 && ((uint8_t)message[lead - 1] & 0xC0) == 0x80) lead--; /* back over continuation bytes */
         const size_t start = lead - 1; /* the last character's first byte */
         if (lead > 0 && (uint8_t)message[start] >= 0xC0 && qmm_utf8_char(message + start, end - start, NULL) == 0)
             end = start; /* that character was cut: drop what is left of it */
-        message[end] = '\0';
+        memcpy(message + end, mark, sizeof mark);
     }
     memcpy(last_error, message, sizeof message);
     return status;

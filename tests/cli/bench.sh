@@ -349,6 +349,11 @@ printf 'n 6\x1b4 64\n' >"$WORK/esc-number.txt"
 expect_library_error bench "corrupt file" "$WORK/esc-number.txt:1: N='6\\x1b4' and K='64' must be whole numbers" \
   bench --backend ref --quick --shapes "$WORK/esc-number.txt"
 check "a shapes file's number: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$ERR" "$ESC"
+# the success line names the JSON path escaped, as the error lines do
+q bench --backend ref --quick --no-peers --m 1 --json "$WORK/q${ESC}z.json"
+check "--json path with a control character: exit 0" rc_is 0
+check "--json path with a control character: the written line escaped" out_has "results written to $WORK/q\\x1bz.json"
+check "--json path with a control character: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$OUT" "$ESC"
 # a byte order mark (an editor's) is shown escaped: 'seed' alone would read as a valid name
 printf '\xef\xbb\xbfseed 64 64\n' >"$WORK/bom.txt"
 expect_library_error bench "corrupt file" "$WORK/bom.txt:1: shape name '\\xef\\xbb\\xbfseed' must be" \

@@ -74,8 +74,8 @@ static void test_printable(void) {
 }
 
 static void test_error_cut(void) {
-    /* a message longer than the 1023 bytes kept: cut between whole characters */
-    char name[1200];
+    /* a message longer than the 8191 bytes kept: cut between whole characters, the cut marked with "…" */
+    char name[8400];
     size_t at = 0;
     name[at++] = 'x';
     while (at + 3 < sizeof name) {
@@ -87,7 +87,8 @@ static void test_error_cut(void) {
         qmm_error(QMM_ERR_NOT_FOUND, "%.*s%s", shift, "ab", name);
         const char *message = qmm_last_error();
         const size_t length = strlen(message);
-        CHECK(length >= 1020 && length <= 1023, "shift %d: %zu bytes kept", shift, length);
+        CHECK(length >= 8188 && length <= 8191, "shift %d: %zu bytes kept", shift, length);
+        CHECK(length >= 3 && strcmp(message + length - 3, "\xe2\x80\xa6") == 0, "shift %d: the cut ends in \"…\"", shift);
         size_t i = 0;
         while (i < length) {
             const size_t step = qmm_utf8_char(message + i, length - i, NULL);
@@ -97,6 +98,12 @@ static void test_error_cut(void) {
         CHECK(i == length, "shift %d: the message is whole UTF-8 characters (stopped at byte %zu of %zu)", shift, i,
               length);
     }
+    /* a path of PATH_MAX bytes and its rule fit whole (the CLI echoes paths in messages) */
+    char path[4097];
+    memset(path, 'p', sizeof path - 1);
+    path[sizeof path - 1] = '\0';
+    qmm_error(QMM_ERR_IO, "--json '%s': cannot create it: File name too long", path);
+    CHECK(strstr(qmm_last_error(), "File name too long") != NULL, "a 4096-byte path keeps its rule");
     qmm_error(QMM_ERR_NOT_FOUND, "short \xe6\xa8\xa1");
     CHECK(strcmp(qmm_last_error(), "short \xe6\xa8\xa1") == 0, "a short message is kept whole: %s", qmm_last_error());
 }

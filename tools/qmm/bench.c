@@ -1416,7 +1416,8 @@ int cmd_bench(const command *c, int argc, char **argv) {
             rc = library_error(c, status);
             goto done;
         }
-        printf("results written to %s\n", json_path);
+        fprint_safe(stdout, "results written to %s", json_path);
+        putchar('\n');
     }
 #endif
     rc = 0;

@@ -38,8 +38,8 @@ static int info_checkpoint(const command *c, const char *dir) {
     size_t tensors = qmm_checkpoint_tensor_count(checkpoint), layers = qmm_checkpoint_layer_count(checkpoint);
     status = qmm_checkpoint_default_format(checkpoint, &bits, &group_size);
     if (status != QMM_OK) goto done;
-    printf("%s: MLX checkpoint, %zu tensor%s, %zu quantized layer%s", dir, tensors, tensors == 1 ? "" : "s", layers,
-           layers == 1 ? "" : "s");
+    fprint_safe(stdout, "%s: MLX checkpoint, %zu tensor%s, %zu quantized layer%s", dir, tensors, tensors == 1 ? "" : "s",
+                layers, layers == 1 ? "" : "s");
     if (bits) printf(" (config default: %d-bit gs%d)", bits, group_size);
     printf("\ntensors:\n");
     for (size_t i = 0; i < tensors; i++) {
@@ -67,7 +67,8 @@ static int info_safetensors(const command *c, const char *path) {
     qmm_status status = qmm_safetensors_open(path, &file);
     if (status != QMM_OK) return library_error(c, status);
     size_t count = qmm_safetensors_count(file);
-    printf("%s: safetensors, %zu tensors\ntensors:\n", path, count);
+    fprint_safe(stdout, "%s: safetensors, %zu tensors", path, count);
+    printf("\ntensors:\n");
     for (size_t i = 0; i < count; i++) {
         qmm_tensor t;
         if ((status = qmm_safetensors_get(file, i, &t)) != QMM_OK) goto done;

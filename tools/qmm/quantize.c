@@ -10,7 +10,8 @@
 static void print_quantize_note(void *user, qmm_quantize_event event, const char *name, const char *message) {
     (void)user;
     (void)name;
-    fprintf(stderr, "qmm quantize: %s%s\n", event == QMM_QUANTIZE_LEFT ? "warning: " : "", message);
+    fprint_safe(stderr, "qmm quantize: %s%s", event == QMM_QUANTIZE_LEFT ? "warning: " : "", message);
+    fputc('\n', stderr);
 }
 
 int cmd_quantize(const command *c, int argc, char **argv) {
