@@ -32,10 +32,29 @@ static void temp_suffix(char *out) {
         out[i] = alphabet[x % 62];
 }
 
+/* What an existing destination that is not a regular file is, for the refusal's message. */
+static const char *entry_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
 qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
     file->fd = -1;
     file->path = path;
     file->temp_path = NULL;
+    /* The rename would replace whatever the destination is — a symbolic link itself (its target never written), a
+     * device node (as root, /dev/full would become a file): only a regular file or a new name is written. */
+    struct stat info;
+    if (lstat(path, &info) == 0 && !S_ISREG(info.st_mode)) {
+        char shown[QMM_PRINTABLE_SIZE];
+        return qmm_error(QMM_ERR_IO, "\"%s\" exists and is %s, not a regular file: writing it would replace it",
+                         qmm_printable(path, strlen(path), shown, sizeof shown), entry_kind(info.st_mode));
+    }
     static const char suffix[] = ".qmm-tmp-XXXXXX";
     size_t length = strlen(path);
     file->temp_path = malloc(length + sizeof suffix);

@@ -151,7 +151,8 @@ typedef struct qmm_atomic_file {
 } qmm_atomic_file;
 
 /* Creates "path.qmm-tmp-XXXXXX" beside path with O_CREAT|O_EXCL, mode 0666 under the umask (a fresh name:
- * an existing file is never opened). Errors: QMM_ERR_IO. */
+ * an existing file is never opened). Errors: QMM_ERR_IO, also where path exists and is not a regular file (a
+ * directory, a symbolic link, a device, a FIFO, a socket), which the rename would replace. */
 qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path);
 qmm_status qmm_atomic_write(qmm_atomic_file *file, const void *bytes, size_t size);
 /* Flushes to disk and closes the temporary file (still under its temporary name). */

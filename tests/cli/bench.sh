@@ -354,6 +354,17 @@ q bench --backend ref --quick --no-peers --m 1 --json "$WORK/q${ESC}z.json"
 check "--json path with a control character: exit 0" rc_is 0
 check "--json path with a control character: the written line escaped" out_has "results written to $WORK/q\\x1bz.json"
 check "--json path with a control character: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$OUT" "$ESC"
+# an argument that is not UTF-8 (a path's byte 0xff): the JSON still parses, the command line shows it as \xff
+printf 'a 64 64\n' >"$WORK/s"$'\xff'".txt"
+q bench --backend ref --quick --no-peers --m 1 --shapes "$WORK/s"$'\xff'".txt" --json "$WORK/bench-ff.json"
+check "a non-UTF-8 argument: exit 0" rc_is 0
+if command -v python3 >/dev/null; then
+  check "a non-UTF-8 argument: the JSON is valid UTF-8 and names it escaped" python3 - "$WORK/bench-ff.json" <<'PY'
+import json, sys
+d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
+assert "s\\xff.txt" in d["command"], d["command"]
+PY
+fi
 # a byte order mark (an editor's) is shown escaped: 'seed' alone would read as a valid name
 printf '\xef\xbb\xbfseed 64 64\n' >"$WORK/bom.txt"
 expect_library_error bench "corrupt file" "$WORK/bom.txt:1: shape name '\\xef\\xbb\\xbfseed' must be" \

@@ -364,16 +364,36 @@ static void test_write_errors(const char *dir) {
     CHECK_STATUS(qmm_safetensors_write(path, &t, 1, keys, values_md, 2), QMM_ERR_INVALID_ARGUMENT);
     CHECK(io_count_entries(dir) == 0, "failed writes left %d entries", io_count_entries(dir));
 
-    /* The rename fails when the destination is a non-empty directory: no temp file may remain. */
+    /* A destination that exists and is not a regular file — a directory, a symbolic link (the rename would replace
+     * the link, its target never written), a FIFO — is refused before anything is written: no temp file remains,
+     * the link and its target are untouched. */
     char blocker[1024];
     snprintf(blocker, sizeof blocker, "%s/%s", dir, "blocked.safetensors");
     CHECK(mkdir(blocker, 0755) == 0, "mkdir %s", blocker);
     CHECK(io_write_file(io_path(blocker, "inside"), "x", 1), "cannot fill %s", blocker);
     CHECK_STATUS(qmm_safetensors_write(blocker, &t, 1, NULL, NULL, 0), QMM_ERR_IO);
-    CHECK(message_has("rename"), "message: %s", qmm_last_error());
-    CHECK(io_count_entries(dir) == 1, "after the failed rename the directory has %d entries, want 1",
-          io_count_entries(dir));
+    CHECK(message_has("exists and is a directory, not a regular file"), "message: %s", qmm_last_error());
+    CHECK(io_count_entries(dir) == 1, "after the refusal the directory has %d entries, want 1", io_count_entries(dir));
     io_remove_tree(blocker);
+    char target[1024], link_path[1024], fifo[1024];
+    snprintf(target, sizeof target, "%s/%s", dir, "target.txt");
+    snprintf(link_path, sizeof link_path, "%s/%s", dir, "link.safetensors");
+    snprintf(fifo, sizeof fifo, "%s/%s", dir, "fifo.safetensors");
+    CHECK(io_write_file(target, "keep", 4), "cannot write %s", target);
+    CHECK(symlink(target, link_path) == 0, "symlink %s", link_path);
+    CHECK_STATUS(qmm_safetensors_write(link_path, &t, 1, NULL, NULL, 0), QMM_ERR_IO);
+    CHECK(message_has("exists and is a symbolic link, not a regular file: writing it would replace it"), "message: %s",
+          qmm_last_error());
+    struct stat link_info;
+    CHECK(lstat(link_path, &link_info) == 0 && S_ISLNK(link_info.st_mode), "the link is still a link");
+    CHECK(io_count_entries(dir) == 2, "after the refusal the directory has %d entries, want 2", io_count_entries(dir));
+    CHECK(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+    CHECK_STATUS(qmm_safetensors_write(fifo, &t, 1, NULL, NULL, 0), QMM_ERR_IO);
+    CHECK(message_has("exists and is a FIFO"), "message: %s", qmm_last_error());
+    CHECK(io_count_entries(dir) == 3, "after the refusal the directory has %d entries, want 3", io_count_entries(dir));
+    unlink(fifo);
+    unlink(link_path);
+    unlink(target);
 
     /* A directory that does not exist. */
     CHECK_STATUS(qmm_safetensors_write(io_path(dir, "no/such/dir/x.safetensors"), &t, 1, NULL, NULL, 0), QMM_ERR_IO);

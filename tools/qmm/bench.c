@@ -32,7 +32,7 @@ typedef struct bench_row {
     int selected;
     int invariant; /* --batch-invariant: the mode's choice, timed with the option on */
     double us; /* NaN when not measured (note says why) */
-    char note[256];
+    char note[512];
 } bench_row;
 
 typedef struct bench_cell {

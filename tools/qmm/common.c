@@ -479,7 +479,9 @@ qmm_status load_tuning_option(qmm_context *context, const char *path, char *note
     if (status != QMM_OK) return status;
     size_t other_device = 0, unknown_kernel = 0;
     size_t in_use = qmm_context_tuning_count(context, &other_device, &unknown_kernel);
-    int used = snprintf(note, size, "tuning table %s: %zu entr%s in use", path, in_use, in_use == 1 ? "y" : "ies");
+    char shown[PRINTABLE_SIZE]; /* the note goes into bench's JSON too: valid UTF-8 */
+    int used = snprintf(note, size, "tuning table %s: %zu entr%s in use", printable(path, shown, sizeof shown), in_use,
+                        in_use == 1 ? "y" : "ies");
     if (other_device && used >= 0 && (size_t)used < size)
         used += snprintf(note + used, size - (size_t)used, "; %zu set aside: measured on another device than \"%s\"",
                          other_device, qmm_context_device(context));

@@ -390,5 +390,25 @@ qmm_status load_measure_shapes(const char *shapes_text, int quick, int group_siz
 
 void format_command_line(char *out, size_t size, const char *name, int argc, char **argv) {
     size_t used = (size_t)snprintf(out, size, "qmm %s", name);
-    for (int i = 0; i < argc && used < size; i++) used += (size_t)snprintf(out + used, size - used, " %s", argv[i]);
+    /* each argument as put_terminal_safe shows it (a byte outside printable UTF-8 as \xNN), so the JSON that records
+     * the line is valid UTF-8; cut before a character that does not fit */
+    for (int i = 0; i < argc && used + 1 < size; i++) {
+        out[used++] = ' ';
+        const char *arg = argv[i];
+        const size_t length = strlen(arg);
+        for (size_t at = 0; at < length;) {
+            const size_t kept = qmm_printable_char(arg + at, length - at);
+            char piece[8];
+            const size_t piece_size = kept ? kept : (size_t)snprintf(piece, sizeof piece, "\\x%02x", (unsigned char)arg[at]);
+            if (used + piece_size >= size) {
+                at = length;
+                i = argc;
+                break;
+            }
+            memcpy(out + used, kept ? arg + at : piece, piece_size);
+            used += piece_size;
+            at += kept ? kept : 1;
+        }
+    }
+    out[used < size ? used : size - 1] = '\0';
 }
