@@ -849,7 +849,8 @@ void qmm_gguf_import_free(qmm_qmatrix *matrix, qmm_tensor *float_tensor);
  * float tensors are kept as they are; config.json records the formats and the GGUF general.architecture. Every refusal comes before anything is written and
  * leaves out_dir as it was: those of qmm_gguf_import (an unsupported type stops the conversion,
  * naming the tensor) and of qmm_checkpoint_write (e.g. a float tensor named "x.scales", which no
- * layer owns, or a quantized tensor "bits.weight", whose layer name is a config.json key). */
+ * layer owns, or a quantized tensor "bits.weight", whose layer name is a config.json key); a null prefix is
+ * QMM_ERR_INVALID_ARGUMENT. */
 qmm_status qmm_gguf_convert(const char *gguf_path, const char *out_dir, const char *const *prefixes, size_t count);
 
 /* Options of qmm_gguf_convert_with. Zero-initialised: every tensor, and one qmm cannot import is refused. */

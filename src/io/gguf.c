@@ -800,6 +800,10 @@ qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, con
     if (!options) options = &defaults;
     if (!gguf_path || !out_dir || (options->prefix_count > 0 && !options->prefixes))
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert_with: null argument");
+    for (size_t i = 0; i < options->prefix_count; i++)
+        if (!options->prefixes[i])
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert_with: prefix %zu of %zu is null (want a name "
+                             "prefix; an empty string selects every tensor)", i, options->prefix_count);
     const size_t count = options->prefix_count;
     qmm_gguf *file = NULL;
     qmm_tensor *tensors = NULL;
