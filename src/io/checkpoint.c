@@ -396,8 +396,10 @@ static qmm_status add_name(char ***names, size_t *count, size_t *capacity, const
 }
 
 /* Parses "<stem>-<i>-of-<n>.safetensors" (the numbered-shard names of Hugging Face and mlx-lm): the stem's length,
- * i and n; false for any other name (digits only, at most 9 each). */
-static bool numbered_shard(const char *name, size_t *stem, unsigned long *i, unsigned long *n) {
+ * i and n; false for any other name (digits only, at most 9 each; *overlong, when not NULL, says a name of that form
+ * had a number of more than 9 digits). */
+static bool numbered_shard_digits(const char *name, size_t *stem, unsigned long *i, unsigned long *n, bool *overlong) {
+    if (overlong) *overlong = false;
     const size_t length = strlen(name), ext = strlen(".safetensors");
     if (length <= ext) return false;
     const char *of = NULL;
@@ -406,16 +408,22 @@ static bool numbered_shard(const char *name, size_t *stem, unsigned long *i, uns
     const char *n_start = of + 4, *n_end = name + length - ext, *i_end = of, *i_start = of;
     while (i_start > name && i_start[-1] >= '0' && i_start[-1] <= '9') i_start--;
     if (i_start == i_end || i_start == name || i_start[-1] != '-' || n_start >= n_end) return false;
-    if (i_end - i_start > 9 || n_end - n_start > 9) return false;
+    for (const char *p = n_start; p < n_end; p++)
+        if (*p < '0' || *p > '9') return false;
+    if (i_end - i_start > 9 || n_end - n_start > 9) {
+        if (overlong) *overlong = true;
+        return false;
+    }
     unsigned long values[2] = {0, 0};
     const char *starts[2] = {i_start, n_start}, *ends[2] = {i_end, n_end};
     for (int k = 0; k < 2; k++)
-        for (const char *p = starts[k]; p < ends[k]; p++) {
-            if (*p < '0' || *p > '9') return false;
-            values[k] = values[k] * 10 + (unsigned long)(*p - '0');
-        }
+        for (const char *p = starts[k]; p < ends[k]; p++) values[k] = values[k] * 10 + (unsigned long)(*p - '0');
     *stem = (size_t)(i_start - 1 - name), *i = values[0], *n = values[1];
     return true;
+}
+
+static bool numbered_shard(const char *name, size_t *stem, unsigned long *i, unsigned long *n) {
+    return numbered_shard_digits(name, stem, i, n, NULL);
 }
 
 /* Whether name is shard `want` of the numbered set "<stem>-<i>-of-<n>" whose stem is the first `stem` characters of
@@ -434,6 +442,13 @@ static qmm_status check_numbered_shards(const char *dir, char *const *names, siz
     char printable[QMM_PRINTABLE_SIZE];
     size_t stem;
     unsigned long i, n;
+    for (size_t a = 0; a < count; a++) {
+        bool overlong = false;
+        if (!numbered_shard_digits(names[a], &stem, &i, &n, &overlong) && overlong)
+            return qmm_error(QMM_ERR_CORRUPT, "\"%s\": shard \"%s\" has a shard number of more than 9 digits (its set "
+                             "cannot be checked whole; name shards <stem>-00001-of-00003.safetensors)", dir,
+                             qmm_printable(names[a], strlen(names[a]), printable, sizeof printable));
+    }
     for (size_t a = 0; a < count; a++)
         if (numbered_shard(names[a], &stem, &i, &n) && (n == 0 || i == 0 || i > n))
             return qmm_error(QMM_ERR_CORRUPT, "\"%s\": shard \"%s\" is numbered %lu of %lu; shards count from 1 to their total",

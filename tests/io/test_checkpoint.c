@@ -226,7 +226,13 @@ static void test_two_shards(const char *root) {
     CHECK(rename(io_path(dir, "aside.bin"), io_path(dir, "model-00003-of-00002.safetensors")) == 0, "rename");
     CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
     CHECK(message_has("numbered 3 of 2"), "message: %s", qmm_last_error());
-    CHECK(rename(io_path(dir, "model-00003-of-00002.safetensors"), io_path(dir, "model-00002-of-00002.safetensors")) == 0,
+    /* a number of more than 9 digits: its set cannot be checked, so the name is refused rather than loaded unchecked */
+    CHECK(rename(io_path(dir, "model-00003-of-00002.safetensors"), io_path(dir, "model-00002-of-99999999999.safetensors")) == 0,
+          "rename");
+    CHECK_STATUS(qmm_checkpoint_open(dir, &ck), QMM_ERR_CORRUPT);
+    CHECK(message_has("model-00002-of-99999999999.safetensors") && message_has("more than 9 digits"), "message: %s",
+          qmm_last_error());
+    CHECK(rename(io_path(dir, "model-00002-of-99999999999.safetensors"), io_path(dir, "model-00002-of-00002.safetensors")) == 0,
           "rename");
     CHECK_OK(qmm_checkpoint_open(dir, &ck));
     qmm_checkpoint_close(ck);
