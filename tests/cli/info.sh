@@ -173,6 +173,12 @@ make_safetensors "$WORK/names-x.safetensors" 'x\u001b:F32:2,32'
 expect_library_error matmul "bad shape" "activation tensor 'x\\x1b' has shape [2, 32], want [T, K=64]" \
   matmul "$WORK/names" --layer "e${ESC}[31m" --x "$WORK/names-x.safetensors"
 check "matmul --x: no raw control character" no_raw_escape
+# x of an integer dtype: an unsupported format (not a bad shape); a 1-D x [K] is one row (T = 1)
+make_safetensors "$WORK/names-x-u32.safetensors" 'x:U32:2,64'
+expect_library_error matmul "unsupported format" "activation tensor 'x' has dtype u32, want f32, f16 or bf16" \
+  matmul "$WORK/names" --layer "e${ESC}[31m" --x "$WORK/names-x-u32.safetensors"
+make_safetensors "$WORK/names-x-1d.safetensors" 'x:F32:64'
+expect_ok "matmul --x of shape [K]" matmul "$WORK/names" --layer "e${ESC}[31m" --x "$WORK/names-x-1d.safetensors"
 # A layer's entry in config.json's quantization is named escaped too, also where one of its keys is given twice.
 printf '{"quantization": {"group_size": 32, "bits": 4, "e\\u001b[31m": {"bits": 4, "bits": 8}}}' >"$WORK/names/config.json"
 expect_library_error info "corrupt file" 'config.json quantization["e\x1b[31m"]: "bits" appears 2 times' info "$WORK/names"

@@ -741,15 +741,15 @@ qmm_status activation_rows(const qmm_tensor *tensor, size_t K, size_t M, size_t 
     char name[PRINTABLE_SIZE]; /* from a file */
     printable(tensor->name, name, sizeof name);
     if (!qmm_is_float_dtype(tensor->dtype))
-        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has dtype %s, want f32, f16 or bf16", name,
+        return qmm_error(QMM_ERR_FORMAT, "activation tensor '%s' has dtype %s, want f32, f16 or bf16", name,
                          qmm_dtype_name(tensor->dtype));
     int64_t last = tensor->ndim >= 1 ? tensor->shape[tensor->ndim - 1] : 0;
     int64_t T = tensor->ndim == 2 ? tensor->shape[0] : 1;
     if ((tensor->ndim != 1 && tensor->ndim != 2) || last != (int64_t)K || T < 1) {
         char shape[128];
         format_shape(shape, sizeof shape, tensor->ndim, tensor->shape);
-        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has shape %s, want [T, K=%zu] with T >= 1",
-                         name, shape, K);
+        return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has shape %s, want [T, K=%zu] with T >= 1 (or [K=%zu]: T = 1)",
+                         name, shape, K, K);
     }
     if (M == 0 && T > MAX_M) /* -m is capped at MAX_M; all T rows must not bypass the cap */
         return qmm_error(QMM_ERR_SHAPE, "activation tensor '%s' has T=%lld rows, more than the %d one product may use "

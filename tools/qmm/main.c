@@ -49,7 +49,7 @@ static const command commands[] = {
      "usage: qmm matmul DIR --layer NAME -m M [--dtype f32|f16|bf16] [--kernel NAME] [--x FILE.safetensors]\n"
      "                  [--seed S] [--backend auto|cuda|cpu|ref] [--tuning FILE] [--threads N] [--batch-invariant]\n"
      "  out[M, N] = x[M, K] · Ŵᵀ for layer NAME of checkpoint DIR. x is uniform random in [-1, 1) (seed S,\n"
-     "  default 42) or read from FILE (the tensor named NAME, else its only tensor; shape [T, K], first M\n"
+     "  default 42) or read from FILE (the tensor named NAME, else its only tensor; shape [T, K] or [K] (T = 1), first M\n"
      "  rows, all T rows (at most 65536) when -m is omitted). --dtype (also float32, float16, bfloat16) other\n"
      "  than the layer's scale dtype converts scales and biases (rounded once). Prints max |error| and max\n"
      "  relative error (÷ max |exact|) against qmm_ref_dense_f64, the worst error/bound ratio (qmm_error_bound),\n"
