@@ -35,6 +35,9 @@ qmm_status qmm_checkpoint_quantize(const char *in_path, const char *out_dir, int
     if (!in_path || !out_dir) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_quantize: null argument");
     qmm_status status = qmm_format_validate(bits, group_size);
     if (status != QMM_OK) return status;
+    if (convention != QMM_CONVENTION_CPU && convention != QMM_CONVENTION_GPU) /* before the input is opened */
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_checkpoint_quantize: convention %d is not QMM_CONVENTION_CPU (0) "
+                         "or QMM_CONVENTION_GPU (1)", (int)convention);
     qmm_checkpoint *input = NULL;
     qmm_tensor *tensors = NULL;
     qmm_layer *layers = NULL;

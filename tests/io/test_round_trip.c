@@ -192,6 +192,10 @@ static void check_quantize(const char *input, const char *out, int bits, int gro
     for (size_t i = 0; i < float_count; i++)
         if (quantizable(&floats[i], group_size)) expect++;
     qmm_quantize_summary summary;
+    /* a convention outside the enum: refused before the input is read, naming the value; nothing written */
+    CHECK(qmm_checkpoint_quantize(input, out, bits, group_size, (qmm_convention)9, NULL, NULL, &summary) ==
+              QMM_ERR_INVALID_ARGUMENT && strstr(qmm_last_error(), "convention 9") != NULL && !io_exists(out),
+          "%s: convention 9: %s", step, qmm_last_error());
     qmm_status status = qmm_checkpoint_quantize(input, out, bits, group_size, QMM_CONVENTION_CPU, NULL, NULL, &summary);
     if (expect == 0) {
         CHECK(status == QMM_ERR_SHAPE || status == QMM_ERR_NOT_FOUND, "%s: nothing to quantize at %d/%d gave %s (%s)",
