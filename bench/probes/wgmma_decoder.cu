@@ -10,9 +10,10 @@
 // after loading a code word from shared memory) into a 4-stage ring of A tiles in shared memory, handing each stage to
 // the two consumer warpgroups through an mbarrier (and getting it back through another); the consumers issue SS
 // wgmmas in chains of CHAIN k16 steps into a segment accumulator, then fold it into the main accumulator with one
-// FMA per element (the tile's `acc = fma(s, Σq·x, acc)`), with one or two segment accumulators (two: the next chain is
-// issued before the previous one's FMAs, wgmma.wait_group 1). Reported: cycles per wgmma per SM (ideal 64 at the
-// H100/H200's dense f16 rate) — what the consumers' loop costs when the decode is someone else's work.
+// FMA per element (the tile's `acc = fma(s, Σq·x, acc)`), with one or two segment accumulators (two: a stage is two
+// chains, the second issued before the first one's wait and FMAs, wgmma.wait_group 1, as the 64-token tile does; with a
+// wgmma still in flight at the loop's back edge ptxas serialises them, C7514). Reported: cycles per wgmma per SM
+// (ideal 64 at the H100/H200's dense f16 rate) — what the consumers' loop costs when the decode is someone else's work.
 //
 // Modes: 0 = RS, the consumers decode (the tile's form; ALU rounds in the consumers), one segment accumulator;
 //        1 = RS, two segment accumulators (the 64-token tile's form);
@@ -156,36 +157,34 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
             for (int e = 0; e < 64; e++) { keep(part[e]); acc[e] = __fmaf_rn(scale, part[e], acc[e]); }
         }
     } else if constexpr (MODE == 1) {
+        /* as the 64-token tile does it (kernels_wgmma.cu, TWO_PARTS): two chains a stage, the second decoded and issued
+         * while the first runs, the first folded while the second runs, nothing in flight at the loop's back edge (a
+         * wgmma in flight across it makes ptxas serialise the wgmmas: C7514) */
         for (int it = 0; it < iters; it += 2) {
-            uint32_t aa[CHAIN][4];
+            uint32_t aa[CHAIN][4], bb[CHAIN][4];
 #pragma unroll
             for (int c = 0; c < CHAIN; c++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) aa[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + c));
             wg_fence();
 #pragma unroll
-            for (int c = 0; c < CHAIN; c++) wg_rs(part2, aa[c], db + 2 * c, c > 0);
+            for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], db + 2 * c, c > 0);
             wg_commit();
-            if (it > 0) {
-                wg_wait<1>();
-#pragma unroll
-                for (int e = 0; e < 64; e++) { keep(part[e]); acc[e] = __fmaf_rn(scale, part[e], acc[e]); }
-            }
 #pragma unroll
             for (int c = 0; c < CHAIN; c++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) aa[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + 1 + c));
+                for (int j = 0; j < 4; j++) bb[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + 1 + c));
             wg_fence();
 #pragma unroll
-            for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], db + 2 * c, c > 0);
+            for (int c = 0; c < CHAIN; c++) wg_rs(part2, bb[c], db + 2 * c, c > 0);
             wg_commit();
             wg_wait<1>();
 #pragma unroll
+            for (int e = 0; e < 64; e++) { keep(part[e]); acc[e] = __fmaf_rn(scale, part[e], acc[e]); }
+            wg_wait<0>();
+#pragma unroll
             for (int e = 0; e < 64; e++) { keep(part2[e]); acc[e] = __fmaf_rn(scale, part2[e], acc[e]); }
         }
-        wg_wait<0>();
-#pragma unroll
-        for (int e = 0; e < 64; e++) { keep(part[e]); acc[e] = __fmaf_rn(scale, part[e], acc[e]); }
     } else if constexpr (MODE == 2) {
         for (int it = 0; it < iters; it++) {
             const int s = it % STAGES;
@@ -200,7 +199,7 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
 #pragma unroll
             for (int e = 0; e < 64; e++) { keep(part[e]); acc[e] = __fmaf_rn(scale, part[e], acc[e]); }
         }
-    } else { /* MODE 3: two segment accumulators, unrolled by two (registers cannot be picked at run time) */
+    } else { /* MODE 3: two segment accumulators, two chains a stage as in mode 1 (nothing in flight at the back edge) */
         auto chain = [&](float(&d)[64], int it) {
             const int s = it % STAGES;
             bar_wait(bars + 8 * s, (it / STAGES) & 1);
@@ -216,17 +215,13 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
             for (int e = 0; e < 64; e++) { keep(d[e]); acc[e] = __fmaf_rn(scale, d[e], acc[e]); }
         };
         for (int it = 0; it < iters; it += 2) {
-            chain(part2, it);
-            if (it > 0) {
-                wg_wait<1>();
-                fold(part, it - 1);
-            }
-            chain(part, it + 1);
+            chain(part, it);
+            chain(part2, it + 1);
             wg_wait<1>();
-            fold(part2, it);
+            fold(part, it);
+            wg_wait<0>();
+            fold(part2, it + 1);
         }
-        wg_wait<0>();
-        fold(part, iters - 1);
     }
     long long t1 = clock64();
     float sum = 0;
