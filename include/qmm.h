@@ -643,8 +643,10 @@ const char *qmm_safetensors_metadata(const qmm_safetensors *file, const char *ke
 /* Writes count tensors (data copied from each tensor's data/nbytes) and optional metadata pairs
  * (metadata_keys[i] → metadata_values[i]) to path via a temporary file in the same directory and an
  * atomic rename: on any error nothing is left at path or beside it. The file is created with mode
- * 0666 narrowed by the process umask. Names must be unique, non-empty valid UTF-8; nbytes must equal
- * dtype size × shape product. Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE, QMM_ERR_IO. */
+ * 0666 narrowed by the process umask. An existing regular file at path is replaced, and so is a symbolic link
+ * (the link itself: its target is not written); a directory, a device, a FIFO or a socket at path is refused
+ * (QMM_ERR_IO, naming it and what it is) before anything is written. Names must be unique, non-empty valid UTF-8;
+ * nbytes must equal dtype size × shape product. Errors: QMM_ERR_INVALID_ARGUMENT, QMM_ERR_SHAPE, QMM_ERR_IO. */
 qmm_status qmm_safetensors_write(const char *path, const qmm_tensor *tensors, size_t count,
                                  const char *const *metadata_keys, const char *const *metadata_values,
                                  size_t metadata_count);
@@ -725,7 +727,9 @@ qmm_status qmm_config_parse(const char *json, size_t size, int *bits, int *group
  * tensors are missing or disagree with its format; also an invalid format or matrix (qmm_qmatrix_validate).
  * Creates dir (mode 0777 under the umask) if missing; files are created 0666 under the umask and
  * written via temp + rename, so a failure leaves no partial file and a directory it created is
- * removed; an existing model.safetensors is put back if config.json cannot be renamed. Errors:
+ * removed; an existing model.safetensors is put back if config.json cannot be renamed. A model.safetensors or
+ * config.json that exists as a directory, device, FIFO or socket is refused before either file is written (a
+ * symbolic link is replaced, as qmm_safetensors_write says). Errors:
  * QMM_ERR_IO, QMM_ERR_INVALID_ARGUMENT, QMM_ERR_FORMAT/SHAPE (validation), QMM_ERR_OVERFLOW,
  * QMM_ERR_OUT_OF_MEMORY. */
 qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size_t tensor_count,

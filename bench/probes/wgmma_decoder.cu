@@ -23,6 +23,7 @@
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a wgmma_decoder.cu -o wgmma_decoder
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cuda_runtime.h>
 
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
@@ -71,10 +72,24 @@ __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
 }
 
 constexpr int STAGES = 4;
-constexpr int A_BYTES = 2048;                  /* one warpgroup's A for one k16 step: 64 rows × 16 halves */
-constexpr uint32_t B_OFFSET = 0;               /* x: 2 regions of 16 KB (one per consumer, as in s23's probe) */
+/* The 128-byte-swizzled K-major layout wgmma reads (descriptor_sw128: 8-row groups 1024 bytes apart): an m64 A operand
+ * spans 8 KB from its start address, 64 rows × 64 halves of K (4 k16 steps, each 32 bytes further along the row);
+ * x, the B operand of both consumers (as in the tile), 128 tokens × 64 halves = 16 KB a 64-k atom. */
+constexpr uint32_t A_ATOM = 8192, B_ATOM = 16384;
+constexpr uint32_t B_OFFSET = 0;               /* x: 2 atoms (CHAIN ≤ 8), shared by the consumers */
 constexpr uint32_t A_OFFSET = 32768;           /* the ring: STAGES × CHAIN × 2 warpgroups × 2 KB */
-constexpr uint32_t SMEM = 32768 + STAGES * 8 * 2 * A_BYTES + 4096 + 1024; /* + raw codes + barriers */
+constexpr uint32_t SMEM = 32768 + STAGES * 2 * 2 * A_ATOM + 4096 + 1024; /* + raw codes + barriers */
+/* A stage of the ring: per consumer warpgroup CHAIN / 4 atoms; the address of k16 step c of warpgroup w's A. */
+template <int CHAIN> __device__ __forceinline__ uint32_t a_tile(uint32_t stage, int w, int c) {
+    return stage + ((uint32_t)w * (CHAIN / 4) + (uint32_t)(c / 4)) * A_ATOM + 32u * (uint32_t)(c % 4);
+}
+template <int CHAIN> __device__ __forceinline__ uint32_t stage_at(uint32_t base, int s) {
+    return base + A_OFFSET + (uint32_t)s * 2 * (CHAIN / 4) * A_ATOM;
+}
+/* The B descriptor of k16 step c. */
+__device__ __forceinline__ uint64_t b_desc(uint32_t base, int c) {
+    return desc_sw128(base + B_OFFSET + (uint32_t)(c / 4) * B_ATOM + 32u * (uint32_t)(c % 4));
+}
 
 /* One ALU round per 32-bit A word (shift, permute, xor), then forced to a finite f16 pair in [0.5, 1). */
 template <int ALU> __device__ __forceinline__ uint32_t decode_word(uint32_t v) {
@@ -83,6 +98,7 @@ template <int ALU> __device__ __forceinline__ uint32_t decode_word(uint32_t v) {
     return (v & 0x03ff03ffu) | 0x38003800u;
 }
 
+static_assert(STAGES * 2 * 2 * A_ATOM + 32768 <= 200 * 1024, "the ring fits shared memory at CHAIN 8");
 template <int MODE, int CHAIN, int ALU>
 __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, int iters, long long *cycles) {
     extern __shared__ __align__(1024) uint8_t sm[];
@@ -99,6 +115,7 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the fill above, visible to wgmma's reads */
     __syncthreads();
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
     if (wg == 2) { /* the decoder (modes 2-3); in modes 0-1 it only gives its registers to the consumers */
@@ -108,7 +125,7 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
         for (int it = 0; it < iters; it++) {
             const int s = it % STAGES;
             if (it >= STAGES) bar_wait(bars + 8 * (STAGES + s), ((it / STAGES) - 1) & 1);
-            const uint32_t stage = base + A_OFFSET + (uint32_t)s * CHAIN * 2 * A_BYTES;
+            const uint32_t stage = stage_at<CHAIN>(base, s);
 #pragma unroll
             for (int c = 0; c < CHAIN; c++) {
                 /* 4 KB a k16 step (both consumers' A): 32 bytes a thread, from two code words */
@@ -122,7 +139,10 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
                     const uint32_t w = half ? code1 : code0;
                     const uint32_t a0 = decode_word<ALU>(w), a1 = decode_word<ALU>(w >> 4), a2 = decode_word<ALU>(w >> 8),
                                    a3 = decode_word<ALU>(w << 4);
-                    const uint32_t dst = stage + (uint32_t)c * 2 * A_BYTES + (uint32_t)half * A_BYTES + 16 * t;
+                    /* thread t: row t / 2, 16-byte chunk t % 2 of the step, at its swizzled place in the row */
+                    const int row = t >> 1, chunk = (2 * (c % 4) + (t & 1)) ^ (row & 7);
+                    const uint32_t dst = stage + ((uint32_t)half * (CHAIN / 4) + (uint32_t)(c / 4)) * A_ATOM +
+                                         (uint32_t)(row >> 3) * 1024 + (uint32_t)(row & 7) * 128 + 16u * (uint32_t)chunk;
                     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(a0), "r"(a1), "r"(a2),
                                  "r"(a3)
                                  : "memory");
@@ -139,7 +159,6 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
     const float scale = __uint_as_float(in[5]) + 1.0f;
     float acc[64], part[64], part2[64];
     for (int e = 0; e < 64; e++) acc[e] = 0.f;
-    const uint64_t db = desc_sw128(base + B_OFFSET + 16384 * wg);
     long long t0 = clock64();
     if constexpr (MODE == 0) {
         for (int it = 0; it < iters; it++) {
@@ -150,7 +169,7 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
                 for (int j = 0; j < 4; j++) aa[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + c));
             wg_fence();
 #pragma unroll
-            for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], db + 2 * c, c > 0);
+            for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], b_desc(base, c), c > 0);
             wg_commit();
             wg_wait<0>();
 #pragma unroll
@@ -168,7 +187,7 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
                 for (int j = 0; j < 4; j++) aa[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + c));
             wg_fence();
 #pragma unroll
-            for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], db + 2 * c, c > 0);
+            for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], b_desc(base, c), c > 0);
             wg_commit();
 #pragma unroll
             for (int c = 0; c < CHAIN; c++)
@@ -176,7 +195,7 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
                 for (int j = 0; j < 4; j++) bb[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + 1 + c));
             wg_fence();
 #pragma unroll
-            for (int c = 0; c < CHAIN; c++) wg_rs(part2, bb[c], db + 2 * c, c > 0);
+            for (int c = 0; c < CHAIN; c++) wg_rs(part2, bb[c], b_desc(base, c), c > 0);
             wg_commit();
             wg_wait<1>();
 #pragma unroll
@@ -189,10 +208,10 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
         for (int it = 0; it < iters; it++) {
             const int s = it % STAGES;
             bar_wait(bars + 8 * s, (it / STAGES) & 1);
-            const uint32_t stage = base + A_OFFSET + (uint32_t)s * CHAIN * 2 * A_BYTES + (uint32_t)wg * A_BYTES;
+            const uint32_t stage = stage_at<CHAIN>(base, s);
             wg_fence();
 #pragma unroll
-            for (int c = 0; c < CHAIN; c++) wg_ss(part, desc_sw128(stage + (uint32_t)c * 2 * A_BYTES), db + 2 * c, c > 0);
+            for (int c = 0; c < CHAIN; c++) wg_ss(part, desc_sw128(a_tile<CHAIN>(stage, wg, c)), b_desc(base, c), c > 0);
             wg_commit();
             wg_wait<0>();
             bar_arrive(bars + 8 * (STAGES + s));
@@ -203,10 +222,10 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
         auto chain = [&](float(&d)[64], int it) {
             const int s = it % STAGES;
             bar_wait(bars + 8 * s, (it / STAGES) & 1);
-            const uint32_t stage = base + A_OFFSET + (uint32_t)s * CHAIN * 2 * A_BYTES + (uint32_t)wg * A_BYTES;
+            const uint32_t stage = stage_at<CHAIN>(base, s);
             wg_fence();
 #pragma unroll
-            for (int c = 0; c < CHAIN; c++) wg_ss(d, desc_sw128(stage + (uint32_t)c * 2 * A_BYTES), db + 2 * c, c > 0);
+            for (int c = 0; c < CHAIN; c++) wg_ss(d, desc_sw128(a_tile<CHAIN>(stage, wg, c)), b_desc(base, c), c > 0);
             wg_commit();
         };
         auto fold = [&](float(&d)[64], int it) { /* chain `it` has completed: hand its stage back, fold it */
@@ -233,7 +252,8 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
 template <int MODE, int CHAIN, int ALU> void run(const char *name, uint32_t *in, float *out, long long *cycles, int sms) {
     auto kernel = bench<MODE, CHAIN, ALU>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    const int iters = 4000;
+    const int iters = 4000; /* even: modes 1 and 3 take two chains a step */
+    static_assert(4000 % 2 == 0 && 96 % 2 == 0, "iters must be even");
     kernel<<<sms, 384, SMEM>>>(in, out, 96, cycles);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -241,7 +261,11 @@ template <int MODE, int CHAIN, int ALU> void run(const char *name, uint32_t *in,
     cudaEventRecord(e0);
     kernel<<<sms, 384, SMEM>>>(in, out, iters, cycles);
     cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
+    const cudaError_t failed = cudaEventSynchronize(e1);
+    if (failed != cudaSuccess) { /* sticky: the rows after it could not run either */
+        printf("%-58s failed: %s\n", name, cudaGetErrorString(failed));
+        exit(1);
+    }
     float ms = 0;
     cudaEventElapsedTime(&ms, e0, e1);
     long long h[1024];
@@ -250,8 +274,8 @@ template <int MODE, int CHAIN, int ALU> void run(const char *name, uint32_t *in,
     for (int i = 0; i < sms; i++) most = h[i] > most ? h[i] : most;
     const double wgmmas = (double)iters * CHAIN * 2; /* per SM: two consumer warpgroups */
     const double flop = wgmmas * 64.0 * 128 * 16 * 2 * sms;
-    printf("%-58s %-8s cycles/wgmma/SM %6.1f (ideal 64)  %4.0f TFLOP/s  %.3f ms\n", name,
-           cudaGetErrorString(cudaGetLastError()), most / wgmmas, flop / (ms * 1e-3) / 1e12, ms);
+    printf("%-58s cycles/wgmma/SM %6.1f (ideal 64)  %4.0f TFLOP/s  %.3f ms\n", name, most / wgmmas,
+           flop / (ms * 1e-3) / 1e12, ms);
 }
 
 int main() {

@@ -32,8 +32,7 @@ static void temp_suffix(char *out) {
         out[i] = alphabet[x % 62];
 }
 
-/* What an existing destination that is not a regular file is, for the refusal's message. */
-static const char *entry_kind(mode_t mode) {
+const char *qmm_file_kind(unsigned mode) {
     if (S_ISDIR(mode)) return "a directory";
     if (S_ISLNK(mode)) return "a symbolic link";
     if (S_ISCHR(mode)) return "a character device";
@@ -47,14 +46,13 @@ qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
     file->fd = -1;
     file->path = path;
     file->temp_path = NULL;
-    /* The rename would replace whatever the destination is — a symbolic link itself (its target never written), a
-     * device node (as root, /dev/full would become a file): only a regular file or a new name is written. */
+    /* The rename replaces whatever the destination is. A regular file or a symbolic link (the link itself, as the
+     * checkpoint writer's --force has always done; its target is not written) may be replaced; a directory, a device
+     * node (as root, /dev/full would become a file), a FIFO or a socket is refused. */
     struct stat info;
-    if (lstat(path, &info) == 0 && !S_ISREG(info.st_mode)) {
-        char shown[QMM_PRINTABLE_SIZE];
-        return qmm_error(QMM_ERR_IO, "\"%s\" exists and is %s, not a regular file: writing it would replace it",
-                         qmm_printable(path, strlen(path), shown, sizeof shown), entry_kind(info.st_mode));
-    }
+    if (lstat(path, &info) == 0 && !S_ISREG(info.st_mode) && !S_ISLNK(info.st_mode))
+        return qmm_error(QMM_ERR_IO, "\"%s\" exists and is %s, not a regular file: writing it would replace it", path,
+                         qmm_file_kind(info.st_mode));
     static const char suffix[] = ".qmm-tmp-XXXXXX";
     size_t length = strlen(path);
     file->temp_path = malloc(length + sizeof suffix);

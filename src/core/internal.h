@@ -150,9 +150,12 @@ typedef struct qmm_atomic_file {
     const char *path;
 } qmm_atomic_file;
 
+/* What a directory entry of this st_mode is, for a message: "a directory", "a symbolic link", "a character
+ * device", "a block device", "a FIFO", "a socket", else "not a regular file". */
+const char *qmm_file_kind(unsigned mode);
 /* Creates "path.qmm-tmp-XXXXXX" beside path with O_CREAT|O_EXCL, mode 0666 under the umask (a fresh name:
- * an existing file is never opened). Errors: QMM_ERR_IO, also where path exists and is not a regular file (a
- * directory, a symbolic link, a device, a FIFO, a socket), which the rename would replace. */
+ * an existing file is never opened). Errors: QMM_ERR_IO, also where path exists as a directory, a device, a FIFO or
+ * a socket, which the rename would replace (a regular file or a symbolic link is replaced: the link itself). */
 qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path);
 qmm_status qmm_atomic_write(qmm_atomic_file *file, const void *bytes, size_t size);
 /* Flushes to disk and closes the temporary file (still under its temporary name). */

@@ -1407,10 +1407,11 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
         status = qmm_error(QMM_ERR_OUT_OF_MEMORY, "cannot build a path");
         goto cleanup;
     }
+    /* both temporary files begun before either is written: a destination refused (qmm_atomic_begin) costs no work */
     if ((status = qmm_atomic_begin(&model_file, model_path)) != QMM_OK) goto cleanup;
+    if ((status = qmm_atomic_begin(&config_file, config_path)) != QMM_OK) goto cleanup;
     if ((status = qmm_safetensors_write_to(&model_file, all, total, NULL, NULL, 0)) != QMM_OK) goto cleanup;
     if ((status = qmm_atomic_finish(&model_file)) != QMM_OK) goto cleanup;
-    if ((status = qmm_atomic_begin(&config_file, config_path)) != QMM_OK) goto cleanup;
     if ((status = qmm_atomic_write(&config_file, config_text, strlen(config_text))) != QMM_OK) goto cleanup;
     if ((status = qmm_atomic_write(&config_file, "\n", 1)) != QMM_OK) goto cleanup;
     if ((status = qmm_atomic_finish(&config_file)) != QMM_OK) goto cleanup;

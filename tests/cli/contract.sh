@@ -90,6 +90,19 @@ expect_library_error convert "invalid argument" "holds 'model-00001-of-00002.saf
   convert "$WORK/tiny.gguf" "$WORK/ckpt" --only w --force
 rm "$WORK/ckpt/model-00001-of-00002.safetensors"
 expect_ok "quantize --force replaces it" quantize "$WORK/float.safetensors" "$WORK/ckpt" --bits 8 --group-size 32 --force
+# --force replaces a config.json that is a symbolic link (the link, not its target); one that is a FIFO is refused
+# before any work, naming it
+printf 'target' >"$WORK/link-target.txt"
+mv "$WORK/ckpt/config.json" "$WORK/ckpt-config.json" && ln -s "$WORK/link-target.txt" "$WORK/ckpt/config.json"
+expect_ok "quantize --force over a symlinked config.json" quantize "$WORK/float.safetensors" "$WORK/ckpt" --bits 8 \
+  --group-size 32 --force
+check "symlinked config.json: replaced by a file" bash -c '[ -f "$0" ] && [ ! -L "$0" ]' "$WORK/ckpt/config.json"
+check "symlinked config.json: its target untouched" [ "$(cat "$WORK/link-target.txt")" = target ]
+rm "$WORK/ckpt/config.json" && mkfifo "$WORK/ckpt/config.json"
+expect_library_error quantize "I/O error" "OUTDIR '$WORK/ckpt' holds config.json as a FIFO, which --force does not replace" \
+  quantize "$WORK/float.safetensors" "$WORK/ckpt" --bits 8 --group-size 32 --force
+check "FIFO config.json: nothing quantized first" bash -c '! grep -q -- "->" <<<"$0"' "$ERR"
+rm "$WORK/ckpt/config.json" && mv "$WORK/ckpt-config.json" "$WORK/ckpt/config.json"
 expect_ok "convert into an existing empty dir" convert "$WORK/tiny.gguf" "$WORK/afile.d" --only w
 if [ "$(id -u)" != 0 ]; then # root may write anywhere
   mkdir "$WORK/locked" && chmod 555 "$WORK/locked"

@@ -894,12 +894,17 @@ int check_outdir(const command *c, const char *dir, int force) {
         return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' exists and is not a directory", dir));
     if (access(dir, W_OK | X_OK) != 0)
         return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' is not writable: %s", dir, strerror(errno)));
-    for (size_t i = 0; !force && i < sizeof names / sizeof names[0]; i++) {
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (lstat(path, &info) == 0)
+        if (lstat(path, &info) != 0) continue;
+        if (!force)
             return library_error(c, qmm_error(QMM_ERR_INVALID_ARGUMENT,
                                               "OUTDIR '%s' already holds a checkpoint (%s); pass --force to replace it",
                                               dir, names[i]));
+        if (i < 2 && !S_ISREG(info.st_mode) && !S_ISLNK(info.st_mode)) /* what the writer would refuse after the work */
+            return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' holds %s as %s, which --force does not replace "
+                                              "(a regular file or a symbolic link would be)",
+                                              dir, names[i], qmm_file_kind(info.st_mode)));
     }
     DIR *listing = opendir(dir);
     if (!listing) return library_error(c, qmm_error(QMM_ERR_IO, "cannot list OUTDIR '%s': %s", dir, strerror(errno)));
@@ -923,17 +928,6 @@ int check_outdir(const command *c, const char *dir, int force) {
 
 /* ───────────────────────────── output files (bench --json, tune --out) ───────────────────────────── */
 
-/* What a directory entry that is not a regular file is, for a message. */
-static const char *entry_kind(mode_t mode) {
-    if (S_ISDIR(mode)) return "a directory";
-    if (S_ISLNK(mode)) return "a symbolic link";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISSOCK(mode)) return "a socket";
-    return "not a regular file";
-}
-
 /* An existing path that is not a regular file: refused with a message naming it and what it is. */
 static qmm_status refuse_non_regular(const char *option, const char *path, int *refused) {
     struct stat info;
@@ -944,7 +938,7 @@ static qmm_status refuse_non_regular(const char *option, const char *path, int *
         return qmm_error(QMM_ERR_IO, "%s '%s' is a directory (want a file path)", option, path);
     return qmm_error(QMM_ERR_IO,
                      "%s '%s' exists and is %s, not a regular file: writing the results would replace it; name a "
-                     "regular file or a new path", option, path, entry_kind(info.st_mode));
+                     "regular file or a new path", option, path, qmm_file_kind(info.st_mode));
 }
 
 int check_output_file(const command *c, const char *option, const char *path) {
