@@ -778,7 +778,7 @@ cleanup:
 static bool selected(const char *name, const char *const *prefixes, size_t count) {
     if (count == 0) return true;
     for (size_t i = 0; i < count; i++)
-        if (prefixes[i] && strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) return true;
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) return true; /* none null: checked first */
     return false;
 }
 
@@ -802,7 +802,7 @@ qmm_status qmm_gguf_convert_with(const char *gguf_path, const char *out_dir, con
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert_with: null argument");
     for (size_t i = 0; i < options->prefix_count; i++)
         if (!options->prefixes[i])
-            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert_with: prefix %zu of %zu is null (want a name "
+            return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_gguf_convert: prefixes[%zu] (of %zu) is null (want a name "
                              "prefix; an empty string selects every tensor)", i, options->prefix_count);
     const size_t count = options->prefix_count;
     qmm_gguf *file = NULL;

@@ -173,6 +173,11 @@ make_safetensors "$WORK/names-x.safetensors" 'x\u001b:F32:2,32'
 expect_library_error matmul "bad shape" "activation tensor 'x\\x1b' has shape [2, 32], want [T, K=64]" \
   matmul "$WORK/names" --layer "e${ESC}[31m" --x "$WORK/names-x.safetensors"
 check "matmul --x: no raw control character" no_raw_escape
+# a path with ESC on info's first line: escaped as in the error lines
+make_safetensors "$WORK/e${ESC}x.safetensors" 'a:F32:2,2'
+expect_ok "info, a path with ESC" info "$WORK/e${ESC}x.safetensors"
+check "info: the path escaped" out_has "$WORK/e\x1bx.safetensors: safetensors, 1 tensors"
+check "info: no raw control character" no_raw_escape
 # x of an integer dtype: an unsupported format (not a bad shape); a 1-D x [K] is one row (T = 1)
 make_safetensors "$WORK/names-x-u32.safetensors" 'x:U32:2,64'
 expect_library_error matmul "unsupported format" "activation tensor 'x' has dtype u32, want f32, f16 or bf16" \

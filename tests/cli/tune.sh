@@ -80,6 +80,11 @@ expect_usage_error tune "--repeats" tune --backend ref --quick --repeats 0
 expect_usage_error tune "unknown option" tune --backend ref --quick --peers
 expect_library_error tune "not found" "--out '$WORK/no/t.json': '$WORK/no' does not exist" tune --backend ref --quick --out "$WORK/no/t.json"
 expect_library_error tune "I/O error" "--out '$WORK' is a directory" tune --backend ref --quick --out "$WORK"
+# the "wrote" line names an --out path with a control character escaped
+q tune --backend ref --quick --out "$WORK/t"$'\x1b'".json"
+check "--out with ESC: exit 0" rc_is 0
+check "--out with ESC: the wrote line escaped" out_matches "^wrote [0-9]+ entr(y|ies) for [0-9]+ cells to $WORK/t\\\\x1b\\.json\$"
+check "--out with ESC: no raw control character" bash -c '! grep -q "$1" <<<"$0"' "$OUT" $'\x1b'
 check "refused --out: nothing written" [ ! -e "$WORK/no" ]
 ln -s "$WORK/t.json" "$WORK/t-link.json"
 expect_library_error tune "I/O error" "--out '$WORK/t-link.json' exists and is a symbolic link, not a regular file" \

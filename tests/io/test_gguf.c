@@ -742,7 +742,7 @@ static void test_convert(const char *root) {
     CHECK(!io_exists(none), "a failed convert created its directory");
     const char *null_prefix[2] = {"blk.", NULL}; /* a null among the prefixes: refused, naming which */
     CHECK_STATUS(qmm_gguf_convert(gguf_path, none, null_prefix, 2), QMM_ERR_INVALID_ARGUMENT);
-    CHECK(strstr(qmm_last_error(), "prefix 1 of 2 is null") != NULL, "message: %s", qmm_last_error());
+    CHECK(strstr(qmm_last_error(), "prefixes[1] (of 2) is null") != NULL, "message: %s", qmm_last_error());
     CHECK(!io_exists(none), "a refused convert created its directory");
     /* A file without tensors: the message says so (it used to speak of "the 0 given prefixes"). */
     gguf_builder empty = builder_make();

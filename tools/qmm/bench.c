@@ -1039,7 +1039,8 @@ static qmm_status write_json(const bench_run *run, const char *path, double elap
             cJSON_AddItemToObject(entry, "us", number_or_null(row->us));
             cJSON_AddItemToObject(entry, "gbps", number_or_null(cell->bytes / (row->us * 1e3)));
             cJSON_AddItemToObject(entry, "x_floor", number_or_null(row->us / cell->floor_us));
-            cJSON_AddStringToObject(entry, "note", row->note);
+            char note[sizeof row->note]; /* a note cut by snprintf may end inside a character: JSON wants whole ones */
+            cJSON_AddStringToObject(entry, "note", whole_utf8(row->note, note, sizeof note));
             cJSON_AddItemToArray(row->peer ? peers : kernels, entry);
         }
         cJSON_AddItemToArray(cells, item);

@@ -232,6 +232,16 @@ int parse_format_number(const char *text, int *out) {
 
 /* ───────────────────────────── small helpers ───────────────────────────── */
 
+const char *whole_utf8(const char *text, char *buffer, size_t size) {
+    if (!size) return buffer;
+    snprintf(buffer, size, "%s", text);
+    size_t length = strlen(buffer), lead = length;
+    while (lead > 0 && ((unsigned char)buffer[lead - 1] & 0xC0) == 0x80) lead--; /* back over continuation bytes */
+    if (lead > 0 && (unsigned char)buffer[lead - 1] >= 0xC0 && qmm_utf8_char(buffer + lead - 1, length - lead + 1, NULL) == 0)
+        buffer[lead - 1] = '\0'; /* the last character was cut: drop what is left of it */
+    return buffer;
+}
+
 int ends_with(const char *text, const char *suffix) {
     size_t a = strlen(text), b = strlen(suffix);
     return a >= b && strcmp(text + a - b, suffix) == 0;

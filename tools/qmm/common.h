@@ -113,6 +113,9 @@ int parse_format_number(const char *text, int *out);
 /* ───────────────────────────── small helpers ───────────────────────────── */
 
 int ends_with(const char *text, const char *suffix);
+/* text into buffer[size] without a UTF-8 character cut at its end (text cut by snprintf, which counts bytes).
+ * Returns buffer. */
+const char *whole_utf8(const char *text, char *buffer, size_t size);
 /* Untrusted text — a tensor or layer name from a file (or given to match one), a line a peer script printed — made
  * safe for the terminal: the library's qmm_printable (internal.h) into buffer[size], printable UTF-8 kept, control
  * characters, invalid UTF-8 and backslashes escaped (\x1b, \\), "..." where cut. Returns buffer. */

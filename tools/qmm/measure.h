@@ -49,7 +49,8 @@ void default_measure_dtypes(int quick, int cuda, qmm_dtype *dtypes, size_t *coun
 /* The shapes of a run: --shapes (names or files) if given, else two tiny ones with --quick (those whose K is a
  * multiple of group_size), else the seed's. Errors: those of load_shapes. */
 qmm_status load_measure_shapes(const char *shapes_text, int quick, int group_size, bench_shape *shapes, size_t *count);
-/* "qmm NAME ARGS..." into out[size] (cut at size), for the JSON and the header. */
+/* "qmm NAME ARGS..." into out[size] for the JSON records (bench, tune): each argument as put_terminal_safe shows it
+ * (a byte outside printable UTF-8 as \xNN), so the record is valid UTF-8; cut before a character that does not fit. */
 void format_command_line(char *out, size_t size, const char *name, int argc, char **argv);
 /* --shapes A,B: each a file of "name N K" lines ('#' comments) or the name of bench/shapes/NAME.txt, appended to
  * shapes[MAX_SHAPES]. Errors name the file, line and rule (K must be a multiple of group_size; a NUL byte; a file
