@@ -7,8 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Room for a table of kernel names (select.c) and for a message that echoes a path of PATH_MAX bytes with its rule. */
-static _Thread_local char last_error[8192];
+/* Room for a table of kernel names (select.c) and for a message that echoes a path of PATH_MAX bytes twice (the CLI
+ * wraps a library message naming the path in its own) with its rule. */
+static _Thread_local char last_error[16384];
 
 const char *qmm_status_string(qmm_status status) {
     switch (status) {
@@ -49,7 +50,7 @@ qmm_status qmm_error(qmm_status status, const char *format, ...) {
             end = start; /* that character was cut: drop what is left of it */
         memcpy(message + end, mark, sizeof mark);
     }
-    memcpy(last_error, message, sizeof message);
+    memcpy(last_error, message, strlen(message) + 1);
     return status;
 }
 
