@@ -99,6 +99,15 @@ template <int ALU> __device__ __forceinline__ uint32_t decode_word(uint32_t v) {
 }
 
 static_assert(STAGES * 2 * 2 * A_ATOM + 32768 <= 200 * 1024, "the ring fits shared memory at CHAIN 8");
+/* The consumers' own decode in the RS modes: chain step c's A fragment from the thread's words and step it + c. */
+template <int CHAIN, int ALU>
+__device__ __forceinline__ void decode_chain(uint32_t (&aa)[CHAIN][4], const uint32_t (&a)[4], int it) {
+#pragma unroll
+    for (int c = 0; c < CHAIN; c++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) aa[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + c));
+}
+
 template <int MODE, int CHAIN, int ALU>
 __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, int iters, long long *cycles) {
     extern __shared__ __align__(1024) uint8_t sm[];
@@ -163,10 +172,7 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
     if constexpr (MODE == 0) {
         for (int it = 0; it < iters; it++) {
             uint32_t aa[CHAIN][4];
-#pragma unroll
-            for (int c = 0; c < CHAIN; c++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) aa[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + c));
+            decode_chain<CHAIN, ALU>(aa, a, it);
             wg_fence();
 #pragma unroll
             for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], b_desc(base, c), c > 0);
@@ -181,18 +187,12 @@ __global__ void __launch_bounds__(384, 1) bench(const uint32_t *in, float *out, 
          * wgmma in flight across it makes ptxas serialise the wgmmas: C7514) */
         for (int it = 0; it < iters; it += 2) {
             uint32_t aa[CHAIN][4], bb[CHAIN][4];
-#pragma unroll
-            for (int c = 0; c < CHAIN; c++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) aa[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + c));
+            decode_chain<CHAIN, ALU>(aa, a, it);
             wg_fence();
 #pragma unroll
             for (int c = 0; c < CHAIN; c++) wg_rs(part, aa[c], b_desc(base, c), c > 0);
             wg_commit();
-#pragma unroll
-            for (int c = 0; c < CHAIN; c++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) bb[c][j] = decode_word<ALU>(a[j] ^ (uint32_t)(it + 1 + c));
+            decode_chain<CHAIN, ALU>(bb, a, it + 1);
             wg_fence();
 #pragma unroll
             for (int c = 0; c < CHAIN; c++) wg_rs(part2, bb[c], b_desc(base, c), c > 0);

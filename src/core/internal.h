@@ -33,6 +33,9 @@ void qmm_error_clear(void);
  * NULL), or 0 when no character starts there: a stray continuation byte, an overlong form, a surrogate, a code point
  * past U+10FFFF, or a sequence cut short by size. */
 size_t qmm_utf8_char(const char *bytes, size_t size, uint32_t *code_point);
+/* The length to keep of text[0, length) so that it does not end inside a UTF-8 character (a cut made by counting bytes:
+ * snprintf's, a field's limit): length, or the start of a last character that bytes past length would complete. */
+size_t qmm_utf8_cut(const char *text, size_t length);
 /* qmm_utf8_char's length when that character is printable, else 0: also for the control characters (C0, DEL, C1),
  * the line and paragraph separators U+2028-9, and the characters a terminal shows as nothing (Unicode's
  * Default_Ignorable_Code_Point: a byte order mark, zero-width spaces and joiners, soft hyphens, variation selectors,

@@ -43,18 +43,21 @@ qmm_status qmm_error(qmm_status status, const char *format, ...) {
     va_end(args);
     if (length >= (int)sizeof message) { /* cut, marked with "…": never inside a UTF-8 character (names keep theirs) */
         static const char mark[] = "\xE2\x80\xA6";
-        size_t end = sizeof message - sizeof mark, lead = end;
-        while (lead > 0 && ((uint8_t)message[lead - 1] & 0xC0) == 0x80) lead--; /* back over continuation bytes */
-        const size_t start = lead - 1; /* the last character's first byte */
-        if (lead > 0 && (uint8_t)message[start] >= 0xC0 && qmm_utf8_char(message + start, end - start, NULL) == 0)
-            end = start; /* that character was cut: drop what is left of it */
-        memcpy(message + end, mark, sizeof mark);
+        memcpy(message + qmm_utf8_cut(message, sizeof message - sizeof mark), mark, sizeof mark);
     }
     memcpy(last_error, message, strlen(message) + 1);
     return status;
 }
 
 /* ───────────────────────────── untrusted text in messages ───────────────────────────── */
+
+size_t qmm_utf8_cut(const char *text, size_t length) {
+    size_t lead = length;
+    while (lead > 0 && ((uint8_t)text[lead - 1] & 0xC0) == 0x80) lead--; /* back over continuation bytes */
+    if (lead > 0 && (uint8_t)text[lead - 1] >= 0xC0 && qmm_utf8_char(text + lead - 1, length - lead + 1, NULL) == 0)
+        return lead - 1; /* that character was cut: drop what is left of it */
+    return length;
+}
 
 size_t qmm_utf8_char(const char *bytes, size_t size, uint32_t *code_point) {
     const uint8_t *s = (const uint8_t *)bytes;

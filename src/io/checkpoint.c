@@ -398,7 +398,7 @@ static qmm_status add_name(char ***names, size_t *count, size_t *capacity, const
 /* Parses "<stem>-<i>-of-<n>.safetensors" (the numbered-shard names of Hugging Face and mlx-lm): the stem's length,
  * i and n; false for any other name (digits only, at most 9 each; *overlong, when not NULL, says a name of that form
  * had a number of more than 9 digits). */
-static bool numbered_shard_digits(const char *name, size_t *stem, unsigned long *i, unsigned long *n, bool *overlong) {
+static bool numbered_shard(const char *name, size_t *stem, unsigned long *i, unsigned long *n, bool *overlong) {
     if (overlong) *overlong = false;
     const size_t length = strlen(name), ext = strlen(".safetensors");
     if (length <= ext) return false;
@@ -422,16 +422,12 @@ static bool numbered_shard_digits(const char *name, size_t *stem, unsigned long 
     return true;
 }
 
-static bool numbered_shard(const char *name, size_t *stem, unsigned long *i, unsigned long *n) {
-    return numbered_shard_digits(name, stem, i, n, NULL);
-}
-
 /* Whether name is shard `want` of the numbered set "<stem>-<i>-of-<n>" whose stem is the first `stem` characters of
  * set_name (want = 0: any shard of that set). */
 static bool in_numbered_set(const char *name, const char *set_name, size_t stem, unsigned long n, unsigned long want) {
     size_t stem_b;
     unsigned long i_b, n_b;
-    return numbered_shard(name, &stem_b, &i_b, &n_b) && stem_b == stem && strncmp(name, set_name, stem) == 0 &&
+    return numbered_shard(name, &stem_b, &i_b, &n_b, NULL) && stem_b == stem && strncmp(name, set_name, stem) == 0 &&
            n_b == n && (want == 0 || i_b == want);
 }
 
@@ -444,17 +440,17 @@ static qmm_status check_numbered_shards(const char *dir, char *const *names, siz
     unsigned long i, n;
     for (size_t a = 0; a < count; a++) {
         bool overlong = false;
-        if (!numbered_shard_digits(names[a], &stem, &i, &n, &overlong) && overlong)
+        if (!numbered_shard(names[a], &stem, &i, &n, &overlong) && overlong)
             return qmm_error(QMM_ERR_CORRUPT, "\"%s\": shard \"%s\" has a shard number of more than 9 digits (its set "
                              "cannot be checked whole; name shards <stem>-00001-of-00003.safetensors)", dir,
                              qmm_printable(names[a], strlen(names[a]), printable, sizeof printable));
     }
     for (size_t a = 0; a < count; a++)
-        if (numbered_shard(names[a], &stem, &i, &n) && (n == 0 || i == 0 || i > n))
+        if (numbered_shard(names[a], &stem, &i, &n, NULL) && (n == 0 || i == 0 || i > n))
             return qmm_error(QMM_ERR_CORRUPT, "\"%s\": shard \"%s\" is numbered %lu of %lu; shards count from 1 to their total",
                              dir, qmm_printable(names[a], strlen(names[a]), printable, sizeof printable), i, n);
     for (size_t a = 0; a < count; a++) {
-        if (!numbered_shard(names[a], &stem, &i, &n)) continue;
+        if (!numbered_shard(names[a], &stem, &i, &n, NULL)) continue;
         bool seen = false; /* an earlier member of the same set has checked it */
         for (size_t b = 0; b < a && !seen; b++) seen = in_numbered_set(names[b], names[a], stem, n, 0);
         for (unsigned long want = 1; want <= n && !seen; want++) {

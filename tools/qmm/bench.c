@@ -1234,8 +1234,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
             snprintf(run->tuning + used, sizeof run->tuning - used, " (each steers calls of its own op only: qmm_t "
                      "entries, such as qmm tune writes, do not apply to --op n)");
         }
-        fprint_safe(stderr, "bench: %s", run->tuning);
-        fputc('\n', stderr);
+        fprint_safe_line(stderr, "bench: %s", run->tuning);
     }
     if (json_text && (rc = resolve_json_path(c, json_text, run->backend, json_path, sizeof json_path))) goto done;
     if (kernel) {
@@ -1417,8 +1416,7 @@ int cmd_bench(const command *c, int argc, char **argv) {
             rc = library_error(c, status);
             goto done;
         }
-        fprint_safe(stdout, "results written to %s", json_path);
-        putchar('\n');
+        fprint_safe_line(stdout, "results written to %s", json_path);
     }
 #endif
     rc = 0;

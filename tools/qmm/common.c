@@ -25,17 +25,25 @@ const char *source_dir(void) {
     return dir && dir[0] ? dir : QMM_SOURCE_DIR;
 }
 
+size_t terminal_piece(const char *text, size_t size, char escaped[5], const char **piece, size_t *piece_size) {
+    const size_t kept = qmm_printable_char(text, size);
+    if (kept) {
+        *piece = text, *piece_size = kept;
+        return kept;
+    }
+    snprintf(escaped, 5, "\\x%02x", (unsigned char)text[0]);
+    *piece = escaped, *piece_size = 4;
+    return 1;
+}
+
 void put_terminal_safe(FILE *stream, const char *text) {
     const size_t size = strlen(text);
+    char escaped[5];
+    const char *piece;
+    size_t piece_size;
     for (size_t i = 0; i < size;) {
-        const size_t kept = qmm_printable_char(text + i, size - i);
-        if (kept) {
-            fwrite(text + i, 1, kept, stream);
-            i += kept;
-        } else {
-            fprintf(stream, "\\x%02x", (unsigned char)text[i]);
-            i++;
-        }
+        i += terminal_piece(text + i, size - i, escaped, &piece, &piece_size);
+        fwrite(piece, 1, piece_size, stream);
     }
 }
 
@@ -61,6 +69,14 @@ void fprint_safe(FILE *stream, const char *format, ...) {
     va_start(args, format);
     vput_terminal_safe(stream, format, args);
     va_end(args);
+}
+
+void fprint_safe_line(FILE *stream, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vput_terminal_safe(stream, format, args);
+    va_end(args);
+    fputc('\n', stream);
 }
 
 int usage_error(const command *c, const char *format, ...) {
@@ -235,10 +251,7 @@ int parse_format_number(const char *text, int *out) {
 const char *whole_utf8(const char *text, char *buffer, size_t size) {
     if (!size) return buffer;
     snprintf(buffer, size, "%s", text);
-    size_t length = strlen(buffer), lead = length;
-    while (lead > 0 && ((unsigned char)buffer[lead - 1] & 0xC0) == 0x80) lead--; /* back over continuation bytes */
-    if (lead > 0 && (unsigned char)buffer[lead - 1] >= 0xC0 && qmm_utf8_char(buffer + lead - 1, length - lead + 1, NULL) == 0)
-        buffer[lead - 1] = '\0'; /* the last character was cut: drop what is left of it */
+    buffer[qmm_utf8_cut(buffer, strlen(buffer))] = '\0';
     return buffer;
 }
 
@@ -911,7 +924,9 @@ int check_outdir(const command *c, const char *dir, int force) {
             return library_error(c, qmm_error(QMM_ERR_INVALID_ARGUMENT,
                                               "OUTDIR '%s' already holds a checkpoint (%s); pass --force to replace it",
                                               dir, names[i]));
-        if (i < 2 && !S_ISREG(info.st_mode) && !S_ISLNK(info.st_mode)) /* what the writer would refuse after the work */
+        /* config.json and model.safetensors (names[0], [1]: the files the writer replaces) as what the writer's
+         * qmm_atomic_begin would refuse after the work */
+        if (i < 2 && !S_ISREG(info.st_mode) && !S_ISLNK(info.st_mode))
             return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' holds %s as %s, which --force does not replace "
                                               "(a regular file or a symbolic link would be)",
                                               dir, names[i], qmm_file_kind(info.st_mode)));

@@ -71,10 +71,15 @@ int library_error(const command *c, qmm_status status);
  * (an escape sequence pasted into one would otherwise reach the terminal as typed). Backslashes stay as they are, so
  * text already escaped by printable() (file names in the library's messages) is shown once, not twice. */
 void put_terminal_safe(FILE *stream, const char *text);
+/* The next piece of text[0, size) as put_terminal_safe shows it: *piece, *piece_size (the printable character itself,
+ * or escaped[] holding "\xNN" for a byte that is not part of one); returns the bytes of text it stands for. */
+size_t terminal_piece(const char *text, size_t size, char escaped[5], const char **piece, size_t *piece_size);
 /* The formatted text, whole, through put_terminal_safe to stream (text that names a path or an argument; a newline
  * in it would be escaped too: the caller ends the line). Where memory for it cannot be had, unescaped rather than
  * cut. */
 void fprint_safe(FILE *stream, const char *format, ...) QMM_PRINTF(2, 3);
+/* fprint_safe, then the newline that ends the line. */
+void fprint_safe_line(FILE *stream, const char *format, ...) QMM_PRINTF(2, 3);
 
 /* ───────────────────────────── argument parsing ───────────────────────────── */
 

@@ -44,8 +44,7 @@ int cmd_convert(const command *c, int argc, char **argv) {
     for (size_t i = 0; i < prefix_count; i++)
         if (!prefixes[i][0]) return usage_error(c, "--only needs a non-empty PREFIX");
     if ((rc = check_outdir(c, positional[1], force))) return rc;
-    fprint_safe(stderr, "qmm convert: %s -> %s", positional[0], positional[1]);
-    fputc('\n', stderr);
+    fprint_safe_line(stderr, "qmm convert: %s -> %s", positional[0], positional[1]);
     const qmm_gguf_convert_options options = {
         .prefixes = prefixes, .prefix_count = prefix_count, .skip_unsupported = skip};
     qmm_status status = qmm_gguf_convert_with(positional[0], positional[1], &options);
@@ -64,9 +63,8 @@ int cmd_convert(const command *c, int argc, char **argv) {
     qmm_checkpoint *checkpoint = NULL;
     if ((status = qmm_checkpoint_open(positional[1], &checkpoint)) != QMM_OK) return library_error(c, status);
     const size_t tensors = qmm_checkpoint_tensor_count(checkpoint), layers = qmm_checkpoint_layer_count(checkpoint);
-    fprint_safe(stdout, "wrote %s: %zu tensor%s, %zu quantized layer%s", positional[1], tensors, tensors == 1 ? "" : "s",
-                layers, layers == 1 ? "" : "s");
-    putchar('\n');
+    fprint_safe_line(stdout, "wrote %s: %zu tensor%s, %zu quantized layer%s", positional[1], tensors, tensors == 1 ? "" : "s",
+                     layers, layers == 1 ? "" : "s");
     qmm_checkpoint_close(checkpoint);
     return 0;
 }

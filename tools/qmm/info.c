@@ -88,9 +88,8 @@ static int info_safetensors(const command *c, const char *path) {
     snprintf(config, sizeof config, "%s/config.json", dir);
     if (stat(config, &st) == 0 && qmm_checkpoint_open(dir, &checkpoint) != QMM_OK) {
         /* The file itself is fine (it opened above); say why the formats are not shown, then go on. */
-        fprint_safe(stderr, "qmm info: %s does not open as a checkpoint (%s), so formats are not shown", dir,
-                    qmm_last_error());
-        fputc('\n', stderr);
+        fprint_safe_line(stderr, "qmm info: %s does not open as a checkpoint (%s), so formats are not shown", dir,
+                         qmm_last_error());
         checkpoint = NULL;
     }
 

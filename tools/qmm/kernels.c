@@ -62,9 +62,8 @@ int cmd_kernels(const command *c, int argc, char **argv) {
      * would otherwise test rows other than the ones meant. */
     const char *cap = getenv("QMM_CPU_MAX_ISA");
     if (cap && strcasecmp(cap, "avx512") != 0 && strcasecmp(cap, "avx2") != 0 && strcasecmp(cap, "portable") != 0) {
-        fprint_safe(stdout, "note: QMM_CPU_MAX_ISA='%.64s%s' is none of 'avx512', 'avx2', 'portable' (in either "
-                    "case), so it caps nothing", cap, strlen(cap) > 64 ? "…" : "");
-        putchar('\n');
+        fprint_safe_line(stdout, "note: QMM_CPU_MAX_ISA='%.64s%s' is none of 'avx512', 'avx2', 'portable' (in either "
+                         "case), so it caps nothing", cap, strlen(cap) > 64 ? "…" : "");
     }
     qmm_context *context = NULL;
     if (backend) {

@@ -129,8 +129,7 @@ int cmd_matmul(const command *c, int argc, char **argv) {
     if (dtype != stored)
         print_scale_conversion(stored, dtype);
     if (x_path) {
-        fprint_safe(stdout, "x                  %s, M=%zu, rounded to %s", x_path, rows, qmm_dtype_name(dtype));
-        putchar('\n');
+        fprint_safe_line(stdout, "x                  %s, M=%zu, rounded to %s", x_path, rows, qmm_dtype_name(dtype));
     } else printf("x                  random uniform [-1, 1), seed %llu, M=%zu, %s\n", seed, rows, qmm_dtype_name(dtype));
     printf("backend            %s\n", qmm_backend_name(qmm_context_backend(context)));
     printf("threads            %d\n", qmm_context_threads(context));

@@ -88,10 +88,8 @@ static bool shape_named(const bench_shape *shapes, size_t count, const char *nam
  * a longer field. */
 static const char *field_text(const char *field, size_t limit, char *buffer, size_t size) {
     const size_t length = strlen(field);
-    size_t kept = length < limit ? length : limit;
     /* cut before a character, not inside one (its first bytes would read as invalid UTF-8, escaped) */
-    for (int back = 0; back < 3 && kept > 0 && kept < length && ((unsigned char)field[kept] & 0xC0) == 0x80; back++)
-        kept--;
+    const size_t kept = length < limit ? length : qmm_utf8_cut(field, limit);
     qmm_printable(field, kept, buffer, size - 4);
     if (length > kept) strcat(buffer, "…");
     return buffer;
@@ -397,17 +395,16 @@ void format_command_line(char *out, size_t size, const char *name, int argc, cha
         const char *arg = argv[i];
         const size_t length = strlen(arg);
         for (size_t at = 0; at < length;) {
-            const size_t kept = qmm_printable_char(arg + at, length - at);
-            char piece[8];
-            const size_t piece_size = kept ? kept : (size_t)snprintf(piece, sizeof piece, "\\x%02x", (unsigned char)arg[at]);
+            char escaped[5];
+            const char *piece;
+            size_t piece_size;
+            at += terminal_piece(arg + at, length - at, escaped, &piece, &piece_size);
             if (used + piece_size >= size) {
-                at = length;
-                i = argc;
+                i = argc; /* the line is full */
                 break;
             }
-            memcpy(out + used, kept ? arg + at : piece, piece_size);
+            memcpy(out + used, piece, piece_size);
             used += piece_size;
-            at += kept ? kept : 1;
         }
     }
     out[used < size ? used : size - 1] = '\0';

@@ -10,8 +10,7 @@
 static void print_quantize_note(void *user, qmm_quantize_event event, const char *name, const char *message) {
     (void)user;
     (void)name;
-    fprint_safe(stderr, "qmm quantize: %s%s", event == QMM_QUANTIZE_LEFT ? "warning: " : "", message);
-    fputc('\n', stderr);
+    fprint_safe_line(stderr, "qmm quantize: %s%s", event == QMM_QUANTIZE_LEFT ? "warning: " : "", message);
 }
 
 int cmd_quantize(const command *c, int argc, char **argv) {

@@ -112,10 +112,9 @@ int cmd_run(const command *c, int argc, char **argv) {
         fprintf(stderr, "qmm run: %s\n", note);
     }
 
-    fprint_safe(stderr, "qmm run: %s: %zu quantized layer%s, backend %s, %d thread%s, activations %s", dir, count,
-                count == 1 ? "" : "s", qmm_backend_name(qmm_context_backend(context)), qmm_context_threads(context),
-                qmm_context_threads(context) == 1 ? "" : "s", activations ? "activations.safetensors" : "(none)");
-    fputc('\n', stderr);
+    fprint_safe_line(stderr, "qmm run: %s: %zu quantized layer%s, backend %s, %d thread%s, activations %s", dir, count,
+                     count == 1 ? "" : "s", qmm_backend_name(qmm_context_backend(context)), qmm_context_threads(context),
+                     qmm_context_threads(context) == 1 ? "" : "s", activations ? "activations.safetensors" : "(none)");
     const bool loaded = warn_if_loaded(c, context);
     if (faults) fprintf(stderr, "qmm run: QMM_RUN_INJECT_FAULT=%llu: corrupting one output of the first %llu layer(s)\n",
                         faults, faults);

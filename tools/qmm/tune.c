@@ -471,9 +471,8 @@ int cmd_tune(const command *c, int argc, char **argv) {
            "2%% of it; scalar reference rows over ~10 s are not timed\n");
     fputs(load_note, stdout);
     print_summary(run, verified);
-    fprint_safe(stdout, "wrote %zu entr%s for %zu cells to %s", entries, entries == 1 ? "y" : "ies", run->cell_count,
-                out_path);
-    putchar('\n');
+    fprint_safe_line(stdout, "wrote %zu entr%s for %zu cells to %s", entries, entries == 1 ? "y" : "ies", run->cell_count,
+                     out_path);
     printf("tune took %.1f s\n", now_seconds() - started);
     rc = 0;
 
