@@ -7,6 +7,7 @@
 #   2. `qmm run --backend cuda` on the embedded fixture;
 #   3. compute-sanitizer memcheck and racecheck on test_cuda and on a reduced harness grid (CUDA rows only),
 #      one process per test_cuda section and per row, GPU_TEST_JOBS (default: the CPUs, at most 12) at a time —
+#      the gather section as GATHER_SHARDS (default 4, at most 64) processes, each a share of its runs —
 #      reported SKIPPED with the tool's message where the machine refuses every run.
 # Without a usable CUDA device (no GPU or driver) 2 and 3 are reported SKIPPED with the reason and the exit
 # status is that of the CTest run (whose GPU tests report themselves skipped).
@@ -32,6 +33,8 @@ wanted() { [[ $parts == *" $1 "* ]]; }
 jobs=${GPU_TEST_JOBS:-$(nproc)} # compute-sanitizer processes at a time
 [[ $jobs =~ ^[1-9][0-9]{0,3}$ ]] || { echo "gpu_test: GPU_TEST_JOBS='$jobs' is not a whole number from 1 to 9999" >&2; exit 2; }
 [ -n "${GPU_TEST_JOBS:-}" ] || [ "$jobs" -le 12 ] || jobs=12
+[[ ${GATHER_SHARDS:-4} =~ ^([1-9]|[1-5][0-9]|6[0-4])$ ]] ||
+  { echo "gpu_test: GATHER_SHARDS='${GATHER_SHARDS}' is not a whole number from 1 to 64" >&2; exit 2; }
 source scripts/deps_env.sh # cJSON from .deps/cjson when present; the CUDA toolkit on PATH
 logs=${GPU_LOG_DIR:-build-gpu/logs}
 mkdir -p "$logs"
@@ -103,11 +106,21 @@ else
       # listed after the rows) the sections in `slow` and the gather row were the last to finish, 4.5 to more than
       # 8.5 minutes after the start; every other run by 3.5. Started first (thirty-fifth session), the three longest
       # still ran past 8.3 minutes beside the others (about 3 alone): racecheck as a whole takes more than 8.5.
+      # The gather section runs as GATHER_SHARDS processes (test_cuda's QMM_TEST_SHARD=i/n, each a share of its
+      # (case, variant) runs): whole, it did not finish under racecheck in 530 s on an H100 (forty-seventh session).
       slow="batch_invariant wgmma_cluster_splits wgmma_switch tile_split_k wgmma_last_wave selector gather m16n64_chunks"
+      gather_shards=${GATHER_SHARDS:-4}
       for tool in $tools; do rm -f "$logs"/sanitizer-$tool-*; done # an earlier run's logs are not this run's
       for tool in racecheck memcheck; do
         [[ " $tools " == *" $tool "* ]] || continue
-        for s in $slow; do grep -qx "$s" <<<"$sections" && echo "$tool section $s" >>"$jobs_file"; done
+        for s in $slow; do
+          grep -qx "$s" <<<"$sections" || continue
+          if [ "$s" = gather ]; then
+            for ((i = 0; i < gather_shards; i++)); do echo "$tool gather_shard $i-of-$gather_shards" >>"$jobs_file"; done
+          else
+            echo "$tool section $s" >>"$jobs_file"
+          fi
+        done
         for r in $rows; do [[ $r == cuda.gather.* ]] && echo "$tool row $r" >>"$jobs_file"; done
       done
       for tool in $tools; do
@@ -119,6 +132,9 @@ else
         if [ "$2" = row ]; then
           QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda QMM_TEST_KERNEL=$3 compute-sanitizer --tool "$1" --error-exitcode 1 \
             ./build-gpu/tests/kernels/test_kernels >"$log" 2>&1
+        elif [ "$2" = gather_shard ]; then # NAME = i-of-n
+          QMM_TEST_SECTION=gather QMM_TEST_SHARD=${3/-of-//} compute-sanitizer --tool "$1" --error-exitcode 1 \
+            ./build-gpu/tests/gpu/test_cuda >"$log" 2>&1
         else
           QMM_TEST_SECTION=$3 compute-sanitizer --tool "$1" --error-exitcode 1 ./build-gpu/tests/gpu/test_cuda >"$log" 2>&1
         fi
@@ -151,7 +167,7 @@ else
           [ $xargs_status -ne 0 ] && what+=" (xargs exited with status $xargs_status)"
           summary+=("FAIL     compute-sanitizer $tool: ${what# } (logs: $logs/sanitizer-$tool-*.log)"); fail=1
         else
-          summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, $(echo $rows | wc -w) harness rows)")
+          summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, the gather section in $gather_shards shards, $(echo $rows | wc -w) harness rows)")
         fi
       done
     fi

@@ -20,6 +20,13 @@
 
 #define SKIP_CODE 77
 
+/* QMM_TEST_SHARD=i/n (with QMM_TEST_SECTION=gather): the gather section runs only its (case, variant) runs whose
+ * number is i mod n, so that compute-sanitizer's racecheck, which did not finish the whole section in 530 s on an H100,
+ * can run it as n processes side by side (scripts/gpu_test.sh); the n shards together are the whole section. Unset:
+ * shard 0 of 1, every run. */
+static unsigned shard_index = 0, shard_count = 1;
+static bool in_shard(size_t run) { return run % shard_count == shard_index; }
+
 /* One random N×K matrix on the device, x[M, K] and out[M, N] buffers, the f64 oracle. */
 typedef struct product {
     check_qmatrix q;
@@ -880,7 +887,11 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     bool probed;
     const bool hopper = wgmma_device(context, rng, "gather probe", &probed);
     if (!probed) return;
+    enum { VARIANTS = 16 }; /* the runs of a case (below); run c·VARIANTS + variant is in shard (that mod n) */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bool any = false;
+        for (size_t v = 0; v < VARIANTS; v++) any = any || in_shard(c * VARIANTS + v);
+        if (!any) continue;
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
         const size_t B = T * A, size = qmm_dtype_size(cases[c].dtype);
         check_qmatrix q = {0};
@@ -918,7 +929,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * pick). */
         /* whether the format groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
         const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
-        for (int variant = 0; variant < 16; variant++) {
+        for (int variant = 0; variant < VARIANTS; variant++) {
+            if (!in_shard(c * VARIANTS + (size_t)variant)) continue;
             const int tokens = variant == 14 ? 32 : variant == 15 ? 64 : 0; /* QMM_CUDA_GATHER_WGMMA_TOKENS */
             const int invariant = variant == 6 || variant == 7, knobbed = variant >= 8;
             const int sorted = (variant & 1) || tokens, cut = variant == 8 || variant == 9;
@@ -1991,6 +2003,19 @@ int main(int argc, char **argv) {
             printf("test_cuda: QMM_TEST_SECTION=%s names no section (test_cuda --list prints them)\n", only);
             return 1;
         }
+    }
+    const char *shard = getenv("QMM_TEST_SHARD");
+    if (shard && *shard) {
+        const size_t a = strspn(shard, "0123456789"), b = a && shard[a] == '/' ? strspn(shard + a + 1, "0123456789") : 0;
+        const bool form = a >= 1 && a <= 2 && shard[a] == '/' && b >= 1 && b <= 2 && shard[a + 1 + b] == '\0';
+        const unsigned i = form ? (unsigned)atoi(shard) : 0, n = form ? (unsigned)atoi(shard + a + 1) : 0;
+        if (!form || n < 1 || n > 64 || i >= n || !only || strcmp(only, "gather") != 0) {
+            printf("test_cuda: QMM_TEST_SHARD=%s must be i/n with 0 <= i < n <= 64, and only with QMM_TEST_SECTION=gather "
+                   "(the one section cut into shards)\n", shard);
+            return 1;
+        }
+        shard_index = i, shard_count = n;
+        printf("test_cuda: the gather section's shard %u of %u (runs numbered %u mod %u)\n", i, n, i, n);
     }
     qmm_context *context = NULL;
     if (qmm_context_create(QMM_BACKEND_CUDA, 0, &context) != QMM_OK) {
