@@ -21,6 +21,7 @@
 # machine and the GPU machine unpacked (a lent machine then spends no call time building); the ctest part needs
 # the CMake tree and is refused with it.
 set -uo pipefail
+unset QMM_TEST_SHARD # set per run below (the gather section's shards); one from the caller would fail every other section
 cd "$(dirname "$0")/.."
 parts=" ${*:-ctest run memcheck racecheck} "
 for part in $parts; do
@@ -127,7 +128,7 @@ else
         for s in $sections; do grep -qw -- "$s" <<<"$slow" || echo "$tool section $s" >>"$jobs_file"; done
         for r in $rows; do [[ $r == cuda.gather.* ]] || echo "$tool row $r" >>"$jobs_file"; done
       done
-      sanitize() { # sanitize TOOL row|section NAME: one run, its log and exit status under $logs
+      sanitize() { # sanitize TOOL row|section|gather_shard NAME: one run, its log and exit status under $logs
         local log="$logs/sanitizer-$1-$2-$3.log"
         if [ "$2" = row ]; then
           QMM_TEST_REDUCED=1 QMM_TEST_BACKEND=cuda QMM_TEST_KERNEL=$3 compute-sanitizer --tool "$1" --error-exitcode 1 \
@@ -167,7 +168,9 @@ else
           [ $xargs_status -ne 0 ] && what+=" (xargs exited with status $xargs_status)"
           summary+=("FAIL     compute-sanitizer $tool: ${what# } (logs: $logs/sanitizer-$tool-*.log)"); fail=1
         else
-          summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections, the gather section in $gather_shards shards, $(echo $rows | wc -w) harness rows)")
+          shards=""
+          grep -qx gather <<<"$sections" && [ "$gather_shards" -gt 1 ] && shards=" (gather in $gather_shards shards)"
+          summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections$shards, $(echo $rows | wc -w) harness rows)")
         fi
       done
     fi

@@ -507,9 +507,9 @@ static qmm_status cuda_chain_run(void *state, void **graph, size_t count, qmm_st
 
 /* ───────────────────────────── kernel rows ───────────────────────────── */
 
-/* QMM_CUDA_GEMV_STAGED_X=1 or 0 forces mma_gemv m8n64's x through shared memory on or off (experiments and the GPU
- * tests; read at each m8n64 call, like QMM_CUDA_SPLITS at a split count): 1, -1, or 0 — the launcher's rule (kernels.cu,
- * launch_mma_gemv) — when unset or any other value. */
+/* QMM_CUDA_GEMV_STAGED_X=1 or 0 forces mma_gemv m8n64's and m8n48's x through shared memory on or off (experiments
+ * and the GPU tests; read at each call of those rows, like QMM_CUDA_SPLITS at a split count): 1, -1, or 0 — the
+ * launcher's rule (kernels.cu, launch_mma_gemv) — when unset or any other value. */
 static int staged_x_forced(void) {
     const char *forced = getenv("QMM_CUDA_GEMV_STAGED_X");
     if (!forced) return 0;
@@ -771,12 +771,13 @@ static qmm_status mma_gemv_launch(qmm_cuda_launch launch, int row_tiles, int tok
     static qmm_status NAME##_run(const qmm_call *call) {                                                          \
         CALL_KNOBS_CHECK();                                                                                       \
         qmm_cuda_launch launch = launch_of(call);                                                                 \
-        if ((RT) == 4 && (TT) == 1) launch.staged_x = staged_x_forced(); /* the one tile that stages x */          \
+        if ((RT) >= 3 && (TT) == 1) launch.staged_x = staged_x_forced(); /* the tiles that stage x */             \
         return mma_gemv_launch(launch, RT, TT, #NAME);                                                            \
     }
 
 MMA_ROW(mma_m8n16, 1, 1)
 MMA_ROW(mma_m8n32, 2, 1)
+MMA_ROW(mma_m8n48, 3, 1)
 MMA_ROW(mma_m8n64, 4, 1)
 MMA_ROW(mma_m16n32, 2, 2)
 MMA_ROW(mma_m16n64, 4, 2)
@@ -1350,6 +1351,9 @@ static qmm_status gather_run(const qmm_call *call);
  *            rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
  *            17408×5120 (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97
  *            (docs/PERF.md, twenty-sixth session); with the model 0.94–1.00 (twenty-seventh).
+ *   (mma_gemv m8n48, tune_only: m8n64 with three row tiles, for the shapes whose 64-row blocks are fewer than the
+ *            SMs — 5120 rows: 107 blocks of 48 rows against 80 of 64 on 132 SMs; added in the forty-seventh session,
+ *            not yet measured: a forced row and `qmm tune`'s until a run draws its box.)
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
@@ -1463,6 +1467,8 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120,
      .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n48", 8, 48, "tensor-core GEMV, 48 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n48_supports, .run = mma_m8n48_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),

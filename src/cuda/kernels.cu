@@ -162,6 +162,9 @@ __global__ void __launch_bounds__(256)
 #ifndef QMM_MMA_STAGES_RT2
 #define QMM_MMA_STAGES_RT2 3
 #endif
+#ifndef QMM_MMA_STAGES_RT3 /* m8n48 (forty-seventh session, not yet measured): as the 64-row tile */
+#define QMM_MMA_STAGES_RT3 2
+#endif
 #ifndef QMM_MMA_STAGES_RT4
 #define QMM_MMA_STAGES_RT4 2
 #endif
@@ -192,12 +195,17 @@ template <int RT, int TT> struct mma_gemv_limits {
     static constexpr int min_blocks = m16n64 || large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
-/* Whether m8n64 (the 64-row, 8-token tile) gets its lean code at this format — the copies without row checks, the
+/* The staged tiles: the 8-token tiles of 64 rows (m8n64) and 48 rows (m8n48) — x through shared memory (STAGED_X),
+ * the lean code below. m8n48 is m8n64 with three row tiles: where 64-row blocks are fewer than the SMs (5120 rows: 80
+ * blocks on 132 SMs) its 107 blocks spread the same bytes over more SMs (docs/PERF.md, forty-seventh session). */
+template <int RT, int TT> constexpr bool staged_tile = (RT == 3 || RT == 4) && TT == 1;
+
+/* Whether a staged tile gets its lean code at this format — the copies without row checks, the
  * one-token epilogue at M = 1 (mma_gemv_body.cuh): not at 4-bit groups of 32, where
  * ptxas spilled 8–112 bytes under the 128-register cap with them (docs/PERF.md, nineteenth session). */
-template <int BITS, int GS> constexpr bool m8n64_lean = !(BITS == 4 && GS == 32);
+template <int BITS, int GS> constexpr bool staged_lean = !(BITS == 4 && GS == 32);
 
-/* STAGED_X (the 64-row, 8-token tile only): x comes through the weights' cp.async pipeline instead of 16-byte loads
+/* STAGED_X (the staged tiles only): x comes through the weights' cp.async pipeline instead of 16-byte loads
  * at the top of each step — the launcher's choice (launch_mma_gemv); ONE_TOKEN (with STAGED_X, at M = 1): one token's
  * x and epilogue. The body: mma_gemv_body.cuh. */
 template <int BITS, typename T, int RT, int TT, int S, int GS, bool STAGED_X, bool ONE_TOKEN>
@@ -354,7 +362,10 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
      * warps resident hide the MMA and decode latency better. m16n64 (RT = 4, TT = 2, then one block of 8 warps per SM)
      * also ran best with 2 (the twelfth session: 2 stages 0.989× the time of 3 and 0.980× that of 4, geomeans; not
      * measured again at its 12 warps). */
-    constexpr int S = RT == 1 ? QMM_MMA_STAGES_RT1 : RT == 2 ? QMM_MMA_STAGES_RT2 : QMM_MMA_STAGES_RT4;
+    constexpr int S = RT == 1   ? QMM_MMA_STAGES_RT1
+                      : RT == 2 ? QMM_MMA_STAGES_RT2
+                      : RT == 3 ? QMM_MMA_STAGES_RT3
+                                : QMM_MMA_STAGES_RT4;
     /* shared memory per warp: the weight and pair stages, the reduction, and (STAGED_X) the stages of x of the
      * min(M, 8) tokens, 64·BPS bytes each per super-block */
     constexpr size_t x_token = STAGED_X ? (size_t)S * 512 / BITS * 2 : 0;
@@ -399,17 +410,18 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
                          (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
 }
 
-/* x staged through shared memory (the 64-row, 8-token tile) at M ≤ 4, and at M ≤ 8 when the grid leaves SMs idle
- * (fewer 64-row blocks than SMs, i.e. N < 64·SMs). Measured on the H200 (docs/PERF.md, eleventh session; m8n64
+/* x staged through shared memory (the staged tiles: 64 or 48 rows, 8 tokens) at M ≤ 4, and at M ≤ 8 when the grid
+ * leaves SMs idle (fewer blocks than SMs, i.e. N < 16·RT·SMs). Measured on the H200 (docs/PERF.md, eleventh session; m8n64
  * forced, seed and Qwen3 shapes, M = 1–8, against x loaded at the top of each step): at M ≤ 4 0.79–1.03× (5120×5120
  * M = 1 bf16 9.1 → 7.7 µs, 5120×14336 21.0 → 18.6, 14336×5120 15.7 → 14.6, 27648×5120 29.0 → 28.8); at M = 8, where
  * eight tokens' stages leave room for 14 warps instead of 16, 0.86–1.03× on the 80-block shapes but up to 1.25×
  * elsewhere. QMM_CUDA_GEMV_STAGED_X=1/0 forces it on/off (launch->staged_x). */
 template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
-    if constexpr (RT == 4 && TT == 1) {
-        const bool fewer_blocks_than_sms = c->multiprocessors > 0 && (c->N + 63) / 64 < (size_t)c->multiprocessors;
+    if constexpr (staged_tile<RT, TT>) {
+        const bool fewer_blocks_than_sms =
+            c->multiprocessors > 0 && (c->N + 16 * RT - 1) / (16 * RT) < (size_t)c->multiprocessors;
         if (c->staged_x > 0 || (c->staged_x == 0 && (c->M <= 4 || fewer_blocks_than_sms))) {
-            if constexpr (m8n64_lean<BITS, GS>)
+            if constexpr (staged_lean<BITS, GS>)
                 if (c->M == 1) return launch_mma_gemv_as<BITS, T, RT, TT, GS, true, true>(c);
             return launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
         }
@@ -497,6 +509,7 @@ extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, 
     if (token_tiles == 2) return row_tiles == 4 ? dispatch_mma_gemv<4, 2>(c) : dispatch_mma_gemv<2, 2>(c);
     if (row_tiles == 1) return dispatch_mma_gemv<1, 1>(c);
     if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
+    if (row_tiles == 3) return dispatch_mma_gemv<3, 1>(c);
     return dispatch_mma_gemv<4, 1>(c);
 }
 

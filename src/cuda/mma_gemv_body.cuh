@@ -39,16 +39,16 @@
         M -= m0;
     }
     const int blocks = K / 32, super_blocks = (blocks + BPS - 1) / BPS, groups = K / GS;
-    /* HOISTED: the 64-row, 8-token tile's copies (below, with the measurements). (Its f16 sums in units of
+    /* HOISTED: the staged tiles' copies (m8n64, m8n48; below, with the measurements). (Its f16 sums in units of
      * 1/code_scale — Σx through an all-2^-24 / 2^-20 A operand, one FMUL per row pair and segment fewer, argued to change
      * no rounding — gave other bits than m8n32 in 3 of 7 cases on the H200, test_cuda's staged-x section; removed in the
      * twentieth session, docs/PERF.md.) */
-    constexpr bool HOISTED = RT == 4 && TT == 1 && m8n64_lean<BITS, GS>;
+    constexpr bool HOISTED = staged_tile<RT, TT> && staged_lean<BITS, GS>;
     const uint32_t ones[4] = {mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones, mma_traits<T>::ones};
     uint4 *stage_w = shared_quads + (size_t)warp * S * RT * 2 * 32;
     uint32_t *stage_sb = reinterpret_cast<uint32_t *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + warp * S * RT * 2 * 32;
     float *partial = reinterpret_cast<float *>(shared_quads + (size_t)NW * S * RT * 2 * 32) + NW * S * RT * 2 * 32;
-    static_assert(!STAGED_X || (RT == 4 && TT == 1), "x is staged by the 64-row, 8-token tile only");
+    static_assert(!STAGED_X || staged_tile<RT, TT>, "x is staged by the 48- and 64-row, 8-token tiles only");
     /* ONE_TOKEN (M = 1, x staged): the epilogue updates only the accumulators of even token columns (e = 0: token
      * 2t + 0 of the lane's pair; the odd ones are tokens ≥ 1, never stored) — 32 of the step's FFMAs fewer at 4 row
      * tiles and groups of 64. */
@@ -75,8 +75,8 @@
     constexpr int GSB = sb_pairs_per_super_block(BITS, GS); /* (scale, bias) pairs per row and super-block */
     constexpr int SB_CHUNKS = 4 * RT * GSB;                   /* 16-byte chunks of them per warp and super-block */
     const int row_tile0 = n_base / 16, row_tiles = (N + 15) / 16;
-    /* HOISTED (the 64-row, 8-token tile, m8n64): the copies' addresses worked out once — a lane's source advances by one
-     * super-block run per step of the warp (w_lane, sb_lane[]: 32-bit offsets of super-block 0 of its rows), the row
+    /* HOISTED (the staged tiles, m8n64 and m8n48): the copies' addresses worked out once — a lane's source advances by
+     * one super-block run per step of the warp (w_lane, sb_lane[]: 32-bit offsets of super-block 0 of its rows), the row
      * tiles r are tile_quads apart and the halves 512 bytes (immediates), the destination moves with the stage — and no
      * row checked against N: the arrays carry QMM_CUDA_PAD_ROW_TILES zero tiles after the last (cuda_internal.h), so
      * rows past N are computed on zeros (in a gather's expert slice, on the next expert's rows) and never stored.

@@ -21,11 +21,20 @@
 #define SKIP_CODE 77
 
 /* QMM_TEST_SHARD=i/n (with QMM_TEST_SECTION=gather): the gather section runs only its (case, variant) runs whose
- * number is i mod n, so that compute-sanitizer's racecheck, which did not finish the whole section in 530 s on an H100,
- * can run it as n processes side by side (scripts/gpu_test.sh); the n shards together are the whole section. Unset:
- * shard 0 of 1, every run. */
+ * number (test_gather) is i mod n, so that compute-sanitizer's racecheck, which did not finish the whole section in
+ * 490–530 s on an H100 beside other runs, can run it as n processes side by side (scripts/gpu_test.sh); the n shards
+ * together are the whole section, on the same inputs (part_rng). Unset: shard 0 of 1, every run. */
 static unsigned shard_index = 0, shard_count = 1;
 static bool in_shard(size_t run) { return run % shard_count == shard_index; }
+
+/* A generator of its own for part (a, b) of a section (a case, a run of it): the section's generator's state and the
+ * part's numbers mixed through one splitmix64 step, so that a part's inputs do not depend on which other parts ran
+ * (QMM_TEST_SHARD) — a shard checks the same products as the whole section with the same QMM_TEST_SEED. */
+static check_rng part_rng(check_rng base, uint64_t a, uint64_t b) {
+    base.state ^= (a + 1) * 0xD1B54A32D192ED03ull + (b + 1) * 0x8CB92BA72F3D8DD7ull;
+    const check_rng part = {check_rng_next(&base)};
+    return part;
+}
 
 /* One random N×K matrix on the device, x[M, K] and out[M, N] buffers, the f64 oracle. */
 typedef struct product {
@@ -577,8 +586,8 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     product_free(&p);
 }
 
-/* mma_gemv m8n64 with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer 64-row
- * blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
+/* mma_gemv m8n64 and m8n48 (the staged tiles) with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and
+ * at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
  * and the rule, each against the oracle with poisoned outputs, three runs the same bits; then, in a context with 8
  * warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple of 64 (m8n64 reads the
  * zero row tiles past N), K ending inside a super-block, both bit widths and dtypes, groups 32–128, M = 1 (the
@@ -595,17 +604,19 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         {1, 1000, 1152, 4, 128, QMM_F16}, {1, 4100, 2048, 8, 64, QMM_F16}, /* one token, f16 */
     };
     static const char *modes[] = {"1", "0", NULL};
-    const char *row = "cuda.qmm_t.mma_gemv.m8n64";
+    static const char *staged_rows[] = {"cuda.qmm_t.mma_gemv.m8n64", "cuda.qmm_t.mma_gemv.m8n48"};
     /* A context with the warps per block pinned (QMM_CUDA_WARPS, read when a context opens): staged and unstaged x
      * then give the same bits (a warp's arithmetic is the same; only the warp count could change the final sum). */
     setenv("QMM_CUDA_WARPS", "8", 1);
     qmm_context *pinned = NULL;
     CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &pinned));
     unsetenv("QMM_CUDA_WARPS");
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    for (size_t c = 0; c < 2 * sizeof cases / sizeof cases[0]; c++) {
+        const char *row = staged_rows[c & 1];
+        const size_t i = c / 2; /* each case on both rows */
         product p;
-        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, "staged x", &p))
+        if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
+                          cases[i].dtype, "staged x", &p))
             continue;
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
@@ -615,20 +626,20 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
             if (modes[m]) setenv("QMM_CUDA_GEMV_STAGED_X", modes[m], 1);
             else unsetenv("QMM_CUDA_GEMV_STAGED_X");
             char label[200];
-            snprintf(label, sizeof label, "staged x %s %d-bit gs%d", modes[m] ? modes[m] : "rule", cases[c].bits,
-                     cases[c].group_size);
+            snprintf(label, sizeof label, "staged x %s %d-bit gs%d", modes[m] ? modes[m] : "rule", cases[i].bits,
+                     cases[i].group_size);
             check_forced_runs(context, &p, row, label, first);
         }
         unsetenv("QMM_CUDA_GEMV_STAGED_X");
         free(first);
         product_free(&p);
         if (!pinned) continue; /* (its creation failed above) */
-        if (!product_make(pinned, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, "staged x (pinned)", &p))
+        if (!product_make(pinned, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
+                          cases[i].dtype, "staged x (pinned)", &p))
             continue;
         void *staged = malloc(bytes), *unstaged = malloc(bytes);
         char label[200];
-        snprintf(label, sizeof label, "staged x, 8 warps, %d-bit gs%d", cases[c].bits, cases[c].group_size);
+        snprintf(label, sizeof label, "staged x, 8 warps, %d-bit gs%d", cases[i].bits, cases[i].group_size);
         setenv("QMM_CUDA_GEMV_STAGED_X", "1", 1);
         check_forced_runs(pinned, &p, row, label, staged);
         setenv("QMM_CUDA_GEMV_STAGED_X", "0", 1);
@@ -636,13 +647,13 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         unsetenv("QMM_CUDA_GEMV_STAGED_X");
         CHECK(staged && unstaged && memcmp(staged, unstaged, bytes) == 0,
               "%s M=%zu N=%zu K=%zu: staged and unstaged bits differ", label, p.M, p.N, p.K);
-        /* m8n32 with the same 8 warps: each output the same arithmetic in the same order, without the 64-row tile's
+        /* m8n32 with the same 8 warps: each output the same arithmetic in the same order, without the staged tiles'
          * hoisted copies over the zero row tiles or its one-token epilogue (M = 1; docs/kernels.md §9.1) — so the same
          * bits. (This check found that f16 sums in units of 1/code_scale did change roundings: twentieth session.) */
         void *rows32 = malloc(bytes);
         check_forced_runs(pinned, &p, "cuda.qmm_t.mma_gemv.m8n32", label, rows32);
         CHECK(staged && rows32 && memcmp(staged, rows32, bytes) == 0,
-              "%s M=%zu N=%zu K=%zu: m8n64 and m8n32 bits differ", label, p.M, p.N, p.K);
+              "%s M=%zu N=%zu K=%zu: %s and m8n32 bits differ", label, p.M, p.N, p.K, row);
         free(rows32);
         free(staged);
         free(unstaged);
@@ -887,15 +898,20 @@ static void test_gather(qmm_context *context, check_rng *rng) {
     bool probed;
     const bool hopper = wgmma_device(context, rng, "gather probe", &probed);
     if (!probed) return;
-    enum { VARIANTS = 16 }; /* the runs of a case (below); run c·VARIANTS + variant is in shard (that mod n) */
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    /* the runs of a case (below); run (c, variant) is number variant·CASES + c, in shard (that mod n): a variant's runs
+     * over the cases fall in different shards (the costly ones — a launch per block, the batch-invariant pairs alone —
+     * are variants), and each case and run draws from its own generator (part_rng), whichever others ran */
+    enum { VARIANTS = 16, CASES = sizeof cases / sizeof cases[0] };
+    const check_rng base = *rng;
+    for (size_t c = 0; c < CASES; c++) {
         bool any = false;
-        for (size_t v = 0; v < VARIANTS; v++) any = any || in_shard(c * VARIANTS + v);
+        for (size_t v = 0; v < VARIANTS; v++) any = any || in_shard(v * CASES + c);
         if (!any) continue;
+        check_rng case_rng = part_rng(base, c, VARIANTS); /* the weights and x */
         const size_t E = cases[c].experts, A = cases[c].active, T = cases[c].T, N = cases[c].N, K = cases[c].K;
         const size_t B = T * A, size = qmm_dtype_size(cases[c].dtype);
         check_qmatrix q = {0};
-        if (!check_qmatrix_random(rng, E * N, K, cases[c].bits, cases[c].group_size, cases[c].dtype, &q)) {
+        if (!check_qmatrix_random(&case_rng, E * N, K, cases[c].bits, cases[c].group_size, cases[c].dtype, &q)) {
             CHECK(false, "gather: out of memory");
             continue;
         }
@@ -909,7 +925,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             CHECK(false, "gather: out of memory");
             goto next;
         }
-        check_fill_uniform(rng, x, cases[c].dtype, T * K, -1.0f, 1.0f);
+        check_fill_uniform(&case_rng, x, cases[c].dtype, T * K, -1.0f, 1.0f);
         CHECK_OK(qmm_weights_create_experts(context, &q.m, E, &experts));
         CHECK_OK(qmm_buffer_create(context, cases[c].dtype, T * K, &xb));
         CHECK_OK(qmm_buffer_create(context, cases[c].dtype, B * N + 64, &ob));
@@ -930,7 +946,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
         /* whether the format groups: any width (2/3/5/6-bit codes are stored as 4/8-bit ones) */
         const bool groups = (cases[c].dtype == QMM_F16 || cases[c].dtype == QMM_BF16) && N % 16 == 0;
         for (int variant = 0; variant < VARIANTS; variant++) {
-            if (!in_shard(c * VARIANTS + (size_t)variant)) continue;
+            if (!in_shard((size_t)variant * CASES + c)) continue;
+            check_rng run_rng = part_rng(base, c, (uint64_t)variant); /* the routing, the pairs checked alone */
             const int tokens = variant == 14 ? 32 : variant == 15 ? 64 : 0; /* QMM_CUDA_GATHER_WGMMA_TOKENS */
             const int invariant = variant == 6 || variant == 7, knobbed = variant >= 8;
             const int sorted = (variant & 1) || tokens, cut = variant == 8 || variant == 9;
@@ -943,7 +960,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
                 continue;
             /* token t takes experts (t·7 + j·(E/A) + random offset) mod E, j < A: distinct */
             for (size_t t = 0; t < T; t++) {
-                const size_t shift = (size_t)(check_rng_next(rng) % (E / A));
+                const size_t shift = (size_t)(check_rng_next(&run_rng) % (E / A));
                 for (size_t j = 0; j < A; j++) {
                     lhs[t * A + j] = (uint32_t)t;
                     rhs[t * A + j] = (uint32_t)((t * 7 + j * (E / A) + shift) % E);
@@ -1015,7 +1032,7 @@ static void test_gather(qmm_context *context, check_rng *rng) {
             size_t differ = 0, first = 0, checked = 0;
             const size_t stride = B > 256 ? B / 256 : 1;
             if (groups) setenv("QMM_CUDA_GATHER_GROUPED", "1", 1);
-            for (size_t i = (size_t)(check_rng_next(rng) % stride); i < B; i += stride) {
+            for (size_t i = (size_t)(check_rng_next(&run_rng) % stride); i < B; i += stride) {
                 const qmm_gather_options alone = {.batch_invariant = 1};
                 checked++;
                 CHECK_OK(qmm_buffer_poison(ob_one));
