@@ -108,8 +108,10 @@ else
       # 8.5 minutes after the start; every other run by 3.5. Started first (thirty-fifth session), the three longest
       # still ran past 8.3 minutes beside the others (about 3 alone): racecheck as a whole takes more than 8.5.
       # The gather section runs as GATHER_SHARDS processes (test_cuda's QMM_TEST_SHARD=i/n, each a share of its
-      # (case, variant) runs): whole, it did not finish under racecheck in 530 s on an H100 (forty-seventh session).
-      slow="batch_invariant wgmma_cluster_splits wgmma_switch tile_split_k wgmma_last_wave selector gather m16n64_chunks"
+      # (case, variant) runs): whole, it did not finish under racecheck in 490–530 s beside other runs on an H100
+      # (forty-seventh session). gemv_staged_x runs m8n64 and m8n48 since then: twice its products.
+      slow="batch_invariant wgmma_cluster_splits wgmma_switch tile_split_k wgmma_last_wave selector gather m16n64_chunks
+        gemv_staged_x"
       gather_shards=${GATHER_SHARDS:-4}
       for tool in $tools; do rm -f "$logs"/sanitizer-$tool-*; done # an earlier run's logs are not this run's
       for tool in racecheck memcheck; do

@@ -63,7 +63,7 @@ static const knob context_knobs[] = {
 /* Read at the calls. */
 static const knob call_knobs[] = {
     {"QMM_CUDA_SPLITS", NULL, 1, 16, "the split-K count, then capped by K and the workspace"},
-    {"QMM_CUDA_GEMV_STAGED_X", knob_zero_one, 0, 0, "1 stages m8n64's x through shared memory, 0 does not"},
+    {"QMM_CUDA_GEMV_STAGED_X", knob_zero_one, 0, 0, "1 stages m8n64's and m8n48's x through shared memory, 0 does not"},
     {"QMM_CUDA_M16N64_ONE_GRID", knob_zero_one, 0, 0, "1: m16n64's chunks of 16 rows of x in one grid, 0: a launch each"},
     {"QMM_CUDA_WGMMA_LAST_WAVE", knob_zero_one, 0, 0, "0 turns the wgmma rows' split last wave off, 1 leaves it on"},
     {"QMM_CUDA_WGMMA_CLUSTER", knob_cluster, 0, 0,

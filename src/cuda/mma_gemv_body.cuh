@@ -51,8 +51,8 @@
     static_assert(!STAGED_X || staged_tile<RT, TT>, "x is staged by the 48- and 64-row, 8-token tiles only");
     /* ONE_TOKEN (M = 1, x staged): the epilogue updates only the accumulators of even token columns (e = 0: token
      * 2t + 0 of the lane's pair; the odd ones are tokens ≥ 1, never stored) — 32 of the step's FFMAs fewer at 4 row
-     * tiles and groups of 64. */
-    static_assert(!ONE_TOKEN || STAGED_X, "the one-token epilogue is an instantiation of the staged 64-row tile");
+     * tiles and groups of 64 (24 at 3). */
+    static_assert(!ONE_TOKEN || STAGED_X, "the one-token epilogue is an instantiation of the staged tiles");
     constexpr int XQ = 4 * BPS; /* 16-byte chunks of one token's x per super-block */
     const int MX = STAGED_X ? (ONE_TOKEN ? 1 : min(M, 8)) : 0; /* ONE_TOKEN: M = 1, known when compiled */
     uint4 *stage_x = reinterpret_cast<uint4 *>(partial + NW * RT * TT * 4 * 32) + (size_t)warp * S * MX * XQ;

@@ -589,8 +589,8 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
 /* mma_gemv m8n64 and m8n48 (the staged tiles) with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and
  * at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
  * and the rule, each against the oracle with poisoned outputs, three runs the same bits; then, in a context with 8
- * warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple of 64 (m8n64 reads the
- * zero row tiles past N), K ending inside a super-block, both bit widths and dtypes, groups 32–128, M = 1 (the
+ * warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple of 64 or 48 (the staged
+ * tiles read up to 3 / 2 zero row tiles past N), K ending inside a super-block, both bit widths and dtypes, groups 32–128, M = 1 (the
  * one-token epilogue) and M > 1. */
 static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -639,7 +639,7 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
             continue;
         void *staged = malloc(bytes), *unstaged = malloc(bytes);
         char label[200];
-        snprintf(label, sizeof label, "staged x, 8 warps, %d-bit gs%d", cases[i].bits, cases[i].group_size);
+        snprintf(label, sizeof label, "%s staged x, 8 warps, %d-bit gs%d", row, cases[i].bits, cases[i].group_size);
         setenv("QMM_CUDA_GEMV_STAGED_X", "1", 1);
         check_forced_runs(pinned, &p, row, label, staged);
         setenv("QMM_CUDA_GEMV_STAGED_X", "0", 1);
