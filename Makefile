@@ -62,4 +62,4 @@ install: setup-build
 	cmake --install build
 
 clean:
-	rm -rf build build-asan build-fuzz build-gpu build-ab
+	rm -rf build build-asan build-fuzz build-gpu build-ab build-gpu-pack build-ab-pack

@@ -73,7 +73,7 @@ if ! ./build-gpu/qmm kernels --backend cuda >"$logs/device.log" 2>&1; then
   no_device=${no_device:-"the CUDA backend is not usable here (log: $logs/device.log)"}
 fi
 if wanted ctest; then
-  step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli|io'
+  step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli'
 else
   summary+=("SKIPPED  ctest: not asked for")
 fi
