@@ -411,11 +411,11 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
 }
 
 /* x staged through shared memory (the staged tiles: 64 or 48 rows, 8 tokens) at M ≤ 4, and at M ≤ 8 when the grid
- * leaves SMs idle (fewer blocks than SMs, i.e. N ≤ 16·RT·(SMs − 1)). Measured on the H200 (docs/PERF.md, eleventh session; m8n64
- * forced, seed and Qwen3 shapes, M = 1–8, against x loaded at the top of each step): at M ≤ 4 0.79–1.03× (5120×5120
- * M = 1 bf16 9.1 → 7.7 µs, 5120×14336 21.0 → 18.6, 14336×5120 15.7 → 14.6, 27648×5120 29.0 → 28.8); at M = 8, where
- * eight tokens' stages leave room for 14 warps instead of 16, 0.86–1.03× on the 80-block shapes but up to 1.25×
- * elsewhere. QMM_CUDA_GEMV_STAGED_X=1/0 forces it on/off (launch->staged_x). */
+ * leaves SMs idle (fewer blocks than SMs, i.e. N ≤ 16·RT·(SMs − 1)). Measured on the H200 (docs/PERF.md, eleventh
+ * session; m8n64 forced, seed and Qwen3 shapes, M = 1–8, against x loaded at the top of each step): at M ≤ 4
+ * 0.79–1.03× (5120×5120 M = 1 bf16 9.1 → 7.7 µs, 5120×14336 21.0 → 18.6, 14336×5120 15.7 → 14.6, 27648×5120 29.0 →
+ * 28.8); at M = 8, where eight tokens' stages leave room for 14 warps instead of 16, 0.86–1.03× on the 80-block
+ * shapes but up to 1.25× elsewhere. QMM_CUDA_GEMV_STAGED_X=1/0 forces it on/off (launch->staged_x). */
 template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
     if constexpr (staged_tile<RT, TT>) {
         const bool fewer_blocks_than_sms =
