@@ -586,12 +586,12 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     product_free(&p);
 }
 
-/* mma_gemv m8n64 and m8n48 (the staged tiles) with x through the cp.async pipeline (the launcher's choice at M ≤ 4, and
- * at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not: M = 6 with N = 9000), 0,
- * and the rule, each against the oracle with poisoned outputs, three runs the same bits; then, in a context with 8
- * warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple of 64 or 48 (the staged
- * tiles read up to 3 / 2 zero row tiles past N), K ending inside a super-block, both bit widths and dtypes, groups 32–128, M = 1 (the
- * one-token epilogue) and M > 1. */
+/* mma_gemv m8n64 and m8n48 (the staged tiles) with x through the cp.async pipeline (the launcher's choice at M ≤ 4,
+ * and at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not:
+ * M = 6 with N = 9000), 0, and the rule, each against the oracle with poisoned outputs, three runs the same bits;
+ * then, in a context with 8 warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple
+ * of 64 or 48 (the staged tiles read up to 3 / 2 zero row tiles past N), K ending inside a super-block, both bit
+ * widths and dtypes, groups 32–128, M = 1 (the one-token epilogue) and M > 1. */
 static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     static const struct {
         size_t M, N, K;
