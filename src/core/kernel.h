@@ -95,7 +95,12 @@ typedef struct qmm_kernel {
      * M has grown (the CUDA m16n64 GEMV: from M = 17 past 300 blocks of 64 rows on the H200).
      * prefer_gap_tiles_min … prefer_gap_tiles_max (0 = no gap): not when the call's tiles of bm × bn fall in that
      * range — a tile count the device's SMs divide badly for this row where a row of smaller tiles divides it
-     * well (the CUDA m8n64 GEMV at 265–396 blocks of 64 rows on the H200's 132 SMs). */
+     * well (the CUDA m8n64 GEMV at 265–396 blocks of 64 rows on the H200's 132 SMs).
+     * prefer_fill_sms, prefer_fill_over_bn, prefer_fill_ratio_pct (0 = no such rule): only when the call's tiles of
+     * bm × bn fill the last wave over prefer_fill_sms SMs at least prefer_fill_ratio_pct % as well as tiles of
+     * bm × prefer_fill_over_bn would — a wave's fill being tiles ÷ (SMs · waves), waves = ceil(tiles ÷ SMs): a row of
+     * narrower tiles that costs more per byte than its wider sibling and wins only where the sibling leaves SMs idle
+     * (the CUDA m8n48 GEMV against m8n64 on the H200's 132 SMs). */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
@@ -113,6 +118,9 @@ typedef struct qmm_kernel {
     size_t prefer_min_m_large_n;
     size_t prefer_gap_tiles_min;
     size_t prefer_gap_tiles_max;
+    size_t prefer_fill_sms;
+    size_t prefer_fill_over_bn;
+    size_t prefer_fill_ratio_pct;
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

@@ -1344,6 +1344,15 @@ static qmm_status gather_run(const qmm_call *call);
  *            batch-invariant order (its sums were not compared with the other wgmma rows' bit for bit), so the mode
  *            passes it over; and where the prepared-x workspace cannot be had, it runs the 64-token tile's _fma
  *            kernels (measured, tested) rather than 32-token kernels without prepared x, which no test reaches.
+ *   M ≤ 8, N ≥ 4096 where 48-row blocks fill the last wave over 132 SMs ≥ 1.2× as well as 64-row blocks
+ *            (prefer_fill: 4096, 5120, 12288, 17408 rows; not 14336 (299 blocks against 224) or 27648 (576 against
+ *            432)): mma_gemv m8n48 — m8n64 with three row tiles; it costs about 1.1–1.25× m8n64's time per byte where
+ *            both fill the SMs alike, and the ratio of fills is either ≈ 1.33 or ≤ 1.07 on the measured shapes. On
+ *            the H200 at M = 1–8 (forty-eighth session, every seed and Qwen3 shape, f16 and bf16, 4-bit group 64):
+ *            0.84–0.93× m8n64's time at M = 1–4 on 5120×5120, 5120×14336 and 5120×17408 (0.75–0.85 at M = 8),
+ *            0.83–0.90× the selected m8n32 on 17408×5120, 0.86–0.94× m8n64 on 12288×4096, 0.85–0.97× m8n32 on 4096²;
+ *            1.06–1.24× m8n64 on 14336×5120 and 27648×5120 (the rule passes it over there), and 0.99–1.11× m8n32 on
+ *            4096×12288 (taken: four bf16 cells past 5 %, the price of keeping 4096² at 0.85–0.97).
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
  *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
  *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get 4–6 warps under
@@ -1351,9 +1360,6 @@ static qmm_status gather_run(const qmm_call *call);
  *            rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
  *            17408×5120 (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97
  *            (docs/PERF.md, twenty-sixth session); with the model 0.94–1.00 (twenty-seventh).
- *   (mma_gemv m8n48, tune_only: m8n64 with three row tiles, for the shapes whose 64-row blocks are fewer than the
- *            SMs — 5120 rows: 107 blocks of 48 rows against 80 of 64 on 132 SMs; added in the forty-seventh session,
- *            not yet measured: a forced row and `qmm tune`'s until a run draws its box.)
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
@@ -1464,11 +1470,12 @@ static const qmm_kernel cuda_kernels[] = {
                         "Hopper wgmma tile, 128 rows x 32 tokens, x prepared per call, TMA, 4/8-bit f16/bf16", NULL),
      .supports = wgmma_m32n128_supports, .run = wgmma_m32n128_run, .reserve = wgmma_m32n128_reserve,
      .prefer_min_m = 17, .prefer_max_m = 32, .prefer_min_tiles = 40, .prefer_min_k = 5120},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n48", 8, 48, "tensor-core GEMV, 48 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n48_supports, .run = mma_m8n48_run, .prefer_max_m = 8, .prefer_min_n = 4096,
+     .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120,
      .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},
-    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n48", 8, 48, "tensor-core GEMV, 48 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n48_supports, .run = mma_m8n48_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),

@@ -334,6 +334,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #define m16n32 "cuda.qmm_t.mma_gemv.m16n32"
 #define m32n16 "cuda.qmm_t.mma_gemv.m32n16"
 #define m8n64 "cuda.qmm_t.mma_gemv.m8n64"
+#define m8n48 "cuda.qmm_t.mma_gemv.m8n48"
+#define m8n16 "cuda.qmm_t.mma_gemv.m8n16"
 #define m8n32 "cuda.qmm_t.mma_gemv.m8n32"
     static const struct {
         size_t M, N, K;
@@ -352,7 +354,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * past it — 4928 rows, 39 tiles of 128: short of wgmma m32n128's box on Hopper, as are the K < 5120
                 * here) */
                {9, 5120, 2496, m16n64, true, NULL},      {16, 5120, 2496, m16n64, true, NULL},
-               {8, 5120, 256, m16n64, false, m8n64},     {17, 5120, 1280, m16n64, true, NULL},
+               {8, 5120, 256, m16n64, false, m8n48},     {17, 5120, 1280, m16n64, true, NULL},
                {32, 5120, 1280, m16n64, true, NULL},     {33, 5120, 832, m16n64, true, NULL},
                {64, 5120, 640, m16n64, true, NULL},      {65, 5120, 640, m16n64, false, NULL},
                {48, 27648, 256, m16n64, true, NULL},     {64, 27648, 256, m16n64, true, NULL},
@@ -377,9 +379,19 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {32, 1024, 4096, m16n64, false, m32n16},  {48, 1024, 4032, m16n64, false, m32n16},
                {48, 768, 8192, m16n64, false, m32n16},   {49, 768, 4096, m16n64, true, NULL},
                {32, 1536, 8192, m16n64, false, m32n16}, /* M ≤ 32 keeps 72: 48 tiles with enough tiles × K */
-               /* mma_gemv m8n64: not at 265–396 blocks of 64 rows (prefer_gap_tiles), m8n32 there */
-               {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n32},
-               {4, 17408, 512, m8n64, false, m8n32},     {8, 25344, 256, m8n64, false, m8n32},
+               /* mma_gemv m8n48: M ≤ 8, N ≥ 4096, where its blocks of 48 rows fill the last wave over 132 SMs ≥ 1.2×
+                * as well as blocks of 64 (prefer_fill): 6336 rows (132 blocks against 99) take it, 6337 (133 against
+                * 100) do not; 12672 (264 against 198) do, 12673 (265 against 199) do not; 14336 and 27648 do not */
+               {1, 4096, 256, m8n48, true, NULL},        {8, 4095, 256, m8n48, false, m8n16},
+               {8, 5120, 256, m8n48, true, NULL},        {9, 5120, 256, m8n48, false, m16n32},
+               {1, 6336, 256, m8n48, true, NULL},        {1, 6337, 256, m8n48, false, m8n64},
+               {4, 12672, 256, m8n48, true, NULL},       {4, 12673, 256, m8n48, false, m8n64},
+               {1, 14336, 256, m8n48, false, m8n64},     {8, 27648, 256, m8n48, false, m8n64},
+               {2, 17408, 512, m8n48, true, NULL},
+               /* mma_gemv m8n64: not at 265–396 blocks of 64 rows (prefer_gap_tiles), m8n32 there unless m8n48 fills
+                * better (16897 rows: 353 blocks of 48 against 265) */
+               {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n48},
+               {4, 17408, 512, m8n64, false, m8n48},     {8, 25344, 256, m8n64, false, m8n32},
                {8, 25345, 256, m8n64, true, NULL},
                /* mma_gemv m16n32: M ≤ 16 outside m16n64's box; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
@@ -391,6 +403,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #undef m16n32
 #undef m32n16
 #undef m8n64
+#undef m8n48
+#undef m8n16
 #undef m8n32
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++)
         check_box(context, rng, box[i].M, box[i].N, box[i].K, box[i].row, box[i].want, box[i].instead, NULL);
@@ -878,11 +892,12 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * than the 256 rows QMM_CUDA_GATHER_CHUNK_ROWS=256 cuts); a launch per block: 120 tiles of 128 × 64, the wgmma
          * m64n128 row on Hopper */
         {2, 1, 1200, 1536, 256, 4, 64, QMM_F16},
-        /* N = 5136 (81 blocks of 64 rows, the last of 16): with a launch per block of ≤ 8 rows the selector takes
+        /* N = 14352 (225 blocks of 64 rows, the last of 16): with a launch per block of ≤ 8 rows the selector takes
          * mma_gemv m8n64, whose copies read up to 3 row tiles past an expert's slice unchecked — into the next expert's
          * rows, and for the last expert into the zero tiles that end the repacked arrays (QMM_CUDA_PAD_ROW_TILES); M = 1
-         * blocks run its one-token epilogue. Under compute-sanitizer memcheck (make test-gpu), a read past them fails. */
-        {3, 1, 6, 5136, 128, 4, 64, QMM_F16},
+         * blocks run its one-token epilogue. Under compute-sanitizer memcheck (make test-gpu), a read past them fails.
+         * N = 5136 (107 blocks of 48 rows, the last of 48 − 32 = 16): m8n48 the same way, up to 2 row tiles past. */
+        {3, 1, 6, 14352, 128, 4, 64, QMM_F16}, {3, 1, 6, 5136, 128, 4, 64, QMM_F16},
         /* 3- and 6-bit stacks (stored as 4- and 8-bit codes): grouped like those */
         {16, 4, 40, 96, 256, 3, 32, QMM_BF16}, {8, 2, 20, 64, 512, 6, 64, QMM_F16},
         /* K = 4096 (16–64 super-blocks): the warps per block are not capped by K, so in batch-invariant mode only the

@@ -72,7 +72,7 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
  * box); then prefer_max_tiles_k from prefer_max_tiles_k_min_m and prefer_large_n (the CUDA m16n64 row's),
- * prefer_gap_tiles (the CUDA m8n64 row's), prefer_min_k (the CUDA 32-token wgmma row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_min_tiles_large_m
+ * prefer_gap_tiles (the CUDA m8n64 row's), prefer_fill (the CUDA m8n48 row's), prefer_min_k (the CUDA 32-token wgmma row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_min_tiles_large_m
  * from prefer_large_m (the CUDA m16n64 row's). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
@@ -163,6 +163,25 @@ static void test_hints(void) {
         const char *got = pick_row_or_any(&gap, gap_cases[i].N, gap_cases[i].M, 4096);
         CHECK(strcmp(got, gap_cases[i].want) == 0, "hints: prefer_gap_tiles N=%zu M=%zu picked %s, want %s",
               gap_cases[i].N, gap_cases[i].M, got, gap_cases[i].want);
+    }
+    /* prefer_fill over 132 SMs against tiles 64 wide at 120 % (the CUDA m8n48 row's, tiles of 8 × 48): 6336 rows
+     * (132 tiles against 99: fills 1.0 and 0.75) take it, 6337 (133 against 100: 0.50 and 0.76) do not; 12672 (264
+     * against 198, two waves each: 1.0 and 0.75) do, 12673 (265 against 199) do not; 27648 (576 against 432: 0.87 and
+     * 0.82) do not; at M = 9 (two tiles of tokens) 3168 rows are 132 tiles against 100 (2 · 66 and 2 · 50) and take
+     * it; 4096 and 5760 rows (one wave each) take it, 14336 (299 against 224) does not */
+    qmm_kernel_info fill_info = FAKE("fake.hint.fill", QMM_OP_QMM_T);
+    fill_info.bm = 8, fill_info.bn = 48;
+    const qmm_kernel fill = {.info = fill_info, .supports = supports_all, .run = run_nothing, .prefer_fill_sms = 132,
+                             .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120};
+    static const struct { size_t N, M; const char *want; } fill_cases[] = {
+        {6336, 1, "fake.hint.fill"},  {6337, 1, "fake.hint.any"},  {12672, 8, "fake.hint.fill"},
+        {12673, 8, "fake.hint.any"},  {27648, 1, "fake.hint.any"}, {3168, 9, "fake.hint.fill"},
+        {5760, 1, "fake.hint.fill"},  {4096, 1, "fake.hint.fill"}, {14336, 1, "fake.hint.any"},
+    };
+    for (size_t i = 0; i < sizeof fill_cases / sizeof fill_cases[0]; i++) {
+        const char *got = pick_row_or_any(&fill, fill_cases[i].N, fill_cases[i].M, 4096);
+        CHECK(strcmp(got, fill_cases[i].want) == 0, "hints: prefer_fill N=%zu M=%zu picked %s, want %s",
+              fill_cases[i].N, fill_cases[i].M, got, fill_cases[i].want);
     }
     /* prefer_min_k = 5120 with prefer_min_m = 17, prefer_max_m = 32 and prefer_min_tiles = 40 of 32 × 128 (the CUDA
      * 32-token wgmma row's box): K 5120 takes it, 5056 does not; 40 tiles (N 4993 … 5120) do, 39 do not */
