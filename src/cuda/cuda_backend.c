@@ -781,6 +781,7 @@ MMA_ROW(mma_m8n48, 3, 1)
 MMA_ROW(mma_m8n64, 4, 1)
 MMA_ROW(mma_m16n32, 2, 2)
 MMA_ROW(mma_m16n64, 4, 2)
+MMA_ROW(mma_m16n48, 3, 2)
 MMA_ROW(mma_m32n16, 1, 4)
 
 /* ffma_gemv row: f32 activations with 4- or 8-bit weights, on the CUDA cores (kernels_ffma.cu). */
@@ -1360,6 +1361,9 @@ static qmm_status gather_run(const qmm_call *call);
  *            rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
  *            17408×5120 (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97
  *            (docs/PERF.md, twenty-sixth session); with the model 0.94–1.00 (twenty-seventh).
+ *   (mma_gemv m16n48, tune_only: m16n64 with three row tiles, for M 9–16 where 64-row blocks leave SMs idle — 5120
+ *            rows: 107 blocks against 80; added in the forty-eighth session, a forced row and `qmm tune`'s until a run
+ *            draws its box.)
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
@@ -1485,6 +1489,8 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_large_m = 33, .prefer_min_tiles_large_m = 48,
      .prefer_min_tiles_k = 48 * 4096, .prefer_max_tiles_k = M16N64_MAX_WORK, .prefer_max_tiles_k_min_m = 33,
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n48", 16, 48, "tensor-core GEMV, 48 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m16n48_supports, .run = mma_m16n48_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),

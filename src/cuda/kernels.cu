@@ -189,10 +189,12 @@ __global__ void __launch_bounds__(256)
  * super-block ahead at 242 registers, 8 warps per SM, until the fourteenth session: 12 warps without that prefetch
  * took 0.78–0.94× the time at M = 16 where it is selected (docs/PERF.md). */
 template <int RT, int TT> struct mma_gemv_limits {
-    static constexpr bool m16n64 = RT == 4 && TT == 2;
+    /* m16n64 and m16n48 (its three-row-tile form, forty-eighth session): the 16-token tiles of ≥ 48 rows, whose
+     * accumulators do not fit the 128-register cap of 16 warps */
+    static constexpr bool wide16 = RT >= 3 && TT == 2;
     static constexpr bool large = TT >= 4;
-    static constexpr int max_warps = m16n64 ? QMM_MMA_M16N64_WARPS : large ? 8 : 16;
-    static constexpr int min_blocks = m16n64 || large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
+    static constexpr int max_warps = wide16 ? QMM_MMA_M16N64_WARPS : large ? 8 : 16;
+    static constexpr int min_blocks = wide16 || large ? 1 : (QMM_MMA_MIN_BLOCKS * 8 + max_warps - 1) / max_warps;
 };
 
 /* The staged tiles: the 8-token tiles of 64 rows (m8n64) and 48 rows (m8n48) — x through shared memory (STAGED_X),
@@ -506,7 +508,10 @@ extern "C" int qmm_cuda_mma_gemv_grouped(const qmm_cuda_launch *c, const qmm_cud
 /* The tiles the table uses (each is 12 instantiations: bits × dtype × group size). */
 extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, int token_tiles) {
     if (token_tiles == 4) return dispatch_mma_gemv<1, 4>(c);
-    if (token_tiles == 2) return row_tiles == 4 ? dispatch_mma_gemv<4, 2>(c) : dispatch_mma_gemv<2, 2>(c);
+    if (token_tiles == 2)
+        return row_tiles == 4 ? dispatch_mma_gemv<4, 2>(c)
+               : row_tiles == 3 ? dispatch_mma_gemv<3, 2>(c)
+                                : dispatch_mma_gemv<2, 2>(c);
     if (row_tiles == 1) return dispatch_mma_gemv<1, 1>(c);
     if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
     if (row_tiles == 3) return dispatch_mma_gemv<3, 1>(c);
