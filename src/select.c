@@ -166,7 +166,7 @@ static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
 /* Whether the call's tiles of the row's bm × bn fill the last wave over prefer_fill_sms SMs at least
  * prefer_fill_ratio_pct % as well as tiles of bm × prefer_fill_over_bn would (true where the row has no such rule).
  * fill(t) = t ÷ (S·ceil(t ÷ S)); compared as t·ceil(u ÷ S)·100 ≥ pct·u·ceil(t ÷ S), S cancelling, in double (no
- * overflow whatever N; exact while the products stay below 2^53). */
+ * overflow for any valid call; exact while the products stay below 2^53). */
 static bool fills_better(const qmm_kernel *row, const qmm_call *call) {
     if (!row->prefer_fill_sms || !row->prefer_fill_over_bn || !row->prefer_fill_ratio_pct) return true;
     const size_t sms = row->prefer_fill_sms;

@@ -1361,14 +1361,19 @@ static qmm_status gather_run(const qmm_call *call);
  *            rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
  *            17408×5120 (Qwen3-14B gate/up, 272 blocks) at M = 1–8: m8n32 0.93–1.01× m8n64's time, geomean 0.97
  *            (docs/PERF.md, twenty-sixth session); with the model 0.94–1.00 (twenty-seventh).
- *   (mma_gemv m16n48, tune_only: m16n64 with three row tiles, for M 9–16 where 64-row blocks leave SMs idle — 5120
- *            rows: 107 blocks against 80; added in the forty-eighth session, a forced row and `qmm tune`'s until a run
- *            draws its box.)
  *   M ≤ 8, N ≥ 4096: mma_gemv m8n32 — 4096×4096 f16: 5.3 µs vs 5.8 for m8n16; 4096×12288: 11.6 vs 13.1.
  *   M ≤ 8:   mma_gemv m8n16 — 16 rows per warp, the most blocks: the best for N ≤ 2048 (1024×4096 bf16: 1.3×
  *            faster than m8n32).
- *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200), M 17–32 with 72 blocks or more of 64 rows × 16 rows of x
- *            (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond: Qwen3's k_proj/v_proj), those
+ *   M 9–16, N ≥ 4096, where its 48-row blocks fill the last wave over 132 SMs ≥ 1.2× as well as 64-row blocks (the
+ *            m8n48 rule, prefer_fill) and blocks × K ≥ 48 · 4096 (m16n64's floor): mma_gemv m16n48 — m16n64 with
+ *            three row tiles (12 warps at most, as m16n64). On an H100 at M = 9, 12, 16 (forty-eighth session, every
+ *            seed and Qwen3 shape, f16 and bf16, 4-bit group 64): 0.87–0.94× m16n64's time on 5120², 5120×14336 and
+ *            5120×17408, 0.87–0.94× on 12288×4096, 0.84–0.91× on 17408×5120, 0.93–0.99× m16n32's on 4096²; 1.06–1.14×
+ *            m16n64 on 14336×5120 and 1.08–1.09× on 27648×5120 (the rule passes it over), 1.02–1.14× m16n32 on
+ *            4096×12288 (taken, as m8n48 there). Over the 90 cells the rule's choice is within 5 % of the fastest
+ *            row in 83 (47 before; 82/90 measured after the change).
+ *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200) where m16n48's rule says no, M 17–32 with 72 blocks or
+ *            more of 64 rows × 16 rows of x (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond: Qwen3's k_proj/v_proj), those
  *            blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33, ≤ 240 · 5120 (M16N64_MAX_WORK: 5120² to
  *            M = 48, 4096² to M = 64):
  *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
@@ -1484,13 +1489,14 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n48", 16, 48, "tensor-core GEMV, 48 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m16n48_supports, .run = mma_m16n48_run, .prefer_max_m = 16, .prefer_min_n = 4096,
+     .prefer_min_tiles_k = 48 * 4096, .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 64, .prefer_min_tiles = 72,
      .prefer_large_m = 33, .prefer_min_tiles_large_m = 48,
      .prefer_min_tiles_k = 48 * 4096, .prefer_max_tiles_k = M16N64_MAX_WORK, .prefer_max_tiles_k_min_m = 33,
      .prefer_large_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_m_large_n = 17},
-    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n48", 16, 48, "tensor-core GEMV, 48 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m16n48_supports, .run = mma_m16n48_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n32", 16, 32, "tensor-core GEMV, 32 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n32_supports, .run = mma_m16n32_run, .prefer_max_m = 16},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m32n16", 32, 16, "tensor-core GEMV, 16 rows/warp, 32 tokens, 4/8-bit f16/bf16"),

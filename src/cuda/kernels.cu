@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(256)
 #ifndef QMM_MMA_STAGES_RT2
 #define QMM_MMA_STAGES_RT2 3
 #endif
-#ifndef QMM_MMA_STAGES_RT3 /* m8n48 (forty-seventh session, not yet measured): as the 64-row tile */
+#ifndef QMM_MMA_STAGES_RT3 /* m8n48 and m16n48: as the 64-row tiles (not swept for them; forty-seventh/eighth sessions) */
 #define QMM_MMA_STAGES_RT3 2
 #endif
 #ifndef QMM_MMA_STAGES_RT4
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(256)
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
 
-#ifndef QMM_MMA_M16N64_WARPS /* m16n64's most warps per block, one block per SM at the launch bounds (65536 / 32·w registers;
+#ifndef QMM_MMA_M16N64_WARPS /* m16n64's and m16n48's most warps per block, one block per SM at the launch bounds (65536 / 32·w registers;
                               * 16 = 128 registers: spills 24–328 bytes and took 1.33× the time of 12, docs/PERF.md
                               * fourteenth session) */
 #define QMM_MMA_M16N64_WARPS 12

@@ -285,8 +285,10 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * to M = 32, and up to M = 128 for N ≤ 2048), m32n128 at M 17–32 with 40 tiles of 128 rows or more and K ≥ 5120 (before
  * m16n64) — on either side of each threshold the selector's choice, and every row that takes the call against the
  * oracle. Where the device is not Hopper the wgmma rows refuse and none is chosen. Then
- * the boxes of mma_gemv m16n64 (M 9–16 with N 4545 … 19200, M 17–32 with 72 tiles of 64 rows × 16 rows of x, M 33–64
- * with 48, and tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120) and m16n32 (M ≤ 16 outside it), which take
+ * the boxes of mma_gemv m16n48 (M ≤ 16, N ≥ 4096, tiles × K ≥ 48 · 4096, where its 48-row blocks fill the SMs' last wave
+ * ≥ 1.2× as well as 64-row blocks), m16n64 (M 9–16 with N 4545 … 19200 where m16n48's rule says no, M 17–32 with 72
+ * tiles of 64 rows × 16 rows of x, M 33–64 with 48, and tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120), the 8-token
+ * rows (m8n48 by the same fill rule, m8n64, m8n32, m8n16) and m16n32 (M ≤ 16 outside the others), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -307,7 +309,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
         {17, 14336, 5120, "cuda.qmm_t.wgmma_tile.m32n128"},
         {32, 4992, 5120, NULL},                             /* 39 tiles: mma_gemv m16n64 */
         {24, 5120, 5056, NULL},                             /* K under 5120: mma_gemv m16n64 */
-        {16, 5120, 5120, NULL},                             /* M ≤ 16: mma_gemv m16n64 */
+        {16, 5120, 5120, NULL},                             /* M ≤ 16: mma_gemv m16n48 */
         {128, 2048, 4096, NULL},                            /* N ≤ 2048, M ≤ 128: mma_gemv m32n16 */
         {128, 2048, 8192, NULL}, /* the same, though m128n128's 16 tiles × 8192 reach its work hint: m32n16 first */
     };
@@ -335,6 +337,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #define m32n16 "cuda.qmm_t.mma_gemv.m32n16"
 #define m8n64 "cuda.qmm_t.mma_gemv.m8n64"
 #define m8n48 "cuda.qmm_t.mma_gemv.m8n48"
+#define m16n48 "cuda.qmm_t.mma_gemv.m16n48"
 #define m8n16 "cuda.qmm_t.mma_gemv.m8n16"
 #define m8n32 "cuda.qmm_t.mma_gemv.m8n32"
     static const struct {
@@ -345,7 +348,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     } box[] = {/* mma_tile m16n256: its box (M 17–32, N ≥ 12288) taken first by mma_gemv m16n64 (it keeps it for
                 * batch-invariant calls: below) */
                {17, 12288, 512, m16n256, false, m16n64}, {32, 27648, 256, m16n256, false, m16n64},
-               /* mma_gemv m16n64's box: M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–32 with 72
+               /* mma_gemv m16n64's box (m16n48 first at M 9–16 where its fill rule holds, below: 4545, 5120 rows):
+                * M 9–16 with 72 … 300 blocks of 64 rows (N 4545 … 19200), M 17–32 with 72
                 * blocks or more of 64 rows × 16 rows of x (N ≥ 2241: one grid of two chunks), M 33–64 with 48
                 * (below), no upper end in N there; and those blocks times K ≥ 48 · 4096 (each K here the smallest
                 * multiple of 64 that reaches it, where 256 does not; the floor's own edges last), from M = 33
@@ -353,7 +357,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * 80 blocks × 3 chunks × K 5120, × 4 chunks × K 3840; none at M = 32: 77 blocks × 2 chunks × K 8000
                 * past it — 4928 rows, 39 tiles of 128: short of wgmma m32n128's box on Hopper, as are the K < 5120
                 * here) */
-               {9, 5120, 2496, m16n64, true, NULL},      {16, 5120, 2496, m16n64, true, NULL},
+               {9, 5120, 2496, m16n64, false, m16n48},   {16, 5120, 2496, m16n64, false, m16n48},
                {8, 5120, 256, m16n64, false, m8n48},     {17, 5120, 1280, m16n64, true, NULL},
                {32, 5120, 1280, m16n64, true, NULL},     {33, 5120, 832, m16n64, true, NULL},
                {64, 5120, 640, m16n64, true, NULL},      {65, 5120, 640, m16n64, false, NULL},
@@ -362,10 +366,10 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {49, 5120, 3840, m16n64, true, NULL},     {49, 5120, 3904, m16n64, false, NULL},
                {32, 4928, 8000, m16n64, true, NULL},     {48, 1536, 2752, m16n64, true, NULL},
                {48, 1472, 2752, m16n64, false, m32n16},
-               {16, 4544, 2752, m16n64, false, m16n32},  {16, 4545, 2752, m16n64, true, NULL},
+               {16, 4544, 2752, m16n64, false, m16n48},  {16, 4545, 2752, m16n64, false, m16n48},
                {16, 19200, 704, m16n64, true, NULL},     {16, 19201, 704, m16n64, false, m16n32},
                {17, 19201, 384, m16n64, true, NULL},     {32, 27648, 256, m16n64, true, NULL},
-               {13, 5120, 14336, m16n64, true, NULL},    {20, 12288, 4096, m16n64, true, NULL},
+               {13, 14336, 5120, m16n64, true, NULL},    {20, 12288, 4096, m16n64, true, NULL},
                {20, 14336, 448, m16n64, true, NULL},     {17, 2241, 2752, m16n64, true, NULL},
                {17, 2240, 2752, m16n64, false, m32n16},
                /* the tiles × K floor: 96 tiles × 2048 reach it, × 1984 do not; the 30B-A3B down expert (2048×768) at
@@ -379,6 +383,17 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {32, 1024, 4096, m16n64, false, m32n16},  {48, 1024, 4032, m16n64, false, m32n16},
                {48, 768, 8192, m16n64, false, m32n16},   {49, 768, 4096, m16n64, true, NULL},
                {32, 1536, 8192, m16n64, false, m32n16}, /* M ≤ 32 keeps 72: 48 tiles with enough tiles × K */
+               /* mma_gemv m16n48: M ≤ 16 (M ≤ 8 go to the 8-token rows first), N ≥ 4096, blocks of 48 rows × K ≥
+                * 48 · 4096 and the last wave's fill ≥ 1.2× that of 64-row blocks over 132 SMs (m8n48's rule): it takes
+                * m16n64's box at M 9–16 where 64-row blocks leave SMs idle — 4545 (95 blocks against 72), 5120 —, and
+                * 4096 rows from K = 2304 (86 × 2304 past the floor; 2240 short of it: m16n32); not 8448 (176 blocks
+                * against 132), 6352 (133 against 100: m16n64's box at M 9–16 now starts where this rule stops) or 14336 (299
+                * against 224): m16n64; not past M = 16 */
+               {16, 5120, 2496, m16n48, true, NULL},     {9, 4096, 2304, m16n48, true, NULL},
+               {16, 6336, 2048, m16n48, true, NULL},     {16, 6352, 2048, m16n48, false, m16n64},
+               {9, 4096, 2240, m16n48, false, m16n32},   {16, 8448, 2048, m16n48, false, m16n64},
+               {16, 14336, 2048, m16n48, false, m16n64}, {12, 17408, 1024, m16n48, true, NULL},
+               {17, 5120, 2496, m16n48, false, NULL},
                /* mma_gemv m8n48: M ≤ 8, N ≥ 4096, where its blocks of 48 rows fill the last wave over 132 SMs ≥ 1.2×
                 * as well as blocks of 64 (prefer_fill): 6336 rows (132 blocks against 99) take it, 6337 (133 against
                 * 100) do not; 12672 (264 against 198) do, 12673 (265 against 199) do not; 14336 and 27648 do not */
@@ -393,7 +408,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n48},
                {4, 17408, 512, m8n64, false, m8n48},     {8, 25344, 256, m8n64, false, m8n32},
                {8, 25345, 256, m8n64, true, NULL},
-               /* mma_gemv m16n32: M ≤ 16 outside m16n64's box; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
+               /* mma_gemv m16n32: M ≤ 16 outside m16n48's and m16n64's boxes; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
                {17, 2240, 256, m16n32, false, m32n16},   {20, 4096, 1536, m16n32, false, m16n64},
@@ -404,6 +419,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #undef m32n16
 #undef m8n64
 #undef m8n48
+#undef m16n48
 #undef m8n16
 #undef m8n32
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++)
@@ -896,8 +912,8 @@ static void test_gather(qmm_context *context, check_rng *rng) {
          * mma_gemv m8n64, whose copies read up to 3 row tiles past an expert's slice unchecked — into the next expert's
          * rows, and for the last expert into the zero tiles that end the repacked arrays (QMM_CUDA_PAD_ROW_TILES); M = 1
          * blocks run its one-token epilogue. Under compute-sanitizer memcheck (make test-gpu), a read past them fails.
-         * N = 5136 (107 blocks of 48 rows, the last of 48 − 32 = 16): m8n48 the same way, up to 2 row tiles past. */
-        {3, 1, 6, 14352, 128, 4, 64, QMM_F16}, {3, 1, 6, 5136, 128, 4, 64, QMM_F16},
+         * N = 5104 (107 blocks of 48 rows, the last of 16): m8n48 the same way, up to 2 row tiles past. */
+        {3, 1, 6, 14352, 128, 4, 64, QMM_F16}, {3, 1, 6, 5104, 128, 4, 64, QMM_F16},
         /* 3- and 6-bit stacks (stored as 4- and 8-bit codes): grouped like those */
         {16, 4, 40, 96, 256, 3, 32, QMM_BF16}, {8, 2, 20, 64, 512, 6, 64, QMM_F16},
         /* K = 4096 (16–64 super-blocks): the warps per block are not capped by K, so in batch-invariant mode only the
