@@ -95,6 +95,20 @@ static const char *pick_row_or_any(const qmm_kernel *row, size_t N, size_t M, si
     return chosen->info.name;
 }
 
+/* Cases of one hinted row against fake.hint.any, at K = 4096: the row each N × M call should take. */
+typedef struct {
+    size_t N, M;
+    const char *want;
+} hint_case;
+
+static void check_hint_cases(const qmm_kernel *row, const hint_case *cases, size_t count, const char *hint) {
+    for (size_t i = 0; i < count; i++) {
+        const char *got = pick_row_or_any(row, cases[i].N, cases[i].M, 4096);
+        CHECK(strcmp(got, cases[i].want) == 0, "hints: %s N=%zu M=%zu picked %s, want %s", hint, cases[i].N,
+              cases[i].M, got, cases[i].want);
+    }
+}
+
 static const char *pick_hinted(size_t N, size_t M, size_t K) {
     qmm_kernel tiled = {.info = tiled_info(), .supports = supports_all, .run = run_nothing, .prefer_min_m = 33,
                         .prefer_min_tiles = 64, .prefer_min_tiles_k = 64 * 2048};
@@ -155,15 +169,11 @@ static void test_hints(void) {
     gap_info.bm = 8, gap_info.bn = 64;
     const qmm_kernel gap = {.info = gap_info, .supports = supports_all, .run = run_nothing,
                             .prefer_gap_tiles_min = 265, .prefer_gap_tiles_max = 396};
-    static const struct { size_t N, M; const char *want; } gap_cases[] = {
+    static const hint_case gap_cases[] = {
         {16896, 1, "fake.hint.gap"}, {16897, 1, "fake.hint.any"}, {25344, 8, "fake.hint.any"},
         {25345, 8, "fake.hint.gap"}, {8512, 8, "fake.hint.gap"},  {8512, 9, "fake.hint.any"},
     };
-    for (size_t i = 0; i < sizeof gap_cases / sizeof gap_cases[0]; i++) {
-        const char *got = pick_row_or_any(&gap, gap_cases[i].N, gap_cases[i].M, 4096);
-        CHECK(strcmp(got, gap_cases[i].want) == 0, "hints: prefer_gap_tiles N=%zu M=%zu picked %s, want %s",
-              gap_cases[i].N, gap_cases[i].M, got, gap_cases[i].want);
-    }
+    check_hint_cases(&gap, gap_cases, sizeof gap_cases / sizeof gap_cases[0], "prefer_gap_tiles");
     /* prefer_fill over 132 SMs against tiles 64 wide at 120 % (the CUDA m8n48 row's, tiles of 8 × 48): 6336 rows
      * (132 tiles against 99: fills 1.0 and 0.75) take it, 6337 (133 against 100: 0.50 and 0.76) do not; 12672 (264
      * against 198, two waves each: 1.0 and 0.75) do, 12673 (265 against 199) do not; 27648 (576 against 432: 0.87 and
@@ -173,16 +183,12 @@ static void test_hints(void) {
     fill_info.bm = 8, fill_info.bn = 48;
     const qmm_kernel fill = {.info = fill_info, .supports = supports_all, .run = run_nothing, .prefer_fill_sms = 132,
                              .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120};
-    static const struct { size_t N, M; const char *want; } fill_cases[] = {
+    static const hint_case fill_cases[] = {
         {6336, 1, "fake.hint.fill"},  {6337, 1, "fake.hint.any"},  {12672, 8, "fake.hint.fill"},
         {12673, 8, "fake.hint.any"},  {27648, 1, "fake.hint.any"}, {3168, 9, "fake.hint.fill"},
         {5760, 1, "fake.hint.fill"},  {4096, 1, "fake.hint.fill"}, {14336, 1, "fake.hint.any"},
     };
-    for (size_t i = 0; i < sizeof fill_cases / sizeof fill_cases[0]; i++) {
-        const char *got = pick_row_or_any(&fill, fill_cases[i].N, fill_cases[i].M, 4096);
-        CHECK(strcmp(got, fill_cases[i].want) == 0, "hints: prefer_fill N=%zu M=%zu picked %s, want %s",
-              fill_cases[i].N, fill_cases[i].M, got, fill_cases[i].want);
-    }
+    check_hint_cases(&fill, fill_cases, sizeof fill_cases / sizeof fill_cases[0], "prefer_fill");
     /* prefer_min_k = 5120 with prefer_min_m = 17, prefer_max_m = 32 and prefer_min_tiles = 40 of 32 × 128 (the CUDA
      * 32-token wgmma row's box): K 5120 takes it, 5056 does not; 40 tiles (N 4993 … 5120) do, 39 do not */
     qmm_kernel_info long_k_info = FAKE("fake.hint.long_k", QMM_OP_QMM_T);
