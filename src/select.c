@@ -14,9 +14,9 @@
  *      call's ceil(M/bm)·ceil(N/bn) tiles, and rows whose prefer_min_tiles (from M = prefer_large_m,
  *      prefer_min_tiles_large_m) exceeds those tiles (prefer_min_tiles_unsplit too, in batch-invariant
  *      mode), or whose prefer_min_tiles_k exceeds those tiles times K, or (from M =
- *      prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed, or whose prefer_fill rule (the last wave's fill over prefer_fill_sms SMs
- *      against tiles prefer_fill_over_bn wide) they fail (a row may handle calls it is not the
- *      fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are
+ *      prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed, or whose prefer_fill rule (the last
+ *      wave's fill over prefer_fill_sms SMs against tiles prefer_fill_over_bn wide) they fail (a row may handle
+ *      calls it is not the fastest at; the thresholds and their one-line reasons sit beside each backend's table). Tables are
  *      ordered fastest-first by their backend and end with rows that accept every valid call (the reference
  *      rows, or on CUDA the generic kernels), so there is always an answer.
  * Between 1 and 2, a measured tuning table (qmm_context_load_tuning, written by `qmm tune` on this

@@ -1373,9 +1373,9 @@ static qmm_status gather_run(const qmm_call *call);
  *            4096×12288 (taken, as m8n48 there). Over the 90 cells the rule's choice is within 5 % of the fastest
  *            row in 83 (47 before; 82/90 measured after the change).
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200) where m16n48's rule says no, M 17–32 with 72 blocks or
- *            more of 64 rows × 16 rows of x (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond: Qwen3's k_proj/v_proj), those
- *            blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33, ≤ 240 · 5120 (M16N64_MAX_WORK: 5120² to
- *            M = 48, 4096² to M = 64):
+ *            more of 64 rows × 16 rows of x (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond:
+ *            Qwen3's k_proj/v_proj), those blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33,
+ *            ≤ 240 · 5120 (M16N64_MAX_WORK: 5120² to M = 48, 4096² to M = 64):
  *            mma_gemv m16n64 — 64 rows per warp, blocks of up to 12
  *            warps at 168 registers, one such block per SM (past one wave gemv_warps may take smaller ones, several
  *            per SM; x no longer a super-block ahead in registers, the fourteenth

@@ -175,9 +175,9 @@ __global__ void __launch_bounds__(256)
 #define QMM_MMA_MIN_BLOCKS 2
 #endif
 
-#ifndef QMM_MMA_M16N64_WARPS /* m16n64's and m16n48's most warps per block, one block per SM at the launch bounds (65536 / 32·w registers;
-                              * 16 = 128 registers: spills 24–328 bytes and took 1.33× the time of 12, docs/PERF.md
-                              * fourteenth session) */
+#ifndef QMM_MMA_M16N64_WARPS /* m16n64's and m16n48's most warps per block, one block per SM at the launch bounds
+                              * (65536 / 32·w registers; 16 = 128 registers: spills 24–328 bytes and took 1.33× the
+                              * time of 12, docs/PERF.md fourteenth session) */
 #define QMM_MMA_M16N64_WARPS 12
 #endif
 
