@@ -63,7 +63,7 @@ static const knob context_knobs[] = {
 /* Read at the calls. */
 static const knob call_knobs[] = {
     {"QMM_CUDA_SPLITS", NULL, 1, 16, "the split-K count, then capped by K and the workspace"},
-    {"QMM_CUDA_GEMV_STAGED_X", knob_zero_one, 0, 0, "1 stages m8n64's and m8n48's x through shared memory, 0 does not"},
+    {"QMM_CUDA_GEMV_STAGED_X", knob_zero_one, 0, 0, "1 stages the staged tiles' x through shared memory, 0 does not"},
     {"QMM_CUDA_M16N64_ONE_GRID", knob_zero_one, 0, 0, "1: m16n64's chunks of 16 rows of x in one grid, 0: a launch each"},
     {"QMM_CUDA_WGMMA_LAST_WAVE", knob_zero_one, 0, 0, "0 turns the wgmma rows' split last wave off, 1 leaves it on"},
     {"QMM_CUDA_WGMMA_CLUSTER", knob_cluster, 0, 0,
@@ -507,8 +507,8 @@ static qmm_status cuda_chain_run(void *state, void **graph, size_t count, qmm_st
 
 /* ───────────────────────────── kernel rows ───────────────────────────── */
 
-/* QMM_CUDA_GEMV_STAGED_X=1 or 0 forces mma_gemv m8n64's and m8n48's x through shared memory on or off (experiments
- * and the GPU tests; read at each call of those rows, like QMM_CUDA_SPLITS at a split count): 1, -1, or 0 — the
+/* QMM_CUDA_GEMV_STAGED_X=1 or 0 forces the staged tiles' (m8n64, m8n48, m8n64_48) x through shared memory on or off
+ * (experiments and the GPU tests; read at each call of those rows, like QMM_CUDA_SPLITS at a split count): 1, -1, or 0 — the
  * launcher's rule (kernels.cu, launch_mma_gemv) — when unset or any other value. */
 static int staged_x_forced(void) {
     const char *forced = getenv("QMM_CUDA_GEMV_STAGED_X");
@@ -783,6 +783,18 @@ MMA_ROW(mma_m16n32, 2, 2)
 MMA_ROW(mma_m16n64, 4, 2)
 MMA_ROW(mma_m16n48, 3, 2)
 MMA_ROW(mma_m32n16, 1, 4)
+
+/* m8n64_48: the 8-token staged tile in blocks of 64 and 48 rows, so that every SM gets the same number of blocks
+ * (kernels.cu mma_gemv_mixed_kernel, mixed_blocks); M ≤ 8, one launch. */
+static bool mma_m8n64_48_supports(const qmm_call *call, char *why_not, size_t size) {
+    return mma_supports(call, 8, SIZE_MAX, why_not, size);
+}
+static qmm_status mma_m8n64_48_run(const qmm_call *call) {
+    CALL_KNOBS_CHECK();
+    qmm_cuda_launch launch = launch_of(call);
+    launch.staged_x = staged_x_forced();
+    return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch), "mma_m8n64_48", __FILE__, __LINE__);
+}
 
 /* ffma_gemv row: f32 activations with 4- or 8-bit weights, on the CUDA cores (kernels_ffma.cu). */
 static bool ffma_supports(const qmm_call *call, char *why_not, size_t size) {
@@ -1485,6 +1497,9 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120,
      .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64_48", 8, 64,
+                      "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n64_48_supports, .run = mma_m8n64_48_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),

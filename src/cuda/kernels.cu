@@ -218,6 +218,43 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
 #include "mma_gemv_body.cuh"
 }
 
+/* m8n64_48 (forty-eighth session): the 8-token staged tile in blocks of two heights — the first `tall_blocks` blocks of
+ * 64 rows (the m8n64 body), the rest of 48 (the m8n48 body), each output computed as those rows compute it. Where
+ * 64-row blocks would leave the busiest SMs with one block more than the others (14336 rows: 224 blocks on 132 SMs, 92
+ * SMs with 128 rows and 40 with 64), the launcher picks the two counts so that every SM gets the same number of
+ * blocks and at most one more 64-row block than another (14336: 104 of 64 and 160 of 48, two per SM: 112 rows at
+ * most against 128) — docs/kernels.md §9.1. Both bodies use the 64-row tile's shared memory layout sizes (the
+ * 48-row one fits in it) and its stages (QMM_MMA_STAGES_RT3 = RT4). */
+static_assert(QMM_MMA_STAGES_RT3 == QMM_MMA_STAGES_RT4, "m8n64_48 runs both heights with one stage count");
+template <int BITS, typename T, int S, int GS, bool STAGED_X, bool ONE_TOKEN>
+__global__ void __launch_bounds__(mma_gemv_limits<4, 1>::max_warps * 32, mma_gemv_limits<4, 1>::min_blocks)
+    mma_gemv_mixed_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
+                          const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
+                          const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K, int tall_blocks) {
+    if ((int)blockIdx.x < tall_blocks) {
+        constexpr int RT = 4, TT = 1;
+        const int mixed_n_base = (int)blockIdx.x * 64;
+#define QMM_GEMV_N_BASE mixed_n_base
+#include "mma_gemv_body.cuh"
+    } else {
+        constexpr int RT = 3, TT = 1;
+        const int mixed_n_base = tall_blocks * 64 + ((int)blockIdx.x - tall_blocks) * 48;
+#include "mma_gemv_body.cuh"
+#undef QMM_GEMV_N_BASE
+    }
+}
+
+/* m8n64_48's blocks for N rows on `sms` SMs: the least k blocks per SM with 4·k·sms ≥ the row tiles of 16; then, when
+ * the tiles are at least 3·k·sms, tall = tiles − 3·k·sms blocks of 64 rows and k·sms − tall of 48 (tall·4 + short·3 =
+ * tiles: the blocks end at the last row tile); otherwise (or the SMs unknown) every block 64 rows, as m8n64. */
+static void mixed_blocks(size_t N, int sms, size_t *tall, size_t *short_blocks) {
+    const size_t tiles = (N + 15) / 16;
+    *tall = (tiles + 3) / 4, *short_blocks = 0;
+    if (sms <= 0) return;
+    const size_t per = 4 * (size_t)sms, blocks = (tiles + per - 1) / per * (size_t)sms;
+    if (tiles >= 3 * blocks) *tall = tiles - 3 * blocks, *short_blocks = blocks - *tall;
+}
+
 /* Many products of one shape (N, K) in one launch — the expert blocks of a gather (cuda.gather.blocks.auto):
  * grid.z = the product, grouped_entry(table, z) its offsets from the bases and its rows of x (M ≤ 8·TT: no chunks),
  * grid (row tiles, 1, products). Each product is computed by the same algorithm as a launch of m8n32 / m16n32 on it
@@ -357,8 +394,9 @@ static int gemv_launch_warps(const qmm_cuda_launch *c, Kernel kernel, size_t blo
     return warps < 1 ? 1 : warps;
 }
 
-template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X, bool ONE_TOKEN = false>
+template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X, bool ONE_TOKEN = false, bool MIXED = false>
 static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
+    static_assert(!MIXED || (RT == 4 && TT == 1), "m8n64_48 is sized as the 64-row tile");
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
      * warps resident hide the MMA and decode latency better. m16n64 (RT = 4, TT = 2, then one block of 8 warps per SM)
@@ -384,7 +422,10 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
         return w < 1 ? 1 : w; /* 8 warps of every unstaged tile but m16n64 fit in 99 KB */
     };
     const int max_warps = fit(per_warp);
-    auto kernel = mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X, ONE_TOKEN>;
+    auto kernel = [] {
+        if constexpr (MIXED) return mma_gemv_mixed_kernel<BITS, T, S, GS, STAGED_X, ONE_TOKEN>;
+        else return mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X, ONE_TOKEN>;
+    }();
     /* the most any launch of this instantiation uses: fit() rounds the warps down, so the largest block is not
      * always the one with 8 rows of x — take the largest over 0 … 8 (0 for the unstaged tiles) */
     size_t most = 0;
@@ -397,7 +438,9 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     if (opt_in) return opt_in;
     const int super_blocks = (int)((c->K / 32 + (BITS == 4 ? 3 : 1)) / (BITS == 4 ? 4 : 2));
     /* grid: (row tiles, the 32-token tile's chunks of 32 rows of x); m16n64: (its chunks of 16 rows of x, row tiles) */
-    const unsigned row_blocks = (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
+    size_t tall = 0, short_blocks = 0;
+    if constexpr (MIXED) mixed_blocks(c->N, c->multiprocessors, &tall, &short_blocks);
+    const unsigned row_blocks = MIXED ? (unsigned)(tall + short_blocks) : (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
     const dim3 blocks = RT == 4 && TT == 2 ? dim3((unsigned)((c->M + 15) / 16), row_blocks)
                                            : dim3(row_blocks, TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
     /* per device (the first 8; others ask every launch) and rows of x staged: blocks of w warps one SM holds, 0 = not
@@ -407,9 +450,15 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     const int warps = gemv_launch_warps(c, kernel, (size_t)blocks.x * blocks.y, super_blocks, RT * TT, per_warp,
                                         max_warps, device >= 0 && device < 8 ? occupancy[device][mx] : nullptr);
-    return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
-                         (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w, (const T *)c->scales,
-                         (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
+    if constexpr (MIXED)
+        return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
+                             (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
+                             (const T *)c->scales, (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K,
+                             (int)tall);
+    else
+        return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
+                             (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
+                             (const T *)c->scales, (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
 }
 
 /* x staged through shared memory (the staged tiles: 64 or 48 rows, 8 tokens) at M ≤ 4, and at M ≤ 8 when the grid
@@ -418,30 +467,33 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
  * 0.79–1.03× (5120×5120 M = 1 bf16 9.1 → 7.7 µs, 5120×14336 21.0 → 18.6, 14336×5120 15.7 → 14.6, 27648×5120 29.0 →
  * 28.8); at M = 8, where eight tokens' stages leave room for 14 warps instead of 16, 0.86–1.03× on the 80-block
  * shapes but up to 1.25× elsewhere. QMM_CUDA_GEMV_STAGED_X=1/0 forces it on/off (launch->staged_x). */
-template <int BITS, typename T, int RT, int TT, int GS> static int launch_mma_gemv(const qmm_cuda_launch *c) {
+template <int BITS, typename T, int RT, int TT, int GS, bool MIXED = false>
+static int launch_mma_gemv(const qmm_cuda_launch *c) {
     if constexpr (staged_tile<RT, TT>) {
-        const bool fewer_blocks_than_sms =
-            c->multiprocessors > 0 && (c->N + 16 * RT - 1) / (16 * RT) < (size_t)c->multiprocessors;
+        size_t blocks = (c->N + 16 * RT - 1) / (16 * RT), short_blocks = 0;
+        if constexpr (MIXED) mixed_blocks(c->N, c->multiprocessors, &blocks, &short_blocks);
+        const bool fewer_blocks_than_sms = c->multiprocessors > 0 && blocks + short_blocks < (size_t)c->multiprocessors;
         if (c->staged_x > 0 || (c->staged_x == 0 && (c->M <= 4 || fewer_blocks_than_sms))) {
             if constexpr (staged_lean<BITS, GS>)
-                if (c->M == 1) return launch_mma_gemv_as<BITS, T, RT, TT, GS, true, true>(c);
-            return launch_mma_gemv_as<BITS, T, RT, TT, GS, true>(c);
+                if (c->M == 1) return launch_mma_gemv_as<BITS, T, RT, TT, GS, true, true, MIXED>(c);
+            return launch_mma_gemv_as<BITS, T, RT, TT, GS, true, false, MIXED>(c);
         }
     }
-    return launch_mma_gemv_as<BITS, T, RT, TT, GS, false>(c);
+    return launch_mma_gemv_as<BITS, T, RT, TT, GS, false, false, MIXED>(c);
 }
 
-template <int BITS, typename T, int RT, int TT> static int dispatch_group(const qmm_cuda_launch *c) {
+template <int BITS, typename T, int RT, int TT, bool MIXED = false> static int dispatch_group(const qmm_cuda_launch *c) {
     switch (c->group_size) {
-    case 32: return launch_mma_gemv<BITS, T, RT, TT, 32>(c);
-    case 64: return launch_mma_gemv<BITS, T, RT, TT, 64>(c);
-    default: return launch_mma_gemv<BITS, T, RT, TT, 128>(c);
+    case 32: return launch_mma_gemv<BITS, T, RT, TT, 32, MIXED>(c);
+    case 64: return launch_mma_gemv<BITS, T, RT, TT, 64, MIXED>(c);
+    default: return launch_mma_gemv<BITS, T, RT, TT, 128, MIXED>(c);
     }
 }
 
-template <int RT, int TT> static int dispatch_mma_gemv(const qmm_cuda_launch *c) {
-    if (c->bits == 4) return c->dtype == 1 ? dispatch_group<4, __half, RT, TT>(c) : dispatch_group<4, __nv_bfloat16, RT, TT>(c);
-    return c->dtype == 1 ? dispatch_group<8, __half, RT, TT>(c) : dispatch_group<8, __nv_bfloat16, RT, TT>(c);
+template <int RT, int TT, bool MIXED = false> static int dispatch_mma_gemv(const qmm_cuda_launch *c) {
+    if (c->bits == 4)
+        return c->dtype == 1 ? dispatch_group<4, __half, RT, TT, MIXED>(c) : dispatch_group<4, __nv_bfloat16, RT, TT, MIXED>(c);
+    return c->dtype == 1 ? dispatch_group<8, __half, RT, TT, MIXED>(c) : dispatch_group<8, __nv_bfloat16, RT, TT, MIXED>(c);
 }
 
 /* The grouped launch (the gather's expert blocks): m8n32 (token_tiles 1) or m16n32 (2), x never staged. Warps and
@@ -517,6 +569,9 @@ extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, 
     if (row_tiles == 3) return dispatch_mma_gemv<3, 1>(c);
     return dispatch_mma_gemv<4, 1>(c);
 }
+
+/* m8n64_48: M ≤ 8, blocks of 64 and 48 rows (mma_gemv_mixed_kernel). */
+extern "C" int qmm_cuda_mma_gemv_mixed_qmm_t(const qmm_cuda_launch *c) { return dispatch_mma_gemv<4, 1, true>(c); }
 
 /* ───────────────────────────── gather (MoE) ───────────────────────────── */
 

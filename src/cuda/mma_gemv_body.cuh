@@ -2,7 +2,8 @@
  * mma_gemv_body.cuh — the body of the mma GEMV kernels (kernels.cu): one block's products of 16·RT weight rows with
  * 8·TT rows of x. Included as the body of mma_gemv_kernel (one product per launch) and of mma_gemv_grouped_kernel
  * (a product per grid.z), each of which defines x, packed, sb, w_orig, scales, biases, out, M, N and K and the
- * template parameters BITS, T, RT, TT, S, GS, STAGED_X and ONE_TOKEN. Not a __device__ function: inlined as one, ptxas scheduled
+ * template parameters BITS, T, RT, TT, S, GS, STAGED_X and ONE_TOKEN (mma_gemv_mixed_kernel: RT and TT as constants of
+ * each of its two branches, and QMM_GEMV_N_BASE the block's first row). Not a __device__ function: inlined as one, ptxas scheduled
  * the 32-token tile's bf16 instantiations differently, 3–7 % slower on the H200 (docs/PERF.md, sixteenth session);
  * included, the single-product kernel's SASS is what it was.
  */
@@ -19,7 +20,11 @@
     /* m16n64 (RT = 4, TT = 2) takes M = 17–64 in one grid: grid.x the chunks of 16 rows of x, grid.y the row tiles —
      * the chunks of one row tile are neighbours in launch order, run side by side, and the later ones find its weights
      * in L2 (the launcher may instead launch each chunk alone, M ≤ 16 each: grid.x is then 1). */
+#ifdef QMM_GEMV_N_BASE /* mma_gemv_mixed_kernel: the block's first row, its blocks being of two heights */
+    int n_base = QMM_GEMV_N_BASE;
+#else
     int n_base = blockIdx.x * 16 * RT;
+#endif
     if constexpr (RT == 4 && TT == 2) {
         const int m0 = blockIdx.x * 16;
         n_base = blockIdx.y * 16 * RT;

@@ -616,7 +616,8 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     product_free(&p);
 }
 
-/* mma_gemv m8n64 and m8n48 (the staged tiles) with x through the cp.async pipeline (the launcher's choice at M ≤ 4,
+/* mma_gemv m8n64, m8n48 and m8n64_48 (the staged tiles; m8n64_48 in blocks of both heights where the rows split over
+ * the SMs — 14352 and 27648 rows on 132 SMs: 105 + 159 and 144 + 384 blocks) with x through the cp.async pipeline (the launcher's choice at M ≤ 4,
  * and at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not:
  * M = 6 with N = 9000), 0, and the rule, each against the oracle with poisoned outputs, three runs the same bits;
  * then, in a context with 8 warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple
@@ -632,18 +633,21 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         {5, 777, 1152, 8, 128, QMM_BF16}, {8, 300, 2112, 8, 32, QMM_F16}, {2, 9000, 512, 4, 128, QMM_BF16},
         {1, 64, 64, 8, 64, QMM_BF16},     {6, 9000, 1024, 4, 64, QMM_F16}, /* the rule does not stage this one */
         {1, 1000, 1152, 4, 128, QMM_F16}, {1, 4100, 2048, 8, 64, QMM_F16}, /* one token, f16 */
+        {1, 14352, 256, 4, 64, QMM_BF16}, {7, 14336, 512, 8, 64, QMM_F16}, {3, 27648, 128, 4, 32, QMM_F16},
     };
     static const char *modes[] = {"1", "0", NULL};
-    static const char *staged_rows[] = {"cuda.qmm_t.mma_gemv.m8n64", "cuda.qmm_t.mma_gemv.m8n48"};
+    static const char *staged_rows[] = {"cuda.qmm_t.mma_gemv.m8n64", "cuda.qmm_t.mma_gemv.m8n48",
+                                        "cuda.qmm_t.mma_gemv.m8n64_48"};
+    const size_t row_count = sizeof staged_rows / sizeof staged_rows[0];
     /* A context with the warps per block pinned (QMM_CUDA_WARPS, read when a context opens): staged and unstaged x
      * then give the same bits (a warp's arithmetic is the same; only the warp count could change the final sum). */
     setenv("QMM_CUDA_WARPS", "8", 1);
     qmm_context *pinned = NULL;
     CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &pinned));
     unsetenv("QMM_CUDA_WARPS");
-    for (size_t c = 0; c < 2 * sizeof cases / sizeof cases[0]; c++) {
-        const char *row = staged_rows[c & 1];
-        const size_t i = c / 2; /* each case on both rows */
+    for (size_t c = 0; c < row_count * (sizeof cases / sizeof cases[0]); c++) {
+        const char *row = staged_rows[c % row_count];
+        const size_t i = c / row_count; /* each case on every row */
         product p;
         if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
                           cases[i].dtype, "staged x", &p))
