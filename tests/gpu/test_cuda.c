@@ -617,7 +617,8 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
 }
 
 /* mma_gemv m8n64, m8n48 and m8n64_48 (the staged tiles; m8n64_48 in blocks of both heights where the rows split over
- * the SMs — 14352 and 27648 rows on 132 SMs: 105 + 159 and 144 + 384 blocks) with x through the cp.async pipeline (the launcher's choice at M ≤ 4,
+ * the SMs — on 132 SMs 14352, 14350 and 27648 rows: 105 + 159, 105 + 159 and 144 + 384 blocks, 6336 rows 132 blocks of
+ * 48; on other SM counts these may split otherwise or not at all, every block then 64 rows) with x through the cp.async pipeline (the launcher's choice at M ≤ 4,
  * and at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not:
  * M = 6 with N = 9000), 0, and the rule, each against the oracle with poisoned outputs, three runs the same bits;
  * then, in a context with 8 warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple
@@ -634,6 +635,7 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         {1, 64, 64, 8, 64, QMM_BF16},     {6, 9000, 1024, 4, 64, QMM_F16}, /* the rule does not stage this one */
         {1, 1000, 1152, 4, 128, QMM_F16}, {1, 4100, 2048, 8, 64, QMM_F16}, /* one token, f16 */
         {1, 14352, 256, 4, 64, QMM_BF16}, {7, 14336, 512, 8, 64, QMM_F16}, {3, 27648, 128, 4, 32, QMM_F16},
+        {2, 14350, 320, 4, 64, QMM_F16},  {8, 6336, 256, 4, 128, QMM_BF16}, /* a partial last tile; every block 48 rows */
     };
     static const char *modes[] = {"1", "0", NULL};
     static const char *staged_rows[] = {"cuda.qmm_t.mma_gemv.m8n64", "cuda.qmm_t.mma_gemv.m8n48",
