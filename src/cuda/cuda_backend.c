@@ -785,10 +785,8 @@ MMA_ROW(mma_m16n48, 3, 2)
 MMA_ROW(mma_m32n16, 1, 4)
 
 /* m8n64_48: the 8-token staged tile in blocks of 64 and 48 rows, so that every SM gets the same number of blocks
- * (kernels.cu mma_gemv_mixed_kernel, mixed_blocks); M ≤ 8, one launch. */
-static bool mma_m8n64_48_supports(const qmm_call *call, char *why_not, size_t size) {
-    return mma_supports(call, 8, SIZE_MAX, why_not, size);
-}
+ * (kernels.cu mma_gemv_mixed_kernel, mixed_blocks); M ≤ 8, one launch. It takes the calls m8n64 takes (m8n64's
+ * supports in the table). */
 static qmm_status mma_m8n64_48_run(const qmm_call *call) {
     CALL_KNOBS_CHECK();
     qmm_cuda_launch launch = launch_of(call);
@@ -1499,7 +1497,7 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64_48", 8, 64,
                       "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n64_48_supports, .run = mma_m8n64_48_run, .tune_only = true},
+     .supports = mma_m8n64_supports, .run = mma_m8n64_48_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),

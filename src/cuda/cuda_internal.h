@@ -35,7 +35,8 @@ typedef struct qmm_cuda_launch {
     void *stream;
     int warps;           /* warps per block for the mma family (0: the launcher chooses) */
     int gemv_warps_model; /* the mma_gemv launcher's choice of warps: 1 its model, 0 the one-wave rule (gemv_warps) */
-    int staged_x;        /* mma_gemv m8n64/m8n48's x through shared memory: 0 the launcher's rule, 1 on, -1 off */
+    int staged_x;        /* the staged mma_gemv tiles' x (m8n64, m8n48, m8n64_48) through shared memory: 0 the launcher's
+                          * rule, 1 on, -1 off */
     int multiprocessors; /* SMs of the device (the launchers size their grids by it; 0: unknown) */
     size_t shared_optin; /* the most dynamic shared memory a block may opt in to on the device (0: unknown) */
     /* mma_tile split-K: splits ≥ 2 needs partials (≥ tiles·splits·BM·BN floats) and counters (≥ tiles,

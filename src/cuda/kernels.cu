@@ -450,15 +450,14 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     if (c->warps <= 0 && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError(), device = -1;
     const int warps = gemv_launch_warps(c, kernel, (size_t)blocks.x * blocks.y, super_blocks, RT * TT, per_warp,
                                         max_warps, device >= 0 && device < 8 ? occupancy[device][mx] : nullptr);
-    if constexpr (MIXED)
+    const auto launch = [&](auto... tall_blocks) { /* m8n64_48's kernel takes its count of 64-row blocks last */
         return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
                              (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
                              (const T *)c->scales, (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K,
-                             (int)tall);
-    else
-        return launch_kernel(kernel, blocks, dim3(warps * 32), (size_t)warps * per_warp, c->stream, c->pdl != 0,
-                             (const T *)c->x, (const uint4 *)c->packed, (const uint32_t *)c->sb, c->w,
-                             (const T *)c->scales, (const T *)c->biases, (T *)c->out, (int)c->M, (int)c->N, (int)c->K);
+                             tall_blocks...);
+    };
+    if constexpr (MIXED) return launch((int)tall);
+    else return launch();
 }
 
 /* x staged through shared memory (the staged tiles: 64 or 48 rows, 8 tokens) at M ≤ 4, and at M ≤ 8 when the grid

@@ -387,8 +387,8 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * 48 · 4096 and the last wave's fill ≥ 1.2× that of 64-row blocks over 132 SMs (m8n48's rule): it takes
                 * m16n64's box at M 9–16 where 64-row blocks leave SMs idle — 4545 (95 blocks against 72), 5120 —, and
                 * 4096 rows from K = 2304 (86 × 2304 past the floor; 2240 short of it: m16n32); not 8448 (176 blocks
-                * against 132), 6352 (133 against 100: m16n64's box at M 9–16 now starts where this rule stops) or 14336 (299
-                * against 224): m16n64; not past M = 16 */
+                * against 132), 6352 (133 against 100: m16n64's box at M 9–16 now starts where this rule stops) or
+                * 14336 (299 against 224): m16n64; not past M = 16 */
                {16, 5120, 2496, m16n48, true, NULL},     {9, 4096, 2304, m16n48, true, NULL},
                {16, 6336, 2048, m16n48, true, NULL},     {16, 6352, 2048, m16n48, false, m16n64},
                {9, 4096, 2240, m16n48, false, m16n32},   {16, 8448, 2048, m16n48, false, m16n64},
@@ -618,8 +618,8 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
 
 /* mma_gemv m8n64, m8n48 and m8n64_48 (the staged tiles; m8n64_48 in blocks of both heights where the rows split over
  * the SMs — on 132 SMs 14352, 14350 and 27648 rows: 105 + 159, 105 + 159 and 144 + 384 blocks, 6336 rows 132 blocks of
- * 48; on other SM counts these may split otherwise or not at all, every block then 64 rows) with x through the cp.async pipeline (the launcher's choice at M ≤ 4,
- * and at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not:
+ * 48; on other SM counts these may split otherwise or not at all, every block then 64 rows) with x through the
+ * cp.async pipeline (the launcher's choice at M ≤ 4, and at M ≤ 8 with fewer blocks than SMs) and without: QMM_CUDA_GEMV_STAGED_X = 1 (also where the rule would not:
  * M = 6 with N = 9000), 0, and the rule, each against the oracle with poisoned outputs, three runs the same bits;
  * then, in a context with 8 warps per block pinned, staged, unstaged and m8n32 the same bits. Edges: N not a multiple
  * of 64 or 48 (the staged tiles read up to 3 / 2 zero row tiles past N), K ending inside a super-block, both bit
