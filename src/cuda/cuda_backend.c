@@ -1364,6 +1364,11 @@ static qmm_status gather_run(const qmm_call *call);
  *            0.83–0.90× the selected m8n32 on 17408×5120, 0.86–0.94× m8n64 on 12288×4096, 0.85–0.97× m8n32 on 4096²;
  *            1.06–1.24× m8n64 on 14336×5120 and 27648×5120 (the rule passes it over there), and 0.99–1.11× m8n32 on
  *            4096×12288 (taken: four bf16 cells past 5 %, the price of keeping 4096² at 0.85–0.97).
+ *   M ≤ 8, N ≥ 5120, m8n64's box below, where its 64-row blocks fill the last wave over 132 SMs less than whole
+ *            (prefer_fill_below_pct: 14336 rows, 224 blocks; 27648, 432): mma_gemv m8n64_48 — m8n64 with some blocks
+ *            of 48 rows, as many blocks on every SM (kernels.cu mixed_blocks; where the blocks cannot split so, every
+ *            block 64 rows: m8n64's blocks, bits and time). On an H100 at M = 1–8 (forty-ninth session, f16 and
+ *            bf16): 0.956–0.972× m8n64's time on 27648×5120, 0.987–1.004× on 14336×5120.
  *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
  *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
  *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get 4–6 warps under
@@ -1492,12 +1497,14 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n48", 8, 48, "tensor-core GEMV, 48 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n48_supports, .run = mma_m8n48_run, .prefer_max_m = 8, .prefer_min_n = 4096,
      .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64_48", 8, 64,
+                      "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 8 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m8n64_supports, .run = mma_m8n64_48_run, .prefer_max_m = 8, .prefer_min_n = 5120,
+     .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132, .prefer_fill_sms = 132,
+     .prefer_fill_below_pct = 100},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120,
      .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},
-    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64_48", 8, 64,
-                      "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 8 tokens, 4/8-bit f16/bf16"),
-     .supports = mma_m8n64_supports, .run = mma_m8n64_48_run, .tune_only = true},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n32", 8, 32, "tensor-core GEMV, 32 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n32_supports, .run = mma_m8n32_run, .prefer_max_m = 8, .prefer_min_n = 4096},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n16", 8, 16, "tensor-core GEMV, 16 rows/warp, 8 tokens, 4/8-bit f16/bf16"),

@@ -336,6 +336,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #define m16n32 "cuda.qmm_t.mma_gemv.m16n32"
 #define m32n16 "cuda.qmm_t.mma_gemv.m32n16"
 #define m8n64 "cuda.qmm_t.mma_gemv.m8n64"
+#define m8n64_48 "cuda.qmm_t.mma_gemv.m8n64_48"
 #define m8n48 "cuda.qmm_t.mma_gemv.m8n48"
 #define m16n48 "cuda.qmm_t.mma_gemv.m16n48"
 #define m8n16 "cuda.qmm_t.mma_gemv.m8n16"
@@ -399,15 +400,23 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * 100) do not; 12672 (264 against 198) do, 12673 (265 against 199) do not; 14336 and 27648 do not */
                {1, 4096, 256, m8n48, true, NULL},        {8, 4095, 256, m8n48, false, m8n16},
                {8, 5120, 256, m8n48, true, NULL},        {9, 5120, 256, m8n48, false, m16n32},
-               {1, 6336, 256, m8n48, true, NULL},        {1, 6337, 256, m8n48, false, m8n64},
-               {4, 12672, 256, m8n48, true, NULL},       {4, 12673, 256, m8n48, false, m8n64},
-               {1, 14336, 256, m8n48, false, m8n64},     {8, 27648, 256, m8n48, false, m8n64},
+               {1, 6336, 256, m8n48, true, NULL},        {1, 6337, 256, m8n48, false, m8n64_48},
+               {4, 12672, 256, m8n48, true, NULL},       {4, 12673, 256, m8n48, false, m8n64_48},
+               {1, 14336, 256, m8n48, false, m8n64_48},  {8, 27648, 256, m8n48, false, m8n64_48},
                {2, 17408, 512, m8n48, true, NULL},
+               /* mma_gemv m8n64_48: m8n64's box where its 64-row blocks fill the last wave over 132 SMs less than
+                * whole (prefer_fill_below_pct) and m8n48's rule does not hold: 14336 rows (224 blocks), 27648 (432),
+                * 25345 (397), 6337 (100, above); not 8448 (132) or 16896 (264), nor in m8n64's gap (25344: 396
+                * blocks, m8n32) */
+               {1, 14336, 256, m8n64_48, true, NULL},    {8, 27648, 256, m8n64_48, true, NULL},
+               {8, 25345, 256, m8n64_48, true, NULL},
+               {1, 8448, 256, m8n64_48, false, m8n64},   {1, 16896, 256, m8n64_48, false, m8n64},
+               {8, 25344, 256, m8n64_48, false, m8n32},
                /* mma_gemv m8n64: not at 265–396 blocks of 64 rows (prefer_gap_tiles), m8n32 there unless m8n48 fills
-                * better (16897 rows: 353 blocks of 48 against 265) */
+                * better (16897 rows: 353 blocks of 48 against 265); where its last wave is part-empty m8n64_48 first */
                {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n48},
                {4, 17408, 512, m8n64, false, m8n48},     {8, 25344, 256, m8n64, false, m8n32},
-               {8, 25345, 256, m8n64, true, NULL},
+               {8, 25345, 256, m8n64, false, m8n64_48},  {1, 8448, 256, m8n64, true, NULL},
                /* mma_gemv m16n32: M ≤ 16 outside m16n48's and m16n64's boxes; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
@@ -418,6 +427,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #undef m16n32
 #undef m32n16
 #undef m8n64
+#undef m8n64_48
 #undef m8n48
 #undef m16n48
 #undef m8n16
