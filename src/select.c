@@ -15,7 +15,8 @@
  *      prefer_min_tiles_large_m) exceeds those tiles (prefer_min_tiles_unsplit too, in batch-invariant
  *      mode), or whose prefer_min_tiles_k exceeds those tiles times K, or (from M =
  *      prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed, or whose prefer_fill rule (the last
- *      wave's fill over prefer_fill_sms SMs against tiles prefer_fill_over_bn wide) they fail (a row may handle
+ *      wave's fill over prefer_fill_sms SMs against tiles prefer_fill_over_bn wide; with prefer_fill_below_pct,
+ *      that fill below the %) they fail (a row may handle
  *      calls it is not the fastest at; the thresholds and their one-line reasons sit beside each backend's
  *      table). Tables are ordered fastest-first by their backend and end with rows that accept every valid
  *      call (the reference rows, or on CUDA the generic kernels), so there is always an answer.

@@ -1366,11 +1366,13 @@ static qmm_status gather_run(const qmm_call *call);
  *            4096×12288 (taken: four bf16 cells past 5 %, the price of keeping 4096² at 0.85–0.97).
  *   M ≤ 8, N ≥ 5120, m8n64's box below, where its 64-row blocks fill the last wave over 132 SMs less than whole
  *            (prefer_fill_below_pct: 14336 rows, 224 blocks; 27648, 432): mma_gemv m8n64_48 — m8n64 with some blocks
- *            of 48 rows, as many blocks on every SM (kernels.cu mixed_blocks; where the blocks cannot split so, every
- *            block 64 rows: m8n64's blocks, bits and time). On an H100 at M = 1–8 (forty-ninth session, f16 and
+ *            of 48 rows, as many blocks on every SM (kernels.cu mixed_blocks; where a split would not shorten the
+ *            busiest SM's rows — one wave of 100–131 blocks, the top of each later wave — every block 64 rows:
+ *            m8n64's blocks, bits and time). On an H100 at M = 1–8 (forty-ninth session, f16 and
  *            bf16): 0.956–0.972× m8n64's time on 27648×5120, 0.987–1.004× on 14336×5120.
- *   M ≤ 8, N ≥ 5120: mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over four
- *            row tiles (27648×5120 M=1 f16: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
+ *   M ≤ 8, N ≥ 5120 (since the forty-ninth session only where its blocks fill whole waves over 132 SMs: the rows
+ *            above take the rest): mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over
+ *            four row tiles (27648×5120 M=1 f16, before m8n64_48: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
  *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get 4–6 warps under
  *            either rule of gemv_warps (the model's one miss in its sweeps: 8 were best, 0.96–0.97× the one-wave
  *            rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —

@@ -288,7 +288,8 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * the boxes of mma_gemv m16n48 (M ≤ 16, N ≥ 4096, tiles × K ≥ 48 · 4096, where its 48-row blocks fill the SMs' last wave
  * ≥ 1.2× as well as 64-row blocks), m16n64 (M 9–16 with N 4545 … 19200 where m16n48's rule says no, M 17–32 with 72
  * tiles of 64 rows × 16 rows of x, M 33–64 with 48, and tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120), the 8-token
- * rows (m8n48 by the same fill rule, m8n64, m8n32, m8n16) and m16n32 (M ≤ 16 outside the others), which take
+ * rows (m8n48 by the same fill rule, m8n64_48 where 64-row blocks leave the last wave part-empty, m8n64, m8n32, m8n16)
+ * and m16n32 (M ≤ 16 outside the others), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
