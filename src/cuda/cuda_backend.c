@@ -791,7 +791,18 @@ static qmm_status mma_m8n64_48_run(const qmm_call *call) {
     CALL_KNOBS_CHECK();
     qmm_cuda_launch launch = launch_of(call);
     launch.staged_x = staged_x_forced();
-    return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch), "mma_m8n64_48", __FILE__, __LINE__);
+    return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch, 1), "mma_m8n64_48", __FILE__, __LINE__);
+}
+
+/* m16n64_48: the 16-token tile in blocks of 64 and 48 rows (m16n64's and m16n48's bodies, mixed_blocks' counts), M ≤ 16
+ * in one launch (one chunk of 16 rows of x). */
+static bool mma_m16n64_48_supports(const qmm_call *call, char *why_not, size_t size) {
+    return mma_supports(call, 16, SIZE_MAX, why_not, size);
+}
+static qmm_status mma_m16n64_48_run(const qmm_call *call) {
+    CALL_KNOBS_CHECK();
+    qmm_cuda_launch launch = launch_of(call);
+    return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch, 2), "mma_m16n64_48", __FILE__, __LINE__);
 }
 
 /* ffma_gemv row: f32 activations with 4- or 8-bit weights, on the CUDA cores (kernels_ffma.cu). */
@@ -1389,6 +1400,12 @@ static qmm_status gather_run(const qmm_call *call);
  *            m16n64 on 14336×5120 and 1.08–1.09× on 27648×5120 (the rule passes it over), 1.02–1.14× m16n32 on
  *            4096×12288 (taken, as m8n48 there). Over the 90 cells the rule's choice is within 5 % of the fastest
  *            row in 83 (47 before; 82/90 measured after the change).
+ *   M 9–16, N ≥ 19201 (past m16n64's box below), blocks × K ≥ 48 · 4096, where 64-row blocks fill the last wave over
+ *            132 SMs less than whole (prefer_fill_below_pct, m8n64_48's rule): mma_gemv m16n64_48 — the 16-token
+ *            tile's m16n64 and m16n48 bodies in kernels.cu mixed_blocks' counts (one chunk: M ≤ 16). On an H100
+ *            (forty-ninth session, M = 9, 12, 16, f16 and bf16): 27648×5120 0.89–0.93× m16n64's time and 0.86–0.93×
+ *            m16n32's (the row taken there before: 1.60× the floor, now 1.33–1.41); 14336×5120 1.00–1.025× m16n64
+ *            (not in its box); 5120² and 17408×5120, where it does not split, 0.95–1.03×. No H200 run yet.
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200) where m16n48's rule says no, M 17–32 with 72 blocks or
  *            more of 64 rows × 16 rows of x (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond:
  *            Qwen3's k_proj/v_proj), those blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33,
@@ -1514,6 +1531,11 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n48", 16, 48, "tensor-core GEMV, 48 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n48_supports, .run = mma_m16n48_run, .prefer_max_m = 16, .prefer_min_n = 4096,
      .prefer_min_tiles_k = 48 * 4096, .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120},
+    {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64_48", 16, 64,
+                      "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 16 tokens, 4/8-bit f16/bf16"),
+     .supports = mma_m16n64_48_supports, .run = mma_m16n64_48_run, .prefer_min_m = 9, .prefer_max_m = 16,
+     .prefer_min_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_tiles_k = 48 * 4096, .prefer_fill_sms = 132,
+     .prefer_fill_below_pct = 100},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 64, .prefer_min_tiles = 72,
      .prefer_large_m = 33, .prefer_min_tiles_large_m = 48,

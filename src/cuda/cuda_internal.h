@@ -86,9 +86,10 @@ int qmm_cuda_generic_qmm_n(const qmm_cuda_launch *launch);
 /* The mma GEMV family: tokens (rows of x) on the MMA's N side, 8·tokens_tiles of them; 16·row_tiles
  * weight rows per warp. Needs bits 4 or 8, dtype f16 or bf16, packed and sb, sm_80 or newer. */
 int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int token_tiles);
-/* The 8-token staged tile in blocks of 64 and 48 rows (cuda.qmm_t.mma_gemv.m8n64_48, M ≤ 8): as row_tiles 4 above, the
- * first blocks 64 rows and the others 48 so that every SM gets the same number of blocks (kernels.cu mixed_blocks). */
-int qmm_cuda_mma_gemv_mixed_qmm_t(const qmm_cuda_launch *launch);
+/* The 8-token staged tile (token_tiles 1: cuda.qmm_t.mma_gemv.m8n64_48, M ≤ 8) and the 16-token tile (2: m16n64_48,
+ * M ≤ 16) in blocks of 64 and 48 rows: as row_tiles 4 above, the first blocks 64 rows and the others 48 so that every
+ * SM gets the same number of blocks (kernels.cu mixed_blocks). */
+int qmm_cuda_mma_gemv_mixed_qmm_t(const qmm_cuda_launch *launch, int token_tiles);
 /* One product of a grouped mma_gemv launch: its offsets from the launch's base pointers, in elements of each array
  * (x, out, scales and biases: of the dtype; packed: 16-byte words; sb and w: 32-bit words), and its rows of x. */
 typedef struct qmm_cuda_gemv_product {

@@ -226,18 +226,20 @@ __global__ void __launch_bounds__(mma_gemv_limits<RT, TT>::max_warps * 32, mma_g
  * most against 128) — docs/kernels.md §9.1. Both bodies use the 64-row tile's shared memory layout sizes (the
  * 48-row one fits in it) and its stages (QMM_MMA_STAGES_RT3 = RT4). */
 static_assert(QMM_MMA_STAGES_RT3 == QMM_MMA_STAGES_RT4, "m8n64_48 runs both heights with one stage count");
-template <int BITS, typename T, int S, int GS, bool STAGED_X, bool ONE_TOKEN>
-__global__ void __launch_bounds__(mma_gemv_limits<4, 1>::max_warps * 32, mma_gemv_limits<4, 1>::min_blocks)
+/* MIXED_TT: 1 (m8n64_48, M ≤ 8) or 2 (m16n64_48, forty-ninth session, M ≤ 16: the m16n64 and m16n48 bodies, one chunk
+ * of 16 rows of x — the body's chunk offsets are skipped under QMM_GEMV_N_BASE; the grid is the row blocks alone). */
+template <int BITS, typename T, int S, int GS, bool STAGED_X, bool ONE_TOKEN, int MIXED_TT = 1>
+__global__ void __launch_bounds__(mma_gemv_limits<4, MIXED_TT>::max_warps * 32, mma_gemv_limits<4, MIXED_TT>::min_blocks)
     mma_gemv_mixed_kernel(const T *__restrict__ x, const uint4 *__restrict__ packed, const uint32_t *__restrict__ sb,
                           const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                           const T *__restrict__ biases, T *__restrict__ out, int M, int N, int K, int tall_blocks) {
     if ((int)blockIdx.x < tall_blocks) {
-        constexpr int RT = 4, TT = 1;
+        constexpr int RT = 4, TT = MIXED_TT;
         const int mixed_n_base = (int)blockIdx.x * 64;
 #define QMM_GEMV_N_BASE mixed_n_base
 #include "mma_gemv_body.cuh"
     } else {
-        constexpr int RT = 3, TT = 1;
+        constexpr int RT = 3, TT = MIXED_TT;
         const int mixed_n_base = tall_blocks * 64 + ((int)blockIdx.x - tall_blocks) * 48;
 #include "mma_gemv_body.cuh"
 #undef QMM_GEMV_N_BASE
@@ -400,7 +402,7 @@ static int gemv_launch_warps(const qmm_cuda_launch *c, Kernel kernel, size_t blo
 
 template <int BITS, typename T, int RT, int TT, int GS, bool STAGED_X, bool ONE_TOKEN = false, bool MIXED = false>
 static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
-    static_assert(!MIXED || (RT == 4 && TT == 1), "m8n64_48 is sized as the 64-row tile");
+    static_assert(!MIXED || (RT == 4 && (TT == 1 || TT == 2)), "m8n64_48 and m16n64_48 are sized as the 64-row tiles");
     /* Pipeline depth (S − 1 super-blocks in flight per warp): the H200 sweep of docs/PERF.md found 4/3/2
      * stages faster than deeper pipelines with fewer warps resident (27648×5120 M=1: 38.5 → 32.6 µs) — more
      * warps resident hide the MMA and decode latency better. m16n64 (RT = 4, TT = 2, then one block of 8 warps per SM)
@@ -427,7 +429,7 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     };
     const int max_warps = fit(per_warp);
     auto kernel = [] {
-        if constexpr (MIXED) return mma_gemv_mixed_kernel<BITS, T, S, GS, STAGED_X, ONE_TOKEN>;
+        if constexpr (MIXED) return mma_gemv_mixed_kernel<BITS, T, S, GS, STAGED_X, ONE_TOKEN, TT>;
         else return mma_gemv_kernel<BITS, T, RT, TT, S, GS, STAGED_X, ONE_TOKEN>;
     }();
     /* the most any launch of this instantiation uses: fit() rounds the warps down, so the largest block is not
@@ -445,7 +447,7 @@ static int launch_mma_gemv_as(const qmm_cuda_launch *c) {
     size_t tall = 0, short_blocks = 0;
     if constexpr (MIXED) mixed_blocks(c->N, c->multiprocessors, &tall, &short_blocks);
     const unsigned row_blocks = MIXED ? (unsigned)(tall + short_blocks) : (unsigned)((c->N + 16 * RT - 1) / (16 * RT));
-    const dim3 blocks = RT == 4 && TT == 2 ? dim3((unsigned)((c->M + 15) / 16), row_blocks)
+    const dim3 blocks = RT == 4 && TT == 2 && !MIXED ? dim3((unsigned)((c->M + 15) / 16), row_blocks)
                                            : dim3(row_blocks, TT == 4 ? (unsigned)((c->M + 31) / 32) : 1u);
     /* per device (the first 8; others ask every launch) and rows of x staged: blocks of w warps one SM holds, 0 = not
      * asked yet */
@@ -573,8 +575,10 @@ extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, 
     return dispatch_mma_gemv<4, 1>(c);
 }
 
-/* m8n64_48: M ≤ 8, blocks of 64 and 48 rows (mma_gemv_mixed_kernel). */
-extern "C" int qmm_cuda_mma_gemv_mixed_qmm_t(const qmm_cuda_launch *c) { return dispatch_mma_gemv<4, 1, true>(c); }
+/* m8n64_48 (token_tiles 1: M ≤ 8) and m16n64_48 (2: M ≤ 16): blocks of 64 and 48 rows (mma_gemv_mixed_kernel). */
+extern "C" int qmm_cuda_mma_gemv_mixed_qmm_t(const qmm_cuda_launch *c, int token_tiles) {
+    return token_tiles == 2 ? dispatch_mma_gemv<4, 2, true>(c) : dispatch_mma_gemv<4, 1, true>(c);
+}
 
 /* ───────────────────────────── gather (MoE) ───────────────────────────── */
 

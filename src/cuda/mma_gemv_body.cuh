@@ -25,6 +25,7 @@
 #else
     int n_base = blockIdx.x * 16 * RT;
 #endif
+#ifndef QMM_GEMV_N_BASE /* (the mixed kernel's 16-token blocks take M ≤ 16: one chunk) */
     if constexpr (RT == 4 && TT == 2) {
         const int m0 = blockIdx.x * 16;
         n_base = blockIdx.y * 16 * RT;
@@ -32,6 +33,7 @@
         out += (size_t)m0 * N;
         M -= m0;
     }
+#endif
     /* grid.y (the 32-token tile only): chunks of 32 rows of x, each an independent product on the same
      * weights, for M > 32 — every output is computed the same way whatever chunk it falls in. Not in the
      * other tiles: the offsets cost the gs32 instantiations of m8n64 and m16n32 spills under their

@@ -340,6 +340,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #define m8n64_48 "cuda.qmm_t.mma_gemv.m8n64_48"
 #define m8n48 "cuda.qmm_t.mma_gemv.m8n48"
 #define m16n48 "cuda.qmm_t.mma_gemv.m16n48"
+#define m16n64_48 "cuda.qmm_t.mma_gemv.m16n64_48"
 #define m8n16 "cuda.qmm_t.mma_gemv.m8n16"
 #define m8n32 "cuda.qmm_t.mma_gemv.m8n32"
     static const struct {
@@ -369,7 +370,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {32, 4928, 8000, m16n64, true, NULL},     {48, 1536, 2752, m16n64, true, NULL},
                {48, 1472, 2752, m16n64, false, m32n16},
                {16, 4544, 2752, m16n64, false, m16n48},  {16, 4545, 2752, m16n64, false, m16n48},
-               {16, 19200, 704, m16n64, true, NULL},     {16, 19201, 704, m16n64, false, m16n32},
+               {16, 19200, 704, m16n64, true, NULL},     {16, 19201, 704, m16n64, false, m16n64_48},
                {17, 19201, 384, m16n64, true, NULL},     {32, 27648, 256, m16n64, true, NULL},
                {13, 14336, 5120, m16n64, true, NULL},    {20, 12288, 4096, m16n64, true, NULL},
                {20, 14336, 448, m16n64, true, NULL},     {17, 2241, 2752, m16n64, true, NULL},
@@ -418,6 +419,13 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n48},
                {4, 17408, 512, m8n64, false, m8n48},     {8, 25344, 256, m8n64, false, m8n32},
                {8, 25345, 256, m8n64, false, m8n64_48},  {1, 8448, 256, m8n64, true, NULL},
+               /* mma_gemv m16n64_48: M 9–16 past m16n64's box in N (N ≥ 19201) where 64-row blocks fill the last wave
+                * over 132 SMs less than whole, blocks × K ≥ 48 · 4096 (m16n64's floor): 27648 rows (432 blocks), 19201
+                * (301); not 25344 (396: three whole waves), 27648 at K 448 (short of the floor), M ≤ 8, M = 17 */
+               {9, 27648, 512, m16n64_48, true, NULL},   {16, 27648, 512, m16n64_48, true, NULL},
+               {16, 19201, 704, m16n64_48, true, NULL},  {16, 25344, 512, m16n64_48, false, m16n32},
+               {16, 27648, 448, m16n64_48, false, m16n32}, {8, 27648, 512, m16n64_48, false, m8n64_48},
+               {17, 27648, 512, m16n64_48, false, m16n64},
                /* mma_gemv m16n32: M ≤ 16 outside m16n48's and m16n64's boxes; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
@@ -431,6 +439,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
 #undef m8n64_48
 #undef m8n48
 #undef m16n48
+#undef m16n64_48
 #undef m8n16
 #undef m8n32
     for (size_t i = 0; i < sizeof box / sizeof box[0]; i++)
@@ -704,6 +713,60 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         free(rows32);
         free(staged);
         free(unstaged);
+        product_free(&p);
+    }
+    qmm_context_destroy(pinned);
+}
+
+/* mma_gemv m16n64_48 (tune_only, forced): the 16-token tile in blocks of 64 and 48 rows where the rows split over the SMs
+ * (kernels.cu mixed_blocks — on 132 SMs 14352 and 27648 rows: 105 + 159 and 144 + 384 blocks; 6336 rows 132 blocks of
+ * 48; 5120 and 8192 rows every block 64 rows, no split), M = 9–16 (and M = 1: one token), against the oracle with
+ * poisoned outputs, three runs the same bits; then, in a context with 8 warps per block pinned, the same bits as
+ * m16n64 (each output computed as a 64- or 48-row block of the 16-token tile computes it, and the row tiles of a
+ * block do not enter an output's arithmetic). Edges: N not a multiple of 64 or 48, K ending inside a super-block, both
+ * bit widths and dtypes, groups 32–128; M = 17 is refused (one chunk of 16 rows of x). */
+static void test_gemv_mixed16(qmm_context *context, check_rng *rng) {
+    static const struct {
+        size_t M, N, K;
+        int bits, group_size;
+        qmm_dtype dtype;
+    } cases[] = {
+        {16, 14352, 256, 4, 64, QMM_BF16}, {9, 27648, 128, 4, 32, QMM_F16}, {12, 6336, 256, 8, 128, QMM_BF16},
+        {13, 14350, 320, 4, 64, QMM_F16},  {16, 5120, 1024, 8, 64, QMM_F16}, {1, 27648, 256, 4, 128, QMM_BF16},
+        {10, 8192, 4160, 4, 64, QMM_F16},  {16, 300, 2112, 8, 32, QMM_BF16},
+    };
+    static const char *row = "cuda.qmm_t.mma_gemv.m16n64_48";
+    setenv("QMM_CUDA_WARPS", "8", 1);
+    qmm_context *pinned = NULL;
+    CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &pinned));
+    unsetenv("QMM_CUDA_WARPS");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        product p;
+        if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
+                          cases[i].dtype, "mixed 16", &p))
+            continue;
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        CHECK(qmm_kernel_supports(context, row, p.weights, p.M, QMM_OP_QMM_T, NULL) == 1, "%s takes M=%zu N=%zu K=%zu",
+              row, p.M, p.N, p.K);
+        CHECK(qmm_kernel_supports(context, row, p.weights, 17, QMM_OP_QMM_T, NULL) == 0, "%s refuses M=17", row);
+        char label[200];
+        snprintf(label, sizeof label, "mixed 16 %d-bit gs%d", cases[i].bits, cases[i].group_size);
+        void *first = malloc(bytes);
+        check_forced_runs(context, &p, row, label, first);
+        free(first);
+        product_free(&p);
+        if (!pinned) continue;
+        if (!product_make(pinned, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
+                          cases[i].dtype, "mixed 16 (pinned)", &p))
+            continue;
+        void *mixed = malloc(bytes), *tall = malloc(bytes);
+        snprintf(label, sizeof label, "%s 8 warps, %d-bit gs%d", row, cases[i].bits, cases[i].group_size);
+        check_forced_runs(pinned, &p, row, label, mixed);
+        check_forced_runs(pinned, &p, "cuda.qmm_t.mma_gemv.m16n64", label, tall);
+        CHECK(mixed && tall && memcmp(mixed, tall, bytes) == 0, "%s M=%zu N=%zu K=%zu: m16n64_48 and m16n64 bits differ",
+              label, p.M, p.N, p.K);
+        free(mixed);
+        free(tall);
         product_free(&p);
     }
     qmm_context_destroy(pinned);
@@ -2035,6 +2098,7 @@ static const section sections[] = {
     {"determinism", test_determinism},
     {"tile_split_k", test_tile_split_k},
     {"gemv_staged_x", test_gemv_staged_x},
+    {"gemv_mixed16", test_gemv_mixed16},
     {"m16n64_chunks", test_m16n64_chunks},
     {"wgmma_switch", test_wgmma_switch},
     {"gather", test_gather},
