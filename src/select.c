@@ -15,8 +15,8 @@
  *      prefer_min_tiles_large_m) exceeds those tiles (prefer_min_tiles_unsplit too, in batch-invariant
  *      mode), or whose prefer_min_tiles_k exceeds those tiles times K, or (from M =
  *      prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed, or whose prefer_fill rule (the last
- *      wave's fill over prefer_fill_sms SMs against tiles prefer_fill_over_bn wide; with prefer_fill_below_pct,
- *      that fill below the %) they fail (a row may handle
+ *      wave's fill over prefer_fill_sms SMs against tiles prefer_fill_over_bn wide) or whose own prefer rule they
+ *      fail (a row may handle
  *      calls it is not the fastest at; the thresholds and their one-line reasons sit beside each backend's
  *      table). Tables are ordered fastest-first by their backend and end with rows that accept every valid
  *      call (the reference rows, or on CUDA the generic kernels), so there is always an answer.
@@ -164,21 +164,16 @@ static bool tiles_in_range(const qmm_kernel *row, const qmm_call *call) {
     return !capped || tiles <= row->prefer_max_tiles_k / call->K; /* tiles·K ≤ prefer_max_tiles_k, the same way */
 }
 
-/* Whether the call's tiles of the row's bm × bn fill the last wave over prefer_fill_sms SMs less than
- * prefer_fill_below_pct % (where the row has that rule) and at least prefer_fill_ratio_pct % as well as tiles of
- * bm × prefer_fill_over_bn would (where it has that one); true where the row has neither.
- * fill(t) = t ÷ (S·ceil(t ÷ S)); compared as t·100 < pct·S·ceil(t ÷ S), and as t·ceil(u ÷ S)·100 ≥ pct·u·ceil(t ÷ S)
- * (S cancelling), in double (no overflow for any valid call; exact while the products stay below 2^53). */
+/* Whether the call's tiles of the row's bm × bn fill the last wave over prefer_fill_sms SMs at least
+ * prefer_fill_ratio_pct % as well as tiles of bm × prefer_fill_over_bn would (true where the row has no such rule).
+ * fill(t) = t ÷ (S·ceil(t ÷ S)); compared as t·ceil(u ÷ S)·100 ≥ pct·u·ceil(t ÷ S), S cancelling, in double (no
+ * overflow for any valid call; exact while the products stay below 2^53). */
 static bool fills_better(const qmm_kernel *row, const qmm_call *call) {
-    if (!row->prefer_fill_sms) return true;
+    if (!row->prefer_fill_sms || !row->prefer_fill_over_bn || !row->prefer_fill_ratio_pct) return true;
     const size_t sms = row->prefer_fill_sms;
     const size_t bm = row->info.bm > 0 ? (size_t)row->info.bm : 1, bn = row->info.bn > 0 ? (size_t)row->info.bn : 1;
     const size_t m_tiles = (call->M + bm - 1) / bm;
     const size_t t = m_tiles * ((call->N + bn - 1) / bn);
-    if (row->prefer_fill_below_pct &&
-        !((double)t * 100.0 < (double)row->prefer_fill_below_pct * (double)sms * (double)((t + sms - 1) / sms)))
-        return false;
-    if (!row->prefer_fill_over_bn || !row->prefer_fill_ratio_pct) return true;
     const size_t u = m_tiles * ((call->N + row->prefer_fill_over_bn - 1) / row->prefer_fill_over_bn);
     const double lhs = (double)t * (double)((u + sms - 1) / sms) * 100.0;
     const double rhs = (double)row->prefer_fill_ratio_pct * (double)u * (double)((t + sms - 1) / sms);
@@ -266,7 +261,8 @@ qmm_status qmm_select_kernel_tuned(const qmm_kernel *const *table, size_t count,
         if (table[i]->tune_only || call->M > preferred_max_m(table[i], call->N) ||
             call->M < preferred_min_m(table[i], call->N) || call->N < table[i]->prefer_min_n ||
             call->K < table[i]->prefer_min_k ||
-            !tiles_in_range(table[i], call) || !fills_better(table[i], call))
+            !tiles_in_range(table[i], call) || !fills_better(table[i], call) ||
+            (table[i]->prefer && !table[i]->prefer(call)))
             continue;
         if (qmm_kernel_accepts(table[i], call, why_not, sizeof why_not) && same_order(table[i], order_row)) {
             *chosen = table[i];

@@ -100,10 +100,10 @@ typedef struct qmm_kernel {
      * bm × bn fill the last wave over prefer_fill_sms SMs at least prefer_fill_ratio_pct % as well as tiles of
      * bm × prefer_fill_over_bn would — a wave's fill being tiles ÷ (SMs · waves), waves = ceil(tiles ÷ SMs): a row of
      * narrower tiles that costs more per byte than its wider sibling and wins only where the sibling leaves SMs idle
-     * (the CUDA m8n48 GEMV against m8n64 on the H200's 132 SMs). prefer_fill_below_pct (0 = no such rule; with
-     * prefer_fill_sms): only when the call's tiles of bm × bn fill the last wave over prefer_fill_sms SMs less than
-     * that % — a row that differs from its sibling only where the sibling's last wave is part-empty (the CUDA
-     * m8n64_48 GEMV, which then cuts some of m8n64's blocks to 48 rows so that every SM gets as many). */
+     * (the CUDA m8n48 GEMV against m8n64 on the H200's 132 SMs). prefer (NULL = no such rule): a row's own rule where
+     * the numbers above cannot say it, asked after them — false passes the row over (the CUDA m8n64_48 and
+     * m16n64_48 GEMVs: only where their launcher would cut some 64-row blocks to 48 rows, a rule of the device's SM
+     * count that the kernel itself applies). Never a capability: a forced or tuned row still runs. Must not fail. */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;
@@ -124,7 +124,7 @@ typedef struct qmm_kernel {
     size_t prefer_fill_sms;
     size_t prefer_fill_over_bn;
     size_t prefer_fill_ratio_pct;
-    size_t prefer_fill_below_pct;
+    bool (*prefer)(const qmm_call *call);
     bool tune_only;
     /* Whether this machine has what the row needs whatever the call (the CPU's instruction sets, the OS
      * saving their registers); when not, a one-line reason ("this CPU lacks AVX-512BW"). NULL: usable

@@ -794,6 +794,14 @@ static qmm_status mma_m8n64_48_run(const qmm_call *call) {
     return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch, 1), "mma_m8n64_48", __FILE__, __LINE__);
 }
 
+/* The mixed tiles' selector rule (qmm_kernel.prefer): only where their launcher cuts some 64-row blocks to 48 rows
+ * (kernels.cu mixed_blocks, on the device's SM count) — elsewhere every block is 64 rows, m8n64's / m16n64's launch,
+ * and the table's next rows decide (m16n64 is passed over past N = 19200 at M ≤ 16 for m16n32). */
+static bool mixed_splits(const qmm_call *call) {
+    const cuda_state *s = call->backend_state;
+    return s && qmm_cuda_mixed_splits(call->N, s->multiprocessors);
+}
+
 /* m16n64_48: the 16-token tile in blocks of 64 and 48 rows (m16n64's and m16n48's bodies, mixed_blocks' counts), M ≤ 16
  * in one launch (one chunk of 16 rows of x). */
 static bool mma_m16n64_48_supports(const qmm_call *call, char *why_not, size_t size) {
@@ -1375,11 +1383,10 @@ static qmm_status gather_run(const qmm_call *call);
  *            0.83–0.90× the selected m8n32 on 17408×5120, 0.86–0.94× m8n64 on 12288×4096, 0.85–0.97× m8n32 on 4096²;
  *            1.06–1.24× m8n64 on 14336×5120 and 27648×5120 (the rule passes it over there), and 0.99–1.11× m8n32 on
  *            4096×12288 (taken: four bf16 cells past 5 %, the price of keeping 4096² at 0.85–0.97).
- *   M ≤ 8, N ≥ 5120, m8n64's box below, where its 64-row blocks fill the last wave over 132 SMs less than whole
- *            (prefer_fill_below_pct: 14336 rows, 224 blocks; 27648, 432): mma_gemv m8n64_48 — m8n64 with some blocks
- *            of 48 rows, as many blocks on every SM (kernels.cu mixed_blocks; where a split would not shorten the
- *            busiest SM's rows — one wave of 100–131 blocks, the top of each later wave — every block 64 rows:
- *            m8n64's blocks, bits and time). On an H100 at M = 1–8 (forty-ninth session, f16 and
+ *   M ≤ 8, N ≥ 5120, m8n64's box below, where mixed_blocks splits (prefer = mixed_splits: 3·k·SMs ≤ row tiles of
+ *            16 ≤ (4·k − 1)·SMs, k blocks per SM — the busiest SM then gets fewer rows; on 132 SMs 14336 rows, 104 +
+ *            160 blocks, and 27648, 144 + 384): mma_gemv m8n64_48 — m8n64 with some blocks of 48 rows, as many
+ *            blocks on every SM. On an H100 at M = 1–8 (forty-ninth session, f16 and
  *            bf16): 0.956–0.972× m8n64's time on 27648×5120, 0.987–1.004× on 14336×5120.
  *   M ≤ 8, N ≥ 5120 (since the forty-ninth session only where its blocks fill whole waves over 132 SMs: the rows
  *            above take the rest): mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over
@@ -1400,11 +1407,11 @@ static qmm_status gather_run(const qmm_call *call);
  *            m16n64 on 14336×5120 and 1.08–1.09× on 27648×5120 (the rule passes it over), 1.02–1.14× m16n32 on
  *            4096×12288 (taken, as m8n48 there). Over the 90 cells the rule's choice is within 5 % of the fastest
  *            row in 83 (47 before; 82/90 measured after the change).
- *   M 9–16, N ≥ 19201 (past m16n64's box below), blocks × K ≥ 48 · 4096, where 64-row blocks fill the last wave over
- *            132 SMs less than whole (prefer_fill_below_pct, m8n64_48's rule): mma_gemv m16n64_48 — the 16-token
+ *   M 9–16, N ≥ 19201 (past m16n64's box below), blocks × K ≥ 48 · 4096, where mixed_blocks splits (m8n64_48's
+ *            rule; not 24576 or 32768 rows on 132 SMs, whose blocks stay 64 rows: m16n32 there): mma_gemv m16n64_48 — the 16-token
  *            tile's m16n64 and m16n48 bodies in kernels.cu mixed_blocks' counts (one chunk: M ≤ 16). On an H100
  *            (forty-ninth session, M = 9, 12, 16, f16 and bf16): 27648×5120 0.89–0.93× m16n64's time and 0.86–0.93×
- *            m16n32's (the row taken there before: 1.60× the floor, now 1.33–1.41); 14336×5120 1.00–1.025× m16n64
+ *            m16n32's (the row taken there before: 1.46–1.62× the floor, now 1.33–1.41); 14336×5120 1.00–1.025× m16n64
  *            (not in its box); 5120² and 17408×5120, where it does not split, 0.95–1.03×. No H200 run yet.
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200) where m16n48's rule says no, M 17–32 with 72 blocks or
  *            more of 64 rows × 16 rows of x (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond:
@@ -1519,8 +1526,7 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64_48", 8, 64,
                       "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_48_run, .prefer_max_m = 8, .prefer_min_n = 5120,
-     .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132, .prefer_fill_sms = 132,
-     .prefer_fill_below_pct = 100},
+     .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132, .prefer = mixed_splits},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64", 8, 64, "tensor-core GEMV, 64 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_run, .prefer_max_m = 8, .prefer_min_n = 5120,
      .prefer_gap_tiles_min = 2 * 132 + 1, .prefer_gap_tiles_max = 3 * 132},
@@ -1534,8 +1540,7 @@ static const qmm_kernel cuda_kernels[] = {
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64_48", 16, 64,
                       "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_48_supports, .run = mma_m16n64_48_run, .prefer_min_m = 9, .prefer_max_m = 16,
-     .prefer_min_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_tiles_k = 48 * 4096, .prefer_fill_sms = 132,
-     .prefer_fill_below_pct = 100},
+     .prefer_min_n = M16N64_ALONE_MAX * 64 + 1, .prefer_min_tiles_k = 48 * 4096, .prefer = mixed_splits},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64", 16, 64, "tensor-core GEMV, 64 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_supports, .run = mma_m16n64_run, .prefer_max_m = 64, .prefer_min_tiles = 72,
      .prefer_large_m = 33, .prefer_min_tiles_large_m = 48,

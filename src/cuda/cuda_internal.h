@@ -90,6 +90,9 @@ int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *launch, int row_tiles, int to
  * M ≤ 16) in blocks of 64 and 48 rows: as row_tiles 4 above, the first blocks 64 rows and the others 48 so that every
  * SM gets the same number of blocks (kernels.cu mixed_blocks). */
 int qmm_cuda_mma_gemv_mixed_qmm_t(const qmm_cuda_launch *launch, int token_tiles);
+/* 1 where that launch cuts N rows on `sms` SMs into blocks of both heights (only where the busiest SM then gets fewer
+ * rows), 0 where every block is 64 rows (or sms ≤ 0). */
+int qmm_cuda_mixed_splits(size_t N, int sms);
 /* One product of a grouped mma_gemv launch: its offsets from the launch's base pointers, in elements of each array
  * (x, out, scales and biases: of the dtype; packed: 16-byte words; sb and w: 32-bit words), and its rows of x. */
 typedef struct qmm_cuda_gemv_product {

@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(mma_gemv_limits<4, MIXED_TT>::max_warps * 32, 
     }
 }
 
-/* m8n64_48's blocks for N rows on `sms` SMs: the least k blocks per SM with 4·k·sms ≥ the row tiles of 16; then, when
+/* The mixed tiles' blocks (m8n64_48, m16n64_48) for N rows on `sms` SMs: the least k blocks per SM with 4·k·sms ≥ the row tiles of 16; then, when
  * the tiles are at least 3·k·sms and at most (4·k − 1)·sms, tall = tiles − 3·k·sms blocks of 64 rows and k·sms − tall
  * of 48 (tall·4 + short·3 = tiles: the blocks end at the last row tile); otherwise (or the SMs unknown) every block 64
  * rows, as m8n64. The upper end: an SM then has ⌈tall ÷ sms⌉ 64-row blocks at most, 48·k + 16·⌈tall ÷ sms⌉ rows, fewer
@@ -573,6 +573,13 @@ extern "C" int qmm_cuda_mma_gemv_qmm_t(const qmm_cuda_launch *c, int row_tiles, 
     if (row_tiles == 2) return dispatch_mma_gemv<2, 1>(c);
     if (row_tiles == 3) return dispatch_mma_gemv<3, 1>(c);
     return dispatch_mma_gemv<4, 1>(c);
+}
+
+/* Whether mixed_blocks cuts N rows on `sms` SMs into blocks of both heights (the rows' selector rule, cuda_backend.c). */
+extern "C" int qmm_cuda_mixed_splits(size_t N, int sms) {
+    size_t tall = 0, short_blocks = 0;
+    mixed_blocks(N, sms, &tall, &short_blocks);
+    return short_blocks > 0;
 }
 
 /* m8n64_48 (token_tiles 1: M ≤ 8) and m16n64_48 (2: M ≤ 16): blocks of 64 and 48 rows (mma_gemv_mixed_kernel). */

@@ -288,8 +288,8 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * the boxes of mma_gemv m16n48 (M ≤ 16, N ≥ 4096, tiles × K ≥ 48 · 4096, where its 48-row blocks fill the SMs' last wave
  * ≥ 1.2× as well as 64-row blocks), m16n64 (M 9–16 with N 4545 … 19200 where m16n48's rule says no, M 17–32 with 72
  * tiles of 64 rows × 16 rows of x, M 33–64 with 48, and tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120), the 8-token
- * rows (m8n48 by the same fill rule, m8n64_48 where 64-row blocks leave the last wave part-empty, m8n64, m8n32, m8n16)
- * and m16n32 (M ≤ 16 outside the others), which take
+ * rows (m8n48 by the same fill rule, m8n64_48 where its launcher splits the rows, m8n64, m8n32, m8n16), m16n64_48 (M
+ * 9–16 past m16n64's box where its launcher splits the rows) and m16n32 (M ≤ 16 outside the others), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
     static const struct {
@@ -402,14 +402,14 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * 100) do not; 12672 (264 against 198) do, 12673 (265 against 199) do not; 14336 and 27648 do not */
                {1, 4096, 256, m8n48, true, NULL},        {8, 4095, 256, m8n48, false, m8n16},
                {8, 5120, 256, m8n48, true, NULL},        {9, 5120, 256, m8n48, false, m16n32},
-               {1, 6336, 256, m8n48, true, NULL},        {1, 6337, 256, m8n48, false, m8n64_48},
+               {1, 6336, 256, m8n48, true, NULL},        {1, 6337, 256, m8n48, false, m8n64},
                {4, 12672, 256, m8n48, true, NULL},       {4, 12673, 256, m8n48, false, m8n64_48},
                {1, 14336, 256, m8n48, false, m8n64_48},  {8, 27648, 256, m8n48, false, m8n64_48},
                {2, 17408, 512, m8n48, true, NULL},
-               /* mma_gemv m8n64_48: m8n64's box where its 64-row blocks fill the last wave over 132 SMs less than
-                * whole (prefer_fill_below_pct) and m8n48's rule does not hold: 14336 rows (224 blocks), 27648 (432),
-                * 25345 (397), 6337 (100, above); not 8448 (132) or 16896 (264), nor in m8n64's gap (25344: 396
-                * blocks, m8n32) */
+               /* mma_gemv m8n64_48: m8n64's box where mixed_blocks splits the rows (3·k·SMs ≤ row tiles of 16 ≤
+                * (4·k − 1)·SMs, k blocks per SM; prefer = mixed_splits) and m8n48's rule does not hold: 14336 rows (896
+                * tiles of 16, k = 2), 27648 (1728, k = 4), 25345 (1585, k = 4), 12673 (above); not 6337 (397, k = 1:
+                * above), 8448 (528) or 16896 (1056), nor in m8n64's gap (25344: 396 blocks, m8n32) */
                {1, 14336, 256, m8n64_48, true, NULL},    {8, 27648, 256, m8n64_48, true, NULL},
                {8, 25345, 256, m8n64_48, true, NULL},
                {1, 8448, 256, m8n64_48, false, m8n64},   {1, 16896, 256, m8n64_48, false, m8n64},
@@ -419,14 +419,16 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {1, 16896, 256, m8n64, true, NULL},       {1, 16897, 256, m8n64, false, m8n48},
                {4, 17408, 512, m8n64, false, m8n48},     {8, 25344, 256, m8n64, false, m8n32},
                {8, 25345, 256, m8n64, false, m8n64_48},  {1, 8448, 256, m8n64, true, NULL},
-               /* mma_gemv m16n64_48: M 9–16 past m16n64's box in N (N ≥ 19201) where 64-row blocks fill the last wave
-                * over 132 SMs less than whole, blocks × K ≥ 48 · 4096 (m16n64's floor): 27648 rows (432 blocks), 19201
-                * (301); not 25344 (396: three whole waves), 27648 at K 448 (short of the floor), M ≤ 8, M = 17 */
+               /* mma_gemv m16n64_48: M 9–16 past m16n64's box in N (N ≥ 19201) where mixed_blocks splits the rows,
+                * blocks × K ≥ 48 · 4096 (m16n64's floor): 27648 rows (1728 tiles of 16, k = 4), 19201 (1201, k = 3);
+                * not 25344 (1584) or 24576 (1536, k = 3: past 11 · 132), 27648 at K 448 (short of the floor), M ≤ 8,
+                * M = 17 */
                {9, 27648, 512, m16n64_48, true, NULL},   {16, 27648, 512, m16n64_48, true, NULL},
                {16, 19201, 704, m16n64_48, true, NULL},  {16, 25344, 512, m16n64_48, false, m16n32},
                {16, 27648, 448, m16n64_48, false, m16n32}, {8, 27648, 512, m16n64_48, false, m8n64_48},
+               {16, 24576, 512, m16n64_48, false, m16n32},
                {17, 27648, 512, m16n64_48, false, m16n64},
-               /* mma_gemv m16n32: M ≤ 16 outside m16n48's and m16n64's boxes; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
+               /* mma_gemv m16n32: M ≤ 16 outside m16n48's, m16n64_48's and m16n64's boxes; M 17–32 goes to m16n64 or (N ≤ 2240) m32n16 */
                {16, 1024, 256, m16n32, true, NULL},      {16, 4544, 256, m16n32, true, NULL},
                {9, 4096, 256, m16n32, true, NULL},       {16, 19201, 256, m16n32, true, NULL},
                {17, 2240, 256, m16n32, false, m32n16},   {20, 4096, 1536, m16n32, false, m16n64},
@@ -718,7 +720,7 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     qmm_context_destroy(pinned);
 }
 
-/* mma_gemv m16n64_48 (tune_only, forced): the 16-token tile in blocks of 64 and 48 rows where the rows split over the SMs
+/* mma_gemv m16n64_48 (forced): the 16-token tile in blocks of 64 and 48 rows where the rows split over the SMs
  * (kernels.cu mixed_blocks — on 132 SMs 14352 and 27648 rows: 105 + 159 and 144 + 384 blocks; 6336 rows 132 blocks of
  * 48; 5120 and 8192 rows every block 64 rows, no split), M = 9–16 (and M = 1: one token), against the oracle with
  * poisoned outputs, three runs the same bits; then, in a context with 8 warps per block pinned, the same bits as

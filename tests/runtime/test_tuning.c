@@ -72,7 +72,7 @@ static const char *pick(const qmm_tuning_table *tuning, const qmm_call *call, co
  * where prefer_max_m_small_n replaces prefer_max_m (the CUDA m32n16 row's rule), and prefer_min_tiles and
  * prefer_min_tiles_k (the CUDA wgmma rows': here 64 tiles of 128 × 128 and tiles·K ≥ 64·2048, after the small-N
  * box); then prefer_max_tiles_k from prefer_max_tiles_k_min_m and prefer_large_n (the CUDA m16n64 row's),
- * prefer_gap_tiles (the CUDA m8n64 row's), prefer_fill (the CUDA m8n48 row's), prefer_fill_below_pct (the CUDA m8n64_48 row's), prefer_min_k (the CUDA 32-token wgmma row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_min_tiles_large_m
+ * prefer_gap_tiles (the CUDA m8n64 row's), prefer_fill (the CUDA m8n48 row's), prefer (a row's own rule: the CUDA m8n64_48 row's), prefer_min_k (the CUDA 32-token wgmma row's), prefer_min_tiles_unsplit (batch-invariant calls) and prefer_min_tiles_large_m
  * from prefer_large_m (the CUDA m16n64 row's). */
 static qmm_kernel_info tiled_info(void) {
     qmm_kernel_info info = FAKE("fake.hint.tiles", QMM_OP_QMM_T);
@@ -86,6 +86,9 @@ static const qmm_kernel hint_rows[] = {
      .prefer_small_n = 2048, .prefer_max_m_small_n = 128},
     {.info = FAKE("fake.hint.any", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing},
 };
+
+/* A row's own selector rule for the prefer test: N a multiple of 3. */
+static bool prefer_multiple_of_3(const qmm_call *call) { return call->N % 3 == 0; }
 
 /* The selector's pick between `row` and the hint-free fake.hint.any after it, for an N×K call with M rows of x. */
 static const char *pick_row_or_any(const qmm_kernel *row, size_t N, size_t M, size_t K) {
@@ -189,19 +192,14 @@ static void test_hints(void) {
         {5760, 1, "fake.hint.fill"},  {4096, 1, "fake.hint.fill"}, {14336, 1, "fake.hint.any"},
     };
     check_hint_cases(&fill, fill_cases, sizeof fill_cases / sizeof fill_cases[0], "prefer_fill");
-    /* prefer_fill_below_pct = 100 over 132 SMs (the CUDA m8n64_48 row's, tiles of 8 × 64): 14336 rows (224 tiles,
-     * fill 0.85) and 27648 (432, 0.82) take it; 8448 (132: one whole wave) and 16896 (264: two) do not, 8449 (133:
-     * 0.50) does; at M = 9 (two tiles of tokens) 4224 rows are 132 tiles and do not, 4225 (134) do */
-    qmm_kernel_info below_info = FAKE("fake.hint.below", QMM_OP_QMM_T);
-    below_info.bm = 8, below_info.bn = 64;
-    const qmm_kernel below = {.info = below_info, .supports = supports_all, .run = run_nothing, .prefer_fill_sms = 132,
-                              .prefer_fill_below_pct = 100};
-    static const hint_case below_cases[] = {
-        {14336, 1, "fake.hint.below"}, {27648, 8, "fake.hint.below"}, {8448, 1, "fake.hint.any"},
-        {16896, 1, "fake.hint.any"},   {8449, 1, "fake.hint.below"},  {4224, 9, "fake.hint.any"},
-        {4225, 9, "fake.hint.below"},
+    /* prefer, a row's own rule (the CUDA m8n64_48 and m16n64_48 rows': where their launcher splits the rows), asked
+     * after the numeric hints: here N a multiple of 3 takes the row, others fall through; prefer_max_m still applies */
+    const qmm_kernel own = {.info = FAKE("fake.hint.own", QMM_OP_QMM_T), .supports = supports_all, .run = run_nothing,
+                            .prefer_max_m = 8, .prefer = prefer_multiple_of_3};
+    static const hint_case own_cases[] = {
+        {14337, 1, "fake.hint.own"}, {14336, 1, "fake.hint.any"}, {27648, 8, "fake.hint.own"}, {27648, 9, "fake.hint.any"},
     };
-    check_hint_cases(&below, below_cases, sizeof below_cases / sizeof below_cases[0], "prefer_fill_below_pct");
+    check_hint_cases(&own, own_cases, sizeof own_cases / sizeof own_cases[0], "prefer");
     /* prefer_min_k = 5120 with prefer_min_m = 17, prefer_max_m = 32 and prefer_min_tiles = 40 of 32 × 128 (the CUDA
      * 32-token wgmma row's box): K 5120 takes it, 5056 does not; 40 tiles (N 4993 … 5120) do, 39 do not */
     qmm_kernel_info long_k_info = FAKE("fake.hint.long_k", QMM_OP_QMM_T);
