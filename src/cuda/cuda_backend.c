@@ -1388,9 +1388,9 @@ static qmm_status gather_run(const qmm_call *call);
  *            160 blocks, and 27648, 144 + 384): mma_gemv m8n64_48 — m8n64 with some blocks of 48 rows, as many
  *            blocks on every SM. On an H100 at M = 1–8 (forty-ninth session, f16 and
  *            bf16): 0.956–0.972× m8n64's time on 27648×5120, 0.987–1.004× on 14336×5120.
- *   M ≤ 8, N ≥ 5120 (since the forty-ninth session only where its blocks fill whole waves over 132 SMs: the rows
- *            above take the rest): mma_gemv m8n64 — 64 rows per warp amortise x, its pairing and the Σx MMA over
- *            four row tiles (27648×5120 M=1 f16, before m8n64_48: 28.7 µs vs 29.6 for m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
+ *   M ≤ 8, N ≥ 5120 where m8n48's and m8n64_48's rules say no: mma_gemv m8n64 — 64 rows per warp amortise x, its
+ *            pairing and the Σx MMA over four row tiles (27648×5120 M=1 f16, before m8n64_48: 28.7 µs vs 29.6 for
+ *            m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
  *            rows (prefer_gap_tiles: 2–3 blocks per SM of the H200's 132), where m8n64's blocks get 4–6 warps under
  *            either rule of gemv_warps (the model's one miss in its sweeps: 8 were best, 0.96–0.97× the one-wave
  *            rule's time at M = 1) and m8n32's 8-warp blocks keep 16 per SM —
@@ -1408,8 +1408,8 @@ static qmm_status gather_run(const qmm_call *call);
  *            4096×12288 (taken, as m8n48 there). Over the 90 cells the rule's choice is within 5 % of the fastest
  *            row in 83 (47 before; 82/90 measured after the change).
  *   M 9–16, N ≥ 19201 (past m16n64's box below), blocks × K ≥ 48 · 4096, where mixed_blocks splits (m8n64_48's
- *            rule; not 24576 or 32768 rows on 132 SMs, whose blocks stay 64 rows: m16n32 there): mma_gemv m16n64_48 — the 16-token
- *            tile's m16n64 and m16n48 bodies in kernels.cu mixed_blocks' counts (one chunk: M ≤ 16). On an H100
+ *            rule; not 24576 or 32768 rows on 132 SMs, whose blocks stay 64 rows: m16n32 there): mma_gemv m16n64_48
+ *            — the 16-token tile's m16n64 and m16n48 bodies in mixed_blocks' counts (one chunk: M ≤ 16). On an H100
  *            (forty-ninth session, M = 9, 12, 16, f16 and bf16): 27648×5120 0.89–0.93× m16n64's time and 0.86–0.93×
  *            m16n32's (the row taken there before: 1.46–1.62× the floor, now 1.33–1.41); 14336×5120 1.00–1.025× m16n64
  *            (not in its box); 5120² and 17408×5120, where it does not split, 0.95–1.03×. No H200 run yet.
