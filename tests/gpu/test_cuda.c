@@ -91,6 +91,19 @@ static bool product_make(qmm_context *context, check_rng *rng, size_t M, size_t 
     return false;
 }
 
+/* One case of a section's table: an M×N×K product of weights (bits, group_size) with x in dtype. */
+typedef struct {
+    size_t M, N, K;
+    int bits, group_size;
+    qmm_dtype dtype;
+} product_case;
+
+/* product_make for a table's case. */
+static bool product_make_case(qmm_context *context, check_rng *rng, const product_case *c, const char *what,
+                              product *p) {
+    return product_make(context, rng, c->M, c->N, c->K, c->bits, c->group_size, c->dtype, what, p);
+}
+
 /* Whether the device runs the wgmma tiles (Hopper), asked of a 64×128×256 product (made from rng); *ok false where the
  * probe could not be made (the failure is counted). */
 static bool wgmma_device(qmm_context *context, check_rng *rng, const char *label, bool *ok) {
@@ -474,11 +487,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
  * of the partial sums must not depend on which block finished last), and QMM_CUDA_SPLITS=1 (one split) within
  * the bound too. The wgmma rows where the device has them (Hopper). */
 static void test_tile_split_k(qmm_context *context, check_rng *rng) {
-    static const struct {
-        size_t M, N, K;
-        int bits, group_size;
-        qmm_dtype dtype;
-    } cases[] = {
+    static const product_case cases[] = {
         {70, 200, 4096, 4, 64, QMM_F16}, {33, 1000, 2048, 8, 128, QMM_BF16}, {130, 77, 8192, 4, 32, QMM_BF16},
         {1, 129, 4096, 8, 32, QMM_F16},   {70, 200, 4096, 4, 64, QMM_F32},  {33, 1000, 2048, 8, 128, QMM_F32},
         {130, 77, 8192, 4, 32, QMM_F32},  {1, 129, 4096, 8, 32, QMM_F32},
@@ -491,8 +500,7 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
                                  "cuda.qmm_t.wgmma_tile_fma.m64n128"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
-        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, "split-K", &p))
+        if (!product_make_case(context, rng, &cases[c], "split-K", &p))
             continue;
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
@@ -550,11 +558,7 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
  * workspace either way), PREP and _fma rows, the three token tiles, edges: N not a multiple of 128, K ending inside a
  * super-block, M past one token tile. Hopper only. */
 static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
-    static const struct {
-        size_t M, N, K;
-        int bits, group_size;
-        qmm_dtype dtype;
-    } cases[] = {{128, 4096, 4096, 4, 64, QMM_F16},
+    static const product_case cases[] = {{128, 4096, 4096, 4, 64, QMM_F16},
                  {200, 1000, 2112, 8, 32, QMM_BF16},
                  {64, 300, 4160, 4, 64, QMM_BF16},
                  {128, 1024, 8192, 4, 64, QMM_F16}};
@@ -563,8 +567,7 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     static const char *splits[] = {"2", "3", "4", "8", "12"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
-        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, "cluster splits", &p))
+        if (!product_make_case(context, rng, &cases[c], "cluster splits", &p))
             continue;
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *clustered = malloc(bytes);
@@ -638,6 +641,17 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
     product_free(&p);
 }
 
+/* A CUDA context whose mma_gemv launches use 8 warps per block (QMM_CUDA_WARPS, read when a context opens), so that
+ * rows whose bits differ only by the launcher's choice of warps can be compared bit for bit; NULL (a counted failure)
+ * where it cannot be opened. */
+static qmm_context *pinned_warps_context(void) {
+    setenv("QMM_CUDA_WARPS", "8", 1);
+    qmm_context *pinned = NULL;
+    CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &pinned));
+    unsetenv("QMM_CUDA_WARPS");
+    return pinned;
+}
+
 /* mma_gemv m8n64, m8n48 and m8n64_48 (the staged tiles; m8n64_48 in blocks of both heights where the rows split over
  * the SMs — on 132 SMs 14352, 14350 and 27648 rows: 105 + 159, 105 + 159 and 144 + 384 blocks, 6336 rows 132 blocks of
  * 48; on other SM counts these may split otherwise or not at all, every block then 64 rows) with x through the
@@ -647,11 +661,7 @@ static void test_wgmma_cluster_splits(qmm_context *context, check_rng *rng) {
  * of 64 or 48 (the staged tiles read up to 3 / 2 zero row tiles past N), K ending inside a super-block, both bit
  * widths and dtypes, groups 32–128, M = 1 (the one-token epilogue) and M > 1. */
 static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
-    static const struct {
-        size_t M, N, K;
-        int bits, group_size;
-        qmm_dtype dtype;
-    } cases[] = {
+    static const product_case cases[] = {
         {1, 5120, 1024, 4, 64, QMM_F16}, {3, 100, 4160, 4, 64, QMM_BF16}, {4, 1000, 2080, 4, 32, QMM_F16},
         {5, 777, 1152, 8, 128, QMM_BF16}, {8, 300, 2112, 8, 32, QMM_F16}, {2, 9000, 512, 4, 128, QMM_BF16},
         {1, 64, 64, 8, 64, QMM_BF16},     {6, 9000, 1024, 4, 64, QMM_F16}, /* the rule does not stage this one */
@@ -663,18 +673,14 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
     static const char *staged_rows[] = {"cuda.qmm_t.mma_gemv.m8n64", "cuda.qmm_t.mma_gemv.m8n48",
                                         "cuda.qmm_t.mma_gemv.m8n64_48"};
     const size_t row_count = sizeof staged_rows / sizeof staged_rows[0];
-    /* A context with the warps per block pinned (QMM_CUDA_WARPS, read when a context opens): staged and unstaged x
-     * then give the same bits (a warp's arithmetic is the same; only the warp count could change the final sum). */
-    setenv("QMM_CUDA_WARPS", "8", 1);
-    qmm_context *pinned = NULL;
-    CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &pinned));
-    unsetenv("QMM_CUDA_WARPS");
+    /* staged and unstaged x give the same bits with the warps pinned (a warp's arithmetic is the same; only the warp
+     * count could change the final sum) */
+    qmm_context *pinned = pinned_warps_context();
     for (size_t c = 0; c < row_count * (sizeof cases / sizeof cases[0]); c++) {
         const char *row = staged_rows[c % row_count];
         const size_t i = c / row_count; /* each case on every row */
         product p;
-        if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
-                          cases[i].dtype, "staged x", &p))
+        if (!product_make_case(context, rng, &cases[i], "staged x", &p))
             continue;
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         void *first = malloc(bytes);
@@ -692,8 +698,7 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
         free(first);
         product_free(&p);
         if (!pinned) continue; /* (its creation failed above) */
-        if (!product_make(pinned, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
-                          cases[i].dtype, "staged x (pinned)", &p))
+        if (!product_make_case(pinned, rng, &cases[i], "staged x (pinned)", &p))
             continue;
         void *staged = malloc(bytes), *unstaged = malloc(bytes);
         char label[200];
@@ -728,24 +733,16 @@ static void test_gemv_staged_x(qmm_context *context, check_rng *rng) {
  * block do not enter an output's arithmetic). Edges: N not a multiple of 64 or 48, K ending inside a super-block, both
  * bit widths and dtypes, groups 32–128; M = 17 is refused (one chunk of 16 rows of x). */
 static void test_gemv_mixed16(qmm_context *context, check_rng *rng) {
-    static const struct {
-        size_t M, N, K;
-        int bits, group_size;
-        qmm_dtype dtype;
-    } cases[] = {
+    static const product_case cases[] = {
         {16, 14352, 256, 4, 64, QMM_BF16}, {9, 27648, 128, 4, 32, QMM_F16}, {12, 6336, 256, 8, 128, QMM_BF16},
         {13, 14350, 320, 4, 64, QMM_F16},  {16, 5120, 1024, 8, 64, QMM_F16}, {1, 27648, 256, 4, 128, QMM_BF16},
         {10, 8192, 4160, 4, 64, QMM_F16},  {16, 300, 2112, 8, 32, QMM_BF16},
     };
     static const char *row = "cuda.qmm_t.mma_gemv.m16n64_48";
-    setenv("QMM_CUDA_WARPS", "8", 1);
-    qmm_context *pinned = NULL;
-    CHECK_OK(qmm_context_create(QMM_BACKEND_CUDA, 0, &pinned));
-    unsetenv("QMM_CUDA_WARPS");
+    qmm_context *pinned = pinned_warps_context();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         product p;
-        if (!product_make(context, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
-                          cases[i].dtype, "mixed 16", &p))
+        if (!product_make_case(context, rng, &cases[i], "mixed 16", &p))
             continue;
         const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
         CHECK(qmm_kernel_supports(context, row, p.weights, p.M, QMM_OP_QMM_T, NULL) == 1, "%s takes M=%zu N=%zu K=%zu",
@@ -758,8 +755,7 @@ static void test_gemv_mixed16(qmm_context *context, check_rng *rng) {
         free(first);
         product_free(&p);
         if (!pinned) continue;
-        if (!product_make(pinned, rng, cases[i].M, cases[i].N, cases[i].K, cases[i].bits, cases[i].group_size,
-                          cases[i].dtype, "mixed 16 (pinned)", &p))
+        if (!product_make_case(pinned, rng, &cases[i], "mixed 16 (pinned)", &p))
             continue;
         void *mixed = malloc(bytes), *tall = malloc(bytes);
         snprintf(label, sizeof label, "%s 8 warps, %d-bit gs%d", row, cases[i].bits, cases[i].group_size);
@@ -780,11 +776,7 @@ static void test_gemv_mixed16(qmm_context *context, check_rng *rng) {
  * and 4 chunks, a last chunk of 1–16 rows, N not a multiple of 64, K ending inside a super-block, both bit widths,
  * both dtypes, groups 32–128. Each against the oracle with poisoned outputs, three runs the same bits. */
 static void test_m16n64_chunks(qmm_context *context, check_rng *rng) {
-    static const struct {
-        size_t M, N, K;
-        int bits, group_size;
-        qmm_dtype dtype;
-    } cases[] = {
+    static const product_case cases[] = {
         {17, 14336, 256, 4, 64, QMM_F16}, {32, 14336, 512, 8, 32, QMM_BF16},  {48, 14300, 320, 4, 64, QMM_BF16},
         {64, 12288, 256, 4, 128, QMM_F16}, {40, 12290, 2080, 4, 32, QMM_F16}, {33, 5120, 384, 8, 128, QMM_BF16},
         {20, 8500, 1056, 4, 32, QMM_BF16}, {31, 100, 4160, 4, 64, QMM_F16},
@@ -792,8 +784,7 @@ static void test_m16n64_chunks(qmm_context *context, check_rng *rng) {
     const char *row = "cuda.qmm_t.mma_gemv.m16n64";
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         product p;
-        if (!product_make(context, rng, cases[c].M, cases[c].N, cases[c].K, cases[c].bits, cases[c].group_size,
-                          cases[c].dtype, "m16n64 chunks", &p))
+        if (!product_make_case(context, rng, &cases[c], "m16n64 chunks", &p))
             continue;
         void *first = malloc(p.M * p.N * qmm_dtype_size(p.dtype));
         static const char *ways[] = {NULL, "1", "0"};
