@@ -16,9 +16,8 @@
  *      mode), or whose prefer_min_tiles_k exceeds those tiles times K, or (from M =
  *      prefer_max_tiles_k_min_m) whose prefer_max_tiles_k they exceed, or whose prefer_fill rule (the last
  *      wave's fill over prefer_fill_sms SMs against tiles prefer_fill_over_bn wide) or whose own prefer rule they
- *      fail (a row may handle
- *      calls it is not the fastest at; the thresholds and their one-line reasons sit beside each backend's
- *      table). Tables are ordered fastest-first by their backend and end with rows that accept every valid
+ *      fail (a row may handle calls it is not the fastest at; the thresholds and their one-line reasons sit beside
+ *      each backend's table). Tables are ordered fastest-first by their backend and end with rows that accept every valid
  *      call (the reference rows, or on CUDA the generic kernels), so there is always an answer.
  * Between 1 and 2, a measured tuning table (qmm_context_load_tuning, written by `qmm tune` on this
  * device) is consulted: when one of its entries matches the call exactly (op, dtype, bits, group_size,

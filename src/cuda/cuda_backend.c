@@ -787,12 +787,13 @@ MMA_ROW(mma_m32n16, 1, 4)
 /* m8n64_48: the 8-token staged tile in blocks of 64 and 48 rows, so that every SM gets the same number of blocks
  * (kernels.cu mma_gemv_mixed_kernel, mixed_blocks); M ≤ 8, one launch. It takes the calls m8n64 takes (m8n64's
  * supports in the table). */
-static qmm_status mma_m8n64_48_run(const qmm_call *call) {
+static qmm_status mixed_run(const qmm_call *call, int token_tiles, const char *name) {
     CALL_KNOBS_CHECK();
     qmm_cuda_launch launch = launch_of(call);
-    launch.staged_x = staged_x_forced();
-    return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch, 1), "mma_m8n64_48", __FILE__, __LINE__);
+    if (token_tiles == 1) launch.staged_x = staged_x_forced(); /* the 8-token tile stages x (the 16-token one never) */
+    return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch, token_tiles), name, __FILE__, __LINE__);
 }
+static qmm_status mma_m8n64_48_run(const qmm_call *call) { return mixed_run(call, 1, "mma_m8n64_48"); }
 
 /* The mixed tiles' selector rule (qmm_kernel.prefer): only where their launcher cuts some 64-row blocks to 48 rows
  * (kernels.cu mixed_blocks, on the device's SM count) — elsewhere every block is 64 rows, m8n64's / m16n64's launch,
@@ -807,11 +808,7 @@ static bool mixed_splits(const qmm_call *call) {
 static bool mma_m16n64_48_supports(const qmm_call *call, char *why_not, size_t size) {
     return mma_supports(call, 16, SIZE_MAX, why_not, size);
 }
-static qmm_status mma_m16n64_48_run(const qmm_call *call) {
-    CALL_KNOBS_CHECK();
-    qmm_cuda_launch launch = launch_of(call);
-    return launch_status(qmm_cuda_mma_gemv_mixed_qmm_t(&launch, 2), "mma_m16n64_48", __FILE__, __LINE__);
-}
+static qmm_status mma_m16n64_48_run(const qmm_call *call) { return mixed_run(call, 2, "mma_m16n64_48"); }
 
 /* ffma_gemv row: f32 activations with 4- or 8-bit weights, on the CUDA cores (kernels_ffma.cu). */
 static bool ffma_supports(const qmm_call *call, char *why_not, size_t size) {

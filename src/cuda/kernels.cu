@@ -249,9 +249,10 @@ __global__ void __launch_bounds__(mma_gemv_limits<4, MIXED_TT>::max_warps * 32, 
 /* The mixed tiles' blocks (m8n64_48, m16n64_48) for N rows on `sms` SMs: the least k blocks per SM with 4·k·sms ≥
  * the row tiles of 16; then, when the tiles are at least 3·k·sms and at most (4·k − 1)·sms, tall = tiles − 3·k·sms
  * blocks of 64 rows and k·sms − tall of 48 (tall·4 + short·3 = tiles: the blocks end at the last row tile); otherwise
- * (or the SMs unknown) every block 64 rows, as m8n64 / m16n64. The upper end: an SM then has ⌈tall ÷ sms⌉ 64-row blocks at most, 48·k + 16·⌈tall ÷ sms⌉ rows, fewer
- * than 64-row blocks' 64·k only while tall ≤ (k − 1)·sms — past it (one wave of 100–131 blocks of 64 rows, the top of
- * each later wave) the split would cost 48-row blocks' dearer bytes and shorten no SM's work. */
+ * (or the SMs unknown) every block 64 rows, as m8n64 / m16n64. The upper end: an SM then has ⌈tall ÷ sms⌉ 64-row
+ * blocks at most, 48·k + 16·⌈tall ÷ sms⌉ rows, fewer than 64-row blocks' 64·k only while tall ≤ (k − 1)·sms — past it
+ * (one wave of 100–131 blocks of 64 rows, the top of each later wave) the split would cost 48-row blocks' dearer bytes
+ * and shorten no SM's work. */
 static void mixed_blocks(size_t N, int sms, size_t *tall, size_t *short_blocks) {
     const size_t tiles = (N + 15) / 16;
     *tall = (tiles + 3) / 4, *short_blocks = 0;

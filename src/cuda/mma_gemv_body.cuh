@@ -20,12 +20,11 @@
     /* m16n64 (RT = 4, TT = 2) takes M = 17–64 in one grid: grid.x the chunks of 16 rows of x, grid.y the row tiles —
      * the chunks of one row tile are neighbours in launch order, run side by side, and the later ones find its weights
      * in L2 (the launcher may instead launch each chunk alone, M ≤ 16 each: grid.x is then 1). */
-#ifdef QMM_GEMV_N_BASE /* mma_gemv_mixed_kernel: the block's first row, its blocks being of two heights */
+#ifdef QMM_GEMV_N_BASE /* mma_gemv_mixed_kernel: the block's first row, its blocks being of two heights; one chunk of
+                        * x (M ≤ 16 at 16 tokens) */
     int n_base = QMM_GEMV_N_BASE;
 #else
     int n_base = blockIdx.x * 16 * RT;
-#endif
-#ifndef QMM_GEMV_N_BASE /* (the mixed kernel's 16-token blocks take M ≤ 16: one chunk) */
     if constexpr (RT == 4 && TT == 2) {
         const int m0 = blockIdx.x * 16;
         n_base = blockIdx.y * 16 * RT;
