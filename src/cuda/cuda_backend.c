@@ -803,6 +803,20 @@ static bool mixed_splits(const qmm_call *call) {
     return s && qmm_cuda_mixed_splits(call->N, s->multiprocessors);
 }
 
+/* m8n48's and m16n48's own rule (qmm_kernel.prefer), after their fill rule: not where blocks of 32 rows fit one wave on
+ * the device's SMs and K ≥ QMM_GEMV_LONG_K. Every block then has an SM to itself whichever height it has, and over a
+ * long K the busiest SM's 48 rows cost more than the taller block saves: on 4096×12288 (128 blocks of 32 rows, 86 of
+ * 48) m16n32 took 0.84–0.97× m16n48's time at M = 9–16 on the H200 and the H100, m8n32 0.89–1.01× m8n48's at M ≤ 8
+ * on the H200 (0.96–1.03 on the H100); on 4096² the 48-row blocks stay ahead (m8n48 0.85–0.96× m8n32's time, m16n48
+ * 0.93–1.04× m16n32's) — fiftieth session, docs/PERF.md. The bound on K lies between the two measured Ks (4096,
+ * 12288); none between them was measured. */
+#define QMM_GEMV_LONG_K 8192
+static bool short_k_or_many_rows(const qmm_call *call) {
+    const cuda_state *s = call->backend_state;
+    if (!s || s->multiprocessors <= 0) return true;
+    return call->K < QMM_GEMV_LONG_K || (call->N + 31) / 32 > (size_t)s->multiprocessors;
+}
+
 /* m16n64_48: the 16-token tile in blocks of 64 and 48 rows (m16n64's and m16n48's bodies, mixed_blocks' counts), M ≤ 16
  * in one launch (one chunk of 16 rows of x). */
 static bool mma_m16n64_48_supports(const qmm_call *call, char *why_not, size_t size) {
@@ -1379,12 +1393,15 @@ static qmm_status gather_run(const qmm_call *call);
  *            0.84–0.93× m8n64's time at M = 1–4 on 5120×5120, 5120×14336 and 5120×17408 (0.75–0.85 at M = 8),
  *            0.83–0.90× the selected m8n32 on 17408×5120, 0.86–0.94× m8n64 on 12288×4096, 0.85–0.97× m8n32 on 4096²;
  *            1.06–1.24× m8n64 on 14336×5120 and 27648×5120 (the rule passes it over there), and 0.99–1.11× m8n32 on
- *            4096×12288 (taken: four bf16 cells past 5 %, the price of keeping 4096² at 0.85–0.97).
+ *            4096×12288 — passed over there since the fiftieth session by its own rule (prefer =
+ *            short_k_or_many_rows): not where blocks of 32 rows fit one wave (N ≤ 32 · SMs) and K ≥ 8192; 4096² keeps
+ *            it (0.85–0.96× m8n32's time on both cards).
  *   M ≤ 8, N ≥ 5120, m8n64's box below, where mixed_blocks splits (prefer = mixed_splits: 3·k·SMs ≤ row tiles of
  *            16 ≤ (4·k − 1)·SMs, k blocks per SM — the busiest SM then gets fewer rows; on 132 SMs 14336 rows, 104 +
  *            160 blocks, and 27648, 144 + 384): mma_gemv m8n64_48 — m8n64 with some blocks of 48 rows, as many
  *            blocks on every SM. On an H100 at M = 1–8 (forty-ninth session, f16 and
- *            bf16): 0.956–0.972× m8n64's time on 27648×5120, 0.987–1.004× on 14336×5120.
+ *            bf16): 0.956–0.972× m8n64's time on 27648×5120, 0.987–1.004× on 14336×5120; on the H200 (fiftieth)
+ *            0.909–0.971 and 0.941–1.028.
  *   M ≤ 8, N ≥ 5120 where m8n48's and m8n64_48's rules say no: mma_gemv m8n64 — 64 rows per warp amortise x, its
  *            pairing and the Σx MMA over four row tiles (27648×5120 M=1 f16, before m8n64_48: 28.7 µs vs 29.6 for
  *            m8n32, 37.3 for m8n16). Not at 265–396 blocks of 64
@@ -1402,14 +1419,16 @@ static qmm_status gather_run(const qmm_call *call);
  *            seed and Qwen3 shape, f16 and bf16, 4-bit group 64): 0.87–0.94× m16n64's time on 5120², 5120×14336 and
  *            5120×17408, 0.87–0.94× on 12288×4096, 0.84–0.91× on 17408×5120, 0.93–0.99× m16n32's on 4096²; 1.06–1.14×
  *            m16n64 on 14336×5120 and 1.08–1.09× on 27648×5120 (the rule passes it over), 1.02–1.14× m16n32 on
- *            4096×12288 (taken, as m8n48 there). Over the 90 cells the rule's choice is within 5 % of the fastest
+ *            4096×12288 (1.03–1.19 on both cards in the fiftieth session: passed over there since, by m8n48's own
+ *            rule, short_k_or_many_rows). Over the 90 cells the rule's choice is within 5 % of the fastest
  *            row in 83 (47 before; 82/90 measured after the change).
  *   M 9–16, N ≥ 19201 (past m16n64's box below), blocks × K ≥ 48 · 4096, where mixed_blocks splits (m8n64_48's
  *            rule; not 24576 or 32768 rows on 132 SMs, whose blocks stay 64 rows: m16n32 there): mma_gemv m16n64_48
  *            — the 16-token tile's m16n64 and m16n48 bodies in mixed_blocks' counts (one chunk: M ≤ 16). On an H100
  *            (forty-ninth session, M = 9, 12, 16, f16 and bf16): 27648×5120 0.89–0.93× m16n64's time and 0.86–0.93×
  *            m16n32's (the row taken there before: 1.46–1.62× the floor, now 1.33–1.41); 14336×5120 1.00–1.025× m16n64
- *            (not in its box); 5120² and 17408×5120, where it does not split, 0.95–1.03×. No H200 run yet.
+ *            (not in its box); 5120² and 17408×5120, where it does not split, 0.95–1.03×. On the H200
+ *            (fiftieth session): 27648×5120 0.900–0.924× m16n64's time, 0.901–0.924× m16n32's.
  *   M 9–16 with 72–300 blocks of 64 rows (N 4545–19200) where m16n48's rule says no, M 17–32 with 72 blocks or
  *            more of 64 rows × 16 rows of x (N ≥ 2241), M 33–64 with 48 or more (N ≥ 961 to M = 48, ≥ 705 beyond:
  *            Qwen3's k_proj/v_proj), those blocks times K ≥ 48 · 4096 (a short K: below) and, from M = 33,
@@ -1519,7 +1538,7 @@ static const qmm_kernel cuda_kernels[] = {
      .prefer_min_m = 17, .prefer_max_m = 32, .prefer_min_tiles = 40, .prefer_min_k = 5120},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n48", 8, 48, "tensor-core GEMV, 48 rows/warp, 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n48_supports, .run = mma_m8n48_run, .prefer_max_m = 8, .prefer_min_n = 4096,
-     .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120},
+     .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120, .prefer = short_k_or_many_rows},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m8n64_48", 8, 64,
                       "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 8 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m8n64_supports, .run = mma_m8n64_48_run, .prefer_max_m = 8, .prefer_min_n = 5120,
@@ -1533,7 +1552,8 @@ static const qmm_kernel cuda_kernels[] = {
      .supports = mma_m8n16_supports, .run = mma_m8n16_run, .prefer_max_m = 8},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n48", 16, 48, "tensor-core GEMV, 48 rows/warp, 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n48_supports, .run = mma_m16n48_run, .prefer_max_m = 16, .prefer_min_n = 4096,
-     .prefer_min_tiles_k = 48 * 4096, .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120},
+     .prefer_min_tiles_k = 48 * 4096, .prefer_fill_sms = 132, .prefer_fill_over_bn = 64, .prefer_fill_ratio_pct = 120,
+     .prefer = short_k_or_many_rows},
     {.info = MMA_INFO("cuda.qmm_t.mma_gemv.m16n64_48", 16, 64,
                       "tensor-core GEMV, blocks of 64 and 48 rows (the same per SM), 16 tokens, 4/8-bit f16/bf16"),
      .supports = mma_m16n64_48_supports, .run = mma_m16n64_48_run, .prefer_min_m = 9, .prefer_max_m = 16,

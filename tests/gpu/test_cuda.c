@@ -299,9 +299,10 @@ static void check_box(qmm_context *context, check_rng *rng, size_t M, size_t N, 
  * m16n64) — on either side of each threshold the selector's choice, and every row that takes the call against the
  * oracle. Where the device is not Hopper the wgmma rows refuse and none is chosen. Then
  * the boxes of mma_gemv m16n48 (M ≤ 16, N ≥ 4096, tiles × K ≥ 48 · 4096, where its 48-row blocks fill the SMs' last wave
- * ≥ 1.2× as well as 64-row blocks), m16n64 (M 9–16 with N 4545 … 19200 where m16n48's rule says no, M 17–32 with 72
- * tiles of 64 rows × 16 rows of x, M 33–64 with 48, and tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120), the 8-token
- * rows (m8n48 by the same fill rule, m8n64_48 where its launcher splits the rows, m8n64, m8n32, m8n16), m16n64_48 (M
+ * ≥ 1.2× as well as 64-row blocks, and not where 32-row blocks fit one wave with K ≥ 8192), m16n64 (M 9–16 with N
+ * 4545 … 19200 where m16n48's rule says no, M 17–32 with 72 tiles of 64 rows × 16 rows of x, M 33–64 with 48, and
+ * tiles × K ≥ 48 · 4096, from M = 33 ≤ 240 · 5120), the 8-token rows (m8n48 by the same two rules, m8n64_48 where its
+ * launcher splits the rows, m8n64, m8n32, m8n16), m16n64_48 (M
  * 9–16 past m16n64's box where its launcher splits the rows) and m16n32 (M ≤ 16 outside the others), which take
  * mma_tile m16n256's (M 17–32, N ≥ 12288) in the default mode, any device with the mma family, on each of their sides. */
 static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
@@ -404,7 +405,11 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * m16n64's box at M 9–16 where 64-row blocks leave SMs idle — 4545 (95 blocks against 72), 5120 —, and
                 * 4096 rows from K = 2304 (86 × 2304 past the floor; 2240 short of it: m16n32); not 8448 (176 blocks
                 * against 132), 6352 (133 against 100: m16n64's box at M 9–16 now starts where this rule stops) or
-                * 14336 (299 against 224): m16n64; not past M = 16 */
+                * 14336 (299 against 224): m16n64; not past M = 16; nor (short_k_or_many_rows) where blocks of 32 rows
+                * fit one wave of 132 SMs (N ≤ 4224) and K ≥ 8192: 4096×12288 and 4224×8192 go to m16n32, 4096×8128
+                * and 4225×8192 (133 blocks of 32) stay */
+               {9, 4096, 12288, m16n48, false, m16n32},  {16, 4224, 8192, m16n48, false, m16n32},
+               {16, 4096, 8128, m16n48, true, NULL},     {12, 4225, 8192, m16n48, true, NULL},
                {16, 5120, 2496, m16n48, true, NULL},     {9, 4096, 2304, m16n48, true, NULL},
                {16, 6336, 2048, m16n48, true, NULL},     {16, 6352, 2048, m16n48, false, m16n64},
                {9, 4096, 2240, m16n48, false, m16n32},   {16, 8448, 2048, m16n48, false, m16n64},
@@ -412,7 +417,11 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                {17, 5120, 2496, m16n48, false, NULL},
                /* mma_gemv m8n48: M ≤ 8, N ≥ 4096, where its blocks of 48 rows fill the last wave over 132 SMs ≥ 1.2×
                 * as well as blocks of 64 (prefer_fill): 6336 rows (132 blocks against 99) take it, 6337 (133 against
-                * 100) do not; 12672 (264 against 198) do, 12673 (265 against 199) do not; 14336 and 27648 do not */
+                * 100) do not; 12672 (264 against 198) do, 12673 (265 against 199) do not; 14336 and 27648 do not;
+                * nor, by its own rule (short_k_or_many_rows), N ≤ 4224 (blocks of 32 rows in one wave) with K ≥ 8192:
+                * m8n32 there */
+               {1, 4096, 8192, m8n48, false, m8n32},     {8, 4224, 12288, m8n48, false, m8n32},
+               {4, 4096, 8128, m8n48, true, NULL},       {2, 4225, 8192, m8n48, true, NULL},
                {1, 4096, 256, m8n48, true, NULL},        {8, 4095, 256, m8n48, false, m8n16},
                {8, 5120, 256, m8n48, true, NULL},        {9, 5120, 256, m8n48, false, m16n32},
                {1, 6336, 256, m8n48, true, NULL},        {1, 6337, 256, m8n48, false, m8n64},
