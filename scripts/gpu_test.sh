@@ -14,6 +14,9 @@
 # Arguments (default: all four): the parts to run after the build — ctest, run, memcheck, racecheck — e.g.
 # `scripts/gpu_test.sh racecheck` (or `make test-gpu GPU_TEST_PARTS=racecheck`) where one sitting has a time limit
 # (the parts left out are reported SKIPPED).
+# GPU_TEST_SHARD=i/n (0 ≤ i < n ≤ 64; default 0/1, the whole): the ctest part runs CTest's tests i+1, i+1+n, … (by
+# number: `ctest -I i+1,,n`) and each sanitizer part the runs i, i+n, … of its job list — shards 0 … n−1, one per
+# sitting (a machine lent in calls of 10 minutes), cover the part whole; each PASS line names its shard.
 # cJSON: used from .deps/cjson when present (scripts/fetch_cjson.sh, for machines without a registry).
 # Logs go to $GPU_LOG_DIR (default build-gpu/logs).
 # GPU_TEST_BUILD=0: no configure or build — the sanitizer and run parts use the binaries already in build-gpu
@@ -36,6 +39,15 @@ jobs=${GPU_TEST_JOBS:-$(nproc)} # compute-sanitizer processes at a time
 [ -n "${GPU_TEST_JOBS:-}" ] || [ "$jobs" -le 12 ] || jobs=12
 [[ ${GATHER_SHARDS:-4} =~ ^([1-9]|[1-5][0-9]|6[0-4])$ ]] ||
   { echo "gpu_test: GATHER_SHARDS='${GATHER_SHARDS}' is not a whole number from 1 to 64" >&2; exit 2; }
+shard=${GPU_TEST_SHARD:-0/1}
+if [[ $shard =~ ^([0-9]{1,2})/([0-9]{1,2})$ ]] && [ "${BASH_REMATCH[2]}" -ge 1 ] && [ "${BASH_REMATCH[2]}" -le 64 ] &&
+   [ "${BASH_REMATCH[1]}" -lt "${BASH_REMATCH[2]}" ]; then
+  shard_i=$((10#${BASH_REMATCH[1]})) shard_n=$((10#${BASH_REMATCH[2]}))
+else
+  echo "gpu_test: GPU_TEST_SHARD='$shard' is not i/n with whole numbers 0 ≤ i < n ≤ 64 (e.g. 0/2, then 1/2)" >&2; exit 2
+fi
+shard_note="" # what each PASS line says of the shard
+[ "$shard_n" -gt 1 ] && shard_note="shard $shard_i/$shard_n: "
 source scripts/deps_env.sh # cJSON from .deps/cjson when present; the CUDA toolkit on PATH
 logs=${GPU_LOG_DIR:-build-gpu/logs}
 mkdir -p "$logs"
@@ -73,7 +85,10 @@ if ! ./build-gpu/qmm kernels --backend cuda >"$logs/device.log" 2>&1; then
   no_device=${no_device:-"the CUDA backend is not usable here (log: $logs/device.log)"}
 fi
 if wanted ctest; then
-  step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli'
+  ctest_shard=()
+  [ "$shard_n" -gt 1 ] && ctest_shard=(-I "$((shard_i + 1)),,$shard_n")
+  step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli' "${ctest_shard[@]}"
+  [ "$shard_n" -gt 1 ] && summary[${#summary[@]} - 1]+=" ($shard_note${ctest_shard[*]})"
 else
   summary+=("SKIPPED  ctest: not asked for")
 fi
@@ -113,7 +128,6 @@ else
       slow="batch_invariant wgmma_cluster_splits wgmma_switch tile_split_k wgmma_last_wave selector gather m16n64_chunks
         gemv_staged_x"
       gather_shards=${GATHER_SHARDS:-4}
-      for tool in $tools; do rm -f "$logs"/sanitizer-$tool-*; done # an earlier run's logs are not this run's
       for tool in racecheck memcheck; do
         [[ " $tools " == *" $tool "* ]] || continue
         for s in $slow; do
@@ -130,6 +144,12 @@ else
         for s in $sections; do grep -qw -- "$s" <<<"$slow" || echo "$tool section $s" >>"$jobs_file"; done
         for r in $rows; do [[ $r == cuda.gather.* ]] || echo "$tool row $r" >>"$jobs_file"; done
       done
+      if [ "$shard_n" -gt 1 ]; then # GPU_TEST_SHARD: the runs i, i + n, … of the list
+        mv "$jobs_file" "$jobs_file.all"
+        awk -v i="$shard_i" -v n="$shard_n" '(NR - 1) % n == i' "$jobs_file.all" >"$jobs_file"
+      fi
+      # an earlier run's logs of these runs are not this run's (another shard's stay)
+      while read -r t kind name; do rm -f "$logs/sanitizer-$t-$kind-$name.log" "$logs/sanitizer-$t-$kind-$name.log.rc"; done <"$jobs_file"
       sanitize() { # sanitize TOOL row|section|gather_shard NAME: one run, its log and exit status under $logs
         local log="$logs/sanitizer-$1-$2-$3.log"
         if [ "$2" = row ]; then
@@ -172,7 +192,9 @@ else
         else
           shards=""
           grep -qx gather <<<"$sections" && [ "$gather_shards" -gt 1 ] && shards=" (gather in $gather_shards shards)"
-          summary+=("PASS     compute-sanitizer $tool ($runs runs: $(echo $sections | wc -w) test_cuda sections$shards, $(echo $rows | wc -w) harness rows)")
+          count="$runs runs"
+          [ "$shard_n" -gt 1 ] && count="$shard_note$runs of $(grep -c "^$tool " "$jobs_file.all") runs"
+          summary+=("PASS     compute-sanitizer $tool ($count: $(echo $sections | wc -w) test_cuda sections$shards, $(echo $rows | wc -w) harness rows)")
         fi
       done
     fi
