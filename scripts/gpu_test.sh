@@ -16,7 +16,8 @@
 # (the parts left out are reported SKIPPED).
 # GPU_TEST_SHARD=i/n (0 ≤ i < n ≤ 64; default 0/1, the whole): the ctest part runs CTest's tests i+1, i+1+n, … (by
 # number: `ctest -I i+1,,n`) and each sanitizer part the runs i, i+n, … of its job list — shards 0 … n−1, one per
-# sitting (a machine lent in calls of 10 minutes), cover the part whole; each PASS line names its shard.
+# sitting (a machine lent in calls of 10 minutes), cover those parts whole (the run part is one run: whole in every
+# shard); their summary lines name the shard, and a shard with nothing of a part to run reports it SKIPPED.
 # cJSON: used from .deps/cjson when present (scripts/fetch_cjson.sh, for machines without a registry).
 # Logs go to $GPU_LOG_DIR (default build-gpu/logs).
 # GPU_TEST_BUILD=0: no configure or build — the sanitizer and run parts use the binaries already in build-gpu
@@ -87,8 +88,13 @@ fi
 if wanted ctest; then
   ctest_shard=()
   [ "$shard_n" -gt 1 ] && ctest_shard=(-I "$((shard_i + 1)),,$shard_n")
-  step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli' "${ctest_shard[@]}"
-  [ "$shard_n" -gt 1 ] && summary[${#summary[@]} - 1]+=" ($shard_note${ctest_shard[*]})"
+  registered=$(ctest --test-dir build-gpu -N 2>/dev/null | sed -n 's/^Total Tests: //p')
+  if [ "$shard_n" -gt 1 ] && [ "${registered:-0}" -le "$shard_i" ]; then # CTest ignores an -I past its last test
+    summary+=("SKIPPED  ctest: ${shard_note}CTest has ${registered:-no} tests, none numbered $((shard_i + 1)) or more")
+  else
+    step ctest ctest --test-dir build-gpu -V -j 4 -L 'unit|kernels|gpu|cli' ${ctest_shard[@]+"${ctest_shard[@]}"}
+    [ "$shard_n" -gt 1 ] && summary[${#summary[@]} - 1]+=" ($shard_note${ctest_shard[*]})"
+  fi
 else
   summary+=("SKIPPED  ctest: not asked for")
 fi
@@ -165,7 +171,7 @@ else
       }
       export -f sanitize
       export logs
-      xargs -P "$jobs" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
+      xargs -r -P "$jobs" -L 1 bash -c 'sanitize "$@"' _ <"$jobs_file"
       xargs_status=$?
       skip_pattern="Device not supported|error 999|Unable to (initialize|open)|not supported on this (device|platform)"
       for tool in $tools; do
@@ -182,13 +188,15 @@ else
             failed+=("$(basename "$log" .log)")
           fi
         done <"$jobs_file"
-        if [ ${#refused[@]} -gt 0 ] && [ ${#refused[@]} -eq $runs ]; then # the tool refused this machine: every run
+        if [ $runs -eq 0 ]; then # GPU_TEST_SHARD: none of this tool's runs in this shard
+          summary+=("SKIPPED  compute-sanitizer $tool: ${shard_note}none of its $(grep -c "^$tool " "$jobs_file.all") runs")
+        elif [ ${#refused[@]} -gt 0 ] && [ ${#refused[@]} -eq $runs ]; then # the tool refused this machine: every run
           summary+=("SKIPPED  compute-sanitizer $tool: $(grep -hm1 -E "$skip_pattern" "$logs/${refused[0]}.log" | sed -n 1p)")
         elif [ ${#failed[@]} -gt 0 ] || [ ${#refused[@]} -gt 0 ] || [ $xargs_status -ne 0 ]; then
           what="${failed[*]:-}"
           [ ${#refused[@]} -gt 0 ] && what+=" (refused by the tool, where other runs were not: ${refused[*]})"
           [ $xargs_status -ne 0 ] && what+=" (xargs exited with status $xargs_status)"
-          summary+=("FAIL     compute-sanitizer $tool: ${what# } (logs: $logs/sanitizer-$tool-*.log)"); fail=1
+          summary+=("FAIL     compute-sanitizer $tool: $shard_note${what# } (logs: $logs/sanitizer-$tool-*.log)"); fail=1
         else
           shards=""
           grep -qx gather <<<"$sections" && [ "$gather_shards" -gt 1 ] && shards=" (gather in $gather_shards shards)"

@@ -807,9 +807,9 @@ static bool mixed_splits(const qmm_call *call) {
  * the device's SMs and K ≥ QMM_GEMV_LONG_K. Every block then has an SM to itself whichever height it has, and over a
  * long K the busiest SM's 48 rows cost more than the taller block saves: on 4096×12288 (128 blocks of 32 rows, 86 of
  * 48) m16n32 took 0.84–0.97× m16n48's time at M = 9–16 on the H200 and the H100, m8n32 0.89–1.01× m8n48's at M ≤ 8
- * on the H200 (0.96–1.03 on the H100); on 4096² the 48-row blocks stay ahead (m8n48 0.85–0.96× m8n32's time, m16n48
- * 0.93–1.04× m16n32's) — fiftieth session, docs/PERF.md. The bound on K lies between the two measured Ks (4096,
- * 12288); none between them was measured. */
+ * on the H200 (0.96–1.04 on the H100); on 4096² m8n48 stays ahead (0.85–0.96× m8n32's time) and m16n48 level
+ * (0.93–1.04× m16n32's) — fiftieth session, docs/PERF.md. The bound on K lies between the two measured Ks (4096,
+ * 12288); none between them was measured. Without the device's SM count the row is kept (the rule before it). */
 #define QMM_GEMV_LONG_K 8192
 static bool short_k_or_many_rows(const qmm_call *call) {
     const cuda_state *s = call->backend_state;

@@ -407,7 +407,7 @@ static void test_wgmma_switch(qmm_context *context, check_rng *rng) {
                 * against 132), 6352 (133 against 100: m16n64's box at M 9–16 now starts where this rule stops) or
                 * 14336 (299 against 224): m16n64; not past M = 16; nor (short_k_or_many_rows) where blocks of 32 rows
                 * fit one wave of 132 SMs (N ≤ 4224) and K ≥ 8192: 4096×12288 and 4224×8192 go to m16n32, 4096×8128
-                * and 4225×8192 (133 blocks of 32) stay */
+                * and 4225×8192 (133 blocks of 32) stay (on 132 SMs, as every case here that counts blocks per SM) */
                {9, 4096, 12288, m16n48, false, m16n32},  {16, 4224, 8192, m16n48, false, m16n32},
                {16, 4096, 8128, m16n48, true, NULL},     {12, 4225, 8192, m16n48, true, NULL},
                {16, 5120, 2496, m16n48, true, NULL},     {9, 4096, 2304, m16n48, true, NULL},
