@@ -188,8 +188,10 @@ else
             failed+=("$(basename "$log" .log)")
           fi
         done <"$jobs_file"
+        count="$runs runs" # what the PASS line says of them
+        [ "$shard_n" -gt 1 ] && count="$shard_note$runs of $(grep -c "^$tool " "$jobs_file.all") runs"
         if [ $runs -eq 0 ]; then # GPU_TEST_SHARD: none of this tool's runs in this shard
-          summary+=("SKIPPED  compute-sanitizer $tool: ${shard_note}none of its $(grep -c "^$tool " "$jobs_file.all") runs")
+          summary+=("SKIPPED  compute-sanitizer $tool: $count")
         elif [ ${#refused[@]} -gt 0 ] && [ ${#refused[@]} -eq $runs ]; then # the tool refused this machine: every run
           summary+=("SKIPPED  compute-sanitizer $tool: $(grep -hm1 -E "$skip_pattern" "$logs/${refused[0]}.log" | sed -n 1p)")
         elif [ ${#failed[@]} -gt 0 ] || [ ${#refused[@]} -gt 0 ] || [ $xargs_status -ne 0 ]; then
@@ -200,8 +202,6 @@ else
         else
           shards=""
           grep -qx gather <<<"$sections" && [ "$gather_shards" -gt 1 ] && shards=" (gather in $gather_shards shards)"
-          count="$runs runs"
-          [ "$shard_n" -gt 1 ] && count="$shard_note$runs of $(grep -c "^$tool " "$jobs_file.all") runs"
           summary+=("PASS     compute-sanitizer $tool ($count: $(echo $sections | wc -w) test_cuda sections$shards, $(echo $rows | wc -w) harness rows)")
         fi
       done

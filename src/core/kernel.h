@@ -103,7 +103,8 @@ typedef struct qmm_kernel {
      * (the CUDA m8n48 GEMV against m8n64 on the H200's 132 SMs). prefer (NULL = no such rule): a row's own rule where
      * the numbers above cannot say it, asked after them — false passes the row over (the CUDA m8n64_48 and
      * m16n64_48 GEMVs: only where their launcher would cut some 64-row blocks to 48 rows, a rule of the device's SM
-     * count that the kernel itself applies). Never a capability: a forced or tuned row still runs. Must not fail. */
+     * count that the kernel itself applies; m8n48 and m16n48: not where 32-row blocks fit one wave of the device's
+     * SMs with a long K). Never a capability: a forced or tuned row still runs. Must not fail. */
     size_t prefer_min_m;
     size_t prefer_max_m;
     size_t prefer_min_n;

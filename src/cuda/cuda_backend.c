@@ -798,10 +798,13 @@ static qmm_status mma_m8n64_48_run(const qmm_call *call) { return mixed_run(call
 /* The mixed tiles' selector rule (qmm_kernel.prefer): only where their launcher cuts some 64-row blocks to 48 rows
  * (kernels.cu mixed_blocks, on the device's SM count) — elsewhere every block is 64 rows, m8n64's / m16n64's launch,
  * and the table's next rows decide (m16n64 is passed over past N = 19200 at M ≤ 16 for m16n32). */
-static bool mixed_splits(const qmm_call *call) {
+/* The device's SM count for the rows' own selector rules below (0: unknown). */
+static int device_sms(const qmm_call *call) {
     const cuda_state *s = call->backend_state;
-    return s && qmm_cuda_mixed_splits(call->N, s->multiprocessors);
+    return s ? s->multiprocessors : 0;
 }
+
+static bool mixed_splits(const qmm_call *call) { return qmm_cuda_mixed_splits(call->N, device_sms(call)); }
 
 /* m8n48's and m16n48's own rule (qmm_kernel.prefer), after their fill rule: not where blocks of 32 rows fit one wave on
  * the device's SMs and K ≥ QMM_GEMV_LONG_K. Every block then has an SM to itself whichever height it has, and over a
@@ -812,9 +815,8 @@ static bool mixed_splits(const qmm_call *call) {
  * 12288); none between them was measured. Without the device's SM count the row is kept (the rule before it). */
 #define QMM_GEMV_LONG_K 8192
 static bool short_k_or_many_rows(const qmm_call *call) {
-    const cuda_state *s = call->backend_state;
-    if (!s || s->multiprocessors <= 0) return true;
-    return call->K < QMM_GEMV_LONG_K || (call->N + 31) / 32 > (size_t)s->multiprocessors;
+    const int sms = device_sms(call);
+    return sms <= 0 || call->K < QMM_GEMV_LONG_K || (call->N + 31) / 32 > (size_t)sms;
 }
 
 /* m16n64_48: the 16-token tile in blocks of 64 and 48 rows (m16n64's and m16n48's bodies, mixed_blocks' counts), M ≤ 16
