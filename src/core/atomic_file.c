@@ -8,6 +8,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,49 @@ static void temp_suffix(char *out) {
         out[i] = alphabet[x % 62];
 }
 
+/* The temporary files (and outputs noted as not yet whole) and the created directory in progress, for
+ * qmm_atomic_remove_all (a signal handler's call):
+ * fixed slots of paths and lock-free states, since a handler may neither allocate nor lock. A slot is claimed
+ * (CLAIMED) by a compare-and-swap, filled, then published (ACTIVE); the handler removes only ACTIVE ones. A path too
+ * long for a slot, or a ninth file, is not registered (its removal on a signal is then best effort: none). */
+enum { SLOT_FREE, SLOT_CLAIMED, SLOT_ACTIVE };
+#define QMM_ATOMIC_SLOTS 8
+static char slot_path[QMM_ATOMIC_SLOTS + 1][PATH_MAX]; /* the last slot: the created directory */
+static _Atomic int slot_state[QMM_ATOMIC_SLOTS + 1];
+
+static int slot_claim(const char *path, int first, int last) {
+    const size_t length = strlen(path);
+    if (length >= PATH_MAX) return -1;
+    for (int i = first; i <= last; i++) {
+        int expected = SLOT_FREE;
+        if (atomic_compare_exchange_strong(&slot_state[i], &expected, SLOT_CLAIMED)) {
+            memcpy(slot_path[i], path, length + 1);
+            atomic_store(&slot_state[i], SLOT_ACTIVE);
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void slot_release(int *slot) {
+    if (*slot >= 0) atomic_store(&slot_state[*slot], SLOT_FREE);
+    *slot = -1;
+}
+
+void qmm_atomic_remove_all(void) {
+    for (int i = 0; i <= QMM_ATOMIC_SLOTS; i++) {
+        if (atomic_load(&slot_state[i]) != SLOT_ACTIVE) continue;
+        if (i < QMM_ATOMIC_SLOTS) unlink(slot_path[i]);
+        else rmdir(slot_path[i]); /* empty once the files are gone, unless something else is in it */
+    }
+}
+
+int qmm_atomic_note_created_dir(const char *dir) { return slot_claim(dir, QMM_ATOMIC_SLOTS, QMM_ATOMIC_SLOTS); }
+
+int qmm_atomic_note_output(const char *path) { return slot_claim(path, 0, QMM_ATOMIC_SLOTS - 1); }
+
+void qmm_atomic_forget(int note) { slot_release(&note); }
+
 const char *qmm_file_kind(unsigned mode) {
     if (S_ISDIR(mode)) return "a directory";
     if (S_ISLNK(mode)) return "a symbolic link";
@@ -46,6 +91,7 @@ qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
     file->fd = -1;
     file->path = path;
     file->temp_path = NULL;
+    file->slot = -1;
     /* The rename replaces whatever the destination is. A regular file or a symbolic link (the link itself, as the
      * checkpoint writer's --force has always done; its target is not written) may be replaced; a directory, a device
      * node (as root, /dev/full would become a file), a FIFO or a socket is refused. */
@@ -72,6 +118,7 @@ qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
         file->temp_path = NULL;
         return qmm_error(QMM_ERR_IO, "cannot create a temporary file beside \"%s\": %s", path, strerror(err));
     }
+    file->slot = slot_claim(file->temp_path, 0, QMM_ATOMIC_SLOTS - 1);
     return QMM_OK;
 }
 
@@ -103,10 +150,12 @@ qmm_status qmm_atomic_rename(qmm_atomic_file *file) {
     if (rename(file->temp_path, file->path) != 0) {
         int err = errno;
         unlink(file->temp_path);
+        slot_release(&file->slot);
         free(file->temp_path);
         file->temp_path = NULL;
         return qmm_error(QMM_ERR_IO, "cannot rename the temporary file onto \"%s\": %s", file->path, strerror(err));
     }
+    slot_release(&file->slot);
     free(file->temp_path);
     file->temp_path = NULL;
     return QMM_OK;
@@ -117,6 +166,7 @@ void qmm_atomic_abort(qmm_atomic_file *file) {
     file->fd = -1;
     if (file->temp_path) {
         unlink(file->temp_path);
+        slot_release(&file->slot);
         free(file->temp_path);
         file->temp_path = NULL;
     }

@@ -151,6 +151,7 @@ typedef struct qmm_atomic_file {
     int fd;
     char *temp_path;
     const char *path;
+    int slot; /* its entry for qmm_atomic_remove_all, or -1 */
 } qmm_atomic_file;
 
 /* What a directory entry of this st_mode is, for a message: "a directory", "a symbolic link", "a character
@@ -167,5 +168,17 @@ qmm_status qmm_atomic_finish(qmm_atomic_file *file);
 qmm_status qmm_atomic_rename(qmm_atomic_file *file);
 /* Closes and removes the temporary file if it still exists; frees the state. Safe to call twice. */
 void qmm_atomic_abort(qmm_atomic_file *file);
+/* Removes every temporary file begun and not yet renamed or aborted, and the directory a writer noted it created
+ * (qmm_atomic_note_created_dir) if it is empty then — for a CLI's SIGINT/SIGTERM handler: async-signal-safe (unlink,
+ * rmdir and lock-free atomics only). Up to 8 files at a time; paths of PATH_MAX bytes or more are not tracked. */
+void qmm_atomic_remove_all(void);
+/* A directory the caller has just created for the files it will write (one at a time): removed by
+ * qmm_atomic_remove_all once empty; returns a note for qmm_atomic_forget (-1: not tracked). */
+int qmm_atomic_note_created_dir(const char *dir);
+/* An output already renamed into place (or about to be) that is not whole without another still to come (a
+ * checkpoint's weights before its config.json): removed by qmm_atomic_remove_all until forgotten; a note or -1. */
+int qmm_atomic_note_output(const char *path);
+/* The noted directory or output is finished with: no longer removed on a signal (-1: nothing). */
+void qmm_atomic_forget(int note);
 
 #endif /* QMM_INTERNAL_H */

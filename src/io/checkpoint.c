@@ -1318,7 +1318,8 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     char **names = NULL;
     char *config_text = NULL, *model_path = NULL, *config_path = NULL;
     bool created_dir = false, model_renamed = false;
-    qmm_atomic_file model_file = {-1, NULL, NULL}, config_file = {-1, NULL, NULL};
+    int dir_note = -1, model_note = -1; /* entries for a signal's cleanup (qmm_atomic_remove_all) */
+    qmm_atomic_file model_file = {-1, NULL, NULL, -1}, config_file = {-1, NULL, NULL, -1};
     kept_file old_model = {NULL, false};
     char printable[QMM_PRINTABLE_SIZE];
 
@@ -1392,6 +1393,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
         }
     } else if (mkdir(dir, 0777) == 0) {
         created_dir = true;
+        dir_note = qmm_atomic_note_created_dir(dir);
     } else {
         status = qmm_error(QMM_ERR_IO, "cannot create directory \"%s\": %s", dir, strerror(errno));
         goto cleanup;
@@ -1416,10 +1418,15 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
      * model.safetensors must be kept aside to go back beside it: never leave a config.json with weights
      * that are not its own, nor weights without a config. */
     if ((status = keep_existing(model_path, &old_model)) != QMM_OK) goto cleanup;
+    /* A signal between the two renames (the CLI's handler, qmm_atomic_remove_all) removes the new weights too, where
+     * no old ones were kept aside: no weights without their config.json (the old weights kept aside under a
+     * temporary name are not restored by a signal: a window of two renames, not covered) */
+    if (!old_model.path) model_note = qmm_atomic_note_output(model_path);
     if ((status = qmm_atomic_rename(&model_file)) != QMM_OK) goto cleanup;
     model_renamed = true;
     status = qmm_atomic_rename(&config_file);
 cleanup:
+    qmm_atomic_forget(model_note);
     if (old_model.path)
         status = release_kept(model_path, &old_model, model_renamed, status);
     else if (status != QMM_OK && model_renamed)
@@ -1427,6 +1434,7 @@ cleanup:
     qmm_atomic_abort(&model_file);
     qmm_atomic_abort(&config_file);
     if (status != QMM_OK && created_dir) rmdir(dir);
+    qmm_atomic_forget(dir_note);
     for (size_t i = 0; i < name_count; i++)
         free(names[i]);
     free(names);

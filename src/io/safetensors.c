@@ -288,6 +288,40 @@ bool qmm_io_json_find_nul(const char *json, size_t size, size_t *string_start, s
     return false;
 }
 
+/* The first number in a JSON text, outside its strings, that is not written as an unsigned integer — a sign, a
+ * fraction or an exponent ("6.4e1", "0.0", "-0") — or false. A safetensors header's only numbers are shapes and
+ * data_offsets, which the format's reference implementation reads as unsigned integers (Rust usize through serde_json,
+ * which refuses 6.4e1 though its value is 64); cJSON keeps only the value, so the text is read here. */
+static bool json_find_non_integer(const char *json, size_t size, size_t *number_start, size_t *number_end) {
+    bool in_string = false;
+    for (size_t i = 0; i < size; i++) {
+        const char c = json[i];
+        if (in_string) {
+            if (c == '\\') i++; /* the escaped character */
+            else if (c == '"') in_string = false;
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t end = i;
+            bool integer = c != '-';
+            while (end < size && (json[end] == '-' || json[end] == '+' || json[end] == '.' || json[end] == 'e' ||
+                                  json[end] == 'E' || (json[end] >= '0' && json[end] <= '9'))) {
+                if (json[end] < '0' || json[end] > '9') integer = false;
+                end++;
+            }
+            if (!integer) {
+                *number_start = i;
+                *number_end = end;
+                return true;
+            }
+            i = end - 1;
+        }
+    }
+    return false;
+}
+
 qmm_status qmm_io_parse_json(const char *what, const char *json, size_t size, cJSON **root) {
     *root = NULL;
     size_t length;
@@ -680,7 +714,18 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
     }
     if ((status = qmm_io_check_spans(spans, file->count, "safetensors tensors")) != QMM_OK) goto cleanup;
     if ((status = check_tiling(file)) != QMM_OK) goto cleanup;
-    status = qmm_io_sort_unique(file->by_name, file->count, QMM_ERR_CORRUPT, "safetensors tensor name");
+    if ((status = qmm_io_sort_unique(file->by_name, file->count, QMM_ERR_CORRUPT, "safetensors tensor name")) != QMM_OK)
+        goto cleanup;
+    /* Last, where every value has passed (2.5, -2, 1e300 are refused above, naming their field): a whole number
+     * written with a fraction or an exponent */
+    size_t number_start, number_end;
+    if (json_find_non_integer((const char *)bytes + 8, length, &number_start, &number_end))
+        status = qmm_error(QMM_ERR_CORRUPT,
+                           "safetensors header: the number %s at byte %zu is not written as an unsigned integer; "
+                           "shapes and data_offsets must be digits only",
+                           qmm_printable((const char *)bytes + 8 + number_start, number_end - number_start, printable,
+                                         sizeof printable),
+                           number_start);
 cleanup:
     free(spans);
     cJSON_Delete(root);

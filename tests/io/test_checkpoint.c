@@ -797,6 +797,68 @@ static void test_experts(const char *root) {
     check_qmatrix_free(&plain);
 }
 
+static bool path_exists(const char *path) {
+    struct stat info;
+    return lstat(path, &info) == 0;
+}
+
+/* What a SIGINT/SIGTERM handler removes (qmm_atomic_remove_all, the CLI's clean_up_on_signals): the temporary files
+ * begun and neither renamed nor aborted, and the directory noted as created once it is empty — not a finished file,
+ * not a directory no longer noted, not a file already aborted or renamed (its slot is free again). */
+static void test_signal_cleanup(const char *root) {
+    char dir[4096], model[4200], config[4200], kept[4200];
+    snprintf(dir, sizeof dir, "%s/signal-out", root);
+    snprintf(model, sizeof model, "%s/model.safetensors", dir);
+    snprintf(config, sizeof config, "%s/config.json", dir);
+    snprintf(kept, sizeof kept, "%s/kept.bin", root);
+    /* a finished file beside them: renamed into place before the signal */
+    qmm_atomic_file done = {-1, NULL, NULL, -1};
+    CHECK_OK(qmm_atomic_begin(&done, kept));
+    CHECK_OK(qmm_atomic_write(&done, "kept", 4));
+    CHECK_OK(qmm_atomic_finish(&done));
+    CHECK_OK(qmm_atomic_rename(&done));
+    /* an aborted one: its slot freed */
+    qmm_atomic_file aborted = {-1, NULL, NULL, -1};
+    CHECK_OK(qmm_atomic_begin(&aborted, kept));
+    qmm_atomic_abort(&aborted);
+    CHECK(mkdir(dir, 0777) == 0, "mkdir %s", dir);
+    const int note = qmm_atomic_note_created_dir(dir);
+    CHECK(note >= 0, "the created directory was not noted");
+    qmm_atomic_file a = {-1, NULL, NULL, -1}, b = {-1, NULL, NULL, -1};
+    CHECK_OK(qmm_atomic_begin(&a, model));
+    CHECK_OK(qmm_atomic_begin(&b, config));
+    CHECK_OK(qmm_atomic_write(&a, "partial", 7));
+    CHECK(a.temp_path && b.temp_path && path_exists(a.temp_path) && path_exists(b.temp_path), "temporary files missing");
+    qmm_atomic_remove_all(); /* as the handler would, mid-write */
+    CHECK(a.temp_path && !path_exists(a.temp_path), "%s left behind", a.temp_path ? a.temp_path : "(null)");
+    CHECK(b.temp_path && !path_exists(b.temp_path), "%s left behind", b.temp_path ? b.temp_path : "(null)");
+    CHECK(!path_exists(dir), "the created directory %s left behind", dir);
+    CHECK(path_exists(kept), "the finished file %s was removed", kept);
+    qmm_atomic_abort(&a); /* after a removal: harmless */
+    qmm_atomic_abort(&b);
+    qmm_atomic_forget(note);
+    /* a directory no longer noted: not removed */
+    CHECK(mkdir(dir, 0777) == 0, "mkdir %s again", dir);
+    qmm_atomic_remove_all();
+    CHECK(path_exists(dir), "a directory no longer noted was removed");
+    /* an output noted as not yet whole is removed; once forgotten, it stays */
+    FILE *f = fopen(model, "w");
+    CHECK(f != NULL, "cannot create %s", model);
+    if (f) fclose(f);
+    int output = qmm_atomic_note_output(model);
+    CHECK(output >= 0, "the output was not noted");
+    qmm_atomic_remove_all();
+    CHECK(!path_exists(model), "a noted output was left behind");
+    qmm_atomic_forget(output);
+    f = fopen(model, "w");
+    if (f) fclose(f);
+    qmm_atomic_remove_all();
+    CHECK(path_exists(model), "a forgotten output was removed");
+    unlink(model);
+    rmdir(dir);
+    unlink(kept);
+}
+
 int main(void) {
     char *root = io_temp_dir("checkpoint");
     CHECK(root != NULL, "mkdtemp failed");
@@ -809,6 +871,7 @@ int main(void) {
         test_write_failures(root);
         test_replace_existing(root);
         test_experts(root);
+        test_signal_cleanup(root);
         io_remove_tree(root);
         free(root);
     }

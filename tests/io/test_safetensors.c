@@ -214,6 +214,13 @@ static void test_bad_headers(void) {
          "\"a\\u0000y.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
          8, QMM_ERR_CORRUPT, "the string at byte 1, \"a\\\\u0000x.weight\", holds a NUL byte"},
         {"{\"__metadata__\":{\"k\":\"v\\u0000w\"}}", 0, QMM_ERR_CORRUPT, "holds a NUL byte"},
+        /* whole numbers written with a fraction or an exponent (the reference implementation reads usize): refused,
+         * the number and its byte offset named */
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2e0],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT,
+         "the number 2e0 at byte 29 is not written as an unsigned integer"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0.0,8]}}", 8, QMM_ERR_CORRUPT, "0.0"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-0,8]}}", 8, QMM_ERR_CORRUPT, "-0"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8E0]}}", 8, QMM_ERR_CORRUPT, "8E0"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
          "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[2,2]}}",
          4, QMM_ERR_CORRUPT, "not adjacent"},
@@ -231,6 +238,18 @@ static void test_bad_headers(void) {
               cases[i].needle);
         CHECK(file == NULL, "case %zu: handle not NULL after failure", i);
         if (getenv("QMM_TEST_VERBOSE")) printf("case %zu: %s\n", i, qmm_last_error());
+        io_buf_free(&image);
+    }
+    /* Numbers inside strings are text: a name and metadata with fractions, exponents and signs open. */
+    {
+        io_buf image = io_safetensors_image("{\"__metadata__\":{\"lr\":\"-1.5e-3\"},\"w-2.5e1\\\"0.5\":{\"dtype\":"
+                                            "\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                                            data, 8);
+        qmm_safetensors *file = NULL;
+        qmm_tensor tensor;
+        CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
+        CHECK(file && qmm_safetensors_find(file, "w-2.5e1\"0.5", &tensor) == QMM_OK, "name with numbers: not found");
+        qmm_safetensors_close(file);
         io_buf_free(&image);
     }
     /* An escaped backslash followed by "u0000" is no NUL: the name is a\u0000 with a real backslash. */

@@ -911,6 +911,11 @@ int check_outdir(const command *c, const char *dir, int force) {
         if (access(path, W_OK | X_OK) != 0)
             return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' cannot be created in '%s': %s", dir, path,
                                               strerror(errno)));
+        /* access() can say yes where mkdir() says no (root in /sys or /proc, a read-only mount): tried once now,
+         * and removed — the writer creates it again at the end */
+        if (mkdir(dir, 0777) != 0)
+            return library_error(c, qmm_error(QMM_ERR_IO, "OUTDIR '%s' cannot be created: %s", dir, strerror(errno)));
+        rmdir(dir);
         return 0;
     }
     if (!S_ISDIR(info.st_mode))
@@ -987,7 +992,7 @@ int check_output_file(const command *c, const char *option, const char *path) {
                                           strerror(errno)));
     /* access() says yes to root everywhere, and a file system may still refuse a new file (/proc): create the
      * temporary file the write will use, then remove it, so that a long run is not lost at its end. */
-    qmm_atomic_file probe = {-1, NULL, NULL};
+    qmm_atomic_file probe = {-1, NULL, NULL, -1};
     qmm_status probed = qmm_atomic_begin(&probe, path);
     qmm_atomic_abort(&probe);
     if (probed != QMM_OK)
@@ -997,7 +1002,7 @@ int check_output_file(const command *c, const char *option, const char *path) {
 }
 
 qmm_status write_output_file(const char *option, const char *path, const void *bytes, size_t size) {
-    qmm_atomic_file file = {-1, NULL, NULL};
+    qmm_atomic_file file = {-1, NULL, NULL, -1};
     int refused = 0;
     qmm_status status = qmm_atomic_begin(&file, path);
     if (status == QMM_OK) status = qmm_atomic_write(&file, bytes, size);

@@ -11,6 +11,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -232,6 +233,27 @@ static int stdout_checked(const char *name, int rc) {
     return rc == QMM_EXIT_OK ? QMM_EXIT_ERROR : rc;
 }
 
+/* A signal that ends qmm (Ctrl-C, kill, a closed terminal) first removes what a writer has half done — its temporary
+ * files and an OUTDIR it created (qmm_atomic_remove_all: async-signal-safe) — then ends the process by the same
+ * signal, as if there were no handler (SA_RESETHAND). A signal the caller ignores stays ignored. */
+static void remove_unfinished_outputs(int sig) {
+    qmm_atomic_remove_all();
+    raise(sig);
+}
+
+static void clean_up_on_signals(void) {
+    static const int signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) {
+        struct sigaction action, old;
+        if (sigaction(signals[i], NULL, &old) != 0 || old.sa_handler == SIG_IGN) continue;
+        memset(&action, 0, sizeof action);
+        action.sa_handler = remove_unfinished_outputs;
+        action.sa_flags = SA_RESETHAND;
+        sigemptyset(&action.sa_mask);
+        sigaction(signals[i], &action, NULL);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { /* a usage error like any other (its line first), then the commands */
         fprintf(stderr, "qmm: usage error: no command given\n\n");
@@ -252,6 +274,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\nTry 'qmm help'.\n");
         return QMM_EXIT_USAGE;
     }
+    clean_up_on_signals();
     int rc = c->run(c, argc - 2, argv + 2);
     return stdout_checked(c->name, rc == QMM_HELP_SHOWN ? QMM_EXIT_OK : rc);
 }
