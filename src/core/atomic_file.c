@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,8 +36,7 @@ static void temp_suffix(char *out) {
         out[i] = alphabet[x % 62];
 }
 
-/* The temporary files (and outputs noted as not yet whole) and the created directory in progress, for
- * qmm_atomic_remove_all (a signal handler's call):
+/* The temporary files and the created directory in progress, for qmm_atomic_remove_all (a signal handler's call):
  * fixed slots of paths and lock-free states, since a handler may neither allocate nor lock. A slot is claimed
  * (CLAIMED) by a compare-and-swap, filled, then published (ACTIVE); the handler removes only ACTIVE ones. A path too
  * long for a slot, or a ninth file, is not registered (its removal on a signal is then best effort: none). */
@@ -73,9 +74,19 @@ void qmm_atomic_remove_all(void) {
 
 int qmm_atomic_note_created_dir(const char *dir) { return slot_claim(dir, QMM_ATOMIC_SLOTS, QMM_ATOMIC_SLOTS); }
 
-int qmm_atomic_note_output(const char *path) { return slot_claim(path, 0, QMM_ATOMIC_SLOTS - 1); }
-
 void qmm_atomic_forget(int note) { slot_release(&note); }
+
+void qmm_atomic_block_signals(sigset_t *old) {
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGQUIT);
+    pthread_sigmask(SIG_BLOCK, &block, old);
+}
+
+void qmm_atomic_restore_signals(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
 
 const char *qmm_file_kind(unsigned mode) {
     if (S_ISDIR(mode)) return "a directory";
@@ -108,17 +119,20 @@ qmm_status qmm_atomic_begin(qmm_atomic_file *file, const char *path) {
     /* Not mkstemp: it creates the file 0600. A checkpoint is an ordinary file, created 0666 and
      * narrowed by the caller's umask like any other (never chmod'ed to a fixed mode). */
     int err = EEXIST;
+    sigset_t signals; /* no signal between the file's creation and its registration (qmm_atomic_remove_all) */
+    qmm_atomic_block_signals(&signals);
     for (int attempt = 0; attempt < 100 && file->fd < 0 && err == EEXIST; attempt++) {
         temp_suffix(file->temp_path + length + sizeof suffix - 7);
         file->fd = open(file->temp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (file->fd < 0) err = errno;
     }
+    if (file->fd >= 0) file->slot = slot_claim(file->temp_path, 0, QMM_ATOMIC_SLOTS - 1);
+    qmm_atomic_restore_signals(&signals);
     if (file->fd < 0) {
         free(file->temp_path);
         file->temp_path = NULL;
         return qmm_error(QMM_ERR_IO, "cannot create a temporary file beside \"%s\": %s", path, strerror(err));
     }
-    file->slot = slot_claim(file->temp_path, 0, QMM_ATOMIC_SLOTS - 1);
     return QMM_OK;
 }
 

@@ -11,6 +11,7 @@
 
 #include "qmm.h"
 
+#include <signal.h> /* sigset_t (qmm_atomic_block_signals) */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -175,10 +176,13 @@ void qmm_atomic_remove_all(void);
 /* A directory the caller has just created for the files it will write (one at a time): removed by
  * qmm_atomic_remove_all once empty; returns a note for qmm_atomic_forget (-1: not tracked). */
 int qmm_atomic_note_created_dir(const char *dir);
-/* An output already renamed into place (or about to be) that is not whole without another still to come (a
- * checkpoint's weights before its config.json): removed by qmm_atomic_remove_all until forgotten; a note or -1. */
-int qmm_atomic_note_output(const char *path);
-/* The noted directory or output is finished with: no longer removed on a signal (-1: nothing). */
+/* The noted directory is finished with: no longer removed on a signal (-1: nothing). */
 void qmm_atomic_forget(int note);
+/* Holds back, in the calling thread, the signals the CLI's cleanup handler catches (SIGINT, SIGTERM, SIGHUP,
+ * SIGQUIT) until qmm_atomic_restore_signals(old): a section that must not be cut by qmm_atomic_remove_all — a file's
+ * creation and its registration, a checkpoint's renames and their undoing — runs whole, and a signal that comes
+ * meanwhile is delivered after it. */
+void qmm_atomic_block_signals(sigset_t *old);
+void qmm_atomic_restore_signals(const sigset_t *old);
 
 #endif /* QMM_INTERNAL_H */

@@ -1318,7 +1318,9 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     char **names = NULL;
     char *config_text = NULL, *model_path = NULL, *config_path = NULL;
     bool created_dir = false, model_renamed = false;
-    int dir_note = -1, model_note = -1; /* entries for a signal's cleanup (qmm_atomic_remove_all) */
+    int dir_note = -1; /* created_dir's entry for a signal's cleanup (qmm_atomic_remove_all) */
+    sigset_t signals;  /* the mask before the signals were held back (signals_held) */
+    bool signals_held = false;
     qmm_atomic_file model_file = {-1, NULL, NULL, -1}, config_file = {-1, NULL, NULL, -1};
     kept_file old_model = {NULL, false};
     char printable[QMM_PRINTABLE_SIZE];
@@ -1391,12 +1393,18 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
             status = qmm_error(QMM_ERR_IO, "\"%s\" exists and is not a directory", dir);
             goto cleanup;
         }
-    } else if (mkdir(dir, 0777) == 0) {
-        created_dir = true;
-        dir_note = qmm_atomic_note_created_dir(dir);
     } else {
-        status = qmm_error(QMM_ERR_IO, "cannot create directory \"%s\": %s", dir, strerror(errno));
-        goto cleanup;
+        qmm_atomic_block_signals(&signals); /* no signal between the mkdir and its note */
+        if (mkdir(dir, 0777) == 0) {
+            created_dir = true;
+            dir_note = qmm_atomic_note_created_dir(dir);
+        }
+        const int err = errno;
+        qmm_atomic_restore_signals(&signals);
+        if (!created_dir) {
+            status = qmm_error(QMM_ERR_IO, "cannot create directory \"%s\": %s", dir, strerror(err));
+            goto cleanup;
+        }
     }
     if (!created_dir && (status = check_no_stale_shards(dir)) != QMM_OK) goto cleanup;
     model_path = qmm_io_join(dir, "model.safetensors");
@@ -1417,16 +1425,16 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
      * rename fails, the old config.json is untouched (rename is atomic), so only the old
      * model.safetensors must be kept aside to go back beside it: never leave a config.json with weights
      * that are not its own, nor weights without a config. */
+    /* From here to the end, the signals the CLI's cleanup handler catches are held back: the old weights set aside,
+     * the two renames and their undoing run whole (a signal in between would leave weights beside a config.json
+     * not their own), and a signal that came meanwhile ends the process after them. */
+    qmm_atomic_block_signals(&signals);
+    signals_held = true;
     if ((status = keep_existing(model_path, &old_model)) != QMM_OK) goto cleanup;
-    /* A signal between the two renames (the CLI's handler, qmm_atomic_remove_all) removes the new weights too, where
-     * no old ones were kept aside: no weights without their config.json (the old weights kept aside under a
-     * temporary name are not restored by a signal: a window of two renames, not covered) */
-    if (!old_model.path) model_note = qmm_atomic_note_output(model_path);
     if ((status = qmm_atomic_rename(&model_file)) != QMM_OK) goto cleanup;
     model_renamed = true;
     status = qmm_atomic_rename(&config_file);
 cleanup:
-    qmm_atomic_forget(model_note);
     if (old_model.path)
         status = release_kept(model_path, &old_model, model_renamed, status);
     else if (status != QMM_OK && model_renamed)
@@ -1435,6 +1443,7 @@ cleanup:
     qmm_atomic_abort(&config_file);
     if (status != QMM_OK && created_dir) rmdir(dir);
     qmm_atomic_forget(dir_note);
+    if (signals_held) qmm_atomic_restore_signals(&signals);
     for (size_t i = 0; i < name_count; i++)
         free(names[i]);
     free(names);

@@ -288,29 +288,51 @@ bool qmm_io_json_find_nul(const char *json, size_t size, size_t *string_start, s
     return false;
 }
 
-/* The first number in a JSON text, outside its strings, that is not written as an unsigned integer — a sign, a
- * fraction or an exponent ("6.4e1", "0.0", "-0") — or false. A safetensors header's only numbers are shapes and
- * data_offsets, which the format's reference implementation reads as unsigned integers (Rust usize through serde_json,
- * which refuses 6.4e1 though its value is 64); cJSON keeps only the value, so the text is read here. */
+/* The first number of a "shape" or "data_offsets" array in a safetensors header's text that is not written as an
+ * unsigned integer — a sign, a fraction, an exponent or a leading zero ("6.4e1", "0.0", "-0", "08") — or false. The
+ * format's reference implementation reads those fields as Rust usize through serde_json, which refuses 6.4e1 though
+ * its value is 64; cJSON keeps only the value, so the text is read here. Numbers elsewhere (a field no reader knows)
+ * are left alone, as the reference leaves them. */
 static bool json_find_non_integer(const char *json, size_t size, size_t *number_start, size_t *number_end) {
-    bool in_string = false;
+    bool in_string = false, in_array = false, after_key = false, key_wanted = false;
+    size_t string_start = 0, string_end = 0;
     for (size_t i = 0; i < size; i++) {
         const char c = json[i];
         if (in_string) {
-            if (c == '\\') i++; /* the escaped character */
-            else if (c == '"') in_string = false;
+            if (c == '\\') {
+                i++; /* the escaped character */
+            } else if (c == '"') {
+                in_string = false;
+                string_end = i;
+            }
             continue;
         }
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
         if (c == '"') {
             in_string = true;
-        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            string_start = i + 1;
+            after_key = false;
+            continue;
+        }
+        if (c == ':') { /* the string just read was a key */
+            const size_t length = string_end - string_start;
+            key_wanted = (length == 5 && memcmp(json + string_start, "shape", 5) == 0) ||
+                         (length == 12 && memcmp(json + string_start, "data_offsets", 12) == 0);
+            after_key = true;
+            continue;
+        }
+        if (c == '[' && after_key && key_wanted) {
+            in_array = true;
+        } else if (c == ']' || c == '[' || c == '{' || c == '}') {
+            in_array = false;
+        } else if (in_array && (c == '-' || (c >= '0' && c <= '9'))) {
             size_t end = i;
-            bool integer = c != '-';
             while (end < size && (json[end] == '-' || json[end] == '+' || json[end] == '.' || json[end] == 'e' ||
-                                  json[end] == 'E' || (json[end] >= '0' && json[end] <= '9'))) {
-                if (json[end] < '0' || json[end] > '9') integer = false;
+                                  json[end] == 'E' || (json[end] >= '0' && json[end] <= '9')))
                 end++;
-            }
+            bool integer = c != '-' && !(c == '0' && end - i > 1);
+            for (size_t j = i; j < end && integer; j++)
+                if (json[j] < '0' || json[j] > '9') integer = false;
             if (!integer) {
                 *number_start = i;
                 *number_end = end;
@@ -318,6 +340,7 @@ static bool json_find_non_integer(const char *json, size_t size, size_t *number_
             }
             i = end - 1;
         }
+        after_key = false;
     }
     return false;
 }
@@ -722,7 +745,7 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
     if (json_find_non_integer((const char *)bytes + 8, length, &number_start, &number_end))
         status = qmm_error(QMM_ERR_CORRUPT,
                            "safetensors header: the number %s at byte %zu is not written as an unsigned integer; "
-                           "shapes and data_offsets must be digits only",
+                           "shape and data_offsets must hold digits only, without a leading zero",
                            qmm_printable((const char *)bytes + 8 + number_start, number_end - number_start, printable,
                                          sizeof printable),
                            number_start);

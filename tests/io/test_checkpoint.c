@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -841,22 +842,28 @@ static void test_signal_cleanup(const char *root) {
     CHECK(mkdir(dir, 0777) == 0, "mkdir %s again", dir);
     qmm_atomic_remove_all();
     CHECK(path_exists(dir), "a directory no longer noted was removed");
-    /* an output noted as not yet whole is removed; once forgotten, it stays */
-    FILE *f = fopen(model, "w");
-    CHECK(f != NULL, "cannot create %s", model);
-    if (f) fclose(f);
-    int output = qmm_atomic_note_output(model);
-    CHECK(output >= 0, "the output was not noted");
-    qmm_atomic_remove_all();
-    CHECK(!path_exists(model), "a noted output was left behind");
-    qmm_atomic_forget(output);
-    f = fopen(model, "w");
-    if (f) fclose(f);
-    qmm_atomic_remove_all();
-    CHECK(path_exists(model), "a forgotten output was removed");
-    unlink(model);
     rmdir(dir);
     unlink(kept);
+}
+
+static volatile sig_atomic_t caught;
+static void note_signal(int sig) { caught = sig; }
+
+/* qmm_atomic_block_signals holds a signal back until qmm_atomic_restore_signals, which delivers it. */
+static void test_signals_held(void) {
+    struct sigaction action, old;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = note_signal;
+    sigemptyset(&action.sa_mask);
+    CHECK(sigaction(SIGTERM, &action, &old) == 0, "sigaction");
+    caught = 0;
+    sigset_t mask;
+    qmm_atomic_block_signals(&mask);
+    raise(SIGTERM);
+    CHECK(caught == 0, "SIGTERM delivered while held back");
+    qmm_atomic_restore_signals(&mask);
+    CHECK(caught == SIGTERM, "SIGTERM not delivered once restored (caught %d)", (int)caught);
+    sigaction(SIGTERM, &old, NULL);
 }
 
 int main(void) {
@@ -872,6 +879,7 @@ int main(void) {
         test_replace_existing(root);
         test_experts(root);
         test_signal_cleanup(root);
+        test_signals_held();
         io_remove_tree(root);
         free(root);
     }

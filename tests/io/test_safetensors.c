@@ -221,6 +221,8 @@ static void test_bad_headers(void) {
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0.0,8]}}", 8, QMM_ERR_CORRUPT, "0.0"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-0,8]}}", 8, QMM_ERR_CORRUPT, "-0"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8E0]}}", 8, QMM_ERR_CORRUPT, "8E0"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[02],\"data_offsets\":[0,8]}}", 8, QMM_ERR_CORRUPT, "02"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[00,8]}}", 8, QMM_ERR_CORRUPT, "00"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
          "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[2,2]}}",
          4, QMM_ERR_CORRUPT, "not adjacent"},
@@ -240,10 +242,12 @@ static void test_bad_headers(void) {
         if (getenv("QMM_TEST_VERBOSE")) printf("case %zu: %s\n", i, qmm_last_error());
         io_buf_free(&image);
     }
-    /* Numbers inside strings are text: a name and metadata with fractions, exponents and signs open. */
+    /* Numbers inside strings are text, and a field no reader knows may hold any number: a name and metadata with
+     * fractions, exponents and signs, an "extra" field of -1.5 and [-1, 0.5], and a key ending in a backslash open. */
     {
-        io_buf image = io_safetensors_image("{\"__metadata__\":{\"lr\":\"-1.5e-3\"},\"w-2.5e1\\\"0.5\":{\"dtype\":"
-                                            "\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+        io_buf image = io_safetensors_image("{\"__metadata__\":{\"lr\":\"-1.5e-3\",\"k\\\\\":\"[2.5]\"},"
+                                            "\"w-2.5e1\\\"0.5\":{\"dtype\":\"F32\",\"extra\":-1.5,\"shape\":[2],"
+                                            "\"more\":[-1,0.5],\"data_offsets\":[0,8]}}",
                                             data, 8);
         qmm_safetensors *file = NULL;
         qmm_tensor tensor;
