@@ -739,8 +739,8 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
     if ((status = check_tiling(file)) != QMM_OK) goto cleanup;
     if ((status = qmm_io_sort_unique(file->by_name, file->count, QMM_ERR_CORRUPT, "safetensors tensor name")) != QMM_OK)
         goto cleanup;
-    /* Last, where every value has passed (2.5, -2, 1e300 are refused above, naming their field): a whole number
-     * written with a fraction or an exponent */
+    /* Last, where every value has passed (2.5, -2, 1e300 are refused above, naming their field): a whole number of
+     * shape or data_offsets written with a fraction, an exponent, a sign or a leading zero */
     size_t number_start, number_end;
     if (json_find_non_integer((const char *)bytes + 8, length, &number_start, &number_end))
         status = qmm_error(QMM_ERR_CORRUPT,
