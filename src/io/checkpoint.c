@@ -215,10 +215,25 @@ static const char *config_difference(const quant_config *a, const quant_config *
     return NULL;
 }
 
+/* config.json's bits and group_size in the quantization object read (`quantization`, else `quantization_config`: the
+ * one mlx-lm passes on) written as integers (4, not 4.0 or 4e0): MLX's quantize, whose integer arguments refuse a Python
+ * float, gets them. The other copy, checked to agree by value, may spell them otherwise. */
+static qmm_status check_integer_format(const char *json, size_t size, const char *object) {
+    static const char *const keys[] = {"bits", "group_size"};
+    size_t start, end;
+    if (!qmm_io_json_find_non_integer(json, size, keys, 2, &object, 1, &start, &end)) return QMM_OK;
+    char printable[QMM_PRINTABLE_SIZE];
+    return qmm_error(QMM_ERR_CORRUPT,
+                     "config.json: the number %s at byte %zu is not written as an integer; a quantization's bits and "
+                     "group_size must be digits only (MLX's quantize refuses a float)",
+                     qmm_printable(json + start, end - start, printable, sizeof printable), start);
+}
+
 static qmm_status parse_config(const char *json, size_t size, quant_config *config) {
     memset(config, 0, sizeof *config);
     cJSON *root = NULL;
     quant_config second = {0, 0, 0, NULL};
+    const cJSON *quantization = NULL; /* the object read, where there is one */
     qmm_status status = qmm_io_parse_json("config.json", json, size, &root);
     if (status != QMM_OK) return status;
     if (!cJSON_IsObject(root)) {
@@ -241,7 +256,7 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
     /* mlx-lm writes both keys with the same value; "quantization" is the one its loader reads. When both
      * are present they must say the same thing (same default, same per-layer entries): a file where they
      * disagree is refused rather than read by one of them. */
-    const cJSON *quantization = cJSON_GetObjectItemCaseSensitive(root, "quantization");
+    quantization = cJSON_GetObjectItemCaseSensitive(root, "quantization");
     const cJSON *quantization_config = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
     if (!quantization) {
         status = parse_quantization(quantization_config, "quantization_config", config);
@@ -264,6 +279,8 @@ static qmm_status parse_config(const char *json, size_t size, quant_config *conf
         goto cleanup;
     }
 cleanup:
+    if (status == QMM_OK) /* last: the values' own checks name their fields */
+        status = check_integer_format(json, size, quantization ? "quantization" : "quantization_config");
     quant_config_free(&second);
     cJSON_Delete(root);
     if (status != QMM_OK) quant_config_free(config);

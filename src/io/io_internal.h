@@ -91,6 +91,17 @@ qmm_status qmm_io_json_keys_once(const struct cJSON *object, const char *const *
  * *string_start and *string_end receive the first such string's bytes, quotes included. */
 bool qmm_io_json_find_nul(const char *json, size_t size, size_t *string_start, size_t *string_end);
 
+/* The first number in json[0, size) that is the value of one of keys[0..key_count) — or an element of an array that
+ * is — and is not written as an unsigned integer: a sign, a fraction, an exponent or a leading zero ("6.4e1", "4.0",
+ * "-0", "08"); with within_count > 0 only such keys inside an object that is the value (at any depth) of one of
+ * within[0..within_count). *number_start and *number_end receive its bytes. The readers qmm's files are read by take
+ * these fields as integers and refuse such numbers — the safetensors reference (Rust usize through serde_json) its
+ * shape and data_offsets, MLX its quantization's bits and group_size (nanobind int arguments) — while cJSON keeps
+ * only a value (6.4e1 is 64), so the text is read. Numbers of other keys are left alone. */
+bool qmm_io_json_find_non_integer(const char *json, size_t size, const char *const *keys, size_t key_count,
+                                  const char *const *within, size_t within_count, size_t *number_start,
+                                  size_t *number_end);
+
 /* Parses size bytes of JSON (not necessarily NUL-terminated; a terminated private copy is parsed, so
  * no parser path reads past them) into *root; only whitespace may follow the value. Messages start
  * with what. Errors: QMM_ERR_CORRUPT ("is not valid JSON", "has data after its JSON value", a string holding a

@@ -288,13 +288,19 @@ bool qmm_io_json_find_nul(const char *json, size_t size, size_t *string_start, s
     return false;
 }
 
-/* The first number of a "shape" or "data_offsets" array in a safetensors header's text that is not written as an
- * unsigned integer — a sign, a fraction, an exponent or a leading zero ("6.4e1", "0.0", "-0", "08") — or false. The
- * format's reference implementation reads those fields as Rust usize through serde_json, which refuses 6.4e1 though
- * its value is 64; cJSON keeps only the value, so the text is read here. Numbers elsewhere (a field no reader knows)
- * are left alone, as the reference leaves them. */
-static bool json_find_non_integer(const char *json, size_t size, size_t *number_start, size_t *number_end) {
-    bool in_string = false, in_array = false, after_key = false, key_wanted = false;
+static bool key_in(const char *key, size_t length, const char *const *keys, size_t count) {
+    for (size_t k = 0; k < count; k++)
+        if (strlen(keys[k]) == length && memcmp(key, keys[k], length) == 0) return true;
+    return false;
+}
+
+bool qmm_io_json_find_non_integer(const char *json, size_t size, const char *const *keys, size_t key_count,
+                                  const char *const *within, size_t within_count, size_t *number_start,
+                                  size_t *number_end) {
+    enum { DEPTH = 64 };
+    bool inside[DEPTH + 1] = {within_count == 0}; /* per object depth: below a `within` key (or everywhere) */
+    int depth = 0;
+    bool in_string = false, in_array = false, after_key = false, key_wanted = false, within_key = false;
     size_t string_start = 0, string_end = 0;
     for (size_t i = 0; i < size; i++) {
         const char c = json[i];
@@ -315,17 +321,27 @@ static bool json_find_non_integer(const char *json, size_t size, size_t *number_
             continue;
         }
         if (c == ':') { /* the string just read was a key */
+            const char *key = json + string_start;
             const size_t length = string_end - string_start;
-            key_wanted = (length == 5 && memcmp(json + string_start, "shape", 5) == 0) ||
-                         (length == 12 && memcmp(json + string_start, "data_offsets", 12) == 0);
+            key_wanted = inside[depth < DEPTH ? depth : DEPTH] && key_in(key, length, keys, key_count);
+            within_key = key_in(key, length, within, within_count);
             after_key = true;
             continue;
         }
-        if (c == '[' && after_key && key_wanted) {
-            in_array = true;
-        } else if (c == ']' || c == '[' || c == '{' || c == '}') {
+        const bool value_wanted = after_key && key_wanted;
+        if (c == '{') {
+            const bool below = inside[depth < DEPTH ? depth : DEPTH] || (after_key && within_key);
+            depth++;
+            if (depth <= DEPTH) inside[depth] = below;
             in_array = false;
-        } else if (in_array && (c == '-' || (c >= '0' && c <= '9'))) {
+        } else if (c == '}') {
+            if (depth > 0) depth--;
+            in_array = false;
+        } else if (c == '[' && value_wanted) {
+            in_array = true;
+        } else if (c == '[' || c == ']') {
+            in_array = false;
+        } else if ((in_array || value_wanted) && (c == '-' || (c >= '0' && c <= '9'))) {
             size_t end = i;
             while (end < size && (json[end] == '-' || json[end] == '+' || json[end] == '.' || json[end] == 'e' ||
                                   json[end] == 'E' || (json[end] >= '0' && json[end] <= '9')))
@@ -741,8 +757,9 @@ static qmm_status parse_header(qmm_safetensors *file, const uint8_t *bytes, size
         goto cleanup;
     /* Last, where every value has passed (2.5, -2, 1e300 are refused above, naming their field): a whole number of
      * shape or data_offsets written with a fraction, an exponent, a sign or a leading zero */
+    static const char *const counts[] = {"shape", "data_offsets"};
     size_t number_start, number_end;
-    if (json_find_non_integer((const char *)bytes + 8, length, &number_start, &number_end))
+    if (qmm_io_json_find_non_integer((const char *)bytes + 8, length, counts, 2, NULL, 0, &number_start, &number_end))
         status = qmm_error(QMM_ERR_CORRUPT,
                            "safetensors header: the number %s at byte %zu is not written as an unsigned integer; "
                            "shape and data_offsets must hold digits only, without a leading zero",

@@ -412,6 +412,10 @@ static void test_config(const char *root) {
     const char *off = "{\"quantization\": false}";
     CHECK_OK(qmm_config_parse(off, strlen(off), &bits, &group_size));
     CHECK(bits == 0 && group_size == 0, "quantization false: %d/%d", bits, group_size);
+    /* keys of the same names outside the quantization objects are the model's own: any number */
+    const char *hyper = "{\"group_size\": 1.5, \"vision\": {\"bits\": -2e0}, \"quantization\": {\"group_size\": 64, \"bits\": 4}}";
+    CHECK_OK(qmm_config_parse(hyper, strlen(hyper), &bits, &group_size));
+    CHECK(bits == 4 && group_size == 64, "hyperparameters beside the quantization: %d/%d", bits, group_size);
     /* The buffer is not NUL-terminated where size ends: only the first 2 bytes are the JSON. */
     const char *prefix = "{}garbage that must not be read";
     CHECK_OK(qmm_config_parse(prefix, 2, &bits, &group_size));
@@ -426,6 +430,11 @@ static void test_config(const char *root) {
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 7}}", QMM_ERR_FORMAT, "bits=7"},
         {"{\"quantization\": {\"group_size\": 48, \"bits\": 4}}", QMM_ERR_FORMAT, "group_size=48"},
         {"{\"quantization\": {\"group_size\": 64, \"bits\": \"4\"}}", QMM_ERR_CORRUPT, "bits"},
+        /* whole numbers written as floats: MLX's quantize refuses them (a Python float), so qmm does, naming them */
+        {"{\"quantization\": {\"group_size\": 64.0, \"bits\": 4}}", QMM_ERR_CORRUPT,
+         "the number 64.0 at byte 32 is not written as an integer"},
+        {"{\"quantization_config\": {\"group_size\": 64, \"bits\": 4e0}}", QMM_ERR_CORRUPT, "4e0"},
+        {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"model.l\": {\"bits\": 08}}}", QMM_ERR_CORRUPT, "08"},
         {"{\"quantization\": {\"group_size\": 64}}", QMM_ERR_CORRUPT, "bits"},
         {"{\"quantization\": \"yes\"}", QMM_ERR_CORRUPT, "quantization"},
         {"{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"mode\": \"mxfp4\"}}", QMM_ERR_UNSUPPORTED, "mxfp4"},
