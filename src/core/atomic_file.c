@@ -77,12 +77,11 @@ int qmm_atomic_note_created_dir(const char *dir) { return slot_claim(dir, QMM_AT
 void qmm_atomic_forget(int note) { slot_release(&note); }
 
 void qmm_atomic_block_signals(sigset_t *old) {
+    static const int signals[] = {QMM_CLEANUP_SIGNALS};
     sigset_t block;
     sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    sigaddset(&block, SIGQUIT);
+    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++)
+        sigaddset(&block, signals[i]);
     pthread_sigmask(SIG_BLOCK, &block, old);
 }
 

@@ -178,8 +178,10 @@ void qmm_atomic_remove_all(void);
 int qmm_atomic_note_created_dir(const char *dir);
 /* The noted directory is finished with: no longer removed on a signal (-1: nothing). */
 void qmm_atomic_forget(int note);
-/* Holds back, in the calling thread, the signals the CLI's cleanup handler catches (SIGINT, SIGTERM, SIGHUP,
- * SIGQUIT) until qmm_atomic_restore_signals(old): a section that must not be cut by qmm_atomic_remove_all — a file's
+/* The signals the CLI's cleanup handler catches (tools/qmm/main.c) and qmm_atomic_block_signals holds back. */
+#define QMM_CLEANUP_SIGNALS SIGINT, SIGTERM, SIGHUP, SIGQUIT
+/* Holds back, in the calling thread, the signals the CLI's cleanup handler catches (QMM_CLEANUP_SIGNALS) until
+ * qmm_atomic_restore_signals(old): a section that must not be cut by qmm_atomic_remove_all — a file's
  * creation and its registration, a checkpoint's renames and their undoing — runs whole, and a signal that comes
  * meanwhile is delivered after it. */
 void qmm_atomic_block_signals(sigset_t *old);

@@ -795,15 +795,15 @@ static qmm_status mixed_run(const qmm_call *call, int token_tiles, const char *n
 }
 static qmm_status mma_m8n64_48_run(const qmm_call *call) { return mixed_run(call, 1, "mma_m8n64_48"); }
 
-/* The mixed tiles' selector rule (qmm_kernel.prefer): only where their launcher cuts some 64-row blocks to 48 rows
- * (kernels.cu mixed_blocks, on the device's SM count) — elsewhere every block is 64 rows, m8n64's / m16n64's launch,
- * and the table's next rows decide (m16n64 is passed over past N = 19200 at M ≤ 16 for m16n32). */
 /* The device's SM count for the rows' own selector rules below (0: unknown). */
 static int device_sms(const qmm_call *call) {
     const cuda_state *s = call->backend_state;
     return s ? s->multiprocessors : 0;
 }
 
+/* The mixed tiles' selector rule (qmm_kernel.prefer): only where their launcher cuts some 64-row blocks to 48 rows
+ * (kernels.cu mixed_blocks, on the device's SM count) — elsewhere every block is 64 rows, m8n64's / m16n64's launch,
+ * and the table's next rows decide (m16n64 is passed over past N = 19200 at M ≤ 16 for m16n32). */
 static bool mixed_splits(const qmm_call *call) { return qmm_cuda_mixed_splits(call->N, device_sms(call)); }
 
 /* m8n48's and m16n48's own rule (qmm_kernel.prefer), after their fill rule: not where blocks of 32 rows fit one wave on

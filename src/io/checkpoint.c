@@ -1441,10 +1441,8 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     /* Both files are complete under temporary names; only the two renames remain. If config.json's
      * rename fails, the old config.json is untouched (rename is atomic), so only the old
      * model.safetensors must be kept aside to go back beside it: never leave a config.json with weights
-     * that are not its own, nor weights without a config. */
-    /* From here to the end, the signals the CLI's cleanup handler catches are held back: the old weights set aside,
-     * the two renames and their undoing run whole (a signal in between would leave weights beside a config.json
-     * not their own), and a signal that came meanwhile ends the process after them. */
+     * that are not its own, nor weights without a config. From here to the end the signals the CLI's cleanup
+     * handler catches are held back, so that this runs whole; a signal that came meanwhile ends the process after. */
     qmm_atomic_block_signals(&signals);
     signals_held = true;
     if ((status = keep_existing(model_path, &old_model)) != QMM_OK) goto cleanup;

@@ -160,6 +160,17 @@ typedef struct bad_case {
     const char *needle; /* must appear in the message */
 } bad_case;
 
+/* A header over `size` bytes of data opens, and holds a tensor named `name`. */
+static void check_opens_with(const char *header, const uint8_t *data, size_t size, const char *name, const char *what) {
+    io_buf image = io_safetensors_image(header, data, size);
+    qmm_safetensors *file = NULL;
+    qmm_tensor tensor;
+    CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
+    CHECK(file && qmm_safetensors_find(file, name, &tensor) == QMM_OK, "%s: not found", what);
+    qmm_safetensors_close(file);
+    io_buf_free(&image);
+}
+
 static void test_bad_headers(void) {
     static const bad_case cases[] = {
         {"[1, 2]", 0, QMM_ERR_CORRUPT, "object"},
@@ -244,26 +255,12 @@ static void test_bad_headers(void) {
     }
     /* Numbers inside strings are text, and a field no reader knows may hold any number: a name and metadata with
      * fractions, exponents and signs, an "extra" field of -1.5 and [-1, 0.5], and a key ending in a backslash open. */
-    {
-        io_buf image = io_safetensors_image("{\"__metadata__\":{\"lr\":\"-1.5e-3\",\"k\\\\\":\"[2.5]\"},"
-                                            "\"w-2.5e1\\\"0.5\":{\"dtype\":\"F32\",\"extra\":-1.5,\"shape\":[2],"
-                                            "\"more\":[-1,0.5],\"data_offsets\":[0,8]}}",
-                                            data, 8);
-        qmm_safetensors *file = NULL;
-        qmm_tensor tensor;
-        CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
-        CHECK(file && qmm_safetensors_find(file, "w-2.5e1\"0.5", &tensor) == QMM_OK, "name with numbers: not found");
-        qmm_safetensors_close(file);
-        io_buf_free(&image);
-    }
+    check_opens_with("{\"__metadata__\":{\"lr\":\"-1.5e-3\",\"k\\\\\":\"[2.5]\"},\"w-2.5e1\\\"0.5\":{\"dtype\":\"F32\","
+                     "\"extra\":-1.5,\"shape\":[2],\"more\":[-1,0.5],\"data_offsets\":[0,8]}}",
+                     data, 8, "w-2.5e1\"0.5", "name with numbers");
     /* An escaped backslash followed by "u0000" is no NUL: the name is a\u0000 with a real backslash. */
-    io_buf image = io_safetensors_image("{\"a\\\\u0000\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", data, 4);
-    qmm_safetensors *file = NULL;
-    qmm_tensor tensor;
-    CHECK_OK(qmm_safetensors_open_memory(image.data, image.size, &file));
-    CHECK(file && qmm_safetensors_find(file, "a\\u0000", &tensor) == QMM_OK, "name with a backslash: not found");
-    qmm_safetensors_close(file);
-    io_buf_free(&image);
+    check_opens_with("{\"a\\\\u0000\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", data, 4, "a\\u0000",
+                     "name with a backslash");
 }
 
 static void test_bad_lengths(const char *dir) {

@@ -242,7 +242,7 @@ static void remove_unfinished_outputs(int sig) {
 }
 
 static void clean_up_on_signals(void) {
-    static const int signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    static const int signals[] = {QMM_CLEANUP_SIGNALS};
     for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) {
         struct sigaction action, old;
         if (sigaction(signals[i], NULL, &old) != 0 || old.sa_handler == SIG_IGN) continue;
