@@ -53,6 +53,7 @@ static const char *const knob_cluster[] = {"0", "1", "require", NULL};
 static const char *const knob_paths[] = {"split", "virtual", "last", "blocks", NULL};
 static const char *const knob_tiles[] = {"0", "1", "mma", "wgmma", NULL};
 static const char *const knob_tokens[] = {"32", "64", NULL};
+static const char *const knob_one_two[] = {"1", "2", NULL};
 
 /* Read when a context opens. */
 static const knob context_knobs[] = {
@@ -66,6 +67,8 @@ static const knob call_knobs[] = {
     {"QMM_CUDA_GEMV_STAGED_X", knob_zero_one, 0, 0, "1 stages the staged tiles' x through shared memory, 0 does not"},
     {"QMM_CUDA_M16N64_ONE_GRID", knob_zero_one, 0, 0, "1: m16n64's chunks of 16 rows of x in one grid, 0: a launch each"},
     {"QMM_CUDA_WGMMA_LAST_WAVE", knob_zero_one, 0, 0, "0 turns the wgmma rows' split last wave off, 1 leaves it on"},
+    {"QMM_CUDA_WGMMA32_BLOCKS", knob_one_two, 0, 0,
+     "the 32-token wgmma tile's blocks an SM: 1 always one, 2 two (unsplit) wherever no split count is forced"},
     {"QMM_CUDA_WGMMA_CLUSTER", knob_cluster, 0, 0,
      "0: no thread-block cluster for the wgmma splits, 1: where it runs in no more waves, require: always (an error "
      "where it cannot)"},
@@ -913,7 +916,8 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
     return true;
 }
 
-/* Splits of K for a wgmma_tile launch. Its block has an SM to itself (384 threads at 168 registers, 100–170 KB of
+/* Splits of K for a wgmma_tile launch, and its blocks an SM (*blocks: 2 for the 32-token tile's unsplit launch by the
+ * rule below, else 1). Its block has an SM to itself (384 threads at 168 registers, 100–170 KB of
  * shared memory), so a grid of fewer tiles than SMs leaves SMs idle, and every split adds a fixed cost (its pipeline
  * filling and draining, the partial tile written and summed). The count minimises waves × (super-blocks per split +
  * 8), the 8 fitted to the tenth session's A/B on the H200 (docs/PERF.md: 40 tiles of 5120² at M = 128 → 3 splits,
@@ -929,11 +933,25 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
  * M = 64/128/512) and gained 0.74–0.98× where it filled 21–39 % (about half the model's saving, and nothing where
  * the model saved 2.5 %: 27648×5120 at M = 2048) — and only where the model saves ≥ 5 %. Not with a forced count;
  * QMM_CUDA_WGMMA_LAST_WAVE=0 turns it off (experiments, docs/PERF.md). */
-static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
+static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles, int *blocks) {
     const cuda_state *s = call->backend_state;
     const size_t tiles = ((call->N + 127) / 128) * ((call->M + tokens - 1) / tokens);
     const size_t units = qmm_cuda_packed_words_per_row(call->K, call->bits) / 16, sms = (size_t)s->multiprocessors;
     *whole_tiles = 0;
+    *blocks = 1;
+    const char *forced = getenv("QMM_CUDA_SPLITS"), *last_wave = getenv("QMM_CUDA_WGMMA_LAST_WAVE"),
+               *two = getenv("QMM_CUDA_WGMMA32_BLOCKS");
+    /* The 32-token tile two blocks an SM, unsplit, where its tiles are at least 1.4 waves of single blocks: 216 tiles
+     * of 27648×5120 at M = 17–32 in 0.82–0.85× the time of two waves (the second of 84 tiles, too many for the split
+     * last wave), 192 / 256 / 266 / 300 / 320 / 512 tiles 0.94 / 0.83 / 0.99 / 0.95 / 0.91 / 0.82; not at 136 and 160,
+     * where the one-block launch's split last wave took 0.92–0.95× the two blocks' time, nor where the tiles fit one
+     * wave of single blocks (the two-block form, split further, 0.86–1.07×) (H100, docs/PERF.md, fifty-second session).
+     * QMM_CUDA_WGMMA32_BLOCKS=2 takes it at every unforced count (tests: every shape through it), =1 never. */
+    if (tokens == 32 && !(forced && *forced) && sms > 0 && !(two && strcmp(two, "1") == 0) &&
+        (tiles * 5 >= sms * 7 || (two && strcmp(two, "2") == 0))) {
+        *blocks = 2;
+        return 1;
+    }
     /* the most splits the limits allow (the forced count, where there is one: split_limits returns it again below) */
     const size_t most = (size_t)split_limits(call, s, tiles, tokens * 128, units, 16);
     size_t best = 1, best_cost = SIZE_MAX;
@@ -941,7 +959,6 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles) {
         const size_t waves = (tiles * splits + sms - 1) / sms, cost = waves * ((units + splits - 1) / splits + 8);
         if (cost < best_cost) best = splits, best_cost = cost;
     }
-    const char *forced = getenv("QMM_CUDA_SPLITS"), *last_wave = getenv("QMM_CUDA_WGMMA_LAST_WAVE");
     const bool try_last_wave = !(forced && *forced) && !(last_wave && strcmp(last_wave, "0") == 0);
     const size_t rest = sms > 0 ? tiles % sms : 0, whole = tiles - rest;
     if (try_last_wave && tiles > sms && rest > 0 && rest * 2 <= sms && tiles <= (size_t)INT_MAX) {
@@ -1103,11 +1120,12 @@ static bool wgmma_virtual_workspace(qmm_cuda_launch *launch, const qmm_call *cal
  * then chooses how the splits run); `sums`: room for its virtual-split partials after the prepared x too where it can be
  * had (the reserve hook: a chain's step cannot allocate inside the capture), the prepared x alone where not. */
 static qmm_cuda_launch wgmma_launch_of(const qmm_call *call, int tokens, bool prepared, bool sums) {
-    int whole_tiles = 0;
+    int whole_tiles = 0, blocks = 1;
     const bool invariant = prepared && call->batch_invariant;
-    qmm_cuda_launch launch =
-        split_launch_of(call, invariant ? wgmma_invariant_splits(call) : wgmma_splits(call, tokens, &whole_tiles));
+    qmm_cuda_launch launch = split_launch_of(
+        call, invariant ? wgmma_invariant_splits(call) : wgmma_splits(call, tokens, &whole_tiles, &blocks));
     launch.wgmma_whole_tiles = whole_tiles;
+    launch.wgmma_blocks = blocks;
     launch.wgmma_cluster = wgmma_cluster(call);
     if (invariant && launch.wgmma_cluster) launch.wgmma_cluster = 2;
     if (prepared) {

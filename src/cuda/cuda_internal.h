@@ -55,6 +55,9 @@ typedef struct qmm_cuda_launch {
      * in `splits` splits (or none). A value the launch cannot use (the range not inside the tiles) runs one launch
      * of every tile unsplit. */
     int wgmma_whole_tiles;
+    /* the 32-token PREP tile's unsplit launch (splits ≤ 1, no last wave): 2 runs two blocks an SM (80 registers a
+     * thread, one segment accumulator: the same bits); 0 or 1: one (kernels_wgmma.cu wgmma_occupancy) */
+    int wgmma_blocks;
     /* wgmma_tile with 2–8 splits: 1 launch each tile's splits as one thread-block cluster (sm_90, cluster dimension
      * z = splits) that sums them through distributed shared memory, where the device runs those clusters in no more
      * waves than the split launch would take; 2 wherever it can run them at all (the launch fails where it cannot:

@@ -70,6 +70,22 @@ namespace {
 constexpr int WG_ROWS = 128;    /* weight rows per block: two consumer warpgroups of 64 */
 constexpr int WG_STAGES = 4;    /* super-blocks in flight (42–44 KiB each at 4 bits, TOKS = 128) */
 constexpr int WG_THREADS = 384; /* consumers 0–255, producer 256–383 */
+/* Blocks an SM (__launch_bounds__) and the registers setmaxnreg gives the producer and the consumers (PREP): one block
+ * of 384 threads at 168 registers, then 40 / 232 (128 × 40 + 256 × 232 ≤ 65536); the 32-token PREP tile's unsplit
+ * launch may run two blocks an SM (BLOCKS = 2, c->wgmma_blocks: wgmma_splits' rule) at 80 registers, then 24 / 104 (a
+ * block's 384 × 80: 128 × 24 + 256 × 104 ≤ 30720), with one segment accumulator (two would make ptxas serialise the
+ * 4-bit group-64 tile's wgmmas at 104 registers, C7512) — the same bits (TWO_PARTS). Measured on an H100 (docs/PERF.md,
+ * fifty-second session): 0.83–0.95× the one-block launch's time where the tiles need more than one wave of single
+ * blocks, ≈ 1.0 with one wave at more splits, 1.03–1.07 where it split 40 and 64 tiles further. */
+template <int BLOCKS> struct wgmma_occupancy {
+    static_assert(BLOCKS == 1 || BLOCKS == 2, "one or two blocks an SM");
+    static constexpr bool PARTS_OK = BLOCKS == 1;
+    static constexpr int PRODUCER_REGS = BLOCKS == 2 ? 24 : 40, CONSUMER_REGS = BLOCKS == 2 ? 104 : 232;
+    /* setmaxnreg moves registers within a block's own allocation at launch: 384 threads at the most registers
+     * __launch_bounds__ leaves each (65536 / (384 · BLOCKS), rounded down to a multiple of 8) */
+    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * ((65536 / (384 * BLOCKS)) / 8 * 8),
+                  "setmaxnreg within the block's registers at launch");
+};
 constexpr int PREP_ROWS = 4;     /* wgmma_prepare_x: rows per thread, sharing its indexing (a divisor of 8: its rows
                                  * are in one group of 8 tokens of x_sums) */
 static_assert(8 % PREP_ROWS == 0, "a thread's rows in one group of 8 tokens");
@@ -405,8 +421,8 @@ __device__ __forceinline__ void virtual_split_sum(float *partials, int tile, int
     for (int e = 0; e < TOKS / 2; e++) acc[e] = last ? __fadd_rn(sum[e], acc[e]) : sum[e];
 }
 
-template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP, int VIRT = 0, bool GROUPED = false>
-__global__ void __launch_bounds__(WG_THREADS, 1)
+template <int BITS, typename T, int GS, int TOKS, bool SPLIT, bool PREP, int VIRT = 0, bool GROUPED = false, int BLOCKS = 1>
+__global__ void __launch_bounds__(WG_THREADS, BLOCKS)
     wgmma_tile_kernel(const __grid_constant__ CUtensorMap x_map, const T *__restrict__ x, const uint4 *__restrict__ packed,
                       const uint32_t *__restrict__ sb, const uint32_t *__restrict__ w_orig, const T *__restrict__ scales,
                       const T *__restrict__ biases, T *__restrict__ out, float *__restrict__ partials,
@@ -424,6 +440,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
      * product's tiles, skipping those past its M (blocks' shares up to 1.33× the even one at T = 1024–2048); a walk
      * over the table to number only the items that exist cost a table load per product passed (T = 512 1.14×). */
     static_assert(!GROUPED || (PREP && !SPLIT && VIRT == 0), "grouped launches: unsplit PREP tiles");
+    static_assert(BLOCKS == 1 || (TOKS == 32 && PREP && !SPLIT && VIRT == 0 && !GROUPED),
+                  "two blocks an SM: the 32-token tile's unsplit dense launch");
     const int m_pad = x_sums_tokens(M); /* PREP: the tokens of x_sums' rows */
     extern __shared__ uint8_t shared_raw[];
     /* 1024-aligned for the swizzle (offset from the array itself, so the compiler keeps shared-space accesses) */
@@ -499,7 +517,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (warpgroup == 2) {
         /* PREP: the producer only issues copies; its registers go to the consumers (PTX ISA §9.7.17.1, setmaxnreg):
          * 128 × 40 + 256 × 232 ≤ 65536 */
-        if (PREP) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (PREP) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(wgmma_occupancy<BLOCKS>::PRODUCER_REGS));
         /* ───── producer ───── */
         const int p = threadIdx.x - 256;
         const int row_tiles = (N + 15) / 16;
@@ -657,7 +675,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     }
 
     /* ───── consumers ───── */
-    if (PREP) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    if (PREP) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(wgmma_occupancy<BLOCKS>::CONSUMER_REGS));
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int row_w = 64 * warpgroup + 16 * warp; /* the warp's first row in the block */
     float acc[TOKS / 2], part[TOKS / 2], run[VIRTUAL ? TOKS / 2 : 1]; /* run: VIRTUAL's ranges' sum so far */
@@ -667,7 +685,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
      * the same bits. Not at 128 tokens: two parts and acc would be 192 registers before any fragment (docs/PERF.md,
      * twenty-second session); the twenty-first session's microbenchmark: 178 → 116 cycles a wgmma with decode-like
      * work between. */
-    constexpr bool TWO_PARTS = PREP && TOKS <= 64 && L::SEG >= 2; /* (PREP: no turns) */
+    constexpr bool TWO_PARTS = PREP && TOKS <= 64 && L::SEG >= 2 && wgmma_occupancy<BLOCKS>::PARTS_OK;
+    /* (PREP: no turns) */
     float part2[TWO_PARTS ? TOKS / 2 : 1];
     int uses = 0; /* stage uses before this tile (GROUPED: the block's earlier tiles') */
     for (;;) { /* a tile (GROUPED: each of the block's in turn) */
@@ -1099,13 +1118,16 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     const size_t shared = prep ? (size_t)wgmma_layout<BITS, GS, TOKS, true>::SHARED : (size_t)L::SHARED;
     /* the virtual ranges' partials in slots: bf16, and blocks of ranges (every dtype) */
     const bool in_slots = virtual_per && (!in_registers || range_blocks);
-    static unsigned long long opted_in[6] = {0, 0, 0, 0, 0, 0};
+    static unsigned long long opted_in[7] = {0, 0, 0, 0, 0, 0, 0};
     auto kernel_of = [&](bool split, int *variant) {
         *variant = prep && !split && virtual_per ? (in_slots ? 5 : 4) : (prep ? 2 : 0) + (split ? 1 : 0);
         if constexpr (TOKS == 32) { /* PREP only (launch_wgmma refuses the rest): the 32-token row runs the 64-token
-                                     * _fma kernels where x cannot be prepared, and takes no batch-invariant call */
-            return *variant == 2 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
-                                 : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
+                                     * _fma kernels where x cannot be prepared, and takes no batch-invariant call; its
+                                     * unsplit launch two blocks an SM where c->wgmma_blocks says (variant 6) */
+            if (*variant == 2 && splits == 1 && c->wgmma_blocks == 2) *variant = 6;
+            return *variant == 2   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true>
+                   : *variant == 6 ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, true, 0, false, 2>
+                                   : wgmma_tile_kernel<BITS, T, GS, TOKS, true, true>;
         } else {
             return *variant == 0   ? wgmma_tile_kernel<BITS, T, GS, TOKS, false, false>
                    : *variant == 1 ? wgmma_tile_kernel<BITS, T, GS, TOKS, true, false>
@@ -1122,7 +1144,7 @@ template <int BITS, typename T, int GS, int TOKS> static int launch_wgmma(const 
     if (opt_in) return opt_in;
     const int grid_z = splits == 1 && virtual_per && range_blocks ? range_blocks : splits; /* blocks of ranges, or splits */
     const dim3 grid((unsigned)(tiles - whole), 1, (unsigned)grid_z);
-    static std::atomic<int> cluster_answers[6][WG_CLUSTER_MAX + 1][8];
+    static std::atomic<int> cluster_answers[7][WG_CLUSTER_MAX + 1][8];
     const bool cluster_size = splits >= 2 && splits <= WG_CLUSTER_MAX;
     if (c->wgmma_prime) { /* the answer the launch below will look up, asked now (outside a capture) */
         int clusters = 0;

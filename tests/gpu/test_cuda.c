@@ -528,6 +528,59 @@ static void test_tile_split_k(qmm_context *context, check_rng *rng) {
     }
 }
 
+/* The 32-token wgmma tile two blocks an SM (wgmma_splits' rule: unsplit, where its tiles are at least 1.4 waves of the
+ * SMs; one segment accumulator, 80 registers a thread): the same operations in the same order as the one-block tile
+ * unsplit, so the same bits. Each case through m32n128, outputs poisoned first, each run against the oracle:
+ * QMM_CUDA_WGMMA32_BLOCKS=2 (every shape unsplit at two blocks); QMM_CUDA_SPLITS=1 (one block, unsplit: the same bits);
+ * QMM_CUDA_WGMMA32_BLOCKS=1 (one block, the split model's launch: other bits where it splits K); unset (the rule: the
+ * bits of one of those two launches — 24000 rows are 188 tiles of 128, two blocks an SM on 132 SMs). Edges: partial row
+ * tiles (N = 129, 300, 24000), token tiles part full (M = 5, 17, 33), K of 5 or 20 groups, every group size, 4 and 8
+ * bits, both dtypes. */
+static void test_wgmma32_blocks(qmm_context *context, check_rng *rng) {
+    static const product_case cases[] = {
+        {32, 24000, 512, 4, 64, QMM_F16},  {17, 24000, 1024, 8, 128, QMM_BF16}, {24, 300, 2048, 4, 32, QMM_BF16},
+        {33, 1000, 640, 4, 128, QMM_F16},  {5, 129, 160, 8, 32, QMM_F16},       {64, 4000, 1280, 8, 64, QMM_BF16},
+        {32, 4096, 4096, 4, 64, QMM_BF16}, {20, 2000, 2560, 4, 128, QMM_F16},
+    };
+    static const struct {
+        const char *name, *value;
+    } runs[] = {{"QMM_CUDA_WGMMA32_BLOCKS", "2"}, {"QMM_CUDA_SPLITS", "1"}, {"QMM_CUDA_WGMMA32_BLOCKS", "1"}, {NULL, NULL}};
+    enum { RUNS = sizeof runs / sizeof runs[0] };
+    static const char *const row = "cuda.qmm_t.wgmma_tile.m32n128";
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        product p;
+        if (!product_make_case(context, rng, &cases[c], "wgmma32 blocks", &p)) continue;
+        if (qmm_kernel_supports(context, row, p.weights, p.M, QMM_OP_QMM_T, NULL) != 1) { /* not Hopper */
+            product_free(&p);
+            return;
+        }
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        unsigned char *bits[RUNS];
+        for (size_t r = 0; r < RUNS; r++) {
+            bits[r] = malloc(bytes);
+            char label[240];
+            snprintf(label, sizeof label, "%s %s=%s M=%zu N=%zu K=%zu %d-bit gs%d %s", row,
+                     runs[r].name ? runs[r].name : "(no knob)", runs[r].value ? runs[r].value : "", p.M, p.N, p.K,
+                     cases[c].bits, cases[c].group_size, qmm_dtype_name(p.dtype));
+            if (runs[r].name) setenv(runs[r].name, runs[r].value, 1);
+            const qmm_matmul_options options = {.op = QMM_OP_QMM_T, .kernel = row};
+            CHECK_OK(qmm_buffer_poison(p.out));
+            CHECK_OK(qmm_matmul(context, p.weights, p.x, p.M, p.out, &options, NULL));
+            if (runs[r].name) unsetenv(runs[r].name);
+            product_check(&p, label, 2.0);
+            if (bits[r]) memcpy(bits[r], p.host_out, bytes);
+            if (r == 1) CHECK(bits[0] && bits[1] && memcmp(bits[0], bits[1], bytes) == 0,
+                              "%s: not the bits of two blocks an SM", label);
+            if (r == 3)
+                CHECK(bits[0] && bits[2] && bits[3] &&
+                          (memcmp(bits[3], bits[0], bytes) == 0 || memcmp(bits[3], bits[2], bytes) == 0),
+                      "%s: the bits of neither launch (two blocks, or one block's split model)", label);
+        }
+        for (size_t r = 0; r < RUNS; r++) free(bits[r]);
+        product_free(&p);
+    }
+}
+
 /* The wgmma rows' last wave (wgmma_splits): where the tiles fill whole waves of the device's SMs and part of one, the
  * whole waves run unsplit in one launch and the rest split across the SMs in another. N = 17000 rows at M = 100 is
  * 133 tiles of 128 × 128 (one more than the H200's 132 SMs, the last one partial in N), 266 of 128 × 64 and 532 of
@@ -1409,6 +1462,7 @@ static void test_errors(qmm_context *context, check_rng *rng) {
                         {"QMM_CUDA_M16N64_ONE_GRID", "-1", "0, 1", "cuda.qmm_t.mma_gemv.m16n64"},
                         {"QMM_CUDA_WGMMA_CLUSTER", "always", "0, 1, require", NULL},
                         {"QMM_CUDA_WGMMA_LAST_WAVE", "off", "0, 1", NULL},
+                        {"QMM_CUDA_WGMMA32_BLOCKS", "3", "1, 2", NULL},
                         {"QMM_CUDA_INVARIANT_SLOTS", "none", "0, 1", NULL},
                         {"QMM_CUDA_INVARIANT_PATH", "sideways", "split, virtual, last, blocks", NULL},
                         {"QMM_CUDA_GATHER_GROUPED", "2", "0, 1", "cuda.qmm_t.mma_gemv.m16n32"},
@@ -2116,6 +2170,7 @@ static const section sections[] = {
     {"wgmma_cluster_splits", test_wgmma_cluster_splits},
     {"qmm_n", test_qmm_n},
     {"stored_bits", test_stored_bits},
+    {"wgmma32_blocks", test_wgmma32_blocks},
 };
 #define SECTION_COUNT (sizeof sections / sizeof sections[0])
 
