@@ -586,7 +586,9 @@ static void test_wgmma32_blocks(qmm_context *context, check_rng *rng) {
  * 133 tiles of 128 × 128 (one more than the H200's 132 SMs, the last one partial in N), 266 of 128 × 64 and 532 of
  * 128 × 32; K = 2048
  * gives enough super-blocks to split at both bit widths. Against the oracle with poisoned outputs, the same bits
- * on three runs, and with QMM_CUDA_WGMMA_LAST_WAVE=0 (every tile split alike, or none) within the bound too. */
+ * on three runs, and with QMM_CUDA_WGMMA_LAST_WAVE=0 (every tile split alike, or none) within the bound too. The
+ * 32-token tile's 532 tiles run two blocks an SM, unsplit (wgmma_splits); with QMM_CUDA_WGMMA32_BLOCKS=1 its one-block
+ * launch takes the last wave as the other rows do, checked against the oracle too. */
 static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
     static const struct {
         int bits, group_size;
@@ -606,6 +608,8 @@ static void test_wgmma_last_wave(qmm_context *context, check_rng *rng) {
             snprintf(label, sizeof label, "last wave %d-bit gs%d", cases[c].bits, cases[c].group_size);
             check_forced_runs(context, &p, rows[r], label, first);
             check_forced_with_env(context, &p, rows[r], "QMM_CUDA_WGMMA_LAST_WAVE", "0", "without the last wave");
+            if (strstr(rows[r], ".m32n128"))
+                check_forced_with_env(context, &p, rows[r], "QMM_CUDA_WGMMA32_BLOCKS", "1", "one block an SM");
         }
         free(first);
         product_free(&p);
