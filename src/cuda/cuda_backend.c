@@ -917,7 +917,7 @@ static bool wgmma_supports(const qmm_call *call, size_t tokens, char *why_not, s
 }
 
 /* Splits of K for a wgmma_tile launch, and its blocks an SM (*blocks: 2 for the 32-token tile's unsplit launch by the
- * rule below, else 1). Its block has an SM to itself (384 threads at 168 registers, 100–170 KB of
+ * rule below, else 1). Otherwise its block has an SM to itself (384 threads at 168 registers, 100–170 KB of
  * shared memory), so a grid of fewer tiles than SMs leaves SMs idle, and every split adds a fixed cost (its pipeline
  * filling and draining, the partial tile written and summed). The count minimises waves × (super-blocks per split +
  * 8), the 8 fitted to the tenth session's A/B on the H200 (docs/PERF.md: 40 tiles of 5120² at M = 128 → 3 splits,
@@ -944,8 +944,9 @@ static int wgmma_splits(const qmm_call *call, size_t tokens, int *whole_tiles, i
     /* The 32-token tile two blocks an SM, unsplit, where its tiles are at least 1.4 waves of single blocks: 216 tiles
      * of 27648×5120 at M = 17–32 in 0.82–0.85× the time of two waves (the second of 84 tiles, too many for the split
      * last wave), 192 / 256 / 266 / 300 / 320 / 512 tiles 0.94 / 0.83 / 0.99 / 0.95 / 0.91 / 0.82; not at 136 and 160,
-     * where the one-block launch's split last wave took 0.92–0.95× the two blocks' time, nor where the tiles fit one
-     * wave of single blocks (the two-block form, split further, 0.86–1.07×) (H100, docs/PERF.md, fifty-second session).
+     * where the one-block launch's split last wave took 0.90–0.95× the two blocks' time, nor where the tiles fit one
+     * wave of single blocks (a two-block form whose model counted 264 slots, and so split further, took 0.85–1.08×
+     * there) (H100, docs/PERF.md, fifty-second session).
      * QMM_CUDA_WGMMA32_BLOCKS=2 takes it at every unforced count (tests: every shape through it), =1 never. */
     if (tokens == 32 && !(forced && *forced) && sms > 0 && !(two && strcmp(two, "1") == 0) &&
         (tiles * 5 >= sms * 7 || (two && strcmp(two, "2") == 0))) {

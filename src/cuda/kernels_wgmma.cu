@@ -75,8 +75,8 @@ constexpr int WG_THREADS = 384; /* consumers 0–255, producer 256–383 */
  * launch may run two blocks an SM (BLOCKS = 2, c->wgmma_blocks: wgmma_splits' rule) at 80 registers, then 24 / 104 (a
  * block's 384 × 80: 128 × 24 + 256 × 104 ≤ 30720), with one segment accumulator (two would make ptxas serialise the
  * 4-bit group-64 tile's wgmmas at 104 registers, C7512) — the same bits (TWO_PARTS). Measured on an H100 (docs/PERF.md,
- * fifty-second session): 0.83–0.95× the one-block launch's time where the tiles need more than one wave of single
- * blocks, ≈ 1.0 with one wave at more splits, 1.03–1.07 where it split 40 and 64 tiles further. */
+ * fifty-second session): 0.81–0.99× the one-block launch's time where the tiles are at least 1.4 waves of single
+ * blocks (192–512 tiles), 1.05–1.11× at 136 and 160 tiles (whose one-block launch splits its last wave). */
 template <int BLOCKS> struct wgmma_occupancy {
     static_assert(BLOCKS == 1 || BLOCKS == 2, "one or two blocks an SM");
     static constexpr bool PARTS_OK = BLOCKS == 1;
@@ -516,7 +516,7 @@ __global__ void __launch_bounds__(WG_THREADS, BLOCKS)
 
     if (warpgroup == 2) {
         /* PREP: the producer only issues copies; its registers go to the consumers (PTX ISA §9.7.17.1, setmaxnreg):
-         * 128 × 40 + 256 × 232 ≤ 65536 */
+         * wgmma_occupancy's counts (one block an SM: 128 × 40 + 256 × 232 ≤ 65536) */
         if (PREP) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(wgmma_occupancy<BLOCKS>::PRODUCER_REGS));
         /* ───── producer ───── */
         const int p = threadIdx.x - 256;
