@@ -191,8 +191,9 @@ qmm_status qmm_tuning_parse(const char *json, size_t size, const char *origin, q
         goto cleanup;
     }
     if (version->valuedouble != 1.0) {
-        status = qmm_error(QMM_ERR_UNSUPPORTED, "tuning table '%s' has version %g; this libqmm reads version 1", origin,
-                           version->valuedouble);
+        /* %.17g: every double that is not 1 prints as something other than 1 (%g's 6 digits gave "1" for 1.0000001) */
+        status = qmm_error(QMM_ERR_UNSUPPORTED, "tuning table '%s' has version %.17g; this libqmm reads version 1",
+                           origin, version->valuedouble);
         goto cleanup;
     }
     const cJSON *file_backend = cJSON_GetObjectItemCaseSensitive(root, "backend");

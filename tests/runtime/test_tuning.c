@@ -458,6 +458,10 @@ static void test_parser(void) {
                    "tuning table 't.json': \"format\" must be \"qmm-tuning\" (what qmm tune writes)");
     expect_refused("{\"format\": \"qmm-tuning\", \"version\": 2}", QMM_ERR_UNSUPPORTED,
                    "tuning table 't.json' has version 2; this libqmm reads version 1");
+    expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1.0000001}", QMM_ERR_UNSUPPORTED,
+                   "tuning table 't.json' has version 1.0000001000000001; this libqmm reads version 1");
+    expect_refused("{\"format\": \"qmm-tuning\", \"version\": 0.5}", QMM_ERR_UNSUPPORTED,
+                   "tuning table 't.json' has version 0.5; this libqmm reads version 1");
     expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1, \"backend\": \"cuda\", \"entries\": []}", QMM_ERR_CORRUPT,
                    "tuning table 't.json': wants \"backend\" and \"device\" (non-empty strings) and \"entries\" (an array)");
     expect_refused("{\"format\": \"qmm-tuning\", \"version\": 1, \"backend\": \"\", \"device\": \"x\", \"entries\": []}",
