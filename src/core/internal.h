@@ -154,6 +154,8 @@ typedef struct qmm_atomic_file {
     const char *path;
     int slot; /* its entry for qmm_atomic_remove_all, or -1 */
 } qmm_atomic_file;
+/* A qmm_atomic_file before qmm_atomic_begin (qmm_atomic_abort on it does nothing). */
+#define QMM_ATOMIC_FILE_NONE {.fd = -1, .temp_path = NULL, .path = NULL, .slot = -1}
 
 /* What a directory entry of this st_mode is, for a message: "a directory", "a symbolic link", "a character
  * device", "a block device", "a FIFO", "a socket", else "not a regular file". */

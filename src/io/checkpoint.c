@@ -1338,7 +1338,7 @@ qmm_status qmm_checkpoint_write(const char *dir, const qmm_tensor *tensors, size
     int dir_note = -1; /* created_dir's entry for a signal's cleanup (qmm_atomic_remove_all) */
     sigset_t signals;  /* the mask before the signals were held back (signals_held) */
     bool signals_held = false;
-    qmm_atomic_file model_file = {-1, NULL, NULL, -1}, config_file = {-1, NULL, NULL, -1};
+    qmm_atomic_file model_file = QMM_ATOMIC_FILE_NONE, config_file = QMM_ATOMIC_FILE_NONE;
     kept_file old_model = {NULL, false};
     char printable[QMM_PRINTABLE_SIZE];
 

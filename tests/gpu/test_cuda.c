@@ -555,7 +555,7 @@ static void test_wgmma32_blocks(qmm_context *context, check_rng *rng) {
             product_free(&p);
             return;
         }
-        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype);
+        const size_t bytes = p.M * p.N * qmm_dtype_size(p.dtype), tiles = (p.N + 127) / 128 * ((p.M + 31) / 32);
         unsigned char *bits[RUNS];
         for (size_t r = 0; r < RUNS; r++) {
             bits[r] = malloc(bytes);
@@ -572,7 +572,6 @@ static void test_wgmma32_blocks(qmm_context *context, check_rng *rng) {
             if (bits[r]) memcpy(bits[r], p.host_out, bytes);
             if (r == 1) CHECK(bits[0] && bits[1] && memcmp(bits[0], bits[1], bytes) == 0,
                               "%s: not the bits of two blocks an SM", label);
-            const size_t tiles = (p.N + 127) / 128 * ((p.M + 31) / 32);
             if (r == 3 && tiles * 5 >= 144 * 7) /* two blocks an SM by the rule on any Hopper GPU */
                 CHECK(bits[0] && bits[3] && memcmp(bits[3], bits[0], bytes) == 0,
                       "%s: not the bits of two blocks an SM (%zu tiles)", label, tiles);

@@ -822,19 +822,19 @@ static void test_signal_cleanup(const char *root) {
     snprintf(config, sizeof config, "%s/config.json", dir);
     snprintf(kept, sizeof kept, "%s/kept.bin", root);
     /* a finished file beside them: renamed into place before the signal */
-    qmm_atomic_file done = {-1, NULL, NULL, -1};
+    qmm_atomic_file done = QMM_ATOMIC_FILE_NONE;
     CHECK_OK(qmm_atomic_begin(&done, kept));
     CHECK_OK(qmm_atomic_write(&done, "kept", 4));
     CHECK_OK(qmm_atomic_finish(&done));
     CHECK_OK(qmm_atomic_rename(&done));
     /* an aborted one: its slot freed */
-    qmm_atomic_file aborted = {-1, NULL, NULL, -1};
+    qmm_atomic_file aborted = QMM_ATOMIC_FILE_NONE;
     CHECK_OK(qmm_atomic_begin(&aborted, kept));
     qmm_atomic_abort(&aborted);
     CHECK(mkdir(dir, 0777) == 0, "mkdir %s", dir);
     const int note = qmm_atomic_note_created_dir(dir);
     CHECK(note >= 0, "the created directory was not noted");
-    qmm_atomic_file a = {-1, NULL, NULL, -1}, b = {-1, NULL, NULL, -1};
+    qmm_atomic_file a = QMM_ATOMIC_FILE_NONE, b = QMM_ATOMIC_FILE_NONE;
     CHECK_OK(qmm_atomic_begin(&a, model));
     CHECK_OK(qmm_atomic_begin(&b, config));
     CHECK_OK(qmm_atomic_write(&a, "partial", 7));

@@ -992,7 +992,7 @@ int check_output_file(const command *c, const char *option, const char *path) {
                                           strerror(errno)));
     /* access() says yes to root everywhere, and a file system may still refuse a new file (/proc): create the
      * temporary file the write will use, then remove it, so that a long run is not lost at its end. */
-    qmm_atomic_file probe = {-1, NULL, NULL, -1};
+    qmm_atomic_file probe = QMM_ATOMIC_FILE_NONE;
     qmm_status probed = qmm_atomic_begin(&probe, path);
     qmm_atomic_abort(&probe);
     if (probed != QMM_OK)
@@ -1002,7 +1002,7 @@ int check_output_file(const command *c, const char *option, const char *path) {
 }
 
 qmm_status write_output_file(const char *option, const char *path, const void *bytes, size_t size) {
-    qmm_atomic_file file = {-1, NULL, NULL, -1};
+    qmm_atomic_file file = QMM_ATOMIC_FILE_NONE;
     int refused = 0;
     qmm_status status = qmm_atomic_begin(&file, path);
     if (status == QMM_OK) status = qmm_atomic_write(&file, bytes, size);
