@@ -422,6 +422,7 @@ for line in ({"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": 
              {"peer": "mlx-cpu", "shape": "tiny", "M": 2, "dtype": "f32", "us": 1e999, "note": "fake"},
              {"peer": "mlx-cpu", "shape": "tiny", "M": -1, "dtype": "f32", "us": 5.0, "note": "fake"},
              {"peer": "mlx-cpu", "shape": "tiny", "M": 1.5, "dtype": "f32", "us": 5.0, "note": "fake"},
+             {"peer": "mlx-cpu", "shape": "tiny", "M": 1.0000001, "dtype": "f32", "us": 5.0, "note": "fake"},
              {"peer": "mlx-cpu", "shape": "tiny", "M": 1, "dtype": "f32", "us": 7.0, "note": "a second line"},
              {"peer": "odd", "shape": "tiny", "M": 1, "dtype": "f32", "us": 9.0, "note": "line\nbreak \u001b[31m"},
              {"peer": "mlx-cpu", "shape": "nowhere", "M": 1, "dtype": "f32", "us": 9.0, "note": "no such cell"}):
@@ -438,6 +439,8 @@ print(json.dumps({"peer": "ggml", "absent": "a test stand-in"}))
   check "a peer's infinite time: skipped" out_matches 'peer mlx-cpu +— .*skipped: the script reported us=inf'
   check "a peer's M=-1: dropped, said on stderr" err_has "peer mlx-cpu: a line with M=-1 is ignored (M must be a whole number from 1 to 65536)"
   check "a peer's M=1.5: dropped, said on stderr" err_has "peer mlx-cpu: a line with M=1.5 is ignored"
+  check "a peer's M=1.0000001: dropped, named with every digit" \
+    err_has "peer mlx-cpu: a line with M=1.0000001000000001 is ignored (M must be a whole number from 1 to 65536)"
   check "a peer's second line for a cell: dropped, said on stderr" err_has "peer mlx-cpu: a second line for tiny M=1 f32 is ignored"
   check "a peer's line naming no cell: said on stderr" err_has "peer mlx-cpu: 1 line named no cell of this run (shape, M, dtype): ignored"
   check "a peer's control characters: printed as '?'" out_matches 'peer odd +9\.0 .* line\?break \?\[31m'

@@ -136,7 +136,8 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_
             copy_text(sample.peer, sizeof sample.peer, peer);
             const double M = m->valuedouble;
             if (!(M >= 1 && M <= 65536 && M == floor(M))) {
-                fprintf(stderr, "  peer %s: a line with M=%g is ignored (M must be a whole number from 1 to 65536)\n",
+                /* %.17g: a value that breaks the rule never prints as one that keeps it (%g: 1.0000001 as 1) */
+                fprintf(stderr, "  peer %s: a line with M=%.17g is ignored (M must be a whole number from 1 to 65536)\n",
                         sample.peer, M);
                 cJSON_Delete(object);
                 continue;
@@ -149,7 +150,7 @@ int bench_run_script_peer(const char *shell_command, int deadline_s, size_t max_
             sample.us = skipped || bad_time ? NAN : time;
             if (bad_time) {
                 snprintf(sample.note, sizeof sample.note,
-                         "skipped: the script reported us=%g (a time must be finite, from 0.001 to 1e9 µs)", time);
+                         "skipped: the script reported us=%.17g (a time must be finite, from 0.001 to 1e9 µs)", time);
             } else {
                 copy_text(sample.note, sizeof sample.note, skipped ? skipped : note ? note : "");
             }
