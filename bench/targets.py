@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """targets.py — issue 8's speed targets, met or missed, from a `qmm bench --backend cuda --json` file.
 
-Usage: python3 bench/targets.py RUN.json[.xz] [--batch-invariant BI.json[.xz]]
+Usage: python3 bench/targets.py RUN.json[.xz] ...
 
-RUN is a sweep over the seed shapes (and optionally Qwen3's) with the peers, e.g. `qmm bench --backend cuda --shapes
-seed,qwen3 --m 1,2,4,8,16,32,64,128,256,512,2048 --dtype f16,bf16 --selector-only --json RUN.json`. BI, where given,
-is the same sweep with --batch-invariant (M ≥ 128 is what the target reads). Prints one line per target: the cells it
-applies to, how many meet it, and the worst cell (shape, M, dtype, value). Time is the selector's kernel (the row marked
-`selected`); the targets (issue 8, "Targets"; H200, f16 and bf16, 4-bit group 64 — the default sweep's format):
+Each RUN is a sweep over the seed shapes (and optionally Qwen3's), e.g. `qmm bench --backend cuda --shapes seed,qwen3
+--m 1,2,4,8,16,32,64,128,256,512,2048 --dtype f16,bf16 --selector-only --json RUN.json` (with the peers); a run with
+--batch-invariant (its 'bi' rows beside the default's) gives the mode's cost. Prints, per file, one line per target:
+the cells it applies to, how many meet it, the range and the worst cell (shape, M, dtype, value). Time is the
+selector's kernel (the row marked `selected`); the targets (issue 8, "Targets"; H200, f16 and bf16, 4-bit group 64 — the default sweep's format):
   M = 32 and 64 ≤ 1.5× the floor on every seed shape; M = 128 ≤ 1.5×; M = 512 and 2048 ≤ 1.15× and ≤ cuBLAS dense in
   the same dtype; faster than torch int4 and MLX CUDA in every cell, than cuBLAS dense in every cell with M ≤ 256;
   the selector's kernel the fastest or within 5 % in ≥ 90 % of cells (only from a run that measured every kernel, i.e.
-  without --selector-only); batch-invariant within 1.3× the default at M ≥ 128 (geomean and cells).
+  without --selector-only); batch-invariant within 1.3× the default at M ≥ 128 (cells, and the geomean per M).
 A target with no cell in the file (a peer absent, a dtype not run) says so rather than passing.
 """
 import json
@@ -20,16 +20,43 @@ import math
 import sys
 
 
+class BadInput(Exception):
+    pass
+
+
 def load(path):
+    """The bench JSON at path (xz-compressed where it ends in .xz); BadInput names the file and what is wrong."""
     opener = lzma.open if path.endswith(".xz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+    try:
+        with opener(path, "rt") as f:
+            run = json.load(f)
+    except (OSError, lzma.LZMAError, UnicodeDecodeError) as e:
+        raise BadInput(f"cannot read {path}: {e}")
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path} is not JSON: {e}")
+    if not isinstance(run, dict) or not isinstance(run.get("cells"), list):
+        raise BadInput(f"{path} has no 'cells' list: not a qmm bench --json file")
+    for i, c in enumerate(run["cells"]):
+        missing = [k for k in ("shape", "M", "dtype", "floor_us", "kernels") if not isinstance(c, dict) or k not in c]
+        if missing:
+            raise BadInput(f"{path}: cell {i} lacks {', '.join(missing)}: not a qmm bench --json file")
+    return run
 
 
 def selected_us(cell):
     for k in cell["kernels"]:
         if k.get("selected"):
-            return k["us"]
+            us = k.get("us")
+            return us if isinstance(us, (int, float)) and us > 0 else None  # a row that failed or was skipped
+    return None
+
+
+def invariant_us(cell):
+    """The batch-invariant row's time (qmm bench --batch-invariant), or None."""
+    for k in cell["kernels"]:
+        us = k.get("us")
+        if k.get("batch_invariant") and isinstance(us, (int, float)) and us > 0:
+            return us
     return None
 
 
@@ -57,25 +84,18 @@ def report(name, rows, ok):
     print(f"{name}: {verdict}, {met}/{len(rows)} cells; range {lo:.2f}–{worst[1]:.2f} (worst {where(worst[0])})")
 
 
-def main(argv):
-    if len(argv) < 2 or argv[1] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0 if len(argv) >= 2 else 2
-    run = load(argv[1])
-    bi = None
-    if len(argv) == 4 and argv[2] == "--batch-invariant":
-        bi = load(argv[3])
-    elif len(argv) != 2:
-        print("targets.py: expected RUN.json[.xz] [--batch-invariant BI.json[.xz]]", file=sys.stderr)
-        return 2
+def targets(path):
+    run = load(path)
     if run.get("backend") != "cuda":
-        print(f"targets.py: {argv[1]} is a '{run.get('backend')}' run; the targets are the CUDA backend's", file=sys.stderr)
-        return 2
-    cells = [c for c in run["cells"] if c["dtype"] in ("f16", "bf16") and selected_us(c) is not None]
+        raise BadInput(f"{path} is a '{run.get('backend')}' run; the targets are the CUDA backend's")
+    cells = [c for c in run["cells"]
+             if c["dtype"] in ("f16", "bf16") and selected_us(c) is not None and c["floor_us"] > 0]
     seed = [c for c in cells if c["shape"].startswith("seed.")]
-    machine = run.get("machine", {})
-    print(f"# {machine.get('gpu', machine) if isinstance(machine, dict) else machine}; {argv[1]}; {len(cells)} f16/bf16 cells"
+    machine, fmt = run.get("machine", {}), run.get("format", {})
+    print(f"# {machine.get('gpu', machine) if isinstance(machine, dict) else machine}; {path}; {len(cells)} f16/bf16 cells"
           f" ({len(seed)} seed)")
+    if not isinstance(fmt, dict) or (fmt.get("bits"), fmt.get("group_size")) != (4, 64):
+        print(f"# note: the targets are stated for 4-bit group 64; this run's format is {fmt}")
 
     def ratio(c):
         return selected_us(c) / c["floor_us"]
@@ -107,19 +127,30 @@ def main(argv):
                   f" {fast}/{len(judged)} ({100 * share:.0f} %)")
         else:
             print("selector within 5 % of the fastest in ≥ 90 % of cells: no cell with more than one kernel measured")
-    if bi is not None:
-        default = {(c["shape"], c["M"], c["dtype"]): selected_us(c) for c in cells}
-        rows = []
-        for c in bi["cells"]:
-            key = (c["shape"], c["M"], c["dtype"])
-            if c["M"] >= 128 and key in default and selected_us(c) is not None:
-                rows.append((c, selected_us(c) / default[key]))
-        report("batch-invariant ÷ default at M ≥ 128: ≤ 1.3 (cells)", rows, lambda v: v <= 1.3)
-        for m in sorted({c["M"] for c, _ in rows}):
-            vals = [v for c, v in rows if c["M"] == m]
-            print(f"  M = {m}: geomean {math.exp(sum(map(math.log, vals)) / len(vals)):.2f} over {len(vals)} cells")
+    rows = [(c, invariant_us(c) / selected_us(c)) for c in cells if c["M"] >= 128 and invariant_us(c) is not None]
+    if not run.get("batch_invariant"):
+        print("batch-invariant ÷ default at M ≥ 128: ≤ 1.3: not measured by this run (no --batch-invariant)")
+        return
+    report("batch-invariant ÷ default at M ≥ 128: ≤ 1.3 (cells)", rows, lambda v: v <= 1.3)
+    for m in sorted({c["M"] for c, _ in rows}):
+        for dtype in ("f16", "bf16"):
+            vals = [v for c, v in rows if c["M"] == m and c["dtype"] == dtype]
+            if vals:
+                print(f"  M = {m} {dtype}: geomean {math.exp(sum(map(math.log, vals)) / len(vals)):.2f} over {len(vals)} cells")
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(argv) >= 2 else 2
+    for path in argv[1:]:
+        targets(path)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    try:
+        sys.exit(main(sys.argv))
+    except BadInput as e:
+        print(f"targets.py: {e}", file=sys.stderr)
+        sys.exit(2)
