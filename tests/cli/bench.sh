@@ -523,4 +523,45 @@ if command -v python3 >/dev/null && ! python3 -c 'import mlx.core' 2>/dev/null; 
     grep -qF '{"peer": "mlx-gather-cpu", "absent": "cannot import mlx.core (' <<<"$peer_out"
 fi
 
+# bench/targets.py (issue 8's targets read off a CUDA run): a synthetic run whose verdicts are known, a ref run refused,
+# a file that is not a bench JSON refused with a message.
+if command -v python3 >/dev/null; then
+  python3 - "$WORK/targets.json" <<'PY'
+import json, sys
+def cell(shape, M, dtype, floor, us, peers=(), bi=None):
+    k = [{"name": "cuda.k", "selected": True, "batch_invariant": False, "us": us}]
+    if bi is not None:
+        k.append({"name": "cuda.k", "selected": False, "batch_invariant": True, "us": bi})
+    return {"shape": shape, "M": M, "dtype": dtype, "floor_us": floor, "kernels": k,
+            "peers": [{"name": n, "us": u} for n, u in peers]}
+cells = [cell("seed.a", 32, "f16", 10.0, 14.0), cell("seed.a", 64, "bf16", 10.0, 16.0),      # 1.4 met, 1.6 missed
+         cell("seed.a", 128, "f16", 10.0, 12.0, bi=15.0),                                    # 1.2 met; bi 1.25
+         cell("seed.a", 512, "f16", 10.0, 11.0, [("cublas dense f16", 12.0)], bi=15.0),     # 1.1 met, ≤ cuBLAS; bi 1.36
+         cell("qwen3.b", 2048, "bf16", 10.0, 30.0, [("cublas dense bf16", 20.0), ("torch-int4", 60.0)]),
+         cell("seed.a", 1, "f32", 1.0, 99.0)]                                                # f32: not judged
+json.dump({"backend": "cuda", "machine": {"gpu": "test"}, "format": {"bits": 4, "group_size": 64},
+           "selector_only": True, "batch_invariant": True, "cells": cells}, open(sys.argv[1], "w"))
+PY
+  targets_out=$(python3 "$SRC/bench/targets.py" "$WORK/targets.json" 2>&1)
+  RC=$? OUT=$targets_out CMD="python3 bench/targets.py targets.json"
+  check "targets: f32 cells not judged" out_has "5 f16/bf16 cells (4 seed)"
+  check "targets: M = 32/64 one of two" out_has "M = 32 and 64, seed: ≤ 1.5× floor: missed, 1/2 cells; range 1.40–1.60 (worst seed.a M=64 bf16)"
+  check "targets: M = 128 met" out_has "M = 128, seed: ≤ 1.5× floor: met, 1/1 cells; range 1.20–1.20"
+  check "targets: M = 512/2048 seed only" out_has "M = 512 and 2048, seed: ≤ 1.15× floor: met, 1/1 cells"
+  check "targets: against cuBLAS, every shape" out_has "M = 512 and 2048: ≤ cuBLAS dense (time ÷ cuBLAS): missed, 1/2 cells; range 0.92–1.50 (worst qwen3.b M=2048 bf16)"
+  check "targets: an absent peer says so" out_has "every cell: faster than MLX CUDA (time ÷ MLX): no cells in this file"
+  check "targets: torch int4" out_has "every cell: faster than torch int4 (time ÷ torch): met, 1/1 cells; range 0.50–0.50"
+  check "targets: --selector-only has no selector share" out_has "not measured by this run (--selector-only)"
+  check "targets: the mode's cost" out_has "batch-invariant ÷ default at M ≥ 128: ≤ 1.3 (cells): missed, 1/2 cells; range 1.25–1.36"
+  targets_out=$(python3 "$SRC/bench/targets.py" "$WORK/bench.json" 2>&1)
+  RC=$? OUT=$targets_out CMD="python3 bench/targets.py bench.json (a ref run)"
+  check "targets: a ref run refused, exit 2" rc_is 2
+  check "targets: the refusal names the backend" out_has "is a 'ref' run; the targets are the CUDA backend's"
+  printf '{"cells": [{"shape": "x"}]}' >"$WORK/not-bench.json"
+  targets_out=$(python3 "$SRC/bench/targets.py" "$WORK/not-bench.json" 2>&1)
+  RC=$? OUT=$targets_out CMD="python3 bench/targets.py not-bench.json"
+  check "targets: a cell without its fields refused, exit 2" rc_is 2
+  check "targets: the message names the cell and the fields" out_has "cell 0 lacks M, dtype, floor_us, kernels"
+fi
+
 finish
