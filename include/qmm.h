@@ -89,9 +89,11 @@ float qmm_f16_to_f32(uint16_t bits);
 uint16_t qmm_f32_to_bf16(float value);
 float qmm_bf16_to_f32(uint16_t bits);
 
-/* Converts count elements between the float dtypes F32/F16/BF16 (any pair, same-type is a copy).
+/* Converts count elements between the float dtypes F32/F16/BF16 (any pair, same-type is a copy). src and dst may
+ * overlap (in place, e.g. f16 -> f32 widened into the same buffer: every element is read before it is overwritten).
  * Errors: QMM_ERR_INVALID_ARGUMENT for null pointers (with count > 0) or a non-float dtype,
- * QMM_ERR_OVERFLOW when count elements overflow a byte count. */
+ * QMM_ERR_OVERFLOW when count elements overflow a byte count, QMM_ERR_OUT_OF_MEMORY where an overlap that
+ * neither direction can convert in place needs a copy of the source and it cannot be allocated. */
 qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtype dst_dtype, size_t count);
 
 /* ───────────────────────────── The affine format ───────────────────────────── */

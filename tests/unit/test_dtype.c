@@ -225,6 +225,32 @@ static void test_convert(void) {
     CHECK_STATUS(qmm_convert(&one, QMM_F32, &half, QMM_BF16, SIZE_MAX / 3), QMM_ERR_OVERFLOW);
     CHECK(strstr(qmm_last_error(), "elements of f32 overflow") != NULL, "message names the source: %s", qmm_last_error());
     CHECK_STATUS(qmm_convert(&half, QMM_F16, &one, QMM_F32, SIZE_MAX / 3), QMM_ERR_OVERFLOW);
+
+    /* Overlapping arrays (found by a break-it helper: f16 -> f32 in place read halves it had already overwritten):
+     * every pair of distinct dtypes, dst at byte offsets -16 … +16 from src inside one buffer — in place, shifted
+     * either way, narrower and wider — gives the bits of the same conversion between separate arrays. */
+    enum { N_OVERLAP = 37 };
+    float values[N_OVERLAP];
+    for (int i = 0; i < N_OVERLAP; i++) values[i] = (float)(i - 18) * 0.37f + (i % 5 == 0 ? 1e-6f : 0.0f);
+    for (int s = 0; s < 3; s++) {
+        for (int d = 0; d < 3; d++) {
+            if (s == d) continue;
+            qmm_dtype from = dtypes[s], to = dtypes[d];
+            uint8_t source[N_OVERLAP * 4], expected[N_OVERLAP * 4];
+            CHECK_OK(qmm_convert(values, QMM_F32, source, from, N_OVERLAP));
+            CHECK_OK(qmm_convert(source, from, expected, to, N_OVERLAP));
+            const size_t out_bytes = N_OVERLAP * qmm_dtype_size(to), in_bytes = N_OVERLAP * qmm_dtype_size(from);
+            for (int offset = -16; offset <= 16; offset += 4) {
+                _Alignas(4) uint8_t buffer[N_OVERLAP * 4 + 64];
+                memset(buffer, 0x5A, sizeof buffer);
+                uint8_t *in = buffer + 24, *out = in + offset;
+                memcpy(in, source, in_bytes);
+                CHECK_OK(qmm_convert(in, from, out, to, N_OVERLAP));
+                CHECK(memcmp(out, expected, out_bytes) == 0, "qmm_convert %s -> %s with dst at src %+d bytes: other bits",
+                      qmm_dtype_name(from), qmm_dtype_name(to), offset);
+            }
+        }
+    }
 }
 
 static void test_dtype_names(void) {
