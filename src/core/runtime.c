@@ -597,28 +597,32 @@ qmm_status qmm_buffer_read(const qmm_buffer *buffer, void *host, size_t count) {
 qmm_status qmm_buffer_poison(qmm_buffer *buffer) {
     if (!buffer) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_buffer_poison: buffer is NULL");
     if (buffer->destroyed) return destroyed_error("qmm_buffer_poison", "the buffer", "qmm_buffer_destroy");
-    /* Quiet NaN patterns of each dtype, uploaded from a host chunk so that device memory works too. */
+    /* Quiet NaN patterns of each dtype, uploaded from a host chunk so that device memory works too. The chunk is
+     * on the heap: as a thread-local array its 16 KiB sat in every thread's static TLS, OpenMP workers' included,
+     * whose stacks hold it (a small OMP_STACKSIZE then crashed `qmm run`; a break-it helper). */
     enum { CHUNK = 4096 };
-    static _Thread_local union {
+    union nan_chunk {
         float f32[CHUNK];
         uint16_t f16[CHUNK];
-    } nan_chunk;
+    } *nan_chunk = malloc(sizeof *nan_chunk);
+    if (!nan_chunk)
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_buffer_poison: %zu bytes for the NaN chunk", sizeof *nan_chunk);
     const size_t size = qmm_dtype_size(buffer->dtype);
     for (size_t i = 0; i < CHUNK; i++) {
         switch (buffer->dtype) {
-        case QMM_F16: nan_chunk.f16[i] = 0x7E00; break;
-        case QMM_BF16: nan_chunk.f16[i] = 0x7FC0; break;
-        default: nan_chunk.f32[i] = __builtin_nanf(""); break;
+        case QMM_F16: nan_chunk->f16[i] = 0x7E00; break;
+        case QMM_BF16: nan_chunk->f16[i] = 0x7FC0; break;
+        default: nan_chunk->f32[i] = __builtin_nanf(""); break;
         }
     }
     const qmm_context *context = buffer->context;
-    for (size_t done = 0; done < buffer->count; done += CHUNK) {
+    qmm_status status = QMM_OK;
+    for (size_t done = 0; done < buffer->count && status == QMM_OK; done += CHUNK) {
         size_t elements = buffer->count - done < CHUNK ? buffer->count - done : CHUNK;
-        qmm_status status = context->hooks->upload(context->state, (char *)buffer->memory + done * size, &nan_chunk,
-                                                   elements * size);
-        if (status != QMM_OK) return status;
+        status = context->hooks->upload(context->state, (char *)buffer->memory + done * size, nan_chunk, elements * size);
     }
-    return QMM_OK;
+    free(nan_chunk);
+    return status;
 }
 
 /* ───────────────────────────── matmul ───────────────────────────── */

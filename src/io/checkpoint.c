@@ -47,9 +47,10 @@ static bool format_bits_ok(double bits) {
 }
 static bool format_group_ok(double group_size) { return group_size == 32 || group_size == 64 || group_size == 128; }
 
-/* Reads "bits"/"group_size" of a quantization object; a missing member inherits *bits / *group_size
- * when those are non-zero (an override that names only what differs). where (printable: a layer's name in it
- * escaped) names the object in messages. */
+/* Reads "bits"/"group_size" of a quantization object; a missing member keeps *bits / *group_size when those are
+ * non-zero (a layer's object: MLX's defaults, set by the caller), and is an error otherwise (the top-level object, which
+ * mlx-lm indexes as quantization["bits"]). where (printable: a layer's name in it escaped) names the object in
+ * messages. */
 static qmm_status parse_format(const cJSON *object, const char *where, int *bits, int *group_size) {
     const char *printable = where;
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(object, "mode");
@@ -162,6 +163,12 @@ static qmm_status parse_quantization(const cJSON *quantization, const char *key,
         if (entry->quantized && !cJSON_IsObject(item) && !cJSON_IsBool(item)) {
             entry->bad_kind = qmm_io_json_kind(item);
         } else if (entry->quantized && cJSON_IsObject(item)) {
+            /* mlx-lm's class_predicate hands a layer's object to MLX's nn.quantize, which calls
+             * to_quantized(**object): a member it leaves out takes to_quantized's default for affine mode — group 64,
+             * 4 bits (mlx.nn, _defaults_for_mode) — not the config's default format (which a break-it helper found
+             * qmm used: such a layer was read with other bits or group than MLX reads it with). */
+            entry->bits = 4;
+            entry->group_size = 64;
             /* the name escaped once, here: where goes into messages as it is (qmm_io_json_keys_once, parse_format) */
             char where[QMM_PRINTABLE_SIZE + 32], in_config[QMM_PRINTABLE_SIZE + 48];
             snprintf(where, sizeof where, "%s[\"%s\"]", key,

@@ -266,6 +266,42 @@ static void write_single(const char *dir, const qmm_tensor *tensors, size_t coun
     CHECK(io_write_file(io_path(dir, "config.json"), config, strlen(config)), "write config");
 }
 
+/* A layer's object in config.json that leaves out bits or group_size: MLX's nn.quantize calls to_quantized(**object),
+ * so the member takes to_quantized's affine default (4 bits, group 64), not the config's default format (which qmm
+ * used until a break-it helper compared the two). The config's default here (8 bits, group 32) differs from both
+ * layers, so the old reading refused them. */
+static void test_layer_object_defaults(const char *root) {
+    check_rng rng = check_rng_make(21);
+    check_qmatrix a, c;
+    CHECK(check_qmatrix_random(&rng, 4, 128, 4, 64, QMM_F16, &a), "matrix a");
+    CHECK(check_qmatrix_random(&rng, 2, 128, 8, 64, QMM_F16, &c), "matrix c");
+    const qmm_tensor tensors[6] = {
+        tensor_2d("la.weight", QMM_U32, 4, 16, a.w), tensor_2d("la.scales", QMM_F16, 4, 2, a.scales),
+        tensor_2d("la.biases", QMM_F16, 4, 2, a.biases), tensor_2d("lc.weight", QMM_U32, 2, 32, c.w),
+        tensor_2d("lc.scales", QMM_F16, 2, 2, c.scales), tensor_2d("lc.biases", QMM_F16, 2, 2, c.biases)};
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, "layer-defaults");
+    write_single(dir, tensors, 6,
+                 "{\"quantization\": {\"group_size\": 32, \"bits\": 8, \"la\": {\"group_size\": 64},"
+                 " \"lc\": {\"bits\": 8}}}");
+    qmm_checkpoint *ck = NULL;
+    CHECK_OK(qmm_checkpoint_open(dir, &ck));
+    if (ck) {
+        qmm_layer layer;
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "la", &layer));
+        CHECK(layer.matrix.bits == 4 && layer.matrix.group_size == 64, "la {group_size: 64}: %d bits, group %d",
+              layer.matrix.bits, layer.matrix.group_size);
+        CHECK(same_matrix(&layer.matrix, &a.m), "la differs");
+        CHECK_OK(qmm_checkpoint_find_layer(ck, "lc", &layer));
+        CHECK(layer.matrix.bits == 8 && layer.matrix.group_size == 64, "lc {bits: 8}: %d bits, group %d",
+              layer.matrix.bits, layer.matrix.group_size);
+        CHECK(same_matrix(&layer.matrix, &c.m), "lc differs");
+        qmm_checkpoint_close(ck);
+    }
+    check_qmatrix_free(&a);
+    check_qmatrix_free(&c);
+}
+
 static void test_inconsistent_layers(const char *root) {
     check_rng rng = check_rng_make(13);
     check_qmatrix a;
@@ -881,6 +917,7 @@ int main(void) {
     if (root) {
         test_round_trip(root);
         test_two_shards(root);
+        test_layer_object_defaults(root);
         test_inconsistent_layers(root);
         test_config(root);
         test_write_refusals(root);
