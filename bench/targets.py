@@ -25,44 +25,77 @@ class BadInput(Exception):
 
 
 def load(path):
-    """The bench JSON at path (xz-compressed where it ends in .xz); BadInput names the file and what is wrong."""
+    """The bench JSON at path (xz-compressed where it ends in .xz), its cells checked field by field; BadInput names the
+    file, the cell and the field that is wrong."""
     opener = lzma.open if path.endswith(".xz") else open
     try:
         with opener(path, "rt") as f:
             run = json.load(f)
     except (OSError, lzma.LZMAError, UnicodeDecodeError) as e:
         raise BadInput(f"cannot read {path}: {e}")
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path} is not JSON: {e}")
+    except (ValueError, RecursionError) as e:  # json.JSONDecodeError is a ValueError; so is an over-long integer
+        raise BadInput(f"{path} is not JSON this script reads: {str(e)[:200]}")
     if not isinstance(run, dict) or not isinstance(run.get("cells"), list):
         raise BadInput(f"{path} has no 'cells' list: not a qmm bench --json file")
     for i, c in enumerate(run["cells"]):
-        missing = [k for k in ("shape", "M", "dtype", "floor_us", "kernels") if not isinstance(c, dict) or k not in c]
-        if missing:
-            raise BadInput(f"{path}: cell {i} lacks {', '.join(missing)}: not a qmm bench --json file")
+        check_cell(path, i, c)
     return run
+
+
+def positive(value):
+    """A finite number > 0 (not a bool: JSON true is no time)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def check_cell(path, i, c):
+    def bad(what):
+        raise BadInput(f"{path}: cell {i}: {what}: not a qmm bench --json file")
+
+    if not isinstance(c, dict):
+        bad("not an object")
+    missing = [k for k in ("shape", "M", "dtype", "floor_us", "kernels") if k not in c]
+    if missing:
+        bad(f"lacks {', '.join(missing)}")
+    if not isinstance(c["shape"], str) or not isinstance(c["dtype"], str):
+        bad("shape and dtype must be strings")
+    if not isinstance(c["M"], int) or isinstance(c["M"], bool) or c["M"] < 1:
+        bad(f"M={c['M']!r} is not a whole number ≥ 1")
+    if not positive(c["floor_us"]):
+        bad(f"floor_us={c['floor_us']!r} is not a finite number > 0")
+    if c.get("selector_fastest") is not None and not isinstance(c["selector_fastest"], bool):
+        bad(f"selector_fastest={c['selector_fastest']!r} is not true, false or null")
+    for key in ("kernels", "peers"):
+        rows = c.get(key, [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            bad(f"{key} must be a list of objects")
+        for r in rows:
+            if not isinstance(r.get("name"), str):
+                bad(f"a {key[:-1]} without a name string")
+            if r.get("us") is not None and not positive(r["us"]):
+                bad(f"{r['name']}: us={r['us']!r} is not null or a finite number > 0")
+            for flag in ("selected", "batch_invariant"):
+                if r.get(flag) is not None and not isinstance(r[flag], bool):
+                    bad(f"{r['name']}: {flag}={r[flag]!r} is not true or false")
 
 
 def selected_us(cell):
     for k in cell["kernels"]:
         if k.get("selected"):
-            us = k.get("us")
-            return us if isinstance(us, (int, float)) and us > 0 else None  # a row that failed or was skipped
+            return k.get("us")  # None: a row that failed or was skipped
     return None
 
 
 def invariant_us(cell):
     """The batch-invariant row's time (qmm bench --batch-invariant), or None."""
     for k in cell["kernels"]:
-        us = k.get("us")
-        if k.get("batch_invariant") and isinstance(us, (int, float)) and us > 0:
-            return us
+        if k.get("batch_invariant") and k.get("us") is not None:
+            return k["us"]
     return None
 
 
 def peer_us(cell, prefix):
     for p in cell.get("peers", []):
-        if p["name"].startswith(prefix) and p.get("us"):
+        if p["name"].startswith(prefix) and p.get("us") is not None:
             return p["us"]
     return None
 
@@ -88,8 +121,7 @@ def targets(path):
     run = load(path)
     if run.get("backend") != "cuda":
         raise BadInput(f"{path} is a '{run.get('backend')}' run; the targets are the CUDA backend's")
-    cells = [c for c in run["cells"]
-             if c["dtype"] in ("f16", "bf16") and selected_us(c) is not None and c["floor_us"] > 0]
+    cells = [c for c in run["cells"] if c["dtype"] in ("f16", "bf16") and selected_us(c) is not None]
     seed = [c for c in cells if c["shape"].startswith("seed.")]
     machine, fmt = run.get("machine", {}), run.get("format", {})
     print(f"# {machine.get('gpu', machine) if isinstance(machine, dict) else machine}; {path}; {len(cells)} f16/bf16 cells"

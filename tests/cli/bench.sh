@@ -561,7 +561,13 @@ PY
   targets_out=$(python3 "$SRC/bench/targets.py" "$WORK/not-bench.json" 2>&1)
   RC=$? OUT=$targets_out CMD="python3 bench/targets.py not-bench.json"
   check "targets: a cell without its fields refused, exit 2" rc_is 2
-  check "targets: the message names the cell and the fields" out_has "cell 0 lacks M, dtype, floor_us, kernels"
+  check "targets: the message names the cell and the fields" out_has "cell 0: lacks M, dtype, floor_us, kernels"
+  printf '{"cells": [{"shape": "s", "M": 32, "dtype": "f16", "floor_us": 1, "kernels": [{"name": "k", "selected": true, "us": -1}]}]}' \
+    >"$WORK/not-bench.json"
+  targets_out=$(python3 "$SRC/bench/targets.py" "$WORK/not-bench.json" 2>&1)
+  RC=$? OUT=$targets_out CMD="python3 bench/targets.py not-bench.json (a negative time)"
+  check "targets: a negative time refused, exit 2" rc_is 2
+  check "targets: the message names the row and the value" out_has "cell 0: k: us=-1 is not null or a finite number > 0"
 fi
 
 finish
