@@ -588,7 +588,7 @@ qmm_status qmm_chain_run(qmm_chain *chain);
 /* Time of the whole last run in microseconds: on CUDA the device time from before the first step to
  * after the last, launch gaps inside the graph included (what `qmm bench` divides by the steps); on
  * host backends the sum of the steps. Errors: QMM_ERR_INVALID_ARGUMENT (NULL, or not run since the last
- * step was added). */
+ * step was added or the step timing changed). */
 qmm_status qmm_chain_elapsed(const qmm_chain *chain, double *microseconds);
 /* Per-step timing (on by default). On CUDA each step is bracketed by an event recorded inside the graph,
  * which costs device time between steps; with enabled = 0 the graph holds only the kernels and is timed

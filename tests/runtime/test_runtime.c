@@ -640,7 +640,7 @@ static void test_chain(qmm_context *context, check_rng *rng) {
     double us = -1.0;
     qmm_kernel_info info;
     CHECK_STATUS(qmm_chain_step(chain, 0, &us, &info), QMM_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("qmm_chain_step: the chain has not run since its last step was added (call qmm_chain_run)");
+    EXPECT_MESSAGE("qmm_chain_step: the chain has not run since its last step was added or its step timing changed (call qmm_chain_run)");
     CHECK_STATUS(qmm_chain_run(NULL), QMM_ERR_INVALID_ARGUMENT);
 
     CHECK_OK(qmm_buffer_poison(y0));
@@ -658,6 +658,15 @@ static void test_chain(qmm_context *context, check_rng *rng) {
     CHECK_STATUS(qmm_chain_step(chain, 3, &us, &info), QMM_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("qmm_chain_step: step 3 is out of range: the chain has 3 steps");
     CHECK_STATUS(qmm_chain_step(NULL, 0, &us, &info), QMM_ERR_INVALID_ARGUMENT);
+    /* Changing the step timing drops the last run's times; asked for before the next run, the message says so (it
+     * named only an added step — a break-it helper). Then back on, run again (the same products). */
+    CHECK_OK(qmm_chain_set_step_timing(chain, 0));
+    CHECK_STATUS(qmm_chain_elapsed(chain, &us), QMM_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("qmm_chain_elapsed: the chain has not run since its last step was added or its step timing changed "
+                   "(call qmm_chain_run)");
+    CHECK_OK(qmm_chain_set_step_timing(chain, 1));
+    CHECK_OK(qmm_chain_run(chain));
+    CHECK_OK(qmm_chain_elapsed(chain, &us));
 
     /* The results are the oracle's, in order: step 2 read step 1's output. */
     uint16_t want0[4 * 24], want1[4 * 128], want2[4 * 96], got0[4 * 24], got1[4 * 128], got2[4 * 96];
