@@ -173,7 +173,7 @@ def targets(path):
 
 def main(argv):
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
-        print(__doc__.strip())
+        print(__doc__.strip(), file=sys.stdout if len(argv) >= 2 else sys.stderr)  # asked for, or a usage error
         return 0 if len(argv) >= 2 else 2
     for path in argv[1:]:
         targets(path)
@@ -186,3 +186,6 @@ if __name__ == "__main__":
     except BadInput as e:
         print(f"targets.py: {e}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:  # the reader went away (| head): no traceback
+        sys.stderr.close()
+        sys.exit(1)

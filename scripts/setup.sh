@@ -13,7 +13,7 @@ what=${1:-build}
 
 need=(gcc libc6-dev make cmake pkg-config libcjson-dev libopenblas-dev) # libc6-dev: only Recommended by gcc
 if [ "$what" = test ] || [ "$what" = bench ]; then
-  need+=(clang libclang-rt-14-dev python3 python3-venv unzip)
+  need+=(clang libclang-rt-dev python3 python3-venv unzip) # libclang-rt-dev: the runtimes of the default clang
 fi
 if [ "$what" = bench ]; then
   need+=(g++) # ggml-python compiles ggml's C++ parts
