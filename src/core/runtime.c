@@ -1055,7 +1055,8 @@ qmm_status qmm_chain_step(const qmm_chain *chain, size_t step, double *microseco
                          step, chain->length);
     if (!chain->ran)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT,
-                         "qmm_chain_step: the chain has not run since its last step was added or its step timing changed (call qmm_chain_run)");
+                         "qmm_chain_step: the chain has not run since its last step was added or its step timing "
+                         "changed (call qmm_chain_run)");
     if (microseconds) *microseconds = chain->steps[step].microseconds;
     if (info) *info = chain->steps[step].kernel->info;
     return QMM_OK;
@@ -1065,7 +1066,8 @@ qmm_status qmm_chain_elapsed(const qmm_chain *chain, double *microseconds) {
     if (!chain || !microseconds) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_chain_elapsed: null argument");
     if (!chain->ran)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT,
-                         "qmm_chain_elapsed: the chain has not run since its last step was added or its step timing changed (call qmm_chain_run)");
+                         "qmm_chain_elapsed: the chain has not run since its last step was added or its step timing "
+                         "changed (call qmm_chain_run)");
     *microseconds = chain->total_microseconds;
     return QMM_OK;
 }

@@ -640,7 +640,8 @@ static void test_chain(qmm_context *context, check_rng *rng) {
     double us = -1.0;
     qmm_kernel_info info;
     CHECK_STATUS(qmm_chain_step(chain, 0, &us, &info), QMM_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("qmm_chain_step: the chain has not run since its last step was added or its step timing changed (call qmm_chain_run)");
+    EXPECT_MESSAGE("qmm_chain_step: the chain has not run since its last step was added or its step timing changed "
+                   "(call qmm_chain_run)");
     CHECK_STATUS(qmm_chain_run(NULL), QMM_ERR_INVALID_ARGUMENT);
 
     CHECK_OK(qmm_buffer_poison(y0));
