@@ -236,15 +236,15 @@ static void test_convert(void) {
         for (int d = 0; d < 3; d++) {
             if (s == d) continue;
             qmm_dtype from = dtypes[s], to = dtypes[d];
-            uint8_t source[N_OVERLAP * 4], expected[N_OVERLAP * 4];
-            CHECK_OK(qmm_convert(values, QMM_F32, source, from, N_OVERLAP));
-            CHECK_OK(qmm_convert(source, from, expected, to, N_OVERLAP));
+            uint8_t packed[N_OVERLAP * 4], expected[N_OVERLAP * 4];
+            CHECK_OK(qmm_convert(values, QMM_F32, packed, from, N_OVERLAP));
+            CHECK_OK(qmm_convert(packed, from, expected, to, N_OVERLAP));
             const size_t out_bytes = N_OVERLAP * qmm_dtype_size(to), in_bytes = N_OVERLAP * qmm_dtype_size(from);
             for (int offset = -16; offset <= 16; offset += 4) {
                 _Alignas(4) uint8_t buffer[N_OVERLAP * 4 + 64];
                 memset(buffer, 0x5A, sizeof buffer);
                 uint8_t *in = buffer + 24, *out = in + offset;
-                memcpy(in, source, in_bytes);
+                memcpy(in, packed, in_bytes);
                 CHECK_OK(qmm_convert(in, from, out, to, N_OVERLAP));
                 CHECK(memcmp(out, expected, out_bytes) == 0, "qmm_convert %s -> %s with dst at src %+d bytes: other bits",
                       qmm_dtype_name(from), qmm_dtype_name(to), offset);
