@@ -140,9 +140,10 @@ size_t qmm_groups(size_t cols, int group_size);
  * per row; 3/5/6-bit codes may straddle two words). Errors: QMM_ERR_FORMAT (bits), QMM_ERR_SHAPE
  * (cols·bits not a multiple of 32), QMM_ERR_INVALID_ARGUMENT (null, w not 4-byte aligned, a code ≥ 2^bits:
  * nothing is written),
- * QMM_ERR_OVERFLOW (rows·cols or the word count overflows size_t). */
+ * QMM_ERR_OVERFLOW (rows·cols or the word count overflows size_t), QMM_ERR_OUT_OF_MEMORY (codes and w overlap —
+ * in place is allowed — and the copy of codes that needs cannot be allocated). */
 qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w);
-/* The inverse of qmm_pack. Same errors (without the code check). */
+/* The inverse of qmm_pack; w and codes may overlap (in place) as there. Same errors (without the code check). */
 qmm_status qmm_unpack(const uint32_t *w, size_t rows, size_t cols, int bits, uint8_t *codes);
 
 /* Which of MLX's two quantizers to reproduce bit for bit.
@@ -157,9 +158,11 @@ typedef enum qmm_convention { QMM_CONVENTION_CPU = 0, QMM_CONVENTION_GPU = 1 } q
  *   out_w       uint32 [rows, cols·bits/32]
  *   out_scales  dtype  [rows, cols/group_size]
  *   out_biases  dtype  [rows, cols/group_size]     (all allocated by the caller)
- * All arithmetic is IEEE f32 as in MLX; scales and biases are rounded once to dtype.
+ * All arithmetic is IEEE f32 as in MLX; scales and biases are rounded once to dtype. An output may overlap w (in
+ * place: w is then read from a copy); the three outputs must not overlap each other.
  * Errors: QMM_ERR_FORMAT, QMM_ERR_SHAPE (rows/cols 0, cols not a multiple of group_size),
- * QMM_ERR_INVALID_ARGUMENT (null, out_w not 4-byte aligned, non-float dtype, bad convention), QMM_ERR_OVERFLOW,
+ * QMM_ERR_INVALID_ARGUMENT (null, out_w not 4-byte aligned, non-float dtype, bad convention, outputs that overlap each
+ * other), QMM_ERR_OUT_OF_MEMORY (the copy of an overlapped w), QMM_ERR_OVERFLOW,
  * QMM_ERR_NUMERIC (NaN or
  * Inf in w: the message names row and column, and nothing is written; or a group whose max − min overflows
  * f32, named by row and columns, after earlier groups were written). Source: mx.quantize(w, group_size, bits). */
@@ -170,8 +173,9 @@ qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols
  * mx.dequantize(...).astype(out_dtype) gives for the same arrays: in the scales' dtype T,
  * ŵ = round_T(round_T(s·q) + b) — two roundings, never a fused multiply-add — then converted to out_dtype
  * (exact when widening, one round-to-nearest-even when narrowing). See src/core/quantize.c.
- * Errors: as qmm_qmatrix_validate, plus QMM_ERR_INVALID_ARGUMENT for out or a non-float out_dtype.
- * Source: mx.dequantize (checked against mlx 0.32.4, CPU). */
+ * out may overlap the matrix's arrays (in place: an overlapped array is read from a copy).
+ * Errors: as qmm_qmatrix_validate, plus QMM_ERR_INVALID_ARGUMENT for out or a non-float out_dtype,
+ * QMM_ERR_OUT_OF_MEMORY (the copy of an overlapped array). Source: mx.dequantize (checked against mlx 0.32.4, CPU). */
 qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dtype);
 
 /* ───────────────────────────── The oracle (reference products) ───────────────────────────── */

@@ -131,22 +131,22 @@ qmm_status qmm_convert(const void *src, qmm_dtype src_dtype, void *dst, qmm_dtyp
     /* Overlapping arrays (in place, or shifted): element by element is right where every write lands on source
      * bytes already read — forward when dst starts at or before src and its elements are no wider (narrowing in
      * place), backward when dst starts at or after src and its elements are no narrower (widening in place).
-     * Any other overlap goes through a copy of the source. */
-    const uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
-    const bool overlap = d0 < s0 + src_bytes && s0 < d0 + bytes;
+     * Any other overlap reads a copy of the source. */
     const size_t src_size = qmm_dtype_size(src_dtype), dst_size = qmm_dtype_size(dst_dtype);
-    if (!overlap || (d0 <= s0 && dst_size <= src_size)) {
-        for (size_t i = 0; i < count; i++) qmm_store_f32(dst, dst_dtype, i, qmm_load_f32(src, src_dtype, i));
-    } else if (d0 >= s0 && dst_size >= src_size) {
+    const bool overlap = qmm_overlap(src, src_bytes, dst, bytes);
+    const bool forward = !overlap || ((uintptr_t)dst <= (uintptr_t)src && dst_size <= src_size);
+    const bool backward = !forward && (uintptr_t)dst >= (uintptr_t)src && dst_size >= src_size;
+    void *copy = NULL;
+    if (!forward && !backward) {
+        qmm_status status = qmm_copy_if_overlapping("qmm_convert", "the source", src, src_bytes, dst, bytes, &copy);
+        if (status != QMM_OK) return status;
+        src = copy;
+    }
+    if (backward) {
         for (size_t i = count; i-- > 0;) qmm_store_f32(dst, dst_dtype, i, qmm_load_f32(src, src_dtype, i));
     } else {
-        void *copy = malloc(src_bytes);
-        if (!copy)
-            return qmm_error(QMM_ERR_OUT_OF_MEMORY, "qmm_convert: %zu bytes for a copy of the source, which overlaps dst",
-                             src_bytes);
-        memcpy(copy, src, src_bytes);
-        for (size_t i = 0; i < count; i++) qmm_store_f32(dst, dst_dtype, i, qmm_load_f32(copy, src_dtype, i));
-        free(copy);
+        for (size_t i = 0; i < count; i++) qmm_store_f32(dst, dst_dtype, i, qmm_load_f32(src, src_dtype, i));
     }
+    free(copy);
     return QMM_OK;
 }

@@ -100,9 +100,22 @@ qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
 
 /* The checks qmm_pack and qmm_unpack share; w is whichever of in and out holds the uint32 words. Sets
  * *words_per_row. */
+qmm_status qmm_copy_if_overlapping(const char *function, const char *what, const void *in, size_t in_bytes,
+                                   const void *out, size_t out_bytes, void **copy) {
+    *copy = NULL;
+    if (!qmm_overlap(in, in_bytes, out, out_bytes)) return QMM_OK;
+    if (!(*copy = malloc(in_bytes ? in_bytes : 1)))
+        return qmm_error(QMM_ERR_OUT_OF_MEMORY, "%s: %zu bytes for a copy of %s, which overlaps the output", function,
+                         in_bytes, what);
+    memcpy(*copy, in, in_bytes);
+    return QMM_OK;
+}
+
+/* The arguments of qmm_pack / qmm_unpack; *code_bytes and *word_bytes: the two arrays' sizes. */
 static qmm_status check_pack_arguments(const char *function, const char *in_name, const void *in,
                                        const char *out_name, const void *out, const uint32_t *w, size_t rows,
-                                       size_t cols, int bits, size_t *words_per_row) {
+                                       size_t cols, int bits, size_t *words_per_row, size_t *code_bytes,
+                                       size_t *word_bytes) {
     if (!bits_supported(bits))
         return qmm_error(QMM_ERR_FORMAT, "%s: bits=%d is not supported (allowed: %s)", function, bits, allowed_bits);
     if (!in || !out)
@@ -114,12 +127,11 @@ static qmm_status check_pack_arguments(const char *function, const char *in_name
     if (((cols % 32) * (size_t)bits) % 32 != 0)
         return qmm_error(QMM_ERR_SHAPE, "%s: cols=%zu x bits=%d is not a multiple of 32 (a row must fill whole words)",
                          function, cols, bits);
-    size_t count;
-    if (!qmm_mul_size(rows, cols, &count))
+    if (!qmm_mul_size(rows, cols, code_bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "%s: rows=%zu x cols=%zu overflows size_t", function, rows, cols);
     *words_per_row = qmm_packed_words(cols, bits);
-    size_t words, bytes;
-    if (!qmm_mul_size(rows, *words_per_row, &words) || !qmm_mul_size(words, sizeof(uint32_t), &bytes))
+    size_t words;
+    if (!qmm_mul_size(rows, *words_per_row, &words) || !qmm_mul_size(words, sizeof(uint32_t), word_bytes))
         return qmm_error(QMM_ERR_OVERFLOW, "%s: rows=%zu x %zu words overflows size_t", function, rows,
                          *words_per_row);
     return QMM_OK;
@@ -170,8 +182,9 @@ void qmm_unpack_stream(const uint32_t *in, size_t count, int bits, uint8_t *code
 #undef UNPACK_WORDS
 
 qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, uint32_t *w) {
-    size_t words_per_row = 0;
-    qmm_status status = check_pack_arguments("qmm_pack", "codes", codes, "w", w, w, rows, cols, bits, &words_per_row);
+    size_t words_per_row = 0, code_bytes = 0, word_bytes = 0;
+    qmm_status status = check_pack_arguments("qmm_pack", "codes", codes, "w", w, w, rows, cols, bits, &words_per_row,
+                                             &code_bytes, &word_bytes);
     if (status != QMM_OK) return status;
 
     /* Every code must fit in `bits` bits; check all before writing anything, so a failed call leaves w
@@ -189,7 +202,12 @@ qmm_status qmm_pack(const uint8_t *codes, size_t rows, size_t cols, int bits, ui
                                  row[j], r, j, bits, limit);
     }
 
+    void *copy; /* codes overlapping w (in place): read from a copy */
+    if ((status = qmm_copy_if_overlapping("qmm_pack", "codes", codes, code_bytes, w, word_bytes, &copy)) != QMM_OK)
+        return status;
+    if (copy) codes = copy;
     for (size_t r = 0; r < rows; r++) qmm_pack_stream(codes + r * cols, cols, bits, w + r * words_per_row);
+    free(copy);
     return QMM_OK;
 }
 
@@ -217,10 +235,15 @@ qmm_status qmm_widen_codes(const uint32_t *w, size_t rows, size_t cols, int bits
 }
 
 qmm_status qmm_unpack(const uint32_t *w, size_t rows, size_t cols, int bits, uint8_t *codes) {
-    size_t words_per_row = 0;
-    qmm_status status = check_pack_arguments("qmm_unpack", "w", w, "codes", codes, w, rows, cols, bits, &words_per_row);
+    size_t words_per_row = 0, code_bytes = 0, word_bytes = 0;
+    qmm_status status = check_pack_arguments("qmm_unpack", "w", w, "codes", codes, w, rows, cols, bits,
+                                             &words_per_row, &code_bytes, &word_bytes);
     if (status != QMM_OK) return status;
-
+    void *copy; /* w overlapping codes (in place: the codes are wider than their stream): read from a copy */
+    if ((status = qmm_copy_if_overlapping("qmm_unpack", "w", w, word_bytes, codes, code_bytes, &copy)) != QMM_OK)
+        return status;
+    if (copy) w = copy;
     for (size_t r = 0; r < rows; r++) qmm_unpack_stream(w + r * words_per_row, cols, bits, codes + r * cols);
+    free(copy);
     return QMM_OK;
 }

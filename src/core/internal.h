@@ -57,6 +57,17 @@ static inline bool qmm_add_size(size_t a, size_t b, size_t *result) {
     return !__builtin_add_overflow(a, b, result);
 }
 
+/* Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte. */
+static inline bool qmm_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+/* For a function that writes its output while it reads its input: where the input [in, + in_bytes) overlaps the
+ * output [out, + out_bytes), *copy is a heap copy of it for the caller to read instead (and to free), else NULL.
+ * QMM_ERR_OUT_OF_MEMORY (naming function and what) when the copy cannot be had. */
+qmm_status qmm_copy_if_overlapping(const char *function, const char *what, const void *in, size_t in_bytes,
+                                   const void *out, size_t out_bytes, void **copy);
+
 /* QMM_ERR_INVALID_ARGUMENT "<function>: <name> at <p> is not 4-byte aligned" for a uint32 array the library would
  * read or write at a misaligned address (undefined behaviour in C); QMM_OK otherwise (NULL included: checked apart). */
 qmm_status qmm_check_u32_aligned(const char *function, const char *name, const void *p);

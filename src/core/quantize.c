@@ -34,6 +34,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The largest group (group_size ≤ 128): per-group scratch lives on the stack. */
@@ -112,12 +113,16 @@ static void quantize_group(const float *values, int n, int bits, qmm_convention 
     *bias_out = bias;
 }
 
+static qmm_status quantize_rows(const void *w, qmm_dtype dtype, size_t rows, size_t cols, int bits, int group_size,
+                                qmm_convention convention, uint32_t *out_w, void *out_scales, void *out_biases);
+
 qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols, int bits, int group_size,
                         qmm_convention convention, uint32_t *out_w, void *out_scales, void *out_biases) {
     /* The outputs form a qmm_qmatrix in the weight dtype: its sizing is the shape, format, dtype and
      * overflow check of this call too (it also covers rows·cols of the input). */
     const qmm_qmatrix out = {out_w, out_scales, out_biases, dtype, rows, cols, bits, group_size};
-    qmm_status status = qmm_qmatrix_bytes(&out, NULL, NULL);
+    size_t w_bytes, group_bytes;
+    qmm_status status = qmm_qmatrix_bytes(&out, &w_bytes, &group_bytes);
     if (status != QMM_OK) return status;
     if (convention != QMM_CONVENTION_CPU && convention != QMM_CONVENTION_GPU)
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: convention=%d is not one of CPU (0), GPU (1)",
@@ -126,6 +131,11 @@ qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: %s is NULL",
                          !w ? "w" : !out_w ? "out_w" : !out_scales ? "out_scales" : "out_biases");
     if ((status = qmm_check_u32_aligned("qmm_quantize", "out_w", out_w)) != QMM_OK) return status;
+    /* outputs that share bytes cannot all hold their values */
+    if (qmm_overlap(out_w, w_bytes, out_scales, group_bytes) || qmm_overlap(out_w, w_bytes, out_biases, group_bytes) ||
+        qmm_overlap(out_scales, group_bytes, out_biases, group_bytes))
+        return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_quantize: out_w (%zu bytes), out_scales and out_biases (%zu each) "
+                         "overlap; they must be separate arrays", w_bytes, group_bytes);
     const size_t count = rows * cols; /* fits: checked by the validation */
 
     /* NaN/Inf anywhere is an error; checked before anything is written, so a failed call leaves the outputs
@@ -136,6 +146,24 @@ qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols
                              i / cols, i % cols, (double)qmm_load_f32(w, dtype, i));
     }
 
+    /* w overlapping an output (in place): read from a copy */
+    const size_t in_bytes = count * qmm_dtype_size(dtype); /* ≤ the f32 bytes the validation sized */
+    void *copy = NULL;
+    for (int k = 0; k < 3 && !copy; k++) {
+        const void *output = k == 0 ? (const void *)out_w : k == 1 ? out_scales : out_biases;
+        if ((status = qmm_copy_if_overlapping("qmm_quantize", "w", w, in_bytes, output, k == 0 ? w_bytes : group_bytes,
+                                              &copy)) != QMM_OK)
+            return status;
+    }
+    if (copy) w = copy;
+    status = quantize_rows(w, dtype, rows, cols, bits, group_size, convention, out_w, out_scales, out_biases);
+    free(copy);
+    return status;
+}
+
+/* qmm_quantize's work on a w that overlaps no output. */
+static qmm_status quantize_rows(const void *w, qmm_dtype dtype, size_t rows, size_t cols, int bits, int group_size,
+                                qmm_convention convention, uint32_t *out_w, void *out_scales, void *out_biases) {
     const size_t words_per_row = qmm_packed_words(cols, bits);
     const size_t groups_per_row = qmm_groups(cols, group_size);
     const size_t words_per_group = qmm_packed_words((size_t)group_size, bits);
@@ -180,6 +208,8 @@ static float dequantize_value(float s, float b, unsigned q, qmm_dtype dtype) {
     }
 }
 
+static void dequantize_rows(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dtype);
+
 qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dtype) {
     qmm_status status = qmm_qmatrix_validate(matrix);
     if (status != QMM_OK) return status;
@@ -187,7 +217,29 @@ qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dt
         return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_dequantize: out dtype %s (%d) is not supported (allowed: f32, f16, bf16)",
                          qmm_dtype_name(out_dtype), (int)out_dtype);
     if (!out) return qmm_error(QMM_ERR_INVALID_ARGUMENT, "qmm_dequantize: out is NULL");
+    size_t w_bytes, group_bytes;
+    if ((status = qmm_qmatrix_bytes(matrix, &w_bytes, &group_bytes)) != QMM_OK) return status;
+    /* fits: qmm_qmatrix_bytes sized the matrix in f32 */
+    const size_t out_bytes = matrix->rows * matrix->cols * qmm_dtype_size(out_dtype);
+    /* out overlapping an input (in place): that input is read from a copy */
+    qmm_qmatrix m = *matrix;
+    void *w_copy = NULL, *scales_copy = NULL, *biases_copy = NULL;
+    if ((status = qmm_copy_if_overlapping("qmm_dequantize", "w", m.w, w_bytes, out, out_bytes, &w_copy)) == QMM_OK &&
+        (status = qmm_copy_if_overlapping("qmm_dequantize", "scales", m.scales, group_bytes, out, out_bytes,
+                                          &scales_copy)) == QMM_OK &&
+        (status = qmm_copy_if_overlapping("qmm_dequantize", "biases", m.biases, group_bytes, out, out_bytes,
+                                          &biases_copy)) == QMM_OK) {
+        if (w_copy) m.w = w_copy;
+        if (scales_copy) m.scales = scales_copy;
+        if (biases_copy) m.biases = biases_copy;
+        dequantize_rows(&m, out, out_dtype);
+    }
+    free(w_copy), free(scales_copy), free(biases_copy);
+    return status;
+}
 
+/* qmm_dequantize's work on arrays that do not overlap out. */
+static void dequantize_rows(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dtype) {
     const qmm_dtype dtype = matrix->dtype;
     const int bits = matrix->bits;
     const int group_size = matrix->group_size;
@@ -218,5 +270,4 @@ qmm_status qmm_dequantize(const qmm_qmatrix *matrix, void *out, qmm_dtype out_dt
             }
         }
     }
-    return QMM_OK;
 }

@@ -1,7 +1,7 @@
 /*
  * test_format.c — the affine format: qmm_format_validate, qmm_qmatrix_validate, sizes, and qmm_pack /
  * qmm_unpack for every width (random round trips checked against a bit-by-bit stream, hand-worked 3-bit and
- * 6-bit words with codes straddling words, and every bad input with its exact status and message); qmm_widen_codes
+ * 6-bit words with codes straddling words, overlapping arrays, and every bad input with its exact status and message); qmm_widen_codes
  * from every width to every wider one.
  */
 #include "check.h"
@@ -138,6 +138,33 @@ static void test_round_trip(void) {
                 }
                 free(codes), free(back), free(w), free(expected);
             }
+        }
+    }
+}
+
+/* qmm_pack and qmm_unpack with overlapping arrays (in place, and the output shifted either way inside one buffer): the
+ * words and codes of the separate-array calls. A break-it helper found qmm_convert's in-place widening wrong; unpack,
+ * whose codes are wider than their stream, was wrong in place too (status OK) until both read a copy. */
+static void test_pack_overlap(void) {
+    check_rng rng = check_rng_make(33);
+    enum { ROWS = 3, COLS = 64 };
+    for (size_t b = 0; b < sizeof all_bits / sizeof all_bits[0]; b++) {
+        const int bits = all_bits[b];
+        const size_t words = ROWS * (COLS * (size_t)bits / 32);
+        uint8_t codes[ROWS * COLS];
+        uint32_t w[ROWS * COLS / 4];
+        for (size_t i = 0; i < ROWS * COLS; i++) codes[i] = (uint8_t)(check_rng_next(&rng) & ((1u << bits) - 1));
+        CHECK_OK(qmm_pack(codes, ROWS, COLS, bits, w));
+        for (int offset = -16; offset <= 16; offset += 4) {
+            _Alignas(4) uint8_t buffer[ROWS * COLS + 64];
+            uint8_t *in = buffer + 24, *out = in + offset;
+            memcpy(in, codes, sizeof codes);
+            CHECK_OK(qmm_pack(in, ROWS, COLS, bits, (uint32_t *)out));
+            CHECK(memcmp(out, w, words * 4) == 0, "qmm_pack bits=%d, w at codes %+d bytes: other words", bits, offset);
+            memcpy(in, w, words * 4);
+            CHECK_OK(qmm_unpack((const uint32_t *)in, ROWS, COLS, bits, out));
+            CHECK(memcmp(out, codes, sizeof codes) == 0, "qmm_unpack bits=%d, codes at w %+d bytes: other codes", bits,
+                  offset);
         }
     }
 }
@@ -302,6 +329,7 @@ int main(void) {
     test_format_validate();
     test_sizes();
     test_round_trip();
+    test_pack_overlap();
     test_hand_worked();
     test_pack_bad_input();
     test_qmatrix_validate();

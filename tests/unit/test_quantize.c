@@ -9,7 +9,8 @@
  *  - qmm_dequantize against the formula ŵ = round_T(round_T(s·q) + b) for every dtype and out dtype, and a
  *    case where a fused multiply-add would give a different answer;
  *  - NaN/Inf and every bad argument, with the exact status and a message;
- *  - a constant group too large for the 1e-7 scale floor (0/0 inside the quantizer), and arrays at odd addresses.
+ *  - a constant group too large for the 1e-7 scale floor (0/0 inside the quantizer), arrays at odd addresses, and
+ *    arrays that overlap (in place).
  * The hand-worked CPU cases were confirmed with mx.quantize / mx.dequantize (mlx 0.32.4) during development;
  * this file needs no Python.
  */
@@ -615,6 +616,61 @@ static void test_misaligned_arrays(void) {
     }
 }
 
+/* Arrays that share bytes (a break-it helper found qmm_convert wrong in place, and its kind here): qmm_quantize with
+ * out_w, out_scales or out_biases inside w's bytes, and qmm_dequantize with out over w, scales or biases, give the
+ * separate-array results; outputs of qmm_quantize that overlap each other are refused, naming the rule. */
+static void test_overlapping_arrays(void) {
+    enum { R = 4, C = 128, G = 64, WORDS = R * C / 8, GROUPS = R * C / G };
+    const qmm_dtype dtypes[] = {QMM_F32, QMM_F16, QMM_BF16};
+    check_rng rng = check_rng_make(44);
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+        const qmm_dtype dtype = dtypes[d];
+        const size_t size = qmm_dtype_size(dtype), in_bytes = R * C * size, group_bytes = GROUPS * size;
+        uint8_t w[R * C * 4], scales[GROUPS * 4], biases[GROUPS * 4], dense[R * C * 4];
+        uint32_t packed[WORDS];
+        check_fill_uniform(&rng, w, dtype, R * C, -2, 2);
+        CHECK_OK(qmm_quantize(w, dtype, R, C, 4, G, QMM_CONVENTION_GPU, packed, scales, biases));
+        const qmm_qmatrix separate = {packed, scales, biases, dtype, R, C, 4, G};
+        CHECK_OK(qmm_dequantize(&separate, dense, QMM_F32));
+        /* byte offsets into one buffer holding w at 0: inside w (in place, the middle, the tail) or past it */
+        const size_t at[] = {0, 64, in_bytes - 64, in_bytes + 128};
+        for (size_t a = 0; a < 4; a++) {
+            for (size_t b = 0; b < 4; b++) {
+                _Alignas(16) uint8_t buffer[R * C * 4 + 1024];
+                const size_t w_at = at[a], s_at = at[b], b_at = s_at + group_bytes + 16;
+                if (w_at < b_at + group_bytes && s_at < w_at + WORDS * 4) continue; /* outputs apart (refused below) */
+                memcpy(buffer, w, in_bytes);
+                CHECK_OK(qmm_quantize(buffer, dtype, R, C, 4, G, QMM_CONVENTION_GPU, (uint32_t *)(buffer + w_at),
+                                      buffer + s_at, buffer + b_at));
+                CHECK(memcmp(buffer + w_at, packed, sizeof packed) == 0 && memcmp(buffer + s_at, scales, group_bytes) == 0 &&
+                          memcmp(buffer + b_at, biases, group_bytes) == 0,
+                      "qmm_quantize %s, out_w at w + %zu, out_scales at + %zu: other results", qmm_dtype_name(dtype), w_at,
+                      s_at);
+            }
+            /* dequantize: out (f32) over the packed codes, the scales or the biases, each placed at `at` */
+            for (int which = 0; which < 3; which++) {
+                _Alignas(16) uint8_t buffer[R * C * 4 + 2048];
+                size_t w_at = 1536, s_at = w_at + WORDS * 4, b_at = s_at + group_bytes + 16, out_at = at[a] % 1024;
+                size_t *moved = which == 0 ? &w_at : which == 1 ? &s_at : &b_at;
+                *moved = out_at + (a * 16) % 64; /* inside out's bytes */
+                if (which == 0) s_at = 2 * 1024 + 512, b_at = s_at + 64;
+                memcpy(buffer + w_at, packed, sizeof packed);
+                memcpy(buffer + s_at, scales, group_bytes);
+                memcpy(buffer + b_at, biases, group_bytes);
+                const qmm_qmatrix m = {(const uint32_t *)(buffer + w_at), buffer + s_at, buffer + b_at, dtype, R, C, 4, G};
+                CHECK_OK(qmm_dequantize(&m, buffer + out_at, QMM_F32));
+                CHECK(memcmp(buffer + out_at, dense, R * C * 4) == 0, "qmm_dequantize %s, out over %s: other values",
+                      qmm_dtype_name(dtype), which == 0 ? "w" : which == 1 ? "scales" : "biases");
+            }
+        }
+        /* outputs overlapping each other: refused */
+        uint8_t outs[WORDS * 4 + 64];
+        EXPECT_FAIL(qmm_quantize(w, dtype, R, C, 4, G, QMM_CONVENTION_GPU, (uint32_t *)outs, outs + 16, biases),
+                    QMM_ERR_INVALID_ARGUMENT);
+        EXPECT_MESSAGE("overlap; they must be separate arrays");
+    }
+}
+
 int main(void) {
     test_random_round_trip();
     test_negative_scale_fraction();
@@ -624,5 +680,6 @@ int main(void) {
     test_bad_arguments();
     test_huge_constant_group();
     test_misaligned_arrays();
+    test_overlapping_arrays();
     return check_finish("test_quantize");
 }
