@@ -4,6 +4,9 @@ selector's choice drawn thick) and per peer, one line style per dtype. 1.0 is th
 
     .venv/bin/python bench/plot.py bench/results/bench-cpu-....json [-o out.png]
     .venv/bin/python bench/plot.py bench/results/bench-cuda-....json.xz   (the stored results are xz-compressed)
+    .venv/bin/python bench/plot.py --selected-only RESULTS   (the selector's kernel and the peers: no forced rows)
+
+A panel of more than 6 lines gets its legend beside it, not over the curves.
 
 Needs matplotlib (pip install -r bench/requirements.txt)."""
 import argparse
@@ -17,6 +20,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", help="a JSON file written by qmm bench --json (or that file xz-compressed: NAME.json.xz)")
     p.add_argument("-o", "--output", help="PNG to write (default: the JSON's name with .png)")
+    p.add_argument("--selected-only", action="store_true",
+                   help="draw only the selector's kernel and the peers (not every kernel forced by name)")
     a = p.parse_args()
     try:
         with (lzma.open(a.results, "rt") if a.results.endswith(".xz") else open(a.results)) as f:
@@ -42,24 +47,41 @@ def main():
         sys.exit(f"plot.py: {a.results} has no cells")
     cols = min(3, len(shapes))
     rows = math.ceil(len(shapes) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    # Lines per panel: a panel of more than 6 gets its legend beside it (wider panels), not over its curves.
+    def lines(shape):
+        n = set()
+        for c in d["cells"]:
+            if c["shape"] == shape:
+                for k in c["kernels"]:
+                    n.add(("qmm selector" if k.get("selected") else k["name"], c["dtype"]))
+                    if not a.selected_only:
+                        n.add((k["name"], c["dtype"]))
+                n |= {("peer " + pr["name"], c["dtype"]) for pr in c["peers"]}
+        return len(n)
+    outside = max(lines(s) for s in shapes) > 6
+    fig, axes = plt.subplots(rows, cols, figsize=((8.5 if outside else 5.5) * cols, 4 * rows), squeeze=False)
     styles = {"f32": "-", "f16": "--", "bf16": ":"}
     for i, shape in enumerate(shapes):
         ax = axes[i // cols][i % cols]
         cells = [c for c in d["cells"] if c["shape"] == shape]
-        series = {}  # (label, dtype) -> [(M, x_floor)]
+        if lines(shape) > 10:  # the default cycle has 10 colours: past it two lines would share one
+            ax.set_prop_cycle(color=plt.cm.tab20.colors)
+        series = {}  # (label, dtype, selector?) -> [(M, x_floor)]
         for c in cells:
             for k in c["kernels"]:
-                label = k["name"] + (" (selector)" if k.get("selected") else "")
-                if k["x_floor"] is not None:
-                    series.setdefault((label, c["dtype"], k.get("selected", False)), []).append((c["M"], k["x_floor"]))
+                if k["x_floor"] is None:
+                    continue
+                if k.get("selected"):  # one thick line per dtype across M, whichever kernel the selector took
+                    series.setdefault(("qmm selector", c["dtype"], True), []).append((c["M"], k["x_floor"]))
+                if not a.selected_only:  # every kernel as its own thin line, the selector's cells included
+                    series.setdefault((k["name"], c["dtype"], False), []).append((c["M"], k["x_floor"]))
             for pr in c["peers"]:
                 if pr["x_floor"] is not None:
                     series.setdefault(("peer " + pr["name"], c["dtype"], False), []).append((c["M"], pr["x_floor"]))
-        for (label, dtype, selected), points in sorted(series.items()):
+        for (label, dtype, selected), points in sorted(series.items(), key=lambda e: (not e[0][2], e[0][0], e[0][1])):
             points.sort()
             ax.plot([m for m, _ in points], [v for _, v in points], styles.get(dtype, "-"), marker="o", markersize=3,
-                    linewidth=2.5 if selected else 1.0, label=f"{label} {dtype}")
+                    linewidth=2.5 if selected else 1.0, label=f"{label} {dtype}", zorder=3 if selected else 2)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -67,7 +89,10 @@ def main():
         ax.set_title(f"{shape} ({n}×{k})", fontsize=9)
         ax.set_xlabel("M")
         ax.set_ylabel("time ÷ floor")
-        ax.legend(fontsize=6)
+        if outside:
+            ax.legend(fontsize=5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+        else:
+            ax.legend(fontsize=6)
     for j in range(len(shapes), rows * cols):
         axes[j // cols][j % cols].axis("off")
     m = d.get("machine", {})
