@@ -570,4 +570,42 @@ PY
   check "targets: the message names the row and the value" out_has "cell 0: k: us=-1 is not null or a finite number > 0"
 fi
 
+
+# bench/plot.py: a file that is not a bench result refused with one line naming the cell and the value (checked before
+# matplotlib is imported, so also without it) and nothing written; where matplotlib is importable, this file's runs drawn.
+if command -v python3 >/dev/null; then
+  plot() { CMD="python3 bench/plot.py $*"; OUT=$(python3 "$SRC/bench/plot.py" "$@" 2>&1); RC=$?; }
+  plot_cell() { printf '{"cells": [{"shape": "s", "M": %s, "N": 8, "K": 64, "dtype": "f16", "kernels": [%s], "peers": []}]}' \
+    "$1" "$2" >"$WORK/plot-bad.json"; plot "$WORK/plot-bad.json" -o "$WORK/plot-bad.png"; }
+  plot_cell '"1"' ''
+  check "plot: a string M refused, exit 1" rc_is 1
+  check "plot: the message names the cell and the value" out_has "plot-bad.json: cell 0 ('s', M='1', 'f16'): 'M' is '1', not a number > 0"
+  check "plot: one line, no traceback" test "$(wc -l <<<"$OUT")" = 1
+  check "plot: nothing written" test ! -e "$WORK/plot-bad.png"
+  plot_cell 1 '{"name": "k", "selected": "false", "x_floor": 2}'
+  check "plot: a string flag refused" out_has "k: 'selected' is 'false', not true or false"
+  plot_cell 1 '{"name": "k", "x_floor": NaN}'
+  check "plot: a NaN time refused" out_has "k: x_floor is nan, not a number > 0 or null"
+  plot_cell 1 '{"name": "a", "selected": true, "x_floor": 2}, {"name": "b", "selected": true, "x_floor": 3}'
+  check "plot: two selected rows refused" out_has "more than one kernel row marked selected"
+  plot "$WORK/bench.json" -o "$WORK/plot.txt"
+  check "plot: the output must be a PNG" out_has "-o $WORK/plot.txt: the output is a PNG (a name ending in .png)"
+  PLOT_PY=
+  for py in "$SRC/.venv/bin/python" python3; do
+    if "$py" -c 'import matplotlib' 2>/dev/null; then PLOT_PY=$py; break; fi
+  done
+  if [ -n "$PLOT_PY" ]; then
+    for f in bench bench-bi; do
+      for opt in "" --selected-only; do
+        CMD="$PLOT_PY bench/plot.py $opt $f.json"
+        OUT=$("$PLOT_PY" "$SRC/bench/plot.py" $opt "$WORK/$f.json" -o "$WORK/$f$opt.png" 2>&1)
+        RC=$?
+        check "plot: $f.json $opt drawn, exit 0" rc_is 0
+        check "plot: $f.json $opt is a PNG" test "$(head -c 4 "$WORK/$f$opt.png" | od -An -tx1 | tr -d ' ')" = 89504e47
+      done
+    done
+  else
+    echo "$SUITE: plot.py's drawing not checked: no python with matplotlib (scripts/setup.sh bench installs it)"
+  fi
+fi
 finish
