@@ -128,10 +128,15 @@ def main():
     if not labels:
         bad("no row has a time to draw" + (" (no selected rows: a --kernel run? drop --selected-only)"
                                            if a.selected_only else ""))
-    # one colour per line label across panels: tab10, then tab20's lighter tones; past 20 the markers change
-    palette = list(plt.cm.tab10.colors) + list(plt.cm.tab20.colors[1::2])
-    colour = {n: palette[i % len(palette)] for i, n in enumerate(labels)}
-    marker = {n: "osD^v"[(i // len(palette)) % 5] for i, n in enumerate(labels)}
+    # one colour per line label across panels: the selector black (its batch-invariant mode red), the peers Dark2's
+    # colours, the kernels tab20's (past 20 kernels the markers change)
+    peers = [n for n in labels if n.startswith("peer ")]
+    kernels = [n for n in labels if not n.startswith(("peer ", "qmm "))]
+    colour = {SELECTOR: "black", SELECTOR_BI: "tab:red"}
+    colour.update({n: plt.cm.Dark2.colors[i % 8] for i, n in enumerate(peers)})
+    colour.update({n: plt.cm.tab20.colors[i % 20] for i, n in enumerate(kernels)})
+    marker = {n: "osD^v"[(i // 20) % 5] for i, n in enumerate(kernels)}
+    marker.update({n: "o" if n.startswith("qmm ") else "s" for n in labels if n not in marker})
     cols = min(3, len(shapes))
     rows = math.ceil(len(shapes) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False, layout="constrained")
@@ -160,14 +165,18 @@ def main():
         ax.set_ylabel("time ÷ floor")
     for j in range(len(shapes), rows * cols):
         axes[j // cols][j % cols].axis("off")
-    fig.legend(list(handles.values()), list(handles.keys()), loc="outside right upper", fontsize=6,
-               ncol=max(1, math.ceil(len(handles) / (18 * rows + 6))))
+    if cols < 3:  # beside one or two panels the legend would sit under the figure's title: below them instead
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", fontsize=6,
+                   ncol=min(3 * cols, len(handles)))
+    else:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside right upper", fontsize=6,
+                   ncol=max(1, math.ceil(len(handles) / (18 * rows + 6))))
     m = d.get("machine") if isinstance(d.get("machine"), dict) else {}
     ceil = d.get("ceilings") if isinstance(d.get("ceilings"), dict) else {}
     title = f"qmm bench {d.get('backend', '?')}" + (f", {d['date']}" if isinstance(d.get("date"), str) else "")
+    title += ", a batch-invariant run" if d.get("batch_invariant") is True else ""
     if positive(ceil.get("copy_gbps")) and positive(ceil.get("matrix_peak_gflops")):
-        title += f": copy {ceil['copy_gbps']:.1f} GB/s, peak {ceil['matrix_peak_gflops']:.0f} GFLOP/s"
-    title += " — a batch-invariant run" if d.get("batch_invariant") is True else ""
+        title += f"\ncopy {ceil['copy_gbps']:.1f} GB/s, peak {ceil['matrix_peak_gflops']:.0f} GFLOP/s"
     machine = m.get("gpu") or m.get("cpu")
     fig.suptitle(title + (f"\n{machine}" if isinstance(machine, str) else ""), fontsize=10)
     try:
