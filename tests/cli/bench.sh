@@ -570,7 +570,6 @@ PY
   check "targets: the message names the row and the value" out_has "cell 0: k: us=-1 is not null or a finite number > 0"
 fi
 
-
 # bench/plot.py: a file that is not a bench result refused with one line naming the cell and the value (checked before
 # matplotlib is imported, so also without it) and nothing written; where matplotlib is importable, this file's runs drawn.
 if command -v python3 >/dev/null; then
