@@ -174,7 +174,14 @@ def main():
     m = d.get("machine") if isinstance(d.get("machine"), dict) else {}
     ceil = d.get("ceilings") if isinstance(d.get("ceilings"), dict) else {}
     title = f"qmm bench {d.get('backend', '?')}" + (f", {d['date']}" if isinstance(d.get("date"), str) else "")
+    fmt = d.get("format") if isinstance(d.get("format"), dict) else {}
+    if positive(fmt.get("bits")) and positive(fmt.get("group_size")):
+        title += f", {fmt['bits']}-bit group {fmt['group_size']}"
+    title += ", --selector-only" if d.get("selector_only") is True else ""
     title += ", a batch-invariant run" if d.get("batch_invariant") is True else ""
+    absent = [a.split(":")[0] for a in d.get("peers_absent") or [] if isinstance(a, str)] \
+        if isinstance(d.get("peers_absent"), list) else []
+    title += f" (peers absent: {', '.join(absent)})" if absent else ""
     if positive(ceil.get("copy_gbps")) and positive(ceil.get("matrix_peak_gflops")):
         title += f"\ncopy {ceil['copy_gbps']:.1f} GB/s, peak {ceil['matrix_peak_gflops']:.0f} GFLOP/s"
     machine = m.get("gpu") or m.get("cpu")

@@ -104,11 +104,12 @@ def where(cell):
     return f"{cell['shape']} M={cell['M']} {cell['dtype']}"
 
 
-def report(name, rows, ok):
-    """rows: (cell, value) pairs; ok(value) -> bool. Prints met/total and the worst cell (largest value)."""
+def report(name, rows, ok, why_none=""):
+    """rows: (cell, value) pairs; ok(value) -> bool. Prints met/total and the worst cell (largest value); without
+    cells, that and why_none (e.g. the run's reason for an absent peer)."""
     rows = [(c, v) for c, v in rows if v is not None]
     if not rows:
-        print(f"{name}: no cells in this file")
+        print(f"{name}: no cells in this file" + (f" ({why_none})" if why_none else ""))
         return
     met = sum(1 for _, v in rows if ok(v))
     worst = max(rows, key=lambda r: r[1])
@@ -141,13 +142,22 @@ def targets(path):
         p = peer_us(c, prefix)
         return selected_us(c) / p if p else None
 
+    def absent(prefix):
+        """Why a peer has no cells: the run's own line for it (peers_absent), or --no-peers."""
+        lines = run.get("peers_absent")
+        for line in lines if isinstance(lines, list) else []:
+            if isinstance(line, str) and line.startswith(prefix):
+                return line
+        return "the run was --no-peers" if "--no-peers" in str(run.get("command", "")).split() else ""
+
     report("M = 512 and 2048: ≤ cuBLAS dense (time ÷ cuBLAS)",
-           [(c, vs(c, "cublas")) for c in cells if c["M"] in (512, 2048)], lambda v: v <= 1.0)
+           [(c, vs(c, "cublas")) for c in cells if c["M"] in (512, 2048)], lambda v: v <= 1.0, absent("cublas"))
     report("M ≤ 256: faster than cuBLAS dense (time ÷ cuBLAS)",
-           [(c, vs(c, "cublas")) for c in cells if c["M"] <= 256], lambda v: v < 1.0)
+           [(c, vs(c, "cublas")) for c in cells if c["M"] <= 256], lambda v: v < 1.0, absent("cublas"))
     report("every cell: faster than torch int4 (time ÷ torch)", [(c, vs(c, "torch-int4")) for c in cells],
-           lambda v: v < 1.0)
-    report("every cell: faster than MLX CUDA (time ÷ MLX)", [(c, vs(c, "mlx")) for c in cells], lambda v: v < 1.0)
+           lambda v: v < 1.0, absent("torch-int4"))
+    report("every cell: faster than MLX CUDA (time ÷ MLX)", [(c, vs(c, "mlx")) for c in cells], lambda v: v < 1.0,
+           absent("mlx"))
     if run.get("selector_only"):
         print("selector within 5 % of the fastest in ≥ 90 % of cells: not measured by this run (--selector-only)")
     else:
@@ -164,6 +174,8 @@ def targets(path):
         print("batch-invariant ÷ default at M ≥ 128: ≤ 1.3: not measured by this run (no --batch-invariant)")
         return
     report("batch-invariant ÷ default at M ≥ 128: ≤ 1.3 (cells)", rows, lambda v: v <= 1.3)
+    if rows:
+        print("  (the verdict is per cell; the geomeans below give the mode's typical cost)")
     for m in sorted({c["M"] for c, _ in rows}):
         for dtype in ("f16", "bf16"):
             vals = [v for c, v in rows if c["M"] == m and c["dtype"] == dtype]

@@ -540,7 +540,8 @@ cells = [cell("seed.a", 32, "f16", 10.0, 14.0), cell("seed.a", 64, "bf16", 10.0,
          cell("qwen3.b", 2048, "bf16", 10.0, 30.0, [("cublas dense bf16", 20.0), ("torch-int4", 60.0)]),
          cell("seed.a", 1, "f32", 1.0, 99.0)]                                                # f32: not judged
 json.dump({"backend": "cuda", "machine": {"gpu": "test"}, "format": {"bits": 4, "group_size": 64},
-           "selector_only": True, "batch_invariant": True, "cells": cells}, open(sys.argv[1], "w"))
+           "selector_only": True, "batch_invariant": True, "cells": cells,
+           "peers_absent": ["mlx-cuda: absent: cannot import mlx.core (test)"]}, open(sys.argv[1], "w"))
 PY
   targets_out=$(python3 "$SRC/bench/targets.py" "$WORK/targets.json" 2>&1)
   RC=$? OUT=$targets_out CMD="python3 bench/targets.py targets.json"
@@ -549,7 +550,8 @@ PY
   check "targets: M = 128 met" out_has "M = 128, seed: ≤ 1.5× floor: met, 1/1 cells; range 1.20–1.20"
   check "targets: M = 512/2048 seed only" out_has "M = 512 and 2048, seed: ≤ 1.15× floor: met, 1/1 cells"
   check "targets: against cuBLAS, every shape" out_has "M = 512 and 2048: ≤ cuBLAS dense (time ÷ cuBLAS): missed, 1/2 cells; range 0.92–1.50 (worst qwen3.b M=2048 bf16)"
-  check "targets: an absent peer says so" out_has "every cell: faster than MLX CUDA (time ÷ MLX): no cells in this file"
+  check "targets: an absent peer says so, with the run's reason" \
+    out_has "every cell: faster than MLX CUDA (time ÷ MLX): no cells in this file (mlx-cuda: absent: cannot import mlx.core (test))"
   check "targets: torch int4" out_has "every cell: faster than torch int4 (time ÷ torch): met, 1/1 cells; range 0.50–0.50"
   check "targets: --selector-only has no selector share" out_has "not measured by this run (--selector-only)"
   check "targets: the mode's cost" out_has "batch-invariant ÷ default at M ≥ 128: ≤ 1.3 (cells): missed, 1/2 cells; range 1.25–1.36"
