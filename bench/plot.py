@@ -179,7 +179,7 @@ def main():
         title += f", {fmt['bits']}-bit group {fmt['group_size']}"
     title += ", --selector-only" if d.get("selector_only") is True else ""
     title += ", a batch-invariant run" if d.get("batch_invariant") is True else ""
-    absent = [a.split(":")[0] for a in d.get("peers_absent") or [] if isinstance(a, str)] \
+    absent = [line.split(":")[0] for line in d["peers_absent"] if isinstance(line, str)] \
         if isinstance(d.get("peers_absent"), list) else []
     title += f" (peers absent: {', '.join(absent)})" if absent else ""
     if positive(ceil.get("copy_gbps")) and positive(ceil.get("matrix_peak_gflops")):
