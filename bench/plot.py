@@ -20,19 +20,10 @@ import lzma
 import math
 import sys
 
+from bench_json import positive, show
+
 STYLES = {"f32": "-", "f16": "--", "bf16": ":"}
 SELECTOR, SELECTOR_BI = "qmm selector", "qmm selector (batch-invariant)"
-
-
-def positive(v):
-    """A finite number > 0 (not a bool)."""
-    return (type(v) is int and 0 < v < 2**53) or (type(v) is float and math.isfinite(v) and v > 0)
-
-
-def show(v):
-    """A value for a message: its repr, cut to 40 characters."""
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def check(d, bad):

@@ -19,6 +19,8 @@ import lzma
 import math
 import sys
 
+from bench_json import positive, show
+
 
 class BadInput(Exception):
     pass
@@ -42,11 +44,6 @@ def load(path):
     return run
 
 
-def positive(value):
-    """A finite number > 0 (not a bool: JSON true is no time)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
 def check_cell(path, i, c):
     def bad(what):
         raise BadInput(f"{path}: cell {i}: {what}: not a qmm bench --json file")
@@ -59,11 +56,11 @@ def check_cell(path, i, c):
     if not isinstance(c["shape"], str) or not isinstance(c["dtype"], str):
         bad("shape and dtype must be strings")
     if not isinstance(c["M"], int) or isinstance(c["M"], bool) or c["M"] < 1:
-        bad(f"M={c['M']!r} is not a whole number ≥ 1")
+        bad(f"M={show(c['M'])} is not a whole number ≥ 1")
     if not positive(c["floor_us"]):
-        bad(f"floor_us={c['floor_us']!r} is not a finite number > 0")
+        bad(f"floor_us={show(c['floor_us'])} is not a finite number > 0")
     if c.get("selector_fastest") is not None and not isinstance(c["selector_fastest"], bool):
-        bad(f"selector_fastest={c['selector_fastest']!r} is not true, false or null")
+        bad(f"selector_fastest={show(c['selector_fastest'])} is not true, false or null")
     for key in ("kernels", "peers"):
         rows = c.get(key, [])
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -72,10 +69,10 @@ def check_cell(path, i, c):
             if not isinstance(r.get("name"), str):
                 bad(f"a {key[:-1]} without a name string")
             if r.get("us") is not None and not positive(r["us"]):
-                bad(f"{r['name']}: us={r['us']!r} is not null or a finite number > 0")
+                bad(f"{r['name']}: us={show(r['us'])} is not null or a finite number > 0")
             for flag in ("selected", "batch_invariant"):
                 if r.get(flag) is not None and not isinstance(r[flag], bool):
-                    bad(f"{r['name']}: {flag}={r[flag]!r} is not true or false")
+                    bad(f"{r['name']}: {flag}={show(r[flag])} is not true or false")
 
 
 def selected_us(cell):

@@ -570,6 +570,11 @@ PY
   RC=$? OUT=$targets_out CMD="python3 bench/targets.py not-bench.json (a negative time)"
   check "targets: a negative time refused, exit 2" rc_is 2
   check "targets: the message names the row and the value" out_has "cell 0: k: us=-1 is not null or a finite number > 0"
+  printf '{"cells": [{"shape": "s", "M": 32, "dtype": "f16", "floor_us": 1%0400d, "kernels": []}]}' 0 >"$WORK/not-bench.json"
+  targets_out=$(python3 "$SRC/bench/targets.py" "$WORK/not-bench.json" 2>&1)
+  RC=$? OUT=$targets_out CMD="python3 bench/targets.py not-bench.json (an integer with no float: 10^400)"
+  check "targets: an integer too large for a float refused, exit 2" rc_is 2
+  check "targets: the value cut short in the message" out_has "cell 0: floor_us=1000000000000000000000000000000000000... is not a finite number > 0"
 fi
 
 # bench/plot.py: a file that is not a bench result refused with one line naming the cell and the value (checked before
