@@ -98,8 +98,6 @@ qmm_status qmm_qmatrix_validate(const qmm_qmatrix *matrix) {
     return QMM_OK;
 }
 
-/* The checks qmm_pack and qmm_unpack share; w is whichever of in and out holds the uint32 words. Sets
- * *words_per_row. */
 qmm_status qmm_copy_if_overlapping(const char *function, const char *what, const void *in, size_t in_bytes,
                                    const void *out, size_t out_bytes, void **copy) {
     *copy = NULL;
@@ -111,7 +109,8 @@ qmm_status qmm_copy_if_overlapping(const char *function, const char *what, const
     return QMM_OK;
 }
 
-/* The arguments of qmm_pack / qmm_unpack; *code_bytes and *word_bytes: the two arrays' sizes. */
+/* The checks qmm_pack and qmm_unpack share; w is whichever of in and out holds the uint32 words. Sets
+ * *words_per_row, and *code_bytes and *word_bytes: the two arrays' sizes. */
 static qmm_status check_pack_arguments(const char *function, const char *in_name, const void *in,
                                        const char *out_name, const void *out, const uint32_t *w, size_t rows,
                                        size_t cols, int bits, size_t *words_per_row, size_t *code_bytes,

@@ -148,13 +148,13 @@ qmm_status qmm_quantize(const void *w, qmm_dtype dtype, size_t rows, size_t cols
 
     /* w overlapping an output (in place): read from a copy */
     const size_t in_bytes = count * qmm_dtype_size(dtype); /* ≤ the f32 bytes the validation sized */
+    const void *outputs[3] = {out_w, out_scales, out_biases};
+    const size_t output_bytes[3] = {w_bytes, group_bytes, group_bytes};
     void *copy = NULL;
-    for (int k = 0; k < 3 && !copy; k++) {
-        const void *output = k == 0 ? (const void *)out_w : k == 1 ? out_scales : out_biases;
-        if ((status = qmm_copy_if_overlapping("qmm_quantize", "w", w, in_bytes, output, k == 0 ? w_bytes : group_bytes,
-                                              &copy)) != QMM_OK)
+    for (int k = 0; k < 3 && !copy; k++)
+        if ((status = qmm_copy_if_overlapping("qmm_quantize", "w", w, in_bytes, outputs[k], output_bytes[k], &copy)) !=
+            QMM_OK)
             return status;
-    }
     if (copy) w = copy;
     status = quantize_rows(w, dtype, rows, cols, bits, group_size, convention, out_w, out_scales, out_biases);
     free(copy);
